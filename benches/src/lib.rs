@@ -1,0 +1,1 @@
+//! Benchmarks of detcoll; the GPU/CPU-twin harness lives in xtask.

@@ -1,0 +1,184 @@
+//! Parsing of the torchrun launcher variables, with typed errors.
+//!
+//! | variable | meaning | required |
+//! | --- | --- | --- |
+//! | `RANK` | global rank, `0..WORLD_SIZE` | yes |
+//! | `WORLD_SIZE` | number of ranks, `>= 1` | yes |
+//! | `LOCAL_RANK` | index among the ranks on this host | yes |
+//! | `LOCAL_WORLD_SIZE` | number of ranks on this host, `1..=WORLD_SIZE` | yes |
+//! | `MASTER_ADDR` | host (name or IP) where rank 0 serves the rendezvous | yes |
+//! | `MASTER_PORT` | its TCP port, `1..=65535` | yes |
+//! | `DETCOLL_BOOTSTRAP_TIMEOUT_MS` | when set, both the connect timeout and the per-exchange timeout, in milliseconds (`>= 1`) | no (defaults: connect 60 000 ms, exchange 30 000 ms) |
+//!
+//! The parser takes a lookup closure so it can be tested without touching the process
+//! environment; [`TorchrunEnv::from_env`] passes `std::env::var_os`.
+
+use std::time::Duration;
+
+use super::{BootstrapError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_EXCHANGE_TIMEOUT, TcpConfig};
+
+/// `RANK`
+pub const RANK: &str = "RANK";
+/// `WORLD_SIZE`
+pub const WORLD_SIZE: &str = "WORLD_SIZE";
+/// `LOCAL_RANK`
+pub const LOCAL_RANK: &str = "LOCAL_RANK";
+/// `LOCAL_WORLD_SIZE`
+pub const LOCAL_WORLD_SIZE: &str = "LOCAL_WORLD_SIZE";
+/// `MASTER_ADDR`
+pub const MASTER_ADDR: &str = "MASTER_ADDR";
+/// `MASTER_PORT`
+pub const MASTER_PORT: &str = "MASTER_PORT";
+/// `DETCOLL_BOOTSTRAP_TIMEOUT_MS`: overrides both bootstrap timeouts.
+pub const TIMEOUT_MS: &str = "DETCOLL_BOOTSTRAP_TIMEOUT_MS";
+
+/// The launcher variables of one rank, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TorchrunEnv {
+    /// `RANK`
+    pub rank: usize,
+    /// `WORLD_SIZE`
+    pub world_size: usize,
+    /// `LOCAL_RANK`
+    pub local_rank: usize,
+    /// `LOCAL_WORLD_SIZE`
+    pub local_world_size: usize,
+    /// `MASTER_ADDR`
+    pub master_addr: String,
+    /// `MASTER_PORT`
+    pub master_port: u16,
+    /// `DETCOLL_BOOTSTRAP_TIMEOUT_MS`, if set.
+    pub timeout: Option<Duration>,
+}
+
+impl TorchrunEnv {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self, BootstrapError> {
+        Self::from_lookup(|var| std::env::var_os(var).map(|v| v.to_string_lossy().into_owned()))
+    }
+
+    /// Reads the variables through `lookup` (`None` = unset). Pure: use this in tests.
+    pub fn from_lookup<F>(mut lookup: F) -> Result<Self, BootstrapError>
+    where
+        F: FnMut(&str) -> Option<String>,
+    {
+        let mut get = |var: &'static str| -> Result<String, BootstrapError> {
+            lookup(var).ok_or(BootstrapError::MissingEnv { var })
+        };
+        let rank_s = get(RANK)?;
+        let world_s = get(WORLD_SIZE)?;
+        let local_rank_s = get(LOCAL_RANK)?;
+        let local_world_s = get(LOCAL_WORLD_SIZE)?;
+        let addr_s = get(MASTER_ADDR)?;
+        let port_s = get(MASTER_PORT)?;
+        let timeout_s = lookup(TIMEOUT_MS);
+
+        let world_size = parse_usize(WORLD_SIZE, &world_s, 1, "an integer >= 1")?;
+        let rank = parse_usize(RANK, &rank_s, 0, "a non-negative integer below WORLD_SIZE")?;
+        if rank >= world_size {
+            return Err(BootstrapError::RankOutOfRange {
+                rank,
+                world: world_size,
+            });
+        }
+        let local_world_size = parse_usize(
+            LOCAL_WORLD_SIZE,
+            &local_world_s,
+            1,
+            "an integer in 1..=WORLD_SIZE",
+        )?;
+        if local_world_size > world_size {
+            return Err(bad(
+                LOCAL_WORLD_SIZE,
+                &local_world_s,
+                "an integer in 1..=WORLD_SIZE",
+            ));
+        }
+        let local_rank = parse_usize(
+            LOCAL_RANK,
+            &local_rank_s,
+            0,
+            "a non-negative integer below LOCAL_WORLD_SIZE",
+        )?;
+        if local_rank >= local_world_size {
+            return Err(bad(
+                LOCAL_RANK,
+                &local_rank_s,
+                "a non-negative integer below LOCAL_WORLD_SIZE",
+            ));
+        }
+        let master_addr = addr_s.trim().to_owned();
+        if master_addr.is_empty() {
+            return Err(bad(MASTER_ADDR, &addr_s, "a host name or IP address"));
+        }
+        let master_port = match port_s.trim().parse::<u16>() {
+            Ok(p) if p != 0 => p,
+            _ => return Err(bad(MASTER_PORT, &port_s, "a TCP port in 1..=65535")),
+        };
+        let timeout = match timeout_s {
+            None => None,
+            Some(s) => match s.trim().parse::<u64>() {
+                Ok(ms) if ms >= 1 => Some(Duration::from_millis(ms)),
+                _ => {
+                    return Err(bad(
+                        TIMEOUT_MS,
+                        &s,
+                        "a timeout in milliseconds (integer >= 1)",
+                    ));
+                }
+            },
+        };
+        Ok(Self {
+            rank,
+            world_size,
+            local_rank,
+            local_world_size,
+            master_addr,
+            master_port,
+            timeout,
+        })
+    }
+
+    /// The TCP bootstrap configuration: `timeout` (when set) for both timeouts, otherwise
+    /// [`DEFAULT_CONNECT_TIMEOUT`] and [`DEFAULT_EXCHANGE_TIMEOUT`].
+    pub fn tcp_config(&self) -> TcpConfig {
+        TcpConfig {
+            rank: self.rank,
+            world_size: self.world_size,
+            local_rank: self.local_rank,
+            local_world_size: self.local_world_size,
+            master_addr: self.master_addr.clone(),
+            master_port: self.master_port,
+            connect_timeout: self.timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+            exchange_timeout: self.timeout.unwrap_or(DEFAULT_EXCHANGE_TIMEOUT),
+        }
+    }
+}
+
+/// [`TorchrunEnv::from_lookup`] followed by [`TorchrunEnv::tcp_config`].
+pub fn tcp_config_from_lookup<F>(lookup: F) -> Result<TcpConfig, BootstrapError>
+where
+    F: FnMut(&str) -> Option<String>,
+{
+    TorchrunEnv::from_lookup(lookup).map(|e| e.tcp_config())
+}
+
+fn bad(var: &'static str, value: &str, expected: &'static str) -> BootstrapError {
+    BootstrapError::BadEnv {
+        var,
+        value: value.to_owned(),
+        expected,
+    }
+}
+
+fn parse_usize(
+    var: &'static str,
+    value: &str,
+    min: usize,
+    expected: &'static str,
+) -> Result<usize, BootstrapError> {
+    match value.trim().parse::<usize>() {
+        Ok(v) if v >= min => Ok(v),
+        _ => Err(bad(var, value, expected)),
+    }
+}

@@ -1,0 +1,282 @@
+//! Rank rendezvous ("bootstrap"): the out-of-band channel collectives use at construction time
+//! (to exchange IPC handles, NCCL unique ids, host identity, capabilities) and to notice dead
+//! peers.
+//!
+//! Three ways in:
+//!
+//! * [`TcpBootstrap`] — one process per rank. Rank 0 serves a small TCP rendezvous at
+//!   `MASTER_ADDR:MASTER_PORT`; the others connect to it. [`TcpBootstrap::from_env`] reads the
+//!   torchrun variables (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`,
+//!   `MASTER_PORT`), so processes started by `torchrun`, mpirun wrappers or `detcoll-run` join.
+//! * [`LocalBootstrap`] — one thread per rank inside one process.
+//! * Your own: implement [`Bootstrap`] over the process group your engine already has.
+//!
+//! Every operation is bounded in time. When a peer does not contribute, or dies, every rank
+//! gets an error that names the culprit ([`BootstrapError::culprit`]) instead of hanging.
+//! After a failed exchange a bootstrap is poisoned: later calls return
+//! [`BootstrapError::Closed`] with the first failure as the reason.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub mod env;
+mod local;
+mod tcp;
+mod wire;
+
+pub use env::TorchrunEnv;
+pub use local::LocalBootstrap;
+pub use tcp::{TcpBootstrap, TcpConfig};
+
+/// Default time a non-zero rank keeps retrying to reach rank 0 (and rank 0 waits for everyone
+/// to connect): 60 s. Overridden by `DETCOLL_BOOTSTRAP_TIMEOUT_MS`.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default time one exchange waits for every rank to contribute: 30 s. Overridden by
+/// `DETCOLL_BOOTSTRAP_TIMEOUT_MS`.
+pub const DEFAULT_EXCHANGE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default per-exchange timeout of [`LocalBootstrap::group`]: 60 s (threads of one process
+/// may start with a large skew, e.g. while each creates its device context).
+pub const DEFAULT_LOCAL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Rank rendezvous: the out-of-band channel collectives use at construction (exchange IPC
+/// handles, NCCL ids, host identity) and to notice dead peers.
+pub trait Bootstrap: Send + Sync + fmt::Debug {
+    /// This rank, in `0..world_size()`.
+    fn rank(&self) -> usize;
+    /// Number of ranks in the group.
+    fn world_size(&self) -> usize;
+    /// Ranks on this host and this rank's index among them (torchrun
+    /// `LOCAL_RANK`/`LOCAL_WORLD_SIZE`; in-process: = rank/world).
+    fn local_rank(&self) -> usize;
+    /// Number of ranks on this host (see [`Bootstrap::local_rank`]).
+    fn local_world_size(&self) -> usize;
+    /// Collective: every rank passes its bytes (lengths may differ); returns every rank's
+    /// bytes in rank order. Fails with a [`BootstrapError`] naming the absent/dead rank when a
+    /// peer does not contribute within the timeout.
+    fn all_gather_bytes(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>, BootstrapError>;
+    /// Collective barrier (default: `all_gather_bytes` of nothing).
+    fn barrier(&self) -> Result<(), BootstrapError> {
+        self.all_gather_bytes(&[]).map(|_| ())
+    }
+}
+
+impl<B: Bootstrap + ?Sized> Bootstrap for Arc<B> {
+    fn rank(&self) -> usize {
+        (**self).rank()
+    }
+    fn world_size(&self) -> usize {
+        (**self).world_size()
+    }
+    fn local_rank(&self) -> usize {
+        (**self).local_rank()
+    }
+    fn local_world_size(&self) -> usize {
+        (**self).local_world_size()
+    }
+    fn all_gather_bytes(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>, BootstrapError> {
+        (**self).all_gather_bytes(mine)
+    }
+    fn barrier(&self) -> Result<(), BootstrapError> {
+        (**self).barrier()
+    }
+}
+
+impl<B: Bootstrap + ?Sized> Bootstrap for Box<B> {
+    fn rank(&self) -> usize {
+        (**self).rank()
+    }
+    fn world_size(&self) -> usize {
+        (**self).world_size()
+    }
+    fn local_rank(&self) -> usize {
+        (**self).local_rank()
+    }
+    fn local_world_size(&self) -> usize {
+        (**self).local_world_size()
+    }
+    fn all_gather_bytes(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>, BootstrapError> {
+        (**self).all_gather_bytes(mine)
+    }
+    fn barrier(&self) -> Result<(), BootstrapError> {
+        (**self).barrier()
+    }
+}
+
+/// Why a rendezvous failed. Errors caused by one peer name it (see [`BootstrapError::culprit`]);
+/// in a TCP group rank 0 forwards its diagnosis to every other rank, so all ranks report the
+/// same culprit.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BootstrapError {
+    /// A peer did not do `what` in time.
+    #[error("bootstrap: rank {rank} did not {what} within {waited:?}")]
+    PeerTimeout {
+        /// The rank that did not show up.
+        rank: usize,
+        /// How long we waited.
+        waited: Duration,
+        /// What it did not do, e.g. "contribute to all_gather_bytes".
+        what: &'static str,
+    },
+    /// A peer's connection closed or reset, or an in-process peer was dropped.
+    #[error("bootstrap: rank {rank} is gone: {detail}")]
+    PeerGone {
+        /// The rank that went away.
+        rank: usize,
+        /// What was observed.
+        detail: String,
+    },
+    /// A peer is at a different exchange than the rest of the group (a rank skipped or repeated
+    /// a collective call).
+    #[error(
+        "bootstrap: rank {rank} sent exchange #{got} while the group is at exchange #{expected} \
+         (ranks made different numbers of collective bootstrap calls)"
+    )]
+    SequenceMismatch {
+        /// The out-of-step rank.
+        rank: usize,
+        /// The exchange number the group is at.
+        expected: u64,
+        /// The exchange number the rank sent.
+        got: u64,
+    },
+    /// Ranks were started with different world sizes.
+    #[error("bootstrap: rank {rank} has world size {theirs}, but this rank has world size {ours}")]
+    WorldSizeMismatch {
+        /// The rank whose world size differs (seen from rank 0: the client; seen from a client:
+        /// rank 0).
+        rank: usize,
+        /// This side's world size.
+        ours: usize,
+        /// The other side's world size.
+        theirs: usize,
+    },
+    /// Two processes claim the same rank.
+    #[error("bootstrap: two processes claim rank {rank}")]
+    DuplicateRank {
+        /// The rank claimed twice.
+        rank: usize,
+    },
+    /// A rank outside `0..world`.
+    #[error("bootstrap: rank {rank} is out of range for world size {world}")]
+    RankOutOfRange {
+        /// The offending rank.
+        rank: usize,
+        /// The world size.
+        world: usize,
+    },
+    /// A required launcher variable is not set.
+    #[error(
+        "bootstrap: environment variable {var} is not set (start ranks with torchrun, detcoll-run \
+         or set RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT)"
+    )]
+    MissingEnv {
+        /// The variable.
+        var: &'static str,
+    },
+    /// A launcher variable has an invalid value.
+    #[error("bootstrap: environment variable {var}={value:?} is invalid: expected {expected}")]
+    BadEnv {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What was expected.
+        expected: &'static str,
+    },
+    /// A [`TcpConfig`] that cannot work (world size 0, port 0, local rank out of range...).
+    #[error("bootstrap: invalid configuration: {detail}")]
+    InvalidConfig {
+        /// What is wrong.
+        detail: String,
+    },
+    /// A non-zero rank could not reach rank 0's rendezvous in time.
+    #[error(
+        "bootstrap: could not connect to rank 0's rendezvous at {addr} within {waited:?} \
+         (is rank 0 running, and MASTER_ADDR/MASTER_PORT right?): {last_error}"
+    )]
+    ConnectTimeout {
+        /// The address tried.
+        addr: String,
+        /// How long we retried.
+        waited: Duration,
+        /// The last connection error.
+        #[source]
+        last_error: std::io::Error,
+    },
+    /// An I/O error, with context (which address, which operation).
+    #[error("bootstrap: {context}: {source}")]
+    Io {
+        /// What we were doing, including the address.
+        context: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A peer sent something that is not the detcoll bootstrap protocol.
+    #[error("bootstrap protocol error: {0}")]
+    Protocol(String),
+    /// The bootstrap is unusable because an earlier exchange failed.
+    #[error("bootstrap is closed after an earlier failure: {reason}")]
+    Closed {
+        /// The first failure.
+        reason: String,
+    },
+}
+
+impl BootstrapError {
+    /// The rank this error blames, if any.
+    pub fn culprit(&self) -> Option<usize> {
+        match self {
+            Self::PeerTimeout { rank, .. }
+            | Self::PeerGone { rank, .. }
+            | Self::SequenceMismatch { rank, .. }
+            | Self::WorldSizeMismatch { rank, .. }
+            | Self::DuplicateRank { rank }
+            | Self::RankOutOfRange { rank, .. } => Some(*rank),
+            Self::ConnectTimeout { .. } => Some(0),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+/// Checks the rank layout shared by every bootstrap.
+pub(crate) fn validate_layout(
+    rank: usize,
+    world_size: usize,
+    local_rank: usize,
+    local_world_size: usize,
+) -> Result<(), BootstrapError> {
+    if world_size == 0 {
+        return Err(BootstrapError::InvalidConfig {
+            detail: "world size is 0".into(),
+        });
+    }
+    if rank >= world_size {
+        return Err(BootstrapError::RankOutOfRange {
+            rank,
+            world: world_size,
+        });
+    }
+    if local_world_size == 0 || local_world_size > world_size {
+        return Err(BootstrapError::InvalidConfig {
+            detail: format!("local world size {local_world_size} is not in 1..={world_size}"),
+        });
+    }
+    if local_rank >= local_world_size {
+        return Err(BootstrapError::InvalidConfig {
+            detail: format!(
+                "local rank {local_rank} is out of range for local world size {local_world_size}"
+            ),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,398 @@
+//! Wire format of the TCP bootstrap.
+//!
+//! Every message is one frame: a 24-byte header (`magic: u32`, `kind: u8`, 3 zero bytes,
+//! `seq: u64`, `len: u64`, all little-endian) and `len` payload bytes.
+//!
+//! | kind | direction | seq | payload |
+//! | --- | --- | --- | --- |
+//! | `Hello` | client → rank 0 | protocol version | `rank: u64, world_size: u64` |
+//! | `Ack` | rank 0 → client | 0 | empty: handshake accepted, wait for `Welcome` |
+//! | `Welcome` | rank 0 → client | 0 | empty: every rank connected |
+//! | `Data` | client → rank 0 | exchange number | this rank's bytes |
+//! | `Result` | rank 0 → client | exchange number | `count: u64`, then per rank `len: u64, bytes` |
+//! | `Error` | rank 0 → client | exchange number | an encoded [`BootstrapError`] naming the culprit |
+
+use std::io::{self, Read, Write};
+use std::time::Duration;
+
+use super::BootstrapError;
+
+pub(super) const MAGIC: u32 = u32::from_le_bytes(*b"DCBS");
+pub(super) const PROTOCOL_VERSION: u64 = 1;
+/// Largest payload accepted (guards allocations against garbage lengths).
+pub(super) const MAX_PAYLOAD: u64 = 1 << 30;
+const HEADER_LEN: usize = 24;
+
+pub(super) const WHAT_CONNECT: &str = "connect to rank 0's rendezvous";
+pub(super) const WHAT_WELCOME: &str = "confirm that all ranks connected";
+pub(super) const WHAT_EXCHANGE: &str = "contribute to all_gather_bytes";
+pub(super) const WHAT_RESULT: &str = "send the result of all_gather_bytes";
+pub(super) const WHAT_ACCEPT: &str = "accept this rank's contribution to all_gather_bytes";
+const WHATS: &[&str] = &[
+    WHAT_CONNECT,
+    WHAT_WELCOME,
+    WHAT_EXCHANGE,
+    WHAT_RESULT,
+    WHAT_ACCEPT,
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(super) enum Kind {
+    Hello = 1,
+    Ack = 2,
+    Welcome = 3,
+    Data = 4,
+    Result = 5,
+    Error = 6,
+}
+
+impl Kind {
+    fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            1 => Self::Hello,
+            2 => Self::Ack,
+            3 => Self::Welcome,
+            4 => Self::Data,
+            5 => Self::Result,
+            6 => Self::Error,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct Frame {
+    pub kind: Kind,
+    pub seq: u64,
+    pub payload: Vec<u8>,
+}
+
+#[derive(Debug)]
+pub(super) enum ReadError {
+    Io(io::Error),
+    Malformed(String),
+}
+
+impl ReadError {
+    /// Timeouts (as opposed to closed/reset connections).
+    pub(super) fn is_timeout(&self) -> bool {
+        matches!(self, ReadError::Io(e) if is_timeout(e))
+    }
+}
+
+pub(super) fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                f.write_str("connection closed")
+            }
+            ReadError::Io(e) => write!(f, "{e}"),
+            ReadError::Malformed(m) => write!(f, "malformed frame: {m}"),
+        }
+    }
+}
+
+pub(super) fn write_frame<W: Write>(
+    w: &mut W,
+    kind: Kind,
+    seq: u64,
+    payload: &[u8],
+) -> io::Result<()> {
+    let mut buf = Vec::with_capacity(HEADER_LEN + payload.len());
+    buf.extend_from_slice(&MAGIC.to_le_bytes());
+    buf.push(kind as u8);
+    buf.extend_from_slice(&[0; 3]);
+    buf.extend_from_slice(&seq.to_le_bytes());
+    buf.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    buf.extend_from_slice(payload);
+    w.write_all(&buf)?;
+    w.flush()
+}
+
+pub(super) fn read_frame<R: Read>(r: &mut R) -> Result<Frame, ReadError> {
+    let mut h = [0u8; HEADER_LEN];
+    r.read_exact(&mut h).map_err(ReadError::Io)?;
+    let magic = u32::from_le_bytes(h[0..4].try_into().expect("4 bytes"));
+    if magic != MAGIC {
+        return Err(ReadError::Malformed(format!("bad magic {magic:#010x}")));
+    }
+    let kind = Kind::from_u8(h[4])
+        .ok_or_else(|| ReadError::Malformed(format!("unknown frame kind {}", h[4])))?;
+    let seq = u64::from_le_bytes(h[8..16].try_into().expect("8 bytes"));
+    let len = u64::from_le_bytes(h[16..24].try_into().expect("8 bytes"));
+    if len > MAX_PAYLOAD {
+        return Err(ReadError::Malformed(format!(
+            "payload of {len} bytes exceeds the limit of {MAX_PAYLOAD}"
+        )));
+    }
+    let mut payload = vec![0u8; len as usize];
+    r.read_exact(&mut payload).map_err(ReadError::Io)?;
+    Ok(Frame { kind, seq, payload })
+}
+
+// ---- payload helpers ----
+
+struct Cursor<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Cursor<'a> {
+    fn u64(&mut self) -> Result<u64, String> {
+        let (head, rest) = self
+            .buf
+            .split_at_checked(8)
+            .ok_or_else(|| "truncated integer".to_owned())?;
+        self.buf = rest;
+        Ok(u64::from_le_bytes(head.try_into().expect("8 bytes")))
+    }
+    fn usize(&mut self) -> Result<usize, String> {
+        usize::try_from(self.u64()?).map_err(|_| "integer does not fit usize".to_owned())
+    }
+    fn u8(&mut self) -> Result<u8, String> {
+        let (&b, rest) = self
+            .buf
+            .split_first()
+            .ok_or_else(|| "truncated byte".to_owned())?;
+        self.buf = rest;
+        Ok(b)
+    }
+    fn bytes(&mut self) -> Result<&'a [u8], String> {
+        let len = self.usize()?;
+        let (head, rest) = self
+            .buf
+            .split_at_checked(len)
+            .ok_or_else(|| "truncated byte string".to_owned())?;
+        self.buf = rest;
+        Ok(head)
+    }
+    fn string(&mut self) -> Result<String, String> {
+        Ok(String::from_utf8_lossy(self.bytes()?).into_owned())
+    }
+    fn finish(self) -> Result<(), String> {
+        if self.buf.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{} trailing bytes", self.buf.len()))
+        }
+    }
+}
+
+fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    put_u64(out, b.len() as u64);
+    out.extend_from_slice(b);
+}
+
+pub(super) fn encode_hello(rank: usize, world: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16);
+    put_u64(&mut out, rank as u64);
+    put_u64(&mut out, world as u64);
+    out
+}
+
+pub(super) fn decode_hello(p: &[u8]) -> Result<(usize, usize), String> {
+    let mut c = Cursor { buf: p };
+    let rank = c.usize()?;
+    let world = c.usize()?;
+    c.finish()?;
+    Ok((rank, world))
+}
+
+pub(super) fn encode_result(parts: &[Vec<u8>]) -> Vec<u8> {
+    let total: usize = parts.iter().map(|p| p.len() + 8).sum::<usize>() + 8;
+    let mut out = Vec::with_capacity(total);
+    put_u64(&mut out, parts.len() as u64);
+    for p in parts {
+        put_bytes(&mut out, p);
+    }
+    out
+}
+
+pub(super) fn decode_result(p: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+    let mut c = Cursor { buf: p };
+    let n = c.usize()?;
+    if n > p.len() {
+        return Err(format!("implausible rank count {n}"));
+    }
+    let mut parts = Vec::with_capacity(n);
+    for _ in 0..n {
+        parts.push(c.bytes()?.to_vec());
+    }
+    c.finish()?;
+    Ok(parts)
+}
+
+/// Encodes the error rank 0 forwards to the other ranks. Errors that do not name a rank travel
+/// as their message and arrive as [`BootstrapError::Protocol`].
+pub(super) fn encode_error(e: &BootstrapError) -> Vec<u8> {
+    let mut out = Vec::new();
+    match e {
+        BootstrapError::PeerTimeout { rank, waited, what } => {
+            out.push(1);
+            put_u64(&mut out, *rank as u64);
+            put_u64(
+                &mut out,
+                u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX),
+            );
+            put_bytes(&mut out, what.as_bytes());
+        }
+        BootstrapError::PeerGone { rank, detail } => {
+            out.push(2);
+            put_u64(&mut out, *rank as u64);
+            put_bytes(&mut out, detail.as_bytes());
+        }
+        BootstrapError::SequenceMismatch {
+            rank,
+            expected,
+            got,
+        } => {
+            out.push(3);
+            put_u64(&mut out, *rank as u64);
+            put_u64(&mut out, *expected);
+            put_u64(&mut out, *got);
+        }
+        BootstrapError::WorldSizeMismatch { rank, ours, theirs } => {
+            out.push(4);
+            put_u64(&mut out, *rank as u64);
+            put_u64(&mut out, *ours as u64);
+            put_u64(&mut out, *theirs as u64);
+        }
+        BootstrapError::DuplicateRank { rank } => {
+            out.push(5);
+            put_u64(&mut out, *rank as u64);
+        }
+        BootstrapError::RankOutOfRange { rank, world } => {
+            out.push(6);
+            put_u64(&mut out, *rank as u64);
+            put_u64(&mut out, *world as u64);
+        }
+        other => {
+            out.push(7);
+            put_bytes(&mut out, other.to_string().as_bytes());
+        }
+    }
+    out
+}
+
+/// Decodes an error frame from rank 0 (from rank 0's point of view; see the caller for the
+/// world-size perspective).
+pub(super) fn decode_error(p: &[u8]) -> BootstrapError {
+    fn inner(p: &[u8]) -> Result<BootstrapError, String> {
+        let mut c = Cursor { buf: p };
+        let e = match c.u8()? {
+            1 => {
+                let rank = c.usize()?;
+                let waited = Duration::from_nanos(c.u64()?);
+                let what_s = c.string()?;
+                let what = WHATS
+                    .iter()
+                    .copied()
+                    .find(|w| *w == what_s)
+                    .unwrap_or("respond");
+                BootstrapError::PeerTimeout { rank, waited, what }
+            }
+            2 => {
+                let rank = c.usize()?;
+                let detail = c.string()?;
+                BootstrapError::PeerGone {
+                    rank,
+                    detail: format!("{detail} (reported by rank 0)"),
+                }
+            }
+            3 => BootstrapError::SequenceMismatch {
+                rank: c.usize()?,
+                expected: c.u64()?,
+                got: c.u64()?,
+            },
+            4 => BootstrapError::WorldSizeMismatch {
+                rank: c.usize()?,
+                ours: c.usize()?,
+                theirs: c.usize()?,
+            },
+            5 => BootstrapError::DuplicateRank { rank: c.usize()? },
+            6 => BootstrapError::RankOutOfRange {
+                rank: c.usize()?,
+                world: c.usize()?,
+            },
+            7 => BootstrapError::Protocol(format!("rank 0 reported: {}", c.string()?)),
+            code => return Err(format!("unknown error code {code}")),
+        };
+        c.finish()?;
+        Ok(e)
+    }
+    inner(p).unwrap_or_else(|m| {
+        BootstrapError::Protocol(format!("rank 0 sent an undecodable error frame: {m}"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_roundtrip() {
+        let mut buf = Vec::new();
+        write_frame(&mut buf, Kind::Data, 7, b"hello").unwrap();
+        let f = read_frame(&mut buf.as_slice()).unwrap();
+        assert_eq!(f.kind, Kind::Data);
+        assert_eq!(f.seq, 7);
+        assert_eq!(f.payload, b"hello");
+    }
+
+    #[test]
+    fn bad_magic_is_malformed() {
+        let buf = [0u8; HEADER_LEN];
+        assert!(matches!(
+            read_frame(&mut buf.as_slice()),
+            Err(ReadError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn result_roundtrip() {
+        let parts = vec![vec![], vec![1, 2, 3], vec![4]];
+        assert_eq!(decode_result(&encode_result(&parts)).unwrap(), parts);
+    }
+
+    #[test]
+    fn error_roundtrip() {
+        let e = BootstrapError::PeerTimeout {
+            rank: 3,
+            waited: Duration::from_millis(500),
+            what: WHAT_EXCHANGE,
+        };
+        match decode_error(&encode_error(&e)) {
+            BootstrapError::PeerTimeout { rank, waited, what } => {
+                assert_eq!(
+                    (rank, waited, what),
+                    (3, Duration::from_millis(500), WHAT_EXCHANGE)
+                );
+            }
+            other => panic!("{other}"),
+        }
+        let e = BootstrapError::SequenceMismatch {
+            rank: 2,
+            expected: 5,
+            got: 4,
+        };
+        assert!(matches!(
+            decode_error(&encode_error(&e)),
+            BootstrapError::SequenceMismatch {
+                rank: 2,
+                expected: 5,
+                got: 4
+            }
+        ));
+    }
+}

@@ -1,0 +1,33 @@
+//! What a collective honestly supports.
+
+/// The reduction order every backend evaluates, as reported in bench output.
+pub const REDUCTION_ORDER: &str = "((r0+r1)+(r2+r3))+((r4+r5)+(r6+r7))";
+
+/// What a collective supports. Reported honestly: a capability is `true` only when a mode
+/// exists and is tested.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Every reduction evaluates the fixed balanced rank tree in the element's dtype.
+    pub strict_fixed_order: bool,
+    /// Communication overlapping independent compute on another stream with a strictness proof.
+    pub supports_async_overlap: bool,
+    /// Fused GEMM + collective kernels.
+    pub supports_compute_communication_fusion: bool,
+    /// Calls may be captured into a CUDA/HIP graph and replayed.
+    pub supports_graph_capture: bool,
+    /// Bytes one rank may contribute to one call (staging capacity).
+    pub capacity_bytes: usize,
+}
+
+impl Capabilities {
+    /// Capabilities of a strict collective with `capacity_bytes` of staging.
+    pub const fn strict(capacity_bytes: usize, supports_graph_capture: bool) -> Self {
+        Capabilities {
+            strict_fixed_order: true,
+            supports_async_overlap: false,
+            supports_compute_communication_fusion: false,
+            supports_graph_capture,
+            capacity_bytes,
+        }
+    }
+}

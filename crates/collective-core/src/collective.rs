@@ -1,0 +1,65 @@
+//! The one call shape every backend implements.
+use crate::{Capabilities, Error, Io, Op};
+
+/// How a call moves and reduces data. Every route gives the same bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Route {
+    /// World size 1: a copy, or nothing in place.
+    Local,
+    /// Every rank stages its input; every rank reads every peer and evaluates the tree.
+    IpcOneShot,
+    /// IPC reduce_scatter of the local shard, then IPC all_gather of the reduced shards.
+    IpcReduceScatterAllGather,
+    /// Rank-ordered transport all_gather, then the local fixed tree.
+    Transport,
+    /// IPC reduce_scatter, then transport all_gather of the reduced shards.
+    IpcReduceScatterTransportAllGather,
+}
+
+impl Route {
+    /// snake_case name used in bench output and routing tables.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Route::Local => "local",
+            Route::IpcOneShot => "ipc_one_shot",
+            Route::IpcReduceScatterAllGather => "ipc_rs_ag",
+            Route::Transport => "transport",
+            Route::IpcReduceScatterTransportAllGather => "ipc_rs_transport_ag",
+        }
+    }
+}
+
+/// A deterministic collective over a fixed group of ranks.
+///
+/// Every call validates its arguments before any device work (see [`crate::validate`]) and
+/// then enqueues the operation on `stream` asynchronously: the output is ready when the stream
+/// reaches that point. All ranks must make the same calls in the same order; a rank that sees a
+/// peer make a different call gets [`Error::SignatureMismatch`]. After a protocol failure
+/// (timeout, dead peer, mismatch) the collective is poisoned and every later call fails.
+pub trait Collective: Send + Sync {
+    /// The backend's stream type (`()` for host backends).
+    type Stream: ?Sized;
+
+    /// This rank, in `0..world_size()`.
+    fn rank(&self) -> usize;
+    /// Number of ranks: 1, 2, 4 or 8.
+    fn world_size(&self) -> usize;
+    /// What this collective supports.
+    fn capabilities(&self) -> Capabilities;
+    /// The route a call of `op` moving `bytes` per rank takes (same on every rank).
+    fn route(&self, op: Op, bytes: usize) -> Route;
+
+    /// Every rank gets the fixed tree over all ranks' inputs.
+    fn all_reduce(&self, io: Io<'_>, stream: &Self::Stream) -> Result<(), Error>;
+    /// Every rank gets all ranks' inputs concatenated in rank order. Any plain dtype.
+    fn all_gather(&self, io: Io<'_>, stream: &Self::Stream) -> Result<(), Error>;
+    /// Rank `r` gets shard `r` of the fixed tree over all ranks' inputs.
+    fn reduce_scatter(&self, io: Io<'_>, stream: &Self::Stream) -> Result<(), Error>;
+    /// Several independent reduce_scatters under one synchronisation, one tree per lane.
+    /// All lanes share one dtype.
+    fn reduce_scatter_many(&self, lanes: &[Io<'_>], stream: &Self::Stream) -> Result<(), Error>;
+
+    /// Collective close: acknowledges every peer and frees staging once all peers have
+    /// acknowledged (bounded). Later calls return [`Error::Closed`]. Drop does the same.
+    fn close(&self) -> Result<(), Error>;
+}

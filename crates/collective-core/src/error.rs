@@ -1,0 +1,63 @@
+//! Typed errors. Each validation failure is its own variant whose message names the argument
+//! and what was expected; when one is returned, nothing was written to the output.
+use crate::bootstrap::BootstrapError;
+use crate::{DType, Op, Signature};
+use std::time::Duration;
+
+/// Everything a collective can fail with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("world size {world} is not supported: expected 1, 2, 4 or 8 ranks")]
+    UnsupportedWorldSize { world: usize },
+    #[error("{op} does not reduce {dtype}: expected f32, f16 or bf16")]
+    UnsupportedDtype { op: Op, dtype: DType },
+    #[error("{op}: `{argument}` is {got} but `{reference}` is {expected}; they must match")]
+    DtypeMismatch { op: Op, argument: &'static str, got: DType, reference: &'static str, expected: DType },
+    #[error("{op}: `{argument}` has {got} elements, expected {expected} ({why})")]
+    LengthMismatch { op: Op, argument: &'static str, expected: usize, got: usize, why: &'static str },
+    #[error("{op}: `{argument}` has {len} elements, which does not divide into {world} equal shards")]
+    NotDivisible { op: Op, argument: &'static str, len: usize, world: usize },
+    #[error("{op}: `{argument}` address {addr:#x} is not aligned to its element size {align}")]
+    Misaligned { op: Op, argument: &'static str, addr: u64, align: usize },
+    #[error("{op}: input and output overlap; use the in-place form instead")]
+    Overlap { op: Op },
+    #[error("{op}: this rank would stage {needed} bytes but the collective's capacity is {capacity} bytes")]
+    CapacityExceeded { op: Op, needed: usize, capacity: usize },
+    #[error("reduce_scatter_many: {lanes} lanes given, at most {max} supported")]
+    TooManyLanes { lanes: usize, max: usize },
+    #[error("the collective is closed")]
+    Closed,
+    #[error("the collective is poisoned by an earlier failure: {cause}")]
+    Poisoned { cause: String },
+    #[error("rank {peer} did not {what} within {waited:?}")]
+    PeerTimeout { peer: usize, what: &'static str, waited: Duration },
+    #[error("rank {peer} is gone: {detail}")]
+    PeerDied { peer: usize, detail: String },
+    #[error("rank {peer} called {theirs} while this rank called {ours}; all ranks must make the same calls in the same order")]
+    SignatureMismatch { peer: usize, ours: Signature, theirs: Signature },
+    #[error("ranks disagree on the collective's configuration: {detail}")]
+    ConfigMismatch { detail: String },
+    #[error("invalid configuration: {detail}")]
+    InvalidConfig { detail: String },
+    #[error("{library} could not be loaded: {detail}")]
+    LibraryMissing { library: String, detail: String },
+    #[error("{backend}: {detail}")]
+    Backend { backend: &'static str, detail: String },
+    #[error(transparent)]
+    Bootstrap(#[from] BootstrapError),
+}
+
+impl Error {
+    /// Whether this error means the protocol state is unknown, so the collective must be poisoned.
+    pub fn poisons(&self) -> bool {
+        matches!(
+            self,
+            Error::PeerTimeout { .. }
+                | Error::PeerDied { .. }
+                | Error::SignatureMismatch { .. }
+                | Error::Backend { .. }
+                | Error::Bootstrap(_)
+        )
+    }
+}

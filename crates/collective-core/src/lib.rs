@@ -1,0 +1,40 @@
+//! Shared vocabulary of detcoll.
+//!
+//! Every backend (the CPU twin, CUDA IPC, HIP IPC, the NCCL/RCCL transport) speaks these types:
+//!
+//! * [`DType`], [`Plain`] and [`Reducible`]: what may be gathered and what may be reduced;
+//! * [`RawRef`]/[`RawMut`] and [`Io`]: the backend-neutral view of caller memory;
+//! * [`Collective`]: the one call shape every backend implements;
+//! * [`Capabilities`], [`Route`], [`Op`] and [`Signature`];
+//! * [`Error`] and [`validate`]: fail-closed checks done before any device work;
+//! * [`bootstrap`]: rank rendezvous;
+//! * [`protocol`]: the backend-neutral IPC protocol (layout, generations, signatures, plans);
+//! * `conformance` (feature `conformance`): the suite every backend instantiates.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod bootstrap;
+mod capabilities;
+mod collective;
+#[cfg(feature = "conformance")]
+pub mod conformance;
+mod dtype;
+mod error;
+mod op;
+pub mod protocol;
+mod validate;
+mod view;
+
+pub use capabilities::{Capabilities, REDUCTION_ORDER};
+pub use collective::{Collective, Route};
+pub use dtype::{DType, Plain, Reducible};
+pub use error::Error;
+pub use fixed_tree;
+pub use op::{Op, Signature};
+pub use validate::{Call, LaneCall, validate, validate_many};
+pub use view::{Io, RawMut, RawRef};
+
+/// World sizes a collective can be built for.
+pub const SUPPORTED_WORLD_SIZES: [usize; 4] = fixed_tree::SUPPORTED_WORLD_SIZES;
+
+/// Most lanes one `reduce_scatter_many` call may carry.
+pub const MAX_LANES: usize = 16;

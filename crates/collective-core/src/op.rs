@@ -1,0 +1,109 @@
+//! Operations and the call signature ranks publish with every generation.
+use crate::DType;
+
+/// A collective operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Op {
+    AllReduce = 1,
+    AllGather = 2,
+    ReduceScatter = 3,
+    ReduceScatterMany = 4,
+}
+
+impl Op {
+    /// Every operation.
+    pub const ALL: [Op; 4] = [Op::AllReduce, Op::AllGather, Op::ReduceScatter, Op::ReduceScatterMany];
+
+    /// snake_case name, as on command lines and in bench output.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Op::AllReduce => "all_reduce",
+            Op::AllGather => "all_gather",
+            Op::ReduceScatter => "reduce_scatter",
+            Op::ReduceScatterMany => "reduce_scatter_many",
+        }
+    }
+    /// Parses [`Op::name`].
+    pub fn parse(s: &str) -> Option<Op> {
+        Op::ALL.into_iter().find(|o| o.name() == s)
+    }
+    /// Whether the operation evaluates the fixed tree.
+    pub const fn reduces(self) -> bool {
+        !matches!(self, Op::AllGather)
+    }
+    const fn from_code(code: u8) -> Option<Op> {
+        match code {
+            1 => Some(Op::AllReduce),
+            2 => Some(Op::AllGather),
+            3 => Some(Op::ReduceScatter),
+            4 => Some(Op::ReduceScatterMany),
+            _ => None,
+        }
+    }
+}
+
+impl core::fmt::Display for Op {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What one call asks for, as every rank must agree on it: op, dtype, elements each rank
+/// contributes (summed over lanes) and lane count.
+///
+/// Ranks publish it with each generation; a rank that sees a different one from a peer fails
+/// with [`crate::Error::SignatureMismatch`] instead of reading mismatched data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Signature {
+    pub op: Op,
+    pub dtype: DType,
+    /// Elements this rank contributes (the staging payload), summed over lanes.
+    pub count: u64,
+    /// 1, or the lane count of `reduce_scatter_many`.
+    pub lanes: u16,
+}
+
+const SIG_MAGIC: u64 = 0xD7;
+
+impl Signature {
+    /// Two words: `[magic | op | dtype | lanes, count]`, as stored in a control block.
+    pub const fn pack(&self) -> [u64; 2] {
+        [
+            SIG_MAGIC << 56 | (self.op as u64) << 48 | (self.dtype as u64) << 40 | self.lanes as u64,
+            self.count,
+        ]
+    }
+    /// Inverse of [`Signature::pack`]; `None` for words no signature packs to.
+    pub const fn unpack(w: [u64; 2]) -> Option<Signature> {
+        if w[0] >> 56 != SIG_MAGIC {
+            return None;
+        }
+        let Some(op) = Op::from_code((w[0] >> 48) as u8) else { return None };
+        let Some(dtype) = DType::from_code((w[0] >> 40) as u8) else { return None };
+        Some(Signature { op, dtype, count: w[1], lanes: w[0] as u16 })
+    }
+    /// A 32-bit digest carried in the same word as the generation, so one acquire load sees
+    /// both. FNV-1a over the packed words; never zero (zero means "nothing published").
+    pub const fn digest(&self) -> u32 {
+        let w = self.pack();
+        let mut h: u32 = 0x811c_9dc5;
+        let mut i = 0;
+        while i < 16 {
+            let byte = (w[i / 8] >> ((i % 8) * 8)) as u8;
+            h = (h ^ byte as u32).wrapping_mul(0x0100_0193);
+            i += 1;
+        }
+        if h == 0 { 1 } else { h }
+    }
+}
+
+impl core::fmt::Display for Signature {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{} {} x {}", self.op, self.dtype, self.count)?;
+        if self.lanes != 1 {
+            write!(f, " in {} lanes", self.lanes)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,122 @@
+//! Where everything sits in one rank's allocation.
+//!
+//! Every flag has its own [`LINE`]-byte line so that a peer polling one flag never contends
+//! with the owner writing another. Staging is two frames of `capacity` bytes (double-buffered
+//! by generation parity). Offsets are in bytes from the start of the allocation.
+
+/// Bytes per flag line (covers 128-byte GPU cache lines and 64-byte CPU lines).
+pub const LINE: usize = 128;
+/// First word of a header: "DETCOLL\0".
+pub const HEADER_MAGIC: u64 = u64::from_le_bytes(*b"DETCOLL\0");
+/// Bumped whenever the layout or the flag encoding changes.
+pub const PROTOCOL_VERSION: u64 = 1;
+/// Value a peer stores into `ack[peer]` at close.
+pub const CLOSE_ACK: u64 = 0xC105_EDAC;
+const FRAME_ALIGN: usize = 4096;
+const MAX_WORLD: usize = 8;
+
+/// The owner's description of its allocation, stored in line 0 so peers can check it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub world: u64,
+    pub rank: u64,
+    pub capacity: u64,
+    pub blocks: u64,
+    /// Process id of the owner (the CPU twin uses it to notice a dead peer early).
+    pub pid: u64,
+}
+
+impl Header {
+    /// The header as words: `[magic, version, world, rank, capacity, blocks, pid]`.
+    pub const fn to_words(&self) -> [u64; 7] {
+        [HEADER_MAGIC, PROTOCOL_VERSION, self.world, self.rank, self.capacity, self.blocks, self.pid]
+    }
+    /// Parses [`Header::to_words`]; `None` if magic or version differ.
+    pub const fn from_words(w: [u64; 7]) -> Option<Header> {
+        if w[0] != HEADER_MAGIC || w[1] != PROTOCOL_VERSION {
+            return None;
+        }
+        Some(Header { world: w[2], rank: w[3], capacity: w[4], blocks: w[5], pid: w[6] })
+    }
+}
+
+/// Offsets of one rank's control block and frames. Identical on every rank (checked).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// Staging bytes per frame: the most one rank contributes to one call.
+    pub capacity: usize,
+    /// Flag slots per phase: the most blocks (GPU) or workers (CPU) one call uses.
+    pub blocks: usize,
+}
+
+impl Layout {
+    /// A layout for `capacity` staging bytes and `blocks` flag slots per phase.
+    pub const fn new(capacity: usize, blocks: usize) -> Layout {
+        Layout { capacity, blocks: if blocks == 0 { 1 } else { blocks } }
+    }
+    /// Header line.
+    pub const fn header(&self) -> usize {
+        0
+    }
+    /// Status line: error code, peer and generation recorded by the owner.
+    pub const fn status(&self) -> usize {
+        LINE
+    }
+    /// Full signature of the call published with frame `parity` (two words).
+    pub const fn sig_slot(&self, parity: usize) -> usize {
+        (2 + (parity & 1)) * LINE
+    }
+    /// Ready flag of `block` (phase 1).
+    pub const fn ready(&self, block: usize) -> usize {
+        (4 + block) * LINE
+    }
+    /// Phase-2 flag of `block` (reduced shard published, RS+AG route).
+    pub const fn phase2(&self, block: usize) -> usize {
+        (4 + self.blocks + block) * LINE
+    }
+    /// Close acknowledgement written by `peer` into this allocation.
+    pub const fn ack(&self, peer: usize) -> usize {
+        (4 + 2 * self.blocks + peer) * LINE
+    }
+    /// Bytes of the control block (all lines).
+    pub const fn control_bytes(&self) -> usize {
+        (4 + 2 * self.blocks + MAX_WORLD) * LINE
+    }
+    /// Start of staging frame `parity`.
+    pub const fn frame(&self, parity: usize) -> usize {
+        let first = round_up(self.control_bytes(), FRAME_ALIGN);
+        first + (parity & 1) * round_up(self.capacity, FRAME_ALIGN)
+    }
+    /// Bytes of the whole allocation.
+    pub const fn total_bytes(&self) -> usize {
+        self.frame(1) + round_up(self.capacity, FRAME_ALIGN)
+    }
+}
+
+const fn round_up(x: usize, to: usize) -> usize {
+    x.div_ceil(to) * to
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_are_disjoint_and_frames_aligned() {
+        let l = Layout::new(1000, 4);
+        let mut offs = vec![l.header(), l.status(), l.sig_slot(0), l.sig_slot(1)];
+        offs.extend((0..4).map(|b| l.ready(b)));
+        offs.extend((0..4).map(|b| l.phase2(b)));
+        offs.extend((0..8).map(|p| l.ack(p)));
+        let mut sorted = offs.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted.len(), offs.len());
+        assert!(offs.iter().all(|o| o % LINE == 0 && o + LINE <= l.control_bytes()));
+        assert_eq!(l.frame(0) % 4096, 0);
+        assert!(l.frame(0) >= l.control_bytes());
+        assert!(l.frame(1) >= l.frame(0) + 1000);
+        assert!(l.total_bytes() >= l.frame(1) + 1000);
+        assert_eq!(Header::from_words(Header { world: 2, rank: 1, capacity: 9, blocks: 4, pid: 3 }.to_words()).unwrap().rank, 1);
+    }
+}

@@ -1,0 +1,38 @@
+//! The backend-neutral IPC protocol (design brief §4).
+//!
+//! Every IPC backend — the CPU twin over host shared memory, CUDA IPC, HIP IPC — runs this one
+//! protocol; the CPU twin executes it on the host, the GPU twins inside one kernel. What they
+//! share lives here:
+//!
+//! * [`Layout`]: where the flags and staging frames sit in each rank's one allocation;
+//! * [`FlagWord`]: the published `generation | signature digest` word and how a waiter reads it;
+//! * [`Plan`]: what one call stages, reduces and gathers, per route;
+//! * [`Poison`]: the sticky failure state every later call reports;
+//! * [`Timeouts`]: the bounds on every wait.
+//!
+//! ```text
+//!  rank r allocation:  [header][status][sig slot 0][sig slot 1][ready x B][phase2 x B][ack x W]
+//!                      [frame 0: capacity bytes][frame 1: capacity bytes]
+//!
+//!  call g (frame f = g % 2), per block b:
+//!    copy input -> own frame f               (never overwrites data a peer still reads:
+//!    store sig slot f; release ready[b] = g   peers finished call g-2 before we saw their
+//!    acquire every peer's ready[b] >= g       ready flags of call g-1)
+//!    evaluate the tree reading peers' frame f in rank order -> output
+//!    (RS+AG route: write reduced shard into own frame f, release phase2[b] = g,
+//!     acquire peers' phase2[b] >= g, copy their reduced shards -> output)
+//! ```
+//!
+//! Double-buffered frames make a second ("done") flag per call unnecessary: a rank starts call
+//! `g` only after it saw every peer's ready flag of call `g-1`, which every peer publishes only
+//! after it finished reading call `g-2`'s frame — the frame call `g` overwrites.
+
+mod flag;
+mod layout;
+mod plan;
+mod poison;
+
+pub use flag::{FlagState, FlagWord};
+pub use layout::{CLOSE_ACK, HEADER_MAGIC, Header, LINE, Layout, PROTOCOL_VERSION};
+pub use plan::{Phase, Plan, Segment};
+pub use poison::{Poison, Timeouts};

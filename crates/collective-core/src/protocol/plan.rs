@@ -1,0 +1,168 @@
+//! What one call stages, reduces and gathers: the same for every executor.
+//!
+//! A plan is a list of [`Segment`]s per [`Phase`], in element offsets of the staging frame and
+//! caller addresses. It is built without heap allocation (fixed arrays), so building one on the
+//! per-call hot path costs a few dozen instructions.
+use crate::{Call, Error, LaneCall, MAX_LANES, Op, Route, Signature};
+
+/// Most segments one phase can hold (one per lane, or one per peer).
+const MAX_SEGMENTS: usize = if MAX_LANES > 8 { MAX_LANES } else { 8 };
+
+/// Where a segment's values come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Copy this rank's input into its own frame (`src` → frame).
+    Stage,
+    /// Evaluate the fixed tree over every rank's frame, in rank order (frames → `dst`).
+    Reduce,
+    /// Copy a single peer's frame range (frame of `peer` → `dst`).
+    Gather,
+}
+
+/// One contiguous piece of work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    pub phase: Phase,
+    /// Caller address read by `Stage`, unused otherwise.
+    pub src: u64,
+    /// Caller address written by `Reduce`/`Gather` (for `Stage`: unused).
+    pub dst: u64,
+    /// Element offset in the staging frame.
+    pub frame_offset: usize,
+    /// Elements.
+    pub count: usize,
+    /// Whose frame `Gather` reads.
+    pub peer: usize,
+    /// `Reduce` only: also write the result back into this rank's own frame at `frame_offset`
+    /// (the RS+AG route publishes reduced shards from there).
+    pub write_back: bool,
+}
+
+/// A fixed-capacity list of segments.
+#[derive(Debug, Clone, Copy)]
+pub struct Segments {
+    items: [Segment; MAX_SEGMENTS],
+    len: usize,
+}
+
+impl Segments {
+    const EMPTY: Segment =
+        Segment { phase: Phase::Stage, src: 0, dst: 0, frame_offset: 0, count: 0, peer: 0, write_back: false };
+    const fn new() -> Self {
+        Segments { items: [Self::EMPTY; MAX_SEGMENTS], len: 0 }
+    }
+    fn push(&mut self, s: Segment) {
+        self.items[self.len] = s;
+        self.len += 1;
+    }
+    /// The segments.
+    pub fn as_slice(&self) -> &[Segment] {
+        &self.items[..self.len]
+    }
+}
+
+/// The work of one call on one rank.
+#[derive(Debug, Clone, Copy)]
+pub struct Plan {
+    pub sig: Signature,
+    pub route: Route,
+    /// Copies of local inputs into the own frame, before publishing `ready`.
+    pub stage: Segments,
+    /// Work after every peer's `ready` is seen.
+    pub phase1: Segments,
+    /// Work after every peer's `phase2` flag is seen (RS+AG route only; empty otherwise).
+    pub phase2: Segments,
+}
+
+/// Element bounds of shard `q` when `n` elements are split over `world` ranks for the RS+AG
+/// route: equal chunks rounded up to `align` elements, the last ones possibly short or empty.
+pub const fn shard_bounds(n: usize, world: usize, q: usize, align: usize) -> (usize, usize) {
+    let chunk = n.div_ceil(world).div_ceil(align) * align;
+    let lo = if q * chunk < n { q * chunk } else { n };
+    let hi = if (q + 1) * chunk < n { (q + 1) * chunk } else { n };
+    (lo, hi)
+}
+
+impl Plan {
+    /// The plan of a single-lane call on `rank` of `world`, taking `route`.
+    ///
+    /// `route` must be an IPC route (or `Local` for world 1); the plan of a `Local` call
+    /// is a single stage-free copy, expressed as a `Gather` from this rank's own input.
+    pub fn single(call: &Call, rank: usize, world: usize, route: Route) -> Result<Plan, Error> {
+        let size = call.dtype.size() as u64;
+        let n = call.count_in;
+        let mut p = Plan { sig: call.signature(), route, stage: Segments::new(), phase1: Segments::new(), phase2: Segments::new() };
+        let seg = |phase, dst, frame_offset, count, peer| Segment { phase, src: call.src, dst, frame_offset, count, peer, write_back: false };
+        p.stage.push(seg(Phase::Stage, 0, 0, n, rank));
+        match (call.op, route) {
+            (Op::AllReduce, Route::IpcOneShot) => p.phase1.push(seg(Phase::Reduce, call.dst, 0, n, rank)),
+            (Op::AllReduce, Route::IpcReduceScatterAllGather) => {
+                let align = 16 / call.dtype.size();
+                let (lo, hi) = shard_bounds(n, world, rank, align);
+                p.phase1.push(Segment { write_back: true, ..seg(Phase::Reduce, call.dst + lo as u64 * size, lo, hi - lo, rank) });
+                for q in 0..world {
+                    let (lo, hi) = shard_bounds(n, world, q, align);
+                    if q != rank {
+                        p.phase2.push(seg(Phase::Gather, call.dst + lo as u64 * size, lo, hi - lo, q));
+                    }
+                }
+            }
+            (Op::AllGather, Route::IpcOneShot) => {
+                for q in 0..world {
+                    p.phase1.push(seg(Phase::Gather, call.dst + (q * n) as u64 * size, 0, n, q));
+                }
+            }
+            (Op::ReduceScatter, Route::IpcOneShot) => {
+                let shard = call.count_out;
+                p.phase1.push(seg(Phase::Reduce, call.dst, rank * shard, shard, rank));
+            }
+            (op, route) => {
+                return Err(Error::InvalidConfig { detail: format!("{op} cannot take route {}", route.name()) });
+            }
+        }
+        Ok(p)
+    }
+
+    /// The plan of `reduce_scatter_many`: every lane staged into its disjoint range of one frame
+    /// under one generation, and one tree per lane over its own range.
+    pub fn many(lanes: &[LaneCall], sig: Signature, rank: usize) -> Plan {
+        let mut p = Plan { sig, route: Route::IpcOneShot, stage: Segments::new(), phase1: Segments::new(), phase2: Segments::new() };
+        for l in lanes {
+            let c = &l.call;
+            p.stage.push(Segment { phase: Phase::Stage, src: c.src, dst: 0, frame_offset: l.staging_offset, count: c.count_in, peer: rank, write_back: false });
+            p.phase1.push(Segment {
+                phase: Phase::Reduce,
+                src: 0,
+                dst: c.dst,
+                frame_offset: l.staging_offset + rank * c.count_out,
+                count: c.count_out,
+                peer: rank,
+                write_back: false,
+            });
+        }
+        p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_cover_exactly_once() {
+        for n in [0usize, 1, 7, 8, 9, 100, 1000, 4099] {
+            for world in [1usize, 2, 4, 8] {
+                for align in [1usize, 4, 8] {
+                    let mut next = 0;
+                    for q in 0..world {
+                        let (lo, hi) = shard_bounds(n, world, q, align);
+                        assert_eq!(lo, next.min(n));
+                        assert!(hi >= lo);
+                        next = hi;
+                    }
+                    assert_eq!(next, n, "n={n} world={world} align={align}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! Fail-closed validation, done before any device work.
+//!
+//! [`validate`] turns a call's [`Io`] into a [`Call`] — addresses and element counts the
+//! protocol needs — or an [`Error`] naming the offending argument. Nothing is written on error.
+use crate::{DType, Error, Io, MAX_LANES, Op, Signature};
+
+/// A validated single-lane call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Call {
+    pub op: Op,
+    pub dtype: DType,
+    /// Address this rank's contribution is read from.
+    pub src: u64,
+    /// Address of the whole output (for `reduce_scatter`, of this rank's shard).
+    pub dst: u64,
+    /// Elements this rank contributes (its staging payload).
+    pub count_in: usize,
+    /// Elements written to `dst`.
+    pub count_out: usize,
+    /// Whether `src` aliases the output buffer (in place).
+    pub in_place: bool,
+}
+
+impl Call {
+    /// Bytes this rank stages.
+    pub const fn bytes_in(&self) -> usize {
+        self.count_in * self.dtype.size()
+    }
+    /// Bytes written to the output.
+    pub const fn bytes_out(&self) -> usize {
+        self.count_out * self.dtype.size()
+    }
+}
+
+/// A validated lane of `reduce_scatter_many`: its call and where it sits in staging.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaneCall {
+    pub call: Call,
+    /// Element offset of this lane's payload in the rank's staging frame.
+    pub staging_offset: usize,
+}
+
+fn check_aligned(op: Op, argument: &'static str, addr: u64, dtype: DType) -> Result<(), Error> {
+    let align = dtype.size();
+    if addr % align as u64 == 0 { Ok(()) } else { Err(Error::Misaligned { op, argument, addr, align }) }
+}
+
+fn overlaps(a: u64, a_bytes: usize, b: u64, b_bytes: usize) -> bool {
+    a_bytes > 0 && b_bytes > 0 && a < b + b_bytes as u64 && b < a + a_bytes as u64
+}
+
+/// Validates one call of `op` by `rank` of `world` against `capacity` staging bytes.
+pub fn validate(op: Op, io: &Io<'_>, rank: usize, world: usize, capacity: usize) -> Result<Call, Error> {
+    if !crate::SUPPORTED_WORLD_SIZES.contains(&world) {
+        return Err(Error::UnsupportedWorldSize { world });
+    }
+    let (in_addr, in_len, in_dtype, out_addr, out_len, out_dtype, in_place) = match io {
+        Io::InPlace(b) => (b.addr(), b.len(), b.dtype(), b.addr(), b.len(), b.dtype(), true),
+        Io::OutOfPlace { input, output } => {
+            (input.addr(), input.len(), input.dtype(), output.addr(), output.len(), output.dtype(), false)
+        }
+    };
+    let dtype = in_dtype;
+    if op.reduces() && !dtype.is_reducible() {
+        return Err(Error::UnsupportedDtype { op, dtype });
+    }
+    if out_dtype != in_dtype {
+        return Err(Error::DtypeMismatch {
+            op,
+            argument: "output",
+            got: out_dtype,
+            reference: "input",
+            expected: in_dtype,
+        });
+    }
+    check_aligned(op, "input", in_addr, dtype)?;
+    check_aligned(op, "output", out_addr, dtype)?;
+    let size = dtype.size();
+    let call = match (op, in_place) {
+        (Op::AllReduce, _) => {
+            if out_len != in_len {
+                return Err(Error::LengthMismatch {
+                    op,
+                    argument: "output",
+                    expected: in_len,
+                    got: out_len,
+                    why: "all_reduce output is as long as its input",
+                });
+            }
+            Call { op, dtype, src: in_addr, dst: out_addr, count_in: in_len, count_out: in_len, in_place }
+        }
+        (Op::AllGather, false) => {
+            if out_len != in_len * world {
+                return Err(Error::LengthMismatch {
+                    op,
+                    argument: "output",
+                    expected: in_len * world,
+                    got: out_len,
+                    why: "all_gather output holds world_size inputs",
+                });
+            }
+            Call { op, dtype, src: in_addr, dst: out_addr, count_in: in_len, count_out: out_len, in_place }
+        }
+        (Op::AllGather, true) => {
+            if out_len % world != 0 {
+                return Err(Error::NotDivisible { op, argument: "buffer", len: out_len, world });
+            }
+            let n = out_len / world;
+            let src = out_addr + (rank * n * size) as u64;
+            Call { op, dtype, src, dst: out_addr, count_in: n, count_out: out_len, in_place }
+        }
+        (Op::ReduceScatter | Op::ReduceScatterMany, _) => {
+            let argument = if in_place { "buffer" } else { "input" };
+            if in_len % world != 0 {
+                return Err(Error::NotDivisible { op, argument, len: in_len, world });
+            }
+            let shard = in_len / world;
+            let dst = if in_place {
+                out_addr + (rank * shard * size) as u64
+            } else {
+                if out_len != shard {
+                    return Err(Error::LengthMismatch {
+                        op,
+                        argument: "output",
+                        expected: shard,
+                        got: out_len,
+                        why: "reduce_scatter output is one shard of the input",
+                    });
+                }
+                out_addr
+            };
+            Call { op, dtype, src: in_addr, dst, count_in: in_len, count_out: shard, in_place }
+        }
+    };
+    if !in_place && overlaps(call.src, call.bytes_in(), call.dst, call.bytes_out()) {
+        return Err(Error::Overlap { op });
+    }
+    if call.bytes_in() > capacity {
+        return Err(Error::CapacityExceeded { op, needed: call.bytes_in(), capacity });
+    }
+    Ok(call)
+}
+
+/// Validates a `reduce_scatter_many` call: every lane as a reduce_scatter, one dtype for all,
+/// and the lanes' payloads together within `capacity`. Returns the lanes with their staging
+/// offsets (disjoint ranges of one frame) and the call's signature.
+pub fn validate_many(
+    lanes: &[Io<'_>],
+    rank: usize,
+    world: usize,
+    capacity: usize,
+) -> Result<(Vec<LaneCall>, Signature), Error> {
+    let op = Op::ReduceScatterMany;
+    if lanes.len() > MAX_LANES {
+        return Err(Error::TooManyLanes { lanes: lanes.len(), max: MAX_LANES });
+    }
+    let mut out = Vec::with_capacity(lanes.len());
+    let mut offset = 0usize;
+    let mut dtype = DType::F32;
+    for (i, io) in lanes.iter().enumerate() {
+        let call = validate(op, io, rank, world, usize::MAX)?;
+        if i == 0 {
+            dtype = call.dtype;
+        } else if call.dtype != dtype {
+            return Err(Error::DtypeMismatch {
+                op,
+                argument: "lanes[i]",
+                got: call.dtype,
+                reference: "lanes[0]",
+                expected: dtype,
+            });
+        }
+        out.push(LaneCall { call, staging_offset: offset });
+        offset += call.count_in;
+    }
+    for (i, a) in out.iter().enumerate() {
+        for b in &out[..i] {
+            let (a, b) = (a.call, b.call);
+            if overlaps(a.dst, a.bytes_out(), b.dst, b.bytes_out())
+                || overlaps(a.dst, a.bytes_out(), b.src, b.bytes_in())
+                || overlaps(b.dst, b.bytes_out(), a.src, a.bytes_in())
+            {
+                return Err(Error::Overlap { op });
+            }
+        }
+    }
+    let needed = offset * dtype.size();
+    if needed > capacity {
+        return Err(Error::CapacityExceeded { op, needed, capacity });
+    }
+    let sig = Signature { op, dtype, count: offset as u64, lanes: lanes.len() as u16 };
+    Ok((out, sig))
+}
+
+impl Call {
+    /// The signature every rank publishes for this call.
+    pub const fn signature(&self) -> Signature {
+        Signature { op: self.op, dtype: self.dtype, count: self.count_in as u64, lanes: 1 }
+    }
+}

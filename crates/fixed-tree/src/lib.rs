@@ -1,0 +1,32 @@
+//! The canonical balanced rank tree and the CPU reference of every detcoll operation.
+//!
+//! Every reduction in detcoll evaluates, per element,
+//!
+//! ```text
+//! ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+//! ```
+//!
+//! (the prefix of that tree for 1, 2 or 4 ranks), with every add done in the element's own
+//! dtype and rounded to nearest even. This crate is the oracle every backend is compared to,
+//! bit for bit. It is pure Rust: no unsafe, no GPU.
+//!
+//! A NaN result is NaN; its payload (sign and quiet bit included) is not part of the contract,
+//! so comparisons treat any two NaNs as equal and every other value bit for bit.
+//!
+//! # Why an f32 add followed by one rounding is exact for f16 and bf16
+//!
+//! See [`element`]: rounding the exact sum of two f16 (or bf16) values first to f32 and then to
+//! f16 (bf16) gives the same bits as rounding it once, because f32's 24 bits are at least
+//! 2p + 2 for p = 11 (f16) and p = 8 (bf16), the bound under which double rounding of a sum is
+//! innocuous; zeros, subnormals, overflow and NaN are handled there case by case.
+#![forbid(unsafe_code)]
+
+pub mod element;
+mod error;
+mod ops;
+mod tree;
+
+pub use element::Element;
+pub use error::Error;
+pub use ops::{all_gather, cross_tp_leaves, reduce, reduce_scatter, reduce_scatter_many};
+pub use tree::{SUPPORTED_WORLD_SIZES, tree_sum};

@@ -1,0 +1,105 @@
+//! `detcoll-run --nproc N [--master-port P] -- program args...`: starts N ranks of `program`
+//! on this host with the torchrun variables set (like `torchrun --standalone`), prefixes their
+//! output with `[rank N] `, stops every rank when one fails, and exits non-zero naming the rank
+//! that failed first.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::{ExitCode, ExitStatus};
+
+use anyhow::Context as _;
+use clap::Parser;
+use detcoll_launch::{LaunchError, LaunchSpec, launch};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "detcoll-run",
+    version,
+    about = "Start N ranks of a program on this host with RANK, WORLD_SIZE, LOCAL_RANK, \
+             LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (like torchrun --standalone)"
+)]
+struct Cli {
+    /// Number of ranks to start.
+    #[arg(long, visible_alias = "nproc-per-node", value_parser = parse_nproc)]
+    nproc: usize,
+    /// MASTER_ADDR given to the ranks.
+    #[arg(long, default_value = "127.0.0.1")]
+    master_addr: String,
+    /// MASTER_PORT given to the ranks (default: a free port).
+    #[arg(long)]
+    master_port: Option<u16>,
+    /// Do not prefix output lines with `[rank N] `; ranks write straight to the terminal.
+    #[arg(long)]
+    no_prefix: bool,
+    /// The program and its arguments (after `--`).
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, num_args = 1..)]
+    command: Vec<OsString>,
+}
+
+fn parse_nproc(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("expected an integer >= 1, got {s:?}")),
+    }
+}
+
+/// The exit code that reports `status` (a signal n becomes 128 + n, as shells do).
+fn exit_code_of(status: ExitStatus) -> u8 {
+    if let Some(code) = status.code() {
+        return u8::try_from(code).ok().filter(|&c| c != 0).unwrap_or(1);
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(sig) = status.signal() {
+            return u8::try_from(128 + sig).unwrap_or(1);
+        }
+    }
+    1
+}
+
+fn main() -> anyhow::Result<ExitCode> {
+    let cli = Cli::parse();
+    let mut command = cli.command.into_iter();
+    let program = PathBuf::from(command.next().context("no program given")?);
+    let spec = LaunchSpec {
+        nproc: cli.nproc,
+        program,
+        args: command.collect(),
+        env: Vec::new(),
+        master_addr: cli.master_addr,
+        master_port: cli.master_port,
+        prefix_output: !cli.no_prefix,
+    };
+    let outcome = match launch(&spec) {
+        Ok(o) => o,
+        Err(LaunchError::Interrupted { signal, .. }) => {
+            eprintln!("detcoll-run: interrupted by signal {signal}; all ranks were stopped");
+            return Ok(ExitCode::from(u8::try_from(128 + signal).unwrap_or(1)));
+        }
+        Err(e) => {
+            return Err(e).with_context(|| format!("launching {}", spec.program.display()));
+        }
+    };
+    if outcome.success() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let stopped = "the other ranks were stopped";
+    let code = match outcome.first_failure {
+        Some((rank, status)) => {
+            eprintln!("detcoll-run: rank {rank} failed ({status}); {stopped}");
+            exit_code_of(status)
+        }
+        None => {
+            // No rank failed on its own, yet not every status is success (cannot normally
+            // happen); report them all.
+            for (rank, status) in outcome.statuses.iter().enumerate() {
+                if !status.success() {
+                    eprintln!("detcoll-run: rank {rank} ended with {status}");
+                }
+            }
+            1
+        }
+    };
+    Ok(ExitCode::from(code))
+}

@@ -1,0 +1,562 @@
+//! A `torchrun --standalone`-like launcher for detcoll ranks.
+//!
+//! [`launch`] starts `nproc` copies of a program on this host with the torchrun variables set
+//! (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE` = `nproc`, `MASTER_ADDR`,
+//! `MASTER_PORT`), so `collective_core::bootstrap::TcpBootstrap::from_env` joins them. Each line a
+//! rank writes is re-printed with a `[rank N] ` prefix (stdout to stdout, stderr to stderr).
+//!
+//! When a rank exits with a non-zero status or is killed by a signal, the others are sent
+//! `SIGTERM`, then `SIGKILL` after [`KILL_GRACE`]; every rank is waited for and the first
+//! failure is reported in [`LaunchOutcome::first_failure`]. Each rank runs in its own process
+//! group, so the signals also reach whatever it started (e.g. the program behind `sh -c`).
+//! While a launch is running, `SIGINT`, `SIGTERM` and `SIGHUP` sent to the launcher stop every
+//! rank the same way and the launch returns [`LaunchError::Interrupted`] (signals the launcher
+//! ignored when it started stay ignored).
+//!
+//! [`launch_captured`] does the same but collects each rank's output instead of printing it
+//! (for tests).
+
+use std::ffi::OsString;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// How long ranks get between `SIGTERM` and `SIGKILL` once the group is being torn down.
+pub const KILL_GRACE: Duration = Duration::from_secs(2);
+/// How long output readers may keep running after every rank exited (a grandchild that keeps a
+/// pipe open does not hold the launcher).
+const READER_GRACE: Duration = Duration::from_secs(1);
+const POLL_INTERVAL: Duration = Duration::from_millis(10);
+
+/// What to launch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchSpec {
+    /// Number of ranks (>= 1).
+    pub nproc: usize,
+    /// The program every rank runs.
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+    /// Extra environment (applied after the launcher variables, so it can override them).
+    pub env: Vec<(OsString, OsString)>,
+    /// `MASTER_ADDR` (default `127.0.0.1`).
+    pub master_addr: String,
+    /// `MASTER_PORT`; `None` picks a free port on `master_addr`.
+    pub master_port: Option<u16>,
+    /// Re-print each output line with a `[rank N] ` prefix; when false, ranks write straight
+    /// to the launcher's stdout/stderr. ([`launch_captured`] always captures.)
+    pub prefix_output: bool,
+}
+
+impl LaunchSpec {
+    /// `nproc` ranks of `program`, no arguments, `127.0.0.1`, a free port, prefixed output.
+    pub fn new(nproc: usize, program: impl Into<PathBuf>) -> Self {
+        Self {
+            nproc,
+            program: program.into(),
+            args: Vec::new(),
+            env: Vec::new(),
+            master_addr: "127.0.0.1".to_owned(),
+            master_port: None,
+            prefix_output: true,
+        }
+    }
+
+    /// Appends arguments.
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Adds an environment variable.
+    pub fn env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+}
+
+/// How the ranks ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchOutcome {
+    /// Exit status of every rank, in rank order (ranks stopped by the launcher show the signal).
+    pub statuses: Vec<ExitStatus>,
+    /// The first rank seen failing on its own (non-zero exit or killed by a signal), which made
+    /// the launcher stop the others.
+    pub first_failure: Option<(usize, ExitStatus)>,
+}
+
+impl LaunchOutcome {
+    /// Every rank exited with status 0.
+    pub fn success(&self) -> bool {
+        self.first_failure.is_none() && self.statuses.iter().all(ExitStatus::success)
+    }
+}
+
+/// Why a launch could not run to the end.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LaunchError {
+    /// `nproc` was 0.
+    #[error("nproc must be at least 1")]
+    NoProcesses,
+    /// No free port could be picked for `MASTER_PORT`.
+    #[error("cannot pick a free MASTER_PORT on {addr}: {source}")]
+    Port {
+        /// `master_addr`.
+        addr: String,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// A rank could not be started (the already started ranks were stopped).
+    #[error("cannot start rank {rank} ({program}): {source}")]
+    Spawn {
+        /// The rank.
+        rank: usize,
+        /// The program.
+        program: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// Waiting for a rank failed (the others were stopped).
+    #[error("cannot wait for rank {rank}: {source}")]
+    Wait {
+        /// The rank.
+        rank: usize,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// The launcher received a signal; every rank was stopped.
+    #[error("interrupted by signal {signal}; all ranks were stopped")]
+    Interrupted {
+        /// The signal number.
+        signal: i32,
+        /// How the ranks ended.
+        outcome: LaunchOutcome,
+    },
+}
+
+/// Starts the ranks, prints their output (prefixed when `spec.prefix_output`), and waits for
+/// all of them; see the crate documentation.
+pub fn launch(spec: &LaunchSpec) -> Result<LaunchOutcome, LaunchError> {
+    let sink = if spec.prefix_output {
+        Sink::Print
+    } else {
+        Sink::Inherit
+    };
+    run(spec, sink)
+}
+
+/// Like [`launch`], but captures each rank's output: element `r` of the returned vector is rank
+/// `r`'s stdout and stderr lines, unprefixed, in the order they were read, each ending in `\n`.
+pub fn launch_captured(spec: &LaunchSpec) -> Result<(LaunchOutcome, Vec<String>), LaunchError> {
+    let bufs: Arc<Vec<Mutex<String>>> =
+        Arc::new((0..spec.nproc).map(|_| Mutex::new(String::new())).collect());
+    let outcome = run(spec, Sink::Capture(Arc::clone(&bufs)))?;
+    let out = bufs
+        .iter()
+        .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()).clone())
+        .collect();
+    Ok((outcome, out))
+}
+
+/// The line a rank's output line is re-printed as (`line` without its newline).
+pub fn prefix_line(rank: usize, line: &str) -> String {
+    format!("[rank {rank}] {line}\n")
+}
+
+#[derive(Clone)]
+enum Sink {
+    Inherit,
+    Print,
+    Capture(Arc<Vec<Mutex<String>>>),
+}
+
+impl Sink {
+    fn emit(&self, rank: usize, is_stderr: bool, line: &str) {
+        match self {
+            Sink::Inherit => {}
+            Sink::Print => {
+                let text = prefix_line(rank, line);
+                // One write per line under the lock keeps lines from interleaving. Errors
+                // (e.g. a closed pipe) are ignored: the ranks keep running.
+                if is_stderr {
+                    let _ = io::stderr().lock().write_all(text.as_bytes());
+                } else {
+                    let mut out = io::stdout().lock();
+                    let _ = out.write_all(text.as_bytes());
+                    let _ = out.flush();
+                }
+            }
+            Sink::Capture(bufs) => {
+                let mut b = bufs[rank].lock().unwrap_or_else(|e| e.into_inner());
+                b.push_str(line);
+                b.push('\n');
+            }
+        }
+    }
+}
+
+fn pump(rank: usize, is_stderr: bool, pipe: impl Read, sink: Sink) {
+    let mut r = BufReader::new(pipe);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match r.read_until(b'\n', &mut line) {
+            Ok(0) => break,
+            Ok(_) => {
+                if line.last() == Some(&b'\n') {
+                    line.pop();
+                    if line.last() == Some(&b'\r') {
+                        line.pop();
+                    }
+                }
+                sink.emit(rank, is_stderr, &String::from_utf8_lossy(&line));
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+}
+
+fn free_port(addr: &str) -> Result<u16, LaunchError> {
+    TcpListener::bind((addr, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|source| LaunchError::Port {
+            addr: addr.to_owned(),
+            source,
+        })
+}
+
+struct Rank {
+    child: Child,
+    status: Option<ExitStatus>,
+}
+
+fn run(spec: &LaunchSpec, sink: Sink) -> Result<LaunchOutcome, LaunchError> {
+    if spec.nproc == 0 {
+        return Err(LaunchError::NoProcesses);
+    }
+    let port = match spec.master_port {
+        Some(p) => p,
+        None => free_port(&spec.master_addr)?,
+    };
+    let _signals = signals::Guard::install();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let mut readers = 0usize;
+    let mut ranks: Vec<Rank> = Vec::with_capacity(spec.nproc);
+
+    for rank in 0..spec.nproc {
+        let mut cmd = Command::new(&spec.program);
+        cmd.args(&spec.args)
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", spec.nproc.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("LOCAL_WORLD_SIZE", spec.nproc.to_string())
+            .env("MASTER_ADDR", &spec.master_addr)
+            .env("MASTER_PORT", port.to_string())
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null());
+        if matches!(sink, Sink::Inherit) {
+            cmd.stdout(Stdio::inherit()).stderr(Stdio::inherit());
+        } else {
+            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::process::CommandExt;
+            cmd.process_group(0);
+        }
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(source) => {
+                stop_all(&mut ranks);
+                return Err(LaunchError::Spawn {
+                    rank,
+                    program: spec.program.clone(),
+                    source,
+                });
+            }
+        };
+        if let Some(out) = child.stdout.take() {
+            let (sink, tx) = (sink.clone(), done_tx.clone());
+            thread::spawn(move || {
+                pump(rank, false, out, sink);
+                let _ = tx.send(());
+            });
+            readers += 1;
+        }
+        if let Some(err) = child.stderr.take() {
+            let (sink, tx) = (sink.clone(), done_tx.clone());
+            thread::spawn(move || {
+                pump(rank, true, err, sink);
+                let _ = tx.send(());
+            });
+            readers += 1;
+        }
+        ranks.push(Rank {
+            child,
+            status: None,
+        });
+    }
+    drop(done_tx);
+
+    let mut first_failure: Option<(usize, ExitStatus)> = None;
+    let mut wait_error: Option<LaunchError> = None;
+    // Set once the group is being torn down: when SIGKILL is due.
+    let mut kill_at: Option<Instant> = None;
+    let mut killed = false;
+    loop {
+        for (r, rank) in ranks.iter_mut().enumerate() {
+            if rank.status.is_some() {
+                continue;
+            }
+            match rank.child.try_wait() {
+                Ok(Some(st)) => {
+                    rank.status = Some(st);
+                    if !st.success() && kill_at.is_none() && first_failure.is_none() {
+                        first_failure = Some((r, st));
+                    }
+                }
+                Ok(None) => {}
+                Err(source) => {
+                    if wait_error.is_none() {
+                        wait_error = Some(LaunchError::Wait { rank: r, source });
+                    }
+                    // Cannot observe it any more: kill it and reap it blocking.
+                    let _ = rank.child.kill();
+                    rank.status = rank.child.wait().ok();
+                    if rank.status.is_none() {
+                        rank.status = Some(failed_status());
+                    }
+                }
+            }
+        }
+        if ranks.iter().all(|r| r.status.is_some()) {
+            break;
+        }
+        let now = Instant::now();
+        match kill_at {
+            None => {
+                if first_failure.is_some() || wait_error.is_some() || signals::received() != 0 {
+                    for rank in ranks.iter_mut().filter(|r| r.status.is_none()) {
+                        signal_group(&mut rank.child, Sig::Term);
+                    }
+                    kill_at = Some(now + KILL_GRACE);
+                }
+            }
+            Some(at) if !killed && now >= at => {
+                for rank in ranks.iter_mut().filter(|r| r.status.is_none()) {
+                    signal_group(&mut rank.child, Sig::Kill);
+                }
+                killed = true;
+            }
+            Some(_) => {}
+        }
+        thread::sleep(POLL_INTERVAL);
+    }
+    if kill_at.is_some() {
+        // Whatever the ranks started (their process groups) goes too.
+        for rank in &mut ranks {
+            signal_group(&mut rank.child, Sig::Kill);
+        }
+    }
+
+    // Let the readers drain what the ranks wrote; do not wait for grandchildren that keep a
+    // pipe open.
+    let deadline = Instant::now() + READER_GRACE;
+    for _ in 0..readers {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if done_rx.recv_timeout(left).is_err() {
+            break;
+        }
+    }
+
+    let outcome = LaunchOutcome {
+        statuses: ranks
+            .iter()
+            .map(|r| r.status.expect("every rank was reaped"))
+            .collect(),
+        first_failure,
+    };
+    if let Some(e) = wait_error {
+        return Err(e);
+    }
+    let signal = signals::received();
+    if signal != 0 {
+        return Err(LaunchError::Interrupted { signal, outcome });
+    }
+    Ok(outcome)
+}
+
+/// Stops and reaps the ranks started so far (a later rank failed to start).
+fn stop_all(ranks: &mut [Rank]) {
+    for r in ranks.iter_mut() {
+        signal_group(&mut r.child, Sig::Kill);
+    }
+    for r in ranks.iter_mut() {
+        let _ = r.child.wait();
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Sig {
+    Term,
+    Kill,
+}
+
+/// Sends `sig` to the child's process group (the child and whatever it started).
+#[cfg(unix)]
+fn signal_group(child: &mut Child, sig: Sig) {
+    let signo = match sig {
+        Sig::Term => libc::SIGTERM,
+        Sig::Kill => libc::SIGKILL,
+    };
+    if let Ok(pgid) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: kill(2) has no memory-safety preconditions. The child was spawned with
+        // process_group(0), so its pid is its process group id; the group cannot be recycled
+        // while the child is unreaped, and after reaping a stale group id only yields ESRCH
+        // (a pid still in use as a group id is not reassigned).
+        unsafe {
+            libc::kill(-pgid, signo);
+        }
+    }
+    if matches!(sig, Sig::Kill) {
+        let _ = child.kill();
+    }
+}
+
+#[cfg(not(unix))]
+fn signal_group(child: &mut Child, _sig: Sig) {
+    let _ = child.kill();
+}
+
+#[cfg(unix)]
+fn failed_status() -> ExitStatus {
+    use std::os::unix::process::ExitStatusExt;
+    ExitStatus::from_raw(1 << 8)
+}
+
+#[cfg(not(unix))]
+fn failed_status() -> ExitStatus {
+    use std::os::windows::process::ExitStatusExt;
+    ExitStatus::from_raw(1)
+}
+
+/// Launcher signal handling: while at least one launch runs, SIGINT/SIGTERM/SIGHUP set a flag
+/// that makes every running launch stop its ranks.
+mod signals {
+    use std::sync::atomic::{AtomicI32, Ordering};
+
+    static RECEIVED: AtomicI32 = AtomicI32::new(0);
+
+    /// The signal received during the current launches (0: none).
+    pub(crate) fn received() -> i32 {
+        RECEIVED.load(Ordering::SeqCst)
+    }
+
+    #[cfg(unix)]
+    pub(crate) use unix::Guard;
+
+    #[cfg(unix)]
+    mod unix {
+        use super::RECEIVED;
+        use std::sync::Mutex;
+        use std::sync::atomic::Ordering;
+
+        const SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+        struct Installed {
+            launches: usize,
+            previous: Vec<(libc::c_int, libc::sigaction)>,
+        }
+
+        static STATE: Mutex<Installed> = Mutex::new(Installed {
+            launches: 0,
+            previous: Vec::new(),
+        });
+
+        extern "C" fn on_signal(sig: libc::c_int) {
+            // Async-signal-safe: one atomic store.
+            RECEIVED.store(sig, Ordering::SeqCst);
+        }
+
+        /// Installs the handlers for the first concurrent launch and restores the previous
+        /// ones when the last one ends.
+        pub(crate) struct Guard(());
+
+        impl Guard {
+            pub(crate) fn install() -> Guard {
+                let mut st = STATE.lock().unwrap_or_else(|e| e.into_inner());
+                if st.launches == 0 {
+                    RECEIVED.store(0, Ordering::SeqCst);
+                    for sig in SIGNALS {
+                        // SAFETY: sigaction is plain old data; all-zero is a valid value that
+                        // is fully overwritten below or by sigaction(2).
+                        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+                        // SAFETY: a null new action only queries the current one into `old`.
+                        if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } != 0 {
+                            continue;
+                        }
+                        if old.sa_sigaction == libc::SIG_IGN {
+                            continue; // e.g. nohup: keep ignoring
+                        }
+                        // SAFETY: as above.
+                        let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
+                        new.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+                        new.sa_flags = libc::SA_RESTART;
+                        // SAFETY: `new.sa_mask` is a valid sigset_t owned by us; `new` is a
+                        // fully initialised sigaction whose handler is async-signal-safe, and
+                        // `old` is writable.
+                        let ok = unsafe {
+                            libc::sigemptyset(&mut new.sa_mask);
+                            libc::sigaction(sig, &new, &mut old)
+                        } == 0;
+                        if ok {
+                            st.previous.push((sig, old));
+                        }
+                    }
+                }
+                st.launches += 1;
+                Guard(())
+            }
+        }
+
+        impl Drop for Guard {
+            fn drop(&mut self) {
+                let mut st = STATE.lock().unwrap_or_else(|e| e.into_inner());
+                st.launches -= 1;
+                if st.launches == 0 {
+                    for (sig, old) in std::mem::take(&mut st.previous) {
+                        // SAFETY: `old` is the action sigaction(2) returned for `sig`.
+                        unsafe {
+                            libc::sigaction(sig, &old, std::ptr::null_mut());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[cfg(not(unix))]
+    pub(crate) struct Guard(());
+
+    #[cfg(not(unix))]
+    impl Guard {
+        pub(crate) fn install() -> Guard {
+            Guard(())
+        }
+    }
+}
