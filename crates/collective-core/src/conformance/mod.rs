@@ -16,8 +16,10 @@ pub mod cases;
 pub mod data;
 mod harness;
 pub mod memory;
+mod process;
 
 pub use harness::{HostBuf, HostRank, RankEnv, TestBackend, run_threads};
+pub use process::{CHILD_ENV, run_processes};
 
 /// Staging capacity, in bytes per rank, every suite world is built with.
 pub const SUITE_CAPACITY: usize = 1 << 18;
@@ -43,7 +45,7 @@ macro_rules! conformance_suite {
                 use super::*;
                 fn run(world: usize, test: &str) {
                     let backend = $backend;
-                    let name = concat!(module_path!(), "::", stringify!($case));
+                    let name = module_path!();
                     let full = format!("{}::{}", name.split_once("::").map_or(name, |(_, rest)| rest), test);
                     $crate::conformance::cases::run_case(&backend, stringify!($case), world, &full);
                 }

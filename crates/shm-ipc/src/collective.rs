@@ -1,0 +1,251 @@
+//! [`ShmCollective`]: the CPU twin's implementation of the collective trait.
+use crate::config::ShmConfig;
+use crate::engine::Engine;
+use crate::region::Region;
+use crate::wait::Peer;
+use collective_core::bootstrap::Bootstrap;
+use collective_core::protocol::{Header, Layout, Plan};
+use collective_core::{
+    Capabilities, Collective, Error, Io, Op, Route, SUPPORTED_WORLD_SIZES, host_identity, validate, validate_many,
+};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// A deterministic collective over host shared memory (stream type `()`: calls complete
+/// before they return).
+#[derive(Debug)]
+pub struct ShmCollective {
+    rank: usize,
+    world: usize,
+    config: ShmConfig,
+    /// `None` for world size 1, which needs no IPC state.
+    engine: Option<Engine>,
+    closed: AtomicBool,
+}
+
+fn check_world(world: usize) -> Result<(), Error> {
+    if SUPPORTED_WORLD_SIZES.contains(&world) { Ok(()) } else { Err(Error::UnsupportedWorldSize { world }) }
+}
+
+fn write_header(region: &Region, layout: &Layout, h: Header) {
+    for (i, w) in h.to_words().into_iter().enumerate() {
+        // SAFETY: the header line is in bounds and 8-aligned; no peer maps it yet.
+        unsafe { region.base().add(layout.header() + 8 * i).cast::<u64>().write(w) };
+    }
+}
+
+fn read_header(region: &Region, layout: &Layout) -> Option<Header> {
+    let mut w = [0u64; 7];
+    for (i, x) in w.iter_mut().enumerate() {
+        // SAFETY: in bounds; written by the owner before the bootstrap exchange that told us its name.
+        *x = unsafe { region.base().add(layout.header() + 8 * i).cast::<u64>().read_volatile() };
+    }
+    Header::from_words(w)
+}
+
+/// What each rank tells the others at construction; ranks must agree on all but name and pid.
+struct Hello {
+    name: String,
+    capacity: usize,
+    rs_ag_threshold: usize,
+    pid: u32,
+    host: String,
+}
+
+impl Hello {
+    fn encode(&self) -> Vec<u8> {
+        format!("shm-ipc/1\n{}\n{}\n{}\n{}\n{}", self.name, self.capacity, self.rs_ag_threshold, self.pid, self.host).into_bytes()
+    }
+    fn decode(b: &[u8]) -> Option<Hello> {
+        let s = std::str::from_utf8(b).ok()?;
+        let mut it = s.split('\n');
+        if it.next()? != "shm-ipc/1" {
+            return None;
+        }
+        Some(Hello {
+            name: it.next()?.to_string(),
+            capacity: it.next()?.parse().ok()?,
+            rs_ag_threshold: it.next()?.parse().ok()?,
+            pid: it.next()?.parse().ok()?,
+            host: it.next()?.to_string(),
+        })
+    }
+}
+
+impl ShmCollective {
+    /// One process per rank: this rank's region is a `/dev/shm` object whose name travels through
+    /// `boot`; every rank maps every peer's. Collective: every rank of `boot` must call it with
+    /// the same `config`, or all fail with [`Error::ConfigMismatch`].
+    pub fn new(boot: Box<dyn Bootstrap>, config: ShmConfig) -> Result<Self, Error> {
+        let (rank, world) = (boot.rank(), boot.world_size());
+        check_world(world)?;
+        if world == 1 {
+            return Ok(Self::local(config));
+        }
+        let layout = Layout::new(config.capacity, 1);
+        let pid = std::process::id();
+        let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let name = format!("/detcoll-{pid}-{rank}-{nonce:x}");
+        let own = Region::create_shared(&name, layout.total_bytes())?;
+        write_header(&own, &layout, Header { world: world as u64, rank: rank as u64, capacity: config.capacity as u64, blocks: 1, pid: pid.into() });
+        let hello = Hello { name: name.clone(), capacity: config.capacity, rs_ag_threshold: config.rs_ag_threshold, pid, host: host_identity() };
+        let result = Self::join(&*boot, rank, world, layout, own, &hello, config);
+        // Every rank has mapped every region (or failed): the names are no longer needed.
+        Region::unlink(&name);
+        result
+    }
+
+    fn join(boot: &dyn Bootstrap, rank: usize, world: usize, layout: Layout, own: Region, hello: &Hello, config: ShmConfig) -> Result<Self, Error> {
+        let all = boot.all_gather_bytes(&hello.encode())?;
+        let hellos: Vec<Hello> = all
+            .iter()
+            .enumerate()
+            .map(|(q, b)| Hello::decode(b).ok_or_else(|| Error::ConfigMismatch { detail: format!("rank {q} is not a shm-ipc rank of this version") }))
+            .collect::<Result<_, _>>()?;
+        for (q, h) in hellos.iter().enumerate() {
+            if h.capacity != hello.capacity || h.rs_ag_threshold != hello.rs_ag_threshold {
+                return Err(Error::ConfigMismatch {
+                    detail: format!(
+                        "rank {q} has capacity {} and RS+AG threshold {}, rank {rank} has {} and {}",
+                        h.capacity, h.rs_ag_threshold, hello.capacity, hello.rs_ag_threshold
+                    ),
+                });
+            }
+            if h.host != hello.host {
+                return Err(Error::InvalidConfig { detail: format!("the CPU twin needs every rank on one host; rank {q} runs on {}, rank {rank} on {}", h.host, hello.host) });
+            }
+        }
+        let own = Arc::new(own);
+        let mut regions = Vec::with_capacity(world);
+        for (q, h) in hellos.iter().enumerate() {
+            if q == rank {
+                regions.push(own.clone());
+                continue;
+            }
+            let r = Region::open_shared(&h.name, layout.total_bytes())?;
+            match read_header(&r, &layout) {
+                Some(hd) if hd.rank == q as u64 && hd.world == world as u64 && hd.capacity == config.capacity as u64 => {}
+                other => return Err(Error::ConfigMismatch { detail: format!("rank {q}'s region header is {other:?}") }),
+            }
+            regions.push(Arc::new(r));
+        }
+        // Nobody unlinks a name before every rank has mapped it.
+        boot.barrier()?;
+        let peers = hellos.iter().enumerate().map(|(q, h)| Peer { rank: q, pid: Some(h.pid) }).collect();
+        Ok(ShmCollective { rank, world, config, engine: Some(Engine::new(rank, layout, regions, peers, config.timeouts)), closed: AtomicBool::new(false) })
+    }
+
+    /// A world of `world` ranks as threads of this process: regions are heap memory that every
+    /// rank reads directly. Hand one handle to each thread.
+    pub fn group(world: usize, config: ShmConfig) -> Result<Vec<ShmCollective>, Error> {
+        check_world(world)?;
+        if world == 1 {
+            return Ok(vec![Self::local(config)]);
+        }
+        let layout = Layout::new(config.capacity, 1);
+        let regions: Vec<Arc<Region>> = (0..world).map(|_| Region::heap(layout.total_bytes()).map(Arc::new)).collect::<Result<_, _>>()?;
+        let peers: Vec<Peer> = (0..world).map(|q| Peer { rank: q, pid: None }).collect();
+        Ok((0..world)
+            .map(|rank| ShmCollective {
+                rank,
+                world,
+                config,
+                engine: Some(Engine::new(rank, layout, regions.clone(), peers.clone(), config.timeouts)),
+                closed: AtomicBool::new(false),
+            })
+            .collect())
+    }
+
+    fn local(config: ShmConfig) -> Self {
+        ShmCollective { rank: 0, world: 1, config, engine: None, closed: AtomicBool::new(false) }
+    }
+
+    /// Bytes of staging and control this rank keeps for its lifetime.
+    pub fn workspace_bytes(&self) -> usize {
+        self.engine.as_ref().map_or(0, |e| e.layout.total_bytes())
+    }
+
+    fn check_open(&self) -> Result<(), Error> {
+        if self.closed.load(Ordering::Acquire) { Err(Error::Closed) } else { Ok(()) }
+    }
+
+    fn single(&self, op: Op, io: Io<'_>) -> Result<(), Error> {
+        self.check_open()?;
+        if let Some(e) = &self.engine {
+            e.poison.check()?;
+        }
+        let call = validate(op, &io, self.rank, self.world, self.config.capacity)?;
+        let Some(engine) = &self.engine else {
+            // World 1: a copy, or nothing in place.
+            if !call.in_place {
+                // SAFETY: validated, non-overlapping caller views of `bytes_out` bytes.
+                unsafe { core::ptr::copy_nonoverlapping(call.src as *const u8, call.dst as *mut u8, call.bytes_out()) };
+            }
+            return Ok(());
+        };
+        let plan = Plan::single(&call, self.rank, self.world, self.route(op, call.bytes_in()))?;
+        engine.execute(&plan)
+    }
+}
+
+impl Collective for ShmCollective {
+    type Stream = ();
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.world
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::strict(self.config.capacity, false)
+    }
+    fn route(&self, op: Op, bytes: usize) -> Route {
+        if self.world == 1 {
+            Route::Local
+        } else if op == Op::AllReduce && bytes >= self.config.rs_ag_threshold {
+            Route::IpcReduceScatterAllGather
+        } else {
+            Route::IpcOneShot
+        }
+    }
+    fn all_reduce(&self, io: Io<'_>, _: &()) -> Result<(), Error> {
+        self.single(Op::AllReduce, io)
+    }
+    fn all_gather(&self, io: Io<'_>, _: &()) -> Result<(), Error> {
+        self.single(Op::AllGather, io)
+    }
+    fn reduce_scatter(&self, io: Io<'_>, _: &()) -> Result<(), Error> {
+        self.single(Op::ReduceScatter, io)
+    }
+    fn reduce_scatter_many(&self, lanes: &[Io<'_>], _: &()) -> Result<(), Error> {
+        self.check_open()?;
+        if let Some(e) = &self.engine {
+            e.poison.check()?;
+        }
+        let (calls, sig) = validate_many(lanes, self.rank, self.world, self.config.capacity)?;
+        let Some(engine) = &self.engine else {
+            for l in calls.iter().filter(|l| !l.call.in_place) {
+                // SAFETY: validated, non-overlapping caller views.
+                unsafe { core::ptr::copy_nonoverlapping(l.call.src as *const u8, l.call.dst as *mut u8, l.call.bytes_out()) };
+            }
+            return Ok(());
+        };
+        engine.execute(&Plan::many(&calls, sig, self.rank))
+    }
+    fn close(&self) -> Result<(), Error> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        match &self.engine {
+            Some(e) => e.close(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for ShmCollective {
+    fn drop(&mut self) {
+        let _ = self.close();
+    }
+}

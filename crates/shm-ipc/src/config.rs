@@ -1,0 +1,21 @@
+//! Construction parameters of the CPU twin.
+use collective_core::protocol::Timeouts;
+
+/// How a CPU-twin collective is built. Every rank must pass the same values (checked).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShmConfig {
+    /// Staging bytes per frame: the most one rank contributes to one call.
+    pub capacity: usize,
+    /// Bounds on waits for peers and on close.
+    pub timeouts: Timeouts,
+    /// all_reduce calls of at least this many bytes take IPC reduce_scatter + all_gather.
+    pub rs_ag_threshold: usize,
+}
+
+impl ShmConfig {
+    /// `capacity` bytes of staging, timeouts from the environment (`DETCOLL_TIMEOUT_MS`),
+    /// and RS+AG from 256 KiB.
+    pub fn new(capacity: usize) -> Self {
+        ShmConfig { capacity, timeouts: Timeouts::from_env(), rs_ag_threshold: 256 << 10 }
+    }
+}

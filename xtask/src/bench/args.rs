@@ -1,0 +1,348 @@
+//! Command-line arguments of `cargo xtask bench` (the seeds' benchmark script's flags).
+use clap::{Args, ValueEnum};
+use collective_core::{DType, Op};
+use serde::Serialize;
+use std::path::PathBuf;
+
+/// Default sizes: the seeds' benchmark table (4 KiB, 64 KiB, 1 MiB, 16 MiB).
+pub const DEFAULT_SIZES: [usize; 4] = [4096, 65536, 1 << 20, 16 << 20];
+/// Default world size of a CPU-twin run (the twin is slow with many processes on few cores).
+pub const DEFAULT_NPROC: usize = 4;
+
+/// Reduction dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BenchDtype {
+    Bf16,
+    F16,
+    F32,
+}
+
+impl BenchDtype {
+    pub fn dtype(self) -> DType {
+        match self {
+            BenchDtype::Bf16 => DType::BF16,
+            BenchDtype::F16 => DType::F16,
+            BenchDtype::F32 => DType::F32,
+        }
+    }
+}
+
+/// A benchmarked operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum, Serialize)]
+pub enum BenchOp {
+    #[value(name = "all_reduce")]
+    #[serde(rename = "all_reduce")]
+    AllReduce,
+    #[value(name = "all_gather")]
+    #[serde(rename = "all_gather")]
+    AllGather,
+    #[value(name = "reduce_scatter")]
+    #[serde(rename = "reduce_scatter")]
+    ReduceScatter,
+    #[value(name = "reduce_scatter_many")]
+    #[serde(rename = "reduce_scatter_many")]
+    ReduceScatterMany,
+}
+
+impl BenchOp {
+    pub const ALL: [BenchOp; 4] =
+        [BenchOp::AllReduce, BenchOp::AllGather, BenchOp::ReduceScatter, BenchOp::ReduceScatterMany];
+
+    pub fn op(self) -> Op {
+        match self {
+            BenchOp::AllReduce => Op::AllReduce,
+            BenchOp::AllGather => Op::AllGather,
+            BenchOp::ReduceScatter => Op::ReduceScatter,
+            BenchOp::ReduceScatterMany => Op::ReduceScatterMany,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        self.op().name()
+    }
+
+    /// Independent lanes a call carries (reduce_scatter_many: two, like the FFN gate/up lanes).
+    pub fn lanes(self) -> usize {
+        if self == BenchOp::ReduceScatterMany { 2 } else { 1 }
+    }
+}
+
+/// Which implementation runs the collectives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackendChoice {
+    /// The GPU backend when one is built in and a GPU is present, else the CPU twin.
+    Auto,
+    /// The CPU twin (shm-ipc): the real protocol over host shared memory.
+    Cpu,
+    /// The CUDA IPC twin (fails when it is not available).
+    Cuda,
+    /// The in-memory reference collective of the conformance suite (threads only; harness tests).
+    #[value(hide = true)]
+    Memory,
+}
+
+/// `cargo xtask bench` arguments. Sizes are per-rank input bytes (see `SIZE_CONVENTION`).
+#[derive(Debug, Clone, PartialEq, Eq, Args, Serialize)]
+pub struct BenchArgs {
+    /// Ranks to start (1, 2, 4 or 8). Ignored when RANK/WORLD_SIZE are set (torchrun/mpirun
+    /// started this process as one rank).
+    #[arg(long, default_value_t = DEFAULT_NPROC, value_parser = parse_world)]
+    pub nproc: usize,
+
+    /// Reduction dtype.
+    #[arg(long, value_enum, default_value_t = BenchDtype::Bf16)]
+    pub dtype: BenchDtype,
+
+    /// Operations to measure.
+    #[arg(long, value_enum, num_args = 1.., value_delimiter = ',',
+          default_values_t = BenchOp::ALL.to_vec())]
+    pub operations: Vec<BenchOp>,
+
+    /// Message sizes: per-rank input bytes (suffixes K/KiB, M/MiB, G/GiB accepted).
+    #[arg(long = "size-bytes", num_args = 1.., value_delimiter = ',', value_parser = parse_size,
+          default_values_t = DEFAULT_SIZES.to_vec())]
+    pub size_bytes: Vec<usize>,
+
+    /// Untimed calls before the samples of each row.
+    #[arg(long, default_value_t = 10)]
+    pub warmup: usize,
+
+    /// Timed back-to-back calls per sample.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
+    pub iterations: usize,
+
+    /// Samples per row (the row reports median/min/max over samples).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
+    pub samples: usize,
+
+    /// JSON report (the SVG plot is written next to it, same name with `.svg`).
+    #[arg(long, default_value = "bench-out/bench.json")]
+    pub output: PathBuf,
+
+    /// Backend.
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+    pub backend: BackendChoice,
+
+    /// Run the ranks as threads of this process instead of one process per rank.
+    #[arg(long)]
+    pub threads: bool,
+
+    /// Seed of the deterministic inputs (every rank rebuilds every rank's input from it).
+    #[arg(long, default_value_t = 0x5EED)]
+    pub seed: u64,
+}
+
+impl BenchArgs {
+    /// The arguments that reproduce `self` (a rank re-executes `bench-rank` with them).
+    pub fn to_cli_args(&self) -> Vec<String> {
+        let value = |v: &dyn ValueEnumName| v.cli_name();
+        let mut a = vec![
+            "--nproc".to_owned(),
+            self.nproc.to_string(),
+            "--dtype".to_owned(),
+            value(&self.dtype),
+            "--operations".to_owned(),
+        ];
+        a.extend(self.operations.iter().map(|o| o.name().to_owned()));
+        a.push("--size-bytes".to_owned());
+        a.extend(self.size_bytes.iter().map(|s| s.to_string()));
+        a.extend([
+            "--warmup".to_owned(),
+            self.warmup.to_string(),
+            "--iterations".to_owned(),
+            self.iterations.to_string(),
+            "--samples".to_owned(),
+            self.samples.to_string(),
+            "--output".to_owned(),
+            self.output.to_string_lossy().into_owned(),
+            "--backend".to_owned(),
+            value(&self.backend),
+            "--seed".to_owned(),
+            self.seed.to_string(),
+        ]);
+        if self.threads {
+            a.push("--threads".to_owned());
+        }
+        a
+    }
+
+    /// Checks that every (operation, size) divides evenly for `world` ranks in this dtype.
+    pub fn check_shapes(&self, world: usize) -> anyhow::Result<()> {
+        let esize = self.dtype.dtype().size();
+        if self.operations.is_empty() {
+            anyhow::bail!("--operations: nothing to measure");
+        }
+        if self.size_bytes.is_empty() {
+            anyhow::bail!("--size-bytes: nothing to measure");
+        }
+        for &size in &self.size_bytes {
+            if size == 0 || size % esize != 0 {
+                anyhow::bail!("--size-bytes {size}: must be a positive multiple of the {} element size ({esize} bytes)",
+                    self.dtype.dtype());
+            }
+            let elems = size / esize;
+            for &op in &self.operations {
+                let unit = match op {
+                    BenchOp::AllReduce | BenchOp::AllGather => 1,
+                    BenchOp::ReduceScatter => world,
+                    BenchOp::ReduceScatterMany => world * op.lanes(),
+                };
+                if elems % unit != 0 {
+                    anyhow::bail!(
+                        "--size-bytes {size}: {} with {world} ranks needs a multiple of {unit} {} elements ({} bytes)",
+                        op.name(),
+                        self.dtype.dtype(),
+                        unit * esize
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Staging bytes one rank needs: the largest per-rank input.
+    pub fn capacity(&self) -> usize {
+        self.size_bytes.iter().copied().max().unwrap_or(0)
+    }
+}
+
+trait ValueEnumName {
+    fn cli_name(&self) -> String;
+}
+
+impl<T: ValueEnum> ValueEnumName for T {
+    fn cli_name(&self) -> String {
+        self.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default()
+    }
+}
+
+fn parse_world(s: &str) -> Result<usize, String> {
+    let n: usize = s.trim().parse().map_err(|_| format!("`{s}` is not a number"))?;
+    if collective_core::SUPPORTED_WORLD_SIZES.contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!("{n} ranks: expected 1, 2, 4 or 8"))
+    }
+}
+
+/// Parses `4096`, `4K`, `4KiB`, `16M`, `16MiB`, `1G` (binary multiples).
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, suffix) = t.split_at(split);
+    let n: usize = num.parse().map_err(|_| format!("`{s}` is not a size in bytes"))?;
+    let mult: usize = match suffix.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        _ => return Err(format!("`{s}`: unknown size suffix `{suffix}` (use K, M or G)")),
+    };
+    n.checked_mul(mult).ok_or_else(|| format!("`{s}` is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        args: BenchArgs,
+    }
+
+    fn parse(a: &[&str]) -> Result<BenchArgs, clap::Error> {
+        Wrap::try_parse_from(std::iter::once("bench").chain(a.iter().copied())).map(|w| w.args)
+    }
+
+    #[test]
+    fn defaults_match_the_seeds_script() {
+        let a = parse(&[]).unwrap();
+        assert_eq!(a.nproc, DEFAULT_NPROC);
+        assert_eq!(a.dtype, BenchDtype::Bf16);
+        assert_eq!(a.operations, BenchOp::ALL.to_vec());
+        assert_eq!(a.size_bytes, vec![4096, 65536, 1048576, 16777216]);
+        assert_eq!((a.warmup, a.iterations, a.samples), (10, 50, 5));
+        assert_eq!(a.output, PathBuf::from("bench-out/bench.json"));
+        assert_eq!(a.backend, BackendChoice::Auto);
+        assert!(!a.threads);
+    }
+
+    #[test]
+    fn seeds_command_line_parses() {
+        let a = parse(&[
+            "--dtype", "f16", "--operations", "all_reduce", "all_gather", "reduce_scatter",
+            "--size-bytes", "4096", "64KiB", "1M", "16MiB", "--warmup", "20", "--iterations", "100",
+            "--samples", "10", "--output", "x.json", "--nproc", "8",
+        ])
+        .unwrap();
+        assert_eq!(a.dtype, BenchDtype::F16);
+        assert_eq!(a.operations, vec![BenchOp::AllReduce, BenchOp::AllGather, BenchOp::ReduceScatter]);
+        assert_eq!(a.size_bytes, vec![4096, 65536, 1 << 20, 16 << 20]);
+        assert_eq!((a.warmup, a.iterations, a.samples, a.nproc), (20, 100, 10, 8));
+        // Comma-separated lists work too.
+        let b = parse(&["--operations", "reduce_scatter_many,all_reduce", "--size-bytes", "4K,8K"]).unwrap();
+        assert_eq!(b.operations, vec![BenchOp::ReduceScatterMany, BenchOp::AllReduce]);
+        assert_eq!(b.size_bytes, vec![4096, 8192]);
+    }
+
+    #[test]
+    fn bad_values_are_rejected() {
+        assert!(parse(&["--nproc", "3"]).is_err());
+        assert!(parse(&["--nproc", "16"]).is_err());
+        assert!(parse(&["--dtype", "f64"]).is_err());
+        assert!(parse(&["--operations", "broadcast"]).is_err());
+        assert!(parse(&["--size-bytes", "12X"]).is_err());
+        assert!(parse(&["--iterations", "0"]).is_err());
+        assert!(parse(&["--samples", "0"]).is_err());
+    }
+
+    #[test]
+    fn cli_args_round_trip() {
+        let a = parse(&[
+            "--nproc", "2", "--dtype", "f32", "--operations", "reduce_scatter_many", "--size-bytes", "4096",
+            "--warmup", "1", "--iterations", "3", "--samples", "2", "--output", "out dir/b.json", "--backend",
+            "cpu", "--threads", "--seed", "7",
+        ])
+        .unwrap();
+        let args = a.to_cli_args();
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        assert_eq!(parse(&refs).unwrap(), a);
+        let d = parse(&[]).unwrap();
+        let args = d.to_cli_args();
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        assert_eq!(parse(&refs).unwrap(), d);
+    }
+
+    #[test]
+    fn shapes_are_checked_per_world() {
+        let a = parse(&["--size-bytes", "4096", "65536"]).unwrap();
+        for w in [1, 2, 4, 8] {
+            a.check_shapes(w).unwrap();
+        }
+        // 6 bf16 elements: all_reduce fine, reduce_scatter over 4 ranks not.
+        let b = parse(&["--size-bytes", "12", "--operations", "all_reduce"]).unwrap();
+        b.check_shapes(4).unwrap();
+        let c = parse(&["--size-bytes", "12", "--operations", "reduce_scatter"]).unwrap();
+        assert!(c.check_shapes(4).is_err());
+        c.check_shapes(2).unwrap();
+        let d = parse(&["--size-bytes", "3"]).unwrap();
+        assert!(d.check_shapes(1).is_err());
+        assert_eq!(parse(&["--size-bytes", "4096", "1M"]).unwrap().capacity(), 1 << 20);
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("4k"), Ok(4096));
+        assert_eq!(parse_size("2KiB"), Ok(2048));
+        assert_eq!(parse_size("16MiB"), Ok(16 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("MiB").is_err());
+        assert!(parse_size("1T").is_err());
+    }
+}

@@ -1,0 +1,141 @@
+//! What the bench needs from a backend, and the CPU implementations.
+//!
+//! A GPU backend plugs in by implementing [`BenchBackend`] for one rank (device buffers, a
+//! stream, device-side timing) and adding a constructor to `bench::select_backend`; the
+//! measurement loop ([`super::run`]) is generic and never touches memory directly.
+use collective_core::conformance::HostBuf;
+use collective_core::{Collective, DType, RawMut, RawRef};
+use std::time::{Duration, Instant};
+
+/// One rank's backend, as the bench drives it. Every method takes `&self` so the timed loop can
+/// borrow buffers and the collective at the same time.
+pub trait BenchBackend {
+    /// The collective under test.
+    type Comm: Collective;
+    /// An owned buffer in the backend's memory.
+    type Buf;
+    /// A timing mark ([`BenchBackend::start_timer`]).
+    type Mark;
+
+    /// `backend` field of the report, e.g. `cpu-twin`, `cuda-ipc`.
+    fn name(&self) -> &'static str;
+    /// Name of the copy baseline, e.g. `host_memcpy`, `device_copy`.
+    fn copy_name(&self) -> &'static str;
+    /// This rank's collective.
+    fn comm(&self) -> &Self::Comm;
+    /// The stream calls are enqueued on.
+    fn stream(&self) -> &<Self::Comm as Collective>::Stream;
+
+    /// A buffer of `bytes` bytes (contents unspecified).
+    fn alloc(&self, bytes: usize) -> anyhow::Result<Self::Buf>;
+    /// Writes `data` to the start of `buf`, ordered before later calls on the stream.
+    fn write(&self, buf: &mut Self::Buf, data: &[u8]) -> anyhow::Result<()>;
+    /// Reads the first `bytes` bytes of `buf` after everything enqueued so far completed.
+    fn read(&self, buf: &Self::Buf, bytes: usize) -> anyhow::Result<Vec<u8>>;
+    /// A view of `len` elements of `dtype` starting `byte_offset` bytes into `buf`.
+    fn view<'b>(&self, buf: &'b Self::Buf, byte_offset: usize, len: usize, dtype: DType) -> RawRef<'b>;
+    /// A writable view of `len` elements of `dtype` starting `byte_offset` bytes into `buf`.
+    fn view_mut<'b>(&self, buf: &'b mut Self::Buf, byte_offset: usize, len: usize, dtype: DType) -> RawMut<'b>;
+    /// Enqueues a plain copy of `bytes` bytes (the baseline every row is compared with).
+    fn copy(&self, dst: &mut Self::Buf, src: &Self::Buf, bytes: usize) -> anyhow::Result<()>;
+
+    /// Marks the start of a timed region (GPU: records an event on the stream).
+    fn start_timer(&self) -> anyhow::Result<Self::Mark>;
+    /// Time from `mark` to now, after everything enqueued so far completed.
+    fn elapsed(&self, mark: Self::Mark) -> anyhow::Result<Duration>;
+
+    /// Staging/workspace bytes this rank retains between calls.
+    fn workspace_bytes(&self) -> usize;
+    /// Peak temporary (per-call) device memory; 0 where calls allocate nothing.
+    fn peak_temp_bytes(&self) -> usize;
+}
+
+/// A host collective the CPU backend can run.
+pub trait HostCollective: Collective<Stream = ()> {
+    /// Staging bytes this rank retains.
+    fn workspace_bytes(&self) -> usize;
+}
+
+impl HostCollective for collective_core::conformance::memory::MemoryCollective {
+    fn workspace_bytes(&self) -> usize {
+        0
+    }
+}
+
+// impl HostCollective for shm_ipc::ShmCollective is in `super::cpu_twin`.
+
+/// Host memory, host clock: the CPU twin (and the in-memory reference collective).
+#[derive(Debug)]
+pub struct HostBackend<C> {
+    comm: C,
+    name: &'static str,
+}
+
+impl<C: HostCollective> HostBackend<C> {
+    pub fn new(comm: C, name: &'static str) -> Self {
+        HostBackend { comm, name }
+    }
+    pub fn into_comm(self) -> C {
+        self.comm
+    }
+}
+
+impl<C: HostCollective> BenchBackend for HostBackend<C> {
+    type Comm = C;
+    type Buf = HostBuf;
+    type Mark = Instant;
+
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn copy_name(&self) -> &'static str {
+        "host_memcpy"
+    }
+    fn comm(&self) -> &C {
+        &self.comm
+    }
+    fn stream(&self) -> &() {
+        &()
+    }
+    fn alloc(&self, bytes: usize) -> anyhow::Result<HostBuf> {
+        Ok(HostBuf::new(bytes))
+    }
+    fn write(&self, buf: &mut HostBuf, data: &[u8]) -> anyhow::Result<()> {
+        anyhow::ensure!(data.len() <= buf.len(), "write of {} bytes into a {}-byte buffer", data.len(), buf.len());
+        buf.as_bytes_mut()[..data.len()].copy_from_slice(data);
+        Ok(())
+    }
+    fn read(&self, buf: &HostBuf, bytes: usize) -> anyhow::Result<Vec<u8>> {
+        anyhow::ensure!(bytes <= buf.len(), "read of {bytes} bytes from a {}-byte buffer", buf.len());
+        Ok(buf.as_bytes()[..bytes].to_vec())
+    }
+    fn view<'b>(&self, buf: &'b HostBuf, byte_offset: usize, len: usize, dtype: DType) -> RawRef<'b> {
+        assert!(byte_offset + len * dtype.size() <= buf.len(), "bench view out of bounds");
+        // SAFETY: in bounds of `buf`, which the returned view borrows.
+        unsafe { RawRef::from_raw(buf.addr() + byte_offset as u64, len, dtype) }
+    }
+    fn view_mut<'b>(&self, buf: &'b mut HostBuf, byte_offset: usize, len: usize, dtype: DType) -> RawMut<'b> {
+        assert!(byte_offset + len * dtype.size() <= buf.len(), "bench view out of bounds");
+        // SAFETY: in bounds of `buf`, which the returned view borrows uniquely.
+        unsafe { RawMut::from_raw(buf.addr_mut() + byte_offset as u64, len, dtype) }
+    }
+    fn copy(&self, dst: &mut HostBuf, src: &HostBuf, bytes: usize) -> anyhow::Result<()> {
+        let d = std::hint::black_box(&mut dst.as_bytes_mut()[..bytes]);
+        d.copy_from_slice(&src.as_bytes()[..bytes]);
+        std::hint::black_box(d);
+        Ok(())
+    }
+    fn start_timer(&self) -> anyhow::Result<Instant> {
+        Ok(Instant::now())
+    }
+    fn elapsed(&self, mark: Instant) -> anyhow::Result<Duration> {
+        Ok(mark.elapsed())
+    }
+    fn workspace_bytes(&self) -> usize {
+        self.comm.workspace_bytes()
+    }
+    fn peak_temp_bytes(&self) -> usize {
+        // Host calls allocate nothing per call: staging is retained (workspace_bytes).
+        0
+    }
+}

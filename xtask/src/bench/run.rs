@@ -1,0 +1,449 @@
+//! The measurement loop every rank runs, generic over [`BenchBackend`].
+//!
+//! Per size: one copy-baseline row (all ranks copy their input concurrently; rank 0 also alone),
+//! then one row per operation. A row: allocate and fill, barrier, one first call (its output is
+//! checked against the fixed tree rebuilt from every rank's deterministic input, and hashed),
+//! `warmup` untimed calls, then `samples` x (barrier, `iterations` back-to-back timed calls);
+//! the output of the last call is hashed again. Each rank's latencies, hashes and verdicts are
+//! exchanged through the bootstrap, so every rank assembles the same rows.
+use super::args::{BenchArgs, BenchOp};
+use super::backend::BenchBackend;
+use super::report::Row;
+use super::stats::{Summary, digest, gbps, slowest_rank};
+use anyhow::Context;
+use collective_core::bootstrap::Bootstrap;
+use collective_core::conformance::data::{compare, finite_values, reference_reduce};
+use collective_core::{Collective, DType, Io};
+use serde::{Deserialize, Serialize};
+
+/// What a row measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowKind {
+    /// The plain copy baseline.
+    Copy,
+    /// A collective.
+    Op(BenchOp),
+}
+
+/// What one rank measured for one row (exchanged as JSON through the bootstrap).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankRow {
+    /// Seconds per call, one per sample.
+    pub latencies: Vec<f64>,
+    /// Copy rows, rank 0 only: seconds per copy with the other ranks idle.
+    pub alone: Vec<f64>,
+    /// Digest of the output after the first call.
+    pub first: u64,
+    /// Digest of the output after the last timed call.
+    pub last: u64,
+    /// The first output matched the reference (copy rows: the source).
+    pub reference_ok: bool,
+    /// The first difference, when not.
+    pub mismatch: Option<String>,
+    pub workspace_bytes: usize,
+    pub peak_temp_bytes: usize,
+}
+
+/// Elements of every output lane of `op` for `n` input elements per rank.
+pub fn output_lens(op: BenchOp, n: usize, world: usize) -> Vec<usize> {
+    match op {
+        BenchOp::AllReduce => vec![n],
+        BenchOp::AllGather => vec![n * world],
+        BenchOp::ReduceScatter => vec![n / world],
+        BenchOp::ReduceScatterMany => vec![n / op.lanes() / world; op.lanes()],
+    }
+}
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// The seed of lane `lane` of rank `rank`'s input of a row.
+pub fn input_seed(seed: u64, op: BenchOp, size: usize, rank: usize, lane: usize) -> u64 {
+    [op.op() as u64, size as u64, rank as u64, lane as u64].iter().fold(splitmix(seed), |h, &v| splitmix(h ^ v))
+}
+
+/// Rank `rank`'s input of a row: `n` elements, lanes concatenated.
+pub fn rank_input(seed: u64, op: BenchOp, dtype: DType, size: usize, n: usize, rank: usize) -> Vec<u8> {
+    let lanes = op.lanes();
+    (0..lanes).flat_map(|l| finite_values(dtype, n / lanes, input_seed(seed, op, size, rank, l))).collect()
+}
+
+/// What rank `rank` must receive, lanes concatenated, from the fixed tree over every rank's input.
+pub fn expected_output(seed: u64, op: BenchOp, dtype: DType, size: usize, n: usize, world: usize, rank: usize) -> Vec<u8> {
+    let inputs: Vec<Vec<u8>> = (0..world).map(|r| rank_input(seed, op, dtype, size, n, r)).collect();
+    let esize = dtype.size();
+    match op {
+        BenchOp::AllGather => inputs.concat(),
+        BenchOp::AllReduce => reference_reduce(&inputs, dtype),
+        BenchOp::ReduceScatter | BenchOp::ReduceScatterMany => {
+            let lanes = op.lanes();
+            let lane_bytes = n / lanes * esize;
+            let shard = lane_bytes / world;
+            let mut out = Vec::with_capacity(shard * lanes);
+            for l in 0..lanes {
+                let lane: Vec<Vec<u8>> = inputs.iter().map(|i| i[l * lane_bytes..(l + 1) * lane_bytes].to_vec()).collect();
+                let full = reference_reduce(&lane, dtype);
+                out.extend_from_slice(&full[rank * shard..(rank + 1) * shard]);
+            }
+            out
+        }
+    }
+}
+
+/// Buffers of one op row.
+struct OpBufs<Buf> {
+    input: Buf,
+    outs: Vec<Buf>,
+}
+
+/// Enqueues one call of `op` on `n` input elements per rank.
+fn call<B: BenchBackend>(b: &B, op: BenchOp, dtype: DType, n: usize, bufs: &mut OpBufs<B::Buf>) -> anyhow::Result<()> {
+    let (comm, stream) = (b.comm(), b.stream());
+    let world = comm.world_size();
+    let out_lens = output_lens(op, n, world);
+    match op {
+        BenchOp::ReduceScatterMany => {
+            let lane = n / op.lanes();
+            let esize = dtype.size();
+            let lanes: Vec<Io<'_>> = bufs
+                .outs
+                .iter_mut()
+                .zip(&out_lens)
+                .enumerate()
+                .map(|(l, (out, &m))| Io::OutOfPlace {
+                    input: b.view(&bufs.input, l * lane * esize, lane, dtype),
+                    output: b.view_mut(out, 0, m, dtype),
+                })
+                .collect();
+            comm.reduce_scatter_many(&lanes, stream)?;
+        }
+        _ => {
+            let io = Io::OutOfPlace { input: b.view(&bufs.input, 0, n, dtype), output: b.view_mut(&mut bufs.outs[0], 0, out_lens[0], dtype) };
+            match op {
+                BenchOp::AllReduce => comm.all_reduce(io, stream)?,
+                BenchOp::AllGather => comm.all_gather(io, stream)?,
+                _ => comm.reduce_scatter(io, stream)?,
+            }
+        }
+    }
+    Ok(())
+}
+
+fn read_outs<B: BenchBackend>(b: &B, outs: &[B::Buf], lens: &[usize], dtype: DType) -> anyhow::Result<Vec<u8>> {
+    let mut all = Vec::new();
+    for (o, &m) in outs.iter().zip(lens) {
+        all.extend(b.read(o, m * dtype.size())?);
+    }
+    Ok(all)
+}
+
+/// Times `samples` x `iterations` calls of `f`, a barrier before each sample; seconds per call.
+fn sample<B: BenchBackend>(
+    b: &B,
+    boot: &dyn Bootstrap,
+    args: &BenchArgs,
+    mut f: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<f64>> {
+    let mut lat = Vec::with_capacity(args.samples);
+    for _ in 0..args.samples {
+        boot.barrier().context("barrier before a sample")?;
+        let mark = b.start_timer()?;
+        for _ in 0..args.iterations {
+            f()?;
+        }
+        lat.push(b.elapsed(mark)?.as_secs_f64() / args.iterations as f64);
+    }
+    Ok(lat)
+}
+
+/// Measures one op row on this rank.
+pub fn measure_op<B: BenchBackend>(b: &B, boot: &dyn Bootstrap, args: &BenchArgs, op: BenchOp, size: usize) -> anyhow::Result<RankRow> {
+    let dtype = args.dtype.dtype();
+    let (rank, world) = (b.comm().rank(), b.comm().world_size());
+    let n = size / dtype.size();
+    let out_lens = output_lens(op, n, world);
+    let mut input = b.alloc(size)?;
+    b.write(&mut input, &rank_input(args.seed, op, dtype, size, n, rank))?;
+    let outs = out_lens.iter().map(|&m| b.alloc(m * dtype.size())).collect::<anyhow::Result<Vec<_>>>()?;
+    let mut bufs = OpBufs { input, outs };
+    let expected = expected_output(args.seed, op, dtype, size, n, world, rank);
+
+    boot.barrier().context("barrier before the first call")?;
+    call(b, op, dtype, n, &mut bufs).with_context(|| format!("first {} call", op.name()))?;
+    let got = read_outs(b, &bufs.outs, &out_lens, dtype)?;
+    let check = compare(&got, &expected, dtype);
+    let first = digest(&got);
+    drop((got, expected));
+
+    for _ in 0..args.warmup {
+        call(b, op, dtype, n, &mut bufs)?;
+    }
+    let latencies = sample(b, boot, args, || call(b, op, dtype, n, &mut bufs))?;
+    let last = digest(&read_outs(b, &bufs.outs, &out_lens, dtype)?);
+    Ok(RankRow {
+        latencies,
+        alone: Vec::new(),
+        first,
+        last,
+        reference_ok: check.is_ok(),
+        mismatch: check.err().map(|e| format!("rank {rank}: {e}")),
+        workspace_bytes: b.workspace_bytes(),
+        peak_temp_bytes: b.peak_temp_bytes(),
+    })
+}
+
+/// Measures the copy baseline of `size` bytes on this rank: all ranks at once, then rank 0 alone.
+pub fn measure_copy<B: BenchBackend>(b: &B, boot: &dyn Bootstrap, args: &BenchArgs, size: usize) -> anyhow::Result<RankRow> {
+    let dtype = args.dtype.dtype();
+    let rank = b.comm().rank();
+    let data = rank_input(args.seed, BenchOp::AllReduce, dtype, size, size / dtype.size(), rank);
+    let mut src = b.alloc(size)?;
+    b.write(&mut src, &data)?;
+    let mut dst = b.alloc(size)?;
+    boot.barrier().context("barrier before the first copy")?;
+    b.copy(&mut dst, &src, size)?;
+    let got = b.read(&dst, size)?;
+    let ok = got == data;
+    let first = digest(&got);
+    for _ in 0..args.warmup {
+        b.copy(&mut dst, &src, size)?;
+    }
+    let latencies = sample(b, boot, args, || b.copy(&mut dst, &src, size))?;
+    let mut alone = Vec::new();
+    for _ in 0..args.samples {
+        boot.barrier().context("barrier before a one-rank copy sample")?;
+        if rank == 0 {
+            let mark = b.start_timer()?;
+            for _ in 0..args.iterations {
+                b.copy(&mut dst, &src, size)?;
+            }
+            alone.push(b.elapsed(mark)?.as_secs_f64() / args.iterations as f64);
+        }
+    }
+    boot.barrier().context("barrier after the one-rank copy samples")?;
+    let last = digest(&b.read(&dst, size)?);
+    Ok(RankRow {
+        latencies,
+        alone,
+        first,
+        last,
+        reference_ok: ok,
+        mismatch: (!ok).then(|| format!("rank {rank}: the copy differs from its source")),
+        workspace_bytes: 0,
+        peak_temp_bytes: 0,
+    })
+}
+
+/// Exchanges `mine` through the bootstrap; every rank's row, in rank order.
+pub fn exchange(boot: &dyn Bootstrap, mine: &RankRow) -> anyhow::Result<Vec<RankRow>> {
+    let bytes = serde_json::to_vec(mine)?;
+    let all = boot.all_gather_bytes(&bytes).context("exchanging the row's measurements")?;
+    all.iter().enumerate().map(|(r, b)| serde_json::from_slice(b).with_context(|| format!("rank {r}'s measurements"))).collect()
+}
+
+/// Builds the report row of `kind` from every rank's measurements (same result on every rank).
+pub fn assemble(kind: RowKind, size: usize, args: &BenchArgs, world: usize, route: &str, ranks: &[RankRow], copy: Option<&Row>) -> Row {
+    let dtype = args.dtype.dtype();
+    let per_rank: Vec<Vec<f64>> = ranks.iter().map(|r| r.latencies.clone()).collect();
+    let (s, medians) = slowest_rank(&per_rank).unwrap_or((Summary { median: f64::NAN, min: f64::NAN, max: f64::NAN }, vec![]));
+    let us = |x: f64| x * 1e6;
+    let repeat_each = ranks.iter().all(|r| r.first == r.last);
+    let n = size / dtype.size();
+    let (operation, lanes, out_bytes, replicated) = match kind {
+        RowKind::Copy => ("memcpy", 1, size, false),
+        RowKind::Op(op) => {
+            let out: usize = output_lens(op, n, world).iter().sum::<usize>() * dtype.size();
+            (op.name(), op.lanes(), out, matches!(op, BenchOp::AllReduce | BenchOp::AllGather))
+        }
+    };
+    // Outputs every rank holds identically must hash the same on every rank.
+    let same_across = !replicated || ranks.windows(2).all(|w| w[0].last == w[1].last);
+    let alone = ranks.first().and_then(|r| Summary::of(&r.alone)).map(|s| us(s.median));
+    let (copy_us, copy_alone_us) = match (kind, copy) {
+        (RowKind::Copy, _) => (Some(us(s.median)), alone),
+        (_, Some(c)) => (Some(c.median_us), c.memcpy_one_rank_median_us),
+        _ => (None, None),
+    };
+    let ratio = |base: Option<f64>| base.filter(|b| *b > 0.0).map(|b| us(s.median) / b);
+    Row {
+        operation: operation.to_owned(),
+        dtype: dtype.name().to_owned(),
+        size_bytes: size,
+        input_bytes_per_rank: size,
+        output_bytes_per_rank: out_bytes,
+        lanes,
+        route: route.to_owned(),
+        median_us: us(s.median),
+        min_us: us(s.min),
+        max_us: us(s.max),
+        per_rank_median_us: medians.into_iter().map(us).collect(),
+        input_gbps: gbps(size, s.median),
+        memcpy_median_us: copy_us,
+        ratio_vs_memcpy: ratio(copy_us),
+        memcpy_one_rank_median_us: copy_alone_us,
+        ratio_vs_memcpy_one_rank: ratio(copy_alone_us),
+        repeat_bitwise: repeat_each && same_across,
+        bitwise_vs_fixed_tree: match kind {
+            RowKind::Copy => None,
+            RowKind::Op(_) => Some(ranks.iter().all(|r| r.reference_ok)),
+        },
+        mismatch: ranks.iter().find_map(|r| r.mismatch.clone()).or_else(|| {
+            (!repeat_each).then(|| "the first and last outputs differ on some rank".to_owned())
+        }).or_else(|| (!same_across).then(|| "ranks hold different outputs".to_owned())),
+        workspace_bytes: ranks.iter().map(|r| r.workspace_bytes).max().unwrap_or(0),
+        peak_temp_bytes: ranks.iter().map(|r| r.peak_temp_bytes).max().unwrap_or(0),
+        native_default_us: None,
+        native_tree_simple_us: None,
+        ratio_vs_native: None,
+        max_abs_diff_vs_native: None,
+    }
+}
+
+/// Runs every row on this rank; returns the rows (identical on every rank). Rank 0 prints one
+/// progress line per row to stderr.
+pub fn run_rows<B: BenchBackend>(b: &B, boot: &dyn Bootstrap, args: &BenchArgs) -> anyhow::Result<Vec<Row>> {
+    let (rank, world) = (b.comm().rank(), b.comm().world_size());
+    anyhow::ensure!(
+        boot.world_size() == world && boot.rank() == rank,
+        "bootstrap (rank {} of {}) and collective (rank {rank} of {world}) disagree",
+        boot.rank(),
+        boot.world_size()
+    );
+    let mut rows = Vec::new();
+    for &size in &args.size_bytes {
+        let mine = measure_copy(b, boot, args, size).with_context(|| format!("memcpy baseline of {size} bytes"))?;
+        let copy_row = assemble(RowKind::Copy, size, args, world, b.copy_name(), &exchange(boot, &mine)?, None);
+        if rank == 0 {
+            eprintln!("{}", progress_line(&copy_row));
+        }
+        for &op in &args.operations {
+            let mine = measure_op(b, boot, args, op, size).with_context(|| format!("{} of {size} bytes", op.name()))?;
+            let route = b.comm().route(op.op(), size).name();
+            let row = assemble(RowKind::Op(op), size, args, world, route, &exchange(boot, &mine)?, Some(&copy_row));
+            if rank == 0 {
+                eprintln!("{}", progress_line(&row));
+            }
+            rows.push(row);
+        }
+        rows.push(copy_row);
+    }
+    Ok(rows)
+}
+
+/// `[bench] all_reduce bf16 4096 B: 12.3 us (min 11.0, max 15.2), 0.33 GB/s, ipc_one_shot, 1.80x memcpy, bitwise`
+pub fn progress_line(r: &Row) -> String {
+    let ratio = r.ratio_vs_memcpy.map(|x| format!(", {x:.2}x memcpy")).unwrap_or_default();
+    let verdict = match (r.repeat_bitwise, r.bitwise_vs_fixed_tree) {
+        (true, Some(true) | None) => "bitwise".to_owned(),
+        _ => format!("NOT BITWISE ({})", r.mismatch.as_deref().unwrap_or("?")),
+    };
+    format!(
+        "[bench] {} {} {} B: {:.2} us (min {:.2}, max {:.2}), {:.3} GB/s, {}{ratio}, {verdict}",
+        r.operation, r.dtype, r.size_bytes, r.median_us, r.min_us, r.max_us, r.input_gbps, r.route
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inputs_are_deterministic_and_distinct() {
+        let a = rank_input(1, BenchOp::AllReduce, DType::BF16, 64, 32, 0);
+        assert_eq!(a.len(), 64);
+        assert_eq!(a, rank_input(1, BenchOp::AllReduce, DType::BF16, 64, 32, 0));
+        assert_ne!(a, rank_input(1, BenchOp::AllReduce, DType::BF16, 64, 32, 1));
+        assert_ne!(a, rank_input(2, BenchOp::AllReduce, DType::BF16, 64, 32, 0));
+        let m = rank_input(1, BenchOp::ReduceScatterMany, DType::F32, 128, 32, 0);
+        assert_eq!(m.len(), 128);
+        assert_ne!(m[..64], m[64..], "lanes get different data");
+    }
+
+    #[test]
+    fn expected_outputs_have_the_output_shapes() {
+        let (size, dt) = (64, DType::F16);
+        let n = size / dt.size();
+        for op in BenchOp::ALL {
+            for world in [1, 2, 4, 8] {
+                let want: usize = output_lens(op, n, world).iter().sum::<usize>() * dt.size();
+                assert_eq!(expected_output(3, op, dt, size, n, world, world - 1).len(), want, "{op:?} world {world}");
+            }
+        }
+        // all_gather is the concatenation of every rank's input.
+        let g = expected_output(3, BenchOp::AllGather, dt, size, n, 2, 0);
+        assert_eq!(g[..size], rank_input(3, BenchOp::AllGather, dt, size, n, 0)[..]);
+        assert_eq!(g[size..], rank_input(3, BenchOp::AllGather, dt, size, n, 1)[..]);
+        // reduce_scatter shards tile the all_reduce result (same inputs when the op seeds agree).
+        let ar = expected_output(3, BenchOp::ReduceScatter, dt, size, n, 1, 0);
+        let rs: Vec<u8> = (0..4).flat_map(|r| expected_output(3, BenchOp::ReduceScatter, dt, size, n, 4, r)).collect();
+        assert_eq!(rs.len(), ar.len());
+    }
+
+    fn rank_row(lat: &[f64], first: u64, last: u64, ok: bool) -> RankRow {
+        RankRow {
+            latencies: lat.to_vec(),
+            alone: vec![],
+            first,
+            last,
+            reference_ok: ok,
+            mismatch: (!ok).then(|| "rank 1: element 0".to_owned()),
+            workspace_bytes: 100,
+            peak_temp_bytes: 0,
+        }
+    }
+
+    fn args() -> BenchArgs {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct W {
+            #[command(flatten)]
+            a: BenchArgs,
+        }
+        W::parse_from(["x"]).a
+    }
+
+    #[test]
+    fn assemble_reduces_across_ranks() {
+        let a = args();
+        let mut copy_ranks = vec![rank_row(&[1e-6, 2e-6], 5, 5, true), rank_row(&[1e-6, 1e-6], 6, 6, true)];
+        copy_ranks[0].alone = vec![0.5e-6, 0.5e-6];
+        let copy = assemble(RowKind::Copy, 4096, &a, 2, "host_memcpy", &copy_ranks, None);
+        assert_eq!(copy.operation, "memcpy");
+        assert!((copy.median_us - 1.5).abs() < 1e-9);
+        assert_eq!(copy.memcpy_one_rank_median_us, Some(0.5));
+        assert!(copy.repeat_bitwise, "copies of different data may differ across ranks");
+        assert_eq!(copy.bitwise_vs_fixed_tree, None);
+
+        let ranks = vec![rank_row(&[3e-6, 6e-6], 9, 9, true), rank_row(&[4e-6, 2e-6], 9, 9, true)];
+        let row = assemble(RowKind::Op(BenchOp::AllReduce), 4096, &a, 2, "ipc_one_shot", &ranks, Some(&copy));
+        // Slowest per sample: [4, 6] us.
+        assert!((row.median_us - 5.0).abs() < 1e-9);
+        assert!((row.min_us - 4.0).abs() < 1e-9 && (row.max_us - 6.0).abs() < 1e-9);
+        assert!((row.ratio_vs_memcpy.unwrap() - 5.0 / 1.5).abs() < 1e-9);
+        assert!((row.ratio_vs_memcpy_one_rank.unwrap() - 10.0).abs() < 1e-9);
+        assert!((row.input_gbps - 4096.0 / 5e-6 / 1e9).abs() < 1e-9);
+        assert_eq!(row.output_bytes_per_rank, 4096);
+        assert!(row.repeat_bitwise && row.bitwise_vs_fixed_tree == Some(true));
+        assert_eq!(row.workspace_bytes, 100);
+
+        // Ranks disagreeing on a replicated output: not repeat-bitwise.
+        let bad = vec![rank_row(&[1e-6], 9, 9, true), rank_row(&[1e-6], 8, 8, true)];
+        let r = assemble(RowKind::Op(BenchOp::AllGather), 4096, &a, 2, "x", &bad, None);
+        assert!(!r.repeat_bitwise);
+        assert_eq!(r.output_bytes_per_rank, 8192);
+        // ...but reduce_scatter shards differ by design.
+        let r = assemble(RowKind::Op(BenchOp::ReduceScatter), 4096, &a, 2, "x", &bad, None);
+        assert!(r.repeat_bitwise);
+        // A run whose last output differs from its first, or a wrong result.
+        let drift = vec![rank_row(&[1e-6], 1, 2, true), rank_row(&[1e-6], 1, 1, false)];
+        let r = assemble(RowKind::Op(BenchOp::ReduceScatterMany), 4096, &a, 2, "x", &drift, None);
+        assert!(!r.repeat_bitwise);
+        assert_eq!(r.bitwise_vs_fixed_tree, Some(false));
+        assert_eq!(r.mismatch.as_deref(), Some("rank 1: element 0"));
+        assert!(progress_line(&r).contains("NOT BITWISE"));
+    }
+}
