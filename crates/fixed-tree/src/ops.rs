@@ -1,5 +1,5 @@
 //! Reference implementations of every collective, on host slices, one slice per rank.
-use crate::tree::{check_world, tree_sum};
+use crate::tree::{check_world, tree2, tree4, tree8};
 use crate::{Element, Error};
 
 fn check_len(argument: &'static str, expected: usize, got: usize) -> Result<(), Error> {
@@ -15,17 +15,35 @@ fn check_ranks<T>(ranks: &[&[T]], argument: &'static str) -> Result<usize, Error
     Ok(n)
 }
 
-/// Evaluates the tree over `ranks` for elements `range` into `out` (same length as `range`).
+/// Evaluates the tree over `ranks` for elements `start..start + out.len()` into `out`.
+///
+/// The caller has checked the world size and that every rank holds those elements. One loop per
+/// world size, over columns of equal length, so the per-element work is the tree alone.
 fn tree_into<T: Element>(ranks: &[&[T]], start: usize, out: &mut [T]) {
-    let mut leaf = [ranks[0][0]; 8];
-    for (i, o) in out.iter_mut().enumerate() {
-        for (l, r) in leaf.iter_mut().zip(ranks) {
-            *l = r[start + i];
+    let n = out.len();
+    let col = |k: usize| &ranks[k][start..start + n];
+    match ranks.len() {
+        1 => out.copy_from_slice(col(0)),
+        2 => {
+            let (a, b) = (col(0), col(1));
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = tree2(a[i], b[i]);
+            }
         }
-        // The world size was checked, so the tree exists.
-        if let Some(v) = tree_sum(&leaf[..ranks.len()]) {
-            *o = v;
+        4 => {
+            let (a, b, c, d) = (col(0), col(1), col(2), col(3));
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = tree4(a[i], b[i], c[i], d[i]);
+            }
         }
+        8 => {
+            let (a, b, c, d) = (col(0), col(1), col(2), col(3));
+            let (e, f, g, h) = (col(4), col(5), col(6), col(7));
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = tree8([a[i], b[i], c[i], d[i], e[i], f[i], g[i], h[i]]);
+            }
+        }
+        world => unreachable!("world size {world} was not checked"),
     }
 }
 
@@ -50,9 +68,7 @@ fn tree_into<T: Element>(ranks: &[&[T]], start: usize, out: &mut [T]) {
 pub fn reduce<T: Element>(ranks: &[&[T]], out: &mut [T]) -> Result<(), Error> {
     let n = check_ranks(ranks, "ranks[r]")?;
     check_len("out", n, out.len())?;
-    if n > 0 {
-        tree_into(ranks, 0, out);
-    }
+    tree_into(ranks, 0, out);
     Ok(())
 }
 
@@ -86,9 +102,7 @@ pub fn reduce_scatter<T: Element>(ranks: &[&[T]], rank: usize, out: &mut [T]) ->
     }
     let shard = n / world;
     check_len("out", shard, out.len())?;
-    if shard > 0 {
-        tree_into(ranks, rank * shard, out);
-    }
+    tree_into(ranks, rank * shard, out);
     Ok(())
 }
 
@@ -131,15 +145,13 @@ pub fn cross_tp_leaves<T: Element>(leaves: &[&[T]], ranks: usize) -> Result<Vec<
     if leaves.len() != 8 || !crate::SUPPORTED_WORLD_SIZES.contains(&ranks) {
         return Err(Error::UnsupportedTpSplit { leaves: leaves.len(), ranks });
     }
-    let n = check_ranks(leaves, "leaves[l]")?;
+    check_ranks(leaves, "leaves[l]")?;
     let per = 8 / ranks;
     Ok(leaves
         .chunks_exact(per)
         .map(|block| {
             let mut v = block[0].to_vec();
-            if n > 0 {
-                tree_into(block, 0, &mut v);
-            }
+            tree_into(block, 0, &mut v);
             v
         })
         .collect())

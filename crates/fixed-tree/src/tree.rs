@@ -20,9 +20,27 @@ pub(crate) fn check_world(world: usize) -> Result<(), Error> {
 pub fn tree_sum<T: Element>(v: &[T]) -> Option<T> {
     Some(match *v {
         [a] => a,
-        [a, b] => a.add(b),
-        [a, b, c, d] => a.add(b).add(c.add(d)),
-        [a, b, c, d, e, f, g, h] => a.add(b).add(c.add(d)).add(e.add(f).add(g.add(h))),
+        [a, b] => tree2(a, b),
+        [a, b, c, d] => tree4(a, b, c, d),
+        [a, b, c, d, e, f, g, h] => tree8([a, b, c, d, e, f, g, h]),
         _ => return None,
     })
+}
+
+/// `v0 + v1`: the tree of 2 ranks.
+#[inline(always)]
+pub(crate) fn tree2<T: Element>(a: T, b: T) -> T {
+    a.add(b)
+}
+
+/// `(v0 + v1) + (v2 + v3)`: the tree of 4 ranks.
+#[inline(always)]
+pub(crate) fn tree4<T: Element>(a: T, b: T, c: T, d: T) -> T {
+    tree2(a, b).add(tree2(c, d))
+}
+
+/// `((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7))`: the tree of 8 ranks.
+#[inline(always)]
+pub(crate) fn tree8<T: Element>(v: [T; 8]) -> T {
+    tree4(v[0], v[1], v[2], v[3]).add(tree4(v[4], v[5], v[6], v[7]))
 }

@@ -51,6 +51,9 @@ pub struct LaunchSpec {
     /// Re-print each output line with a `[rank N] ` prefix; when false, ranks write straight
     /// to the launcher's stdout/stderr. ([`launch_captured`] always captures.)
     pub prefix_output: bool,
+    /// Stop the other ranks as soon as one fails (torchrun's behaviour; default). Fault tests
+    /// that kill a rank on purpose turn it off to see how the survivors react.
+    pub stop_on_failure: bool,
 }
 
 impl LaunchSpec {
@@ -64,6 +67,7 @@ impl LaunchSpec {
             master_addr: "127.0.0.1".to_owned(),
             master_port: None,
             prefix_output: true,
+            stop_on_failure: true,
         }
     }
 
@@ -350,7 +354,7 @@ fn run(spec: &LaunchSpec, sink: Sink) -> Result<LaunchOutcome, LaunchError> {
         let now = Instant::now();
         match kill_at {
             None => {
-                if first_failure.is_some() || wait_error.is_some() || signals::received() != 0 {
+                if (first_failure.is_some() && spec.stop_on_failure) || wait_error.is_some() || signals::received() != 0 {
                     for rank in ranks.iter_mut().filter(|r| r.status.is_none()) {
                         signal_group(&mut rank.child, Sig::Term);
                     }

@@ -76,7 +76,7 @@ impl ShmCollective {
     /// One process per rank: this rank's region is a `/dev/shm` object whose name travels through
     /// `boot`; every rank maps every peer's. Collective: every rank of `boot` must call it with
     /// the same `config`, or all fail with [`Error::ConfigMismatch`].
-    pub fn new(boot: Box<dyn Bootstrap>, config: ShmConfig) -> Result<Self, Error> {
+    pub fn new(boot: &dyn Bootstrap, config: ShmConfig) -> Result<Self, Error> {
         let (rank, world) = (boot.rank(), boot.world_size());
         check_world(world)?;
         if world == 1 {
@@ -89,7 +89,7 @@ impl ShmCollective {
         let own = Region::create_shared(&name, layout.total_bytes())?;
         write_header(&own, &layout, Header { world: world as u64, rank: rank as u64, capacity: config.capacity as u64, blocks: 1, pid: pid.into() });
         let hello = Hello { name: name.clone(), capacity: config.capacity, rs_ag_threshold: config.rs_ag_threshold, pid, host: host_identity() };
-        let result = Self::join(&*boot, rank, world, layout, own, &hello, config);
+        let result = Self::join(boot, rank, world, layout, own, &hello, config);
         // Every rank has mapped every region (or failed): the names are no longer needed.
         Region::unlink(&name);
         result
@@ -245,7 +245,16 @@ impl Collective for ShmCollective {
 }
 
 impl Drop for ShmCollective {
+    /// Acknowledges every peer without waiting for theirs: host regions outlive every reader
+    /// on their own (threads share them reference-counted; a peer process keeps its mapping of
+    /// a `/dev/shm` object valid after the owner unmaps it), so dropping a whole group in one
+    /// thread, one handle after another, must not wait on handles not yet dropped.
+    /// [`Collective::close`] is the collective, waiting form.
     fn drop(&mut self) {
-        let _ = self.close();
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            if let Some(e) = &self.engine {
+                e.acknowledge();
+            }
+        }
     }
 }

@@ -137,12 +137,17 @@ impl Engine {
         }
     }
 
-    /// Close: acknowledge every peer, then wait (bounded) for every peer's acknowledgement
-    /// before this rank's region may be freed. Returns whether all acknowledged.
-    pub(crate) fn close(&self) -> Result<(), Error> {
+    /// Tells every peer this rank will never read its region again.
+    pub(crate) fn acknowledge(&self) {
         for q in (0..self.world).filter(|&q| q != self.rank) {
             self.word(q, self.layout.ack(self.rank)).store(CLOSE_ACK, Ordering::Release);
         }
+    }
+
+    /// Close: acknowledge every peer, then wait (bounded) for every peer's acknowledgement
+    /// before this rank's region may be freed. Returns whether all acknowledged.
+    pub(crate) fn close(&self) -> Result<(), Error> {
+        self.acknowledge();
         for peer in self.peers.iter().filter(|p| p.rank != self.rank) {
             wait_value(self.word(self.rank, self.layout.ack(peer.rank)), CLOSE_ACK, *peer, self.timeouts.close, "acknowledge close")?;
         }

@@ -18,7 +18,7 @@ impl TestBackend for Processes {
         run_processes(
             world,
             test,
-            |boot| ShmCollective::new(boot, config).map(|comm| HostRank { comm }).map_err(|e| e.to_string()),
+            |boot| ShmCollective::new(&*boot, config).map(|comm| HostRank { comm }).map_err(|e| e.to_string()),
             case,
             |rank| rank.comm.close().map_err(|e| e.to_string()),
         )

@@ -70,6 +70,7 @@ fn main() -> anyhow::Result<ExitCode> {
         master_addr: cli.master_addr,
         master_port: cli.master_port,
         prefix_output: !cli.no_prefix,
+        stop_on_failure: true,
     };
     let outcome = match launch(&spec) {
         Ok(o) => o,
