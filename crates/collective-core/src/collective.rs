@@ -17,6 +17,27 @@ pub enum Route {
 }
 
 impl Route {
+    /// Every route.
+    pub const ALL: [Route; 5] = [
+        Route::Local,
+        Route::IpcOneShot,
+        Route::IpcReduceScatterAllGather,
+        Route::Transport,
+        Route::IpcReduceScatterTransportAllGather,
+    ];
+    /// Parses [`Route::name`].
+    pub fn parse(s: &str) -> Option<Route> {
+        Route::ALL.into_iter().find(|r| r.name() == s)
+    }
+    /// Whether the route needs same-host IPC between all ranks.
+    pub const fn needs_ipc(self) -> bool {
+        matches!(self, Route::IpcOneShot | Route::IpcReduceScatterAllGather | Route::IpcReduceScatterTransportAllGather)
+    }
+    /// Whether the route needs the transport.
+    pub const fn needs_transport(self) -> bool {
+        matches!(self, Route::Transport | Route::IpcReduceScatterTransportAllGather)
+    }
+
     /// snake_case name used in bench output and routing tables.
     pub const fn name(self) -> &'static str {
         match self {

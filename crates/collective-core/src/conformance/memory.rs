@@ -28,7 +28,7 @@ pub enum Flaw {
 /// The in-memory collective of one rank.
 #[derive(Debug)]
 pub struct MemoryCollective {
-    boot: LocalBootstrap,
+    boot: Box<dyn Bootstrap>,
     capacity: usize,
     flaw: Flaw,
     closed: AtomicBool,
@@ -46,9 +46,10 @@ fn write_bytes(addr: u64, data: &[u8]) {
 }
 
 impl MemoryCollective {
-    /// One rank over `boot`.
-    pub fn new(boot: LocalBootstrap, capacity: usize, flaw: Flaw) -> Self {
-        MemoryCollective { boot, capacity, flaw, closed: AtomicBool::new(false) }
+    /// One rank over `boot` (any bootstrap: threads, or processes over TCP — then it is a
+    /// working host transport, which the factory's tests use as a test transport).
+    pub fn new(boot: impl Bootstrap + 'static, capacity: usize, flaw: Flaw) -> Self {
+        MemoryCollective { boot: Box::new(boot), capacity, flaw, closed: AtomicBool::new(false) }
     }
 
     fn reduce(&self, ranks: &[Vec<u8>], dtype: DType) -> Vec<u8> {

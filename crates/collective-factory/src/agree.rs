@@ -1,0 +1,105 @@
+//! Collective agreement: every rank decides the same from everyone's facts.
+use crate::{Platform, Routing};
+use collective_core::bootstrap::Bootstrap;
+use collective_core::{Error, Route};
+use serde::{Deserialize, Serialize};
+
+/// What one rank knows about itself, exchanged at construction.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Facts {
+    /// [`Platform::name`].
+    pub platform: String,
+    /// [`collective_core::host_identity`]: hostname and boot id.
+    pub host: String,
+    /// Whether this rank can do same-host IPC (symbols present, peer access).
+    pub ipc: bool,
+    /// Whether this rank can use the transport (library loaded).
+    pub transport: bool,
+    /// Versions of the libraries it loaded, `name=version`.
+    pub versions: Vec<String>,
+    /// Staging capacity in bytes.
+    pub capacity: usize,
+    /// The routing table it would use, canonically serialised.
+    pub routing: String,
+}
+
+/// What every rank agreed on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub platform: Platform,
+    /// Build the IPC backend.
+    pub ipc: bool,
+    /// Build the transport.
+    pub transport: bool,
+    /// The routing every rank follows (the table, with routes nobody can take replaced).
+    pub routing: Routing,
+}
+
+impl Facts {
+    /// Exchanges `self` with every rank through `boot` and decides. Collective.
+    pub fn agree(&self, boot: &dyn Bootstrap) -> Result<Decision, Error> {
+        let mine = serde_json::to_vec(self).map_err(|e| Error::InvalidConfig { detail: e.to_string() })?;
+        let all = boot.all_gather_bytes(&mine)?;
+        let facts: Vec<Facts> = all
+            .iter()
+            .enumerate()
+            .map(|(q, b)| {
+                serde_json::from_slice(b)
+                    .map_err(|e| Error::ConfigMismatch { detail: format!("rank {q} sent unreadable facts ({e}): is it a detcoll of another version?") })
+            })
+            .collect::<Result<_, _>>()?;
+        decide(&facts)
+    }
+}
+
+/// The decision every rank takes from all ranks' facts, or the error every rank returns.
+///
+/// Pure and deterministic: every rank passes the same slice and gets the same answer.
+pub fn decide(facts: &[Facts]) -> Result<Decision, Error> {
+    let first = facts.first().ok_or_else(|| Error::InvalidConfig { detail: "no ranks".into() })?;
+    let mismatch = |what: &str, q: usize, a: &dyn std::fmt::Display, b: &dyn std::fmt::Display| Error::ConfigMismatch {
+        detail: format!("rank 0 has {what} {a} but rank {q} has {b}; every rank must agree"),
+    };
+    for (q, f) in facts.iter().enumerate().skip(1) {
+        if f.platform != first.platform {
+            return Err(mismatch("platform", q, &first.platform, &f.platform));
+        }
+        if f.capacity != first.capacity {
+            return Err(mismatch("capacity", q, &first.capacity, &f.capacity));
+        }
+        if f.routing != first.routing {
+            return Err(mismatch("routing table", q, &"(see DETCOLL_ROUTING_TABLE)", &"a different one"));
+        }
+        if f.versions != first.versions {
+            return Err(mismatch("libraries", q, &first.versions.join(","), &f.versions.join(",")));
+        }
+    }
+    let platform = Platform::parse(&first.platform)
+        .ok_or_else(|| Error::InvalidConfig { detail: format!("unknown platform {}", first.platform) })?;
+    let routing = Routing::from_json(&first.routing)?;
+    let same_host = facts.iter().all(|f| f.host == first.host);
+    let ipc = same_host && facts.iter().all(|f| f.ipc);
+    let transport = facts.iter().all(|f| f.transport);
+    let single = facts.len() == 1;
+    if single {
+        return Ok(Decision { platform, ipc: false, transport: false, routing });
+    }
+    let why_no_ipc = if !same_host {
+        "the ranks run on more than one host".to_string()
+    } else {
+        let q = facts.iter().position(|f| !f.ipc).unwrap_or(0);
+        format!("rank {q} cannot do same-host IPC")
+    };
+    let routing = match (ipc, transport) {
+        (true, true) => routing,
+        (true, false) => routing.without_transport(),
+        (false, true) => routing.transport_only(),
+        (false, false) => {
+            return Err(Error::InvalidConfig {
+                detail: format!("no route is possible: {why_no_ipc}, and not every rank has a transport"),
+            });
+        }
+    };
+    let uses = |f: fn(Route) -> bool| routing.routes().any(f);
+    Ok(Decision { platform, ipc: uses(Route::needs_ipc), transport: uses(Route::needs_transport), routing })
+}

@@ -1,0 +1,199 @@
+//! [`Routed`]: one collective composed of an IPC backend and a transport, calling each by the
+//! agreed routing. Every route evaluates the same tree, so the bits never depend on the choice.
+use crate::Routing;
+use collective_core::{Capabilities, Collective, Error, Io, Op, RawMut, Route, validate};
+
+/// An IPC backend `I` and a transport `T` on the same stream type, routed by a table.
+#[derive(Debug)]
+pub struct Routed<I, T> {
+    rank: usize,
+    world: usize,
+    capacity: usize,
+    routing: Routing,
+    ipc: Option<I>,
+    transport: Option<T>,
+}
+
+/// The transport of platforms that have none: uninhabited, so `Routed<I, NoTransport<_>>` costs
+/// nothing and can never take a transport route (agreement removed them).
+#[derive(Debug)]
+pub struct NoTransport<S: ?Sized>(core::convert::Infallible, core::marker::PhantomData<fn(&S)>);
+
+impl<I: Collective, T: Collective<Stream = I::Stream>> Routed<I, T> {
+    /// Composes the agreed backends. `routing` must only take routes the backends given serve
+    /// (agreement guarantees it); a route without its backend is an `InvalidConfig` error here.
+    pub fn new(rank: usize, world: usize, capacity: usize, routing: Routing, ipc: Option<I>, transport: Option<T>) -> Result<Self, Error> {
+        if world > 1 {
+            for r in routing.routes() {
+                if (r.needs_ipc() && ipc.is_none()) || (r.needs_transport() && transport.is_none()) {
+                    return Err(Error::InvalidConfig { detail: format!("route {} has no backend", r.name()) });
+                }
+            }
+        }
+        Ok(Routed { rank, world, capacity, routing, ipc, transport })
+    }
+
+    /// The IPC backend, if built.
+    pub fn ipc(&self) -> Option<&I> {
+        self.ipc.as_ref()
+    }
+
+    /// The transport, if built.
+    pub fn transport(&self) -> Option<&T> {
+        self.transport.as_ref()
+    }
+
+    /// The agreed routing.
+    pub fn routing(&self) -> &Routing {
+        &self.routing
+    }
+
+    fn backend(&self, route: Route) -> Result<&dyn Dispatch<I::Stream>, Error> {
+        let none = || Error::InvalidConfig { detail: format!("route {} has no backend", route.name()) };
+        if route.needs_transport() && !route.needs_ipc() {
+            self.transport.as_ref().map(|t| t as &dyn Dispatch<I::Stream>).ok_or_else(none)
+        } else {
+            self.ipc.as_ref().map(|i| i as &dyn Dispatch<I::Stream>).ok_or_else(none)
+        }
+    }
+
+    fn single(&self, op: Op, io: Io<'_>, stream: &I::Stream) -> Result<(), Error> {
+        // Validate once here so the route is chosen from checked sizes; backends validate again
+        // (cheap) because they are also used on their own.
+        let call = validate(op, &io, self.rank, self.world, self.capacity)?;
+        let route = self.route(op, call.bytes_in());
+        if route == Route::IpcReduceScatterTransportAllGather {
+            return self.hybrid_all_reduce(io, stream);
+        }
+        self.backend(route)?.call(op, io, stream)
+    }
+
+    /// IPC reduce_scatter into this rank's shard of the output, then transport all_gather of
+    /// the reduced shards in place: the same per-element tree as every other route.
+    fn hybrid_all_reduce(&self, io: Io<'_>, stream: &I::Stream) -> Result<(), Error> {
+        let (Some(ipc), Some(transport)) = (&self.ipc, &self.transport) else {
+            return Err(Error::InvalidConfig { detail: "hybrid route without both backends".into() });
+        };
+        let n = match &io {
+            Io::InPlace(b) => b.len(),
+            Io::OutOfPlace { input, .. } => input.len(),
+        };
+        if n % self.world != 0 {
+            // Equal shards are what the transport gathers; uneven sizes take IPC RS+AG, which
+            // gives the same bits.
+            return ipc.all_reduce(io, stream);
+        }
+        let shard = n / self.world;
+        let (out_addr, dtype) = match &io {
+            Io::InPlace(b) => (b.addr(), b.dtype()),
+            Io::OutOfPlace { output, .. } => (output.addr(), output.dtype()),
+        };
+        let out_shard = out_addr + (self.rank * shard * dtype.size()) as u64;
+        match io {
+            Io::InPlace(b) => ipc.reduce_scatter(Io::InPlace(b), stream)?,
+            Io::OutOfPlace { input, output } => {
+                // SAFETY: shard `rank` of `output`, which this call borrows uniquely.
+                let shard_view = unsafe { RawMut::from_raw(out_shard, shard, dtype) };
+                ipc.reduce_scatter(Io::OutOfPlace { input, output: shard_view }, stream)?;
+                drop(output);
+            }
+        }
+        // SAFETY: the whole output, borrowed by this call; the reduced shard is at `rank`.
+        let whole = unsafe { RawMut::from_raw(out_addr, n, dtype) };
+        transport.all_gather(Io::InPlace(whole), stream)
+    }
+}
+
+/// Object-safe dispatch of one op, so `backend` can return either backend.
+trait Dispatch<S: ?Sized> {
+    fn call(&self, op: Op, io: Io<'_>, stream: &S) -> Result<(), Error>;
+}
+
+impl<C: Collective> Dispatch<C::Stream> for C {
+    fn call(&self, op: Op, io: Io<'_>, stream: &C::Stream) -> Result<(), Error> {
+        match op {
+            Op::AllReduce => self.all_reduce(io, stream),
+            Op::AllGather => self.all_gather(io, stream),
+            Op::ReduceScatter => self.reduce_scatter(io, stream),
+            Op::ReduceScatterMany => self.reduce_scatter_many(&[io], stream),
+        }
+    }
+}
+
+impl<I: Collective, T: Collective<Stream = I::Stream>> Collective for Routed<I, T> {
+    type Stream = I::Stream;
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.world
+    }
+    fn capabilities(&self) -> Capabilities {
+        let graph = self.ipc.as_ref().is_none_or(|i| i.capabilities().supports_graph_capture)
+            && self.transport.as_ref().is_none_or(|t| t.capabilities().supports_graph_capture);
+        Capabilities::strict(self.capacity, graph)
+    }
+    fn route(&self, op: Op, bytes: usize) -> Route {
+        if self.world == 1 { Route::Local } else { self.routing.route(op, bytes) }
+    }
+    fn all_reduce(&self, io: Io<'_>, stream: &Self::Stream) -> Result<(), Error> {
+        self.single(Op::AllReduce, io, stream)
+    }
+    fn all_gather(&self, io: Io<'_>, stream: &Self::Stream) -> Result<(), Error> {
+        self.single(Op::AllGather, io, stream)
+    }
+    fn reduce_scatter(&self, io: Io<'_>, stream: &Self::Stream) -> Result<(), Error> {
+        self.single(Op::ReduceScatter, io, stream)
+    }
+    fn reduce_scatter_many(&self, lanes: &[Io<'_>], stream: &Self::Stream) -> Result<(), Error> {
+        let (_, sig) = collective_core::validate_many(lanes, self.rank, self.world, self.capacity)?;
+        let bytes = sig.count as usize * sig.dtype.size();
+        match self.route(Op::ReduceScatterMany, bytes) {
+            Route::Local | Route::IpcOneShot | Route::IpcReduceScatterAllGather | Route::IpcReduceScatterTransportAllGather => {
+                self.ipc.as_ref().ok_or(Error::InvalidConfig { detail: "no IPC backend".into() })?.reduce_scatter_many(lanes, stream)
+            }
+            Route::Transport => self
+                .transport
+                .as_ref()
+                .ok_or(Error::InvalidConfig { detail: "no transport".into() })?
+                .reduce_scatter_many(lanes, stream),
+        }
+    }
+    fn close(&self) -> Result<(), Error> {
+        let a = self.ipc.as_ref().map_or(Ok(()), |i| i.close());
+        let b = self.transport.as_ref().map_or(Ok(()), |t| t.close());
+        a.and(b)
+    }
+}
+
+impl<S: ?Sized> Collective for NoTransport<S> {
+    type Stream = S;
+    fn rank(&self) -> usize {
+        match self.0 {}
+    }
+    fn world_size(&self) -> usize {
+        match self.0 {}
+    }
+    fn capabilities(&self) -> Capabilities {
+        match self.0 {}
+    }
+    fn route(&self, _: Op, _: usize) -> Route {
+        match self.0 {}
+    }
+    fn all_reduce(&self, _: Io<'_>, _: &S) -> Result<(), Error> {
+        match self.0 {}
+    }
+    fn all_gather(&self, _: Io<'_>, _: &S) -> Result<(), Error> {
+        match self.0 {}
+    }
+    fn reduce_scatter(&self, _: Io<'_>, _: &S) -> Result<(), Error> {
+        match self.0 {}
+    }
+    fn reduce_scatter_many(&self, _: &[Io<'_>], _: &S) -> Result<(), Error> {
+        match self.0 {}
+    }
+    fn close(&self) -> Result<(), Error> {
+        match self.0 {}
+    }
+}

@@ -1,0 +1,69 @@
+//! `decide` is a pure function of every rank's facts: same answer (or same error) everywhere.
+use collective_core::Error;
+use collective_factory::{Facts, Platform, Routing, decide};
+
+fn facts(n: usize) -> Vec<Facts> {
+    let routing = Routing::default_for(Platform::Rocm).canonical_json();
+    (0..n)
+        .map(|_| Facts {
+            platform: "rocm".into(),
+            host: "h/1".into(),
+            ipc: true,
+            transport: true,
+            versions: vec!["rccl=2.22".into()],
+            capacity: 1 << 20,
+            routing: routing.clone(),
+        })
+        .collect()
+}
+
+#[test]
+fn agreeing_ranks_keep_the_table() {
+    let d = decide(&facts(8)).unwrap();
+    assert!(d.ipc && d.transport);
+    assert_eq!(d.routing, Routing::default_for(Platform::Rocm));
+}
+
+#[test]
+fn disagreements_fail_with_one_error_naming_the_rank() {
+    let cases: Vec<(fn(&mut Facts), &str)> = vec![
+        (|f| f.platform = "nvidia".into(), "platform"),
+        (|f| f.capacity = 1 << 19, "capacity"),
+        (|f| f.versions = vec!["rccl=2.21".into()], "libraries"),
+        (|f| f.routing = Routing::default_for(Platform::Nvidia).canonical_json(), "routing"),
+    ];
+    for (change, what) in cases {
+        let mut all = facts(4);
+        change(&mut all[2]);
+        let err = decide(&all).unwrap_err();
+        assert!(matches!(err, Error::ConfigMismatch { .. }), "{err}");
+        let msg = err.to_string();
+        assert!(msg.contains(what) && msg.contains("rank 2"), "{msg}");
+    }
+}
+
+#[test]
+fn several_hosts_route_everything_through_the_transport() {
+    let mut all = facts(4);
+    all[3].host = "other/2".into();
+    let d = decide(&all).unwrap();
+    assert!(!d.ipc && d.transport);
+    assert!(d.routing.routes().all(|r| r == collective_core::Route::Transport));
+}
+
+#[test]
+fn a_rank_without_the_transport_moves_everyone_to_ipc() {
+    let mut all = facts(4);
+    all[1].transport = false;
+    let d = decide(&all).unwrap();
+    assert!(d.ipc && !d.transport);
+}
+
+#[test]
+fn no_possible_route_is_an_error_everywhere() {
+    let mut all = facts(2);
+    all[1].host = "other/2".into();
+    all[0].transport = false;
+    let err = decide(&all).unwrap_err().to_string();
+    assert!(err.contains("no route is possible") && err.contains("more than one host"), "{err}");
+}
