@@ -91,11 +91,10 @@ impl<I: Collective, T: Collective<Stream = I::Stream>> Routed<I, T> {
         let out_shard = out_addr + (self.rank * shard * dtype.size()) as u64;
         match io {
             Io::InPlace(b) => ipc.reduce_scatter(Io::InPlace(b), stream)?,
-            Io::OutOfPlace { input, output } => {
+            Io::OutOfPlace { input, output: _ } => {
                 // SAFETY: shard `rank` of `output`, which this call borrows uniquely.
                 let shard_view = unsafe { RawMut::from_raw(out_shard, shard, dtype) };
                 ipc.reduce_scatter(Io::OutOfPlace { input, output: shard_view }, stream)?;
-                drop(output);
             }
         }
         // SAFETY: the whole output, borrowed by this call; the reduced shard is at `rank`.

@@ -26,7 +26,8 @@ fn agreeing_ranks_keep_the_table() {
 
 #[test]
 fn disagreements_fail_with_one_error_naming_the_rank() {
-    let cases: Vec<(fn(&mut Facts), &str)> = vec![
+    type Change = fn(&mut Facts);
+    let cases: Vec<(Change, &str)> = vec![
         (|f| f.platform = "nvidia".into(), "platform"),
         (|f| f.capacity = 1 << 19, "capacity"),
         (|f| f.versions = vec!["rccl=2.21".into()], "libraries"),

@@ -39,7 +39,7 @@ fn build(scenario: &str) -> (usize, Result<collective_factory::Routed<shm_ipc::S
 fn disagreeing_capacity_fails_on_every_rank() {
     if let Ok(s) = std::env::var(SCENARIO) {
         let (rank, r) = build(&s);
-        let err = r.err().expect("ranks with different capacities must not build");
+        let err = r.expect_err("ranks with different capacities must not build");
         assert!(matches!(err, Error::ConfigMismatch { .. }) && err.to_string().contains("rank 2"), "{err}");
         println!("VERDICT rank {rank}: {err}");
         return;
@@ -60,7 +60,7 @@ fn a_rank_on_another_platform_fails_everyone() {
             unsafe { std::env::set_var("DETCOLL_PLATFORM", "nvidia") };
         }
         let (rank, r) = build(&s);
-        let err = r.err().expect("must fail");
+        let err = r.expect_err("must fail");
         assert!(err.to_string().contains("platform"), "{err}");
         println!("VERDICT rank {rank}: {err}");
         return;

@@ -361,7 +361,8 @@ fn validation<R: RankEnv>(env: &mut R) -> Result<(), String> {
     env.write(&mut b, &vec![GUARD_BYTE; cap * 8 + 64]);
     let f32_ = DType::F32;
     type Check = fn(&Error) -> bool;
-    let cases: Vec<(&str, Op, usize, usize, DType, DType, usize, Check)> = vec![
+    type Case = (&'static str, Op, usize, usize, DType, DType, usize, Check);
+    let cases: Vec<Case> = vec![
         // (label, op, input elements, output elements, input dtype, output dtype, output byte offset, expected)
         ("wrong output length", Op::AllReduce, 10, 11, f32_, f32_, 0, |e| matches!(e, Error::LengthMismatch { argument: "output", .. })),
         ("reduce of u8", Op::AllReduce, 10, 10, DType::U8, DType::U8, 0, |e| matches!(e, Error::UnsupportedDtype { .. })),
