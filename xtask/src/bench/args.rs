@@ -110,11 +110,11 @@ pub struct BenchArgs {
     pub warmup: usize,
 
     /// Timed back-to-back calls per sample.
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
+    #[arg(long, default_value_t = 50, value_parser = parse_positive)]
     pub iterations: usize,
 
     /// Samples per row (the row reports median/min/max over samples).
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
+    #[arg(long, default_value_t = 5, value_parser = parse_positive)]
     pub samples: usize,
 
     /// JSON report (the SVG plot is written next to it, same name with `.svg`).
@@ -128,6 +128,11 @@ pub struct BenchArgs {
     /// Run the ranks as threads of this process instead of one process per rank.
     #[arg(long)]
     pub threads: bool,
+
+    /// Measure this build even when it is unoptimised (by default a debug `cargo xtask bench`
+    /// builds the release xtask and runs that).
+    #[arg(long, hide = true)]
+    pub debug_build: bool,
 
     /// Seed of the deterministic inputs (every rank rebuilds every rank's input from it).
     #[arg(long, default_value_t = 0x5EED)]
@@ -165,6 +170,9 @@ impl BenchArgs {
         if self.threads {
             a.push("--threads".to_owned());
         }
+        if self.debug_build {
+            a.push("--debug-build".to_owned());
+        }
         a
     }
 
@@ -179,8 +187,10 @@ impl BenchArgs {
         }
         for &size in &self.size_bytes {
             if size == 0 || size % esize != 0 {
-                anyhow::bail!("--size-bytes {size}: must be a positive multiple of the {} element size ({esize} bytes)",
-                    self.dtype.dtype());
+                anyhow::bail!(
+                    "--size-bytes {size}: must be a positive multiple of the {} element size ({esize} bytes)",
+                    self.dtype.dtype()
+                );
             }
             let elems = size / esize;
             for &op in &self.operations {
@@ -215,6 +225,13 @@ trait ValueEnumName {
 impl<T: ValueEnum> ValueEnumName for T {
     fn cli_name(&self) -> String {
         self.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default()
+    }
+}
+
+fn parse_positive(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("`{s}`: expected an integer >= 1")),
     }
 }
 
@@ -274,9 +291,27 @@ mod tests {
     #[test]
     fn seeds_command_line_parses() {
         let a = parse(&[
-            "--dtype", "f16", "--operations", "all_reduce", "all_gather", "reduce_scatter",
-            "--size-bytes", "4096", "64KiB", "1M", "16MiB", "--warmup", "20", "--iterations", "100",
-            "--samples", "10", "--output", "x.json", "--nproc", "8",
+            "--dtype",
+            "f16",
+            "--operations",
+            "all_reduce",
+            "all_gather",
+            "reduce_scatter",
+            "--size-bytes",
+            "4096",
+            "64KiB",
+            "1M",
+            "16MiB",
+            "--warmup",
+            "20",
+            "--iterations",
+            "100",
+            "--samples",
+            "10",
+            "--output",
+            "x.json",
+            "--nproc",
+            "8",
         ])
         .unwrap();
         assert_eq!(a.dtype, BenchDtype::F16);
@@ -303,9 +338,28 @@ mod tests {
     #[test]
     fn cli_args_round_trip() {
         let a = parse(&[
-            "--nproc", "2", "--dtype", "f32", "--operations", "reduce_scatter_many", "--size-bytes", "4096",
-            "--warmup", "1", "--iterations", "3", "--samples", "2", "--output", "out dir/b.json", "--backend",
-            "cpu", "--threads", "--seed", "7",
+            "--nproc",
+            "2",
+            "--dtype",
+            "f32",
+            "--operations",
+            "reduce_scatter_many",
+            "--size-bytes",
+            "4096",
+            "--warmup",
+            "1",
+            "--iterations",
+            "3",
+            "--samples",
+            "2",
+            "--output",
+            "out dir/b.json",
+            "--backend",
+            "cpu",
+            "--threads",
+            "--seed",
+            "7",
+            "--debug-build",
         ])
         .unwrap();
         let args = a.to_cli_args();

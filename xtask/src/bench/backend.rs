@@ -75,9 +75,6 @@ impl<C: HostCollective> HostBackend<C> {
     pub fn new(comm: C, name: &'static str) -> Self {
         HostBackend { comm, name }
     }
-    pub fn into_comm(self) -> C {
-        self.comm
-    }
 }
 
 impl<C: HostCollective> BenchBackend for HostBackend<C> {

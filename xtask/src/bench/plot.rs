@@ -26,16 +26,16 @@ fn size_label(b: usize) -> String {
     }
 }
 
-fn us_label(us: f64) -> String {
-    if us >= 1e6 {
-        format!("{} s", us / 1e6)
-    } else if us >= 1e3 {
-        format!("{} ms", us / 1e3)
-    } else if us >= 1.0 {
-        format!("{us} us")
-    } else {
-        format!("{} ns", us * 1e3)
-    }
+/// Label of the grid line at 10^`decade` microseconds.
+fn decade_label(decade: i32) -> String {
+    let (unit, shift) = match decade {
+        i32::MIN..=-1 => ("ns", 3),
+        0..=2 => ("us", 0),
+        3..=5 => ("ms", -3),
+        _ => ("s", -6),
+    };
+    let e = decade + shift;
+    if e >= 0 { format!("{} {unit}", 10u64.pow(e as u32)) } else { format!("1e{e} {unit}") }
 }
 
 /// Series in first-appearance order: operations, then the copy baseline last.
@@ -77,11 +77,13 @@ pub fn svg(report: &Report) -> String {
     }
     let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
     let lx = |b: usize| (b as f64).log2();
-    let (mut x0, mut x1) = rows.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), r| (a.min(lx(r.size_bytes)), b.max(lx(r.size_bytes))));
-    if x1 - x0 < 1.0 {
-        x0 -= 1.0;
-        x1 += 1.0;
-    }
+    let (mut x0, mut x1) = rows
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), r| (a.min(lx(r.size_bytes)), b.max(lx(r.size_bytes))));
+    // Half an octave of margin (a whole one around a single size) keeps markers off the frame.
+    let pad = if x1 - x0 < 1.0 { 1.0 } else { 0.5 };
+    x0 -= pad;
+    x1 += pad;
     let ys = rows.iter().flat_map(|r| [r.min_us, r.median_us, r.max_us]).filter(|v| v.is_finite() && *v > 0.0);
     let (lo, hi) = ys.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(v), b.max(v)));
     let (y0, mut y1) = (lo.log10().floor(), hi.log10().ceil());
@@ -98,7 +100,13 @@ pub fn svg(report: &Report) -> String {
         let us = 10f64.powi(d);
         let y = py(us);
         let _ = writeln!(out, r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/>"##, LEFT + pw);
-        let _ = writeln!(out, r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#, LEFT - 6.0, y + 4.0, esc(&us_label(us)));
+        let _ = writeln!(
+            out,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
+            LEFT - 6.0,
+            y + 4.0,
+            esc(&decade_label(d))
+        );
         d += 1;
     }
     let mut sizes: Vec<usize> = rows.iter().map(|r| r.size_bytes).collect();
@@ -107,7 +115,12 @@ pub fn svg(report: &Report) -> String {
     for &s in &sizes {
         let x = px(s);
         let _ = writeln!(out, r##"<line x1="{x:.1}" y1="{TOP}" x2="{x:.1}" y2="{:.1}" stroke="#eee"/>"##, TOP + ph);
-        let _ = writeln!(out, r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#, TOP + ph + 18.0, size_label(s));
+        let _ = writeln!(
+            out,
+            r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+            TOP + ph + 18.0,
+            size_label(s)
+        );
     }
     let _ = writeln!(
         out,
@@ -129,7 +142,11 @@ pub fn svg(report: &Report) -> String {
         let color = if baseline { "#777" } else { COLORS[i % COLORS.len()] };
         let dash = if baseline { r#" stroke-dasharray="6 4""# } else { "" };
         let path: Vec<String> = pts.iter().map(|r| format!("{:.1},{:.1}", px(r.size_bytes), py(r.median_us))).collect();
-        let _ = writeln!(out, r#"<polyline fill="none" stroke="{color}" stroke-width="2"{dash} points="{}"/>"#, path.join(" "));
+        let _ = writeln!(
+            out,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="2"{dash} points="{}"/>"#,
+            path.join(" ")
+        );
         for r in pts {
             let (x, y) = (px(r.size_bytes), py(r.median_us));
             let _ = writeln!(
@@ -150,7 +167,11 @@ pub fn svg(report: &Report) -> String {
         }
         let ly = TOP + 10.0 + i as f64 * 20.0;
         let lx0 = LEFT + pw + 16.0;
-        let _ = writeln!(out, r#"<line x1="{lx0:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="2"{dash}/>"#, lx0 + 24.0);
+        let _ = writeln!(
+            out,
+            r#"<line x1="{lx0:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="2"{dash}/>"#,
+            lx0 + 24.0
+        );
         let label = if baseline { format!("{name} (baseline)") } else { name.clone() };
         let _ = writeln!(out, r#"<text x="{:.1}" y="{:.1}">{}</text>"#, lx0 + 30.0, ly + 4.0, esc(&label));
     }
@@ -162,4 +183,22 @@ pub fn svg(report: &Report) -> String {
     );
     out.push_str("</svg>\n");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels() {
+        assert_eq!(size_label(4096), "4K");
+        assert_eq!(size_label(16 << 20), "16M");
+        assert_eq!(size_label(1000), "1000");
+        assert_eq!(decade_label(-1), "100 ns");
+        assert_eq!(decade_label(-3), "1 ns");
+        assert_eq!(decade_label(1), "10 us");
+        assert_eq!(decade_label(4), "10 ms");
+        assert_eq!(decade_label(6), "1 s");
+        assert_eq!(esc("a<b & \"c\""), "a&lt;b &amp; &quot;c&quot;");
+    }
 }

@@ -103,6 +103,8 @@ pub struct Report {
     pub tool: String,
     /// `cpu-twin`, `cuda-ipc`, ...
     pub backend: String,
+    /// `release`, or `debug` (an unoptimised measurement, `--debug-build`).
+    pub build_profile: String,
     pub world_size: usize,
     /// `processes` (launched by xtask), `external` (torchrun/mpirun), `threads`.
     pub launch: String,
@@ -144,8 +146,15 @@ fn human_bytes(b: usize) -> String {
 /// The markdown table printed on stdout.
 pub fn markdown(r: &Report) -> String {
     let mut s = format!(
-        "### detcoll bench: {} x{} ({}, {}), {} ({})\n\n",
-        r.backend, r.world_size, r.launch, r.dtype, r.reduction_order, r.host.hostname
+        "### detcoll bench: {} x{} ({}, {}, {} build), {} ({}, {} CPUs)\n\n",
+        r.backend,
+        r.world_size,
+        r.launch,
+        r.dtype,
+        r.build_profile,
+        r.reduction_order,
+        r.host.hostname,
+        r.host.cpu_count
     );
     s.push_str("| operation | size | route | median us | min us | max us | GB/s | vs memcpy | vs memcpy (1 rank) | repeat bitwise | vs fixed tree | workspace | native us |\n");
     s.push_str("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | :---: | :---: | ---: | ---: |\n");

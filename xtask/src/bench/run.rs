@@ -73,7 +73,15 @@ pub fn rank_input(seed: u64, op: BenchOp, dtype: DType, size: usize, n: usize, r
 }
 
 /// What rank `rank` must receive, lanes concatenated, from the fixed tree over every rank's input.
-pub fn expected_output(seed: u64, op: BenchOp, dtype: DType, size: usize, n: usize, world: usize, rank: usize) -> Vec<u8> {
+pub fn expected_output(
+    seed: u64,
+    op: BenchOp,
+    dtype: DType,
+    size: usize,
+    n: usize,
+    world: usize,
+    rank: usize,
+) -> Vec<u8> {
     let inputs: Vec<Vec<u8>> = (0..world).map(|r| rank_input(seed, op, dtype, size, n, r)).collect();
     let esize = dtype.size();
     match op {
@@ -85,7 +93,8 @@ pub fn expected_output(seed: u64, op: BenchOp, dtype: DType, size: usize, n: usi
             let shard = lane_bytes / world;
             let mut out = Vec::with_capacity(shard * lanes);
             for l in 0..lanes {
-                let lane: Vec<Vec<u8>> = inputs.iter().map(|i| i[l * lane_bytes..(l + 1) * lane_bytes].to_vec()).collect();
+                let lane: Vec<Vec<u8>> =
+                    inputs.iter().map(|i| i[l * lane_bytes..(l + 1) * lane_bytes].to_vec()).collect();
                 let full = reference_reduce(&lane, dtype);
                 out.extend_from_slice(&full[rank * shard..(rank + 1) * shard]);
             }
@@ -122,7 +131,10 @@ fn call<B: BenchBackend>(b: &B, op: BenchOp, dtype: DType, n: usize, bufs: &mut 
             comm.reduce_scatter_many(&lanes, stream)?;
         }
         _ => {
-            let io = Io::OutOfPlace { input: b.view(&bufs.input, 0, n, dtype), output: b.view_mut(&mut bufs.outs[0], 0, out_lens[0], dtype) };
+            let io = Io::OutOfPlace {
+                input: b.view(&bufs.input, 0, n, dtype),
+                output: b.view_mut(&mut bufs.outs[0], 0, out_lens[0], dtype),
+            };
             match op {
                 BenchOp::AllReduce => comm.all_reduce(io, stream)?,
                 BenchOp::AllGather => comm.all_gather(io, stream)?,
@@ -161,7 +173,13 @@ fn sample<B: BenchBackend>(
 }
 
 /// Measures one op row on this rank.
-pub fn measure_op<B: BenchBackend>(b: &B, boot: &dyn Bootstrap, args: &BenchArgs, op: BenchOp, size: usize) -> anyhow::Result<RankRow> {
+pub fn measure_op<B: BenchBackend>(
+    b: &B,
+    boot: &dyn Bootstrap,
+    args: &BenchArgs,
+    op: BenchOp,
+    size: usize,
+) -> anyhow::Result<RankRow> {
     let dtype = args.dtype.dtype();
     let (rank, world) = (b.comm().rank(), b.comm().world_size());
     let n = size / dtype.size();
@@ -197,7 +215,12 @@ pub fn measure_op<B: BenchBackend>(b: &B, boot: &dyn Bootstrap, args: &BenchArgs
 }
 
 /// Measures the copy baseline of `size` bytes on this rank: all ranks at once, then rank 0 alone.
-pub fn measure_copy<B: BenchBackend>(b: &B, boot: &dyn Bootstrap, args: &BenchArgs, size: usize) -> anyhow::Result<RankRow> {
+pub fn measure_copy<B: BenchBackend>(
+    b: &B,
+    boot: &dyn Bootstrap,
+    args: &BenchArgs,
+    size: usize,
+) -> anyhow::Result<RankRow> {
     let dtype = args.dtype.dtype();
     let rank = b.comm().rank();
     let data = rank_input(args.seed, BenchOp::AllReduce, dtype, size, size / dtype.size(), rank);
@@ -242,14 +265,26 @@ pub fn measure_copy<B: BenchBackend>(b: &B, boot: &dyn Bootstrap, args: &BenchAr
 pub fn exchange(boot: &dyn Bootstrap, mine: &RankRow) -> anyhow::Result<Vec<RankRow>> {
     let bytes = serde_json::to_vec(mine)?;
     let all = boot.all_gather_bytes(&bytes).context("exchanging the row's measurements")?;
-    all.iter().enumerate().map(|(r, b)| serde_json::from_slice(b).with_context(|| format!("rank {r}'s measurements"))).collect()
+    all.iter()
+        .enumerate()
+        .map(|(r, b)| serde_json::from_slice(b).with_context(|| format!("rank {r}'s measurements")))
+        .collect()
 }
 
 /// Builds the report row of `kind` from every rank's measurements (same result on every rank).
-pub fn assemble(kind: RowKind, size: usize, args: &BenchArgs, world: usize, route: &str, ranks: &[RankRow], copy: Option<&Row>) -> Row {
+pub fn assemble(
+    kind: RowKind,
+    size: usize,
+    args: &BenchArgs,
+    world: usize,
+    route: &str,
+    ranks: &[RankRow],
+    copy: Option<&Row>,
+) -> Row {
     let dtype = args.dtype.dtype();
     let per_rank: Vec<Vec<f64>> = ranks.iter().map(|r| r.latencies.clone()).collect();
-    let (s, medians) = slowest_rank(&per_rank).unwrap_or((Summary { median: f64::NAN, min: f64::NAN, max: f64::NAN }, vec![]));
+    let (s, medians) =
+        slowest_rank(&per_rank).unwrap_or((Summary { median: f64::NAN, min: f64::NAN, max: f64::NAN }, vec![]));
     let us = |x: f64| x * 1e6;
     let repeat_each = ranks.iter().all(|r| r.first == r.last);
     let n = size / dtype.size();
@@ -291,9 +326,11 @@ pub fn assemble(kind: RowKind, size: usize, args: &BenchArgs, world: usize, rout
             RowKind::Copy => None,
             RowKind::Op(_) => Some(ranks.iter().all(|r| r.reference_ok)),
         },
-        mismatch: ranks.iter().find_map(|r| r.mismatch.clone()).or_else(|| {
-            (!repeat_each).then(|| "the first and last outputs differ on some rank".to_owned())
-        }).or_else(|| (!same_across).then(|| "ranks hold different outputs".to_owned())),
+        mismatch: ranks
+            .iter()
+            .find_map(|r| r.mismatch.clone())
+            .or_else(|| (!repeat_each).then(|| "the first and last outputs differ on some rank".to_owned()))
+            .or_else(|| (!same_across).then(|| "ranks hold different outputs".to_owned())),
         workspace_bytes: ranks.iter().map(|r| r.workspace_bytes).max().unwrap_or(0),
         peak_temp_bytes: ranks.iter().map(|r| r.peak_temp_bytes).max().unwrap_or(0),
         native_default_us: None,

@@ -31,9 +31,8 @@ pub fn slowest_rank(per_rank: &[Vec<f64>]) -> Option<(Summary, Vec<f64>)> {
     if samples == 0 {
         return None;
     }
-    let slowest: Vec<f64> = (0..samples)
-        .map(|s| per_rank.iter().map(|r| r[s]).fold(f64::NEG_INFINITY, f64::max))
-        .collect();
+    let slowest: Vec<f64> =
+        (0..samples).map(|s| per_rank.iter().map(|r| r[s]).fold(f64::NEG_INFINITY, f64::max)).collect();
     let medians = per_rank.iter().map(|r| Summary::of(r).map_or(f64::NAN, |s| s.median)).collect();
     Some((Summary::of(&slowest)?, medians))
 }

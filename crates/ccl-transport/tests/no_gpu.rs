@@ -1,0 +1,137 @@
+//! What must hold on any host, GPU or not: a missing library is a typed error (never a panic),
+//! construction fails closed on every rank, and the binding's layout matches `nccl.h`.
+use ccl_transport::sys::{NCCL_UNIQUE_ID_BYTES, ncclConfig_t, ncclUniqueId};
+use ccl_transport::{Device, NcclError, RawStream, TransportCollective, TransportConfig, Vendor, load_from, loader};
+use collective_core::bootstrap::{Bootstrap, LocalBootstrap};
+use collective_core::{DType, Error};
+use std::ffi::OsStr;
+
+#[test]
+fn a_missing_library_is_library_missing() {
+    let list = loader::candidates(Some(Vendor::Nvidia), Some(OsStr::new("/nonexistent/libnccl.so.2")), None);
+    assert_eq!(list, ["/nonexistent/libnccl.so.2"]);
+    let e = load_from(&list).expect_err("nothing there");
+    assert!(matches!(e, NcclError::LibraryMissing { .. }), "{e:?}");
+    assert!(matches!(Error::from(e), Error::LibraryMissing { .. }));
+}
+
+#[test]
+fn binding_layout_matches_nccl_h() {
+    assert_eq!(size_of::<ncclUniqueId>(), NCCL_UNIQUE_ID_BYTES);
+    assert_eq!(size_of::<ncclConfig_t>(), 80);
+    let id = ncclUniqueId::from_bytes(&[7u8; 128]).expect("128 bytes");
+    assert_eq!(id.to_bytes(), [7u8; 128]);
+}
+
+/// A device side that never works: lets construction run without a GPU.
+#[derive(Debug)]
+struct NoDevice;
+
+fn nope() -> Error {
+    Error::Backend { backend: "test", detail: "no device".into() }
+}
+
+impl Device for NoDevice {
+    type Stream = ();
+    type Allocation = ();
+    type Event = ();
+    const VENDOR: Vendor = Vendor::Nvidia;
+    fn describe(&self) -> String {
+        "none".into()
+    }
+    fn raw_stream(&self, _: &()) -> Result<RawStream, Error> {
+        Err(nope())
+    }
+    fn bind(&self) -> Result<(), Error> {
+        Ok(())
+    }
+    fn alloc(&self, _: usize) -> Result<(), Error> {
+        Err(nope())
+    }
+    fn address(&self, _: &()) -> u64 {
+        0
+    }
+    fn leak(&self, _: ()) {}
+    unsafe fn copy(&self, _: u64, _: u64, _: usize, _: RawStream) -> Result<(), Error> {
+        Err(nope())
+    }
+    unsafe fn tree(&self, _: &[u64], _: u64, _: usize, _: DType, _: RawStream) -> Result<(), Error> {
+        Err(nope())
+    }
+    fn event(&self) -> Result<(), Error> {
+        Ok(())
+    }
+    unsafe fn record(&self, _: &(), _: RawStream) -> Result<(), Error> {
+        Err(nope())
+    }
+    unsafe fn wait_event(&self, _: RawStream, _: &()) -> Result<(), Error> {
+        Err(nope())
+    }
+    fn event_done(&self, _: &()) -> Result<bool, Error> {
+        Ok(true)
+    }
+    unsafe fn stream_done(&self, _: RawStream) -> Result<bool, Error> {
+        Ok(true)
+    }
+}
+
+/// Builds one rank per thread; returns every rank's outcome.
+fn build(world: usize, config_of: impl Fn(usize) -> TransportConfig + Sync) -> Vec<Result<(), Error>> {
+    std::thread::scope(|s| {
+        let config_of = &config_of;
+        let hs: Vec<_> = LocalBootstrap::group(world)
+            .into_iter()
+            .map(|b| {
+                s.spawn(move || TransportCollective::with_device(|| Ok(NoDevice), &b, &config_of(b.rank())).map(drop))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("no panic")).collect()
+    })
+}
+
+#[test]
+fn every_rank_fails_when_one_rank_cannot_load_the_library() {
+    let got = build(2, |r| {
+        if r == 0 {
+            TransportConfig::default().with_library("/nonexistent/libnccl.so.2")
+        } else {
+            TransportConfig::default()
+        }
+    });
+    assert!(matches!(got[0], Err(Error::LibraryMissing { .. })), "{:?}", got[0]);
+    // Rank 1 either cannot load NCCL itself (no NCCL here) or learns that rank 0 cannot.
+    match &got[1] {
+        Err(Error::LibraryMissing { .. }) => {}
+        Err(Error::ConfigMismatch { detail }) => assert!(detail.contains("rank 0"), "{detail}"),
+        other => panic!("rank 1: {other:?}"),
+    }
+}
+
+#[test]
+fn unsupported_world_sizes_fail_on_every_rank() {
+    let got = build(3, |_| TransportConfig::default());
+    assert!(got.iter().all(|r| matches!(r, Err(Error::UnsupportedWorldSize { world: 3 }))), "{got:?}");
+}
+
+#[test]
+fn invalid_timeouts_are_refused() {
+    let mut c = TransportConfig::default();
+    c.timeouts.peer = std::time::Duration::ZERO;
+    let got = build(1, |_| c.clone());
+    assert!(matches!(got[0], Err(Error::InvalidConfig { .. })), "{:?}", got[0]);
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn the_cuda_constructor_never_panics_without_its_libraries() {
+    // No GPU: libcuda is missing. GPU host: the named NCCL library is missing. Either way a
+    // typed error, no panic.
+    let boot = LocalBootstrap::group(1).pop().expect("one bootstrap");
+    let config = TransportConfig::default().with_library("/nonexistent/libnccl.so.2");
+    match TransportCollective::open_cuda(0, &boot, &config) {
+        Err(Error::LibraryMissing { .. }) => {}
+        Err(e) => println!("device 0 unusable here: {e}"),
+        Ok(_) => panic!("a nonexistent NCCL library was loaded"),
+    }
+    assert_eq!(boot.world_size(), 1);
+}

@@ -1,0 +1,427 @@
+//! `cargo xtask bench`: the deterministic-collective benchmark.
+//!
+//! Ranks are processes by default: `bench` re-executes this binary as `bench-rank` under
+//! `detcoll_launch::launch` (torchrun variables set), and each rank joins through
+//! `TcpBootstrap::from_env`. A process started by torchrun/mpirun (RANK and WORLD_SIZE set) acts
+//! as one rank directly. `--threads` runs the ranks as threads of one process.
+//!
+//! Backends: the GPU backend when one is built in and a GPU is present, else the CPU twin
+//! (`shm-ipc`), so the command always does its job. A GPU backend plugs in by implementing
+//! [`backend::BenchBackend`] and adding a branch to [`resolve_backend`] and [`run_process_rank`].
+use anyhow::Context;
+use collective_core::Collective;
+use collective_core::bootstrap::{Bootstrap, LocalBootstrap, TcpBootstrap};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+pub mod args;
+pub mod backend;
+mod cpu_twin;
+pub mod plot;
+pub mod report;
+pub mod run;
+pub mod stats;
+
+use args::BackendChoice;
+pub use args::BenchArgs;
+use backend::{BenchBackend, HostBackend};
+use report::{CapabilityFlags, HostInfo, Report, Row, SCHEMA_VERSION};
+
+/// Exit status when every row ran but some row is not bitwise.
+pub const EXIT_NOT_BITWISE: u8 = 2;
+/// Set by `bench` for the ranks it launches (so the report can say how ranks were started).
+const LAUNCH_ENV: &str = "DETCOLL_BENCH_LAUNCH";
+/// The line printed when no GPU backend can run.
+pub const NO_GPU_MESSAGE: &str = "no GPU backend available on this host; running the CPU twin";
+
+/// The backend that actually runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resolved {
+    CpuTwin,
+    Memory,
+}
+
+/// Whether a GPU backend is built into this binary and finds a GPU. None is built in yet:
+/// `crates/cuda-ipc` plugs in here (detect libcuda + a device, collectively on every rank).
+fn gpu_backend_available() -> bool {
+    false
+}
+
+fn resolve_backend(choice: BackendChoice, announce: bool) -> anyhow::Result<Resolved> {
+    match choice {
+        BackendChoice::Auto => {
+            if gpu_backend_available() {
+                unreachable!("no GPU backend is built in");
+            }
+            if announce {
+                eprintln!("{NO_GPU_MESSAGE}");
+            }
+            Ok(Resolved::CpuTwin)
+        }
+        BackendChoice::Cpu => Ok(Resolved::CpuTwin),
+        BackendChoice::Cuda => anyhow::bail!(
+            "--backend cuda: no CUDA backend is built into this xtask (crates/cuda-ipc is not part of it yet); \
+             use --backend cpu or auto"
+        ),
+        BackendChoice::Memory => Ok(Resolved::Memory),
+    }
+}
+
+/// Whether this process was started as one rank by a launcher (torchrun, mpirun, detcoll-run).
+fn launched_as_rank() -> bool {
+    std::env::var_os("RANK").is_some() && std::env::var_os("WORLD_SIZE").is_some()
+}
+
+/// `cargo xtask bench`.
+pub fn main(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    if launched_as_rank() && !args.threads {
+        return rank_main(args);
+    }
+    args.check_shapes(args.nproc)?;
+    if cfg!(debug_assertions) && !args.debug_build {
+        return run_release(&args);
+    }
+    let resolved = resolve_backend(args.backend, true)?;
+    if args.threads {
+        return run_threads(&args, resolved);
+    }
+    anyhow::ensure!(resolved != Resolved::Memory, "--backend memory runs with --threads only");
+    let exe = std::env::current_exe().context("locating this executable to start the ranks")?;
+    let mut rank_args = args.clone();
+    rank_args.backend = BackendChoice::Cpu;
+    let mut spec = detcoll_launch::LaunchSpec::new(args.nproc, exe)
+        .args(std::iter::once("bench-rank".to_owned()).chain(rank_args.to_cli_args()))
+        .env(LAUNCH_ENV, "processes");
+    // Ranks write straight to our stdout/stderr: only rank 0 prints progress and the table.
+    spec.prefix_output = false;
+    let outcome = detcoll_launch::launch(&spec).context("launching the bench ranks")?;
+    if outcome.success() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let (rank, status) = outcome.first_failure.unwrap_or((0, outcome.statuses[0]));
+    if status.code() == Some(EXIT_NOT_BITWISE as i32) {
+        return Ok(ExitCode::from(EXIT_NOT_BITWISE));
+    }
+    anyhow::bail!("bench rank {rank} failed ({status}); the other ranks were stopped")
+}
+
+/// Builds the release xtask and runs `bench` with it: the collectives are measured optimised
+/// (the workspace's dev profile is barely optimised).
+fn run_release(args: &BenchArgs) -> anyhow::Result<ExitCode> {
+    let root = crate::util::workspace_root()?;
+    eprintln!("[bench] building the release xtask (benchmarks measure optimised code)");
+    let arts = crate::gpu::cargo_executables(&root, &["build", "--release", "-p", "xtask", "--bin", "xtask"])?;
+    let exe = arts.iter().find(|a| a.target == "xtask" && !a.test).context("cargo built no xtask binary")?;
+    let status = std::process::Command::new(&exe.path)
+        .arg("bench")
+        .args(args.to_cli_args())
+        .status()
+        .with_context(|| format!("running {}", exe.path.display()))?;
+    match status.code() {
+        Some(0) => Ok(ExitCode::SUCCESS),
+        Some(c) => Ok(ExitCode::from(u8::try_from(c).unwrap_or(1))),
+        None => anyhow::bail!("the release bench was killed ({status})"),
+    }
+}
+
+/// `bench-rank`: one rank of a process world (RANK, WORLD_SIZE, ... set by the launcher).
+pub fn rank_main(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(!args.threads, "--threads cannot be combined with a torchrun/mpirun launch");
+    let boot = Arc::new(TcpBootstrap::from_env().context("joining the bench ranks (torchrun variables)")?);
+    let (rank, world) = (boot.rank(), boot.world_size());
+    let result = (|| {
+        anyhow::ensure!(
+            collective_core::SUPPORTED_WORLD_SIZES.contains(&world),
+            "WORLD_SIZE={world}: expected 1, 2, 4 or 8 ranks"
+        );
+        if rank == 0 && args.nproc != world && std::env::var_os(LAUNCH_ENV).is_none() {
+            eprintln!("[bench] WORLD_SIZE={world} from the launcher overrides --nproc {}", args.nproc);
+        }
+        args.check_shapes(world)?;
+        if rank == 0 && cfg!(debug_assertions) && std::env::var_os(LAUNCH_ENV).is_none() {
+            eprintln!("[bench] warning: this is an unoptimised build; for real numbers launch the release xtask");
+        }
+        let resolved = resolve_backend(args.backend, rank == 0)?;
+        run_process_rank(&args, resolved, boot.clone())
+    })();
+    match result {
+        Ok(true) => Ok(ExitCode::SUCCESS),
+        Ok(false) => Ok(ExitCode::from(EXIT_NOT_BITWISE)),
+        Err(e) => Err(e.context(format!("bench rank {rank} of {world}"))),
+    }
+}
+
+fn run_process_rank(args: &BenchArgs, resolved: Resolved, boot: Arc<TcpBootstrap>) -> anyhow::Result<bool> {
+    let launch = if std::env::var_os(LAUNCH_ENV).is_some() { "processes" } else { "external" };
+    match resolved {
+        Resolved::CpuTwin => {
+            let cfg = cpu_twin::config(args.capacity());
+            let b = cpu_twin::process(&*boot, args.capacity())?;
+            let ok = run_rank(&b, &*boot, args, launch, cpu_twin::config_json(&cfg))?;
+            b.comm().close().context("closing the collective")?;
+            Ok(ok)
+        }
+        Resolved::Memory => anyhow::bail!("--backend memory runs with --threads only"),
+    }
+}
+
+fn run_threads(args: &BenchArgs, resolved: Resolved) -> anyhow::Result<ExitCode> {
+    let world = args.nproc;
+    let boots = LocalBootstrap::group(world);
+    let results: Vec<anyhow::Result<bool>> = match resolved {
+        Resolved::CpuTwin => {
+            let cfg = cpu_twin::config(args.capacity());
+            let ranks = cpu_twin::group(world, args.capacity())?;
+            run_thread_ranks(ranks, boots, args, &cpu_twin::config_json(&cfg))
+        }
+        Resolved::Memory => {
+            use collective_core::conformance::memory::{Flaw, MemoryCollective};
+            let ranks = LocalBootstrap::group(world)
+                .into_iter()
+                .map(|b| HostBackend::new(MemoryCollective::new(b, args.capacity(), Flaw::None), "memory-reference"))
+                .collect();
+            run_thread_ranks(ranks, boots, args, &serde_json::json!({ "capacity_bytes": args.capacity() }))
+        }
+    };
+    let mut all_ok = true;
+    let mut errors = Vec::new();
+    for (r, res) in results.into_iter().enumerate() {
+        match res {
+            Ok(ok) => all_ok &= ok,
+            Err(e) => errors.push(format!("rank {r}: {e:#}")),
+        }
+    }
+    if !errors.is_empty() {
+        anyhow::bail!("bench failed:\n{}", errors.join("\n"));
+    }
+    Ok(if all_ok { ExitCode::SUCCESS } else { ExitCode::from(EXIT_NOT_BITWISE) })
+}
+
+fn run_thread_ranks<B>(
+    ranks: Vec<B>,
+    boots: Vec<LocalBootstrap>,
+    args: &BenchArgs,
+    config: &serde_json::Value,
+) -> Vec<anyhow::Result<bool>>
+where
+    B: BenchBackend + Send,
+{
+    std::thread::scope(|s| {
+        let handles: Vec<_> = ranks
+            .into_iter()
+            .zip(boots)
+            .map(|(b, boot)| {
+                s.spawn(move || {
+                    let ok = run_rank(&b, &boot, args, "threads", config.clone())?;
+                    b.comm().close().context("closing the collective")?;
+                    Ok(ok)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("rank thread panicked")))).collect()
+    })
+}
+
+/// Runs every row on this rank; rank 0 writes the JSON report and the SVG plot and prints the
+/// markdown table. Returns whether every row is bitwise (same on every rank).
+fn run_rank<B: BenchBackend>(
+    b: &B,
+    boot: &dyn Bootstrap,
+    args: &BenchArgs,
+    launch: &str,
+    backend_config: serde_json::Value,
+) -> anyhow::Result<bool> {
+    let rows = run::run_rows(b, boot, args)?;
+    let all_bitwise = rows.iter().all(Row::bitwise);
+    if b.comm().rank() == 0 {
+        let report = build_report(b, args, launch, backend_config, rows);
+        let svg = write_report(&report, &args.output)?;
+        print!("{}", report::markdown(&report));
+        eprintln!("[bench] wrote {} and {}", args.output.display(), svg.display());
+        if !all_bitwise {
+            eprintln!("[bench] some rows are NOT bitwise (see `mismatch` in the report)");
+        }
+    }
+    Ok(all_bitwise)
+}
+
+fn build_report<B: BenchBackend>(
+    b: &B,
+    args: &BenchArgs,
+    launch: &str,
+    backend_config: serde_json::Value,
+    rows: Vec<Row>,
+) -> Report {
+    let world = b.comm().world_size();
+    let host = host_info();
+    let mut notes = vec![
+        "peak_temp_bytes is 0 on host backends: calls allocate nothing; staging is retained (workspace_bytes)".to_owned(),
+        "native_* fields are null: no native NCCL/RCCL reference ran (it is a non-strict performance reference only)"
+            .to_owned(),
+        "memcpy rows: the same bytes copied with a plain copy in the same run; memcpy_median_us with all ranks copying \
+         at once, memcpy_one_rank_median_us with rank 0 alone"
+            .to_owned(),
+    ];
+    if host.cpu_count < world {
+        notes.push(format!(
+            "{world} ranks share {} CPUs: ranks time-share cores, so latencies include scheduling delays",
+            host.cpu_count
+        ));
+    }
+    let mut args_value = Report::args_value(args);
+    if let Some(o) = args_value.as_object_mut() {
+        o.insert("backend_config".to_owned(), backend_config);
+    }
+    let now = crate::util::unix_now();
+    Report {
+        schema_version: SCHEMA_VERSION,
+        tool: "cargo xtask bench".to_owned(),
+        backend: b.name().to_owned(),
+        build_profile: if cfg!(debug_assertions) { "debug" } else { "release" }.to_owned(),
+        world_size: world,
+        launch: launch.to_owned(),
+        dtype: args.dtype.dtype().name().to_owned(),
+        reduction_order: collective_core::REDUCTION_ORDER.to_owned(),
+        capabilities: CapabilityFlags::from(b.comm().capabilities()),
+        size_convention: report::SIZE_CONVENTION.to_owned(),
+        latency_method: report::LATENCY_METHOD.to_owned(),
+        host,
+        args: args_value,
+        timestamp_unix: now,
+        timestamp_utc: crate::util::utc_string(now),
+        notes,
+        all_bitwise: rows.iter().all(Row::bitwise),
+        rows,
+    }
+}
+
+fn host_info() -> HostInfo {
+    HostInfo {
+        hostname: crate::util::hostname(),
+        cpu_count: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        os: std::env::consts::OS.to_owned(),
+        arch: std::env::consts::ARCH.to_owned(),
+    }
+}
+
+/// Writes `report` as JSON to `path` and the plot next to it; returns the plot's path.
+fn write_report(report: &Report, path: &Path) -> anyhow::Result<PathBuf> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let json = serde_json::to_string_pretty(report)?;
+    std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
+    let svg = path.with_extension("svg");
+    std::fs::write(&svg, plot::svg(report)).with_context(|| format!("writing {}", svg.display()))?;
+    Ok(svg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct W {
+        #[command(flatten)]
+        a: BenchArgs,
+    }
+
+    fn small_args(out: &Path, backend: &str, world: usize) -> BenchArgs {
+        let o = out.to_string_lossy().into_owned();
+        W::parse_from([
+            "x",
+            "--threads",
+            "--backend",
+            backend,
+            "--nproc",
+            &world.to_string(),
+            "--size-bytes",
+            "4096",
+            "65536",
+            "--warmup",
+            "1",
+            "--iterations",
+            "2",
+            "--samples",
+            "2",
+            "--output",
+            &o,
+        ])
+        .a
+    }
+
+    fn check_report(path: &Path, world: usize, backend: &str) {
+        let text = std::fs::read_to_string(path).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["schema_version"], 1);
+        assert_eq!(v["world_size"], world);
+        assert_eq!(v["backend"], backend);
+        assert_eq!(v["reduction_order"], collective_core::REDUCTION_ORDER);
+        assert_eq!(v["capabilities"]["supports_async_overlap"], false);
+        assert_eq!(v["capabilities"]["supports_compute_communication_fusion"], false);
+        assert_eq!(v["all_bitwise"], true);
+        let rows = v["rows"].as_array().unwrap();
+        // 2 sizes x (4 ops + memcpy).
+        assert_eq!(rows.len(), 10);
+        for r in rows {
+            for key in [
+                "operation",
+                "size_bytes",
+                "route",
+                "median_us",
+                "min_us",
+                "max_us",
+                "input_gbps",
+                "repeat_bitwise",
+                "bitwise_vs_fixed_tree",
+                "workspace_bytes",
+                "peak_temp_bytes",
+                "ratio_vs_memcpy",
+                "native_default_us",
+                "native_tree_simple_us",
+                "ratio_vs_native",
+            ] {
+                assert!(r.get(key).is_some(), "row lacks {key}: {r}");
+            }
+            assert_eq!(r["repeat_bitwise"], true);
+            assert!(r["median_us"].as_f64().unwrap() > 0.0);
+            assert!(r["native_default_us"].is_null());
+            if r["operation"] != "memcpy" {
+                assert_eq!(r["bitwise_vs_fixed_tree"], true);
+                assert!(r["ratio_vs_memcpy"].as_f64().unwrap() > 0.0);
+            }
+        }
+        // The typed report reads back.
+        let back: Report = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.rows.len(), 10);
+        let svg = std::fs::read_to_string(path.with_extension("svg")).unwrap();
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        assert!(svg.contains("all_reduce") && svg.contains("memcpy (baseline)"));
+    }
+
+    fn tmp(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("detcoll-xtask-test-{}-{name}", std::process::id())).join("bench.json")
+    }
+
+    #[test]
+    fn threads_with_the_memory_reference_collective() {
+        let out = tmp("memory");
+        let a = small_args(&out, "memory", 2);
+        assert_eq!(run_threads(&a, Resolved::Memory).unwrap(), ExitCode::SUCCESS);
+        check_report(&out, 2, "memory-reference");
+        let _ = std::fs::remove_dir_all(out.parent().unwrap());
+    }
+
+    #[test]
+    fn threads_with_the_cpu_twin() {
+        for world in [1, 4] {
+            let out = tmp(&format!("cpu{world}"));
+            let a = small_args(&out, "cpu", world);
+            assert_eq!(run_threads(&a, Resolved::CpuTwin).unwrap(), ExitCode::SUCCESS);
+            check_report(&out, world, "cpu-twin");
+            let _ = std::fs::remove_dir_all(out.parent().unwrap());
+        }
+    }
+}

@@ -1,0 +1,745 @@
+//! `cargo xtask gpu-bundle` and `cargo xtask gpu-test`: GPU suites on a host without Rust.
+//!
+//! The bundle holds the release test binaries of [`GPU_PACKAGES`] (those in the workspace),
+//! this xtask binary (for `gpu-test` and `bench`), the launcher, the packages' examples and any
+//! prebuilt kernels from `kernels/build/`, all stripped, plus `manifest.json` and `run.sh`
+//! (`./run.sh` = `./bin/xtask gpu-test --bundle .`).
+use crate::util::{cargo, show, which, workspace_root};
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+/// Packages whose test binaries are GPU suites (absent packages are skipped).
+pub const GPU_PACKAGES: &[&str] = &["cuda-ipc", "ccl-transport", "collective-factory"];
+/// Extra binaries bundled for the GPU host: (package, binary target, name in `bin/`).
+const BUNDLED_BINARIES: &[(&str, &str, &str)] =
+    &[("xtask", "xtask", "xtask"), ("detcoll-launch", "detcoll-run", "detcoll-run")];
+/// A suite whose target name contains one of these starts several processes on one GPU, so
+/// `gpu-test` runs it under MPS.
+pub const MULTIPROCESS_MARKERS: &[&str] = &["process", "mps", "multiproc"];
+/// Bundles above this size get a warning.
+pub const BUNDLE_WARN_BYTES: u64 = 60 << 20;
+/// Manifest schema version.
+const MANIFEST_VERSION: u32 = 1;
+/// Where CUDA's libraries usually live.
+const CUDA_LIB: &str = "/usr/local/cuda/lib64";
+/// Environment variable telling GPU code where prebuilt kernels are (set by `gpu-test`).
+pub const KERNEL_DIR_ENV: &str = "DETCOLL_KERNEL_DIR";
+
+#[derive(Debug, Clone, Args)]
+pub struct BundleArgs {
+    /// Output directory (replaced if it holds an earlier bundle).
+    #[arg(long, default_value = "gpu-bundle")]
+    pub out: PathBuf,
+    /// Keep symbols (do not strip).
+    #[arg(long)]
+    pub no_strip: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MpsMode {
+    /// Start MPS (as root, if not running) around suites that run several processes per GPU.
+    Auto,
+    /// Run every suite under MPS.
+    On,
+    /// Never start MPS.
+    Off,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct GpuTestArgs {
+    /// Run the suites of this bundle (made by `gpu-bundle`) instead of building them with cargo.
+    #[arg(long)]
+    pub bundle: Option<PathBuf>,
+    /// MPS policy.
+    #[arg(long, value_enum, default_value_t = MpsMode::Auto)]
+    pub mps: MpsMode,
+    /// Only suites whose name contains this (repeatable).
+    #[arg(long = "suite")]
+    pub suites: Vec<String>,
+    /// Kill a suite (and the processes it started) that runs longer than this many seconds.
+    #[arg(long, default_value_t = 900)]
+    pub timeout_s: u64,
+    /// Arguments passed to every test binary (after `--test-threads=1`), e.g. a test filter.
+    #[arg(last = true)]
+    pub test_args: Vec<String>,
+}
+
+/// One GPU test binary.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Suite {
+    /// `<package>-<kind>-<target>`, also its file name under `tests/` in a bundle.
+    pub name: String,
+    pub package: String,
+    pub target: String,
+    pub kind: String,
+    /// Absolute when built by cargo; relative to the bundle directory in a manifest.
+    pub path: PathBuf,
+    /// Runs several processes on one GPU (MPS wanted).
+    pub multiprocess: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BundleFile {
+    pub path: String,
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Manifest {
+    pub schema_version: u32,
+    pub created_utc: String,
+    pub git_commit: Option<String>,
+    pub gpu_packages: Vec<String>,
+    pub missing_packages: Vec<String>,
+    pub suites: Vec<Suite>,
+    pub files: Vec<BundleFile>,
+    pub total_bytes: u64,
+    pub stripped: bool,
+}
+
+fn suite_name(package: &str, kind: &str, target: &str) -> String {
+    format!("{package}-{kind}-{target}")
+}
+
+/// Whether a test target runs several processes per GPU.
+pub fn is_multiprocess(target: &str) -> bool {
+    let t = target.to_ascii_lowercase();
+    MULTIPROCESS_MARKERS.iter().any(|m| t.contains(m))
+}
+
+/// A workspace package, from `cargo metadata`.
+#[derive(Debug, Clone)]
+struct Package {
+    name: String,
+    dir: PathBuf,
+    has_examples: bool,
+}
+
+fn workspace_packages(root: &Path) -> anyhow::Result<Vec<Package>> {
+    let out = cargo()
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .current_dir(root)
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo metadata")?;
+    anyhow::ensure!(out.status.success(), "cargo metadata failed ({})", out.status);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("parsing cargo metadata")?;
+    let pkgs = v["packages"].as_array().context("cargo metadata has no packages")?;
+    Ok(pkgs
+        .iter()
+        .map(|p| Package {
+            name: p["name"].as_str().unwrap_or_default().to_owned(),
+            dir: Path::new(p["manifest_path"].as_str().unwrap_or_default())
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_default(),
+            has_examples: p["targets"].as_array().is_some_and(|ts| {
+                ts.iter().any(|t| t["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "example")))
+            }),
+        })
+        .collect())
+}
+
+/// An executable cargo built: (target name, target kind, path).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Artifact {
+    pub target: String,
+    pub kind: String,
+    pub test: bool,
+    pub path: PathBuf,
+}
+
+/// Parses cargo's `--message-format=json` output: every artifact with an executable.
+fn parse_artifacts(stdout: &str) -> Vec<Artifact> {
+    stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["reason"] == "compiler-artifact")
+        .filter_map(|v| {
+            let path = v["executable"].as_str()?;
+            Some(Artifact {
+                target: v["target"]["name"].as_str()?.to_owned(),
+                kind: v["target"]["kind"][0].as_str().unwrap_or("bin").to_owned(),
+                test: v["profile"]["test"].as_bool().unwrap_or(false),
+                path: PathBuf::from(path),
+            })
+        })
+        .collect()
+}
+
+/// Runs cargo with `args` + `--message-format=json-render-diagnostics`; the executables built.
+pub(crate) fn cargo_executables(root: &Path, args: &[&str]) -> anyhow::Result<Vec<Artifact>> {
+    let mut cmd = cargo();
+    cmd.args(args).arg("--message-format=json-render-diagnostics").current_dir(root).stderr(Stdio::inherit());
+    eprintln!("[xtask] {}", show(&cmd));
+    let out = cmd.output().with_context(|| format!("running {}", show(&cmd)))?;
+    anyhow::ensure!(out.status.success(), "{} failed ({})", show(&cmd), out.status);
+    Ok(parse_artifacts(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// Builds (release) the test binaries of the GPU packages present in the workspace.
+fn build_suites(root: &Path, packages: &[Package]) -> anyhow::Result<(Vec<Suite>, Vec<String>)> {
+    let mut suites = Vec::new();
+    let mut missing = Vec::new();
+    for &name in GPU_PACKAGES {
+        if !packages.iter().any(|p| p.name == name) {
+            missing.push(name.to_owned());
+            continue;
+        }
+        for a in cargo_executables(root, &["test", "--release", "--no-run", "-p", name])? {
+            if a.test {
+                suites.push(Suite {
+                    name: suite_name(name, &a.kind, &a.target),
+                    package: name.to_owned(),
+                    multiprocess: is_multiprocess(&a.target),
+                    target: a.target,
+                    kind: a.kind,
+                    path: a.path,
+                });
+            }
+        }
+    }
+    Ok((suites, missing))
+}
+
+fn git_commit(root: &Path) -> Option<String> {
+    let out = Command::new("git").args(["rev-parse", "HEAD"]).current_dir(root).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+fn copy_dir(src: &Path, dst: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dst)?;
+    for e in std::fs::read_dir(src)? {
+        let e = e?;
+        let to = dst.join(e.file_name());
+        if e.file_type()?.is_dir() {
+            copy_dir(&e.path(), &to)?;
+        } else {
+            std::fs::copy(e.path(), &to).with_context(|| format!("copying {}", e.path().display()))?;
+        }
+    }
+    Ok(())
+}
+
+fn list_files(dir: &Path, base: &Path, out: &mut Vec<BundleFile>) -> anyhow::Result<()> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        if e.file_type()?.is_dir() {
+            list_files(&e.path(), base, out)?;
+        } else {
+            let rel = e.path().strip_prefix(base)?.to_string_lossy().into_owned();
+            out.push(BundleFile { path: rel, bytes: e.metadata()?.len() });
+        }
+    }
+    Ok(())
+}
+
+const RUN_SH: &str = r#"#!/bin/sh
+# Runs the detcoll GPU suites of this bundle on a host without Rust:
+#   ./run.sh [gpu-test options] [-- test-binary arguments]
+# Options: --mps auto|on|off, --suite NAME (repeatable). Starts MPS (as root) around the suites
+# that run several processes per GPU. Benchmark: ./bin/xtask bench --nproc 8 --backend auto
+set -eu
+cd "$(dirname "$0")"
+exec ./bin/xtask gpu-test --bundle . "$@"
+"#;
+
+/// `cargo xtask gpu-bundle`.
+pub fn bundle_main(args: BundleArgs) -> anyhow::Result<ExitCode> {
+    let root = workspace_root()?;
+    let out = if args.out.is_absolute() { args.out.clone() } else { std::env::current_dir()?.join(&args.out) };
+    if out.exists() {
+        let empty = std::fs::read_dir(&out)?.next().is_none();
+        anyhow::ensure!(
+            empty || out.join("manifest.json").is_file(),
+            "{} exists and is not a bundle (no manifest.json); refusing to replace it",
+            out.display()
+        );
+        std::fs::remove_dir_all(&out).with_context(|| format!("removing the old bundle {}", out.display()))?;
+    }
+    let packages = workspace_packages(&root)?;
+    let (suites, missing) = build_suites(&root, &packages)?;
+    for m in &missing {
+        eprintln!("[gpu] package {m} is not in the workspace; skipped");
+    }
+    std::fs::create_dir_all(out.join("tests"))?;
+    std::fs::create_dir_all(out.join("bin"))?;
+
+    let mut bundled = Vec::new();
+    for s in &suites {
+        let rel = PathBuf::from("tests").join(&s.name);
+        std::fs::copy(&s.path, out.join(&rel)).with_context(|| format!("copying {}", s.path.display()))?;
+        bundled.push(Suite { path: rel, ..s.clone() });
+    }
+    for &(pkg, bin, name) in BUNDLED_BINARIES {
+        if !packages.iter().any(|p| p.name == pkg) {
+            continue;
+        }
+        let arts = cargo_executables(&root, &["build", "--release", "-p", pkg, "--bin", bin])?;
+        let a =
+            arts.iter().find(|a| a.target == bin && !a.test).with_context(|| format!("cargo built no {bin} binary"))?;
+        std::fs::copy(&a.path, out.join("bin").join(name))?;
+    }
+    for p in packages.iter().filter(|p| GPU_PACKAGES.contains(&p.name.as_str()) && p.has_examples) {
+        let arts = cargo_executables(&root, &["build", "--release", "--examples", "-p", &p.name])?;
+        let dir = out.join("examples");
+        std::fs::create_dir_all(&dir)?;
+        for a in arts.iter().filter(|a| a.kind == "example") {
+            std::fs::copy(&a.path, dir.join(format!("{}-{}", p.name, a.target)))?;
+        }
+    }
+    let kernels = root.join("kernels").join("build");
+    if kernels.is_dir() {
+        copy_dir(&kernels, &out.join("kernels"))?;
+        eprintln!("[gpu] copied prebuilt kernels from {}", kernels.display());
+    } else {
+        eprintln!("[gpu] no prebuilt kernels ({} absent): GPU code compiles them at runtime", kernels.display());
+    }
+
+    let strip = if args.no_strip { None } else { which("strip") };
+    if strip.is_none() && !args.no_strip {
+        eprintln!("[gpu] `strip` not found: binaries keep their symbols");
+    }
+    if let Some(strip) = &strip {
+        for dir in ["tests", "bin", "examples"] {
+            let d = out.join(dir);
+            if !d.is_dir() {
+                continue;
+            }
+            for e in std::fs::read_dir(&d)? {
+                let p = e?.path();
+                let st = Command::new(strip)
+                    .arg(&p)
+                    .status()
+                    .with_context(|| format!("running strip on {}", p.display()))?;
+                anyhow::ensure!(st.success(), "strip {} failed ({st})", p.display());
+            }
+        }
+    }
+    let run_sh = out.join("run.sh");
+    std::fs::write(&run_sh, RUN_SH)?;
+    set_executable(&run_sh)?;
+
+    let mut files = Vec::new();
+    list_files(&out, &out, &mut files)?;
+    let total: u64 = files.iter().map(|f| f.bytes).sum();
+    let manifest = Manifest {
+        schema_version: MANIFEST_VERSION,
+        created_utc: crate::util::utc_string(crate::util::unix_now()),
+        git_commit: git_commit(&root),
+        gpu_packages: GPU_PACKAGES.iter().map(|s| s.to_string()).collect(),
+        missing_packages: missing,
+        suites: bundled,
+        files,
+        total_bytes: total,
+        stripped: strip.is_some(),
+    };
+    std::fs::write(out.join("manifest.json"), serde_json::to_string_pretty(&manifest)? + "\n")?;
+    eprintln!(
+        "[gpu] bundle {}: {} suite(s), {} file(s), {:.1} MiB",
+        out.display(),
+        manifest.suites.len(),
+        manifest.files.len() + 1,
+        total as f64 / (1 << 20) as f64
+    );
+    if total > BUNDLE_WARN_BYTES {
+        eprintln!("[gpu] warning: the bundle is larger than {} MiB", BUNDLE_WARN_BYTES >> 20);
+    }
+    if manifest.suites.is_empty() {
+        eprintln!("[gpu] note: no GPU suites yet (none of {} is in the workspace)", GPU_PACKAGES.join(", "));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn set_executable(p: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut perm = std::fs::metadata(p)?.permissions();
+    perm.set_mode(0o755);
+    std::fs::set_permissions(p, perm)?;
+    Ok(())
+}
+
+/// Counts from libtest output: the `test result:` lines, and the per-test lines as a fallback
+/// for a binary that died before its summary.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub passed: u64,
+    pub failed: u64,
+    pub skipped: u64,
+    /// `test result:` lines seen.
+    pub results: u64,
+    /// Per-test lines (`test NAME ... ok|FAILED|ignored`) seen: passed, failed, ignored.
+    pub lines: [u64; 3],
+}
+
+impl Counts {
+    /// Adds the counts of one output line.
+    pub fn add_line(&mut self, line: &str) {
+        let line = line.trim();
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            self.results += 1;
+            for part in rest.split([';', '.']) {
+                let mut w = part.split_whitespace();
+                let (Some(n), Some(what)) = (w.next(), w.next()) else { continue };
+                let Ok(n) = n.parse::<u64>() else { continue };
+                match what {
+                    "passed" => self.passed += n,
+                    "failed" => self.failed += n,
+                    "ignored" => self.skipped += n,
+                    _ => {}
+                }
+            }
+        } else if let Some((_, verdict)) = line.strip_prefix("test ").and_then(|r| r.rsplit_once(" ... ")) {
+            match verdict {
+                "ok" => self.lines[0] += 1,
+                "FAILED" => self.lines[1] += 1,
+                v if v.starts_with("ignored") => self.lines[2] += 1,
+                _ => {}
+            }
+        }
+    }
+    /// (passed, failed, skipped): from the summaries, or from the per-test lines without one.
+    pub fn totals(&self) -> (u64, u64, u64) {
+        if self.results > 0 {
+            (self.passed, self.failed, self.skipped)
+        } else {
+            (self.lines[0], self.lines[1], self.lines[2])
+        }
+    }
+    pub fn failed(&self) -> u64 {
+        self.totals().1
+    }
+}
+
+/// The MPS control daemon, when this run started it.
+struct Mps {
+    started: bool,
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("Uid:")).and_then(|l| l.split_whitespace().nth(2).map(|e| e == "0"))
+        })
+        .unwrap_or(false)
+}
+
+fn mps_control(input: &str) -> bool {
+    let Ok(mut child) = Command::new("nvidia-cuda-mps-control")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+    else {
+        return false;
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(input.as_bytes());
+    }
+    child.wait().is_ok_and(|s| s.success())
+}
+
+impl Mps {
+    fn start(&mut self) {
+        if self.started {
+            return;
+        }
+        if which("nvidia-cuda-mps-control").is_none() {
+            eprintln!("[gpu] nvidia-cuda-mps-control not found: running without MPS");
+            return;
+        }
+        if mps_control("get_server_list\n") {
+            eprintln!("[gpu] MPS is already running; using it");
+            return;
+        }
+        if !is_root() {
+            eprintln!("[gpu] starting MPS needs root: running without MPS");
+            return;
+        }
+        match Command::new("nvidia-cuda-mps-control").arg("-d").status() {
+            Ok(s) if s.success() => {
+                eprintln!("[gpu] started the MPS control daemon");
+                self.started = true;
+            }
+            Ok(s) => eprintln!("[gpu] nvidia-cuda-mps-control -d failed ({s}): running without MPS"),
+            Err(e) => eprintln!("[gpu] nvidia-cuda-mps-control -d: {e}: running without MPS"),
+        }
+    }
+    fn stop(&mut self) {
+        if self.started {
+            if mps_control("quit\n") {
+                eprintln!("[gpu] stopped the MPS control daemon");
+            } else {
+                eprintln!("[gpu] warning: `echo quit | nvidia-cuda-mps-control` failed");
+            }
+            self.started = false;
+        }
+    }
+}
+
+impl Drop for Mps {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn library_path() -> std::ffi::OsString {
+    let mut parts: Vec<PathBuf> = Vec::new();
+    if Path::new(CUDA_LIB).is_dir() {
+        parts.push(PathBuf::from(CUDA_LIB));
+    }
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+        parts.extend(std::env::split_paths(&old).filter(|p| p != Path::new(CUDA_LIB)));
+    }
+    std::env::join_paths(parts).unwrap_or_default()
+}
+
+struct SuiteResult {
+    name: String,
+    ok: bool,
+    status: String,
+    counts: Counts,
+    secs: f64,
+}
+
+/// Kills the process group `pgid` (a suite and every process it started).
+fn kill_group(pgid: u32) {
+    // SAFETY: kill(2) with a negative pid signals the process group we created for the suite.
+    unsafe {
+        libc::kill(-(pgid as libc::pid_t), libc::SIGKILL);
+    }
+}
+
+fn run_suite(
+    s: &Suite,
+    cwd: &Path,
+    test_args: &[String],
+    kernel_dir: Option<&Path>,
+    timeout: Duration,
+) -> anyhow::Result<SuiteResult> {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(&s.path);
+    cmd.arg("--test-threads=1").args(test_args).current_dir(cwd).env("LD_LIBRARY_PATH", library_path());
+    if let Some(k) = kernel_dir {
+        cmd.env(KERNEL_DIR_ENV, k);
+    }
+    // Own process group: on timeout the suite and the processes it started are killed together.
+    cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).process_group(0);
+    eprintln!("[gpu] === {} ({})", s.name, show(&cmd));
+    let start = Instant::now();
+    let mut child = cmd.spawn().with_context(|| format!("starting {}", s.path.display()))?;
+    let pgid = child.id();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let timed_out = Arc::new(AtomicBool::new(false));
+    let watchdog = {
+        let timed_out = Arc::clone(&timed_out);
+        std::thread::spawn(move || {
+            if let Err(mpsc::RecvTimeoutError::Timeout) = done_rx.recv_timeout(timeout) {
+                timed_out.store(true, Ordering::SeqCst);
+                eprintln!("[gpu] suite ran past {} s: killing it", timeout.as_secs());
+                kill_group(pgid);
+            }
+        })
+    };
+    let mut counts = Counts::default();
+    if let Some(stdout) = child.stdout.take() {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            println!("{line}");
+            counts.add_line(&line);
+        }
+    }
+    let status = child.wait()?;
+    let _ = done_tx.send(());
+    let _ = watchdog.join();
+    let timed_out = timed_out.load(Ordering::SeqCst);
+    let ok = status.success() && counts.failed() == 0 && !timed_out;
+    let status = if timed_out {
+        format!("TIMEOUT after {} s", timeout.as_secs())
+    } else if ok && counts.results == 0 {
+        "ok (no libtest summary)".to_owned()
+    } else if ok {
+        "ok".to_owned()
+    } else {
+        format!("FAILED ({status})")
+    };
+    Ok(SuiteResult { name: s.name.clone(), ok, status, counts, secs: start.elapsed().as_secs_f64() })
+}
+
+/// The summary table printed at the end.
+fn summary_table(results: &[SuiteResult]) -> String {
+    let mut s = String::from(
+        "| suite | result | passed | failed | skipped | seconds |\n| --- | --- | ---: | ---: | ---: | ---: |\n",
+    );
+    let mut total = (0, 0, 0);
+    for r in results {
+        let (p, f, k) = r.counts.totals();
+        s.push_str(&format!("| {} | {} | {p} | {f} | {k} | {:.1} |\n", r.name, r.status, r.secs));
+        total = (total.0 + p, total.1 + f, total.2 + k);
+    }
+    let ok = results.iter().all(|r| r.ok);
+    s.push_str(&format!(
+        "| **total** | {} | {} | {} | {} | {:.1} |\n",
+        if ok { "ok" } else { "FAILED" },
+        total.0,
+        total.1,
+        total.2,
+        results.iter().map(|r| r.secs).sum::<f64>()
+    ));
+    s
+}
+
+/// `cargo xtask gpu-test`.
+pub fn test_main(args: GpuTestArgs) -> anyhow::Result<ExitCode> {
+    // Every suite with the directory it runs in (the bundle, or its package like `cargo test`).
+    let mut suites: Vec<(Suite, PathBuf)> = match &args.bundle {
+        Some(dir) => {
+            let dir = dir.canonicalize().with_context(|| format!("bundle directory {}", dir.display()))?;
+            let text = std::fs::read_to_string(dir.join("manifest.json"))
+                .with_context(|| format!("reading {}/manifest.json (is it a gpu-bundle?)", dir.display()))?;
+            let m: Manifest = serde_json::from_str(&text).context("parsing the bundle manifest")?;
+            m.suites.into_iter().map(|s| (Suite { path: dir.join(&s.path), ..s }, dir.clone())).collect()
+        }
+        None => {
+            let root = workspace_root()?;
+            let packages = workspace_packages(&root)?;
+            let (suites, missing) = build_suites(&root, &packages)?;
+            for m in &missing {
+                eprintln!("[gpu] package {m} is not in the workspace; skipped");
+            }
+            suites
+                .into_iter()
+                .map(|s| {
+                    let dir =
+                        packages.iter().find(|p| p.name == s.package).map_or_else(|| root.clone(), |p| p.dir.clone());
+                    (s, dir)
+                })
+                .collect()
+        }
+    };
+    if !args.suites.is_empty() {
+        suites.retain(|(s, _)| args.suites.iter().any(|f| s.name.contains(f.as_str())));
+    }
+    if suites.is_empty() {
+        println!("no GPU suites to run (GPU packages: {})", GPU_PACKAGES.join(", "));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let kernel_dir = match &args.bundle {
+        Some(d) => Some(d.join("kernels")),
+        None => Some(workspace_root()?.join("kernels").join("build")),
+    }
+    .filter(|d| d.is_dir())
+    .and_then(|d| d.canonicalize().ok());
+
+    let mut mps = Mps { started: false };
+    let mut results = Vec::new();
+    for (s, cwd) in &suites {
+        let want_mps = match args.mps {
+            MpsMode::On => true,
+            MpsMode::Off => false,
+            MpsMode::Auto => s.multiprocess,
+        };
+        if want_mps {
+            mps.start();
+        } else {
+            mps.stop();
+        }
+        results.push(run_suite(s, cwd, &args.test_args, kernel_dir.as_deref(), Duration::from_secs(args.timeout_s))?);
+    }
+    mps.stop();
+    println!("\n{}", summary_table(&results));
+    Ok(if results.iter().all(|r| r.ok) { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn libtest_result_lines_are_counted() {
+        let mut c = Counts::default();
+        c.add_line("running 5 tests");
+        c.add_line("test a ... ok");
+        c.add_line("test result: ok. 3 passed; 0 failed; 2 ignored; 0 measured; 1 filtered out; finished in 0.01s");
+        c.add_line("test result: FAILED. 1 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1.50s");
+        assert_eq!(c.totals(), (4, 2, 2));
+        assert_eq!(c.results, 2);
+        // Killed before its summary: the per-test lines count.
+        let mut k = Counts::default();
+        for l in
+            ["test a::world1 ... ok", "test a::world2 ... FAILED", "test b ... ignored, needs a GPU", "test c ... ok"]
+        {
+            k.add_line(l);
+        }
+        assert_eq!(k.totals(), (2, 1, 1));
+        assert_eq!(k.failed(), 1);
+    }
+
+    #[test]
+    fn multiprocess_suites_are_recognised() {
+        assert!(is_multiprocess("multi_process"));
+        assert!(is_multiprocess("conformance_processes"));
+        assert!(is_multiprocess("MPS_smoke"));
+        assert!(!is_multiprocess("cuda_ipc"));
+        assert!(!is_multiprocess("conformance_threads"));
+    }
+
+    #[test]
+    fn cargo_json_artifacts_are_parsed() {
+        let out = r#"{"reason":"compiler-artifact","target":{"name":"cuda_ipc","kind":["lib"]},"profile":{"test":true},"executable":"/t/release/deps/cuda_ipc-1"}
+{"reason":"compiler-artifact","target":{"name":"half","kind":["lib"]},"profile":{"test":false},"executable":null}
+{"reason":"compiler-artifact","target":{"name":"threads","kind":["test"]},"profile":{"test":true},"executable":"/t/release/deps/threads-2"}
+{"reason":"build-finished","success":true}
+not json"#;
+        let a = parse_artifacts(out);
+        assert_eq!(a.len(), 2);
+        assert_eq!(
+            a[0],
+            Artifact {
+                target: "cuda_ipc".into(),
+                kind: "lib".into(),
+                test: true,
+                path: "/t/release/deps/cuda_ipc-1".into()
+            }
+        );
+        assert_eq!(a[1].kind, "test");
+        assert_eq!(suite_name("cuda-ipc", &a[1].kind, &a[1].target), "cuda-ipc-test-threads");
+    }
+
+    #[test]
+    fn summary_table_totals() {
+        let r = vec![
+            SuiteResult {
+                name: "a".into(),
+                ok: true,
+                status: "ok".into(),
+                counts: Counts { passed: 2, failed: 0, skipped: 1, results: 1, lines: [0; 3] },
+                secs: 1.0,
+            },
+            SuiteResult {
+                name: "b".into(),
+                ok: false,
+                status: "FAILED".into(),
+                counts: Counts { passed: 0, failed: 0, skipped: 0, results: 0, lines: [1, 1, 0] },
+                secs: 2.0,
+            },
+        ];
+        let t = summary_table(&r);
+        assert!(t.contains("| **total** | FAILED | 3 | 1 | 1 | 3.0 |"), "{t}");
+    }
+
+    #[test]
+    fn run_sh_calls_gpu_test_on_the_bundle() {
+        assert!(RUN_SH.starts_with("#!/bin/sh\n"));
+        assert!(RUN_SH.contains("exec ./bin/xtask gpu-test --bundle . \"$@\""));
+    }
+}
