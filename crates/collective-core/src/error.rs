@@ -34,7 +34,9 @@ pub enum Error {
     PeerTimeout { peer: usize, what: &'static str, waited: Duration },
     #[error("rank {peer} is gone: {detail}")]
     PeerDied { peer: usize, detail: String },
-    #[error("rank {peer} called {theirs} while this rank called {ours}; all ranks must make the same calls in the same order")]
+    #[error(
+        "rank {peer} called {theirs} while this rank called {ours}; all ranks must make the same calls in the same order"
+    )]
     SignatureMismatch { peer: usize, ours: Signature, theirs: Signature },
     #[error("ranks disagree on the collective's configuration: {detail}")]
     ConfigMismatch { detail: String },

@@ -69,10 +69,7 @@ const SIG_MAGIC: u64 = 0xD7;
 impl Signature {
     /// Two words: `[magic | op | dtype | lanes, count]`, as stored in a control block.
     pub const fn pack(&self) -> [u64; 2] {
-        [
-            SIG_MAGIC << 56 | (self.op as u64) << 48 | (self.dtype as u64) << 40 | self.lanes as u64,
-            self.count,
-        ]
+        [SIG_MAGIC << 56 | (self.op as u64) << 48 | (self.dtype as u64) << 40 | self.lanes as u64, self.count]
     }
     /// Inverse of [`Signature::pack`]; `None` for words no signature packs to.
     pub const fn unpack(w: [u64; 2]) -> Option<Signature> {

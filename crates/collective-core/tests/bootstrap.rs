@@ -8,15 +8,13 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use collective_core::bootstrap::{
-    Bootstrap, BootstrapError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_EXCHANGE_TIMEOUT, LocalBootstrap,
-    TcpBootstrap, TcpConfig, TorchrunEnv, env,
+    Bootstrap, BootstrapError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_EXCHANGE_TIMEOUT, LocalBootstrap, TcpBootstrap,
+    TcpConfig, TorchrunEnv, env,
 };
 
 fn payload(rank: usize, round: usize) -> Vec<u8> {
     // Distinct per rank and round, and of different lengths (including empty).
-    (0..(rank * 3 + round) % 7)
-        .map(|i| (rank * 31 + round * 7 + i) as u8)
-        .collect()
+    (0..(rank * 3 + round) % 7).map(|i| (rank * 31 + round * 7 + i) as u8).collect()
 }
 
 fn check_exchanges<B: Bootstrap>(b: &B, rounds: usize) {
@@ -35,10 +33,8 @@ fn bootstrap_is_send_sync_and_object_safe() {
     assert_send_sync::<LocalBootstrap>();
     assert_send_sync::<TcpBootstrap>();
     assert_send_sync::<BootstrapError>();
-    let group: Vec<Arc<dyn Bootstrap>> = LocalBootstrap::group(2)
-        .into_iter()
-        .map(|b| Arc::new(b) as Arc<dyn Bootstrap>)
-        .collect();
+    let group: Vec<Arc<dyn Bootstrap>> =
+        LocalBootstrap::group(2).into_iter().map(|b| Arc::new(b) as Arc<dyn Bootstrap>).collect();
     thread::scope(|s| {
         for b in &group {
             s.spawn(move || check_exchanges(b, 3));
@@ -86,19 +82,13 @@ fn local_timeout_names_missing_rank() {
     });
     assert!(start.elapsed() < Duration::from_secs(3));
     for e in &errors {
-        assert!(
-            matches!(e, BootstrapError::PeerTimeout { rank: 2, .. }),
-            "{e}"
-        );
+        assert!(matches!(e, BootstrapError::PeerTimeout { rank: 2, .. }), "{e}");
         assert_eq!(e.culprit(), Some(2));
         assert!(e.to_string().contains("rank 2"), "{e}");
     }
     // The late rank is told too, and the group stays failed.
     let late = group[2].all_gather_bytes(b"x").unwrap_err();
-    assert!(
-        matches!(late, BootstrapError::PeerTimeout { rank: 2, .. }),
-        "{late}"
-    );
+    assert!(matches!(late, BootstrapError::PeerTimeout { rank: 2, .. }), "{late}");
     let again = group[0].all_gather_bytes(b"x").unwrap_err();
     assert!(matches!(again, BootstrapError::Closed { .. }), "{again}");
     assert!(again.to_string().contains("rank 2"), "{again}");
@@ -110,10 +100,7 @@ fn local_dropped_peer_is_named() {
     let dropped = group.pop().unwrap();
     let start = Instant::now();
     let errors: Vec<BootstrapError> = thread::scope(|s| {
-        let hs: Vec<_> = group
-            .iter()
-            .map(|b| s.spawn(move || b.all_gather_bytes(b"x").unwrap_err()))
-            .collect();
+        let hs: Vec<_> = group.iter().map(|b| s.spawn(move || b.all_gather_bytes(b"x").unwrap_err())).collect();
         thread::sleep(Duration::from_millis(100));
         drop(dropped);
         hs.into_iter().map(|h| h.join().unwrap()).collect()
@@ -138,11 +125,7 @@ fn local_peer_dropped_before_call_is_named() {
 const ADDR: &str = "127.0.0.1";
 
 fn free_port() -> u16 {
-    TcpListener::bind((ADDR, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    TcpListener::bind((ADDR, 0)).unwrap().local_addr().unwrap().port()
 }
 
 fn cfg(rank: usize, world: usize, port: u16, timeout: Duration) -> TcpConfig {
@@ -249,29 +232,9 @@ fn tcp_world_size_mismatch_fails_both_sides() {
         TcpBootstrap::new(cfg(rank, world, port, Duration::from_secs(5))).map(|_| ())
     });
     let e0 = results[0].as_ref().unwrap_err();
-    assert!(
-        matches!(
-            e0,
-            BootstrapError::WorldSizeMismatch {
-                rank: 1,
-                ours: 2,
-                theirs: 3
-            }
-        ),
-        "{e0}"
-    );
+    assert!(matches!(e0, BootstrapError::WorldSizeMismatch { rank: 1, ours: 2, theirs: 3 }), "{e0}");
     let e1 = results[1].as_ref().unwrap_err();
-    assert!(
-        matches!(
-            e1,
-            BootstrapError::WorldSizeMismatch {
-                rank: 0,
-                ours: 3,
-                theirs: 2
-            }
-        ),
-        "{e1}"
-    );
+    assert!(matches!(e1, BootstrapError::WorldSizeMismatch { rank: 0, ours: 3, theirs: 2 }), "{e1}");
 }
 
 #[test]
@@ -285,20 +248,14 @@ fn tcp_duplicate_rank_fails_everyone() {
     assert!(start.elapsed() < Duration::from_secs(4));
     for r in &results {
         let e = r.as_ref().unwrap_err();
-        assert!(
-            matches!(e, BootstrapError::DuplicateRank { rank: 1 }),
-            "{e}"
-        );
+        assert!(matches!(e, BootstrapError::DuplicateRank { rank: 1 }), "{e}");
     }
 }
 
 #[test]
 fn tcp_rank_out_of_range_is_rejected_locally() {
     let e = TcpBootstrap::new(cfg(4, 4, 1, Duration::from_secs(1))).unwrap_err();
-    assert!(
-        matches!(e, BootstrapError::RankOutOfRange { rank: 4, world: 4 }),
-        "{e}"
-    );
+    assert!(matches!(e, BootstrapError::RankOutOfRange { rank: 4, world: 4 }), "{e}");
     let e = TcpBootstrap::new(cfg(0, 2, 0, Duration::from_secs(1))).unwrap_err();
     assert!(matches!(e, BootstrapError::InvalidConfig { .. }), "{e}");
 }
@@ -317,16 +274,12 @@ fn tcp_connect_timeout_when_rank_0_never_starts() {
 fn tcp_missing_rank_at_rendezvous_is_named_everywhere() {
     // World 3, rank 2 never starts.
     let start = Instant::now();
-    let results = with_group(2, |rank, port| {
-        TcpBootstrap::new(cfg(rank, 3, port, Duration::from_millis(500))).map(|_| ())
-    });
+    let results =
+        with_group(2, |rank, port| TcpBootstrap::new(cfg(rank, 3, port, Duration::from_millis(500))).map(|_| ()));
     assert!(start.elapsed() < Duration::from_secs(4));
     for r in &results {
         let e = r.as_ref().unwrap_err();
-        assert!(
-            matches!(e, BootstrapError::PeerTimeout { rank: 2, .. }),
-            "{e}"
-        );
+        assert!(matches!(e, BootstrapError::PeerTimeout { rank: 2, .. }), "{e}");
     }
 }
 
@@ -349,11 +302,7 @@ fn tcp_dropped_peer_is_named_everywhere() {
             None => assert_eq!(rank, 3),
             Some(e) => {
                 assert!(
-                    matches!(
-                        e,
-                        BootstrapError::PeerGone { rank: 3, .. }
-                            | BootstrapError::PeerTimeout { rank: 3, .. }
-                    ),
+                    matches!(e, BootstrapError::PeerGone { rank: 3, .. } | BootstrapError::PeerTimeout { rank: 3, .. }),
                     "rank {rank}: {e}"
                 );
                 assert!(e.to_string().contains("rank 3"), "{e}");
@@ -381,10 +330,7 @@ fn tcp_silent_peer_is_named_everywhere() {
     assert!(start.elapsed() < Duration::from_secs(5));
     for (rank, r) in results.into_iter().enumerate() {
         let e = r.unwrap();
-        assert!(
-            matches!(e, BootstrapError::PeerTimeout { rank: 2, .. }),
-            "rank {rank}: {e}"
-        );
+        assert!(matches!(e, BootstrapError::PeerTimeout { rank: 2, .. }), "rank {rank}: {e}");
     }
 }
 
@@ -408,17 +354,10 @@ fn tcp_bootstrap_shared_between_threads() {
     // One bootstrap per rank, used from several threads in turn (Mutex inside).
     let world = 2;
     let results = with_group(world, |rank, port| {
-        let b = Arc::new(TcpBootstrap::new(cfg(
-            rank,
-            world,
-            port,
-            Duration::from_secs(10),
-        ))?);
+        let b = Arc::new(TcpBootstrap::new(cfg(rank, world, port, Duration::from_secs(10)))?);
         for _ in 0..3 {
             let b2 = Arc::clone(&b);
-            thread::spawn(move || check_exchanges(&b2, 2))
-                .join()
-                .unwrap();
+            thread::spawn(move || check_exchanges(&b2, 2)).join().unwrap();
         }
         Ok(())
     });
@@ -466,10 +405,7 @@ fn env_parses_torchrun_variables() {
     let c = e.tcp_config();
     assert_eq!(c.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
     assert_eq!(c.exchange_timeout, DEFAULT_EXCHANGE_TIMEOUT);
-    assert_eq!(
-        (c.rank, c.world_size, c.local_rank, c.local_world_size),
-        (3, 8, 3, 4)
-    );
+    assert_eq!((c.rank, c.world_size, c.local_rank, c.local_world_size), (3, 8, 3, 4));
 
     let mut vars = torchrun_vars();
     vars.insert(env::TIMEOUT_MS, "1500".into());
@@ -480,14 +416,8 @@ fn env_parses_torchrun_variables() {
 
 #[test]
 fn env_missing_variables() {
-    for var in [
-        env::RANK,
-        env::WORLD_SIZE,
-        env::LOCAL_RANK,
-        env::LOCAL_WORLD_SIZE,
-        env::MASTER_ADDR,
-        env::MASTER_PORT,
-    ] {
+    for var in [env::RANK, env::WORLD_SIZE, env::LOCAL_RANK, env::LOCAL_WORLD_SIZE, env::MASTER_ADDR, env::MASTER_PORT]
+    {
         let mut vars = torchrun_vars();
         vars.remove(var);
         match parse(&vars) {
@@ -516,15 +446,10 @@ fn env_bad_values() {
     ];
     for &(var, value) in cases {
         let mut vars = torchrun_vars();
-        vars.insert(
-            env::RANK,
-            if var == env::RANK { value } else { "0" }.to_owned(),
-        );
+        vars.insert(env::RANK, if var == env::RANK { value } else { "0" }.to_owned());
         vars.insert(var, value.to_owned());
         match parse(&vars) {
-            Err(BootstrapError::BadEnv {
-                var: v, value: got, ..
-            }) => {
+            Err(BootstrapError::BadEnv { var: v, value: got, .. }) => {
                 assert_eq!((v, got.as_str()), (var, value));
             }
             other => panic!("{var}={value:?}: {other:?}"),
@@ -532,32 +457,22 @@ fn env_bad_values() {
     }
     let mut vars = torchrun_vars();
     vars.insert(env::RANK, "8".into());
-    assert!(matches!(
-        parse(&vars),
-        Err(BootstrapError::RankOutOfRange { rank: 8, world: 8 })
-    ));
+    assert!(matches!(parse(&vars), Err(BootstrapError::RankOutOfRange { rank: 8, world: 8 })));
 }
 
 #[test]
 fn env_error_messages_are_clear() {
     let e = BootstrapError::MissingEnv { var: env::RANK };
     assert!(e.to_string().contains("RANK"));
-    let e = BootstrapError::PeerTimeout {
-        rank: 3,
-        waited: Duration::from_secs(5),
-        what: "contribute to all_gather_bytes",
-    };
-    assert_eq!(
-        e.to_string(),
-        "bootstrap: rank 3 did not contribute to all_gather_bytes within 5s"
-    );
+    let e =
+        BootstrapError::PeerTimeout { rank: 3, waited: Duration::from_secs(5), what: "contribute to all_gather_bytes" };
+    assert_eq!(e.to_string(), "bootstrap: rank 3 did not contribute to all_gather_bytes within 5s");
 }
 
 #[test]
 fn tcp_master_addr_localhost() {
     let results = with_group(2, |rank, port| {
-        let c = TcpConfig::single_host(rank, 2, "localhost", port)
-            .with_timeout(Duration::from_secs(10));
+        let c = TcpConfig::single_host(rank, 2, "localhost", port).with_timeout(Duration::from_secs(10));
         let b = TcpBootstrap::new(c)?;
         check_exchanges(&b, 2);
         Ok(())

@@ -44,8 +44,9 @@ impl Facts {
             .iter()
             .enumerate()
             .map(|(q, b)| {
-                serde_json::from_slice(b)
-                    .map_err(|e| Error::ConfigMismatch { detail: format!("rank {q} sent unreadable facts ({e}): is it a detcoll of another version?") })
+                serde_json::from_slice(b).map_err(|e| Error::ConfigMismatch {
+                    detail: format!("rank {q} sent unreadable facts ({e}): is it a detcoll of another version?"),
+                })
             })
             .collect::<Result<_, _>>()?;
         decide(&facts)

@@ -43,7 +43,8 @@ pub fn cpu_with_transport<T: Collective<Stream = ()>>(
     let world = boot.world_size();
     let ipc = if d.ipc || world == 1 {
         let mut config = ShmConfig::new(capacity);
-        config.rs_ag_threshold = d.routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
+        config.rs_ag_threshold =
+            d.routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
         Some(ShmCollective::new(boot, config)?)
     } else {
         None

@@ -22,7 +22,14 @@ pub struct NoTransport<S: ?Sized>(core::convert::Infallible, core::marker::Phant
 impl<I: Collective, T: Collective<Stream = I::Stream>> Routed<I, T> {
     /// Composes the agreed backends. `routing` must only take routes the backends given serve
     /// (agreement guarantees it); a route without its backend is an `InvalidConfig` error here.
-    pub fn new(rank: usize, world: usize, capacity: usize, routing: Routing, ipc: Option<I>, transport: Option<T>) -> Result<Self, Error> {
+    pub fn new(
+        rank: usize,
+        world: usize,
+        capacity: usize,
+        routing: Routing,
+        ipc: Option<I>,
+        transport: Option<T>,
+    ) -> Result<Self, Error> {
         if world > 1 {
             for r in routing.routes() {
                 if (r.needs_ipc() && ipc.is_none()) || (r.needs_transport() && transport.is_none()) {
@@ -149,9 +156,14 @@ impl<I: Collective, T: Collective<Stream = I::Stream>> Collective for Routed<I, 
         let (_, sig) = collective_core::validate_many(lanes, self.rank, self.world, self.capacity)?;
         let bytes = sig.count as usize * sig.dtype.size();
         match self.route(Op::ReduceScatterMany, bytes) {
-            Route::Local | Route::IpcOneShot | Route::IpcReduceScatterAllGather | Route::IpcReduceScatterTransportAllGather => {
-                self.ipc.as_ref().ok_or(Error::InvalidConfig { detail: "no IPC backend".into() })?.reduce_scatter_many(lanes, stream)
-            }
+            Route::Local
+            | Route::IpcOneShot
+            | Route::IpcReduceScatterAllGather
+            | Route::IpcReduceScatterTransportAllGather => self
+                .ipc
+                .as_ref()
+                .ok_or(Error::InvalidConfig { detail: "no IPC backend".into() })?
+                .reduce_scatter_many(lanes, stream),
             Route::Transport => self
                 .transport
                 .as_ref()

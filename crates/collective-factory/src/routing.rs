@@ -91,7 +91,9 @@ impl Routing {
             let mut next = Some(0u64);
             for &(min, max, _) in rs.iter() {
                 if Some(min) != next {
-                    return Err(bad(format!("{op} rules leave a gap or overlap at {min} bytes (expected a rule from {next:?})")));
+                    return Err(bad(format!(
+                        "{op} rules leave a gap or overlap at {min} bytes (expected a rule from {next:?})"
+                    )));
                 }
                 next = max;
             }

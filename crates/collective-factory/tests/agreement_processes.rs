@@ -14,7 +14,8 @@ const SCENARIO: &str = "DETCOLL_TEST_SCENARIO";
 /// exit 0 and print a verdict).
 fn launch(test: &str, scenario: &str) -> Vec<String> {
     let exe = std::env::current_exe().unwrap();
-    let mut spec = LaunchSpec::new(4, exe).args([test, "--exact", "--nocapture", "--test-threads=1"]).env(SCENARIO, scenario);
+    let mut spec =
+        LaunchSpec::new(4, exe).args([test, "--exact", "--nocapture", "--test-threads=1"]).env(SCENARIO, scenario);
     spec.stop_on_failure = false;
     let t = Instant::now();
     let (outcome, outputs) = launch_captured(&spec).expect("launch");
@@ -26,12 +27,19 @@ fn launch(test: &str, scenario: &str) -> Vec<String> {
 }
 
 /// Child: builds the CPU collective with a test transport, varying by scenario and rank.
-fn build(scenario: &str) -> (usize, Result<collective_factory::Routed<shm_ipc::ShmCollective, MemoryCollective>, Error>) {
+fn build(
+    scenario: &str,
+) -> (usize, Result<collective_factory::Routed<shm_ipc::ShmCollective, MemoryCollective>, Error>) {
     let boot = Arc::new(TcpBootstrap::from_env().expect("bootstrap"));
     let rank = boot.rank();
     let capacity = if scenario == "capacity" && rank == 2 { 1 << 15 } else { 1 << 16 };
     let tb = boot.clone();
-    let r = cpu_with_transport(&*boot, capacity, None, Some(move || Ok::<_, Error>(MemoryCollective::new(tb, capacity, Flaw::None))));
+    let r = cpu_with_transport(
+        &*boot,
+        capacity,
+        None,
+        Some(move || Ok::<_, Error>(MemoryCollective::new(tb, capacity, Flaw::None))),
+    );
     (rank, r)
 }
 
@@ -46,7 +54,8 @@ fn disagreeing_capacity_fails_on_every_rank() {
     }
     let outs = launch("disagreeing_capacity_fails_on_every_rank", "capacity");
     // One clear error, the same everywhere.
-    let msgs: Vec<&str> = outs.iter().map(|o| o.lines().find(|l| l.contains("VERDICT")).unwrap().split_once(": ").unwrap().1).collect();
+    let msgs: Vec<&str> =
+        outs.iter().map(|o| o.lines().find(|l| l.contains("VERDICT")).unwrap().split_once(": ").unwrap().1).collect();
     assert!(msgs.iter().all(|m| *m == msgs[0]), "{msgs:?}");
 }
 
@@ -83,10 +92,12 @@ fn ranks_on_several_hosts_all_take_the_transport() {
         let input: Vec<f32> = (0..64).map(|i| (i + rank) as f32 * 0.25).collect();
         let mut out = vec![0f32; 64];
         c.all_reduce(Io::host(&input, &mut out), &()).unwrap();
-        let want: Vec<u32> = (0..64).map(|i| {
-            let x = |r: usize| (i + r) as f32 * 0.25;
-            ((x(0) + x(1)) + (x(2) + x(3))).to_bits()
-        }).collect();
+        let want: Vec<u32> = (0..64)
+            .map(|i| {
+                let x = |r: usize| (i + r) as f32 * 0.25;
+                ((x(0) + x(1)) + (x(2) + x(3))).to_bits()
+            })
+            .collect();
         assert_eq!(out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want);
         c.close().unwrap();
         println!("VERDICT rank {rank}: transport, bitwise");

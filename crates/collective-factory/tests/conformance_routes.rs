@@ -31,14 +31,25 @@ impl TestBackend for EveryRoute {
     fn name(&self) -> String {
         "factory routing (every route, threads)".into()
     }
-    fn run(&self, world: usize, capacity: usize, _test: &str, case: &(dyn Fn(&mut Self::Rank) -> Result<(), String> + Sync)) -> Result<(), String> {
+    fn run(
+        &self,
+        world: usize,
+        capacity: usize,
+        _test: &str,
+        case: &(dyn Fn(&mut Self::Rank) -> Result<(), String> + Sync),
+    ) -> Result<(), String> {
         let boots = Mutex::new(LocalBootstrap::group(world).into_iter().map(|b| Some(Arc::new(b))).collect::<Vec<_>>());
         run_threads(world, |r| {
             let boot = boots.lock().map_err(|e| e.to_string())?[r].take().ok_or("taken")?;
             let routing = Routing::from_json(EVERY_ROUTE).map_err(|e| e.to_string())?;
             let transport_boot = boot.clone();
-            let comm = cpu_with_transport(&*boot, capacity, Some(routing), Some(move || Ok::<_, Error>(MemoryCollective::new(transport_boot, capacity, Flaw::None))))
-                .map_err(|e| e.to_string())?;
+            let comm = cpu_with_transport(
+                &*boot,
+                capacity,
+                Some(routing),
+                Some(move || Ok::<_, Error>(MemoryCollective::new(transport_boot, capacity, Flaw::None))),
+            )
+            .map_err(|e| e.to_string())?;
             let mut rank = HostRank { comm };
             let result = case(&mut rank);
             rank.comm.close().map_err(|e| e.to_string())?;

@@ -47,8 +47,14 @@ fn table(rules: &str) -> String {
 #[test]
 fn bad_tables_are_rejected_with_the_reason() {
     let cases = [
-        (r#"{"op":"all_reduce","min_bytes":0,"max_bytes":10,"route":"ipc_one_shot"},{"op":"all_reduce","min_bytes":11,"max_bytes":null,"route":"transport"}"#, "gap"),
-        (r#"{"op":"all_reduce","min_bytes":0,"max_bytes":10,"route":"ipc_one_shot"},{"op":"all_reduce","min_bytes":5,"max_bytes":null,"route":"transport"}"#, "gap or overlap"),
+        (
+            r#"{"op":"all_reduce","min_bytes":0,"max_bytes":10,"route":"ipc_one_shot"},{"op":"all_reduce","min_bytes":11,"max_bytes":null,"route":"transport"}"#,
+            "gap",
+        ),
+        (
+            r#"{"op":"all_reduce","min_bytes":0,"max_bytes":10,"route":"ipc_one_shot"},{"op":"all_reduce","min_bytes":5,"max_bytes":null,"route":"transport"}"#,
+            "gap or overlap",
+        ),
         (r#"{"op":"all_reduce","min_bytes":0,"max_bytes":10,"route":"ipc_one_shot"}"#, "no rule"),
         (r#"{"op":"all_reduce","min_bytes":0,"max_bytes":null,"route":"teleport"}"#, "unknown route"),
         (r#"{"op":"all_sum","min_bytes":0,"max_bytes":null,"route":"transport"}"#, "unknown op"),

@@ -29,10 +29,9 @@ impl core::fmt::Display for Error {
             Error::RankOutOfRange { rank, world } => {
                 write!(f, "rank {rank} is outside a world of {world} ranks")
             }
-            Error::UnsupportedTpSplit { leaves, ranks } => write!(
-                f,
-                "cannot split {leaves} leaves over {ranks} ranks: expected 8 leaves and 1, 2, 4 or 8 ranks"
-            ),
+            Error::UnsupportedTpSplit { leaves, ranks } => {
+                write!(f, "cannot split {leaves} leaves over {ranks} ranks: expected 8 leaves and 1, 2, 4 or 8 ranks")
+            }
         }
     }
 }

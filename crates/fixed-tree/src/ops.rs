@@ -111,11 +111,7 @@ pub fn reduce_scatter<T: Element>(ranks: &[&[T]], rank: usize, out: &mut [T]) ->
 ///
 /// Every lane (and `outs.len() == lanes.len()`, and one world size for all lanes) is validated
 /// before any output is written: on error, no lane's output has been touched.
-pub fn reduce_scatter_many<T: Element>(
-    lanes: &[&[&[T]]],
-    rank: usize,
-    outs: &mut [&mut [T]],
-) -> Result<(), Error> {
+pub fn reduce_scatter_many<T: Element>(lanes: &[&[&[T]]], rank: usize, outs: &mut [&mut [T]]) -> Result<(), Error> {
     check_len("outs", lanes.len(), outs.len())?;
     let world = lanes.first().map_or(1, |l| l.len());
     for (lane, out) in lanes.iter().zip(outs.iter()) {

@@ -6,11 +6,7 @@ pub const SUPPORTED_WORLD_SIZES: [usize; 4] = [1, 2, 4, 8];
 
 /// Checks that `world` is one of [`SUPPORTED_WORLD_SIZES`].
 pub(crate) fn check_world(world: usize) -> Result<(), Error> {
-    if SUPPORTED_WORLD_SIZES.contains(&world) {
-        Ok(())
-    } else {
-        Err(Error::UnsupportedWorldSize { world })
-    }
+    if SUPPORTED_WORLD_SIZES.contains(&world) { Ok(()) } else { Err(Error::UnsupportedWorldSize { world }) }
 }
 
 /// The tree over `v` (length 1, 2, 4 or 8): `((v0+v1)+(v2+v3))+((v4+v5)+(v6+v7))` and its prefixes.

@@ -8,9 +8,7 @@ use proptest::prelude::*;
 fn bits(dtype: &'static str) -> impl Strategy<Value = u32> {
     let wide = dtype == "f32";
     let (sign, inf, qnan, snan, max, min_sub, one) = match dtype {
-        "f32" => {
-            (0x8000_0000u32, 0x7f80_0000, 0x7fc0_0000, 0x7f80_0001, 0x7f7f_ffff, 1, 0x3f80_0000)
-        }
+        "f32" => (0x8000_0000u32, 0x7f80_0000, 0x7fc0_0000, 0x7f80_0001, 0x7f7f_ffff, 1, 0x3f80_0000),
         "f16" => (0x8000, 0x7c00, 0x7e00, 0x7c01, 0x7bff, 1, 0x3c00),
         _ => (0x8000, 0x7f80, 0x7fc0, 0x7f81, 0x7f7f, 1, 0x3f80),
     };
@@ -46,8 +44,7 @@ fn same<T: Element>(a: T, b: T) -> bool {
 }
 
 fn check<T: Element>(leaf_bits: &[Vec<u32>]) -> Result<(), TestCaseError> {
-    let leaves: Vec<Vec<T>> =
-        leaf_bits.iter().map(|l| l.iter().map(|&b| T::from_bits_u32(b)).collect()).collect();
+    let leaves: Vec<Vec<T>> = leaf_bits.iter().map(|l| l.iter().map(|&b| T::from_bits_u32(b)).collect()).collect();
     let leaf_refs: Vec<&[T]> = leaves.iter().map(Vec::as_slice).collect();
     let n = leaves[0].len();
     let zero = T::from_bits_u32(0);
@@ -75,9 +72,7 @@ fn check<T: Element>(leaf_bits: &[Vec<u32>]) -> Result<(), TestCaseError> {
 }
 
 fn leaves(dtype: &'static str) -> impl Strategy<Value = Vec<Vec<u32>>> {
-    (0usize..48).prop_flat_map(move |n| {
-        proptest::collection::vec(proptest::collection::vec(bits(dtype), n), 8)
-    })
+    (0usize..48).prop_flat_map(move |n| proptest::collection::vec(proptest::collection::vec(bits(dtype), n), 8))
 }
 
 proptest! {

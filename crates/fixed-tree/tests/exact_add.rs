@@ -147,9 +147,7 @@ fn exact_add(fmt: Format, a: u16, b: u16) -> Expected {
         (Value::Inf { neg }, _) | (_, Value::Inf { neg }) => return Expected::Bits(fmt.inf(neg)),
         (x, y) => (x, y),
     };
-    let (Value::Finite { neg: xn, mag: xm, exp: xe }, Value::Finite { neg: yn, mag: ym, exp: ye }) =
-        (x, y)
-    else {
+    let (Value::Finite { neg: xn, mag: xm, exp: xe }, Value::Finite { neg: yn, mag: ym, exp: ye }) = (x, y) else {
         unreachable!()
     };
     if xm == 0 && ym == 0 {
@@ -206,13 +204,7 @@ fn mismatch(fmt: Format, a: u16, b: u16) -> Option<String> {
         Expected::Nan => is_nan(fmt, got),
         Expected::Bits(want) => got == want,
     };
-    (!ok).then(|| {
-        format!(
-            "{}: {a:#06x} + {b:#06x}: got {got:#06x}, want {:?}",
-            fmt.name,
-            exact_add(fmt, a, b)
-        )
-    })
+    (!ok).then(|| format!("{}: {a:#06x} + {b:#06x}: got {got:#06x}, want {:?}", fmt.name, exact_add(fmt, a, b)))
 }
 
 #[track_caller]
@@ -225,12 +217,7 @@ fn check(fmt: Format, a: u16, b: u16) {
 /// Checks `a + b` and `b + a`, and asserts an exact expected result computed by hand.
 #[track_caller]
 fn check_is(fmt: Format, a: u16, b: u16, want: u16) {
-    assert_eq!(
-        exact_add(fmt, a, b),
-        Expected::Bits(want),
-        "reference, {}: {a:#06x} + {b:#06x}",
-        fmt.name
-    );
+    assert_eq!(exact_add(fmt, a, b), Expected::Bits(want), "reference, {}: {a:#06x} + {b:#06x}", fmt.name);
     assert_eq!(implementation_add(fmt, a, b), want, "{}: {a:#06x} + {b:#06x}", fmt.name);
     assert_eq!(implementation_add(fmt, b, a), want, "{}: {b:#06x} + {a:#06x}", fmt.name);
 }
@@ -307,12 +294,7 @@ fn exponent_classes(fmt: Format, seed: u64, randoms: usize) {
             }
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} failures, first: {:?}",
-        failures.len(),
-        &failures[..failures.len().min(10)]
-    );
+    assert!(failures.is_empty(), "{} failures, first: {:?}", failures.len(), &failures[..failures.len().min(10)]);
 }
 
 #[test]
@@ -546,12 +528,7 @@ fn random_pairs(fmt: Format, seed: u64, n: usize) {
             failures.push(f);
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} failures, first: {:?}",
-        failures.len(),
-        &failures[..failures.len().min(10)]
-    );
+    assert!(failures.is_empty(), "{} failures, first: {:?}", failures.len(), &failures[..failures.len().min(10)]);
 }
 
 #[test]
@@ -589,12 +566,7 @@ fn exhaustive(fmt: Format) {
             .collect();
         handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
     });
-    assert!(
-        failures.is_empty(),
-        "{} failures, first: {:?}",
-        failures.len(),
-        &failures[..failures.len().min(10)]
-    );
+    assert!(failures.is_empty(), "{} failures, first: {:?}", failures.len(), &failures[..failures.len().min(10)]);
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! The reference collectives: the tree shape, bit for bit, and argument checking.
 use fixed_tree::{
-    Element, Error, SUPPORTED_WORLD_SIZES, all_gather, cross_tp_leaves, reduce, reduce_scatter,
-    reduce_scatter_many, tree_sum,
+    Element, Error, SUPPORTED_WORLD_SIZES, all_gather, cross_tp_leaves, reduce, reduce_scatter, reduce_scatter_many,
+    tree_sum,
 };
 use half::{bf16, f16};
 
@@ -53,13 +53,7 @@ fn same<T: Element>(a: T, b: T) -> bool {
 fn assert_same<T: Element>(got: &[T], want: &[T]) {
     assert_eq!(got.len(), want.len());
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            same(*g, *w),
-            "{} element {i}: got {:#x}, want {:#x}",
-            T::NAME,
-            g.to_bits_u32(),
-            w.to_bits_u32()
-        );
+        assert!(same(*g, *w), "{} element {i}: got {:#x}, want {:#x}", T::NAME, g.to_bits_u32(), w.to_bits_u32());
     }
 }
 
@@ -87,10 +81,7 @@ fn hand_written_trees<T: Element>(seed: u64) {
                     1 => v(0),
                     2 => add(v(0), v(1)),
                     4 => add(add(v(0), v(1)), add(v(2), v(3))),
-                    8 => add(
-                        add(add(v(0), v(1)), add(v(2), v(3))),
-                        add(add(v(4), v(5)), add(v(6), v(7))),
-                    ),
+                    8 => add(add(add(v(0), v(1)), add(v(2), v(3))), add(add(v(4), v(5)), add(v(6), v(7)))),
                     _ => unreachable!(),
                 }
             })
@@ -211,19 +202,13 @@ fn reduce_length_mismatch() {
     // A rank shorter than rank 0.
     let data = vec![vec![1.0f32; 4], vec![1.0; 4], vec![1.0; 3], vec![1.0; 4]];
     let mut out = [SENTINEL; 4];
-    assert!(matches!(
-        reduce(&refs(&data), &mut out),
-        Err(Error::LengthMismatch { expected: 4, got: 3, .. })
-    ));
+    assert!(matches!(reduce(&refs(&data), &mut out), Err(Error::LengthMismatch { expected: 4, got: 3, .. })));
     assert!(untouched(&out));
     // out of the wrong length, either way.
     let data = vec![vec![1.0f32; 4]; 2];
     for len in [3, 5] {
         let mut out = vec![SENTINEL; len];
-        assert!(matches!(
-            reduce(&refs(&data), &mut out),
-            Err(Error::LengthMismatch { expected: 4, .. })
-        ));
+        assert!(matches!(reduce(&refs(&data), &mut out), Err(Error::LengthMismatch { expected: 4, .. })));
         assert!(untouched(&out));
     }
 }
@@ -242,16 +227,14 @@ fn reduce_empty() {
 fn all_gather_concatenates_in_rank_order() {
     for world in SUPPORTED_WORLD_SIZES {
         // Any Copy type: bytes here.
-        let data: Vec<Vec<u8>> =
-            (0..world).map(|r| (0..5).map(|i| (r * 10 + i) as u8).collect()).collect();
+        let data: Vec<Vec<u8>> = (0..world).map(|r| (0..5).map(|i| (r * 10 + i) as u8).collect()).collect();
         let mut out = vec![0xffu8; 5 * world];
         all_gather(&refs(&data), &mut out).unwrap();
         let want: Vec<u8> = data.concat();
         assert_eq!(out, want);
     }
     // Floats move as bits, NaN payloads and -0 included.
-    let data =
-        vec![vec![f32::from_bits(0x7f80_0001), -0.0], vec![f32::from_bits(0xffc0_1234), 1.5]];
+    let data = vec![vec![f32::from_bits(0x7f80_0001), -0.0], vec![f32::from_bits(0xffc0_1234), 1.5]];
     let mut out = [0.0f32; 4];
     all_gather(&refs(&data), &mut out).unwrap();
     let bits: Vec<u32> = out.iter().map(|x| x.to_bits()).collect();
@@ -272,10 +255,7 @@ fn all_gather_errors() {
 
     let data = vec![vec![1.0f32; 2]; 2];
     let mut out = [SENTINEL; 5];
-    assert!(matches!(
-        all_gather(&refs(&data), &mut out),
-        Err(Error::LengthMismatch { expected: 4, got: 5, .. })
-    ));
+    assert!(matches!(all_gather(&refs(&data), &mut out), Err(Error::LengthMismatch { expected: 4, got: 5, .. })));
     assert!(untouched(&out));
 }
 
@@ -318,10 +298,7 @@ fn reduce_scatter_errors() {
     // Rank out of range.
     for rank in [4, 5, usize::MAX] {
         let mut out = [SENTINEL; 2];
-        assert_eq!(
-            reduce_scatter(&refs(&data), rank, &mut out),
-            Err(Error::RankOutOfRange { rank, world: 4 })
-        );
+        assert_eq!(reduce_scatter(&refs(&data), rank, &mut out), Err(Error::RankOutOfRange { rank, world: 4 }));
         assert!(untouched(&out));
     }
     // Wrong shard length.
@@ -334,10 +311,7 @@ fn reduce_scatter_errors() {
     // Unsupported world.
     let data3 = vec![vec![1.0f32; 6]; 3];
     let mut out = [SENTINEL; 2];
-    assert_eq!(
-        reduce_scatter(&refs(&data3), 0, &mut out),
-        Err(Error::UnsupportedWorldSize { world: 3 })
-    );
+    assert_eq!(reduce_scatter(&refs(&data3), 0, &mut out), Err(Error::UnsupportedWorldSize { world: 3 }));
     assert!(untouched(&out));
 }
 
@@ -349,15 +323,12 @@ fn reduce_scatter_many_lanes_never_mix() {
     let mut rng = XorShift(20);
     let world = 4;
     // Lanes of different lengths and contents.
-    let lanes: Vec<Vec<Vec<f32>>> = [8usize, 0, 4, 40]
-        .iter()
-        .map(|&n| (0..world).map(|_| values(&mut rng, n)).collect())
-        .collect();
+    let lanes: Vec<Vec<Vec<f32>>> =
+        [8usize, 0, 4, 40].iter().map(|&n| (0..world).map(|_| values(&mut rng, n)).collect()).collect();
     let lane_refs: Vec<Vec<&[f32]>> = lanes.iter().map(|l| refs(l)).collect();
     let lane_refs: Vec<&[&[f32]]> = lane_refs.iter().map(Vec::as_slice).collect();
     for rank in 0..world {
-        let mut outs: Vec<Vec<f32>> =
-            lanes.iter().map(|l| vec![SENTINEL; l[0].len() / world]).collect();
+        let mut outs: Vec<Vec<f32>> = lanes.iter().map(|l| vec![SENTINEL; l[0].len() / world]).collect();
         let mut out_refs: Vec<&mut [f32]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
         reduce_scatter_many(&lane_refs, rank, &mut out_refs).unwrap();
         for (lane, out) in lane_refs.iter().zip(&outs) {
@@ -373,15 +344,12 @@ fn reduce_scatter_many_half_types() {
     fn run<T: Element>(seed: u64) {
         let mut rng = XorShift(seed);
         let world = 8;
-        let lanes: Vec<Vec<Vec<T>>> = [16usize, 64]
-            .iter()
-            .map(|&n| (0..world).map(|_| values(&mut rng, n)).collect())
-            .collect();
+        let lanes: Vec<Vec<Vec<T>>> =
+            [16usize, 64].iter().map(|&n| (0..world).map(|_| values(&mut rng, n)).collect()).collect();
         let lane_refs: Vec<Vec<&[T]>> = lanes.iter().map(|l| refs(l)).collect();
         let lane_refs: Vec<&[&[T]]> = lane_refs.iter().map(Vec::as_slice).collect();
         for rank in 0..world {
-            let mut outs: Vec<Vec<T>> =
-                lanes.iter().map(|l| vec![from_f32::<T>(0.0); l[0].len() / world]).collect();
+            let mut outs: Vec<Vec<T>> = lanes.iter().map(|l| vec![from_f32::<T>(0.0); l[0].len() / world]).collect();
             let mut out_refs: Vec<&mut [T]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
             reduce_scatter_many(&lane_refs, rank, &mut out_refs).unwrap();
             for (lane, out) in lane_refs.iter().zip(&outs) {
@@ -398,12 +366,7 @@ fn reduce_scatter_many_half_types() {
 /// Runs reduce_scatter_many over `lanes` with outputs of `out_lens`, checks the error, and that
 /// no output was written.
 #[track_caller]
-fn many_fails(
-    lanes: &[Vec<Vec<f32>>],
-    rank: usize,
-    out_lens: &[usize],
-    want: &dyn Fn(&Error) -> bool,
-) {
+fn many_fails(lanes: &[Vec<Vec<f32>>], rank: usize, out_lens: &[usize], want: &dyn Fn(&Error) -> bool) {
     let lane_refs: Vec<Vec<&[f32]>> = lanes.iter().map(|l| refs(l)).collect();
     let lane_refs: Vec<&[&[f32]]> = lane_refs.iter().map(Vec::as_slice).collect();
     let mut outs: Vec<Vec<f32>> = out_lens.iter().map(|&n| vec![SENTINEL; n]).collect();
@@ -425,32 +388,20 @@ fn reduce_scatter_many_errors_write_nothing() {
     // A lane with a rank of the wrong length, in the middle.
     let mut ragged = good();
     ragged[3].pop();
-    many_fails(&[good(), ragged, good()], 1, &[2, 2, 2], &|e| {
-        matches!(e, Error::LengthMismatch { .. })
-    });
+    many_fails(&[good(), ragged, good()], 1, &[2, 2, 2], &|e| matches!(e, Error::LengthMismatch { .. }));
     // A lane with another world size (still a supported one).
-    many_fails(&[good(), vec![vec![1.0; 8]; 2]], 0, &[2, 4], &|e| {
-        matches!(e, Error::LengthMismatch { .. })
-    });
+    many_fails(&[good(), vec![vec![1.0; 8]; 2]], 0, &[2, 4], &|e| matches!(e, Error::LengthMismatch { .. }));
     // A lane with an unsupported world size.
     many_fails(&[good(), vec![vec![1.0; 9]; 3]], 0, &[2, 3], &|e| {
         matches!(e, Error::UnsupportedWorldSize { world: 3 })
     });
     // A wrong output length, last.
-    many_fails(&[good(), good()], 2, &[2, 3], &|e| {
-        matches!(e, Error::LengthMismatch { expected: 2, got: 3, .. })
-    });
+    many_fails(&[good(), good()], 2, &[2, 3], &|e| matches!(e, Error::LengthMismatch { expected: 2, got: 3, .. }));
     // Rank out of range.
-    many_fails(&[good(), good()], 4, &[2, 2], &|e| {
-        *e == Error::RankOutOfRange { rank: 4, world: 4 }
-    });
+    many_fails(&[good(), good()], 4, &[2, 2], &|e| *e == Error::RankOutOfRange { rank: 4, world: 4 });
     // Fewer outputs than lanes, and more.
-    many_fails(&[good(), good()], 0, &[2], &|e| {
-        matches!(e, Error::LengthMismatch { expected: 2, got: 1, .. })
-    });
-    many_fails(&[good()], 0, &[2, 2], &|e| {
-        matches!(e, Error::LengthMismatch { expected: 1, got: 2, .. })
-    });
+    many_fails(&[good(), good()], 0, &[2], &|e| matches!(e, Error::LengthMismatch { expected: 2, got: 1, .. }));
+    many_fails(&[good()], 0, &[2, 2], &|e| matches!(e, Error::LengthMismatch { expected: 1, got: 2, .. }));
 }
 
 #[test]
@@ -467,16 +418,10 @@ fn reduce_scatter_many_no_lanes() {
 fn cross_tp_leaves_errors() {
     let leaves = vec![vec![1.0f32; 4]; 8];
     for ranks in [0, 3, 5, 16] {
-        assert_eq!(
-            cross_tp_leaves(&refs(&leaves), ranks),
-            Err(Error::UnsupportedTpSplit { leaves: 8, ranks })
-        );
+        assert_eq!(cross_tp_leaves(&refs(&leaves), ranks), Err(Error::UnsupportedTpSplit { leaves: 8, ranks }));
     }
     let four = vec![vec![1.0f32; 4]; 4];
-    assert_eq!(
-        cross_tp_leaves(&refs(&four), 2),
-        Err(Error::UnsupportedTpSplit { leaves: 4, ranks: 2 })
-    );
+    assert_eq!(cross_tp_leaves(&refs(&four), 2), Err(Error::UnsupportedTpSplit { leaves: 4, ranks: 2 }));
     let mut ragged = leaves.clone();
     ragged[5].push(1.0);
     assert!(matches!(cross_tp_leaves(&refs(&ragged), 4), Err(Error::LengthMismatch { .. })));

@@ -154,24 +154,16 @@ pub enum LaunchError {
 /// Starts the ranks, prints their output (prefixed when `spec.prefix_output`), and waits for
 /// all of them; see the crate documentation.
 pub fn launch(spec: &LaunchSpec) -> Result<LaunchOutcome, LaunchError> {
-    let sink = if spec.prefix_output {
-        Sink::Print
-    } else {
-        Sink::Inherit
-    };
+    let sink = if spec.prefix_output { Sink::Print } else { Sink::Inherit };
     run(spec, sink)
 }
 
 /// Like [`launch`], but captures each rank's output: element `r` of the returned vector is rank
 /// `r`'s stdout and stderr lines, unprefixed, in the order they were read, each ending in `\n`.
 pub fn launch_captured(spec: &LaunchSpec) -> Result<(LaunchOutcome, Vec<String>), LaunchError> {
-    let bufs: Arc<Vec<Mutex<String>>> =
-        Arc::new((0..spec.nproc).map(|_| Mutex::new(String::new())).collect());
+    let bufs: Arc<Vec<Mutex<String>>> = Arc::new((0..spec.nproc).map(|_| Mutex::new(String::new())).collect());
     let outcome = run(spec, Sink::Capture(Arc::clone(&bufs)))?;
-    let out = bufs
-        .iter()
-        .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()).clone())
-        .collect();
+    let out = bufs.iter().map(|m| m.lock().unwrap_or_else(|e| e.into_inner()).clone()).collect();
     Ok((outcome, out))
 }
 
@@ -238,10 +230,7 @@ fn free_port(addr: &str) -> Result<u16, LaunchError> {
     TcpListener::bind((addr, 0))
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .map_err(|source| LaunchError::Port {
-            addr: addr.to_owned(),
-            source,
-        })
+        .map_err(|source| LaunchError::Port { addr: addr.to_owned(), source })
 }
 
 struct Rank {
@@ -287,11 +276,7 @@ fn run(spec: &LaunchSpec, sink: Sink) -> Result<LaunchOutcome, LaunchError> {
             Ok(c) => c,
             Err(source) => {
                 stop_all(&mut ranks);
-                return Err(LaunchError::Spawn {
-                    rank,
-                    program: spec.program.clone(),
-                    source,
-                });
+                return Err(LaunchError::Spawn { rank, program: spec.program.clone(), source });
             }
         };
         if let Some(out) = child.stdout.take() {
@@ -310,10 +295,7 @@ fn run(spec: &LaunchSpec, sink: Sink) -> Result<LaunchOutcome, LaunchError> {
             });
             readers += 1;
         }
-        ranks.push(Rank {
-            child,
-            status: None,
-        });
+        ranks.push(Rank { child, status: None });
     }
     drop(done_tx);
 
@@ -354,7 +336,8 @@ fn run(spec: &LaunchSpec, sink: Sink) -> Result<LaunchOutcome, LaunchError> {
         let now = Instant::now();
         match kill_at {
             None => {
-                if (first_failure.is_some() && spec.stop_on_failure) || wait_error.is_some() || signals::received() != 0 {
+                if (first_failure.is_some() && spec.stop_on_failure) || wait_error.is_some() || signals::received() != 0
+                {
                     for rank in ranks.iter_mut().filter(|r| r.status.is_none()) {
                         signal_group(&mut rank.child, Sig::Term);
                     }
@@ -389,10 +372,7 @@ fn run(spec: &LaunchSpec, sink: Sink) -> Result<LaunchOutcome, LaunchError> {
     }
 
     let outcome = LaunchOutcome {
-        statuses: ranks
-            .iter()
-            .map(|r| r.status.expect("every rank was reaped"))
-            .collect(),
+        statuses: ranks.iter().map(|r| r.status.expect("every rank was reaped")).collect(),
         first_failure,
     };
     if let Some(e) = wait_error {
@@ -487,10 +467,7 @@ mod signals {
             previous: Vec<(libc::c_int, libc::sigaction)>,
         }
 
-        static STATE: Mutex<Installed> = Mutex::new(Installed {
-            launches: 0,
-            previous: Vec::new(),
-        });
+        static STATE: Mutex<Installed> = Mutex::new(Installed { launches: 0, previous: Vec::new() });
 
         extern "C" fn on_signal(sig: libc::c_int) {
             // Async-signal-safe: one atomic store.

@@ -19,25 +19,16 @@ fn ranks(nproc: usize, test_name: &str, role: &str) -> LaunchSpec {
 fn ranks_gather_across_processes() {
     if std::env::var_os(ROLE).is_some() {
         let b = TcpBootstrap::from_env().unwrap();
-        let got = b
-            .all_gather_bytes(format!("r{}", b.rank()).as_bytes())
-            .unwrap();
-        let got: Vec<String> = got
-            .into_iter()
-            .map(|v| String::from_utf8(v).unwrap())
-            .collect();
+        let got = b.all_gather_bytes(format!("r{}", b.rank()).as_bytes()).unwrap();
+        let got: Vec<String> = got.into_iter().map(|v| String::from_utf8(v).unwrap()).collect();
         b.barrier().unwrap();
         println!("GATHERED {} {}", b.rank(), got.join(","));
         return;
     }
-    let (outcome, out) =
-        launch_captured(&ranks(4, "ranks_gather_across_processes", "gather")).unwrap();
+    let (outcome, out) = launch_captured(&ranks(4, "ranks_gather_across_processes", "gather")).unwrap();
     assert!(outcome.success(), "{outcome:?}\n{out:#?}");
     for (r, o) in out.iter().enumerate() {
-        assert!(
-            o.contains(&format!("GATHERED {r} r0,r1,r2,r3")),
-            "rank {r}: {o}"
-        );
+        assert!(o.contains(&format!("GATHERED {r} r0,r1,r2,r3")), "rank {r}: {o}");
     }
 }
 
@@ -55,14 +46,9 @@ fn ranks_notice_a_process_that_left() {
         println!("CULPRIT {} {:?} {e}", b.rank(), e.culprit());
         return;
     }
-    let (outcome, out) =
-        launch_captured(&ranks(3, "ranks_notice_a_process_that_left", "leave")).unwrap();
+    let (outcome, out) = launch_captured(&ranks(3, "ranks_notice_a_process_that_left", "leave")).unwrap();
     assert!(outcome.success(), "{outcome:?}\n{out:#?}");
     for r in [0, 1] {
-        assert!(
-            out[r].contains(&format!("CULPRIT {r} Some(2)")),
-            "rank {r}: {}",
-            out[r]
-        );
+        assert!(out[r].contains(&format!("CULPRIT {r} Some(2)")), "rank {r}: {}", out[r]);
     }
 }

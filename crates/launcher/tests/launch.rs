@@ -35,8 +35,7 @@ fn printing_launch_succeeds() {
 
 #[test]
 fn children_see_torchrun_variables() {
-    let script =
-        "echo $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $EXTRA";
+    let script = "echo $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT $EXTRA";
     let mut spec = sh(3, script).env("EXTRA", "x y");
     spec.master_port = Some(29555);
     let (outcome, out) = launch_captured(&spec).unwrap();
@@ -53,24 +52,16 @@ fn children_see_torchrun_variables() {
     assert_eq!(out[0], out[1]);
 
     // spec.env overrides the launcher's variables.
-    let (_, out) =
-        launch_captured(&sh(1, "echo $MASTER_ADDR").env("MASTER_ADDR", "node7")).unwrap();
+    let (_, out) = launch_captured(&sh(1, "echo $MASTER_ADDR").env("MASTER_ADDR", "node7")).unwrap();
     assert_eq!(out[0], "node7\n");
 }
 
 #[test]
 fn failing_rank_stops_the_others() {
     let start = Instant::now();
-    let spec = sh(
-        4,
-        r#"if [ "$RANK" = 1 ]; then echo bye; exit 3; fi; sleep 30"#,
-    );
+    let spec = sh(4, r#"if [ "$RANK" = 1 ]; then echo bye; exit 3; fi; sleep 30"#);
     let (outcome, out) = launch_captured(&spec).unwrap();
-    assert!(
-        start.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        start.elapsed()
-    );
+    assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
     assert!(!outcome.success());
     let (rank, status) = outcome.first_failure.unwrap();
     assert_eq!(rank, 1);
@@ -100,24 +91,13 @@ fn grandchildren_holding_pipes_are_stopped_too() {
     let start = Instant::now();
     let spec = sh(2, r#"sleep 30 & if [ "$RANK" = 1 ]; then exit 5; fi; wait"#);
     let (outcome, _) = launch_captured(&spec).unwrap();
-    assert!(
-        start.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        start.elapsed()
-    );
-    assert_eq!(
-        outcome.first_failure.map(|(r, s)| (r, s.code())),
-        Some((1, Some(5)))
-    );
+    assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
+    assert_eq!(outcome.first_failure.map(|(r, s)| (r, s.code())), Some((1, Some(5))));
 }
 
 #[test]
 fn stdout_and_stderr_are_captured_line_by_line() {
-    let (outcome, out) = launch_captured(&sh(
-        2,
-        r#"echo out $RANK; echo err $RANK >&2; printf 'no newline'"#,
-    ))
-    .unwrap();
+    let (outcome, out) = launch_captured(&sh(2, r#"echo out $RANK; echo err $RANK >&2; printf 'no newline'"#)).unwrap();
     assert!(outcome.success());
     for (r, o) in out.iter().enumerate() {
         let lines: Vec<&str> = o.lines().collect();
@@ -131,10 +111,7 @@ fn stdout_and_stderr_are_captured_line_by_line() {
 
 #[test]
 fn launch_errors() {
-    assert!(matches!(
-        launch_captured(&sh(0, "true")),
-        Err(LaunchError::NoProcesses)
-    ));
+    assert!(matches!(launch_captured(&sh(0, "true")), Err(LaunchError::NoProcesses)));
     match launch_captured(&LaunchSpec::new(2, "/nonexistent/detcoll-test-program")) {
         Err(LaunchError::Spawn { rank: 0, .. }) => {}
         other => panic!("{other:?}"),
@@ -153,14 +130,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_detcoll-run");
 #[test]
 fn binary_prefixes_output() {
     let out = Command::new(BIN)
-        .args([
-            "--nproc",
-            "2",
-            "--",
-            "sh",
-            "-c",
-            "echo hi $RANK; echo warn $RANK >&2",
-        ])
+        .args(["--nproc", "2", "--", "sh", "-c", "echo hi $RANK; echo warn $RANK >&2"])
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
@@ -168,10 +138,7 @@ fn binary_prefixes_output() {
     let stderr = String::from_utf8(out.stderr).unwrap();
     for r in 0..2 {
         assert!(stdout.contains(&format!("[rank {r}] hi {r}\n")), "{stdout}");
-        assert!(
-            stderr.contains(&format!("[rank {r}] warn {r}\n")),
-            "{stderr}"
-        );
+        assert!(stderr.contains(&format!("[rank {r}] warn {r}\n")), "{stderr}");
     }
 }
 
@@ -199,10 +166,7 @@ fn binary_reports_the_failed_rank() {
 
 #[test]
 fn binary_rejects_bad_arguments() {
-    let out = Command::new(BIN)
-        .args(["--nproc", "0", "--", "true"])
-        .output()
-        .unwrap();
+    let out = Command::new(BIN).args(["--nproc", "0", "--", "true"]).output().unwrap();
     assert!(!out.status.success());
     let out = Command::new(BIN).args(["--nproc", "2"]).output().unwrap();
     assert!(!out.status.success());
@@ -212,14 +176,7 @@ fn binary_rejects_bad_arguments() {
 #[test]
 fn binary_stops_ranks_when_terminated() {
     let mut child = Command::new(BIN)
-        .args([
-            "--nproc",
-            "2",
-            "--",
-            "sh",
-            "-c",
-            "echo pid $$; exec sleep 30",
-        ])
+        .args(["--nproc", "2", "--", "sh", "-c", "echo pid $$; exec sleep 30"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -233,21 +190,10 @@ fn binary_stops_ranks_when_terminated() {
     assert!(start.elapsed() < Duration::from_secs(5));
     assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status}");
     let mut stdout = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut stdout)
-        .unwrap();
-    let pids: Vec<&str> = stdout
-        .lines()
-        .filter_map(|l| l.split("pid ").nth(1))
-        .collect();
+    child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    let pids: Vec<&str> = stdout.lines().filter_map(|l| l.split("pid ").nth(1)).collect();
     assert_eq!(pids.len(), 2, "{stdout}");
     for p in pids {
-        assert!(
-            !std::path::Path::new(&format!("/proc/{p}")).exists(),
-            "rank process {p} survived"
-        );
+        assert!(!std::path::Path::new(&format!("/proc/{p}")).exists(), "rank process {p} survived");
     }
 }

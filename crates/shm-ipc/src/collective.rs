@@ -8,8 +8,8 @@ use collective_core::protocol::{Header, Layout, Plan};
 use collective_core::{
     Capabilities, Collective, Error, Io, Op, Route, SUPPORTED_WORLD_SIZES, host_identity, validate, validate_many,
 };
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A deterministic collective over host shared memory (stream type `()`: calls complete
 /// before they return).
@@ -54,7 +54,8 @@ struct Hello {
 
 impl Hello {
     fn encode(&self) -> Vec<u8> {
-        format!("shm-ipc/1\n{}\n{}\n{}\n{}\n{}", self.name, self.capacity, self.rs_ag_threshold, self.pid, self.host).into_bytes()
+        format!("shm-ipc/1\n{}\n{}\n{}\n{}\n{}", self.name, self.capacity, self.rs_ag_threshold, self.pid, self.host)
+            .into_bytes()
     }
     fn decode(b: &[u8]) -> Option<Hello> {
         let s = std::str::from_utf8(b).ok()?;
@@ -84,23 +85,52 @@ impl ShmCollective {
         }
         let layout = Layout::new(config.capacity, 1);
         let pid = std::process::id();
-        let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let nonce =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
         let name = format!("/detcoll-{pid}-{rank}-{nonce:x}");
         let own = Region::create_shared(&name, layout.total_bytes())?;
-        write_header(&own, &layout, Header { world: world as u64, rank: rank as u64, capacity: config.capacity as u64, blocks: 1, pid: pid.into() });
-        let hello = Hello { name: name.clone(), capacity: config.capacity, rs_ag_threshold: config.rs_ag_threshold, pid, host: host_identity() };
+        write_header(
+            &own,
+            &layout,
+            Header {
+                world: world as u64,
+                rank: rank as u64,
+                capacity: config.capacity as u64,
+                blocks: 1,
+                pid: pid.into(),
+            },
+        );
+        let hello = Hello {
+            name: name.clone(),
+            capacity: config.capacity,
+            rs_ag_threshold: config.rs_ag_threshold,
+            pid,
+            host: host_identity(),
+        };
         let result = Self::join(boot, rank, world, layout, own, &hello, config);
         // Every rank has mapped every region (or failed): the names are no longer needed.
         Region::unlink(&name);
         result
     }
 
-    fn join(boot: &dyn Bootstrap, rank: usize, world: usize, layout: Layout, own: Region, hello: &Hello, config: ShmConfig) -> Result<Self, Error> {
+    fn join(
+        boot: &dyn Bootstrap,
+        rank: usize,
+        world: usize,
+        layout: Layout,
+        own: Region,
+        hello: &Hello,
+        config: ShmConfig,
+    ) -> Result<Self, Error> {
         let all = boot.all_gather_bytes(&hello.encode())?;
         let hellos: Vec<Hello> = all
             .iter()
             .enumerate()
-            .map(|(q, b)| Hello::decode(b).ok_or_else(|| Error::ConfigMismatch { detail: format!("rank {q} is not a shm-ipc rank of this version") }))
+            .map(|(q, b)| {
+                Hello::decode(b).ok_or_else(|| Error::ConfigMismatch {
+                    detail: format!("rank {q} is not a shm-ipc rank of this version"),
+                })
+            })
             .collect::<Result<_, _>>()?;
         for (q, h) in hellos.iter().enumerate() {
             if h.capacity != hello.capacity || h.rs_ag_threshold != hello.rs_ag_threshold {
@@ -112,7 +142,12 @@ impl ShmCollective {
                 });
             }
             if h.host != hello.host {
-                return Err(Error::InvalidConfig { detail: format!("the CPU twin needs every rank on one host; rank {q} runs on {}, rank {rank} on {}", h.host, hello.host) });
+                return Err(Error::InvalidConfig {
+                    detail: format!(
+                        "the CPU twin needs every rank on one host; rank {q} runs on {}, rank {rank} on {}",
+                        h.host, hello.host
+                    ),
+                });
             }
         }
         let own = Arc::new(own);
@@ -124,15 +159,24 @@ impl ShmCollective {
             }
             let r = Region::open_shared(&h.name, layout.total_bytes())?;
             match read_header(&r, &layout) {
-                Some(hd) if hd.rank == q as u64 && hd.world == world as u64 && hd.capacity == config.capacity as u64 => {}
-                other => return Err(Error::ConfigMismatch { detail: format!("rank {q}'s region header is {other:?}") }),
+                Some(hd)
+                    if hd.rank == q as u64 && hd.world == world as u64 && hd.capacity == config.capacity as u64 => {}
+                other => {
+                    return Err(Error::ConfigMismatch { detail: format!("rank {q}'s region header is {other:?}") });
+                }
             }
             regions.push(Arc::new(r));
         }
         // Nobody unlinks a name before every rank has mapped it.
         boot.barrier()?;
         let peers = hellos.iter().enumerate().map(|(q, h)| Peer { rank: q, pid: Some(h.pid) }).collect();
-        Ok(ShmCollective { rank, world, config, engine: Some(Engine::new(rank, layout, regions, peers, config.timeouts)), closed: AtomicBool::new(false) })
+        Ok(ShmCollective {
+            rank,
+            world,
+            config,
+            engine: Some(Engine::new(rank, layout, regions, peers, config.timeouts)),
+            closed: AtomicBool::new(false),
+        })
     }
 
     /// A world of `world` ranks as threads of this process: regions are heap memory that every
@@ -143,7 +187,8 @@ impl ShmCollective {
             return Ok(vec![Self::local(config)]);
         }
         let layout = Layout::new(config.capacity, 1);
-        let regions: Vec<Arc<Region>> = (0..world).map(|_| Region::heap(layout.total_bytes()).map(Arc::new)).collect::<Result<_, _>>()?;
+        let regions: Vec<Arc<Region>> =
+            (0..world).map(|_| Region::heap(layout.total_bytes()).map(Arc::new)).collect::<Result<_, _>>()?;
         let peers: Vec<Peer> = (0..world).map(|q| Peer { rank: q, pid: None }).collect();
         Ok((0..world)
             .map(|rank| ShmCollective {
@@ -227,7 +272,9 @@ impl Collective for ShmCollective {
         let Some(engine) = &self.engine else {
             for l in calls.iter().filter(|l| !l.call.in_place) {
                 // SAFETY: validated, non-overlapping caller views.
-                unsafe { core::ptr::copy_nonoverlapping(l.call.src as *const u8, l.call.dst as *mut u8, l.call.bytes_out()) };
+                unsafe {
+                    core::ptr::copy_nonoverlapping(l.call.src as *const u8, l.call.dst as *mut u8, l.call.bytes_out())
+                };
             }
             return Ok(());
         };

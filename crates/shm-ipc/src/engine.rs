@@ -23,8 +23,23 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
-    pub(crate) fn new(rank: usize, layout: Layout, regions: Vec<Arc<Region>>, peers: Vec<Peer>, timeouts: Timeouts) -> Engine {
-        Engine { rank, world: regions.len(), layout, regions, peers, timeouts, generation: Mutex::new(0), poison: Poison::default() }
+    pub(crate) fn new(
+        rank: usize,
+        layout: Layout,
+        regions: Vec<Arc<Region>>,
+        peers: Vec<Peer>,
+        timeouts: Timeouts,
+    ) -> Engine {
+        Engine {
+            rank,
+            world: regions.len(),
+            layout,
+            regions,
+            peers,
+            timeouts,
+            generation: Mutex::new(0),
+            poison: Poison::default(),
+        }
     }
 
     fn word(&self, rank: usize, offset: usize) -> &AtomicU64 {
@@ -56,7 +71,9 @@ impl Engine {
         for s in plan.stage.as_slice() {
             // SAFETY: `src` is a validated caller view of `count` elements; the frame range lies
             // within capacity (validated) and no peer reads it before our release below.
-            unsafe { core::ptr::copy_nonoverlapping(s.src as *const u8, own.add(s.frame_offset * size), s.count * size) };
+            unsafe {
+                core::ptr::copy_nonoverlapping(s.src as *const u8, own.add(s.frame_offset * size), s.count * size)
+            };
         }
         let sig_words = plan.sig.pack();
         let slot = self.layout.sig_slot(parity);
@@ -86,16 +103,25 @@ impl Engine {
                 FlagState::Ready | FlagState::Passed => {}
                 FlagState::Mismatch => {
                     let slot = self.layout.sig_slot(parity);
-                    let w = [self.word(peer.rank, slot).load(Ordering::Relaxed), self.word(peer.rank, slot + 8).load(Ordering::Relaxed)];
+                    let w = [
+                        self.word(peer.rank, slot).load(Ordering::Relaxed),
+                        self.word(peer.rank, slot + 8).load(Ordering::Relaxed),
+                    ];
                     return Err(match Signature::unpack(w) {
                         Some(theirs) => Error::SignatureMismatch { peer: peer.rank, ours: *sig, theirs },
-                        None => Error::Backend { backend: "shm-ipc", detail: format!("rank {} published an unreadable signature", peer.rank) },
+                        None => Error::Backend {
+                            backend: "shm-ipc",
+                            detail: format!("rank {} published an unreadable signature", peer.rank),
+                        },
                     });
                 }
                 FlagState::Behind | FlagState::Corrupt => {
                     return Err(Error::Backend {
                         backend: "shm-ipc",
-                        detail: format!("rank {} is more than one generation ahead of generation {g}: the ranks' call sequences diverged", peer.rank),
+                        detail: format!(
+                            "rank {} is more than one generation ahead of generation {g}: the ranks' call sequences diverged",
+                            peer.rank
+                        ),
                     });
                 }
             }
@@ -149,7 +175,13 @@ impl Engine {
     pub(crate) fn close(&self) -> Result<(), Error> {
         self.acknowledge();
         for peer in self.peers.iter().filter(|p| p.rank != self.rank) {
-            wait_value(self.word(self.rank, self.layout.ack(peer.rank)), CLOSE_ACK, *peer, self.timeouts.close, "acknowledge close")?;
+            wait_value(
+                self.word(self.rank, self.layout.ack(peer.rank)),
+                CLOSE_ACK,
+                *peer,
+                self.timeouts.close,
+                "acknowledge close",
+            )?;
         }
         Ok(())
     }

@@ -57,7 +57,10 @@ pub(crate) fn wait_flag(
             let waited = start.elapsed();
             if let Some(pid) = peer.pid {
                 if !alive(pid) {
-                    return Err(Error::PeerDied { peer: peer.rank, detail: format!("its process {pid} exited while this rank waited to {what}") });
+                    return Err(Error::PeerDied {
+                        peer: peer.rank,
+                        detail: format!("its process {pid} exited while this rank waited to {what}"),
+                    });
                 }
             }
             if waited >= timeout {
@@ -72,7 +75,13 @@ pub(crate) fn wait_flag(
 }
 
 /// Waits until `word` equals `want` (close acknowledgements), bounded like [`wait_flag`].
-pub(crate) fn wait_value(word: &AtomicU64, want: u64, peer: Peer, timeout: Duration, what: &'static str) -> Result<(), Error> {
+pub(crate) fn wait_value(
+    word: &AtomicU64,
+    want: u64,
+    peer: Peer,
+    timeout: Duration,
+    what: &'static str,
+) -> Result<(), Error> {
     let start = Instant::now();
     loop {
         if word.load(Ordering::Acquire) == want {

@@ -11,7 +11,13 @@ impl TestBackend for Processes {
     fn name(&self) -> String {
         "shm-ipc (processes)".into()
     }
-    fn run(&self, world: usize, capacity: usize, test: &str, case: &(dyn Fn(&mut Self::Rank) -> Result<(), String> + Sync)) -> Result<(), String> {
+    fn run(
+        &self,
+        world: usize,
+        capacity: usize,
+        test: &str,
+        case: &(dyn Fn(&mut Self::Rank) -> Result<(), String> + Sync),
+    ) -> Result<(), String> {
         let mut config = ShmConfig::new(capacity);
         config.rs_ag_threshold = 4096;
         config.timeouts.peer = std::time::Duration::from_secs(30);

@@ -29,7 +29,8 @@ fn child() -> Option<(usize, TcpBootstrap)> {
 /// Launches `world` children running `test`; returns (exit success per rank, output per rank).
 fn launch(world: usize, test: &str) -> Vec<(bool, String)> {
     let exe = std::env::current_exe().unwrap();
-    let mut spec = LaunchSpec::new(world, exe).args([test, "--exact", "--nocapture", "--test-threads=1"]).env(ROLE, "1");
+    let mut spec =
+        LaunchSpec::new(world, exe).args([test, "--exact", "--nocapture", "--test-threads=1"]).env(ROLE, "1");
     spec.stop_on_failure = false;
     let (outcome, outputs) = launch_captured(&spec).expect("launch");
     outcome.statuses.iter().map(|s| s.success()).zip(outputs).collect()
@@ -124,7 +125,10 @@ fn close_waits_for_every_acknowledgement() {
         c.close().unwrap();
         let waited = t.elapsed();
         if rank != 1 {
-            assert!(waited >= Duration::from_millis(400), "rank {rank} freed its staging after {waited:?}, before rank 1 acknowledged");
+            assert!(
+                waited >= Duration::from_millis(400),
+                "rank {rank} freed its staging after {waited:?}, before rank 1 acknowledged"
+            );
         }
         assert!(matches!(all_reduce(&c, 8), Err(Error::Closed)));
         println!("VERDICT ok rank {rank}: close waited {waited:?}");

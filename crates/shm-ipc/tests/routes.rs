@@ -33,7 +33,12 @@ fn one_shot_and_rs_ag_give_identical_bits() {
     for world in [2, 4, 8] {
         for n in [1usize, 13, 4096, 100_003] {
             let inputs: Vec<Vec<bf16>> = (0..world)
-                .map(|r| finite_values(collective_core::DType::BF16, n, r as u64 + 7).chunks(2).map(|b| bf16::from_le_bytes([b[0], b[1]])).collect())
+                .map(|r| {
+                    finite_values(collective_core::DType::BF16, n, r as u64 + 7)
+                        .chunks(2)
+                        .map(|b| bf16::from_le_bytes([b[0], b[1]]))
+                        .collect()
+                })
                 .collect();
             let one_shot = run_group(world, usize::MAX, &inputs);
             let rs_ag = run_group(world, 0, &inputs);

@@ -76,36 +76,15 @@ impl TorchrunEnv {
         let world_size = parse_usize(WORLD_SIZE, &world_s, 1, "an integer >= 1")?;
         let rank = parse_usize(RANK, &rank_s, 0, "a non-negative integer below WORLD_SIZE")?;
         if rank >= world_size {
-            return Err(BootstrapError::RankOutOfRange {
-                rank,
-                world: world_size,
-            });
+            return Err(BootstrapError::RankOutOfRange { rank, world: world_size });
         }
-        let local_world_size = parse_usize(
-            LOCAL_WORLD_SIZE,
-            &local_world_s,
-            1,
-            "an integer in 1..=WORLD_SIZE",
-        )?;
+        let local_world_size = parse_usize(LOCAL_WORLD_SIZE, &local_world_s, 1, "an integer in 1..=WORLD_SIZE")?;
         if local_world_size > world_size {
-            return Err(bad(
-                LOCAL_WORLD_SIZE,
-                &local_world_s,
-                "an integer in 1..=WORLD_SIZE",
-            ));
+            return Err(bad(LOCAL_WORLD_SIZE, &local_world_s, "an integer in 1..=WORLD_SIZE"));
         }
-        let local_rank = parse_usize(
-            LOCAL_RANK,
-            &local_rank_s,
-            0,
-            "a non-negative integer below LOCAL_WORLD_SIZE",
-        )?;
+        let local_rank = parse_usize(LOCAL_RANK, &local_rank_s, 0, "a non-negative integer below LOCAL_WORLD_SIZE")?;
         if local_rank >= local_world_size {
-            return Err(bad(
-                LOCAL_RANK,
-                &local_rank_s,
-                "a non-negative integer below LOCAL_WORLD_SIZE",
-            ));
+            return Err(bad(LOCAL_RANK, &local_rank_s, "a non-negative integer below LOCAL_WORLD_SIZE"));
         }
         let master_addr = addr_s.trim().to_owned();
         if master_addr.is_empty() {
@@ -120,23 +99,11 @@ impl TorchrunEnv {
             Some(s) => match s.trim().parse::<u64>() {
                 Ok(ms) if ms >= 1 => Some(Duration::from_millis(ms)),
                 _ => {
-                    return Err(bad(
-                        TIMEOUT_MS,
-                        &s,
-                        "a timeout in milliseconds (integer >= 1)",
-                    ));
+                    return Err(bad(TIMEOUT_MS, &s, "a timeout in milliseconds (integer >= 1)"));
                 }
             },
         };
-        Ok(Self {
-            rank,
-            world_size,
-            local_rank,
-            local_world_size,
-            master_addr,
-            master_port,
-            timeout,
-        })
+        Ok(Self { rank, world_size, local_rank, local_world_size, master_addr, master_port, timeout })
     }
 
     /// The TCP bootstrap configuration: `timeout` (when set) for both timeouts, otherwise
@@ -164,19 +131,10 @@ where
 }
 
 fn bad(var: &'static str, value: &str, expected: &'static str) -> BootstrapError {
-    BootstrapError::BadEnv {
-        var,
-        value: value.to_owned(),
-        expected,
-    }
+    BootstrapError::BadEnv { var, value: value.to_owned(), expected }
 }
 
-fn parse_usize(
-    var: &'static str,
-    value: &str,
-    min: usize,
-    expected: &'static str,
-) -> Result<usize, BootstrapError> {
+fn parse_usize(var: &'static str, value: &str, min: usize, expected: &'static str) -> Result<usize, BootstrapError> {
     match value.trim().parse::<usize>() {
         Ok(v) if v >= min => Ok(v),
         _ => Err(bad(var, value, expected)),

@@ -19,11 +19,7 @@ enum Fault {
 impl Fault {
     fn to_error(&self) -> BootstrapError {
         match *self {
-            Fault::Timeout { rank, waited } => BootstrapError::PeerTimeout {
-                rank,
-                waited,
-                what: WHAT_EXCHANGE,
-            },
+            Fault::Timeout { rank, waited } => BootstrapError::PeerTimeout { rank, waited, what: WHAT_EXCHANGE },
             Fault::Gone { rank } => BootstrapError::PeerGone {
                 rank,
                 detail: "its LocalBootstrap was dropped before it joined the exchange".into(),
@@ -119,10 +115,7 @@ impl LocalBootstrap {
             .map(|rank| LocalBootstrap {
                 rank,
                 shared: Arc::clone(&shared),
-                mine: Mutex::new(Mine {
-                    seq: 0,
-                    failed: None,
-                }),
+                mine: Mutex::new(Mine { seq: 0, failed: None }),
             })
             .collect()
     }
@@ -144,11 +137,7 @@ impl LocalBootstrap {
         st.slots[self.rank] = Some(mine.to_vec());
         st.arrived += 1;
         if st.arrived == sh.world {
-            let result: Vec<Vec<u8>> = st
-                .slots
-                .iter_mut()
-                .map(|s| s.take().unwrap_or_default())
-                .collect();
+            let result: Vec<Vec<u8>> = st.slots.iter_mut().map(|s| s.take().unwrap_or_default()).collect();
             st.last_result = Arc::new(result.clone());
             st.arrived = 0;
             st.generation += 1;
@@ -171,23 +160,14 @@ impl LocalBootstrap {
             }
             let now = Instant::now();
             if now >= deadline {
-                let rank = (0..sh.world)
-                    .find(|&r| st.slots[r].is_none())
-                    .unwrap_or(self.rank);
-                let f = Fault::Timeout {
-                    rank,
-                    waited: sh.timeout,
-                };
+                let rank = (0..sh.world).find(|&r| st.slots[r].is_none()).unwrap_or(self.rank);
+                let f = Fault::Timeout { rank, waited: sh.timeout };
                 let e = f.to_error();
                 st.fault = Some(f);
                 sh.cv.notify_all();
                 return Err(e);
             }
-            st = sh
-                .cv
-                .wait_timeout(st, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            st = sh.cv.wait_timeout(st, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
         }
     }
 }
@@ -208,9 +188,7 @@ impl Bootstrap for LocalBootstrap {
     fn all_gather_bytes(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>, BootstrapError> {
         let mut me = self.mine.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(reason) = &me.failed {
-            return Err(BootstrapError::Closed {
-                reason: reason.clone(),
-            });
+            return Err(BootstrapError::Closed { reason: reason.clone() });
         }
         match self.gather(mine, me.seq) {
             Ok(v) => {

@@ -241,10 +241,7 @@ impl BootstrapError {
     }
 
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        Self::Io {
-            context: context.into(),
-            source,
-        }
+        Self::Io { context: context.into(), source }
     }
 }
 
@@ -256,15 +253,10 @@ pub(crate) fn validate_layout(
     local_world_size: usize,
 ) -> Result<(), BootstrapError> {
     if world_size == 0 {
-        return Err(BootstrapError::InvalidConfig {
-            detail: "world size is 0".into(),
-        });
+        return Err(BootstrapError::InvalidConfig { detail: "world size is 0".into() });
     }
     if rank >= world_size {
-        return Err(BootstrapError::RankOutOfRange {
-            rank,
-            world: world_size,
-        });
+        return Err(BootstrapError::RankOutOfRange { rank, world: world_size });
     }
     if local_world_size == 0 || local_world_size > world_size {
         return Err(BootstrapError::InvalidConfig {
@@ -273,9 +265,7 @@ pub(crate) fn validate_layout(
     }
     if local_rank >= local_world_size {
         return Err(BootstrapError::InvalidConfig {
-            detail: format!(
-                "local rank {local_rank} is out of range for local world size {local_world_size}"
-            ),
+            detail: format!("local rank {local_rank} is out of range for local world size {local_world_size}"),
         });
     }
     Ok(())

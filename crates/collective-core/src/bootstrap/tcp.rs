@@ -22,17 +22,14 @@
 
 use std::fmt;
 use std::io;
-use std::net::{
-    IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs,
-};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::{Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use super::wire::{self, Frame, Kind, ReadError};
 use super::{
-    Bootstrap, BootstrapError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_EXCHANGE_TIMEOUT, TorchrunEnv,
-    validate_layout,
+    Bootstrap, BootstrapError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_EXCHANGE_TIMEOUT, TorchrunEnv, validate_layout,
 };
 
 /// Configuration of a [`TcpBootstrap`].
@@ -59,12 +56,7 @@ pub struct TcpConfig {
 impl TcpConfig {
     /// All ranks on one host (`local_rank = rank`, `local_world_size = world_size`), default
     /// timeouts ([`DEFAULT_CONNECT_TIMEOUT`], [`DEFAULT_EXCHANGE_TIMEOUT`]).
-    pub fn single_host(
-        rank: usize,
-        world_size: usize,
-        master_addr: impl Into<String>,
-        master_port: u16,
-    ) -> Self {
+    pub fn single_host(rank: usize, world_size: usize, master_addr: impl Into<String>, master_port: u16) -> Self {
         Self {
             rank,
             world_size,
@@ -87,9 +79,7 @@ impl TcpConfig {
     /// `master_addr` without the brackets of an IPv6 literal.
     fn host(&self) -> &str {
         let a = self.master_addr.trim();
-        a.strip_prefix('[')
-            .and_then(|a| a.strip_suffix(']'))
-            .unwrap_or(a)
+        a.strip_prefix('[').and_then(|a| a.strip_suffix(']')).unwrap_or(a)
     }
 
     fn addr(&self) -> String {
@@ -159,21 +149,14 @@ impl TcpBootstrap {
     /// Joins (or, on rank 0, serves) the rendezvous. Returns when every rank has connected, or
     /// with the error that made the group fail.
     pub fn new(cfg: TcpConfig) -> Result<Self, BootstrapError> {
-        validate_layout(
-            cfg.rank,
-            cfg.world_size,
-            cfg.local_rank,
-            cfg.local_world_size,
-        )?;
+        validate_layout(cfg.rank, cfg.world_size, cfg.local_rank, cfg.local_world_size)?;
         if cfg.master_port == 0 {
             return Err(BootstrapError::InvalidConfig {
                 detail: "master port 0: the other ranks could not find rank 0".into(),
             });
         }
         if cfg.connect_timeout.is_zero() || cfg.exchange_timeout.is_zero() {
-            return Err(BootstrapError::InvalidConfig {
-                detail: "bootstrap timeouts must be non-zero".into(),
-            });
+            return Err(BootstrapError::InvalidConfig { detail: "bootstrap timeouts must be non-zero".into() });
         }
         let role = if cfg.world_size == 1 {
             Role::Single
@@ -189,11 +172,7 @@ impl TcpBootstrap {
             local_world_size: cfg.local_world_size,
             addr: cfg.addr(),
             exchange_timeout: cfg.exchange_timeout,
-            inner: Mutex::new(Inner {
-                role,
-                seq: 0,
-                failed: None,
-            }),
+            inner: Mutex::new(Inner { role, seq: 0, failed: None }),
         })
     }
 
@@ -221,10 +200,8 @@ impl TcpBootstrap {
                     what: wire::WHAT_EXCHANGE,
                 });
             }
-            let streams: Vec<&TcpStream> = pending
-                .iter()
-                .map(|&r| peers[r].as_ref().expect("connected peer"))
-                .collect();
+            let streams: Vec<&TcpStream> =
+                pending.iter().map(|&r| peers[r].as_ref().expect("connected peer")).collect();
             let ready = wait_readable(&streams, deadline - now)
                 .map_err(|e| BootstrapError::io("rank 0: waiting for contributions", e))?;
             let mut still = Vec::with_capacity(pending.len());
@@ -234,22 +211,12 @@ impl TcpBootstrap {
                     continue;
                 }
                 let s = peers[r].as_mut().expect("connected peer");
-                let remaining = deadline
-                    .saturating_duration_since(Instant::now())
-                    .max(Duration::from_millis(100));
+                let remaining = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100));
                 set_read_timeout(s, remaining);
                 match wire::read_frame(s) {
-                    Ok(Frame {
-                        kind: Kind::Data,
-                        seq: got,
-                        payload,
-                    }) => {
+                    Ok(Frame { kind: Kind::Data, seq: got, payload }) => {
                         if got != seq {
-                            return Err(BootstrapError::SequenceMismatch {
-                                rank: r,
-                                expected: seq,
-                                got,
-                            });
+                            return Err(BootstrapError::SequenceMismatch { rank: r, expected: seq, got });
                         }
                         parts[r] = Some(payload);
                     }
@@ -277,64 +244,39 @@ impl TcpBootstrap {
                         what: "read the result of all_gather_bytes",
                     }
                 } else {
-                    BootstrapError::PeerGone {
-                        rank: r,
-                        detail: format!("sending the result failed: {e}"),
-                    }
+                    BootstrapError::PeerGone { rank: r, detail: format!("sending the result failed: {e}") }
                 }
             })?;
         }
         Ok(parts)
     }
 
-    fn client_gather(
-        &self,
-        stream: &mut TcpStream,
-        seq: u64,
-        mine: &[u8],
-    ) -> Result<Vec<Vec<u8>>, BootstrapError> {
+    fn client_gather(&self, stream: &mut TcpStream, seq: u64, mine: &[u8]) -> Result<Vec<Vec<u8>>, BootstrapError> {
         // Longer than rank 0's own wait, so rank 0's diagnosis (naming the culprit) arrives first.
         let wait = self.exchange_timeout + self.exchange_timeout / 2;
         let _ = stream.set_write_timeout(Some(wait));
         if let Err(e) = wire::write_frame(stream, Kind::Data, seq, mine) {
             // Rank 0 may have failed and told us why before closing: prefer its diagnosis.
             set_read_timeout(stream, Duration::from_millis(200));
-            if let Ok(Frame {
-                kind: Kind::Error,
-                payload,
-                ..
-            }) = wire::read_frame(stream)
-            {
+            if let Ok(Frame { kind: Kind::Error, payload, .. }) = wire::read_frame(stream) {
                 return Err(self.root_error(wire::decode_error(&payload)));
             }
             return Err(if wire::is_timeout(&e) {
-                BootstrapError::PeerTimeout {
-                    rank: 0,
-                    waited: wait,
-                    what: wire::WHAT_ACCEPT,
-                }
+                BootstrapError::PeerTimeout { rank: 0, waited: wait, what: wire::WHAT_ACCEPT }
             } else {
-                BootstrapError::PeerGone {
-                    rank: 0,
-                    detail: format!("sending to {} failed: {e}", self.addr),
-                }
+                BootstrapError::PeerGone { rank: 0, detail: format!("sending to {} failed: {e}", self.addr) }
             });
         }
         set_read_timeout(stream, wait);
         match wire::read_frame(stream) {
-            Ok(Frame {
-                kind: Kind::Result,
-                seq: got,
-                payload,
-            }) => {
+            Ok(Frame { kind: Kind::Result, seq: got, payload }) => {
                 if got != seq {
                     return Err(BootstrapError::Protocol(format!(
                         "rank 0 answered exchange #{got} while this rank is at #{seq}"
                     )));
                 }
-                let parts = wire::decode_result(&payload).map_err(|m| {
-                    BootstrapError::Protocol(format!("rank 0 sent a malformed result: {m}"))
-                })?;
+                let parts = wire::decode_result(&payload)
+                    .map_err(|m| BootstrapError::Protocol(format!("rank 0 sent a malformed result: {m}")))?;
                 if parts.len() != self.world_size || parts[self.rank] != mine {
                     return Err(BootstrapError::Protocol(format!(
                         "rank 0's result of exchange #{seq} does not match this rank's \
@@ -343,11 +285,7 @@ impl TcpBootstrap {
                 }
                 Ok(parts)
             }
-            Ok(Frame {
-                kind: Kind::Error,
-                payload,
-                ..
-            }) => Err(self.root_error(wire::decode_error(&payload))),
+            Ok(Frame { kind: Kind::Error, payload, .. }) => Err(self.root_error(wire::decode_error(&payload))),
             Ok(f) => Err(BootstrapError::Protocol(format!(
                 "rank 0 sent an unexpected {:?} frame during exchange #{seq}",
                 f.kind
@@ -379,9 +317,7 @@ impl Bootstrap for TcpBootstrap {
         let mut guard = self.lock();
         let inner = &mut *guard;
         if let Some(reason) = &inner.failed {
-            return Err(BootstrapError::Closed {
-                reason: reason.clone(),
-            });
+            return Err(BootstrapError::Closed { reason: reason.clone() });
         }
         let seq = inner.seq;
         let result = match &mut inner.role {
@@ -427,14 +363,8 @@ fn root_error_for(e: BootstrapError, me: usize, my_world: usize) -> BootstrapErr
     match e {
         // Rank 0 reports (offender, rank 0's world, offender's world); if we are the offender,
         // the other side is rank 0.
-        BootstrapError::WorldSizeMismatch { rank, ours, theirs }
-            if rank == me && theirs == my_world =>
-        {
-            BootstrapError::WorldSizeMismatch {
-                rank: 0,
-                ours: my_world,
-                theirs: ours,
-            }
+        BootstrapError::WorldSizeMismatch { rank, ours, theirs } if rank == me && theirs == my_world => {
+            BootstrapError::WorldSizeMismatch { rank: 0, ours: my_world, theirs: ours }
         }
         other => other,
     }
@@ -445,13 +375,8 @@ fn read_failure(rank: usize, e: ReadError, waited: Duration, what: &'static str)
         return BootstrapError::PeerTimeout { rank, waited, what };
     }
     match e {
-        ReadError::Malformed(m) => {
-            BootstrapError::Protocol(format!("rank {rank} sent a malformed frame: {m}"))
-        }
-        io => BootstrapError::PeerGone {
-            rank,
-            detail: io.to_string(),
-        },
+        ReadError::Malformed(m) => BootstrapError::Protocol(format!("rank {rank} sent a malformed frame: {m}")),
+        io => BootstrapError::PeerGone { rank, detail: io.to_string() },
     }
 }
 
@@ -486,19 +411,12 @@ fn bind_listener(cfg: &TcpConfig) -> Result<TcpListener, BootstrapError> {
                 !all.is_empty() && all.iter().all(SocketAddr::is_ipv6)
             }),
         };
-        let ip = if v6_only {
-            IpAddr::V6(Ipv6Addr::UNSPECIFIED)
-        } else {
-            IpAddr::V4(Ipv4Addr::UNSPECIFIED)
-        };
+        let ip = if v6_only { IpAddr::V6(Ipv6Addr::UNSPECIFIED) } else { IpAddr::V4(Ipv4Addr::UNSPECIFIED) };
         vec![SocketAddr::new(ip, port)]
     };
     // std sets SO_REUSEADDR on Unix, so a port in TIME_WAIT from a previous run is reusable.
     TcpListener::bind(bind_to.as_slice()).map_err(|e| {
-        BootstrapError::io(
-            format!("rank 0: cannot listen on {bind_to:?} (MASTER_ADDR:MASTER_PORT = {addr})"),
-            e,
-        )
+        BootstrapError::io(format!("rank 0: cannot listen on {bind_to:?} (MASTER_ADDR:MASTER_PORT = {addr})"), e)
     })
 }
 
@@ -519,17 +437,12 @@ fn handshake_in(stream: TcpStream, deadline: Instant) -> Incoming {
         return Incoming::Ignore;
     }
     let _ = stream.set_nodelay(true);
-    let wait = deadline
-        .saturating_duration_since(Instant::now())
-        .clamp(Duration::from_millis(50), Duration::from_secs(5));
+    let wait =
+        deadline.saturating_duration_since(Instant::now()).clamp(Duration::from_millis(50), Duration::from_secs(5));
     set_read_timeout(&stream, wait);
     let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
     match wire::read_frame(&mut stream) {
-        Ok(Frame {
-            kind: Kind::Hello,
-            seq: version,
-            payload,
-        }) => {
+        Ok(Frame { kind: Kind::Hello, seq: version, payload }) => {
             if version != wire::PROTOCOL_VERSION {
                 let e = BootstrapError::Protocol(format!(
                     "a rank speaks bootstrap protocol version {version}, rank 0 speaks {} \
@@ -540,11 +453,7 @@ fn handshake_in(stream: TcpStream, deadline: Instant) -> Incoming {
                 return Incoming::Fatal(e);
             }
             match wire::decode_hello(&payload) {
-                Ok((rank, world)) => Incoming::Peer {
-                    rank,
-                    world,
-                    stream,
-                },
+                Ok((rank, world)) => Incoming::Peer { rank, world, stream },
                 Err(_) => Incoming::Ignore,
             }
         }
@@ -556,9 +465,7 @@ fn serve(cfg: &TcpConfig) -> Result<Role, BootstrapError> {
     let world = cfg.world_size;
     let deadline = Instant::now() + cfg.connect_timeout;
     let listener = bind_listener(cfg)?;
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| BootstrapError::io("rank 0: configuring the listener", e))?;
+    listener.set_nonblocking(true).map_err(|e| BootstrapError::io("rank 0: configuring the listener", e))?;
     let mut peers: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
     let mut connected = 0usize;
     let outcome: Result<(), BootstrapError> = loop {
@@ -569,17 +476,9 @@ fn serve(cfg: &TcpConfig) -> Result<Role, BootstrapError> {
             Ok((stream, _from)) => match handshake_in(stream, deadline) {
                 Incoming::Ignore => {}
                 Incoming::Fatal(e) => break Err(e),
-                Incoming::Peer {
-                    rank,
-                    world: theirs,
-                    mut stream,
-                } => {
+                Incoming::Peer { rank, world: theirs, mut stream } => {
                     let reject = if theirs != world {
-                        Some(BootstrapError::WorldSizeMismatch {
-                            rank,
-                            ours: world,
-                            theirs,
-                        })
+                        Some(BootstrapError::WorldSizeMismatch { rank, ours: world, theirs })
                     } else if rank >= world {
                         Some(BootstrapError::RankOutOfRange { rank, world })
                     } else if rank == 0 || peers[rank].is_some() {
@@ -588,8 +487,7 @@ fn serve(cfg: &TcpConfig) -> Result<Role, BootstrapError> {
                         None
                     };
                     if let Some(e) = reject {
-                        let _ =
-                            wire::write_frame(&mut stream, Kind::Error, 0, &wire::encode_error(&e));
+                        let _ = wire::write_frame(&mut stream, Kind::Error, 0, &wire::encode_error(&e));
                         let _ = stream.shutdown(Shutdown::Write);
                         break Err(e);
                     }
@@ -614,15 +512,10 @@ fn serve(cfg: &TcpConfig) -> Result<Role, BootstrapError> {
             Err(e)
                 if matches!(
                     e.kind(),
-                    io::ErrorKind::Interrupted
-                        | io::ErrorKind::ConnectionAborted
-                        | io::ErrorKind::ConnectionReset
+                    io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
                 ) => {}
             Err(e) => {
-                break Err(BootstrapError::io(
-                    format!("rank 0: accepting connections at {}", cfg.addr()),
-                    e,
-                ));
+                break Err(BootstrapError::io(format!("rank 0: accepting connections at {}", cfg.addr()), e));
             }
         }
     };
@@ -675,11 +568,7 @@ fn join(cfg: &TcpConfig) -> Result<Role, BootstrapError> {
         }
         let now = Instant::now();
         if now >= deadline {
-            return Err(BootstrapError::ConnectTimeout {
-                addr,
-                waited: cfg.connect_timeout,
-                last_error,
-            });
+            return Err(BootstrapError::ConnectTimeout { addr, waited: cfg.connect_timeout, last_error });
         }
         thread::sleep(backoff.min(deadline - now));
         backoff = (backoff * 2).min(Duration::from_millis(250));
@@ -689,23 +578,13 @@ fn join(cfg: &TcpConfig) -> Result<Role, BootstrapError> {
     let wait = cfg.connect_timeout + cfg.connect_timeout / 4 + Duration::from_millis(500);
     set_read_timeout(&stream, wait);
     match wire::read_frame(&mut stream) {
-        Ok(Frame {
-            kind: Kind::Welcome,
-            ..
-        }) => Ok(Role::Client { stream }),
-        Ok(Frame {
-            kind: Kind::Error,
-            payload,
-            ..
-        }) => Err(root_error_for(
-            wire::decode_error(&payload),
-            cfg.rank,
-            cfg.world_size,
-        )),
-        Ok(f) => Err(BootstrapError::Protocol(format!(
-            "rank 0 sent an unexpected {:?} frame during the rendezvous",
-            f.kind
-        ))),
+        Ok(Frame { kind: Kind::Welcome, .. }) => Ok(Role::Client { stream }),
+        Ok(Frame { kind: Kind::Error, payload, .. }) => {
+            Err(root_error_for(wire::decode_error(&payload), cfg.rank, cfg.world_size))
+        }
+        Ok(f) => {
+            Err(BootstrapError::Protocol(format!("rank 0 sent an unexpected {:?} frame during the rendezvous", f.kind)))
+        }
         Err(e) => Err(read_failure(0, e, wait, wire::WHAT_WELCOME)),
     }
 }
@@ -716,33 +595,18 @@ enum Attempt {
 }
 
 /// Connects to `a`, sends the hello and waits for the acknowledgement.
-fn try_handshake(
-    a: SocketAddr,
-    hello: &[u8],
-    remaining: Duration,
-    cfg: &TcpConfig,
-) -> Result<TcpStream, Attempt> {
-    let mut s = TcpStream::connect_timeout(&a, remaining.min(Duration::from_secs(5)))
-        .map_err(Attempt::Retry)?;
+fn try_handshake(a: SocketAddr, hello: &[u8], remaining: Duration, cfg: &TcpConfig) -> Result<TcpStream, Attempt> {
+    let mut s = TcpStream::connect_timeout(&a, remaining.min(Duration::from_secs(5))).map_err(Attempt::Retry)?;
     let _ = s.set_nodelay(true);
     let _ = s.set_write_timeout(Some(Duration::from_secs(5)));
-    wire::write_frame(&mut s, Kind::Hello, wire::PROTOCOL_VERSION, hello)
-        .map_err(Attempt::Retry)?;
+    wire::write_frame(&mut s, Kind::Hello, wire::PROTOCOL_VERSION, hello).map_err(Attempt::Retry)?;
     // Rank 0 answers right after reading the hello (it may be handshaking with another rank).
     set_read_timeout(&s, remaining.max(Duration::from_secs(1)));
     match wire::read_frame(&mut s) {
-        Ok(Frame {
-            kind: Kind::Ack, ..
-        }) => Ok(s),
-        Ok(Frame {
-            kind: Kind::Error,
-            payload,
-            ..
-        }) => Err(Attempt::Fatal(root_error_for(
-            wire::decode_error(&payload),
-            cfg.rank,
-            cfg.world_size,
-        ))),
+        Ok(Frame { kind: Kind::Ack, .. }) => Ok(s),
+        Ok(Frame { kind: Kind::Error, payload, .. }) => {
+            Err(Attempt::Fatal(root_error_for(wire::decode_error(&payload), cfg.rank, cfg.world_size)))
+        }
         Ok(f) => Err(Attempt::Fatal(BootstrapError::Protocol(format!(
             "{a} answered the handshake with an unexpected {:?} frame",
             f.kind
@@ -763,18 +627,9 @@ fn try_handshake(
 #[cfg(unix)]
 fn wait_readable(streams: &[&TcpStream], timeout: Duration) -> io::Result<Vec<bool>> {
     use std::os::fd::AsRawFd;
-    let mut fds: Vec<libc::pollfd> = streams
-        .iter()
-        .map(|s| libc::pollfd {
-            fd: s.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
-    let ms = timeout
-        .as_micros()
-        .div_ceil(1000)
-        .clamp(1, i32::MAX as u128) as libc::c_int;
+    let mut fds: Vec<libc::pollfd> =
+        streams.iter().map(|s| libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
+    let ms = timeout.as_micros().div_ceil(1000).clamp(1, i32::MAX as u128) as libc::c_int;
     // SAFETY: `fds` is a live, exclusively borrowed array of `fds.len()` initialised pollfd
     // structs for the whole call, and every fd belongs to a TcpStream borrowed for that time.
     let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };

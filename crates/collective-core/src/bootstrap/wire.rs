@@ -28,13 +28,7 @@ pub(super) const WHAT_WELCOME: &str = "confirm that all ranks connected";
 pub(super) const WHAT_EXCHANGE: &str = "contribute to all_gather_bytes";
 pub(super) const WHAT_RESULT: &str = "send the result of all_gather_bytes";
 pub(super) const WHAT_ACCEPT: &str = "accept this rank's contribution to all_gather_bytes";
-const WHATS: &[&str] = &[
-    WHAT_CONNECT,
-    WHAT_WELCOME,
-    WHAT_EXCHANGE,
-    WHAT_RESULT,
-    WHAT_ACCEPT,
-];
+const WHATS: &[&str] = &[WHAT_CONNECT, WHAT_WELCOME, WHAT_EXCHANGE, WHAT_RESULT, WHAT_ACCEPT];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -82,30 +76,20 @@ impl ReadError {
 }
 
 pub(super) fn is_timeout(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-    )
+    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
 }
 
 impl std::fmt::Display for ReadError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ReadError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                f.write_str("connection closed")
-            }
+            ReadError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof => f.write_str("connection closed"),
             ReadError::Io(e) => write!(f, "{e}"),
             ReadError::Malformed(m) => write!(f, "malformed frame: {m}"),
         }
     }
 }
 
-pub(super) fn write_frame<W: Write>(
-    w: &mut W,
-    kind: Kind,
-    seq: u64,
-    payload: &[u8],
-) -> io::Result<()> {
+pub(super) fn write_frame<W: Write>(w: &mut W, kind: Kind, seq: u64, payload: &[u8]) -> io::Result<()> {
     let mut buf = Vec::with_capacity(HEADER_LEN + payload.len());
     buf.extend_from_slice(&MAGIC.to_le_bytes());
     buf.push(kind as u8);
@@ -124,14 +108,11 @@ pub(super) fn read_frame<R: Read>(r: &mut R) -> Result<Frame, ReadError> {
     if magic != MAGIC {
         return Err(ReadError::Malformed(format!("bad magic {magic:#010x}")));
     }
-    let kind = Kind::from_u8(h[4])
-        .ok_or_else(|| ReadError::Malformed(format!("unknown frame kind {}", h[4])))?;
+    let kind = Kind::from_u8(h[4]).ok_or_else(|| ReadError::Malformed(format!("unknown frame kind {}", h[4])))?;
     let seq = u64::from_le_bytes(h[8..16].try_into().expect("8 bytes"));
     let len = u64::from_le_bytes(h[16..24].try_into().expect("8 bytes"));
     if len > MAX_PAYLOAD {
-        return Err(ReadError::Malformed(format!(
-            "payload of {len} bytes exceeds the limit of {MAX_PAYLOAD}"
-        )));
+        return Err(ReadError::Malformed(format!("payload of {len} bytes exceeds the limit of {MAX_PAYLOAD}")));
     }
     let mut payload = vec![0u8; len as usize];
     r.read_exact(&mut payload).map_err(ReadError::Io)?;
@@ -146,10 +127,7 @@ struct Cursor<'a> {
 
 impl<'a> Cursor<'a> {
     fn u64(&mut self) -> Result<u64, String> {
-        let (head, rest) = self
-            .buf
-            .split_at_checked(8)
-            .ok_or_else(|| "truncated integer".to_owned())?;
+        let (head, rest) = self.buf.split_at_checked(8).ok_or_else(|| "truncated integer".to_owned())?;
         self.buf = rest;
         Ok(u64::from_le_bytes(head.try_into().expect("8 bytes")))
     }
@@ -157,19 +135,13 @@ impl<'a> Cursor<'a> {
         usize::try_from(self.u64()?).map_err(|_| "integer does not fit usize".to_owned())
     }
     fn u8(&mut self) -> Result<u8, String> {
-        let (&b, rest) = self
-            .buf
-            .split_first()
-            .ok_or_else(|| "truncated byte".to_owned())?;
+        let (&b, rest) = self.buf.split_first().ok_or_else(|| "truncated byte".to_owned())?;
         self.buf = rest;
         Ok(b)
     }
     fn bytes(&mut self) -> Result<&'a [u8], String> {
         let len = self.usize()?;
-        let (head, rest) = self
-            .buf
-            .split_at_checked(len)
-            .ok_or_else(|| "truncated byte string".to_owned())?;
+        let (head, rest) = self.buf.split_at_checked(len).ok_or_else(|| "truncated byte string".to_owned())?;
         self.buf = rest;
         Ok(head)
     }
@@ -177,11 +149,7 @@ impl<'a> Cursor<'a> {
         Ok(String::from_utf8_lossy(self.bytes()?).into_owned())
     }
     fn finish(self) -> Result<(), String> {
-        if self.buf.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("{} trailing bytes", self.buf.len()))
-        }
+        if self.buf.is_empty() { Ok(()) } else { Err(format!("{} trailing bytes", self.buf.len())) }
     }
 }
 
@@ -241,10 +209,7 @@ pub(super) fn encode_error(e: &BootstrapError) -> Vec<u8> {
         BootstrapError::PeerTimeout { rank, waited, what } => {
             out.push(1);
             put_u64(&mut out, *rank as u64);
-            put_u64(
-                &mut out,
-                u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX),
-            );
+            put_u64(&mut out, u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX));
             put_bytes(&mut out, what.as_bytes());
         }
         BootstrapError::PeerGone { rank, detail } => {
@@ -252,11 +217,7 @@ pub(super) fn encode_error(e: &BootstrapError) -> Vec<u8> {
             put_u64(&mut out, *rank as u64);
             put_bytes(&mut out, detail.as_bytes());
         }
-        BootstrapError::SequenceMismatch {
-            rank,
-            expected,
-            got,
-        } => {
+        BootstrapError::SequenceMismatch { rank, expected, got } => {
             out.push(3);
             put_u64(&mut out, *rank as u64);
             put_u64(&mut out, *expected);
@@ -295,45 +256,25 @@ pub(super) fn decode_error(p: &[u8]) -> BootstrapError {
                 let rank = c.usize()?;
                 let waited = Duration::from_nanos(c.u64()?);
                 let what_s = c.string()?;
-                let what = WHATS
-                    .iter()
-                    .copied()
-                    .find(|w| *w == what_s)
-                    .unwrap_or("respond");
+                let what = WHATS.iter().copied().find(|w| *w == what_s).unwrap_or("respond");
                 BootstrapError::PeerTimeout { rank, waited, what }
             }
             2 => {
                 let rank = c.usize()?;
                 let detail = c.string()?;
-                BootstrapError::PeerGone {
-                    rank,
-                    detail: format!("{detail} (reported by rank 0)"),
-                }
+                BootstrapError::PeerGone { rank, detail: format!("{detail} (reported by rank 0)") }
             }
-            3 => BootstrapError::SequenceMismatch {
-                rank: c.usize()?,
-                expected: c.u64()?,
-                got: c.u64()?,
-            },
-            4 => BootstrapError::WorldSizeMismatch {
-                rank: c.usize()?,
-                ours: c.usize()?,
-                theirs: c.usize()?,
-            },
+            3 => BootstrapError::SequenceMismatch { rank: c.usize()?, expected: c.u64()?, got: c.u64()? },
+            4 => BootstrapError::WorldSizeMismatch { rank: c.usize()?, ours: c.usize()?, theirs: c.usize()? },
             5 => BootstrapError::DuplicateRank { rank: c.usize()? },
-            6 => BootstrapError::RankOutOfRange {
-                rank: c.usize()?,
-                world: c.usize()?,
-            },
+            6 => BootstrapError::RankOutOfRange { rank: c.usize()?, world: c.usize()? },
             7 => BootstrapError::Protocol(format!("rank 0 reported: {}", c.string()?)),
             code => return Err(format!("unknown error code {code}")),
         };
         c.finish()?;
         Ok(e)
     }
-    inner(p).unwrap_or_else(|m| {
-        BootstrapError::Protocol(format!("rank 0 sent an undecodable error frame: {m}"))
-    })
+    inner(p).unwrap_or_else(|m| BootstrapError::Protocol(format!("rank 0 sent an undecodable error frame: {m}")))
 }
 
 #[cfg(test)]
@@ -353,10 +294,7 @@ mod tests {
     #[test]
     fn bad_magic_is_malformed() {
         let buf = [0u8; HEADER_LEN];
-        assert!(matches!(
-            read_frame(&mut buf.as_slice()),
-            Err(ReadError::Malformed(_))
-        ));
+        assert!(matches!(read_frame(&mut buf.as_slice()), Err(ReadError::Malformed(_))));
     }
 
     #[test]
@@ -367,32 +305,17 @@ mod tests {
 
     #[test]
     fn error_roundtrip() {
-        let e = BootstrapError::PeerTimeout {
-            rank: 3,
-            waited: Duration::from_millis(500),
-            what: WHAT_EXCHANGE,
-        };
+        let e = BootstrapError::PeerTimeout { rank: 3, waited: Duration::from_millis(500), what: WHAT_EXCHANGE };
         match decode_error(&encode_error(&e)) {
             BootstrapError::PeerTimeout { rank, waited, what } => {
-                assert_eq!(
-                    (rank, waited, what),
-                    (3, Duration::from_millis(500), WHAT_EXCHANGE)
-                );
+                assert_eq!((rank, waited, what), (3, Duration::from_millis(500), WHAT_EXCHANGE));
             }
             other => panic!("{other}"),
         }
-        let e = BootstrapError::SequenceMismatch {
-            rank: 2,
-            expected: 5,
-            got: 4,
-        };
+        let e = BootstrapError::SequenceMismatch { rank: 2, expected: 5, got: 4 };
         assert!(matches!(
             decode_error(&encode_error(&e)),
-            BootstrapError::SequenceMismatch {
-                rank: 2,
-                expected: 5,
-                got: 4
-            }
+            BootstrapError::SequenceMismatch { rank: 2, expected: 5, got: 4 }
         ));
     }
 }

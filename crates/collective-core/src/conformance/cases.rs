@@ -1,7 +1,7 @@
 //! The cases. Each runs the same calls on every rank and checks this rank's output.
+use super::SUITE_CAPACITY;
 use super::data::{Rng, compare, cross_tp_inputs, finite_values, reference_reduce, special_values};
 use super::harness::{RankEnv, TestBackend};
-use super::SUITE_CAPACITY;
 use crate::{Collective, DType, Error, Io, Op, RawMut, RawRef};
 
 /// Bytes around every output view that must stay untouched.
@@ -191,9 +191,8 @@ fn reduce_scatter_many<R: RankEnv>(env: &mut R) -> Result<(), String> {
     let mut fails = Failures::default();
     for dtype in DType::REDUCIBLE {
         let size = dtype.size();
-        for (k, lane_sizes) in [vec![world], vec![16 * world, 3 * world], vec![world, 1000 * world, 7 * world]]
-            .into_iter()
-            .enumerate()
+        for (k, lane_sizes) in
+            [vec![world], vec![16 * world, 3 * world], vec![world, 1000 * world, 7 * world]].into_iter().enumerate()
         {
             let lanes_in: Vec<Vec<Vec<u8>>> = lane_sizes
                 .iter()
@@ -223,7 +222,9 @@ fn reduce_scatter_many<R: RankEnv>(env: &mut R) -> Result<(), String> {
                     }
                 });
             }
-            env.comm().reduce_scatter_many(&ios, env.stream()).map_err(|e| format!("reduce_scatter_many {lane_sizes:?}: {e}"))?;
+            env.comm()
+                .reduce_scatter_many(&ios, env.stream())
+                .map_err(|e| format!("reduce_scatter_many {lane_sizes:?}: {e}"))?;
             drop(ios);
             for (l, (input, output, in_place, n)) in bufs.iter().enumerate() {
                 let want = expected(Op::ReduceScatter, &lanes_in[l], dtype, rank);
@@ -240,7 +241,9 @@ fn reduce_scatter_many<R: RankEnv>(env: &mut R) -> Result<(), String> {
             }
         }
         // No lanes at all is a valid, empty call.
-        env.comm().reduce_scatter_many(&[], env.stream()).map_err(|e| format!("reduce_scatter_many of no lanes: {e}"))?;
+        env.comm()
+            .reduce_scatter_many(&[], env.stream())
+            .map_err(|e| format!("reduce_scatter_many of no lanes: {e}"))?;
     }
     fails.finish()
 }
@@ -311,7 +314,10 @@ fn cross_tp<R: RankEnv>(env: &mut R) -> Result<(), String> {
                 // The TP=world result must equal the TP=8 tree of the leaves.
                 let shard = tp8.len() / if op == Op::AllReduce { 1 } else { world };
                 let want = &tp8[rank * shard * usize::from(op != Op::AllReduce)..][..shard];
-                fails.check(|| format!("cross-TP reference {dtype}"), compare(&expected(op, &inputs, dtype, rank), want, dtype));
+                fails.check(
+                    || format!("cross-TP reference {dtype}"),
+                    compare(&expected(op, &inputs, dtype, rank), want, dtype),
+                );
                 run_op(env, spec, &inputs, &mut fails)?;
             }
         }
@@ -364,14 +370,28 @@ fn validation<R: RankEnv>(env: &mut R) -> Result<(), String> {
     type Case = (&'static str, Op, usize, usize, DType, DType, usize, Check);
     let cases: Vec<Case> = vec![
         // (label, op, input elements, output elements, input dtype, output dtype, output byte offset, expected)
-        ("wrong output length", Op::AllReduce, 10, 11, f32_, f32_, 0, |e| matches!(e, Error::LengthMismatch { argument: "output", .. })),
-        ("reduce of u8", Op::AllReduce, 10, 10, DType::U8, DType::U8, 0, |e| matches!(e, Error::UnsupportedDtype { .. })),
+        ("wrong output length", Op::AllReduce, 10, 11, f32_, f32_, 0, |e| {
+            matches!(e, Error::LengthMismatch { argument: "output", .. })
+        }),
+        ("reduce of u8", Op::AllReduce, 10, 10, DType::U8, DType::U8, 0, |e| {
+            matches!(e, Error::UnsupportedDtype { .. })
+        }),
         ("dtype mismatch", Op::AllReduce, 10, 10, f32_, DType::F16, 0, |e| matches!(e, Error::DtypeMismatch { .. })),
-        ("gather output length", Op::AllGather, 10, 10 * world + 1, f32_, f32_, 0, |e| matches!(e, Error::LengthMismatch { .. })),
-        ("scatter not divisible", Op::ReduceScatter, 8 * world + 1, 8, f32_, f32_, 0, |e| matches!(e, Error::NotDivisible { .. })),
-        ("scatter output length", Op::ReduceScatter, 8 * world, 9, f32_, f32_, 0, |e| matches!(e, Error::LengthMismatch { .. })),
-        ("over capacity", Op::AllReduce, cap / 4 + 1, cap / 4 + 1, f32_, f32_, 0, |e| matches!(e, Error::CapacityExceeded { .. })),
-        ("misaligned output", Op::AllReduce, 10, 10, f32_, f32_, 2, |e| matches!(e, Error::Misaligned { argument: "output", .. })),
+        ("gather output length", Op::AllGather, 10, 10 * world + 1, f32_, f32_, 0, |e| {
+            matches!(e, Error::LengthMismatch { .. })
+        }),
+        ("scatter not divisible", Op::ReduceScatter, 8 * world + 1, 8, f32_, f32_, 0, |e| {
+            matches!(e, Error::NotDivisible { .. })
+        }),
+        ("scatter output length", Op::ReduceScatter, 8 * world, 9, f32_, f32_, 0, |e| {
+            matches!(e, Error::LengthMismatch { .. })
+        }),
+        ("over capacity", Op::AllReduce, cap / 4 + 1, cap / 4 + 1, f32_, f32_, 0, |e| {
+            matches!(e, Error::CapacityExceeded { .. })
+        }),
+        ("misaligned output", Op::AllReduce, 10, 10, f32_, f32_, 2, |e| {
+            matches!(e, Error::Misaligned { argument: "output", .. })
+        }),
     ];
     for (label, op, n_in, n_out, din, dout, off, ok) in cases {
         if world == 1 && label == "scatter not divisible" {
@@ -379,20 +399,28 @@ fn validation<R: RankEnv>(env: &mut R) -> Result<(), String> {
         }
         let io = Io::OutOfPlace { input: env.view(&a, 0, n_in, din), output: env.view_mut(&mut b, off, n_out, dout) };
         let r = call(env.comm(), op, io, env.stream());
-        fails.check(|| label.to_string(), match r {
-            Err(e) if ok(&e) => Ok(()),
-            Err(e) => Err(format!("wrong error: {e}")),
-            Ok(()) => Err("accepted".into()),
-        });
+        fails.check(
+            || label.to_string(),
+            match r {
+                Err(e) if ok(&e) => Ok(()),
+                Err(e) => Err(format!("wrong error: {e}")),
+                Ok(()) => Err("accepted".into()),
+            },
+        );
     }
     // Overlapping input and output.
     let base = env.view_mut(&mut b, 0, 128, f32_).addr();
     // SAFETY: both views lie inside `b`, which outlives the call; the call must reject them.
-    let io = unsafe { Io::OutOfPlace { input: RawRef::from_raw(base, 64, f32_), output: RawMut::from_raw(base + 128, 64, f32_) } };
-    fails.check(|| "overlap".into(), match env.comm().all_reduce(io, env.stream()) {
-        Err(Error::Overlap { .. }) => Ok(()),
-        other => Err(format!("expected Overlap, got {other:?}")),
-    });
+    let io = unsafe {
+        Io::OutOfPlace { input: RawRef::from_raw(base, 64, f32_), output: RawMut::from_raw(base + 128, 64, f32_) }
+    };
+    fails.check(
+        || "overlap".into(),
+        match env.comm().all_reduce(io, env.stream()) {
+            Err(Error::Overlap { .. }) => Ok(()),
+            other => Err(format!("expected Overlap, got {other:?}")),
+        },
+    );
     // Lanes of different dtypes.
     let mut c = env.alloc(4096);
     let mut d = env.alloc(4096);
@@ -400,17 +428,25 @@ fn validation<R: RankEnv>(env: &mut R) -> Result<(), String> {
     env.write(&mut d, &[GUARD_BYTE; 4096]);
     let lanes = [
         Io::OutOfPlace { input: env.view(&a, 0, 8 * world, f32_), output: env.view_mut(&mut c, 0, 8, f32_) },
-        Io::OutOfPlace { input: env.view(&a, 64, 8 * world, DType::F16), output: env.view_mut(&mut d, 0, 8, DType::F16) },
+        Io::OutOfPlace {
+            input: env.view(&a, 64, 8 * world, DType::F16),
+            output: env.view_mut(&mut d, 0, 8, DType::F16),
+        },
     ];
-    fails.check(|| "lanes of two dtypes".into(), match env.comm().reduce_scatter_many(&lanes, env.stream()) {
-        Err(Error::DtypeMismatch { .. }) => Ok(()),
-        other => Err(format!("expected DtypeMismatch, got {other:?}")),
-    });
+    fails.check(
+        || "lanes of two dtypes".into(),
+        match env.comm().reduce_scatter_many(&lanes, env.stream()) {
+            Err(Error::DtypeMismatch { .. }) => Ok(()),
+            other => Err(format!("expected DtypeMismatch, got {other:?}")),
+        },
+    );
     let untouched = env.read(&c).iter().chain(env.read(&d).iter()).all(|&x| x == GUARD_BYTE);
     fails.check(|| "lanes untouched".into(), if untouched { Ok(()) } else { Err("a rejected lane call wrote".into()) });
     let got = env.read(&b);
-    fails.check(|| "output untouched after rejected calls".into(),
-        if got.iter().all(|&x| x == GUARD_BYTE) { Ok(()) } else { Err("an invalid call wrote its output".into()) });
+    fails.check(
+        || "output untouched after rejected calls".into(),
+        if got.iter().all(|&x| x == GUARD_BYTE) { Ok(()) } else { Err("an invalid call wrote its output".into()) },
+    );
     // The collective still works.
     let inputs = random_inputs(f32_, 64 * world, world, 3);
     run_op(env, Spec { op: Op::AllReduce, dtype: f32_, in_place: false, in_off: 0, out_off: 0 }, &inputs, &mut fails)?;

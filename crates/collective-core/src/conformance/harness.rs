@@ -133,7 +133,10 @@ where
                 Ok(Err(e)) => Some(format!("rank {r}: {e}")),
                 Err(p) => Some(format!(
                     "rank {r} panicked: {}",
-                    p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
+                    p.downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_default()
                 )),
             })
             .collect()

@@ -27,9 +27,8 @@ pub fn run_processes<R>(
         return result.and(closed);
     }
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-    let spec = LaunchSpec::new(world, exe)
-        .args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, "1");
+    let spec =
+        LaunchSpec::new(world, exe).args([test, "--exact", "--nocapture", "--test-threads=1"]).env(CHILD_ENV, "1");
     let (outcome, outputs) = launch_captured(&spec).map_err(|e| format!("launch: {e}"))?;
     if outcome.success() {
         // A child whose filter matched nothing also exits 0: demand proof that each ran the test.

@@ -117,6 +117,9 @@ mod tests {
         assert!(l.frame(0) >= l.control_bytes());
         assert!(l.frame(1) >= l.frame(0) + 1000);
         assert!(l.total_bytes() >= l.frame(1) + 1000);
-        assert_eq!(Header::from_words(Header { world: 2, rank: 1, capacity: 9, blocks: 4, pid: 3 }.to_words()).unwrap().rank, 1);
+        assert_eq!(
+            Header::from_words(Header { world: 2, rank: 1, capacity: 9, blocks: 4, pid: 3 }.to_words()).unwrap().rank,
+            1
+        );
     }
 }

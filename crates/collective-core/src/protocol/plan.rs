@@ -91,15 +91,32 @@ impl Plan {
     pub fn single(call: &Call, rank: usize, world: usize, route: Route) -> Result<Plan, Error> {
         let size = call.dtype.size() as u64;
         let n = call.count_in;
-        let mut p = Plan { sig: call.signature(), route, stage: Segments::new(), phase1: Segments::new(), phase2: Segments::new() };
-        let seg = |phase, dst, frame_offset, count, peer| Segment { phase, src: call.src, dst, frame_offset, count, peer, write_back: false };
+        let mut p = Plan {
+            sig: call.signature(),
+            route,
+            stage: Segments::new(),
+            phase1: Segments::new(),
+            phase2: Segments::new(),
+        };
+        let seg = |phase, dst, frame_offset, count, peer| Segment {
+            phase,
+            src: call.src,
+            dst,
+            frame_offset,
+            count,
+            peer,
+            write_back: false,
+        };
         p.stage.push(seg(Phase::Stage, 0, 0, n, rank));
         match (call.op, route) {
             (Op::AllReduce, Route::IpcOneShot) => p.phase1.push(seg(Phase::Reduce, call.dst, 0, n, rank)),
             (Op::AllReduce, Route::IpcReduceScatterAllGather) => {
                 let align = 16 / call.dtype.size();
                 let (lo, hi) = shard_bounds(n, world, rank, align);
-                p.phase1.push(Segment { write_back: true, ..seg(Phase::Reduce, call.dst + lo as u64 * size, lo, hi - lo, rank) });
+                p.phase1.push(Segment {
+                    write_back: true,
+                    ..seg(Phase::Reduce, call.dst + lo as u64 * size, lo, hi - lo, rank)
+                });
                 for q in 0..world {
                     let (lo, hi) = shard_bounds(n, world, q, align);
                     if q != rank {
@@ -126,10 +143,24 @@ impl Plan {
     /// The plan of `reduce_scatter_many`: every lane staged into its disjoint range of one frame
     /// under one generation, and one tree per lane over its own range.
     pub fn many(lanes: &[LaneCall], sig: Signature, rank: usize) -> Plan {
-        let mut p = Plan { sig, route: Route::IpcOneShot, stage: Segments::new(), phase1: Segments::new(), phase2: Segments::new() };
+        let mut p = Plan {
+            sig,
+            route: Route::IpcOneShot,
+            stage: Segments::new(),
+            phase1: Segments::new(),
+            phase2: Segments::new(),
+        };
         for l in lanes {
             let c = &l.call;
-            p.stage.push(Segment { phase: Phase::Stage, src: c.src, dst: 0, frame_offset: l.staging_offset, count: c.count_in, peer: rank, write_back: false });
+            p.stage.push(Segment {
+                phase: Phase::Stage,
+                src: c.src,
+                dst: 0,
+                frame_offset: l.staging_offset,
+                count: c.count_in,
+                peer: rank,
+                write_back: false,
+            });
             p.phase1.push(Segment {
                 phase: Phase::Reduce,
                 src: 0,
