@@ -1,0 +1,94 @@
+//! Loading the CUDA driver and mapping its errors.
+//!
+//! cudarc loads libcuda at run time and panics on first use when it is absent, so every public
+//! entry point of this crate calls [`ensure_driver`] before any cudarc call and turns a missing
+//! library into [`Error::LibraryMissing`].
+use collective_core::Error;
+use cudarc::driver::{CudaContext, DriverError, sys};
+use std::sync::Arc;
+
+/// Backend name used in [`Error::Backend`].
+pub(crate) const BACKEND: &str = "cuda-ipc";
+
+/// Whether libcuda can be loaded (never panics).
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the library by its usual names; no symbol is called.
+    unsafe { sys::is_culib_present() }
+}
+
+/// `Ok` when libcuda is loadable, [`Error::LibraryMissing`] otherwise.
+pub fn ensure_driver() -> Result<(), Error> {
+    if driver_present() {
+        Ok(())
+    } else {
+        Err(Error::LibraryMissing {
+            library: "libcuda.so (NVIDIA driver)".into(),
+            detail: "no CUDA driver library was found by the dynamic loader; install the NVIDIA driver \
+                     or add its directory to LD_LIBRARY_PATH"
+                .into(),
+        })
+    }
+}
+
+/// Maps a driver error of step `what` to [`Error::Backend`].
+pub(crate) fn backend(what: &str, e: DriverError) -> Error {
+    Error::Backend { backend: BACKEND, detail: format!("{what}: {e}") }
+}
+
+/// Checks a raw driver call's status.
+pub(crate) fn check(r: sys::CUresult, what: &str) -> Result<(), Error> {
+    r.result().map_err(|e| backend(what, e))
+}
+
+/// Number of CUDA devices; [`Error::LibraryMissing`] without a driver.
+pub fn device_count() -> Result<usize, Error> {
+    ensure_driver()?;
+    let n = CudaContext::device_count().map_err(|e| backend("cuDeviceGetCount", e))?;
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
+/// The primary context of device `ordinal`, bound to the calling thread.
+///
+/// Unlike `CudaContext::new`, returns [`Error::LibraryMissing`] (instead of panicking) when
+/// there is no driver.
+pub fn open_device(ordinal: usize) -> Result<Arc<CudaContext>, Error> {
+    ensure_driver()?;
+    CudaContext::new(ordinal).map_err(|e| backend(&format!("opening CUDA device {ordinal}"), e))
+}
+
+/// Makes `ctx` current on this thread (a no-op when it already is).
+pub(crate) fn bind(ctx: &CudaContext) -> Result<(), Error> {
+    ctx.bind_to_thread().map_err(|e| backend("binding the CUDA context", e))
+}
+
+/// A device attribute of `ctx`'s device.
+pub(crate) fn attribute(ctx: &CudaContext, attr: sys::CUdevice_attribute) -> Result<i32, Error> {
+    ctx.attribute(attr).map_err(|e| backend("cuDeviceGetAttribute", e))
+}
+
+/// Multiprocessors of `ctx`'s device.
+pub(crate) fn multiprocessors(ctx: &CudaContext) -> Result<usize, Error> {
+    let n = attribute(ctx, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+    Ok(usize::try_from(n).unwrap_or(1).max(1))
+}
+
+/// `sm_XY` of `ctx`'s device.
+pub(crate) fn arch(ctx: &CudaContext) -> Result<String, Error> {
+    let (major, minor) = ctx.compute_capability().map_err(|e| backend("cuDeviceGetAttribute", e))?;
+    Ok(format!("sm_{major}{minor}"))
+}
+
+/// The 16-byte UUID of `ctx`'s device (identifies "same GPU" across processes).
+pub(crate) fn uuid(ctx: &CudaContext) -> Result<[u8; 16], Error> {
+    let u = ctx.uuid().map_err(|e| backend("cuDeviceGetUuid", e))?;
+    let mut out = [0u8; 16];
+    for (o, b) in out.iter_mut().zip(u.bytes.iter()) {
+        *o = *b as u8;
+    }
+    Ok(out)
+}
+
+/// Waits for all work of `ctx`'s device context.
+pub(crate) fn synchronize(ctx: &CudaContext) -> Result<(), Error> {
+    ctx.synchronize().map_err(|e| backend("cuCtxSynchronize", e))
+}

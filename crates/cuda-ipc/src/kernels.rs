@@ -1,0 +1,457 @@
+//! Getting the device code: a prebuilt cubin/PTX when one is present, otherwise the embedded
+//! source compiled with NVRTC (loaded at run time), once per process and GPU architecture.
+//!
+//! Prebuilt images are looked up in `$DETCOLL_KERNEL_DIR`, then `kernels/build/` of this
+//! workspace, as `detcoll_cuda.<sm_XY>.cubin`, `detcoll_cuda.<sm_XY>.ptx`, then
+//! `detcoll_cuda.ptx` (what `cargo xtask build --arch sm_XY` writes with nvcc). Every loaded
+//! module is checked against the `detcoll_abi` table the kernels export (ABI version and the
+//! sizes of the parameter structs), so a stale prebuilt image is refused with an error instead
+//! of being misread.
+use crate::driver::{self, BACKEND, check};
+use crate::launch::{ABI_VERSION, CopyParams, ParamsMany, ParamsSingle, Seg, TreeParams};
+use collective_core::Error;
+use cudarc::driver::{CudaContext, sys};
+use cudarc::nvrtc::sys as nvrtc;
+use std::collections::HashMap;
+use std::ffi::{CStr, CString};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The CUDA entry file, embedded.
+pub const KERNEL_SOURCE: &str = include_str!("../../../kernels/detcoll_cuda.cu");
+/// The portable tree header the entry file includes, embedded (passed to NVRTC as a header).
+pub const TREE_HEADER: &str = include_str!("../../../kernels/detcoll_tree.h");
+
+/// NVRTC flags. The adds are explicit `.rn` PTX without `.ftz`, so these are a second line of
+/// defence: no flush to zero, no contraction into FMA, IEEE division and square root.
+pub const NVRTC_FLAGS: [&str; 5] =
+    ["--ftz=false", "--prec-div=true", "--prec-sqrt=true", "--fmad=false", "--std=c++17"];
+
+/// Which module of the entry file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Variant {
+    /// The collectives, the fused tree and the empty kernel.
+    Main,
+    /// Only the software-arithmetic fused tree (`-DDETCOLL_SOFT_MODULE`), built on demand.
+    Soft,
+}
+
+impl Variant {
+    fn stem(self) -> &'static str {
+        match self {
+            Variant::Main => "detcoll_cuda",
+            Variant::Soft => "detcoll_cuda_soft",
+        }
+    }
+}
+
+/// What NVRTC should produce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageKind {
+    /// Machine code for exactly this architecture (`--gpu-architecture=sm_XY`).
+    Cubin,
+    /// PTX for `compute_XY` (JIT-compiled by the driver at load).
+    Ptx,
+}
+
+fn nvrtc_missing(detail: String) -> Error {
+    Error::LibraryMissing { library: "libnvrtc.so (CUDA runtime compiler)".into(), detail }
+}
+
+/// Loads `path` (a libnvrtc shared object) and keeps it loaded, so that cudarc's later
+/// `dlopen("libnvrtc.so.<major>")` finds it by soname. For NVRTC from a pip wheel
+/// (`nvidia-cuda-nvrtc`) or a toolkit outside the loader's search path.
+pub fn load_nvrtc_from(path: &Path) -> Result<(), Error> {
+    // SAFETY: loading NVRTC runs only its (trivial) initialisers.
+    match unsafe { libloading::Library::new(path) } {
+        Ok(lib) => {
+            // Kept for the life of the process: cudarc resolves symbols from it lazily.
+            std::mem::forget(lib);
+            Ok(())
+        }
+        Err(e) => Err(nvrtc_missing(format!("{}: {e}", path.display()))),
+    }
+}
+
+/// Candidate NVRTC libraries outside the loader's default search path.
+fn nvrtc_candidates() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    if let Some(p) = std::env::var_os("DETCOLL_NVRTC") {
+        let p = PathBuf::from(p);
+        if p.is_file() {
+            return vec![p];
+        }
+        dirs.push(p);
+    }
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(p) = std::env::var_os(var) {
+            dirs.push(PathBuf::from(&p).join("lib64"));
+            dirs.push(PathBuf::from(p).join("lib"));
+        }
+    }
+    dirs.push("/usr/local/cuda/lib64".into());
+    dirs.push("/usr/local/cuda/targets/x86_64-linux/lib".into());
+    let mut out = Vec::new();
+    for d in dirs {
+        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        let mut found: Vec<PathBuf> = rd
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("libnvrtc.so.") && !n.contains("builtins"))
+            })
+            .collect();
+        found.sort();
+        out.extend(found);
+    }
+    out
+}
+
+/// `Ok` when NVRTC can be used, after trying the loader's path and then the candidates above
+/// (`$DETCOLL_NVRTC`, `$CUDA_HOME`, `/usr/local/cuda`).
+pub fn ensure_nvrtc() -> Result<(), Error> {
+    // Only success is remembered: a library loaded later (`load_nvrtc_from`) is still found.
+    static FOUND: AtomicBool = AtomicBool::new(false);
+    if FOUND.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    // SAFETY: only tries to dlopen by name.
+    let present = || unsafe { nvrtc::is_culib_present() };
+    if present() {
+        FOUND.store(true, Ordering::Release);
+        return Ok(());
+    }
+    let candidates = nvrtc_candidates();
+    for c in &candidates {
+        if load_nvrtc_from(c).is_ok() && present() {
+            FOUND.store(true, Ordering::Release);
+            return Ok(());
+        }
+    }
+    Err(nvrtc_missing(format!(
+        "not found by the dynamic loader nor at {candidates:?}; set DETCOLL_NVRTC to the library, \
+         LD_LIBRARY_PATH, or provide prebuilt kernels in DETCOLL_KERNEL_DIR"
+    )))
+}
+
+fn nvrtc_err(what: &str, r: nvrtc::nvrtcResult) -> Error {
+    Error::Backend { backend: BACKEND, detail: format!("NVRTC {what}: {r:?}") }
+}
+
+fn nvrtc_check(r: nvrtc::nvrtcResult, what: &str) -> Result<(), Error> {
+    if r == nvrtc::nvrtcResult::NVRTC_SUCCESS { Ok(()) } else { Err(nvrtc_err(what, r)) }
+}
+
+/// Destroys an NVRTC program on every path.
+struct Program(nvrtc::nvrtcProgram);
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        // SAFETY: created by nvrtcCreateProgram, destroyed once.
+        let _ = unsafe { nvrtc::nvrtcDestroyProgram(&mut self.0) };
+    }
+}
+
+fn c_string(s: &str) -> Result<CString, Error> {
+    CString::new(s).map_err(|_| Error::Backend { backend: BACKEND, detail: "NUL byte in kernel source".into() })
+}
+
+/// Compiles the embedded main module for `arch` (`"sm_90"`, `"sm_100"`, ...) with NVRTC.
+///
+/// PTX images keep their trailing NUL, as `cuModuleLoadData` expects.
+pub fn compile(arch: &str, kind: ImageKind) -> Result<Vec<u8>, Error> {
+    compile_variant(arch, kind, Variant::Main)
+}
+
+/// Compiles one [`Variant`] of the embedded kernels for `arch` with NVRTC.
+pub fn compile_variant(arch: &str, kind: ImageKind, variant: Variant) -> Result<Vec<u8>, Error> {
+    ensure_nvrtc()?;
+    let src = c_string(KERNEL_SOURCE)?;
+    let header = c_string(TREE_HEADER)?;
+    let header_name = c_string("detcoll_tree.h")?;
+    let name = c_string("detcoll_cuda.cu")?;
+    let target = match kind {
+        ImageKind::Cubin => arch.to_string(),
+        ImageKind::Ptx => arch.replacen("sm_", "compute_", 1),
+    };
+    let mut opts: Vec<CString> = vec![c_string(&format!("--gpu-architecture={target}"))?];
+    for f in NVRTC_FLAGS {
+        opts.push(c_string(f)?);
+    }
+    if variant == Variant::Soft {
+        opts.push(c_string("-DDETCOLL_SOFT_MODULE")?);
+    }
+    let opt_ptrs: Vec<*const core::ffi::c_char> = opts.iter().map(|o| o.as_ptr()).collect();
+    let mut prog = Program(core::ptr::null_mut());
+    // SAFETY: all strings are NUL-terminated and outlive the calls; one header with its name.
+    let r = unsafe {
+        nvrtc::nvrtcCreateProgram(&mut prog.0, src.as_ptr(), name.as_ptr(), 1, &header.as_ptr(), &header_name.as_ptr())
+    };
+    nvrtc_check(r, "nvrtcCreateProgram")?;
+    // SAFETY: `prog` is a valid program; options are valid C strings.
+    let r = unsafe { nvrtc::nvrtcCompileProgram(prog.0, opt_ptrs.len() as i32, opt_ptrs.as_ptr()) };
+    if r != nvrtc::nvrtcResult::NVRTC_SUCCESS {
+        let log = program_log(&prog).unwrap_or_default();
+        return Err(Error::Backend { backend: BACKEND, detail: format!("NVRTC failed for {target} ({r:?}):\n{log}") });
+    }
+    let mut size = 0usize;
+    let mut out;
+    match kind {
+        ImageKind::Cubin => {
+            // SAFETY: compiled program; out-pointer to a local.
+            nvrtc_check(unsafe { nvrtc::nvrtcGetCUBINSize(prog.0, &mut size) }, "nvrtcGetCUBINSize")?;
+            out = vec![0u8; size];
+            // SAFETY: `out` has the size NVRTC reported.
+            nvrtc_check(unsafe { nvrtc::nvrtcGetCUBIN(prog.0, out.as_mut_ptr().cast()) }, "nvrtcGetCUBIN")?;
+        }
+        ImageKind::Ptx => {
+            // SAFETY: as above.
+            nvrtc_check(unsafe { nvrtc::nvrtcGetPTXSize(prog.0, &mut size) }, "nvrtcGetPTXSize")?;
+            out = vec![0u8; size];
+            // SAFETY: as above (size includes the trailing NUL).
+            nvrtc_check(unsafe { nvrtc::nvrtcGetPTX(prog.0, out.as_mut_ptr().cast()) }, "nvrtcGetPTX")?;
+        }
+    }
+    Ok(out)
+}
+
+fn program_log(prog: &Program) -> Option<String> {
+    let mut size = 0usize;
+    // SAFETY: valid program, out-pointer to a local.
+    if unsafe { nvrtc::nvrtcGetProgramLogSize(prog.0, &mut size) } != nvrtc::nvrtcResult::NVRTC_SUCCESS {
+        return None;
+    }
+    let mut buf = vec![0u8; size.max(1)];
+    // SAFETY: `buf` has the reported size.
+    if unsafe { nvrtc::nvrtcGetProgramLog(prog.0, buf.as_mut_ptr().cast()) } != nvrtc::nvrtcResult::NVRTC_SUCCESS {
+        return None;
+    }
+    Some(CStr::from_bytes_until_nul(&buf).map(|c| c.to_string_lossy().into_owned()).unwrap_or_default())
+}
+
+/// Directories searched for prebuilt images.
+fn prebuilt_dirs() -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    if let Some(d) = std::env::var_os("DETCOLL_KERNEL_DIR") {
+        v.push(PathBuf::from(d));
+    }
+    v.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels/build"));
+    v
+}
+
+/// A prebuilt image of `variant` for `arch`, if one exists: `(path, bytes)`; PTX gets a
+/// trailing NUL.
+fn prebuilt(arch: &str, variant: Variant) -> Option<(PathBuf, Vec<u8>)> {
+    let stem = variant.stem();
+    for dir in prebuilt_dirs() {
+        for name in [format!("{stem}.{arch}.cubin"), format!("{stem}.{arch}.ptx"), format!("{stem}.ptx")] {
+            let p = dir.join(&name);
+            if let Ok(mut bytes) = std::fs::read(&p) {
+                if name.ends_with(".ptx") && bytes.last() != Some(&0) {
+                    bytes.push(0);
+                }
+                return Some((p, bytes));
+            }
+        }
+    }
+    None
+}
+
+/// The image of `variant` for `arch`: one compilation per process, variant and architecture.
+fn image_for(arch: &str, variant: Variant) -> Result<Arc<Vec<u8>>, Error> {
+    type Images = HashMap<(String, Variant), Arc<Vec<u8>>>;
+    static CACHE: OnceLock<Mutex<Images>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    // Holding the lock while compiling makes concurrent first users wait for one compilation.
+    let mut map =
+        cache.lock().map_err(|_| Error::Backend { backend: BACKEND, detail: "kernel cache lock poisoned".into() })?;
+    let key = (arch.to_string(), variant);
+    if let Some(img) = map.get(&key) {
+        return Ok(img.clone());
+    }
+    let img = Arc::new(compile_variant(arch, ImageKind::Cubin, variant)?);
+    map.insert(key, img.clone());
+    Ok(img)
+}
+
+/// A loaded module, unloaded on drop.
+#[derive(Debug)]
+struct RawModule {
+    ctx: Arc<CudaContext>,
+    module: sys::CUmodule,
+    /// Where the image came from (for logs and bench output).
+    origin: String,
+}
+
+// SAFETY: module and function handles may be used from any thread of the process once the
+// owning context is current there (every launch binds it first).
+unsafe impl Send for RawModule {}
+// SAFETY: as above; launching the same function concurrently from several threads is allowed.
+unsafe impl Sync for RawModule {}
+
+impl RawModule {
+    /// Loads `variant` into `ctx`: a prebuilt image when present (falling back to NVRTC if the
+    /// driver or the ABI check refuses it), else NVRTC.
+    fn load(ctx: &Arc<CudaContext>, variant: Variant) -> Result<RawModule, Error> {
+        driver::ensure_driver()?;
+        let arch = driver::arch(ctx)?;
+        let pre = prebuilt(&arch, variant);
+        let first = match &pre {
+            Some((p, bytes)) => Self::load_image(ctx, bytes, p.display().to_string()),
+            None => Self::load_image(ctx, &image_for(&arch, variant)?, format!("NVRTC {arch}")),
+        };
+        match first {
+            Err(e) if pre.is_some() => {
+                let origin = pre.map(|(p, _)| p.display().to_string()).unwrap_or_default();
+                let Ok(img) = image_for(&arch, variant) else { return Err(e) };
+                Self::load_image(ctx, &img, format!("NVRTC {arch} (prebuilt {origin} refused: {e})"))
+            }
+            other => other,
+        }
+    }
+
+    fn load_image(ctx: &Arc<CudaContext>, image: &[u8], origin: String) -> Result<RawModule, Error> {
+        driver::bind(ctx)?;
+        let mut module: sys::CUmodule = core::ptr::null_mut();
+        // SAFETY: `image` is a cubin or a NUL-terminated PTX string, alive during the call.
+        check(unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr().cast()) }, "cuModuleLoadData")?;
+        let m = RawModule { ctx: ctx.clone(), module, origin };
+        m.check_abi()?;
+        Ok(m)
+    }
+
+    fn function(&self, name: &str) -> Result<sys::CUfunction, Error> {
+        let c = c_string(name)?;
+        let mut f: sys::CUfunction = core::ptr::null_mut();
+        // SAFETY: valid module, NUL-terminated name.
+        let r = unsafe { sys::cuModuleGetFunction(&mut f, self.module, c.as_ptr()) };
+        check(r, &format!("cuModuleGetFunction({name})"))?;
+        // Load it now. Under lazy loading (the default since CUDA 12.2) a function is loaded at
+        // its first launch, and loading may wait for the device to go idle: a rank launching
+        // its first collective while a peer's kernel already spins waiting for it would then
+        // deadlock until the timeout.
+        if driver_version() >= 12040 {
+            // SAFETY: a valid function handle of this module.
+            check(unsafe { sys::cuFuncLoad(f) }, &format!("cuFuncLoad({name})"))?;
+        }
+        Ok(f)
+    }
+
+    /// Refuses an image built from another protocol/parameter layout.
+    fn check_abi(&self) -> Result<(), Error> {
+        let name = c_string("detcoll_abi")?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        let mut bytes = 0usize;
+        // SAFETY: valid module; out-pointers to locals.
+        let r = unsafe { sys::cuModuleGetGlobal_v2(&mut ptr, &mut bytes, self.module, name.as_ptr()) };
+        check(r, "detcoll_abi lookup")?;
+        let mut abi = [0u32; 6];
+        if bytes != size_of_val(&abi) {
+            return Err(abi_error(format!("detcoll_abi has {bytes} bytes")));
+        }
+        // SAFETY: `ptr` is a device global of exactly `bytes` bytes.
+        check(unsafe { sys::cuMemcpyDtoH_v2(abi.as_mut_ptr().cast(), ptr, bytes) }, "reading detcoll_abi")?;
+        let want = [
+            ABI_VERSION,
+            size_of::<ParamsSingle>() as u32,
+            size_of::<ParamsMany>() as u32,
+            size_of::<TreeParams>() as u32,
+            size_of::<Seg>() as u32,
+            size_of::<CopyParams>() as u32,
+        ];
+        if abi != want {
+            return Err(abi_error(format!("kernels export {abi:?}, this crate expects {want:?}")));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for RawModule {
+    fn drop(&mut self) {
+        if driver::bind(&self.ctx).is_ok() {
+            // SAFETY: loaded by cuModuleLoadData; every user holds the module through an Arc,
+            // and ranks synchronise their context at close.
+            let _ = unsafe { sys::cuModuleUnload(self.module) };
+        }
+    }
+}
+
+/// The driver's CUDA version (e.g. 13000), 0 if unknown.
+fn driver_version() -> i32 {
+    let mut v = 0i32;
+    // SAFETY: out-pointer to a local; the driver library is loaded (checked by the caller).
+    let _ = unsafe { sys::cuDriverGetVersion(&mut v) };
+    v
+}
+
+fn abi_error(detail: String) -> Error {
+    Error::Backend { backend: BACKEND, detail: format!("kernel image does not match this crate's ABI: {detail}") }
+}
+
+/// The main kernels of one context.
+#[derive(Debug)]
+pub(crate) struct Module {
+    raw: RawModule,
+    pub(crate) collective_single: sys::CUfunction,
+    pub(crate) collective_many: sys::CUfunction,
+    pub(crate) tree: sys::CUfunction,
+    pub(crate) noop: sys::CUfunction,
+    pub(crate) copy: sys::CUfunction,
+    /// Grid of the fused tree kernel: every SM full.
+    pub(crate) tree_grid: u32,
+}
+
+// SAFETY: see `RawModule`; function handles are plain driver handles.
+unsafe impl Send for Module {}
+// SAFETY: as above.
+unsafe impl Sync for Module {}
+
+impl Module {
+    /// Loads the main kernels into `ctx` and checks their ABI.
+    pub(crate) fn load(ctx: &Arc<CudaContext>) -> Result<Arc<Module>, Error> {
+        let raw = RawModule::load(ctx, Variant::Main)?;
+        let tree = raw.function("detcoll_tree")?;
+        let mut per_sm = 0i32;
+        // SAFETY: valid function handle, out-pointer to a local.
+        let r = unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, tree, crate::launch::THREADS as i32, 0)
+        };
+        check(r, "cuOccupancyMaxActiveBlocksPerMultiprocessor")?;
+        Ok(Arc::new(Module {
+            collective_single: raw.function("detcoll_collective_s")?,
+            collective_many: raw.function("detcoll_collective_m")?,
+            tree,
+            noop: raw.function("detcoll_noop")?,
+            copy: raw.function("detcoll_copy")?,
+            tree_grid: (driver::multiprocessors(ctx)? * per_sm.max(1) as usize) as u32,
+            raw,
+        }))
+    }
+
+    /// Where the image came from.
+    pub(crate) fn origin(&self) -> &str {
+        &self.raw.origin
+    }
+}
+
+/// The software-arithmetic fused tree of one context (built on first use).
+#[derive(Debug)]
+pub(crate) struct SoftModule {
+    #[allow(dead_code)]
+    raw: RawModule,
+    pub(crate) tree_soft: sys::CUfunction,
+}
+
+// SAFETY: see `RawModule`.
+unsafe impl Send for SoftModule {}
+// SAFETY: as above.
+unsafe impl Sync for SoftModule {}
+
+impl SoftModule {
+    pub(crate) fn load(ctx: &Arc<CudaContext>) -> Result<Arc<SoftModule>, Error> {
+        let raw = RawModule::load(ctx, Variant::Soft)?;
+        Ok(Arc::new(SoftModule { tree_soft: raw.function("detcoll_tree_soft")?, raw }))
+    }
+}

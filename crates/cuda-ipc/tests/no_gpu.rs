@@ -1,0 +1,102 @@
+//! Checks that need no GPU and run in CI: the kernels compile with NVRTC for every target
+//! architecture and keep the arithmetic strict, and a missing driver is an error, not a panic.
+use collective_core::Error;
+use cuda_ipc::kernels::{ImageKind, Variant, compile, compile_variant, ensure_nvrtc, load_nvrtc_from};
+use cuda_ipc::{CudaIpcCollective, CudaIpcConfig};
+use std::path::PathBuf;
+
+/// NVRTC from the loader's path, the usual toolkit places, or a pip wheel
+/// (`pip install nvidia-cuda-nvrtc`: site-packages/nvidia/*/lib/libnvrtc.so.*).
+fn nvrtc() -> bool {
+    if ensure_nvrtc().is_ok() {
+        return true;
+    }
+    let mut roots: Vec<PathBuf> = Vec::new();
+    for py in ["python3", "python"] {
+        if let Ok(out) = std::process::Command::new(py)
+            .args(["-c", "import site,sys; print('\\n'.join(site.getsitepackages()+[site.getusersitepackages()]))"])
+            .output()
+        {
+            roots.extend(String::from_utf8_lossy(&out.stdout).lines().map(PathBuf::from));
+        }
+    }
+    for root in roots {
+        let Ok(vendors) = std::fs::read_dir(root.join("nvidia")) else { continue };
+        for v in vendors.flatten() {
+            let Ok(libs) = std::fs::read_dir(v.path().join("lib")) else { continue };
+            for l in libs.flatten() {
+                let name = l.file_name().to_string_lossy().into_owned();
+                if name.starts_with("libnvrtc.so.") && !name.contains("builtins") && load_nvrtc_from(&l.path()).is_ok()
+                {
+                    // The process-wide result of the first search is cached: test the library
+                    // directly.
+                    return compile("sm_90", ImageKind::Ptx).is_ok() || ensure_nvrtc().is_ok();
+                }
+            }
+        }
+    }
+    false
+}
+
+#[test]
+fn kernels_compile_for_every_target_with_strict_arithmetic() {
+    if !nvrtc() {
+        println!("skipped: NVRTC not found (pip install nvidia-cuda-nvrtc, or set DETCOLL_NVRTC)");
+        return;
+    }
+    for arch in ["sm_80", "sm_90", "sm_100"] {
+        let cubin = compile(arch, ImageKind::Cubin).unwrap_or_else(|e| panic!("{arch}: {e}"));
+        assert!(cubin.len() > 1000 && cubin.starts_with(b"\x7fELF"), "{arch}: not an ELF cubin");
+        println!("{arch}: cubin {} bytes", cubin.len());
+        if arch == "sm_100" {
+            // Same source path as sm_90 (arch >= 900); its PTX check would repeat sm_90's.
+            continue;
+        }
+        let ptx = compile(arch, ImageKind::Ptx).unwrap_or_else(|e| panic!("{arch} PTX: {e}"));
+        let ptx = String::from_utf8_lossy(&ptx);
+        // No flush to zero anywhere, no fused multiply-add of f32/f16 values.
+        assert!(!ptx.contains(".ftz"), "{arch}: PTX contains a flush-to-zero instruction");
+        for fused in ["fma.rn.f32", "fma.rn.f16", "mad.f32", "mad.rn.f32"] {
+            assert!(!ptx.contains(fused), "{arch}: PTX contains {fused}");
+        }
+        assert!(ptx.contains("add.rn.f32") && ptx.contains("add.rn.f16x2"), "{arch}: expected explicit RNE adds");
+        if arch == "sm_80" {
+            // No bf16 add before sm_90: the exact fma(a, 1.0, b) form.
+            assert!(ptx.contains("fma.rn.bf16x2"), "sm_80: expected fma.rn.bf16x2");
+        } else {
+            assert!(ptx.contains("add.rn.bf16x2"), "{arch}: expected add.rn.bf16x2");
+        }
+        for entry in ["detcoll_collective_s", "detcoll_collective_m", "detcoll_tree", "detcoll_noop"] {
+            assert!(ptx.contains(&format!(".entry {entry}(")), "{arch}: entry {entry} missing");
+        }
+        println!("{arch}: PTX strict");
+    }
+}
+
+#[test]
+fn software_arithmetic_module_compiles_strict() {
+    if !nvrtc() {
+        println!("skipped: NVRTC not found (pip install nvidia-cuda-nvrtc, or set DETCOLL_NVRTC)");
+        return;
+    }
+    let ptx = compile_variant("sm_90", ImageKind::Ptx, Variant::Soft).unwrap_or_else(|e| panic!("soft module: {e}"));
+    let ptx = String::from_utf8_lossy(&ptx);
+    assert!(ptx.contains(".entry detcoll_tree_soft(") && !ptx.contains(".entry detcoll_collective_s("));
+    assert!(!ptx.contains(".ftz") && !ptx.contains("fma.rn.f32"), "soft module: flush to zero or contraction");
+    // The software path must not use the hardware f16/bf16 adds.
+    assert!(!ptx.contains("add.rn.f16") && !ptx.contains("add.rn.bf16"), "soft module uses hardware half adds");
+}
+
+#[test]
+fn missing_driver_is_an_error_not_a_panic() {
+    if cuda_ipc::driver::driver_present() {
+        println!("skipped: libcuda is present, the missing-driver path cannot be exercised here");
+        return;
+    }
+    match CudaIpcCollective::group_on_ordinal(0, 2, &CudaIpcConfig::new(1 << 16)) {
+        Err(Error::LibraryMissing { library, .. }) => assert!(library.contains("libcuda")),
+        other => panic!("expected LibraryMissing, got {other:?}"),
+    }
+    assert!(matches!(cuda_ipc::driver::device_count(), Err(Error::LibraryMissing { .. })));
+    assert!(matches!(cuda_ipc::driver::open_device(0), Err(Error::LibraryMissing { .. })));
+}

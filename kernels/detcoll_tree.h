@@ -1,0 +1,387 @@
+// detcoll_tree.h — the fixed balanced rank tree and its building blocks, for CUDA and HIP.
+//
+// Every reduced element is evaluated as
+//
+//     ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))      (prefixes for 1, 2, 4 ranks)
+//
+// with every add in the element's own dtype, rounded to nearest even, no flush to zero, no
+// fused operation. Vector forms (f16x2/bf16x2 packed adds, 16-byte loads) only change how many
+// elements one instruction carries: each lane of a packed add is the same scalar add.
+//
+// Why the adds are written in inline PTX on NVIDIA: `add.rn.f32`, `add.rn.f16x2`,
+// `add.rn.bf16x2` carry their rounding mode explicitly, which forbids ptxas from contracting
+// them into an FMA, and carry no `.ftz`, so subnormals are kept whatever flags (`--ftz=true`,
+// `--use_fast_math`) the file is compiled with. The NVRTC flags (`--ftz=false --fmad=false
+// --prec-div=true`) are a second line of defence. On sm_80..sm_89 there is no bf16 add
+// instruction; `fma.rn.bf16x2 d, a, 1.0, c` is exactly the add (a * 1.0 is exact, so the one
+// rounding is of a + c, signed zeros included) and bf16 FMA keeps subnormals.
+//
+// The software path (HIP, and NVIDIA parts older than the instructions above) widens f16/bf16
+// to f32, adds once in f32 and rounds once to the dtype, which is the exact dtype add (see
+// crates/fixed-tree/src/element.rs for the proof). `DC_FORCE_SOFT` templates select it on any
+// part, so the NVIDIA GPU tests also verify the arithmetic the HIP build uses.
+//
+// This header has no includes: NVRTC compiles it without a toolkit on disk.
+#ifndef DETCOLL_TREE_H
+#define DETCOLL_TREE_H
+
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
+#define DC_HIP 1
+#else
+#define DC_CUDA 1
+#endif
+
+#define DC_DEV __device__ __forceinline__
+
+typedef unsigned long long dc_u64;
+typedef unsigned int dc_u32;
+typedef unsigned short dc_u16;
+typedef unsigned char dc_u8;
+
+// dtype codes: the same numbers as collective_core::DType.
+#define DC_F32 0
+#define DC_F16 1
+#define DC_BF16 2
+
+// ---------------------------------------------------------------------------------------------
+// Bit casts and the software arithmetic (exact by the fixed-tree argument).
+// ---------------------------------------------------------------------------------------------
+
+DC_DEV float dc_as_f32(dc_u32 u) { return __uint_as_float(u); }
+DC_DEV dc_u32 dc_as_u32(float f) { return __float_as_uint(f); }
+
+// One f32 add, round to nearest even, never flushing subnormals.
+DC_DEV dc_u32 dc_add_f32_bits(dc_u32 a, dc_u32 b) {
+#if defined(DC_CUDA)
+    float r;
+    asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(dc_as_f32(a)), "f"(dc_as_f32(b)));
+    return dc_as_u32(r);
+#else
+    // HIP: plain IEEE add; the HIP build must be compiled without -ffast-math/denormal flushing
+    // (-fno-fast-math -fgpu-flush-denormals-to-zero=false), which the HIP entry file asserts.
+    return dc_as_u32(__fadd_rn(dc_as_f32(a), dc_as_f32(b)));
+#endif
+}
+
+DC_DEV float dc_bf16_to_f32(dc_u16 h) { return dc_as_f32((dc_u32)h << 16); }
+
+// f32 -> bf16, round to nearest even; NaN stays NaN (payload not part of the contract).
+DC_DEV dc_u16 dc_f32_to_bf16(float f) {
+    dc_u32 u = dc_as_u32(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (dc_u16)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (dc_u16)(u >> 16);
+}
+
+DC_DEV float dc_f16_to_f32(dc_u16 h) {
+    dc_u32 sign = (dc_u32)(h & 0x8000u) << 16;
+    dc_u32 exp = (h >> 10) & 0x1fu;
+    dc_u32 man = h & 0x3ffu;
+    if (exp == 0x1fu) return dc_as_f32(sign | 0x7f800000u | (man << 13));
+    if (exp == 0) {
+        // Subnormal (or zero): man * 2^-24, exact in f32.
+        float v = (float)man * 5.9604644775390625e-8f;
+        return dc_as_f32(dc_as_u32(v) | sign);
+    }
+    return dc_as_f32(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+// f32 -> f16, round to nearest even, overflow to inf, subnormals exact.
+DC_DEV dc_u16 dc_f32_to_f16(float f) {
+    dc_u32 u = dc_as_u32(f);
+    dc_u32 sign = (u >> 16) & 0x8000u;
+    dc_u32 a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (dc_u16)(sign | 0x7e00u);
+    if (a >= 0x477ff000u) return (dc_u16)(sign | 0x7c00u);  // >= 65520: rounds to inf
+    if (a >= 0x38800000u) {                                   // normal f16 result
+        dc_u32 odd = (a >> 13) & 1u;
+        a -= 112u << 23;
+        a += 0xfffu + odd;
+        return (dc_u16)(sign | (a >> 13));
+    }
+    // |f| < 2^-14: f16 subnormal or zero. Adding 0.5 puts |f| where the f32 ulp is 2^-24, the
+    // f16 subnormal spacing, so one RNE f32 add rounds it exactly as f16 would.
+    dc_u32 r = dc_add_f32_bits(a, 0x3f000000u) - 0x3f000000u;
+    return (dc_u16)(sign | r);
+}
+
+DC_DEV dc_u16 dc_soft_add_f16(dc_u16 a, dc_u16 b) {
+    return dc_f32_to_f16(dc_as_f32(dc_add_f32_bits(dc_as_u32(dc_f16_to_f32(a)), dc_as_u32(dc_f16_to_f32(b)))));
+}
+
+DC_DEV dc_u16 dc_soft_add_bf16(dc_u16 a, dc_u16 b) {
+    return dc_f32_to_bf16(dc_as_f32(dc_add_f32_bits(dc_as_u32(dc_bf16_to_f32(a)), dc_as_u32(dc_bf16_to_f32(b)))));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scalar and packed adds per dtype. SOFT = true forces the software path.
+// ---------------------------------------------------------------------------------------------
+
+template <bool SOFT>
+DC_DEV dc_u16 dc_add_f16(dc_u16 a, dc_u16 b) {
+#if defined(DC_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 530
+    if (!SOFT) {
+        dc_u16 r;
+        asm("add.rn.f16 %0, %1, %2;" : "=h"(r) : "h"(a), "h"(b));
+        return r;
+    }
+#endif
+    return dc_soft_add_f16(a, b);
+}
+
+template <bool SOFT>
+DC_DEV dc_u32 dc_add_f16x2(dc_u32 a, dc_u32 b) {
+#if defined(DC_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 530
+    if (!SOFT) {
+        dc_u32 r;
+        asm("add.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+        return r;
+    }
+#endif
+    return (dc_u32)dc_soft_add_f16((dc_u16)a, (dc_u16)b) |
+           ((dc_u32)dc_soft_add_f16((dc_u16)(a >> 16), (dc_u16)(b >> 16)) << 16);
+}
+
+template <bool SOFT>
+DC_DEV dc_u16 dc_add_bf16(dc_u16 a, dc_u16 b) {
+#if defined(DC_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (!SOFT) {
+        dc_u16 r;
+        asm("add.rn.bf16 %0, %1, %2;" : "=h"(r) : "h"(a), "h"(b));
+        return r;
+    }
+#elif defined(DC_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (!SOFT) {
+        dc_u16 r;
+        asm("{ .reg .b16 one; mov.b16 one, 0x3F80; fma.rn.bf16 %0, %1, one, %2; }" : "=h"(r) : "h"(a), "h"(b));
+        return r;
+    }
+#endif
+    return dc_soft_add_bf16(a, b);
+}
+
+template <bool SOFT>
+DC_DEV dc_u32 dc_add_bf16x2(dc_u32 a, dc_u32 b) {
+#if defined(DC_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (!SOFT) {
+        dc_u32 r;
+        asm("add.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+        return r;
+    }
+#elif defined(DC_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (!SOFT) {
+        dc_u32 r;
+        asm("{ .reg .b32 one; mov.b32 one, 0x3F803F80; fma.rn.bf16x2 %0, %1, one, %2; }" : "=r"(r) : "r"(a), "r"(b));
+        return r;
+    }
+#endif
+    return (dc_u32)dc_soft_add_bf16((dc_u16)a, (dc_u16)b) |
+           ((dc_u32)dc_soft_add_bf16((dc_u16)(a >> 16), (dc_u16)(b >> 16)) << 16);
+}
+
+// One 32-bit word of packed elements: 1 f32, or 2 f16/bf16.
+template <int DT, bool SOFT>
+DC_DEV dc_u32 dc_add_word(dc_u32 a, dc_u32 b) {
+    if (DT == DC_F32) return dc_add_f32_bits(a, b);
+    if (DT == DC_F16) return dc_add_f16x2<SOFT>(a, b);
+    return dc_add_bf16x2<SOFT>(a, b);
+}
+
+// Sixteen bytes: 4 f32 or 8 f16/bf16, lane by lane.
+template <int DT, bool SOFT>
+DC_DEV uint4 dc_add_vec(uint4 a, uint4 b) {
+    uint4 r;
+    r.x = dc_add_word<DT, SOFT>(a.x, b.x);
+    r.y = dc_add_word<DT, SOFT>(a.y, b.y);
+    r.z = dc_add_word<DT, SOFT>(a.z, b.z);
+    r.w = dc_add_word<DT, SOFT>(a.w, b.w);
+    return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tree. `v[0..W)` are the leaves in rank order; W is 1, 2, 4 or 8. Level s adds v[i] and
+// v[i + s] for i = 0, 2s, 4s, ...: (0,1)(2,3)(4,5)(6,7), then (0,2)(4,6), then (0,4) — exactly
+// ((r0+r1)+(r2+r3))+((r4+r5)+(r6+r7)) and its prefixes.
+// ---------------------------------------------------------------------------------------------
+
+template <int W, int DT, bool SOFT>
+DC_DEV uint4 dc_tree_vec(uint4 (&v)[W]) {
+#pragma unroll
+    for (int s = 1; s < W; s *= 2) {
+#pragma unroll
+        for (int i = 0; i + s < W; i += 2 * s) v[i] = dc_add_vec<DT, SOFT>(v[i], v[i + s]);
+    }
+    return v[0];
+}
+
+// Scalar element, as bits (f32 in 32 bits, f16/bf16 in the low 16).
+template <int DT, bool SOFT>
+DC_DEV dc_u32 dc_add_scalar(dc_u32 a, dc_u32 b) {
+    if (DT == DC_F32) return dc_add_f32_bits(a, b);
+    if (DT == DC_F16) return dc_add_f16<SOFT>((dc_u16)a, (dc_u16)b);
+    return dc_add_bf16<SOFT>((dc_u16)a, (dc_u16)b);
+}
+
+template <int W, int DT, bool SOFT>
+DC_DEV dc_u32 dc_tree_scalar(dc_u32 (&v)[W]) {
+#pragma unroll
+    for (int s = 1; s < W; s *= 2) {
+#pragma unroll
+        for (int i = 0; i + s < W; i += 2 * s) v[i] = dc_add_scalar<DT, SOFT>(v[i], v[i + s]);
+    }
+    return v[0];
+}
+
+template <int DT>
+DC_DEV dc_u32 dc_load_elem(const dc_u8* p) {
+    if (DT == DC_F32) return *(const dc_u32*)p;
+    return *(const dc_u16*)p;
+}
+
+template <int DT>
+DC_DEV void dc_store_elem(dc_u8* p, dc_u32 v) {
+    if (DT == DC_F32) *(dc_u32*)p = v;
+    else *(dc_u16*)p = (dc_u16)v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Range kernels, executed by `nthreads` cooperating threads (thread `tid`). Pointers are byte
+// addresses. The 16-byte path is taken only when every pointer sits at the same offset mod 16;
+// the head before the first aligned vector and the tail after the last use scalar code, so an
+// unaligned view gives the same bits, only slower.
+// ---------------------------------------------------------------------------------------------
+
+// Tree over W sources into dst (and optionally also into wb): `bytes` bytes of dtype DT.
+template <int W, int DT, bool SOFT>
+DC_DEV void dc_reduce_range(const dc_u8* const (&src)[W], dc_u8* dst, dc_u8* wb, dc_u64 bytes,
+                            dc_u32 tid, dc_u32 nthreads) {
+    const dc_u32 esz = DT == DC_F32 ? 4u : 2u;
+    dc_u64 mis = (dc_u64)src[0] & 15u;
+    bool vec = (((dc_u64)dst & 15u) == mis) && (wb == 0 || (((dc_u64)wb & 15u) == mis));
+#pragma unroll
+    for (int i = 1; i < W; ++i) vec = vec && (((dc_u64)src[i] & 15u) == mis);
+    dc_u64 head = vec ? ((16u - mis) & 15u) : bytes;
+    if (head > bytes) head = bytes;
+    dc_u64 nvec = vec ? (bytes - head) / 16u : 0;
+    dc_u64 tail_start = head + nvec * 16u;
+    // Scalar head.
+    for (dc_u64 off = (dc_u64)tid * esz; off < head; off += (dc_u64)nthreads * esz) {
+        dc_u32 v[W];
+#pragma unroll
+        for (int i = 0; i < W; ++i) v[i] = dc_load_elem<DT>(src[i] + off);
+        dc_u32 r = dc_tree_scalar<W, DT, SOFT>(v);
+        dc_store_elem<DT>(dst + off, r);
+        if (wb) dc_store_elem<DT>(wb + off, r);
+    }
+    // Vector body.
+    for (dc_u64 k = tid; k < nvec; k += nthreads) {
+        dc_u64 off = head + k * 16u;
+        uint4 v[W];
+#pragma unroll
+        for (int i = 0; i < W; ++i) v[i] = *(const uint4*)(src[i] + off);
+        uint4 r = dc_tree_vec<W, DT, SOFT>(v);
+        *(uint4*)(dst + off) = r;
+        if (wb) *(uint4*)(wb + off) = r;
+    }
+    // Scalar tail.
+    for (dc_u64 off = tail_start + (dc_u64)tid * esz; off < bytes; off += (dc_u64)nthreads * esz) {
+        dc_u32 v[W];
+#pragma unroll
+        for (int i = 0; i < W; ++i) v[i] = dc_load_elem<DT>(src[i] + off);
+        dc_u32 r = dc_tree_scalar<W, DT, SOFT>(v);
+        dc_store_elem<DT>(dst + off, r);
+        if (wb) dc_store_elem<DT>(wb + off, r);
+    }
+}
+
+// Byte copy with the widest granularity both pointers allow (16, 4 or 1 bytes).
+DC_DEV void dc_copy_range(dc_u8* dst, const dc_u8* src, dc_u64 bytes, dc_u32 tid, dc_u32 nthreads) {
+    dc_u64 rel = ((dc_u64)dst ^ (dc_u64)src);
+    dc_u32 g = (rel & 15u) == 0 ? 16u : ((rel & 3u) == 0 ? 4u : 1u);
+    dc_u64 head = g == 1u ? 0 : (((dc_u64)g - ((dc_u64)src & (g - 1u))) & (g - 1u));
+    if (head > bytes) head = bytes;
+    dc_u64 nwide = (bytes - head) / g;
+    dc_u64 tail_start = head + nwide * g;
+    for (dc_u64 i = tid; i < head; i += nthreads) dst[i] = src[i];
+    if (g == 16u) {
+        for (dc_u64 k = tid; k < nwide; k += nthreads)
+            *(uint4*)(dst + head + k * 16u) = *(const uint4*)(src + head + k * 16u);
+    } else if (g == 4u) {
+        for (dc_u64 k = tid; k < nwide; k += nthreads)
+            *(dc_u32*)(dst + head + k * 4u) = *(const dc_u32*)(src + head + k * 4u);
+    } else {
+        for (dc_u64 k = tid; k < nwide; k += nthreads) dst[k] = src[k];
+    }
+    for (dc_u64 i = tail_start + tid; i < bytes; i += nthreads) dst[i] = src[i];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Flags: system-scope release/acquire on 64-bit words, bounded spins.
+// ---------------------------------------------------------------------------------------------
+
+#if defined(DC_CUDA)
+DC_DEV void dc_st_release_sys(dc_u64* p, dc_u64 v) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+DC_DEV void dc_st_relaxed_sys(dc_u64* p, dc_u64 v) {
+    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+DC_DEV dc_u64 dc_ld_acquire_sys(const dc_u64* p) {
+    dc_u64 v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+DC_DEV dc_u64 dc_ld_relaxed_sys(const dc_u64* p) {
+    dc_u64 v;
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+// Nanoseconds since an arbitrary epoch, the same on every SM of the device.
+DC_DEV dc_u64 dc_globaltimer() {
+    dc_u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+DC_DEV void dc_nanosleep(dc_u32 ns) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    asm volatile("nanosleep.u32 %0;" ::"r"(ns));
+#endif
+}
+#else
+DC_DEV void dc_st_release_sys(dc_u64* p, dc_u64 v) {
+    __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_SYSTEM);
+}
+DC_DEV void dc_st_relaxed_sys(dc_u64* p, dc_u64 v) {
+    __hip_atomic_store(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+}
+DC_DEV dc_u64 dc_ld_acquire_sys(const dc_u64* p) {
+    return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_SYSTEM);
+}
+DC_DEV dc_u64 dc_ld_relaxed_sys(const dc_u64* p) {
+    return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+}
+DC_DEV dc_u64 dc_globaltimer() { return wall_clock64() * 10ull; }  // 100 MHz constant clock
+DC_DEV void dc_nanosleep(dc_u32) { __builtin_amdgcn_s_sleep(2); }
+#endif
+
+// The waiter's classification of one observed flag word, as collective_core::FlagState.
+#define DC_BEHIND 0
+#define DC_READY 1
+#define DC_PASSED 2
+#define DC_MISMATCH 3
+#define DC_CORRUPT 4
+
+// FlagWord::check: generations wrap; a correct peer is at most one generation ahead.
+DC_DEV int dc_flag_check(dc_u64 word, dc_u32 generation, dc_u32 digest) {
+    int delta = (int)((dc_u32)(word >> 32) - generation);
+    if (delta == 0) return (dc_u32)word == digest ? DC_READY : DC_MISMATCH;
+    if (delta == 1) return DC_PASSED;
+    if (delta < 0) return DC_BEHIND;
+    return DC_CORRUPT;
+}
+
+DC_DEV dc_u64 dc_flag_word(dc_u32 generation, dc_u32 digest) {
+    return ((dc_u64)generation << 32) | (dc_u64)digest;
+}
+
+#endif  // DETCOLL_TREE_H
