@@ -32,7 +32,7 @@ pub use error::Error;
 pub use fixed_tree;
 pub use host::host_identity;
 pub use op::{Op, Signature};
-pub use validate::{Call, LaneCall, validate, validate_many};
+pub use validate::{Call, LaneCall, LaneCalls, validate, validate_many};
 pub use view::{Io, RawMut, RawRef};
 
 /// World sizes a collective can be built for.

@@ -141,6 +141,48 @@ pub fn validate(op: Op, io: &Io<'_>, rank: usize, world: usize, capacity: usize)
     Ok(call)
 }
 
+/// The validated lanes of one `reduce_scatter_many` call: a fixed-capacity list (no heap
+/// allocation on the per-call path), used as a slice.
+#[derive(Debug, Clone, Copy)]
+pub struct LaneCalls {
+    items: [LaneCall; MAX_LANES],
+    len: usize,
+}
+
+impl LaneCalls {
+    const EMPTY: LaneCall = LaneCall {
+        call: Call {
+            op: Op::ReduceScatterMany,
+            dtype: DType::F32,
+            src: 0,
+            dst: 0,
+            count_in: 0,
+            count_out: 0,
+            in_place: false,
+        },
+        staging_offset: 0,
+    };
+    fn push(&mut self, l: LaneCall) {
+        self.items[self.len] = l;
+        self.len += 1;
+    }
+}
+
+impl<'a> IntoIterator for &'a LaneCalls {
+    type Item = &'a LaneCall;
+    type IntoIter = core::slice::Iter<'a, LaneCall>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+impl core::ops::Deref for LaneCalls {
+    type Target = [LaneCall];
+    fn deref(&self) -> &[LaneCall] {
+        &self.items[..self.len]
+    }
+}
+
 /// Validates a `reduce_scatter_many` call: every lane as a reduce_scatter, one dtype for all,
 /// and the lanes' payloads together within `capacity`. Returns the lanes with their staging
 /// offsets (disjoint ranges of one frame) and the call's signature.
@@ -149,12 +191,12 @@ pub fn validate_many(
     rank: usize,
     world: usize,
     capacity: usize,
-) -> Result<(Vec<LaneCall>, Signature), Error> {
+) -> Result<(LaneCalls, Signature), Error> {
     let op = Op::ReduceScatterMany;
     if lanes.len() > MAX_LANES {
         return Err(Error::TooManyLanes { lanes: lanes.len(), max: MAX_LANES });
     }
-    let mut out = Vec::with_capacity(lanes.len());
+    let mut out = LaneCalls { items: [LaneCalls::EMPTY; MAX_LANES], len: 0 };
     let mut offset = 0usize;
     let mut dtype = DType::F32;
     for (i, io) in lanes.iter().enumerate() {

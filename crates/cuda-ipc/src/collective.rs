@@ -2,8 +2,7 @@
 //!
 //! Per call: closed/poison check (one atomic load and one volatile load of the host-mapped
 //! error record), `validate`, `Plan`, parameter packing into a stack struct, one
-//! `cuLaunchKernel`. No host synchronisation, no host allocation (except the lane list of
-//! `reduce_scatter_many`, which `validate_many` returns as a `Vec`), no round trip.
+//! `cuLaunchKernel`. No host synchronisation, no host allocation, no round trip.
 use crate::config::CudaIpcConfig;
 use crate::driver::{self, BACKEND, check};
 use crate::kernels::Module;
