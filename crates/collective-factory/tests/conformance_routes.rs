@@ -3,11 +3,11 @@
 //! hybrid must all give the reference's bits.
 use collective_core::bootstrap::LocalBootstrap;
 use collective_core::conformance::memory::{Flaw, MemoryCollective};
-use collective_core::conformance::{HostRank, TestBackend, run_threads};
+use collective_core::conformance::{HostRank, TestBackend, run_owned};
 use collective_core::{Collective, Error};
 use collective_factory::{Routed, Routing, cpu_with_transport};
 use shm_ipc::ShmCollective;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Every route in one table (byte ranges are per-rank input sizes).
 pub const EVERY_ROUTE: &str = r#"{"platform":"cpu","source":"test: every route","rules":[
@@ -38,23 +38,29 @@ impl TestBackend for EveryRoute {
         _test: &str,
         case: &(dyn Fn(&mut Self::Rank) -> Result<(), String> + Sync),
     ) -> Result<(), String> {
-        let boots = Mutex::new(LocalBootstrap::group(world).into_iter().map(|b| Some(Arc::new(b))).collect::<Vec<_>>());
-        run_threads(world, |r| {
-            let boot = boots.lock().map_err(|e| e.to_string())?[r].take().ok_or("taken")?;
-            let routing = Routing::from_json(EVERY_ROUTE).map_err(|e| e.to_string())?;
-            let transport_boot = boot.clone();
-            let comm = cpu_with_transport(
-                &*boot,
-                capacity,
-                Some(routing),
-                Some(move || Ok::<_, Error>(MemoryCollective::new(transport_boot, capacity, Flaw::None))),
-            )
+        let routing = Routing::from_json(EVERY_ROUTE).map_err(|e| e.to_string())?;
+        let boots: Vec<Arc<LocalBootstrap>> = LocalBootstrap::group(world).into_iter().map(Arc::new).collect();
+        // Construction is collective: every rank builds on its own thread.
+        let built: Vec<Result<Composed, Error>> = std::thread::scope(|s| {
+            let hs: Vec<_> = boots
+                .iter()
+                .map(|boot| {
+                    let routing = routing.clone();
+                    s.spawn(move || {
+                        let tb = boot.clone();
+                        let transport = move || Ok::<_, Error>(MemoryCollective::new(tb, capacity, Flaw::None));
+                        cpu_with_transport(&**boot, capacity, Some(routing), Some(transport))
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("construction panicked")).collect()
+        });
+        let ranks = built
+            .into_iter()
+            .map(|c| c.map(|comm| HostRank { comm }))
+            .collect::<Result<Vec<_>, _>>()
             .map_err(|e| e.to_string())?;
-            let mut rank = HostRank { comm };
-            let result = case(&mut rank);
-            rank.comm.close().map_err(|e| e.to_string())?;
-            result
-        })
+        run_owned(ranks, case, |rank| rank.comm.close().map_err(|e| e.to_string()))
     }
 }
 

@@ -143,3 +143,20 @@ where
     });
     if errors.is_empty() { Ok(()) } else { Err(errors.join("\n")) }
 }
+
+/// Runs `case` on one thread per rank, each thread owning its rank (e.g. a collective built
+/// for the whole world beforehand), then `finish` on it (e.g. close); joins every failure.
+pub fn run_owned<R: Send>(
+    ranks: Vec<R>,
+    case: &(dyn Fn(&mut R) -> Result<(), String> + Sync),
+    finish: impl Fn(R) -> Result<(), String> + Sync,
+) -> Result<(), String> {
+    let world = ranks.len();
+    let slots = std::sync::Mutex::new(ranks.into_iter().map(Some).collect::<Vec<_>>());
+    run_threads(world, |r| {
+        let mut rank = slots.lock().map_err(|e| e.to_string())?[r].take().ok_or("rank taken twice")?;
+        let result = case(&mut rank);
+        let finished = finish(rank);
+        result.and(finished)
+    })
+}

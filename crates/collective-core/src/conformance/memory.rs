@@ -4,7 +4,7 @@
 //! It exists to test the suite itself: [`Flaw`]s make it deliberately wrong, and the suite must
 //! fail every flawed flavour (see this crate's `tests/conformance.rs`).
 use super::data::reference_reduce;
-use super::harness::{HostRank, TestBackend, run_threads};
+use super::harness::{HostRank, TestBackend, run_owned};
 use crate::bootstrap::{Bootstrap, LocalBootstrap};
 use crate::{Capabilities, Collective, DType, Error, Io, Op, Route, validate, validate_many};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -208,15 +208,10 @@ impl TestBackend for MemoryBackend {
         _test: &str,
         case: &(dyn Fn(&mut Self::Rank) -> Result<(), String> + Sync),
     ) -> Result<(), String> {
-        let boots = std::sync::Mutex::new(
-            LocalBootstrap::group_with_timeout(world, Duration::from_secs(5)).into_iter().map(Some).collect::<Vec<_>>(),
-        );
-        run_threads(world, |r| {
-            let boot = boots.lock().map_err(|e| e.to_string())?[r].take().ok_or("bootstrap taken")?;
-            let mut rank = HostRank { comm: MemoryCollective::new(boot, capacity, self.flaw) };
-            let result = case(&mut rank);
-            rank.comm.close().map_err(|e| e.to_string())?;
-            result
-        })
+        let ranks = LocalBootstrap::group_with_timeout(world, Duration::from_secs(5))
+            .into_iter()
+            .map(|boot| HostRank { comm: MemoryCollective::new(boot, capacity, self.flaw) })
+            .collect();
+        run_owned(ranks, case, |rank| rank.comm.close().map_err(|e| e.to_string()))
     }
 }
