@@ -20,7 +20,7 @@ pub fn cuda_devices() -> Option<usize> {
     static N: OnceLock<usize> = OnceLock::new();
     let n = *N.get_or_init(|| ccl_transport::cuda_ipc::driver::device_count().unwrap_or(0));
     if n == 0 {
-        println!("skipped: no CUDA device");
+        collective_core::conformance::skip(&format!("no CUDA device"));
         return None;
     }
     Some(n)
@@ -45,11 +45,11 @@ pub fn gpu() -> Option<Arc<CudaContext>> {
 pub fn nccl_devices() -> Option<usize> {
     let n = ccl_transport::cuda_ipc::driver::device_count().unwrap_or(0);
     if n == 0 {
-        println!("skipped: no CUDA device / no NCCL");
+        collective_core::conformance::skip(&format!("no CUDA device / no NCCL"));
         return None;
     }
     if let Err(e) = ccl_transport::load(Some(Vendor::Nvidia)) {
-        println!("skipped: no CUDA device / no NCCL ({e})");
+        collective_core::conformance::skip(&format!("no CUDA device / no NCCL ({e})"));
         return None;
     }
     Some(n)
@@ -131,7 +131,9 @@ where
 {
     let n = nccl_devices()?;
     if world > n {
-        println!("skipped: world {world} needs {world} GPUs (NCCL refuses two ranks on one GPU); {n} present");
+        collective_core::conformance::skip(&format!(
+            "world {world} needs {world} GPUs (NCCL refuses two ranks on one GPU); {n} present"
+        ));
         return None;
     }
     let _one_world = gpu_lock();

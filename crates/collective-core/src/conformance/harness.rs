@@ -160,3 +160,10 @@ pub fn run_owned<R: Send>(
         result.and(finished)
     })
 }
+
+/// Reports a skipped GPU test where the test log shows it even when libtest captures output
+/// (a direct write to the stderr handle is not captured): a test that cannot run must say so.
+pub fn skip(reason: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "skipped: {reason}");
+}

@@ -18,7 +18,7 @@ mod harness;
 pub mod memory;
 mod process;
 
-pub use harness::{HostBuf, HostRank, RankEnv, TestBackend, run_owned, run_threads};
+pub use harness::{HostBuf, HostRank, RankEnv, TestBackend, run_owned, run_threads, skip};
 pub use process::{CHILD_ENV, run_processes};
 
 /// Staging capacity, in bytes per rank, every suite world is built with.
