@@ -7,8 +7,9 @@
 //! [`Decision`] or the same error. There is never a silent per-rank fallback (that would
 //! deadlock the ranks that did not fall back).
 //!
-//! Cargo features select backends: `cpu` (the CPU twin, default). GPU backends join under
-//! `cuda`/`rocm` as their crates land; a build without them contains none of their code.
+//! Cargo features select backends: `cpu` (the CPU twin, default), `cuda` (CUDA IPC + NCCL),
+//! `rocm` (HIP IPC + RCCL). A build without a feature contains none of its code, and a rocm-only
+//! build contains no CUDA code (`tests/build_isolation.rs`).
 
 mod agree;
 mod platform;
@@ -22,5 +23,9 @@ pub use routing::{Routing, RoutingTable, Rule};
 
 #[cfg(feature = "cpu")]
 mod cpu;
+#[cfg(feature = "cuda")]
+mod nvidia;
 #[cfg(feature = "cpu")]
 pub use cpu::{CpuCollective, cpu_collective, cpu_with_transport};
+#[cfg(feature = "cuda")]
+pub use nvidia::{NvidiaCollective, NvidiaConfig, nvidia_collective};

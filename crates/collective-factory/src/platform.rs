@@ -31,6 +31,10 @@ impl Platform {
         if let Some(p) = std::env::var("DETCOLL_PLATFORM").ok().as_deref().and_then(Platform::parse) {
             return p;
         }
+        #[cfg(feature = "cuda")]
+        if crate::nvidia::present() {
+            return Platform::Nvidia;
+        }
         Platform::Cpu
     }
 }

@@ -1,0 +1,82 @@
+//! The NVIDIA platform: the CUDA IPC twin for IPC routes and NCCL as the transport, composed
+//! by the agreed routing (feature `cuda`).
+//!
+//! Status: compiles and agrees like the CPU platform (same `Facts`/`decide`), and its parts are
+//! tested on an H200 on their own (cuda-ipc: conformance world 1/2/4/8; ccl-transport: world 1);
+//! the composition itself has not yet run on a GPU (`tests/nvidia.rs` skips without one).
+use crate::{Facts, Platform, Routed, Routing};
+use ccl_transport::{CudaDevice, TransportCollective, TransportConfig};
+use collective_core::bootstrap::Bootstrap;
+use collective_core::protocol::Timeouts;
+use collective_core::{Error, Op, Route, host_identity};
+use cuda_ipc::{CudaIpcCollective, CudaIpcConfig};
+use std::sync::Arc;
+
+/// The NVIDIA platform's collective.
+pub type NvidiaCollective = Routed<CudaIpcCollective, TransportCollective<CudaDevice>>;
+
+/// What every rank passes to [`nvidia_collective`] (checked equal where it matters).
+#[derive(Debug, Clone)]
+pub struct NvidiaConfig {
+    /// Staging bytes per rank (the most one rank contributes to one call).
+    pub capacity: usize,
+    /// Replaces the table (default: `DETCOLL_ROUTING_TABLE`, else the built-in NVIDIA table).
+    pub routing: Option<Routing>,
+    /// Bounds on waits.
+    pub timeouts: Timeouts,
+}
+
+impl NvidiaConfig {
+    /// `capacity` bytes of staging, default routing and timeouts.
+    pub fn new(capacity: usize) -> Self {
+        NvidiaConfig { capacity, routing: None, timeouts: Timeouts::from_env() }
+    }
+}
+
+/// Whether this process can drive an NVIDIA GPU (libcuda loadable, a device present).
+pub(crate) fn present() -> bool {
+    cuda_ipc::driver::driver_present() && cuda_ipc::driver::device_count().is_ok_and(|n| n > 0)
+}
+
+/// Builds the NVIDIA collective on GPU `local_rank % device count` for every rank of `boot`.
+/// Collective: every rank calls it; every rank gets the same decision or the same error.
+pub fn nvidia_collective(boot: Arc<dyn Bootstrap>, config: &NvidiaConfig) -> Result<NvidiaCollective, Error> {
+    let routing = match &config.routing {
+        Some(r) => r.clone(),
+        None => Routing::from_env(Platform::Nvidia)?,
+    };
+    let nccl = ccl_transport::load(Some(ccl_transport::Vendor::Nvidia)).ok();
+    let version = nccl.as_ref().and_then(|l| l.version().ok()).map(|v| format!("nccl={v}"));
+    let facts = Facts {
+        platform: Platform::detect().name().to_string(),
+        host: host_identity(),
+        ipc: cuda_ipc::driver::driver_present(),
+        transport: nccl.is_some(),
+        versions: version.into_iter().collect(),
+        capacity: config.capacity,
+        routing: routing.canonical_json(),
+    };
+    let d = facts.agree(&*boot)?;
+    if d.platform != Platform::Nvidia {
+        return Err(Error::InvalidConfig {
+            detail: format!("every rank reports platform {}, not nvidia", d.platform.name()),
+        });
+    }
+    let count = cuda_ipc::driver::device_count()?;
+    let ctx = cuda_ipc::driver::open_device(boot.local_rank() % count.max(1))?;
+    let world = boot.world_size();
+    let ipc = if d.ipc || world == 1 {
+        let threshold = d.routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
+        let c = CudaIpcConfig::new(config.capacity).with_rsag_threshold(threshold).with_timeouts(config.timeouts);
+        Some(CudaIpcCollective::new(Box::new(boot.clone()), &ctx, &c)?)
+    } else {
+        None
+    };
+    let transport = if d.transport {
+        let t = TransportConfig::new(config.capacity).with_timeouts(config.timeouts);
+        Some(TransportCollective::new_cuda(&ctx, &*boot, &t)?)
+    } else {
+        None
+    };
+    Routed::new(boot.rank(), world, config.capacity, d.routing, ipc, transport)
+}
