@@ -65,11 +65,12 @@ impl<I: Collective, T: Collective<Stream = I::Stream>> Routed<I, T> {
     }
 
     fn single(&self, op: Op, io: Io<'_>, stream: &I::Stream) -> Result<(), Error> {
-        // Validate once here so the route is chosen from checked sizes; backends validate again
-        // (cheap) because they are also used on their own.
-        let call = validate(op, &io, self.rank, self.world, self.capacity)?;
-        let route = self.route(op, call.bytes_in());
+        // The route only needs the size; the backend validates the call (once). The hybrid
+        // splits the call into two backend calls on views it builds itself, so it validates
+        // the whole call first.
+        let route = self.route(op, contributed_bytes(op, &io, self.world));
         if route == Route::IpcReduceScatterTransportAllGather {
+            validate(op, &io, self.rank, self.world, self.capacity)?;
             return self.hybrid_all_reduce(io, stream);
         }
         self.backend(route)?.call(op, io, stream)
@@ -107,6 +108,16 @@ impl<I: Collective, T: Collective<Stream = I::Stream>> Routed<I, T> {
         // SAFETY: the whole output, borrowed by this call; the reduced shard is at `rank`.
         let whole = unsafe { RawMut::from_raw(out_addr, n, dtype) };
         transport.all_gather(Io::InPlace(whole), stream)
+    }
+}
+
+/// Bytes this rank contributes, read off the views without validating them (routing only needs
+/// the size; an invalid call is rejected by the backend it is routed to, before any work).
+fn contributed_bytes(op: Op, io: &Io<'_>, world: usize) -> usize {
+    match io {
+        Io::OutOfPlace { input, .. } => input.bytes(),
+        Io::InPlace(buf) if op == Op::AllGather => buf.bytes() / world,
+        Io::InPlace(buf) => buf.bytes(),
     }
 }
 
@@ -153,8 +164,7 @@ impl<I: Collective, T: Collective<Stream = I::Stream>> Collective for Routed<I, 
         self.single(Op::ReduceScatter, io, stream)
     }
     fn reduce_scatter_many(&self, lanes: &[Io<'_>], stream: &Self::Stream) -> Result<(), Error> {
-        let (_, sig) = collective_core::validate_many(lanes, self.rank, self.world, self.capacity)?;
-        let bytes = sig.count as usize * sig.dtype.size();
+        let bytes = lanes.iter().map(|io| contributed_bytes(Op::ReduceScatterMany, io, self.world)).sum();
         match self.route(Op::ReduceScatterMany, bytes) {
             Route::Local
             | Route::IpcOneShot
