@@ -1,0 +1,1 @@
+//! Cross-crate, multi-process integration tests of detcoll (see `tests/`). No library code.
