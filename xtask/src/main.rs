@@ -1,5 +1,6 @@
 //! Project automation for detcoll, run as `cargo xtask <command>` (alias in `.cargo/config.toml`).
 //!
+//! * `build`: prebuilt kernel images (`--arch gfx942,gfx950,sm_90`) in `kernels/build/`;
 //! * `bench`: the deterministic-collective benchmark (CPU twin without GPUs);
 //! * `ci`: what CI runs (fmt, build, test, criterion in test mode), stopping at the first failure;
 //! * `gpu-bundle`: release test/bench binaries (+ prebuilt kernels) packed for a GPU host without Rust;
@@ -8,6 +9,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 mod bench;
+mod build;
 mod ci;
 mod gpu;
 mod util;
@@ -23,6 +25,8 @@ struct Cli {
 enum Command {
     /// Benchmark the deterministic collectives (GPU backend when available, else the CPU twin).
     Bench(bench::BenchArgs),
+    /// Build prebuilt kernel images for a comma list of gfxNNN / sm_XY targets into kernels/build/.
+    Build(build::BuildArgs),
     /// One rank of a benchmark (started by `bench`, torchrun or mpirun; reads RANK, WORLD_SIZE, ...).
     #[command(name = "bench-rank", hide = true)]
     BenchRank(bench::BenchArgs),
@@ -41,6 +45,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Bench(args) => bench::main(args),
         Command::BenchRank(args) => bench::rank_main(args),
+        Command::Build(args) => build::main(args),
         Command::Ci(args) => ci::main(args),
         Command::GpuBundle(args) => gpu::bundle_main(args),
         Command::GpuTest(args) => gpu::test_main(args),

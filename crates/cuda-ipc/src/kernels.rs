@@ -22,6 +22,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 pub const KERNEL_SOURCE: &str = include_str!("../../../kernels/detcoll_cuda.cu");
 /// The portable tree header the entry file includes, embedded (passed to NVRTC as a header).
 pub const TREE_HEADER: &str = include_str!("../../../kernels/detcoll_tree.h");
+/// The portable kernel bodies (protocol, fused tree, copy) shared with the HIP entry, embedded
+/// (passed to NVRTC as a header).
+pub const PROTOCOL_HEADER: &str = include_str!("../../../kernels/detcoll_protocol.h");
 
 /// NVRTC flags. The adds are explicit `.rn` PTX without `.ftz`, so these are a second line of
 /// defence: no flush to zero, no contraction into FMA, IEEE division and square root.
@@ -169,8 +172,10 @@ pub fn compile(arch: &str, kind: ImageKind) -> Result<Vec<u8>, Error> {
 pub fn compile_variant(arch: &str, kind: ImageKind, variant: Variant) -> Result<Vec<u8>, Error> {
     ensure_nvrtc()?;
     let src = c_string(KERNEL_SOURCE)?;
-    let header = c_string(TREE_HEADER)?;
-    let header_name = c_string("detcoll_tree.h")?;
+    let headers = [c_string(TREE_HEADER)?, c_string(PROTOCOL_HEADER)?];
+    let header_names = [c_string("detcoll_tree.h")?, c_string("detcoll_protocol.h")?];
+    let header_ptrs: Vec<*const core::ffi::c_char> = headers.iter().map(|h| h.as_ptr()).collect();
+    let header_name_ptrs: Vec<*const core::ffi::c_char> = header_names.iter().map(|h| h.as_ptr()).collect();
     let name = c_string("detcoll_cuda.cu")?;
     let target = match kind {
         ImageKind::Cubin => arch.to_string(),
@@ -185,9 +190,17 @@ pub fn compile_variant(arch: &str, kind: ImageKind, variant: Variant) -> Result<
     }
     let opt_ptrs: Vec<*const core::ffi::c_char> = opts.iter().map(|o| o.as_ptr()).collect();
     let mut prog = Program(core::ptr::null_mut());
-    // SAFETY: all strings are NUL-terminated and outlive the calls; one header with its name.
+    // SAFETY: all strings are NUL-terminated and outlive the calls; the header and name arrays
+    // have the same length.
     let r = unsafe {
-        nvrtc::nvrtcCreateProgram(&mut prog.0, src.as_ptr(), name.as_ptr(), 1, &header.as_ptr(), &header_name.as_ptr())
+        nvrtc::nvrtcCreateProgram(
+            &mut prog.0,
+            src.as_ptr(),
+            name.as_ptr(),
+            header_ptrs.len() as i32,
+            header_ptrs.as_ptr(),
+            header_name_ptrs.as_ptr(),
+        )
     };
     nvrtc_check(r, "nvrtcCreateProgram")?;
     // SAFETY: `prog` is a valid program; options are valid C strings.

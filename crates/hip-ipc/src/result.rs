@@ -1,0 +1,52 @@
+//! `hipError_t` to typed errors, and the process-wide loaded runtime.
+use crate::BACKEND;
+use crate::sys::{Api, HIP_SUCCESS, HipError};
+use collective_core::Error;
+use std::ffi::CStr;
+use std::sync::OnceLock;
+
+/// The loaded HIP runtime, or why it could not be loaded (remembered: loading is tried once
+/// per process, and a library appearing later is not picked up).
+pub fn api() -> Result<&'static Api, Error> {
+    static API: OnceLock<Result<Api, String>> = OnceLock::new();
+    match API.get_or_init(|| {
+        // hipInit before anything else; its failure (no device, no driver) is reported by the
+        // first call that needs a device, through `check`.
+        Api::load().inspect(|a| {
+            // SAFETY: flags must be 0.
+            let _ = unsafe { (a.hipInit)(0) };
+        })
+    }) {
+        Ok(api) => Ok(api),
+        Err(detail) => Err(Error::LibraryMissing {
+            library: "libamdhip64 (HIP runtime)".into(),
+            detail: format!("{detail}; install ROCm 6+ or set ROCM_PATH / LD_LIBRARY_PATH"),
+        }),
+    }
+}
+
+/// Whether the HIP runtime can be loaded (never panics).
+pub fn runtime_present() -> bool {
+    api().is_ok()
+}
+
+/// `hipGetErrorString(code)`, or the number when the runtime has no text for it.
+pub fn error_string(api: &Api, code: HipError) -> String {
+    // SAFETY: returns a static NUL-terminated string or null.
+    let p = unsafe { (api.hipGetErrorString)(code) };
+    if p.is_null() {
+        return format!("hipError_t {code}");
+    }
+    // SAFETY: non-null, NUL-terminated, static.
+    let s = unsafe { CStr::from_ptr(p) }.to_string_lossy();
+    format!("{s} ({code})")
+}
+
+/// `Ok` on `hipSuccess`, [`Error::Backend`] naming the step otherwise.
+pub fn check(api: &Api, code: HipError, what: &str) -> Result<(), Error> {
+    if code == HIP_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::Backend { backend: BACKEND, detail: format!("{what}: {}", error_string(api, code)) })
+    }
+}

@@ -1,0 +1,124 @@
+// detcoll_hip.hip — HIP (AMD) entry points of detcoll: the same kernels as detcoll_cuda.cu, on
+// the same portable headers (detcoll_protocol.h: protocol, fused tree, copy; detcoll_tree.h:
+// arithmetic and flags). `cargo xtask build --arch gfx942,gfx950` compiles it to one code object
+// per target (kernels/build/detcoll_hip.<gfx>.co), which crates/hip-ipc loads.
+//
+// Compiled device-only and self-contained, with the same flags by hipcc or a plain clang:
+//
+//   -x hip --offload-arch=gfxNNN --offload-device-only -nogpulib -nogpuinc -O3 -std=c++17
+//   -fno-fast-math -fno-gpu-flush-denormals-to-zero -ffp-contract=off
+//
+// `-nogpuinc` keeps the HIP headers out (this file needs none: the few HIP names the headers use
+// are defined below from clang builtins), so a Debian clang or the clang bundled with zig
+// builds exactly what hipcc builds; `-nogpulib` links no device library (nothing here calls one).
+//
+// Strict arithmetic on AMD. There is no packed f16/bf16 instruction with a guaranteed
+// round-to-nearest-even, non-flushing behaviour across gfx9 parts that we could name here, so
+// reductions use the software path of detcoll_tree.h: widen f16/bf16 to f32, one IEEE f32 add,
+// round once to the dtype with nearest-even — exactly the dtype add (the argument is in
+// crates/fixed-tree/src/element.rs). The NVIDIA build runs the same path in its "soft" module,
+// so the GPU tests on H200 check these bits too. f32 adds are plain IEEE adds; they stay exact
+// only without fast-math and without denormal flushing, which the flags above guarantee and the
+// checks below assert. Packed 16-byte loads/stores (uint4) carry 4 f32 or 8 f16/bf16 lanes, each
+// lane the same scalar add; unaligned heads and tails take the scalar code.
+//
+// Flags. detcoll_tree.h publishes with `__hip_atomic_store(..., __ATOMIC_RELEASE,
+// __HIP_MEMORY_SCOPE_SYSTEM)` and waits with `__hip_atomic_load(..., __ATOMIC_ACQUIRE,
+// __HIP_MEMORY_SCOPE_SYSTEM)`. System-scope atomics are only coherent across GPUs on
+// fine-grained or uncached memory: hip-ipc puts the control block there
+// (hipExtMallocWithFlags(hipDeviceMallocFinegrained)); see docs/rocm.md.
+//
+// Bounded waits. `dc_globaltimer()` (detcoll_tree.h) is `wall_clock64() * 10`: wall_clock64 is
+// `s_memrealtime`, the constant "REFCLK" counter, which runs at 100 MHz on gfx9 parts (MI200,
+// MI300X gfx942, MI355X gfx950; hipDeviceAttributeWallClockRate reports it in kHz). On a part
+// with another rate the bounds scale by the ratio; they stay bounded either way. Spins sleep
+// with `s_sleep` (`__builtin_amdgcn_s_sleep`) after the first few thousand polls.
+#if !defined(__HIP__)
+#error "detcoll_hip.hip must be compiled as HIP (-x hip)"
+#endif
+#if defined(__FAST_MATH__) || (defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__)
+#error "detcoll_hip.hip must not be compiled with fast math: the reduction tree needs IEEE adds"
+#endif
+#if defined(__HIP_DEVICE_COMPILE__) && !defined(__GFX9__)
+#error "detcoll_hip.hip targets gfx9 parts (gfx90a, gfx942, gfx950): s_memrealtime at 100 MHz"
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// The HIP names the headers use, from clang builtins (no HIP headers: -nogpuinc).
+// ---------------------------------------------------------------------------------------------
+#define __device__ __attribute__((device))
+#define __global__ __attribute__((global))
+#define __forceinline__ __inline__ __attribute__((always_inline))
+#define __noinline__ __attribute__((noinline))
+
+struct __attribute__((aligned(16))) uint4 {
+    unsigned int x, y, z, w;
+};
+
+__device__ __forceinline__ float __uint_as_float(unsigned int u) { return __builtin_bit_cast(float, u); }
+__device__ __forceinline__ unsigned int __float_as_uint(float f) { return __builtin_bit_cast(unsigned int, f); }
+// One IEEE f32 add, round to nearest even. Contraction is off for this file (-ffp-contract=off
+// and the pragma), and a lone add has nothing to fuse with anyway.
+#pragma clang fp contract(off)
+__device__ __forceinline__ float __fadd_rn(float a, float b) { return a + b; }
+// The constant 100 MHz counter (see the header comment).
+__device__ __forceinline__ unsigned long long wall_clock64() { return __builtin_amdgcn_s_memrealtime(); }
+
+// Execution model for detcoll_protocol.h.
+#define DC_TID __builtin_amdgcn_workitem_id_x()
+#define DC_BID __builtin_amdgcn_workgroup_id_x()
+#define DC_NTID ((unsigned int)__builtin_amdgcn_workgroup_size_x())
+#define DC_NBLOCKS (__builtin_amdgcn_grid_size_x() / DC_NTID)
+// What HIP's __syncthreads() is: release to the workgroup, barrier, acquire from it.
+#define DC_SYNC_BLOCK()                                      \
+    do {                                                     \
+        __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup"); \
+        __builtin_amdgcn_s_barrier();                        \
+        __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup"); \
+    } while (0)
+// __threadfence() / __threadfence_system(): sequentially consistent at agent / system scope.
+#define DC_FENCE_DEVICE() __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent")
+#define DC_FENCE_SYSTEM() __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "")
+#define DC_ATOMIC_CAS_U64(p, cmp, val) dc_hip_cas_u64((dc_u64*)(p), (cmp), (dc_u64)(val))
+#define DC_ATOMIC_ADD_U32(p, v) \
+    __hip_atomic_fetch_add((dc_u32*)(p), (dc_u32)(v), __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT)
+#define DC_SHARED __attribute__((shared))
+#define DC_DEV_NOINLINE __device__ __noinline__
+// CUDA's __launch_bounds__(N): at most N work-items per workgroup.
+#define DC_HIP_BOUNDS __attribute__((amdgpu_flat_work_group_size(1, DC_THREADS)))
+
+#include "detcoll_tree.h"
+
+#if !defined(DC_HIP)
+#error "detcoll_tree.h did not select its HIP path"
+#endif
+
+// atomicCAS on a 64-bit word at device (agent) scope: only this rank's blocks race on it.
+DC_DEV dc_u64 dc_hip_cas_u64(dc_u64* p, dc_u64 cmp, dc_u64 val) {
+    __hip_atomic_compare_exchange_strong(p, &cmp, val, __ATOMIC_RELAXED, __ATOMIC_RELAXED,
+                                         __HIP_MEMORY_SCOPE_AGENT);
+    return cmp;  // the old value: `cmp` is overwritten with it on failure, equals it on success
+}
+
+#include "detcoll_protocol.h"
+
+// One launch per collective call. Kernel arguments live in the kernarg segment; the body reads
+// them by reference.
+extern "C" __global__ void DC_HIP_BOUNDS detcoll_collective_s(const DcParams<DC_SEGS_SINGLE> p) {
+    dc_collective(p.h, p.seg);
+}
+
+extern "C" __global__ void DC_HIP_BOUNDS detcoll_collective_m(const DcParams<DC_SEGS_MANY> p) {
+    dc_collective(p.h, p.seg);
+}
+
+// The fused tree W inputs -> 1 output, always the software arithmetic on AMD (see above).
+extern "C" __global__ void DC_HIP_BOUNDS detcoll_tree(const DcTreeParams p) { dc_tree_any<true>(p); }
+
+// An empty kernel: the launch-cost baseline of the latency bench.
+extern "C" __global__ void detcoll_noop() {}
+
+// Byte copy over the whole grid (world 1 out of place).
+extern "C" __global__ void DC_HIP_BOUNDS detcoll_copy(const DcCopyParams p) {
+    dc_copy_range((dc_u8*)p.dst, (const dc_u8*)p.src, p.bytes, DC_BID * DC_NTID + DC_TID, DC_NBLOCKS * DC_NTID);
+}

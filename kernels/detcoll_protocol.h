@@ -1,0 +1,390 @@
+// detcoll_protocol.h — the collective, fused-tree and copy kernel bodies of detcoll, for CUDA
+// and HIP. The entry files (detcoll_cuda.cu, detcoll_hip.hip) only add the `extern "C"`
+// kernels and the ABI table around these bodies, so both platforms run the same protocol code.
+//
+// One kernel launch per collective call runs the protocol of collective-core/src/protocol:
+//
+//   g = own generation counter + 1, frame f = g % 2 (double-buffered, so no "done" flag)
+//   stage:   block b copies its tiles of this rank's input into its own frame f
+//   publish: sig slot f = full signature; release ready[b] = g << 32 | digest
+//   wait:    acquire every peer's ready[b]; Ready/Passed go on, Mismatch/Corrupt/timeout record
+//            an error in host-mapped memory and end the call
+//   phase 1: the tree over every rank's frame f, read in rank order (or gather copies)
+//   phase 2: (all_reduce RS+AG only) release phase2[b], acquire peers' phase2[b], gather their
+//            reduced shards
+//   the last block to finish stores the counter = g, so graph replays advance with no host.
+//
+// Block <-> element mapping. Frame bytes are cut into tiles of `tile_bytes`; tile t belongs to
+// block t % grid in every phase and on every rank (grid is a function of the signature and the
+// configuration, equal on all ranks). So whatever the segments of a plan, the frame bytes block
+// b reads from a peer after seeing the peer's ready[b] are exactly the bytes the peer's block b
+// staged before publishing it: per-block flags suffice.
+//
+// The execution model is reached only through these macros, which the entry file defines
+// before including this header (CUDA: the built-in variables and intrinsics, unchanged; HIP:
+// amdgcn builtins, because the HIP entry is compiled without the HIP headers):
+//
+//   DC_TID, DC_BID, DC_NTID, DC_NBLOCKS   thread/block index, threads per block, blocks
+//   DC_SYNC_BLOCK()                        block barrier with block-scope memory ordering
+//   DC_FENCE_DEVICE(), DC_FENCE_SYSTEM()   sequentially consistent fences, device/system scope
+//   DC_ATOMIC_CAS_U64(p, cmp, val)         device-scope CAS on a dc_u64, returns the old value
+//   DC_ATOMIC_ADD_U32(p, v)                device-scope add on the dc_u32 at p, returns the old
+//   DC_SHARED, DC_DEV_NOINLINE             block-shared storage; an out-of-line device function
+//
+// Like detcoll_tree.h, this header has no includes: NVRTC compiles it without a toolkit on
+// disk, and clang compiles the HIP entry with -nogpuinc.
+#ifndef DETCOLL_PROTOCOL_H
+#define DETCOLL_PROTOCOL_H
+
+#include "detcoll_tree.h"
+
+// Bumped whenever the parameter layout or the protocol changes; checked by the host against
+// `detcoll_abi` so a stale prebuilt cubin is refused instead of misread.
+#define DC_ABI_VERSION 2u
+
+#define DC_MAX_WORLD 8
+#define DC_THREADS 512
+
+// Segment flags.
+#define DC_SEG_WRITE_BACK 1u  // reduce: also store the result into the own frame
+#define DC_SEG_GATHER 2u      // phase 1: copy the peer's frame range instead of reducing
+
+// Error codes recorded in the host-mapped error record (mirrored in crates/cuda-ipc/src/status.rs).
+#define DC_ERR_TIMEOUT_READY 1ull
+#define DC_ERR_TIMEOUT_PHASE2 2ull
+#define DC_ERR_MISMATCH 3ull
+#define DC_ERR_CORRUPT 4ull
+#define DC_ERR_PEER_FAILED 5ull
+
+struct DcSeg {
+    dc_u64 ptr;        // stage: caller source; reduce/gather: caller destination
+    dc_u64 frame_off;  // byte offset in the staging frame
+    dc_u64 bytes;
+    dc_u32 peer;       // gather: whose frame
+    dc_u32 flags;
+};
+
+struct DcHeader {
+    dc_u64 base[DC_MAX_WORLD];  // every rank's allocation, in rank order
+    dc_u64 err;                 // this rank's host-mapped error record (device address)
+    dc_u64 timeout_ns;          // bound on every wait
+    dc_u64 sig[2];              // Signature::pack()
+    dc_u64 frame[2];            // Layout::frame(0), frame(1)
+    dc_u32 off_status, off_sig0, off_sig1, off_ready, off_phase2, line;
+    dc_u32 digest, rank, world, layout_blocks, grid, dtype, tile_bytes, nstage, nphase1, nphase2;
+};
+
+template <int N>
+struct DcParams {
+    DcHeader h;
+    DcSeg seg[N];
+};
+
+// Standalone fused tree: W inputs -> 1 output.
+struct DcTreeParams {
+    dc_u64 in[DC_MAX_WORLD];
+    dc_u64 out;
+    dc_u64 count;  // elements
+    dc_u32 world;
+    dc_u32 dtype;
+};
+
+// World-size-1 copy (cheaper to enqueue than cuMemcpyDtoDAsync).
+struct DcCopyParams {
+    dc_u64 dst;
+    dc_u64 src;
+    dc_u64 bytes;
+};
+
+#define DC_SEGS_SINGLE 16
+#define DC_SEGS_MANY 32
+
+// Status line words (own allocation, Layout::status()): written only by the owner's kernels.
+#define DC_ST_ABORT 0    // first error code, via compare-and-swap; peers may read it
+#define DC_ST_GEN 1      // last completed generation
+#define DC_ST_FINISHED 2 // blocks of the running call that finished (u32 in this word)
+
+// The ABI table, exported by every image and checked by the host (cuda-ipc, hip-ipc) so a stale
+// prebuilt image is refused. Defined here, at this point of the translation unit, rather than
+// in the entry files: moving it would reorder the globals of the generated PTX.
+extern "C" __device__ const dc_u32 detcoll_abi[6] = {
+    DC_ABI_VERSION, (dc_u32)sizeof(DcParams<DC_SEGS_SINGLE>), (dc_u32)sizeof(DcParams<DC_SEGS_MANY>),
+    (dc_u32)sizeof(DcTreeParams), (dc_u32)sizeof(DcSeg), (dc_u32)sizeof(DcCopyParams)};
+
+DC_DEV dc_u64* dc_at(dc_u64 base, dc_u64 off) { return (dc_u64*)(base + off); }
+
+// Records the first failure of this rank: the status word decides the winner (device scope is
+// enough, only this rank's blocks write it); the winner fills the host record, code last.
+DC_DEV void dc_fail(const DcHeader& h, dc_u64* status, dc_u64 code, dc_u32 peer, dc_u32 g, dc_u64 observed) {
+    if (DC_ATOMIC_CAS_U64(&status[DC_ST_ABORT], 0ull, code) != 0ull) return;
+    volatile dc_u64* e = (volatile dc_u64*)h.err;
+    e[1] = peer;
+    e[2] = g;
+    e[3] = observed;
+    e[4] = h.sig[0];
+    e[5] = h.sig[1];
+    if (code == DC_ERR_MISMATCH) {
+        const volatile dc_u64* theirs = (const volatile dc_u64*)(h.base[peer] + ((g & 1u) ? h.off_sig1 : h.off_sig0));
+        e[6] = theirs[0];
+        e[7] = theirs[1];
+    }
+    DC_FENCE_SYSTEM();
+    e[0] = code;
+    DC_FENCE_SYSTEM();
+}
+
+// Waits until every peer's flag at `off` shows generation g with our digest (or g + 1).
+// Threads 0..world-1 each watch one peer. Returns false (uniformly) if the call must end.
+DC_DEV bool dc_wait(const DcHeader& h, dc_u64* status, dc_u32 off, dc_u32 g, dc_u64 timeout_code) {
+    DC_SHARED volatile int s_fail;
+    if (DC_TID == 0) s_fail = 0;
+    DC_SYNC_BLOCK();
+    dc_u32 t = DC_TID;
+    if (t < h.world && t != h.rank) {
+        const dc_u64* flag = dc_at(h.base[t], off);
+        const dc_u64* peer_status = dc_at(h.base[t], h.off_status);
+        dc_u64 start = dc_globaltimer();
+        dc_u32 iter = 0;
+        for (;;) {
+            dc_u64 v = dc_ld_acquire_sys(flag);
+            int st = dc_flag_check(v, g, h.digest);
+            if (st == DC_READY || st == DC_PASSED) break;
+            if (st == DC_MISMATCH || st == DC_CORRUPT) {
+                dc_fail(h, status, st == DC_MISMATCH ? DC_ERR_MISMATCH : DC_ERR_CORRUPT, t, g, v);
+                s_fail = 1;
+                break;
+            }
+            ++iter;
+            if ((iter & 15u) == 0) {
+                if (dc_ld_relaxed_sys(&status[DC_ST_ABORT]) != 0) {  // another block of ours failed
+                    s_fail = 1;
+                    break;
+                }
+                dc_u64 pa = dc_ld_relaxed_sys(&peer_status[DC_ST_ABORT]);
+                if (pa != 0) {  // the peer failed and will never publish
+                    dc_fail(h, status, DC_ERR_PEER_FAILED, t, g, pa);
+                    s_fail = 1;
+                    break;
+                }
+                if (dc_globaltimer() - start > h.timeout_ns) {
+                    dc_fail(h, status, timeout_code, t, g, v);
+                    s_fail = 1;
+                    break;
+                }
+                if (iter > 4096u) dc_nanosleep(256);
+            }
+        }
+    }
+    DC_SYNC_BLOCK();
+    return s_fail == 0;
+}
+
+// Calls body(lo, hi) for every piece of [seg_lo, seg_hi) that lies in a tile of this block.
+template <class F>
+DC_DEV void dc_for_tiles(dc_u64 seg_lo, dc_u64 bytes, dc_u64 tile, dc_u32 grid, dc_u32 b, F body) {
+    if (bytes == 0) return;
+    dc_u64 seg_hi = seg_lo + bytes;
+    dc_u64 t = seg_lo / tile;
+    dc_u64 r = t % grid;
+    t += (b + grid - r) % grid;
+    for (; t * tile < seg_hi; t += grid) {
+        dc_u64 lo = t * tile > seg_lo ? t * tile : seg_lo;
+        dc_u64 hi = (t + 1) * tile < seg_hi ? (t + 1) * tile : seg_hi;
+        body(lo, hi);
+    }
+}
+
+template <int W, int DT>
+DC_DEV void dc_reduce_piece(const DcHeader& h, dc_u64 frame, dc_u64 x, dc_u64 n, dc_u8* dst, dc_u8* wb) {
+    const dc_u8* src[W];
+#pragma unroll
+    for (int i = 0; i < W; ++i) src[i] = (const dc_u8*)(h.base[i] + frame + x);
+    dc_reduce_range<W, DT, false>(src, dst, wb, n, DC_TID, DC_NTID);
+}
+
+template <int DT>
+DC_DEV void dc_reduce_piece_w(const DcHeader& h, dc_u64 frame, dc_u64 x, dc_u64 n, dc_u8* dst, dc_u8* wb) {
+    switch (h.world) {
+        case 1: dc_reduce_piece<1, DT>(h, frame, x, n, dst, wb); break;
+        case 2: dc_reduce_piece<2, DT>(h, frame, x, n, dst, wb); break;
+        case 4: dc_reduce_piece<4, DT>(h, frame, x, n, dst, wb); break;
+        default: dc_reduce_piece<8, DT>(h, frame, x, n, dst, wb); break;
+    }
+}
+
+DC_DEV void dc_reduce_piece_any(const DcHeader& h, dc_u64 frame, dc_u64 x, dc_u64 n, dc_u8* dst, dc_u8* wb) {
+    switch (h.dtype) {
+        case DC_F32: dc_reduce_piece_w<DC_F32>(h, frame, x, n, dst, wb); break;
+        case DC_F16: dc_reduce_piece_w<DC_F16>(h, frame, x, n, dst, wb); break;
+        default: dc_reduce_piece_w<DC_BF16>(h, frame, x, n, dst, wb); break;
+    }
+}
+
+// Phase-1/phase-2 work of one segment, for this block's tiles.
+DC_DEV void dc_run_segment(const DcHeader& h, const DcSeg& s, dc_u64 frame, bool gather) {
+    const dc_u32 b = DC_BID;
+    dc_u64 own = h.base[h.rank];
+    dc_for_tiles(s.frame_off, s.bytes, h.tile_bytes, h.grid, b, [&](dc_u64 lo, dc_u64 hi) {
+        dc_u8* dst = (dc_u8*)(s.ptr + (lo - s.frame_off));
+        if (gather) {
+            const dc_u8* src = (const dc_u8*)(h.base[s.peer] + frame + lo);
+            dc_copy_range(dst, src, hi - lo, DC_TID, DC_NTID);
+        } else {
+            dc_u8* wb = (s.flags & DC_SEG_WRITE_BACK) ? (dc_u8*)(own + frame + lo) : (dc_u8*)0;
+            dc_reduce_piece_any(h, frame, lo, hi - lo, dst, wb);
+        }
+    });
+}
+
+// One body for both parameter sizes (compiled once): `h` and `seg` point into the kernel's
+// parameter space (CUDA: __grid_constant__; HIP: the kernarg segment), no copy.
+DC_DEV_NOINLINE void dc_collective(const DcHeader& h, const DcSeg* seg) {
+    const dc_u32 b = DC_BID;
+    const dc_u64 own = h.base[h.rank];
+    dc_u64* status = dc_at(own, h.off_status);
+    DC_SHARED dc_u32 s_g;
+    DC_SHARED int s_abort;
+    if (DC_TID == 0) {
+        s_abort = dc_ld_relaxed_sys(&status[DC_ST_ABORT]) != 0;
+        s_g = (dc_u32)dc_ld_relaxed_sys(&status[DC_ST_GEN]) + 1u;
+    }
+    DC_SYNC_BLOCK();
+    if (s_abort) return;  // poisoned: later calls (e.g. already enqueued) touch nothing
+    const dc_u32 g = s_g;
+    const dc_u64 frame = h.frame[g & 1u];
+    const dc_u64 word = dc_flag_word(g, h.digest);
+
+    // Stage this block's tiles of the input into the own frame.
+    for (dc_u32 i = 0; i < h.nstage; ++i) {
+        const DcSeg& s = seg[i];
+        dc_for_tiles(s.frame_off, s.bytes, h.tile_bytes, h.grid, b, [&](dc_u64 lo, dc_u64 hi) {
+            dc_copy_range((dc_u8*)(own + frame + lo), (const dc_u8*)(s.ptr + (lo - s.frame_off)), hi - lo,
+                          DC_TID, DC_NTID);
+        });
+    }
+    DC_SYNC_BLOCK();
+    if (DC_TID == 0) {
+        // The full signature first, so a peer that sees a mismatching digest can report it.
+        dc_u64* sig = dc_at(own, (g & 1u) ? h.off_sig1 : h.off_sig0);
+        sig[0] = h.sig[0];
+        sig[1] = h.sig[1];
+        // Release: cumulative over the block's staging stores, ordered before it by the barrier.
+        dc_st_release_sys(dc_at(own, h.off_ready + (dc_u64)b * h.line), word);
+    }
+    if (b == 0) {
+        // Refresh the flags this call does not use, so no flag ever falls more than one
+        // generation behind (a flag 2^31 generations stale would read as Corrupt after wrap).
+        // Safe: a peer making this same call never waits on them, and one making another call
+        // sees our digest and reports a mismatch.
+        for (dc_u32 k = h.grid + DC_TID; k < h.layout_blocks; k += DC_NTID)
+            dc_st_relaxed_sys(dc_at(own, h.off_ready + (dc_u64)k * h.line), word);
+        for (dc_u32 k = (h.nphase2 ? h.grid : 0u) + DC_TID; k < h.layout_blocks; k += DC_NTID)
+            dc_st_relaxed_sys(dc_at(own, h.off_phase2 + (dc_u64)k * h.line), word);
+    }
+
+    bool ok = dc_wait(h, status, h.off_ready + b * h.line, g, DC_ERR_TIMEOUT_READY);
+    if (ok) {
+        for (dc_u32 i = 0; i < h.nphase1; ++i) {
+            const DcSeg& s = seg[h.nstage + i];
+            dc_run_segment(h, s, frame, (s.flags & DC_SEG_GATHER) != 0);
+        }
+        if (h.nphase2) {
+            DC_SYNC_BLOCK();
+            if (DC_TID == 0) dc_st_release_sys(dc_at(own, h.off_phase2 + (dc_u64)b * h.line), word);
+            ok = dc_wait(h, status, h.off_phase2 + b * h.line, g, DC_ERR_TIMEOUT_PHASE2);
+            if (ok) {
+                for (dc_u32 i = 0; i < h.nphase2; ++i) dc_run_segment(h, seg[h.nstage + h.nphase1 + i], frame, true);
+            }
+        }
+    }
+
+    // The last block to finish advances the generation (next launch on this stream sees it).
+    DC_SYNC_BLOCK();
+    if (DC_TID == 0) {
+        DC_FENCE_DEVICE();
+        dc_u32 prev = DC_ATOMIC_ADD_U32(&status[DC_ST_FINISHED], 1u);
+        if (prev == h.grid - 1u) {
+            *(volatile dc_u32*)&status[DC_ST_FINISHED] = 0u;
+            *(volatile dc_u64*)&status[DC_ST_GEN] = (dc_u64)g;
+            DC_FENCE_DEVICE();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fused tree W inputs -> 1 output, grid-stride. Used by the transport route (gathered ranks ->
+// local tree) and the bandwidth bench. SOFT selects the software arithmetic (HIP's), so the
+// NVIDIA tests can check it bit for bit too.
+// ---------------------------------------------------------------------------------------------
+
+template <int W, int DT, bool SOFT>
+DC_DEV void dc_tree_kernel(const DcTreeParams& p) {
+    const dc_u32 esz = DT == DC_F32 ? 4u : 2u;
+    const dc_u64 bytes = p.count * esz;
+    const dc_u8* src[W];
+#pragma unroll
+    for (int i = 0; i < W; ++i) src[i] = (const dc_u8*)p.in[i];
+    dc_u8* dst = (dc_u8*)p.out;
+    dc_u64 mis = p.out & 15u;
+    bool vec = true;
+#pragma unroll
+    for (int i = 0; i < W; ++i) vec = vec && ((p.in[i] & 15u) == mis);
+    dc_u64 head = vec ? ((16u - mis) & 15u) : bytes;
+    if (head > bytes) head = bytes;
+    dc_u64 nvec = vec ? (bytes - head) / 16u : 0;
+    const dc_u64 tid = (dc_u64)DC_BID * DC_NTID + DC_TID;
+    const dc_u64 nthreads = (dc_u64)DC_NBLOCKS * DC_NTID;
+    // Vector body, two vectors per thread per iteration for memory-level parallelism.
+    dc_u64 k = tid;
+    for (; k + nthreads < nvec; k += 2 * nthreads) {
+        uint4 a[W], c[W];
+#pragma unroll
+        for (int i = 0; i < W; ++i) {
+            a[i] = *(const uint4*)(src[i] + head + k * 16u);
+            c[i] = *(const uint4*)(src[i] + head + (k + nthreads) * 16u);
+        }
+        *(uint4*)(dst + head + k * 16u) = dc_tree_vec<W, DT, SOFT>(a);
+        *(uint4*)(dst + head + (k + nthreads) * 16u) = dc_tree_vec<W, DT, SOFT>(c);
+    }
+    for (; k < nvec; k += nthreads) {
+        uint4 a[W];
+#pragma unroll
+        for (int i = 0; i < W; ++i) a[i] = *(const uint4*)(src[i] + head + k * 16u);
+        *(uint4*)(dst + head + k * 16u) = dc_tree_vec<W, DT, SOFT>(a);
+    }
+    // Scalar head and tail (the whole range when the pointers are not co-aligned).
+    const dc_u64 tail = head + nvec * 16u;
+    for (dc_u64 off = tid * esz; off < head; off += nthreads * esz) {
+        dc_u32 v[W];
+#pragma unroll
+        for (int i = 0; i < W; ++i) v[i] = dc_load_elem<DT>(src[i] + off);
+        dc_store_elem<DT>(dst + off, dc_tree_scalar<W, DT, SOFT>(v));
+    }
+    for (dc_u64 off = tail + tid * esz; off < bytes; off += nthreads * esz) {
+        dc_u32 v[W];
+#pragma unroll
+        for (int i = 0; i < W; ++i) v[i] = dc_load_elem<DT>(src[i] + off);
+        dc_store_elem<DT>(dst + off, dc_tree_scalar<W, DT, SOFT>(v));
+    }
+}
+
+template <int DT, bool SOFT>
+DC_DEV void dc_tree_w(const DcTreeParams& p) {
+    switch (p.world) {
+        case 1: dc_tree_kernel<1, DT, SOFT>(p); break;
+        case 2: dc_tree_kernel<2, DT, SOFT>(p); break;
+        case 4: dc_tree_kernel<4, DT, SOFT>(p); break;
+        default: dc_tree_kernel<8, DT, SOFT>(p); break;
+    }
+}
+
+template <bool SOFT>
+DC_DEV void dc_tree_any(const DcTreeParams& p) {
+    switch (p.dtype) {
+        case DC_F32: dc_tree_w<DC_F32, SOFT>(p); break;
+        case DC_F16: dc_tree_w<DC_F16, SOFT>(p); break;
+        default: dc_tree_w<DC_BF16, SOFT>(p); break;
+    }
+}
+
+#endif  // DETCOLL_PROTOCOL_H
