@@ -107,14 +107,10 @@ impl<C: HostCollective> BenchBackend for HostBackend<C> {
         Ok(buf.as_bytes()[..bytes].to_vec())
     }
     fn view<'b>(&self, buf: &'b HostBuf, byte_offset: usize, len: usize, dtype: DType) -> RawRef<'b> {
-        assert!(byte_offset + len * dtype.size() <= buf.len(), "bench view out of bounds");
-        // SAFETY: in bounds of `buf`, which the returned view borrows.
-        unsafe { RawRef::from_raw(buf.addr() + byte_offset as u64, len, dtype) }
+        buf.view(byte_offset, len, dtype)
     }
     fn view_mut<'b>(&self, buf: &'b mut HostBuf, byte_offset: usize, len: usize, dtype: DType) -> RawMut<'b> {
-        assert!(byte_offset + len * dtype.size() <= buf.len(), "bench view out of bounds");
-        // SAFETY: in bounds of `buf`, which the returned view borrows uniquely.
-        unsafe { RawMut::from_raw(buf.addr_mut() + byte_offset as u64, len, dtype) }
+        buf.view_mut(byte_offset, len, dtype)
     }
     fn copy(&self, dst: &mut HostBuf, src: &HostBuf, bytes: usize) -> anyhow::Result<()> {
         let d = std::hint::black_box(&mut dst.as_bytes_mut()[..bytes]);

@@ -20,7 +20,7 @@ pub fn cuda_devices() -> Option<usize> {
     static N: OnceLock<usize> = OnceLock::new();
     let n = *N.get_or_init(|| ccl_transport::cuda_ipc::driver::device_count().unwrap_or(0));
     if n == 0 {
-        collective_core::conformance::skip(&format!("no CUDA device"));
+        collective_core::conformance::skip("no CUDA device");
         return None;
     }
     Some(n)
@@ -45,7 +45,7 @@ pub fn gpu() -> Option<Arc<CudaContext>> {
 pub fn nccl_devices() -> Option<usize> {
     let n = ccl_transport::cuda_ipc::driver::device_count().unwrap_or(0);
     if n == 0 {
-        collective_core::conformance::skip(&format!("no CUDA device / no NCCL"));
+        collective_core::conformance::skip("no CUDA device / no NCCL");
         return None;
     }
     if let Err(e) = ccl_transport::load(Some(Vendor::Nvidia)) {

@@ -75,6 +75,19 @@ impl HostBuf {
         // SAFETY: `words` holds at least `bytes` initialised bytes; u8 has no alignment needs.
         unsafe { core::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), self.bytes) }
     }
+    /// A view of `len` elements of `dtype` starting `byte_offset` bytes in; panics when out of
+    /// bounds (a harness bug, not a collective's).
+    pub fn view(&self, byte_offset: usize, len: usize, dtype: DType) -> RawRef<'_> {
+        assert!(byte_offset + len * dtype.size() <= self.len(), "host view out of bounds");
+        // SAFETY: in bounds of `self`, which the returned view borrows.
+        unsafe { RawRef::from_raw(self.addr() + byte_offset as u64, len, dtype) }
+    }
+    /// A writable view, as [`HostBuf::view`].
+    pub fn view_mut(&mut self, byte_offset: usize, len: usize, dtype: DType) -> RawMut<'_> {
+        assert!(byte_offset + len * dtype.size() <= self.len(), "host view out of bounds");
+        // SAFETY: in bounds of `self`, which the returned view borrows uniquely.
+        unsafe { RawMut::from_raw(self.addr_mut() + byte_offset as u64, len, dtype) }
+    }
     /// The bytes, writable.
     pub fn as_bytes_mut(&mut self) -> &mut [u8] {
         // SAFETY: as above, and `&mut self` gives unique access.
@@ -107,14 +120,10 @@ impl<C: Collective<Stream = ()>> RankEnv for HostRank<C> {
         buf.as_bytes().to_vec()
     }
     fn view<'b>(&self, buf: &'b HostBuf, byte_offset: usize, len: usize, dtype: DType) -> RawRef<'b> {
-        assert!(byte_offset + len * dtype.size() <= buf.len(), "suite view out of bounds");
-        // SAFETY: in bounds of `buf`, which the returned view borrows.
-        unsafe { RawRef::from_raw(buf.addr() + byte_offset as u64, len, dtype) }
+        buf.view(byte_offset, len, dtype)
     }
     fn view_mut<'b>(&self, buf: &'b mut HostBuf, byte_offset: usize, len: usize, dtype: DType) -> RawMut<'b> {
-        assert!(byte_offset + len * dtype.size() <= buf.len(), "suite view out of bounds");
-        // SAFETY: in bounds of `buf`, which the returned view borrows uniquely.
-        unsafe { RawMut::from_raw(buf.addr_mut() + byte_offset as u64, len, dtype) }
+        buf.view_mut(byte_offset, len, dtype)
     }
 }
 
