@@ -26,9 +26,7 @@ impl TestBackend for Processes {
     ) -> Result<(), String> {
         if std::env::var_os(CHILD_ENV).is_none() {
             if std::env::var("DETCOLL_CUDA_PROCESS_TESTS").as_deref() != Ok("1") {
-                collective_core::conformance::skip(&format!(
-                    "set DETCOLL_CUDA_PROCESS_TESTS=1 (ranks sharing a GPU need MPS)"
-                ));
+                collective_core::conformance::skip("set DETCOLL_CUDA_PROCESS_TESTS=1 (ranks sharing a GPU need MPS)");
                 return Ok(());
             }
             if common::gpu().is_none() {

@@ -41,9 +41,7 @@ fn nvrtc() -> bool {
 #[test]
 fn kernels_compile_for_every_target_with_strict_arithmetic() {
     if !nvrtc() {
-        collective_core::conformance::skip(&format!(
-            "NVRTC not found (pip install nvidia-cuda-nvrtc, or set DETCOLL_NVRTC)"
-        ));
+        collective_core::conformance::skip("NVRTC not found (pip install nvidia-cuda-nvrtc, or set DETCOLL_NVRTC)");
         return;
     }
     for arch in ["sm_80", "sm_90", "sm_100"] {
@@ -78,9 +76,7 @@ fn kernels_compile_for_every_target_with_strict_arithmetic() {
 #[test]
 fn software_arithmetic_module_compiles_strict() {
     if !nvrtc() {
-        collective_core::conformance::skip(&format!(
-            "NVRTC not found (pip install nvidia-cuda-nvrtc, or set DETCOLL_NVRTC)"
-        ));
+        collective_core::conformance::skip("NVRTC not found (pip install nvidia-cuda-nvrtc, or set DETCOLL_NVRTC)");
         return;
     }
     let ptx = compile_variant("sm_90", ImageKind::Ptx, Variant::Soft).unwrap_or_else(|e| panic!("soft module: {e}"));
@@ -94,9 +90,7 @@ fn software_arithmetic_module_compiles_strict() {
 #[test]
 fn missing_driver_is_an_error_not_a_panic() {
     if cuda_ipc::driver::driver_present() {
-        collective_core::conformance::skip(&format!(
-            "libcuda is present, the missing-driver path cannot be exercised here"
-        ));
+        collective_core::conformance::skip("libcuda is present, the missing-driver path cannot be exercised here");
         return;
     }
     match CudaIpcCollective::group_on_ordinal(0, 2, &CudaIpcConfig::new(1 << 16)) {
