@@ -49,7 +49,7 @@
 #define DC_SEG_WRITE_BACK 1u  // reduce: also store the result into the own frame
 #define DC_SEG_GATHER 2u      // phase 1: copy the peer's frame range instead of reducing
 
-// Error codes recorded in the host-mapped error record (mirrored in crates/cuda-ipc/src/status.rs).
+// Error codes recorded in the host-mapped error record (mirrored in crates/collective-core/src/protocol/status.rs).
 #define DC_ERR_TIMEOUT_READY 1ull
 #define DC_ERR_TIMEOUT_PHASE2 2ull
 #define DC_ERR_MISMATCH 3ull

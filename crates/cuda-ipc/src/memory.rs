@@ -121,8 +121,8 @@ impl Drop for IpcMapping {
     }
 }
 
-/// Words of the error record a kernel writes on failure (see kernels/detcoll_cuda.cu).
-pub(crate) const RECORD_WORDS: usize = 8;
+/// Words of the error record a kernel writes on failure (see kernels/detcoll_protocol.h).
+pub(crate) use collective_core::protocol::status::RECORD_WORDS;
 
 /// Pinned host memory the device writes failures into (`cuMemHostAlloc(DEVICEMAP)`): the host
 /// reads it with a plain volatile load on every call, no driver round trip.

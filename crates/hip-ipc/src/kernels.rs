@@ -14,7 +14,7 @@ use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
 /// `DC_ABI_VERSION` of kernels/detcoll_protocol.h.
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = collective_core::protocol::params::ABI_VERSION;
 
 /// Stem of the code objects: `detcoll_hip.<gfx>.co`.
 pub const STEM: &str = "detcoll_hip";

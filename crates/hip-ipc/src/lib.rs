@@ -11,16 +11,21 @@
 //! * [`kernels`]: finding the prebuilt code object for the device's `gfx` target
 //!   (`kernels/build/detcoll_hip.<gfx>.co`), loading it and checking its ABI table;
 //! * [`build`]: the HIP kernel compile driver shared by `cargo xtask build` and the tests
-//!   (hipcc, else Debian's clang, else the clang bundled with zig).
+//!   (hipcc, else Debian's clang, else the clang bundled with zig);
+//! * [`HipIpcCollective`]: the collective (the HIP twin of `cuda-ipc`): ranks as threads
+//!   ([`HipIpcCollective::group`]) or one process per rank over a bootstrap
+//!   ([`HipIpcCollective::new`]), one `hipModuleLaunchKernel` per call running the shared
+//!   protocol of [`collective_core::protocol`] (parameter packing and error decoding included).
 //!
 //! A missing `libamdhip64` is [`collective_core::Error::LibraryMissing`], never a panic.
 //!
-//! Status: the collective itself (`HipIpcCollective`, the HIP twin of `cuda-ipc` on the shared
-//! protocol) is not written yet; see docs/rocm.md for what exists, what was compiled, and what
-//! ran (nothing of this crate has run on an AMD GPU: none was available).
+//! Status: written and compiled, never executed: nothing of this crate has run on an AMD GPU
+//! (none was available). See docs/rocm.md for what was compiled and what ran.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod build;
+mod collective;
+mod group;
 pub mod kernels;
 pub mod result;
 pub mod runtime;
@@ -28,3 +33,8 @@ pub mod sys;
 
 /// Backend name used in [`collective_core::Error::Backend`].
 pub const BACKEND: &str = "hip-ipc";
+
+pub use collective::HipIpcCollective;
+/// The configuration of a HIP IPC collective: the backend-neutral one `cuda-ipc` uses too.
+pub use collective_core::protocol::{DEFAULT_RSAG_THRESHOLD, IpcConfig as HipIpcConfig};
+pub use runtime::Stream;

@@ -8,7 +8,10 @@
 //! * [`FlagWord`]: the published `generation | signature digest` word and how a waiter reads it;
 //! * [`Plan`]: what one call stages, reduces and gathers, per route;
 //! * [`Poison`]: the sticky failure state every later call reports;
-//! * [`Timeouts`]: the bounds on every wait.
+//! * [`Timeouts`]: the bounds on every wait;
+//! * [`params`]: the GPU kernels' parameter structs and the packing of a [`Plan`] into them;
+//! * [`status`]: decoding the error record a GPU kernel wrote;
+//! * [`IpcConfig`]: the construction-time configuration of the GPU twins.
 //!
 //! ```text
 //!  rank r allocation:  [header][status][sig slot 0][sig slot 1][ready x B][phase2 x B][ack x W]
@@ -27,11 +30,15 @@
 //! `g` only after it saw every peer's ready flag of call `g-1`, which every peer publishes only
 //! after it finished reading call `g-2`'s frame — the frame call `g` overwrites.
 
+mod config;
 mod flag;
 mod layout;
+pub mod params;
 mod plan;
 mod poison;
+pub mod status;
 
+pub use config::{DEFAULT_RSAG_THRESHOLD, IpcConfig};
 pub use flag::{FlagState, FlagWord};
 pub use layout::{CLOSE_ACK, HEADER_MAGIC, Header, LINE, Layout, PROTOCOL_VERSION};
 pub use plan::{Phase, Plan, Segment};

@@ -1,0 +1,444 @@
+//! Kernel parameters (mirrors of the structs in kernels/detcoll_protocol.h), packing a
+//! protocol [`Plan`] into them, and the launch shape — shared by the GPU twins (`cuda-ipc`,
+//! `hip-ipc`), which only add their runtime's launch call. Pure host code: addresses are `u64`.
+//!
+//! Moved verbatim from `crates/cuda-ipc/src/launch.rs` (only the backend name of the
+//! "too many segments" error became a parameter of [`pack`]).
+use super::{Layout, Phase, Plan};
+use crate::Error;
+
+/// Must equal `DC_ABI_VERSION` in the kernels (checked when a module is loaded).
+pub const ABI_VERSION: u32 = 2;
+/// Threads per block (the kernels' `__launch_bounds__`).
+pub const THREADS: u32 = 512;
+/// Frame bytes per tile: tile `t` belongs to block `t % grid` in every phase on every rank.
+/// One 16-byte vector per thread of a 512-thread block.
+pub const TILE_BYTES: u32 = 16 * THREADS;
+/// Most ranks.
+pub const MAX_WORLD: usize = 8;
+
+pub const SEG_WRITE_BACK: u32 = 1;
+pub const SEG_GATHER: u32 = 2;
+
+/// One contiguous piece of work (`DcSeg`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Seg {
+    pub ptr: u64,
+    pub frame_off: u64,
+    pub bytes: u64,
+    pub peer: u32,
+    pub flags: u32,
+}
+
+/// Everything but the segments (`DcHeader`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Header {
+    pub base: [u64; MAX_WORLD],
+    pub err: u64,
+    pub timeout_ns: u64,
+    pub sig: [u64; 2],
+    pub frame: [u64; 2],
+    pub off_status: u32,
+    pub off_sig0: u32,
+    pub off_sig1: u32,
+    pub off_ready: u32,
+    pub off_phase2: u32,
+    pub line: u32,
+    pub digest: u32,
+    pub rank: u32,
+    pub world: u32,
+    pub layout_blocks: u32,
+    pub grid: u32,
+    pub dtype: u32,
+    pub tile_bytes: u32,
+    pub nstage: u32,
+    pub nphase1: u32,
+    pub nphase2: u32,
+}
+
+/// `DcParams<N>`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Params<const N: usize> {
+    pub h: Header,
+    pub seg: [Seg; N],
+}
+
+/// Single-lane calls: 1 stage + up to 8 phase-1 + 7 phase-2 segments.
+pub type ParamsSingle = Params<16>;
+/// `reduce_scatter_many`: up to 16 stage + 16 phase-1 segments.
+pub type ParamsMany = Params<32>;
+
+/// `DcTreeParams`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TreeParams {
+    pub input: [u64; MAX_WORLD],
+    pub out: u64,
+    pub count: u64,
+    pub world: u32,
+    pub dtype: u32,
+}
+
+/// `DcCopyParams`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CopyParams {
+    pub dst: u64,
+    pub src: u64,
+    pub bytes: u64,
+}
+
+/// Blocks of the world-1 copy kernel for `bytes`: one 16-byte vector per thread, at most
+/// `max_grid`.
+pub fn copy_grid(bytes: usize, max_grid: u32) -> u32 {
+    (bytes.div_ceil(TILE_BYTES as usize) as u64).clamp(1, u64::from(max_grid.max(1))) as u32
+}
+
+const _: () = assert!(size_of::<Seg>() == 32);
+const _: () = assert!(size_of::<Header>() == 176);
+const _: () = assert!(size_of::<ParamsSingle>() == 176 + 16 * 32);
+const _: () = assert!(size_of::<TreeParams>() == 88);
+
+/// Per-rank constants of every launch: filled once at construction.
+#[derive(Debug, Clone, Copy)]
+pub struct Fixed {
+    pub header: Header,
+    pub max_grid: u32,
+    pub threads: u32,
+}
+
+impl Fixed {
+    /// The constant part of every launch of `rank` over allocations `bases`.
+    pub fn new(layout: &Layout, bases: &[u64], rank: usize, err: u64, timeout_ns: u64, threads: u32) -> Fixed {
+        let mut base = [0u64; MAX_WORLD];
+        base[..bases.len()].copy_from_slice(bases);
+        let header = Header {
+            base,
+            err,
+            timeout_ns,
+            sig: [0; 2],
+            frame: [layout.frame(0) as u64, layout.frame(1) as u64],
+            off_status: layout.status() as u32,
+            off_sig0: layout.sig_slot(0) as u32,
+            off_sig1: layout.sig_slot(1) as u32,
+            off_ready: layout.ready(0) as u32,
+            off_phase2: layout.phase2(0) as u32,
+            line: (layout.ready(1) - layout.ready(0)) as u32,
+            digest: 0,
+            rank: rank as u32,
+            world: bases.len() as u32,
+            layout_blocks: layout.blocks as u32,
+            grid: 1,
+            dtype: 0,
+            tile_bytes: TILE_BYTES,
+            nstage: 0,
+            nphase1: 0,
+            nphase2: 0,
+        };
+        Fixed { header, max_grid: layout.blocks as u32, threads }
+    }
+
+    /// Blocks for a call staging `bytes` per rank: one per tile, at most `max_grid`, at least 1
+    /// (every call publishes and waits, empty ones included, so generations stay in step).
+    /// A function of the signature and the configuration only, hence equal on every rank.
+    pub fn grid(&self, bytes: u64) -> u32 {
+        let tiles = bytes.div_ceil(u64::from(TILE_BYTES));
+        tiles.clamp(1, u64::from(self.max_grid)) as u32
+    }
+}
+
+fn too_many(backend: &'static str, what: &str) -> Error {
+    Error::Backend { backend, detail: format!("plan has more {what} segments than the kernel parameters hold") }
+}
+
+/// Packs `plan` into kernel parameters with `N` segment slots.
+///
+/// `skip_self_gather`: an in-place all_gather's own shard is already in place, so the copy of
+/// this rank's frame back over it is dropped. `backend` names the caller in the error returned
+/// when the plan does not fit.
+pub fn pack<const N: usize>(
+    fixed: &Fixed,
+    plan: &Plan,
+    skip_self_gather: bool,
+    backend: &'static str,
+) -> Result<Params<N>, Error> {
+    let mut p = Params::<N> { h: fixed.header, seg: [Seg::default(); N] };
+    let size = plan.sig.dtype.size() as u64;
+    let rank = fixed.header.rank as usize;
+    let mut n = 0usize;
+    let mut push = |s: Seg, what: &str| -> Result<(), Error> {
+        if n >= N {
+            return Err(too_many(backend, what));
+        }
+        p.seg[n] = s;
+        n += 1;
+        Ok(())
+    };
+    let mut nstage = 0u32;
+    for s in plan.stage.as_slice() {
+        push(
+            Seg {
+                ptr: s.src,
+                frame_off: s.frame_offset as u64 * size,
+                bytes: s.count as u64 * size,
+                peer: 0,
+                flags: 0,
+            },
+            "stage",
+        )?;
+        nstage += 1;
+    }
+    let mut nphase1 = 0u32;
+    for s in plan.phase1.as_slice() {
+        let flags = match s.phase {
+            Phase::Gather => SEG_GATHER,
+            _ => {
+                if s.write_back {
+                    SEG_WRITE_BACK
+                } else {
+                    0
+                }
+            }
+        };
+        if s.phase == Phase::Gather && skip_self_gather && s.peer == rank {
+            continue;
+        }
+        push(
+            Seg {
+                ptr: s.dst,
+                frame_off: s.frame_offset as u64 * size,
+                bytes: s.count as u64 * size,
+                peer: s.peer as u32,
+                flags,
+            },
+            "phase-1",
+        )?;
+        nphase1 += 1;
+    }
+    let mut nphase2 = 0u32;
+    for s in plan.phase2.as_slice() {
+        push(
+            Seg {
+                ptr: s.dst,
+                frame_off: s.frame_offset as u64 * size,
+                bytes: s.count as u64 * size,
+                peer: s.peer as u32,
+                flags: SEG_GATHER,
+            },
+            "phase-2",
+        )?;
+        nphase2 += 1;
+    }
+    let [w0, w1] = plan.sig.pack();
+    p.h.sig = [w0, w1];
+    p.h.digest = plan.sig.digest();
+    p.h.dtype = plan.sig.dtype as u32;
+    p.h.grid = fixed.grid(plan.sig.count * size);
+    p.h.nstage = nstage;
+    p.h.nphase1 = nphase1;
+    // Nonzero exactly on the RS+AG route (world >= 2 there, so every rank gathers from at
+    // least one peer); the kernel also uses it to know which phase-2 flags this call uses.
+    p.h.nphase2 = nphase2;
+    Ok(p)
+}
+
+/// The `detcoll_abi` table every kernel image must export for this host code:
+/// `[ABI_VERSION, sizeof DcParams<16>, sizeof DcParams<32>, sizeof DcTreeParams, sizeof DcSeg,
+/// sizeof DcCopyParams]`.
+pub const fn abi_table() -> [u32; 6] {
+    [
+        ABI_VERSION,
+        size_of::<ParamsSingle>() as u32,
+        size_of::<ParamsMany>() as u32,
+        size_of::<TreeParams>() as u32,
+        size_of::<Seg>() as u32,
+        size_of::<CopyParams>() as u32,
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{DType, Io, Op, RawMut, RawRef, Route, validate, validate_many};
+    use core::mem::offset_of;
+
+    // Mirrored by hand from kernels/detcoll_protocol.h (`DcSeg`, `DcHeader`, `DcParams<N>`,
+    // `DcTreeParams`, `DcCopyParams`, natural C alignment): byte offsets of every field.
+    const DC_ABI_VERSION: u32 = 2;
+    const DC_MAX_WORLD: usize = 8;
+    const DC_THREADS: u32 = 512;
+    const DC_SEGS_SINGLE: usize = 16;
+    const DC_SEGS_MANY: usize = 32;
+    const DC_SEG_WRITE_BACK: u32 = 1;
+    const DC_SEG_GATHER: u32 = 2;
+    const SEG_OFFSETS: [usize; 5] = [0, 8, 16, 24, 28];
+    const SEG_SIZE: usize = 32;
+    const HEADER_U64_OFFSETS: [usize; 6] = [0, 64, 72, 80, 96, 112]; // base, err, timeout_ns, sig, frame, end
+    const HEADER_U32_FIRST: usize = 112; // off_status .. nphase2: 16 u32 in declaration order
+    const HEADER_SIZE: usize = 176;
+    const TREE_OFFSETS: [usize; 4] = [64, 72, 80, 84]; // out, count, world, dtype
+    const TREE_SIZE: usize = 88;
+    const COPY_SIZE: usize = 24;
+
+    #[test]
+    fn layouts_match_the_kernel_header() {
+        assert_eq!((ABI_VERSION, MAX_WORLD, THREADS), (DC_ABI_VERSION, DC_MAX_WORLD, DC_THREADS));
+        assert_eq!((SEG_WRITE_BACK, SEG_GATHER), (DC_SEG_WRITE_BACK, DC_SEG_GATHER));
+        assert_eq!(
+            [
+                offset_of!(Seg, ptr),
+                offset_of!(Seg, frame_off),
+                offset_of!(Seg, bytes),
+                offset_of!(Seg, peer),
+                offset_of!(Seg, flags)
+            ],
+            SEG_OFFSETS
+        );
+        assert_eq!(size_of::<Seg>(), SEG_SIZE);
+        assert_eq!(
+            [
+                offset_of!(Header, base),
+                offset_of!(Header, err),
+                offset_of!(Header, timeout_ns),
+                offset_of!(Header, sig),
+                offset_of!(Header, frame),
+                offset_of!(Header, off_status),
+            ],
+            HEADER_U64_OFFSETS
+        );
+        let u32s = [
+            offset_of!(Header, off_status),
+            offset_of!(Header, off_sig0),
+            offset_of!(Header, off_sig1),
+            offset_of!(Header, off_ready),
+            offset_of!(Header, off_phase2),
+            offset_of!(Header, line),
+            offset_of!(Header, digest),
+            offset_of!(Header, rank),
+            offset_of!(Header, world),
+            offset_of!(Header, layout_blocks),
+            offset_of!(Header, grid),
+            offset_of!(Header, dtype),
+            offset_of!(Header, tile_bytes),
+            offset_of!(Header, nstage),
+            offset_of!(Header, nphase1),
+            offset_of!(Header, nphase2),
+        ];
+        for (i, o) in u32s.iter().enumerate() {
+            assert_eq!(*o, HEADER_U32_FIRST + 4 * i, "u32 field {i} of DcHeader");
+        }
+        assert_eq!(size_of::<Header>(), HEADER_SIZE);
+        assert_eq!(offset_of!(ParamsSingle, seg), HEADER_SIZE);
+        assert_eq!(size_of::<ParamsSingle>(), HEADER_SIZE + DC_SEGS_SINGLE * SEG_SIZE);
+        assert_eq!(size_of::<ParamsMany>(), HEADER_SIZE + DC_SEGS_MANY * SEG_SIZE);
+        assert_eq!(
+            [
+                offset_of!(TreeParams, out),
+                offset_of!(TreeParams, count),
+                offset_of!(TreeParams, world),
+                offset_of!(TreeParams, dtype)
+            ],
+            TREE_OFFSETS
+        );
+        assert_eq!(size_of::<TreeParams>(), TREE_SIZE);
+        assert_eq!(size_of::<CopyParams>(), COPY_SIZE);
+        assert_eq!(
+            abi_table(),
+            [
+                DC_ABI_VERSION,
+                (HEADER_SIZE + DC_SEGS_SINGLE * SEG_SIZE) as u32,
+                (HEADER_SIZE + DC_SEGS_MANY * SEG_SIZE) as u32,
+                TREE_SIZE as u32,
+                SEG_SIZE as u32,
+                COPY_SIZE as u32
+            ]
+        );
+    }
+
+    fn fixed(world: usize, rank: usize, capacity: usize, blocks: usize) -> (Layout, Fixed) {
+        let layout = Layout::new(capacity, blocks);
+        let bases: Vec<u64> = (0..world as u64).map(|q| 0x1000_0000 * (q + 1)).collect();
+        let f = Fixed::new(&layout, &bases, rank, 0xE000, 1_000_000, THREADS);
+        (layout, f)
+    }
+
+    #[test]
+    fn fixed_header_and_grid() {
+        let (layout, f) = fixed(4, 2, 1 << 20, 8);
+        let h = f.header;
+        assert_eq!(&h.base[..5], &[0x1000_0000, 0x2000_0000, 0x3000_0000, 0x4000_0000, 0]);
+        assert_eq!((h.err, h.timeout_ns, h.rank, h.world, h.layout_blocks), (0xE000, 1_000_000, 2, 4, 8));
+        assert_eq!(h.frame, [layout.frame(0) as u64, layout.frame(1) as u64]);
+        assert_eq!(h.off_ready as usize, layout.ready(0));
+        assert_eq!(h.line as usize, layout.ready(1) - layout.ready(0));
+        assert_eq!(h.tile_bytes, TILE_BYTES);
+        assert_eq!((f.max_grid, f.threads), (8, THREADS));
+        // One block per 8 KiB tile, at least 1, at most max_grid.
+        assert_eq!([f.grid(0), f.grid(1), f.grid(8192), f.grid(8193), f.grid(1 << 30)], [1, 1, 1, 2, 8]);
+        assert_eq!([copy_grid(0, 4), copy_grid(8193, 4), copy_grid(1 << 30, 4), copy_grid(5, 0)], [1, 2, 4, 1]);
+    }
+
+    #[test]
+    fn packs_single_lane_plans() {
+        let (_, f) = fixed(4, 1, 1 << 20, 8);
+        let n = 1000usize;
+        // SAFETY: the views are never dereferenced: only their addresses are packed.
+        let (input, output) =
+            unsafe { (RawRef::from_raw(0xA000, n, DType::F32), RawMut::from_raw(0xB000, n, DType::F32)) };
+        let call = validate(Op::AllReduce, &Io::OutOfPlace { input, output }, 1, 4, 1 << 20).unwrap();
+
+        let plan = Plan::single(&call, 1, 4, Route::IpcOneShot).unwrap();
+        let p: ParamsSingle = pack(&f, &plan, false, "test").unwrap();
+        assert_eq!((p.h.nstage, p.h.nphase1, p.h.nphase2, p.h.grid), (1, 1, 0, 1));
+        assert_eq!((p.seg[0].ptr, p.seg[0].frame_off, p.seg[0].bytes), (0xA000, 0, 4000));
+        assert_eq!((p.seg[1].ptr, p.seg[1].bytes, p.seg[1].flags), (0xB000, 4000, 0));
+        assert_eq!(p.h.sig, plan.sig.pack());
+        assert_eq!((p.h.digest, p.h.dtype), (plan.sig.digest(), DType::F32 as u32));
+
+        let plan = Plan::single(&call, 1, 4, Route::IpcReduceScatterAllGather).unwrap();
+        let p: ParamsSingle = pack(&f, &plan, false, "test").unwrap();
+        assert_eq!((p.h.nstage, p.h.nphase1, p.h.nphase2), (1, 1, 3));
+        assert_eq!(p.seg[1].flags, SEG_WRITE_BACK);
+        assert!(p.seg[2..5].iter().all(|s| s.flags == SEG_GATHER && s.peer != 1));
+
+        // In-place all_gather: the own shard's gather is dropped.
+        // SAFETY: as above.
+        let buf = unsafe { RawMut::from_raw(0xC000, 4 * n, DType::BF16) };
+        let call = validate(Op::AllGather, &Io::InPlace(buf), 1, 4, 1 << 20).unwrap();
+        let plan = Plan::single(&call, 1, 4, Route::IpcOneShot).unwrap();
+        let kept: ParamsSingle = pack(&f, &plan, false, "test").unwrap();
+        let skipped: ParamsSingle = pack(&f, &plan, true, "test").unwrap();
+        assert_eq!((kept.h.nphase1, skipped.h.nphase1), (4, 3));
+        assert!(skipped.seg[1..4].iter().all(|s| s.peer != 1 && s.flags == SEG_GATHER));
+
+        // Too few slots: a typed error naming the backend, never a truncated launch.
+        match pack::<2>(&f, &plan, false, "test") {
+            Err(Error::Backend { backend: "test", .. }) => {}
+            other => panic!("expected a Backend error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn packs_many_lane_plans() {
+        let (_, f) = fixed(2, 0, 1 << 20, 4);
+        // SAFETY: never dereferenced.
+        let lanes: Vec<Io<'_>> = (0..3u64)
+            .map(|i| unsafe {
+                Io::OutOfPlace {
+                    input: RawRef::from_raw(0x10_0000 * (i + 1), 64, DType::F16),
+                    output: RawMut::from_raw(0x8000_0000 + 0x1000 * i, 32, DType::F16),
+                }
+            })
+            .collect();
+        let (calls, sig) = validate_many(&lanes, 0, 2, 1 << 20).unwrap();
+        let plan = Plan::many(&calls, sig, 0);
+        let p: ParamsMany = pack(&f, &plan, false, "test").unwrap();
+        assert_eq!((p.h.nstage, p.h.nphase1, p.h.nphase2), (3, 3, 0));
+        assert_eq!(p.seg[0].bytes, 128);
+        assert_eq!(p.seg[3].bytes, 64);
+        assert_eq!(p.h.grid, 1);
+    }
+}

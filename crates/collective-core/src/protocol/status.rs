@@ -1,0 +1,62 @@
+//! Turning the error record a GPU kernel wrote into a typed [`Error`] (shared by `cuda-ipc` and
+//! `hip-ipc`; moved verbatim from `crates/cuda-ipc/src/status.rs`, the backend name became a
+//! parameter).
+//!
+//! Record words (kernels/detcoll_protocol.h, `dc_fail`): `[code, peer, generation, observed flag
+//! or peer status, our signature (2 words), their signature (2 words, mismatch only)]`.
+use super::FlagWord;
+use crate::{Error, Signature};
+use std::time::Duration;
+
+/// Words of the error record a kernel writes on failure.
+pub const RECORD_WORDS: usize = 8;
+
+pub const ERR_TIMEOUT_READY: u64 = 1;
+pub const ERR_TIMEOUT_PHASE2: u64 = 2;
+pub const ERR_MISMATCH: u64 = 3;
+pub const ERR_CORRUPT: u64 = 4;
+pub const ERR_PEER_FAILED: u64 = 5;
+
+fn describe(w0: u64, w1: u64) -> String {
+    Signature::unpack([w0, w1]).map_or_else(|| format!("an unreadable signature [{w0:#x}, {w1:#x}]"), |s| s.to_string())
+}
+
+/// The typed error for a nonzero record. `timeout` is the configured per-wait bound; `backend`
+/// names the caller in [`Error::Backend`].
+pub fn decode(w: &[u64; RECORD_WORDS], timeout: Duration, backend: &'static str) -> Error {
+    let (code, peer, generation, observed) = (w[0], w[1] as usize, w[2] as u32, w[3]);
+    let ours = Signature::unpack([w[4], w[5]]);
+    match code {
+        ERR_TIMEOUT_READY => {
+            Error::PeerTimeout { peer, what: "publish its ready flag (stage its input)", waited: timeout }
+        }
+        ERR_TIMEOUT_PHASE2 => Error::PeerTimeout { peer, what: "publish its reduced shard (phase 2)", waited: timeout },
+        ERR_MISMATCH => match (ours, Signature::unpack([w[6], w[7]])) {
+            (Some(ours), Some(theirs)) => Error::SignatureMismatch { peer, ours, theirs },
+            _ => Error::Backend {
+                backend,
+                detail: format!(
+                    "rank {peer} published generation {generation} with signature digest {:#x} while this rank called {} \
+                     (their full signature: {})",
+                    FlagWord(observed).digest(),
+                    describe(w[4], w[5]),
+                    describe(w[6], w[7])
+                ),
+            },
+        },
+        ERR_CORRUPT => Error::Backend {
+            backend,
+            detail: format!(
+                "rank {peer}'s flag holds generation {} while this rank is at generation {generation}: corrupt protocol state",
+                FlagWord(observed).generation()
+            ),
+        },
+        ERR_PEER_FAILED => Error::PeerDied {
+            peer,
+            detail: format!(
+                "it recorded a protocol failure (code {observed}) during generation {generation} and stopped"
+            ),
+        },
+        other => Error::Backend { backend, detail: format!("unknown error code {other} in the device error record") },
+    }
+}

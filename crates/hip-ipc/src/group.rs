@@ -1,0 +1,304 @@
+//! Construction: N ranks as threads of one process (one GPU or several, peer pointers used
+//! directly), or one process per rank over a bootstrap (HIP IPC handles). The HIP twin of
+//! `cuda-ipc/src/group.rs`.
+//!
+//! Staging: ONE allocation per rank holding the control block and both frames (the protocol's
+//! [`Layout`]), from `hipExtMallocWithFlags(hipDeviceMallocFinegrained)`, so that the
+//! system-scope release/acquire of the flags is coherent across GPUs, and the kernel ABI keeps
+//! one base pointer per rank. Frames in fine-grained memory are slower than in coarse-grained
+//! `hipMalloc` memory; see docs/rocm.md for the trade-off.
+use crate::BACKEND;
+use crate::collective::{GroupShared, HipIpcCollective, IpcState, Kernels, Owner};
+use crate::result::api;
+use crate::runtime::{self, DeviceMemory, HostMapped, IpcMapping};
+use collective_core::bootstrap::Bootstrap;
+use collective_core::protocol::params::{Fixed, THREADS};
+use collective_core::protocol::status::RECORD_WORDS;
+use collective_core::protocol::{Header, IpcConfig, Layout, Poison};
+use collective_core::{Error, SUPPORTED_WORLD_SIZES};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+fn check_world(world: usize) -> Result<(), Error> {
+    if SUPPORTED_WORLD_SIZES.contains(&world) { Ok(()) } else { Err(Error::UnsupportedWorldSize { world }) }
+}
+
+fn timeout_ns(config: &IpcConfig) -> u64 {
+    u64::try_from(config.timeouts.peer.as_nanos()).unwrap_or(u64::MAX)
+}
+
+fn check_ordinal(ordinal: usize) -> Result<(), Error> {
+    let n = runtime::device_count()?;
+    if ordinal < n {
+        Ok(())
+    } else {
+        Err(Error::InvalidConfig { detail: format!("HIP device {ordinal} does not exist ({n} visible)") })
+    }
+}
+
+/// A rank of world 1: a copy (or nothing in place), no IPC state. The copy kernel is used when
+/// a code object loads, `hipMemcpyAsync` otherwise.
+fn local(ordinal: usize, config: &IpcConfig) -> HipIpcCollective {
+    HipIpcCollective {
+        rank: 0,
+        world: 1,
+        device: ordinal,
+        config: config.clone(),
+        ipc: None,
+        local_copy: Kernels::load(ordinal).ok(),
+        poison: Poison::default(),
+        closed: AtomicBool::new(false),
+        close_lock: Mutex::new(()),
+    }
+}
+
+fn assemble(rank: usize, ordinal: usize, config: &IpcConfig, state: IpcState) -> HipIpcCollective {
+    HipIpcCollective {
+        rank,
+        world: state.bases.len(),
+        device: ordinal,
+        config: config.clone(),
+        ipc: Some(state),
+        local_copy: None,
+        poison: Poison::default(),
+        closed: AtomicBool::new(false),
+        close_lock: Mutex::new(()),
+    }
+}
+
+/// One rank's staging: the whole [`Layout`] in one fine-grained allocation, zeroed, header
+/// written (synchronous calls: every later launch sees it).
+fn staging(ordinal: usize, layout: &Layout, header: &Header) -> Result<DeviceMemory, Error> {
+    let mem = DeviceMemory::fine_grained(ordinal, layout.total_bytes())?;
+    let mut bytes = Vec::with_capacity(56);
+    for w in header.to_words() {
+        bytes.extend_from_slice(&w.to_le_bytes());
+    }
+    runtime::copy_to_device(&bytes, mem.ptr() + layout.header() as u64)?;
+    Ok(mem)
+}
+
+impl HipIpcCollective {
+    /// `world` ranks as threads sharing device `ordinal`. Returns [`Error::LibraryMissing`]
+    /// when there is no HIP runtime (instead of panicking).
+    pub fn group_on_ordinal(ordinal: usize, world: usize, config: &IpcConfig) -> Result<Vec<HipIpcCollective>, Error> {
+        Self::group(&vec![ordinal; world], config)
+    }
+
+    /// One rank per entry of `ordinals` (rank `r` runs on HIP device `ordinals[r]`), all in
+    /// this process. Ranks on different devices get peer access enabled (an error if the
+    /// devices cannot reach each other); peers' allocations are used directly, never through
+    /// IPC handles.
+    ///
+    /// Each returned rank is meant to be driven by its own thread with its own stream; all
+    /// ranks must make the same calls in the same order. Ranks sharing one GPU wait for each
+    /// other inside their kernels, so their kernels must run concurrently (one stream per rank,
+    /// no device-wide synchronising calls while a peer may have a collective in flight); a
+    /// violation shows as `PeerTimeout`, never as wrong data.
+    pub fn group(ordinals: &[usize], config: &IpcConfig) -> Result<Vec<HipIpcCollective>, Error> {
+        api()?;
+        config.check()?;
+        let world = ordinals.len();
+        check_world(world)?;
+        for &o in ordinals {
+            check_ordinal(o)?;
+        }
+        if world == 1 {
+            return Ok(vec![local(ordinals[0], config)]);
+        }
+        // Blocks: every rank's kernel must be resident at once on devices shared by ranks.
+        let blocks = match config.max_blocks {
+            Some(b) => b,
+            None => {
+                let mut b = usize::MAX;
+                for &o in ordinals {
+                    let sharing = ordinals.iter().filter(|&&p| p == o).count();
+                    b = b.min((runtime::multiprocessors(o)? / sharing).max(1));
+                }
+                b
+            }
+        };
+        let config = IpcConfig { max_blocks: Some(blocks), ..config.clone() };
+        let layout = Layout::new(config.capacity, blocks);
+        for &a in ordinals {
+            for &b in ordinals {
+                runtime::enable_peer_access(a, b)?;
+            }
+        }
+        // One code object per distinct device.
+        let mut kernels: Vec<(usize, Arc<Kernels>)> = Vec::new();
+        for &o in ordinals {
+            if !kernels.iter().any(|(k, _)| *k == o) {
+                kernels.push((o, Kernels::load(o)?));
+            }
+        }
+        let pid = u64::from(std::process::id());
+        let mut mems = Vec::with_capacity(world);
+        for (r, &o) in ordinals.iter().enumerate() {
+            let header = Header {
+                world: world as u64,
+                rank: r as u64,
+                capacity: config.capacity as u64,
+                blocks: blocks as u64,
+                pid,
+            };
+            mems.push(staging(o, &layout, &header)?);
+        }
+        let bases: Vec<u64> = mems.iter().map(DeviceMemory::ptr).collect();
+        let shared = Arc::new(GroupShared { staging: mems });
+        let mut out = Vec::with_capacity(world);
+        for (r, &o) in ordinals.iter().enumerate() {
+            runtime::set_device(o)?;
+            let err = HostMapped::new(RECORD_WORDS)?;
+            let k = kernels.iter().find(|(k, _)| *k == o).map(|(_, k)| k.clone()).ok_or_else(|| Error::Backend {
+                backend: BACKEND,
+                detail: "kernels of a device went missing".into(),
+            })?;
+            let fixed = Fixed::new(&layout, &bases, r, err.device_ptr(), timeout_ns(&config), THREADS);
+            let state =
+                IpcState { kernels: k, layout, fixed, bases: bases.clone(), err, owner: Owner::Group(shared.clone()) };
+            out.push(assemble(r, o, &config, state));
+        }
+        Ok(out)
+    }
+
+    /// One rank of a group with one process per rank: allocations are exchanged as HIP IPC
+    /// handles through `boot` and opened once. Every rank must pass the same `config`
+    /// (capacity, block count, RS+AG threshold; checked: [`Error::ConfigMismatch`]).
+    ///
+    /// With `max_blocks: None` the block count is the smallest compute-unit count over the
+    /// ranks' devices, i.e. one rank per GPU is assumed (the binding has no device UUID to
+    /// detect ranks sharing a GPU); processes sharing a GPU must set `max_blocks` to at most
+    /// `CUs / ranks on that GPU`, or their kernels may not be resident together and time out.
+    pub fn new(boot: Box<dyn Bootstrap>, ordinal: usize, config: &IpcConfig) -> Result<HipIpcCollective, Error> {
+        api()?;
+        config.check()?;
+        let (rank, world) = (boot.rank(), boot.world_size());
+        check_world(world)?;
+        check_ordinal(ordinal)?;
+        if world == 1 {
+            return Ok(local(ordinal, config));
+        }
+        // Exchange 1: what every rank must agree on, and its compute units.
+        let cus = runtime::multiprocessors(ordinal)? as u64;
+        let mut mine = Vec::with_capacity(32);
+        for w in config.agreement_words() {
+            mine.extend_from_slice(&w.to_le_bytes());
+        }
+        mine.extend_from_slice(&cus.to_le_bytes());
+        let all = boot.all_gather_bytes(&mine)?;
+        for (q, theirs) in all.iter().enumerate() {
+            if theirs.len() != mine.len() || theirs[..24] != mine[..24] {
+                return Err(Error::ConfigMismatch {
+                    detail: format!(
+                        "rank {q}'s configuration (capacity, max_blocks, rsag_threshold) differs from rank {rank}'s"
+                    ),
+                });
+            }
+        }
+        let blocks = match config.max_blocks {
+            Some(b) => b,
+            None => all
+                .iter()
+                .map(|t| u64::from_le_bytes(t[24..32].try_into().unwrap_or([0; 8])) as usize)
+                .min()
+                .unwrap_or(1)
+                .max(1),
+        };
+        let config = IpcConfig { max_blocks: Some(blocks), ..config.clone() };
+        let layout = Layout::new(config.capacity, blocks);
+        let kernels = Kernels::load(ordinal)?;
+        let header = Header {
+            world: world as u64,
+            rank: rank as u64,
+            capacity: config.capacity as u64,
+            blocks: blocks as u64,
+            pid: u64::from(std::process::id()),
+        };
+        let own = staging(ordinal, &layout, &header)?;
+        // Exchange 2: IPC handles, opened once.
+        let handles = boot.all_gather_bytes(&own.ipc_handle()?)?;
+        runtime::set_device(ordinal)?;
+        let mut mappings = Vec::with_capacity(world - 1);
+        let mut bases = vec![0u64; world];
+        for (q, h) in handles.iter().enumerate() {
+            if q == rank {
+                bases[q] = own.ptr();
+                continue;
+            }
+            let m = IpcMapping::open(h)?;
+            bases[q] = m.ptr();
+            // The peer's header must describe the same layout.
+            let mut raw = [0u8; 56];
+            runtime::copy_to_host(m.ptr() + layout.header() as u64, &mut raw)?;
+            let mut words = [0u64; 7];
+            for (w, c) in words.iter_mut().zip(raw.chunks_exact(8)) {
+                *w = u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
+            }
+            let expect = Header { rank: q as u64, pid: words[6], ..header };
+            if Header::from_words(words) != Some(expect) {
+                return Err(Error::ConfigMismatch {
+                    detail: format!("rank {q}'s staging header {words:?} does not match this rank's layout"),
+                });
+            }
+            mappings.push(m);
+        }
+        let err = HostMapped::new(RECORD_WORDS)?;
+        let fixed = Fixed::new(&layout, &bases, rank, err.device_ptr(), timeout_ns(&config), THREADS);
+        // Nobody launches before everyone has opened (and zeroed) everything.
+        boot.barrier()?;
+        let owner = Owner::Process { own: Mutex::new(Some(own)), mappings: Mutex::new(mappings), boot };
+        let state = IpcState { kernels, layout, fixed, bases, err, owner };
+        Ok(assemble(rank, ordinal, &config, state))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use collective_core::bootstrap::BootstrapError;
+
+    /// A bootstrap that must never be reached: construction fails before any exchange.
+    #[derive(Debug)]
+    struct Unreachable;
+    impl Bootstrap for Unreachable {
+        fn rank(&self) -> usize {
+            0
+        }
+        fn world_size(&self) -> usize {
+            2
+        }
+        fn local_rank(&self) -> usize {
+            0
+        }
+        fn local_world_size(&self) -> usize {
+            2
+        }
+        fn all_gather_bytes(&self, _mine: &[u8]) -> Result<Vec<Vec<u8>>, BootstrapError> {
+            unreachable!("construction must fail before the first exchange")
+        }
+    }
+
+    #[test]
+    fn no_runtime_is_library_missing() {
+        if crate::result::runtime_present() {
+            eprintln!("skipped: libamdhip64 is present");
+            return;
+        }
+        let config = IpcConfig::new(1 << 20);
+        for world in [1, 2, 8] {
+            match HipIpcCollective::group_on_ordinal(0, world, &config) {
+                Err(Error::LibraryMissing { .. }) => {}
+                other => panic!("world {world}: expected LibraryMissing, got {other:?}"),
+            }
+        }
+        match HipIpcCollective::group(&[0, 1], &config) {
+            Err(Error::LibraryMissing { .. }) => {}
+            other => panic!("expected LibraryMissing, got {other:?}"),
+        }
+        match HipIpcCollective::new(Box::new(Unreachable), 0, &config) {
+            Err(Error::LibraryMissing { .. }) => {}
+            other => panic!("expected LibraryMissing, got {other:?}"),
+        }
+    }
+}
