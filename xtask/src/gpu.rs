@@ -16,7 +16,7 @@ use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 /// Packages whose test binaries are GPU suites (absent packages are skipped).
-pub const GPU_PACKAGES: &[&str] = &["cuda-ipc", "ccl-transport", "collective-factory"];
+pub const GPU_PACKAGES: &[&str] = &["cuda-ipc", "ccl-transport", "hip-ipc", "collective-factory"];
 /// Extra binaries bundled for the GPU host: (package, binary target, name in `bin/`).
 const BUNDLED_BINARIES: &[(&str, &str, &str)] =
     &[("xtask", "xtask", "xtask"), ("detcoll-launch", "detcoll-run", "detcoll-run")];

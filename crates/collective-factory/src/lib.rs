@@ -29,3 +29,7 @@ mod nvidia;
 pub use cpu::{CpuCollective, cpu_collective, cpu_with_transport};
 #[cfg(feature = "cuda")]
 pub use nvidia::{NvidiaCollective, NvidiaConfig, nvidia_collective};
+#[cfg(feature = "rocm")]
+mod rocm;
+#[cfg(feature = "rocm")]
+pub use rocm::{RocmCollective, rocm_collective};

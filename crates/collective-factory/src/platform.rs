@@ -35,6 +35,10 @@ impl Platform {
         if crate::nvidia::present() {
             return Platform::Nvidia;
         }
+        #[cfg(feature = "rocm")]
+        if crate::rocm::present() {
+            return Platform::Rocm;
+        }
         Platform::Cpu
     }
 }
