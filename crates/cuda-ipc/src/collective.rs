@@ -10,14 +10,13 @@ use crate::launch::{self, Fixed, ParamsMany, ParamsSingle};
 use crate::memory::{self, ErrorRecord, IpcMapping, Staging};
 use crate::status;
 use collective_core::bootstrap::Bootstrap;
-use collective_core::protocol::{CLOSE_ACK, Layout, Plan, Poison};
+use collective_core::protocol::{CLOSE_ACK, Layout, Plan, Poison, close};
 use collective_core::{
     Capabilities, Collective, Error, Io, Op, Plain, RawMut, RawRef, Reducible, Route, validate, validate_many,
 };
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, sys};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 /// Who owns the staging allocations a rank reads.
 pub(crate) enum Owner {
@@ -279,24 +278,13 @@ impl CudaIpcCollective {
     /// Close of a process-mode rank: wait (bounded) until every peer acknowledged, then free.
     fn wait_acks_and_free(&self, ipc: &IpcState) -> Result<(), Error> {
         let Owner::Process { own, mappings, .. } = &ipc.owner else { return Ok(()) };
-        let deadline = Instant::now() + self.config.timeouts.close;
         let base = ipc.bases[self.rank];
-        let mut missing;
-        loop {
-            missing = None;
-            for q in (0..self.world).filter(|&q| q != self.rank) {
+        let missing =
+            close::first_missing_ack(&ipc.layout, self.rank, self.world, self.config.timeouts.close, |off| {
                 let mut w = [0u64; 1];
-                memory::read_words(&self.ctx, base + ipc.layout.ack(q) as u64, &mut w)?;
-                if w[0] != CLOSE_ACK {
-                    missing = Some(q);
-                    break;
-                }
-            }
-            if missing.is_none() || Instant::now() >= deadline {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
+                memory::read_words(&self.ctx, base + off as u64, &mut w)?;
+                Ok(w[0])
+            })?;
         // Our mappings of the peers' memory are no longer used by any kernel of ours.
         if let Ok(mut m) = mappings.lock() {
             m.clear();

@@ -7,7 +7,7 @@ use crate::kernels::Module;
 use crate::launch::{Fixed, THREADS};
 use crate::memory::{self, ErrorRecord, IpcMapping, Staging};
 use collective_core::bootstrap::Bootstrap;
-use collective_core::protocol::{Header, Layout, Poison};
+use collective_core::protocol::{Header, Layout, Poison, close};
 use collective_core::{Error, SUPPORTED_WORLD_SIZES};
 use cudarc::driver::{CudaContext, sys};
 use std::sync::atomic::AtomicBool;
@@ -252,12 +252,7 @@ impl CudaIpcCollective {
             // The peer's header must describe the same layout.
             let mut words = [0u64; 7];
             memory::read_words(ctx, m.ptr() + layout.header() as u64, &mut words)?;
-            let expect = Header { rank: q as u64, pid: words[6], ..header };
-            if Header::from_words(words) != Some(expect) {
-                return Err(Error::ConfigMismatch {
-                    detail: format!("rank {q}'s staging header {words:?} does not match this rank's layout"),
-                });
-            }
+            close::check_peer_header(words, q, &header)?;
             mappings.push(m);
         }
         let err = ErrorRecord::new(ctx)?;

@@ -16,12 +16,11 @@ use crate::sys::{self, HipFunction, HipStream};
 use collective_core::bootstrap::Bootstrap;
 use collective_core::protocol::params::{self, CopyParams, Fixed, ParamsMany, ParamsSingle, THREADS, copy_grid};
 use collective_core::protocol::status::{self, RECORD_WORDS};
-use collective_core::protocol::{CLOSE_ACK, IpcConfig, Layout, Plan, Poison};
+use collective_core::protocol::{CLOSE_ACK, IpcConfig, Layout, Plan, Poison, close};
 use collective_core::{Capabilities, Collective, Error, Io, Op, Route, validate, validate_many};
 use core::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 /// The kernels of one device: the loaded code object and the functions the collective launches.
 #[derive(Debug)]
@@ -281,24 +280,13 @@ impl HipIpcCollective {
     /// Close of a process-mode rank: wait (bounded) until every peer acknowledged, then free.
     fn wait_acks_and_free(&self, ipc: &IpcState) -> Result<(), Error> {
         let Owner::Process { own, mappings, .. } = &ipc.owner else { return Ok(()) };
-        let deadline = Instant::now() + self.config.timeouts.close;
         let base = ipc.bases[self.rank];
-        let mut missing;
-        loop {
-            missing = None;
-            for q in (0..self.world).filter(|&q| q != self.rank) {
+        let missing =
+            close::first_missing_ack(&ipc.layout, self.rank, self.world, self.config.timeouts.close, |off| {
                 let mut w = [0u8; 8];
-                runtime::copy_to_host(base + ipc.layout.ack(q) as u64, &mut w)?;
-                if u64::from_le_bytes(w) != CLOSE_ACK {
-                    missing = Some(q);
-                    break;
-                }
-            }
-            if missing.is_none() || Instant::now() >= deadline {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
+                runtime::copy_to_host(base + off as u64, &mut w)?;
+                Ok(u64::from_le_bytes(w))
+            })?;
         // Our mappings of the peers' memory are no longer used by any kernel of ours.
         if let Ok(mut m) = mappings.lock() {
             m.clear();

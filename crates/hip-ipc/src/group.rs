@@ -14,7 +14,7 @@ use crate::runtime::{self, DeviceMemory, HostMapped, IpcMapping};
 use collective_core::bootstrap::Bootstrap;
 use collective_core::protocol::params::{Fixed, THREADS};
 use collective_core::protocol::status::RECORD_WORDS;
-use collective_core::protocol::{Header, IpcConfig, Layout, Poison};
+use collective_core::protocol::{Header, IpcConfig, Layout, Poison, close};
 use collective_core::{Error, SUPPORTED_WORLD_SIZES};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -235,12 +235,7 @@ impl HipIpcCollective {
             for (w, c) in words.iter_mut().zip(raw.chunks_exact(8)) {
                 *w = u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
             }
-            let expect = Header { rank: q as u64, pid: words[6], ..header };
-            if Header::from_words(words) != Some(expect) {
-                return Err(Error::ConfigMismatch {
-                    detail: format!("rank {q}'s staging header {words:?} does not match this rank's layout"),
-                });
-            }
+            close::check_peer_header(words, q, &header)?;
             mappings.push(m);
         }
         let err = HostMapped::new(RECORD_WORDS)?;

@@ -30,6 +30,7 @@
 //! `g` only after it saw every peer's ready flag of call `g-1`, which every peer publishes only
 //! after it finished reading call `g-2`'s frame — the frame call `g` overwrites.
 
+pub mod close;
 mod config;
 mod flag;
 mod layout;

@@ -1,0 +1,66 @@
+//! The backend-neutral halves of construction and close that device twins run on the host.
+use super::{CLOSE_ACK, Header, Layout};
+use crate::Error;
+use std::time::{Duration, Instant};
+
+/// Polls this rank's `ack` lines (read through `read_ack(line offset)`) until every peer has
+/// written [`CLOSE_ACK`] or `timeout` passes. Returns the first peer still missing, if any.
+pub fn first_missing_ack(
+    layout: &Layout,
+    rank: usize,
+    world: usize,
+    timeout: Duration,
+    mut read_ack: impl FnMut(usize) -> Result<u64, Error>,
+) -> Result<Option<usize>, Error> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mut missing = None;
+        for q in (0..world).filter(|&q| q != rank) {
+            if read_ack(layout.ack(q))? != CLOSE_ACK {
+                missing = Some(q);
+                break;
+            }
+        }
+        if missing.is_none() || Instant::now() >= deadline {
+            return Ok(missing);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Checks that the header words read from rank `q`'s allocation describe the same layout as
+/// this rank's `header` (everything but rank and pid must match).
+pub fn check_peer_header(words: [u64; 7], q: usize, header: &Header) -> Result<(), Error> {
+    let expect = Header { rank: q as u64, pid: words[6], ..*header };
+    if Header::from_words(words) == Some(expect) {
+        Ok(())
+    } else {
+        Err(Error::ConfigMismatch {
+            detail: format!("rank {q}'s staging header {words:?} does not match this rank's layout"),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_acks_are_named_and_bounded() {
+        let layout = Layout::new(64, 1);
+        let all = |off: usize| Ok(if off == layout.ack(2) { 0 } else { CLOSE_ACK });
+        let t = Instant::now();
+        assert_eq!(first_missing_ack(&layout, 0, 4, Duration::from_millis(20), all).unwrap(), Some(2));
+        assert!(t.elapsed() >= Duration::from_millis(20) && t.elapsed() < Duration::from_secs(2));
+        assert_eq!(first_missing_ack(&layout, 2, 4, Duration::ZERO, all).unwrap(), None);
+    }
+
+    #[test]
+    fn peer_headers_must_match_but_rank_and_pid() {
+        let h = Header { world: 4, rank: 0, capacity: 64, blocks: 2, pid: 10 };
+        let peer = Header { rank: 3, pid: 99, ..h };
+        check_peer_header(peer.to_words(), 3, &h).unwrap();
+        assert!(check_peer_header(peer.to_words(), 2, &h).is_err());
+        assert!(check_peer_header(Header { capacity: 32, ..peer }.to_words(), 3, &h).is_err());
+    }
+}
