@@ -135,6 +135,14 @@ impl CudaIpcCollective {
         Ok(())
     }
 
+    /// The raw device error record (`[code, peer, generation, observed flag word, our
+    /// signature, their signature]`, see `collective_core::protocol::status`), for diagnostics
+    /// beyond the typed error: e.g. which generation a silent peer's flag was left at. `None`
+    /// for world 1 (no protocol).
+    pub fn error_record(&self) -> Option<[u64; 8]> {
+        self.ipc.as_ref().map(|ipc| ipc.err.words())
+    }
+
     fn route_of(&self, op: Op, bytes: usize) -> Route {
         if self.world == 1 {
             Route::Local

@@ -229,7 +229,7 @@ fn plan_batch(rng: &mut Rng, calls: usize, world: usize, capacity: usize) -> (Ve
             left -= n;
             lanes.push((rng.below(4), n));
         }
-        let in_place = op != Op::ReduceScatterMany && rng.below(4) == 0;
+        let in_place = op != Op::ReduceScatterMany && rng.below(4) == 0 && !no_in_place();
         let out_off = rng.below(4);
         let mut out_at = Vec::new();
         for &(_, n) in &lanes {
@@ -242,10 +242,48 @@ fn plan_batch(rng: &mut Rng, calls: usize, world: usize, capacity: usize) -> (Ve
     (v, arena)
 }
 
+/// A turn in a global enqueue order: waiting for it spins until `turn == mine`; dropping it
+/// passes the turn on. Gives up (passing the turn on) after 60 s so a failed rank cannot hang
+/// the others.
+struct Turn<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> Turn<'a> {
+    fn wait(turn: &'a std::sync::atomic::AtomicUsize, mine: usize, _world: usize) -> Turn<'a> {
+        let t = Instant::now();
+        while turn.load(std::sync::atomic::Ordering::Acquire) < mine && t.elapsed() < Duration::from_secs(60) {
+            std::hint::spin_loop();
+        }
+        Turn(turn)
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// A failed call, with the device error record's generation and observed flag word.
+fn failure(rank: &common::CudaRank, c: &RCall, e: &Error) -> String {
+    let rec = rank.comm.error_record().unwrap_or_default();
+    format!(
+        "{c:?}: {e} [record: code {} peer {} at generation {}, observed flag generation {} digest {:#x}]",
+        rec[0],
+        rec[1],
+        rec[2],
+        rec[3] >> 32,
+        rec[3] & 0xffff_ffff
+    )
+}
+
 fn randomized(world: usize, total: usize, capacity: usize) {
     let Some(ctx) = gpu() else { return };
     let _l = gpu_lock();
-    let config = CudaIpcConfig::new(capacity).with_rsag_threshold(16 << 10);
+    let mut config = CudaIpcConfig::new(capacity).with_rsag_threshold(16 << 10);
+    // DETCOLL_RANDOM_BLOCKS: blocks per rank (default: SMs / ranks sharing the GPU).
+    if let Some(b) = std::env::var("DETCOLL_RANDOM_BLOCKS").ok().and_then(|v| v.parse().ok()) {
+        config = config.with_max_blocks(b);
+    }
     let comms = CudaIpcCollective::group_on_device(&ctx, world, &config).expect("group");
     // Every rank's input per dtype, known to every rank for the reference.
     let slack = 8;
@@ -254,6 +292,14 @@ fn randomized(world: usize, total: usize, capacity: usize) {
         .map(|&d| (0..world).map(|r| finite_values(d, capacity / d.size() + slack, seed(d as usize, r))).collect())
         .collect();
     let batch = 500;
+    let in_flight = random_in_flight();
+    // DETCOLL_RANDOM_ORDERED=1: ranks enqueue in turn (call k of rank 0, 1, ..., then call k+1),
+    // as one host thread driving every rank would.
+    let ordered = std::env::var("DETCOLL_RANDOM_ORDERED").as_deref() == Ok("1");
+    let turn = std::sync::atomic::AtomicUsize::new(0);
+    println!(
+        "world {world}: {total} calls, batches of {batch}, at most {in_flight} in flight per rank (0 = all), ordered enqueue {ordered}"
+    );
     // Every batch planned up front (the same on every rank), so the arena is allocated once.
     let mut rng = Rng::new(0xBA7C4);
     let batches: Vec<(Vec<RCall>, usize)> = (0..total.div_ceil(batch))
@@ -275,8 +321,13 @@ fn randomized(world: usize, total: usize, capacity: usize) {
         for (calls, _) in &batches {
             let n_calls = calls.len();
             let base = arena.ptr;
-            // Enqueue the whole batch back to back: no host synchronisation in between.
-            for c in calls.iter() {
+            // Enqueue the batch back to back, with at most `in_flight` calls queued per rank
+            // before a stream sync (DETCOLL_RANDOM_INFLIGHT; 0 = the whole batch).
+            for (k, c) in calls.iter().enumerate() {
+                if in_flight > 0 && k > 0 && k % in_flight == 0 {
+                    s.synchronize().map_err(|e| format!("sync before call {}: {e}", done + k))?;
+                }
+                let _turn = ordered.then(|| Turn::wait(&turn, (done + k) * world + me, world));
                 let d = c.dtype as usize;
                 let size = c.dtype.size();
                 let src_of = |off: usize| dev_inputs[d].ptr + (off * size) as u64;
@@ -296,7 +347,7 @@ fn randomized(world: usize, total: usize, capacity: usize) {
                         Op::AllGather => rank.comm.all_gather(io, &s),
                         _ => rank.comm.reduce_scatter(io, &s),
                     };
-                    r.map_err(|e| format!("{c:?}: {e}"))?;
+                    r.map_err(|e| failure(rank, c, &e))?;
                     continue;
                 }
                 let ios: Vec<Io<'_>> = c
@@ -324,7 +375,7 @@ fn randomized(world: usize, total: usize, capacity: usize) {
                         }
                     }
                 };
-                r.map_err(|e| format!("{c:?}: {e}"))?;
+                r.map_err(|e| failure(rank, c, &e))?;
             }
             let got = rank.download(arena.ptr, arena.len);
             rank.comm.check().map_err(|e| format!("after batch at call {done}: {e}"))?;
@@ -359,6 +410,17 @@ fn randomized(world: usize, total: usize, capacity: usize) {
 
 fn random_calls() -> usize {
     std::env::var("DETCOLL_RANDOM_CALLS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000)
+}
+
+/// DETCOLL_RANDOM_NO_INPLACE=1: only out-of-place calls (no setup copies inside a batch).
+fn no_in_place() -> bool {
+    std::env::var("DETCOLL_RANDOM_NO_INPLACE").as_deref() == Ok("1")
+}
+
+/// Calls a rank may have queued before it synchronises its stream. Eight in-process ranks on
+/// one GPU share the driver's queues; see `randomized_back_to_back_world8`.
+fn random_in_flight() -> usize {
+    std::env::var("DETCOLL_RANDOM_INFLIGHT").ok().and_then(|v| v.parse().ok()).unwrap_or(64)
 }
 
 #[test]

@@ -9,22 +9,25 @@ use std::sync::{Arc, Barrier, Mutex, MutexGuard, OnceLock};
 
 /// The GPU every test uses, or `None` after printing "skipped: no CUDA device".
 pub fn gpu() -> Option<Arc<CudaContext>> {
-    static CTX: OnceLock<Option<Arc<CudaContext>>> = OnceLock::new();
+    static CTX: OnceLock<Result<Arc<CudaContext>, String>> = OnceLock::new();
     let ctx = CTX.get_or_init(|| {
-        let n = cuda_ipc::driver::device_count().unwrap_or(0);
+        let n = cuda_ipc::driver::device_count().map_err(|e| e.to_string())?;
         if n == 0 {
-            return None;
+            return Err("the driver reports 0 devices".into());
         }
-        let ctx = cuda_ipc::driver::open_device(0).ok()?;
+        let ctx = cuda_ipc::driver::open_device(0).map_err(|e| e.to_string())?;
         // SAFETY: every buffer of these tests is used on one stream at a time, and graph
         // capture must not record cudarc's tracking events.
         unsafe { ctx.disable_event_tracking() };
-        Some(ctx)
+        Ok(ctx)
     });
-    if ctx.is_none() {
-        collective_core::conformance::skip("no CUDA device");
+    match ctx {
+        Ok(c) => Some(c.clone()),
+        Err(e) => {
+            collective_core::conformance::skip(&format!("no CUDA device ({e})"));
+            None
+        }
     }
-    ctx.clone()
 }
 
 /// One world on the GPU at a time: ranks of a world spin waiting for each other, and worlds
