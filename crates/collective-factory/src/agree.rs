@@ -21,6 +21,11 @@ pub struct Facts {
     pub capacity: usize,
     /// The routing table it would use, canonically serialised.
     pub routing: String,
+    /// Identity of its GPU (NVIDIA: the device UUID), empty when unknown. Two ranks on one host
+    /// with the same device cannot share a transport communicator (NCCL refuses two ranks on
+    /// one GPU), so such a world is routed without the transport.
+    #[serde(default)]
+    pub device: String,
 }
 
 /// What every rank agreed on.
@@ -80,10 +85,17 @@ pub fn decide(facts: &[Facts]) -> Result<Decision, Error> {
     let routing = Routing::from_json(&first.routing)?;
     let same_host = facts.iter().all(|f| f.host == first.host);
     let ipc = same_host && facts.iter().all(|f| f.ipc);
-    let transport = facts.iter().all(|f| f.transport);
+    let transport = facts.iter().all(|f| f.transport) && shared_device(facts).is_none();
     let single = facts.len() == 1;
     if single {
         return Ok(Decision { platform, ipc: false, transport: false, routing });
+    }
+    if let (Some((a, b)), false) = (shared_device(facts), ipc) {
+        return Err(Error::InvalidConfig {
+            detail: format!(
+                "no route is possible: ranks {a} and {b} share one GPU (the transport needs one GPU per rank) and same-host IPC is not available"
+            ),
+        });
     }
     let why_no_ipc = if !same_host {
         "the ranks run on more than one host".to_string()
@@ -103,4 +115,15 @@ pub fn decide(facts: &[Facts]) -> Result<Decision, Error> {
     };
     let uses = |f: fn(Route) -> bool| routing.routes().any(f);
     Ok(Decision { platform, ipc: uses(Route::needs_ipc), transport: uses(Route::needs_transport), routing })
+}
+
+/// Two ranks on one host that report the same (known) device, if any.
+fn shared_device(facts: &[Facts]) -> Option<(usize, usize)> {
+    facts.iter().enumerate().find_map(|(a, fa)| {
+        let b = facts
+            .iter()
+            .skip(a + 1)
+            .position(|fb| !fa.device.is_empty() && fb.device == fa.device && fb.host == fa.host)?;
+        Some((a, a + 1 + b))
+    })
 }

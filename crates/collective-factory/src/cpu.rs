@@ -33,6 +33,7 @@ pub fn cpu_with_transport<T: Collective<Stream = ()>>(
         versions: Vec::new(),
         capacity,
         routing: routing.canonical_json(),
+        device: String::new(),
     };
     let d = facts.agree(boot)?;
     if d.platform != Platform::Cpu {

@@ -45,16 +45,22 @@ pub fn nvidia_collective(boot: Arc<dyn Bootstrap>, config: &NvidiaConfig) -> Res
         Some(r) => r.clone(),
         None => Routing::from_env(Platform::Nvidia)?,
     };
+    // The device first: its UUID tells the agreement which ranks share a GPU. A rank that
+    // cannot open it still takes part in the agreement (reporting no IPC) and fails after it.
+    let ctx =
+        cuda_ipc::driver::device_count().and_then(|n| cuda_ipc::driver::open_device(boot.local_rank() % n.max(1)));
+    let device = ctx.as_ref().ok().and_then(|c| cuda_ipc::driver::uuid(c).ok()).map(hex).unwrap_or_default();
     let nccl = ccl_transport::load(Some(ccl_transport::Vendor::Nvidia)).ok();
     let version = nccl.as_ref().and_then(|l| l.version().ok()).map(|v| format!("nccl={v}"));
     let facts = Facts {
         platform: Platform::detect().name().to_string(),
         host: host_identity(),
-        ipc: cuda_ipc::driver::driver_present(),
+        ipc: ctx.is_ok(),
         transport: nccl.is_some(),
         versions: version.into_iter().collect(),
         capacity: config.capacity,
         routing: routing.canonical_json(),
+        device,
     };
     let d = facts.agree(&*boot)?;
     if d.platform != Platform::Nvidia {
@@ -62,8 +68,7 @@ pub fn nvidia_collective(boot: Arc<dyn Bootstrap>, config: &NvidiaConfig) -> Res
             detail: format!("every rank reports platform {}, not nvidia", d.platform.name()),
         });
     }
-    let count = cuda_ipc::driver::device_count()?;
-    let ctx = cuda_ipc::driver::open_device(boot.local_rank() % count.max(1))?;
+    let ctx = ctx?;
     let world = boot.world_size();
     let ipc = if d.ipc || world == 1 {
         let threshold = d.routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
@@ -79,4 +84,8 @@ pub fn nvidia_collective(boot: Arc<dyn Bootstrap>, config: &NvidiaConfig) -> Res
         None
     };
     Routed::new(boot.rank(), world, config.capacity, d.routing, ipc, transport)
+}
+
+fn hex(bytes: [u8; 16]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

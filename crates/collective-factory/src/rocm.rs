@@ -41,6 +41,7 @@ pub fn rocm_collective(
         versions: version.into_iter().collect(),
         capacity,
         routing: routing.canonical_json(),
+        device: String::new(),
     };
     let d = facts.agree(&*boot)?;
     if d.platform != Platform::Rocm {

@@ -13,6 +13,7 @@ fn facts(n: usize) -> Vec<Facts> {
             versions: vec!["rccl=2.22".into()],
             capacity: 1 << 20,
             routing: routing.clone(),
+            device: String::new(),
         })
         .collect()
 }
@@ -67,4 +68,31 @@ fn no_possible_route_is_an_error_everywhere() {
     all[0].transport = false;
     let err = decide(&all).unwrap_err().to_string();
     assert!(err.contains("no route is possible") && err.contains("more than one host"), "{err}");
+}
+
+#[test]
+fn ranks_sharing_a_gpu_are_routed_without_the_transport() {
+    let mut f = facts(4);
+    for (q, x) in f.iter_mut().enumerate() {
+        x.device = format!("gpu-{}", q % 2);
+    }
+    let d = decide(&f).unwrap();
+    assert!(!d.transport, "NCCL refuses two ranks on one GPU");
+    assert!(d.routing.routes().all(|r| !r.needs_transport()));
+    // Distinct devices keep it; unknown devices (empty) are not treated as shared.
+    for (q, x) in f.iter_mut().enumerate() {
+        x.device = format!("gpu-{q}");
+    }
+    assert!(decide(&f).unwrap().transport);
+    for x in f.iter_mut() {
+        x.device.clear();
+    }
+    assert!(decide(&f).unwrap().transport);
+    // Shared GPUs without IPC: one error on every rank.
+    for (q, x) in f.iter_mut().enumerate() {
+        x.device = "gpu-0".into();
+        x.ipc = q != 3;
+    }
+    let e = decide(&f).unwrap_err();
+    assert!(matches!(e, Error::InvalidConfig { .. }) && e.to_string().contains("share one GPU"), "{e}");
 }

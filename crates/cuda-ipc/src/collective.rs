@@ -135,6 +135,11 @@ impl CudaIpcCollective {
         Ok(())
     }
 
+    /// Bytes of device staging (control lines and frames) this rank retains; 0 for world 1.
+    pub fn staging_bytes(&self) -> usize {
+        self.ipc.as_ref().map_or(0, |ipc| ipc.layout.total_bytes())
+    }
+
     /// The raw device error record (`[code, peer, generation, observed flag word, our
     /// signature, their signature]`, see `collective_core::protocol::status`), for diagnostics
     /// beyond the typed error: e.g. which generation a silent peer's flag was left at. `None`

@@ -79,7 +79,7 @@ pub(crate) fn arch(ctx: &CudaContext) -> Result<String, Error> {
 }
 
 /// The 16-byte UUID of `ctx`'s device (identifies "same GPU" across processes).
-pub(crate) fn uuid(ctx: &CudaContext) -> Result<[u8; 16], Error> {
+pub fn uuid(ctx: &CudaContext) -> Result<[u8; 16], Error> {
     let u = ctx.uuid().map_err(|e| backend("cuDeviceGetUuid", e))?;
     let mut out = [0u8; 16];
     for (o, b) in out.iter_mut().zip(u.bytes.iter()) {

@@ -3,8 +3,9 @@
 //! A GPU backend plugs in by implementing [`BenchBackend`] for one rank (device buffers, a
 //! stream, device-side timing) and adding a constructor to `bench::select_backend`; the
 //! measurement loop ([`super::run`]) is generic and never touches memory directly.
+use super::args::BenchOp;
 use collective_core::conformance::HostBuf;
-use collective_core::{Collective, DType, RawMut, RawRef};
+use collective_core::{Collective, DType, Io, RawMut, RawRef};
 use std::time::{Duration, Instant};
 
 /// One rank's backend, as the bench drives it. Every method takes `&self` so the timed loop can
@@ -48,6 +49,28 @@ pub trait BenchBackend {
     fn workspace_bytes(&self) -> usize;
     /// Peak temporary (per-call) device memory; 0 where calls allocate nothing.
     fn peak_temp_bytes(&self) -> usize;
+
+    /// Whether the native library (NCCL/RCCL, NOT deterministic) can run `op` as `kind`.
+    fn has_native(&self, _kind: NativeKind, _op: BenchOp) -> bool {
+        false
+    }
+    /// Enqueues one native call of `op` (only where [`BenchBackend::has_native`]).
+    fn native(&self, kind: NativeKind, op: BenchOp, _io: Io<'_>) -> anyhow::Result<()> {
+        anyhow::bail!("{} has no native {kind:?} {}", self.name(), op.name())
+    }
+}
+
+/// Which native-library reference a row measures next to the strict collective.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NativeKind {
+    /// The library's own choice of algorithm and protocol.
+    Default,
+    /// `NCCL_ALGO=Tree NCCL_PROTO=Simple`: what deterministic inference stacks pin today.
+    TreeSimple,
+}
+
+impl NativeKind {
+    pub const ALL: [NativeKind; 2] = [NativeKind::Default, NativeKind::TreeSimple];
 }
 
 /// A host collective the CPU backend can run.

@@ -18,6 +18,7 @@ use std::sync::Arc;
 pub mod args;
 pub mod backend;
 mod cpu_twin;
+mod cuda;
 pub mod plot;
 pub mod report;
 pub mod run;
@@ -39,20 +40,29 @@ pub const NO_GPU_MESSAGE: &str = "no GPU backend available on this host; running
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Resolved {
     CpuTwin,
+    Cuda,
     Memory,
 }
 
-/// Whether a GPU backend is built into this binary and finds a GPU. None is built in yet:
-/// `crates/cuda-ipc` plugs in here (detect libcuda + a device, collectively on every rank).
-fn gpu_backend_available() -> bool {
-    false
+impl Resolved {
+    /// What the launched ranks are told to run (they do not re-detect).
+    fn choice(self) -> BackendChoice {
+        match self {
+            Resolved::CpuTwin => BackendChoice::Cpu,
+            Resolved::Cuda => BackendChoice::Cuda,
+            Resolved::Memory => BackendChoice::Memory,
+        }
+    }
 }
 
 fn resolve_backend(choice: BackendChoice, announce: bool) -> anyhow::Result<Resolved> {
     match choice {
         BackendChoice::Auto => {
-            if gpu_backend_available() {
-                unreachable!("no GPU backend is built in");
+            if cuda::available() {
+                if announce {
+                    eprintln!("[bench] NVIDIA GPU(s) found: {}", cuda::device_count());
+                }
+                return Ok(Resolved::Cuda);
             }
             if announce {
                 eprintln!("{NO_GPU_MESSAGE}");
@@ -60,10 +70,13 @@ fn resolve_backend(choice: BackendChoice, announce: bool) -> anyhow::Result<Reso
             Ok(Resolved::CpuTwin)
         }
         BackendChoice::Cpu => Ok(Resolved::CpuTwin),
-        BackendChoice::Cuda => anyhow::bail!(
-            "--backend cuda: no CUDA backend is built into this xtask (crates/cuda-ipc is not part of it yet); \
-             use --backend cpu or auto"
-        ),
+        BackendChoice::Cuda => {
+            anyhow::ensure!(
+                cuda::available(),
+                "--backend cuda: no CUDA driver or no CUDA device on this host; use --backend cpu or auto"
+            );
+            Ok(Resolved::Cuda)
+        }
         BackendChoice::Memory => Ok(Resolved::Memory),
     }
 }
@@ -89,10 +102,21 @@ pub fn main(args: BenchArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(resolved != Resolved::Memory, "--backend memory runs with --threads only");
     let exe = std::env::current_exe().context("locating this executable to start the ranks")?;
     let mut rank_args = args.clone();
-    rank_args.backend = BackendChoice::Cpu;
+    rank_args.backend = resolved.choice();
     let mut spec = detcoll_launch::LaunchSpec::new(args.nproc, exe)
         .args(std::iter::once("bench-rank".to_owned()).chain(rank_args.to_cli_args()))
         .env(LAUNCH_ENV, "processes");
+    if resolved == Resolved::Cuda && args.nproc > cuda::device_count() {
+        eprintln!(
+            "[bench] {} ranks on {} GPU(s): ranks share GPUs, which runs concurrently only under MPS \
+             (nvidia-cuda-mps-control -d); CUDA_DEVICE_MAX_CONNECTIONS=2 unless set (MPS's connection limit)",
+            args.nproc,
+            cuda::device_count()
+        );
+        if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+            spec = spec.env("CUDA_DEVICE_MAX_CONNECTIONS", "2");
+        }
+    }
     // Ranks write straight to our stdout/stderr: only rank 0 prints progress and the table.
     spec.prefix_output = false;
     let outcome = detcoll_launch::launch(&spec).context("launching the bench ranks")?;
@@ -162,8 +186,32 @@ fn run_process_rank(args: &BenchArgs, resolved: Resolved, boot: Arc<TcpBootstrap
             b.comm().close().context("closing the collective")?;
             Ok(ok)
         }
+        Resolved::Cuda => {
+            let b = cuda::process(boot.clone(), args.capacity())?;
+            let config = serde_json::json!({
+                "capacity_bytes": args.capacity(),
+                "routing": b.comm().routing().canonical_json(),
+                "native_library": b.native_library(),
+                "native_tree_simple_env": "NCCL_ALGO=Tree NCCL_PROTO=Simple",
+                "env": nccl_env(),
+            });
+            let ok = run_rank(&b, &*boot, args, launch, config)?;
+            b.close_natives()?;
+            b.comm().close().context("closing the collective")?;
+            Ok(ok)
+        }
         Resolved::Memory => anyhow::bail!("--backend memory runs with --threads only"),
     }
+}
+
+/// The NCCL_* and CUDA_* variables of this process (they change what the native columns
+/// measure).
+fn nccl_env() -> serde_json::Value {
+    let vars: serde_json::Map<String, serde_json::Value> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("NCCL_") || k.starts_with("CUDA_"))
+        .map(|(k, v)| (k, serde_json::Value::String(v)))
+        .collect();
+    serde_json::Value::Object(vars)
 }
 
 fn run_threads(args: &BenchArgs, resolved: Resolved) -> anyhow::Result<ExitCode> {
@@ -174,6 +222,10 @@ fn run_threads(args: &BenchArgs, resolved: Resolved) -> anyhow::Result<ExitCode>
             let cfg = cpu_twin::config(args.capacity());
             let ranks = cpu_twin::group(world, args.capacity())?;
             run_thread_ranks(ranks, boots, args, &cpu_twin::config_json(&cfg))
+        }
+        Resolved::Cuda => {
+            let ranks = cuda::group(world, args.capacity())?;
+            run_thread_ranks(ranks, boots, args, &serde_json::json!({ "capacity_bytes": args.capacity() }))
         }
         Resolved::Memory => {
             use collective_core::conformance::memory::{Flaw, MemoryCollective};
@@ -255,10 +307,20 @@ fn build_report<B: BenchBackend>(
 ) -> Report {
     let world = b.comm().world_size();
     let host = host_info();
+    let native_ran = rows.iter().any(|r| r.native_default_us.is_some());
     let mut notes = vec![
-        "peak_temp_bytes is 0 on host backends: calls allocate nothing; staging is retained (workspace_bytes)".to_owned(),
-        "native_* fields are null: no native NCCL/RCCL reference ran (it is a non-strict performance reference only)"
-            .to_owned(),
+        "peak_temp_bytes is 0: calls allocate nothing; staging is retained (workspace_bytes)".to_owned(),
+        if native_ran {
+            "native_* fields: the native library's own all_reduce/reduce_scatter (NOT deterministic: a non-strict \
+             performance reference) and ncclAllGather, on the same buffers in the same run; native_default_us with the \
+             library's defaults, native_tree_simple_us with NCCL_ALGO=Tree NCCL_PROTO=Simple set at that \
+             communicator's creation; ratio_vs_native = median_us / native_default_us; max_abs_diff_vs_native is the \
+             native default output against the fixed tree"
+                .to_owned()
+        } else {
+            "native_* fields are null: no native NCCL/RCCL reference ran (it needs a GPU per rank and the library)"
+                .to_owned()
+        },
         "memcpy rows: the same bytes copied with a plain copy in the same run; memcpy_median_us with all ranks copying \
          at once, memcpy_one_rank_median_us with rank 0 alone"
             .to_owned(),

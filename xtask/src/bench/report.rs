@@ -156,12 +156,14 @@ pub fn markdown(r: &Report) -> String {
         r.host.hostname,
         r.host.cpu_count
     );
-    s.push_str("| operation | size | route | median us | min us | max us | GB/s | vs memcpy | vs memcpy (1 rank) | repeat bitwise | vs fixed tree | workspace | native us |\n");
-    s.push_str("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | :---: | :---: | ---: | ---: |\n");
+    s.push_str("| operation | size | route | median us | min us | max us | GB/s | vs memcpy | vs memcpy (1 rank) | repeat bitwise | vs fixed tree | workspace | native us | vs native | native tree/simple us |\n");
+    s.push_str(
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | :---: | :---: | ---: | ---: | ---: | ---: |\n",
+    );
     for row in &r.rows {
         let yn = |b: bool| if b { "yes" } else { "**NO**" };
         s.push_str(&format!(
-            "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.3} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.3} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             row.operation,
             human_bytes(row.size_bytes),
             row.route,
@@ -175,6 +177,8 @@ pub fn markdown(r: &Report) -> String {
             row.bitwise_vs_fixed_tree.map_or("-", yn),
             human_bytes(row.workspace_bytes),
             opt(row.native_default_us, 2),
+            opt(row.ratio_vs_native, 2),
+            opt(row.native_tree_simple_us, 2),
         ));
     }
     s.push_str(&format!(

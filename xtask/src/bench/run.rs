@@ -7,7 +7,7 @@
 //! the output of the last call is hashed again. Each rank's latencies, hashes and verdicts are
 //! exchanged through the bootstrap, so every rank assembles the same rows.
 use super::args::{BenchArgs, BenchOp};
-use super::backend::BenchBackend;
+use super::backend::{BenchBackend, NativeKind};
 use super::report::Row;
 use super::stats::{Summary, digest, gbps, slowest_rank};
 use anyhow::Context;
@@ -42,6 +42,13 @@ pub struct RankRow {
     pub mismatch: Option<String>,
     pub workspace_bytes: usize,
     pub peak_temp_bytes: usize,
+    /// Seconds per native (non-strict) call, one per sample, per [`NativeKind::ALL`] entry;
+    /// empty where that reference did not run.
+    #[serde(default)]
+    pub native: Vec<Vec<f64>>,
+    /// Largest |native - fixed tree| of the first native (default) call's output.
+    #[serde(default)]
+    pub native_max_abs_diff: Option<f64>,
 }
 
 /// Elements of every output lane of `op` for `n` input elements per rank.
@@ -131,10 +138,7 @@ fn call<B: BenchBackend>(b: &B, op: BenchOp, dtype: DType, n: usize, bufs: &mut 
             comm.reduce_scatter_many(&lanes, stream)?;
         }
         _ => {
-            let io = Io::OutOfPlace {
-                input: b.view(&bufs.input, 0, n, dtype),
-                output: b.view_mut(&mut bufs.outs[0], 0, out_lens[0], dtype),
-            };
+            let io = single_io(b, dtype, n, out_lens[0], bufs);
             match op {
                 BenchOp::AllReduce => comm.all_reduce(io, stream)?,
                 BenchOp::AllGather => comm.all_gather(io, stream)?,
@@ -143,6 +147,37 @@ fn call<B: BenchBackend>(b: &B, op: BenchOp, dtype: DType, n: usize, bufs: &mut 
         }
     }
     Ok(())
+}
+
+/// The one-lane input/output views of a call on `n` input elements.
+fn single_io<'a, B: BenchBackend>(b: &B, dtype: DType, n: usize, m: usize, bufs: &'a mut OpBufs<B::Buf>) -> Io<'a> {
+    Io::OutOfPlace { input: b.view(&bufs.input, 0, n, dtype), output: b.view_mut(&mut bufs.outs[0], 0, m, dtype) }
+}
+
+/// Enqueues one native (non-strict) call of `op`.
+fn native_call<B: BenchBackend>(
+    b: &B,
+    kind: NativeKind,
+    op: BenchOp,
+    dtype: DType,
+    n: usize,
+    bufs: &mut OpBufs<B::Buf>,
+) -> anyhow::Result<()> {
+    let m = output_lens(op, n, b.comm().world_size())[0];
+    b.native(kind, op, single_io(b, dtype, n, m, bufs))
+}
+
+/// Largest |got - want| over the elements (as f64; NaN when either is not finite).
+pub fn max_abs_diff(got: &[u8], want: &[u8], dtype: DType) -> f64 {
+    let value = |bytes: &[u8], i: usize| {
+        let bits = collective_core::conformance::data::bits_at(bytes, dtype, i);
+        match dtype {
+            DType::F32 => f64::from(f32::from_bits(bits)),
+            DType::F16 => f64::from(half::f16::from_bits(bits as u16)),
+            _ => f64::from(half::bf16::from_bits(bits as u16)),
+        }
+    };
+    (0..got.len().min(want.len()) / dtype.size()).map(|i| (value(got, i) - value(want, i)).abs()).fold(0.0, f64::max)
 }
 
 fn read_outs<B: BenchBackend>(b: &B, outs: &[B::Buf], lens: &[usize], dtype: DType) -> anyhow::Result<Vec<u8>> {
@@ -195,13 +230,33 @@ pub fn measure_op<B: BenchBackend>(
     let got = read_outs(b, &bufs.outs, &out_lens, dtype)?;
     let check = compare(&got, &expected, dtype);
     let first = digest(&got);
-    drop((got, expected));
+    drop(got);
 
     for _ in 0..args.warmup {
         call(b, op, dtype, n, &mut bufs)?;
     }
     let latencies = sample(b, boot, args, || call(b, op, dtype, n, &mut bufs))?;
     let last = digest(&read_outs(b, &bufs.outs, &out_lens, dtype)?);
+
+    // The native library's reference on the same buffers (after the strict output was read).
+    // `has_native` is the same on every rank: what it depends on was agreed at construction.
+    let mut native = Vec::new();
+    let mut native_max_abs_diff = None;
+    for kind in NativeKind::ALL {
+        if !b.has_native(kind, op) {
+            native.push(Vec::new());
+            continue;
+        }
+        boot.barrier().context("barrier before the first native call")?;
+        native_call(b, kind, op, dtype, n, &mut bufs).with_context(|| format!("first native {kind:?} call"))?;
+        if kind == NativeKind::Default {
+            native_max_abs_diff = Some(max_abs_diff(&read_outs(b, &bufs.outs, &out_lens, dtype)?, &expected, dtype));
+        }
+        for _ in 0..args.warmup {
+            native_call(b, kind, op, dtype, n, &mut bufs)?;
+        }
+        native.push(sample(b, boot, args, || native_call(b, kind, op, dtype, n, &mut bufs))?);
+    }
     Ok(RankRow {
         latencies,
         alone: Vec::new(),
@@ -211,6 +266,8 @@ pub fn measure_op<B: BenchBackend>(
         mismatch: check.err().map(|e| format!("rank {rank}: {e}")),
         workspace_bytes: b.workspace_bytes(),
         peak_temp_bytes: b.peak_temp_bytes(),
+        native,
+        native_max_abs_diff,
     })
 }
 
@@ -258,6 +315,8 @@ pub fn measure_copy<B: BenchBackend>(
         mismatch: (!ok).then(|| format!("rank {rank}: the copy differs from its source")),
         workspace_bytes: 0,
         peak_temp_bytes: 0,
+        native: Vec::new(),
+        native_max_abs_diff: None,
     })
 }
 
@@ -304,6 +363,15 @@ pub fn assemble(
         _ => (None, None),
     };
     let ratio = |base: Option<f64>| base.filter(|b| *b > 0.0).map(|b| us(s.median) / b);
+    // A native reference counts only when every rank ran it.
+    let native_us = |k: usize| {
+        let per: Vec<Vec<f64>> = ranks.iter().map(|r| r.native.get(k).cloned().unwrap_or_default()).collect();
+        if per.iter().any(Vec::is_empty) {
+            return None;
+        }
+        slowest_rank(&per).map(|(s, _)| us(s.median))
+    };
+    let native_default_us = native_us(0);
     Row {
         operation: operation.to_owned(),
         dtype: dtype.name().to_owned(),
@@ -333,10 +401,10 @@ pub fn assemble(
             .or_else(|| (!same_across).then(|| "ranks hold different outputs".to_owned())),
         workspace_bytes: ranks.iter().map(|r| r.workspace_bytes).max().unwrap_or(0),
         peak_temp_bytes: ranks.iter().map(|r| r.peak_temp_bytes).max().unwrap_or(0),
-        native_default_us: None,
-        native_tree_simple_us: None,
-        ratio_vs_native: None,
-        max_abs_diff_vs_native: None,
+        native_default_us,
+        native_tree_simple_us: native_us(1),
+        ratio_vs_native: ratio(native_default_us),
+        max_abs_diff_vs_native: ranks.iter().filter_map(|r| r.native_max_abs_diff).reduce(f64::max),
     }
 }
 
@@ -430,6 +498,8 @@ mod tests {
             mismatch: (!ok).then(|| "rank 1: element 0".to_owned()),
             workspace_bytes: 100,
             peak_temp_bytes: 0,
+            native: vec![lat.iter().map(|x| x / 2.0).collect(), vec![]],
+            native_max_abs_diff: Some(0.5),
         }
     }
 
@@ -466,6 +536,11 @@ mod tests {
         assert_eq!(row.output_bytes_per_rank, 4096);
         assert!(row.repeat_bitwise && row.bitwise_vs_fixed_tree == Some(true));
         assert_eq!(row.workspace_bytes, 100);
+        // Native default at half the latency on every rank: ratio 2; tree/simple did not run.
+        assert!((row.native_default_us.unwrap() - 2.5).abs() < 1e-9);
+        assert!((row.ratio_vs_native.unwrap() - 2.0).abs() < 1e-9);
+        assert_eq!(row.native_tree_simple_us, None);
+        assert_eq!(row.max_abs_diff_vs_native, Some(0.5));
 
         // Ranks disagreeing on a replicated output: not repeat-bitwise.
         let bad = vec![rank_row(&[1e-6], 9, 9, true), rank_row(&[1e-6], 8, 8, true)];
@@ -482,5 +557,14 @@ mod tests {
         assert_eq!(r.bitwise_vs_fixed_tree, Some(false));
         assert_eq!(r.mismatch.as_deref(), Some("rank 1: element 0"));
         assert!(progress_line(&r).contains("NOT BITWISE"));
+    }
+
+    #[test]
+    fn max_abs_diff_reads_each_dtype() {
+        let f = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        assert_eq!(max_abs_diff(&f(&[1.0, 2.0, -3.0]), &f(&[1.0, 2.5, -1.0]), DType::F32), 2.0);
+        let h = |v: &[f32]| v.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect::<Vec<u8>>();
+        assert_eq!(max_abs_diff(&h(&[4.0, 8.0]), &h(&[4.0, 6.0]), DType::BF16), 2.0);
+        assert_eq!(max_abs_diff(&h(&[4.0]), &h(&[4.0]), DType::BF16), 0.0);
     }
 }

@@ -1,0 +1,302 @@
+//! NVIDIA GPUs as a bench backend.
+//!
+//! * Processes (the default): every rank builds what downstream crates get,
+//!   `collective_factory::nvidia_collective` (CUDA IPC routes, NCCL where the table says), on
+//!   GPU `local_rank % device count`; where every rank has its own GPU it also builds two plain
+//!   NCCL communicators for the native, NON-deterministic reference columns (library default,
+//!   and `NCCL_ALGO=Tree NCCL_PROTO=Simple`).
+//! * Threads (`--threads`): the CUDA IPC twin as a thread group, rank r on GPU r % count (no
+//!   NCCL: it refuses two ranks of one process on one GPU, and the factory's IPC exchange needs
+//!   processes).
+//!
+//! Buffers are plain device allocations, the baseline is a device-to-device copy of the same
+//! bytes, and time is CUDA events on the rank's stream (device time, not host time).
+use super::args::BenchOp;
+use super::backend::{BenchBackend, NativeKind};
+use anyhow::Context;
+use ccl_transport::{CudaDevice, TransportCollective, TransportConfig};
+use collective_core::bootstrap::Bootstrap;
+use collective_core::{Collective, DType, Io, Op, RawMut, RawRef, Route};
+use collective_factory::{NvidiaConfig, Platform, Routing, nvidia_collective};
+use cuda_ipc::cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, sys};
+use cuda_ipc::{CudaIpcCollective, CudaIpcConfig};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// `backend` of process runs (the factory's composition).
+pub const NAME: &str = "cuda";
+/// `backend` of thread runs (the IPC twin alone).
+pub const THREADS_NAME: &str = "cuda-ipc-threads";
+
+/// Whether this process can drive an NVIDIA GPU (libcuda loadable, a device present). Never
+/// panics without libcuda.
+pub fn available() -> bool {
+    cuda_ipc::driver::driver_present() && cuda_ipc::driver::device_count().is_ok_and(|n| n > 0)
+}
+
+/// CUDA devices visible to this process (0 without a driver).
+pub fn device_count() -> usize {
+    if cuda_ipc::driver::driver_present() { cuda_ipc::driver::device_count().unwrap_or(0) } else { 0 }
+}
+
+/// One rank on one GPU.
+pub struct CudaBackend<C> {
+    comm: C,
+    name: &'static str,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    /// Native references in [`NativeKind::ALL`] order (None: not available on this world).
+    natives: [Option<TransportCollective<CudaDevice>>; 2],
+}
+
+/// A device buffer and its address.
+pub struct DevBuf {
+    slice: CudaSlice<u8>,
+    ptr: u64,
+}
+
+fn context(ordinal: usize) -> anyhow::Result<Arc<CudaContext>> {
+    let ctx = cuda_ipc::driver::open_device(ordinal).with_context(|| format!("opening CUDA device {ordinal}"))?;
+    // SAFETY: every buffer of the bench is used on its rank's stream only, which orders it;
+    // without tracking, raw addresses carry no per-use event bookkeeping.
+    unsafe { ctx.disable_event_tracking() };
+    Ok(ctx)
+}
+
+/// The all_reduce RS+AG threshold of the built-in NVIDIA table (used by thread runs).
+fn rsag_threshold() -> usize {
+    Routing::default_for(Platform::Nvidia)
+        .first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather)
+        .unwrap_or(usize::MAX)
+}
+
+/// Builds the native NCCL communicator of `kind` (collective), with its environment set for
+/// the duration of `ncclCommInitRank` only.
+fn native_comm(
+    kind: NativeKind,
+    ctx: &Arc<CudaContext>,
+    boot: &dyn Bootstrap,
+    capacity: usize,
+) -> anyhow::Result<TransportCollective<CudaDevice>> {
+    let pinned: &[(&str, &str)] = match kind {
+        NativeKind::Default => &[],
+        NativeKind::TreeSimple => &[("NCCL_ALGO", "Tree"), ("NCCL_PROTO", "Simple")],
+    };
+    let saved: Vec<(&str, Option<std::ffi::OsString>)> =
+        pinned.iter().map(|(k, _)| (*k, std::env::var_os(k))).collect();
+    for (k, v) in pinned {
+        // SAFETY: called before this process created any NCCL communicator or other thread
+        // that reads the environment (see `process`), and restored right after.
+        unsafe { std::env::set_var(k, v) };
+    }
+    let t = TransportCollective::new_cuda(ctx, boot, &TransportConfig::new(capacity));
+    for (k, v) in saved {
+        // SAFETY: as above.
+        unsafe {
+            match v {
+                Some(v) => std::env::set_var(k, v),
+                None => std::env::remove_var(k),
+            }
+        }
+    }
+    Ok(t?)
+}
+
+/// One rank of a process world: the factory's collective on GPU `local_rank % count`, plus the
+/// native references when every rank has its own GPU. Collective: every rank calls it.
+pub fn process(
+    boot: Arc<dyn Bootstrap>,
+    capacity: usize,
+) -> anyhow::Result<CudaBackend<collective_factory::NvidiaCollective>> {
+    let count = cuda_ipc::driver::device_count()?;
+    anyhow::ensure!(count > 0, "no CUDA device");
+    let ctx = context(boot.local_rank() % count)?;
+    // Every rank has its own GPU when the world fits on this host's devices (same decision on
+    // every rank of one host; NCCL refuses two ranks on one GPU).
+    let own_gpu = boot.world_size() <= count;
+    let mut natives = [None, None];
+    if own_gpu {
+        // Tree/Simple first: no NCCL communicator (and none of its threads) exists yet while
+        // its environment is set.
+        let tree = native_comm(NativeKind::TreeSimple, &ctx, &*boot, capacity);
+        let default = native_comm(NativeKind::Default, &ctx, &*boot, capacity);
+        match (default, tree) {
+            (Ok(d), Ok(t)) => natives = [Some(d), Some(t)],
+            (d, t) => {
+                if boot.rank() == 0 {
+                    let why = d.err().or(t.err()).map(|e| format!("{e:#}")).unwrap_or_default();
+                    eprintln!("[bench] no native NCCL reference: {why}");
+                }
+            }
+        }
+    } else if boot.rank() == 0 {
+        eprintln!(
+            "[bench] {} ranks share {count} GPU(s): no native NCCL columns (NCCL needs one GPU per rank); \
+             ranks sharing a GPU run concurrently only under MPS (nvidia-cuda-mps-control -d)",
+            boot.world_size()
+        );
+    }
+    let comm = nvidia_collective(boot, &NvidiaConfig::new(capacity)).context("building the NVIDIA collective")?;
+    let stream = ctx.new_stream()?;
+    Ok(CudaBackend { comm, name: NAME, ctx, stream, natives })
+}
+
+/// A world of `world` ranks as threads, rank r on GPU r % count (the IPC twin only).
+pub fn group(world: usize, capacity: usize) -> anyhow::Result<Vec<CudaBackend<CudaIpcCollective>>> {
+    let count = cuda_ipc::driver::device_count()?;
+    anyhow::ensure!(count > 0, "no CUDA device");
+    let per_gpu = world.div_ceil(count);
+    anyhow::ensure!(
+        per_gpu <= 2,
+        "--threads with {world} ranks on {count} GPU(s) puts {per_gpu} ranks on one GPU context; ranks that are \
+         threads sharing one context must enqueue in global call order, which the bench does not do. \
+         Run without --threads (one process per rank; under MPS when ranks share a GPU)"
+    );
+    let ctxs = (0..world).map(|r| context(r % count)).collect::<anyhow::Result<Vec<_>>>()?;
+    let config = CudaIpcConfig::new(capacity).with_rsag_threshold(rsag_threshold());
+    let comms = CudaIpcCollective::group(&ctxs, &config).context("building the CUDA IPC thread group")?;
+    comms
+        .into_iter()
+        .zip(ctxs)
+        .map(|(comm, ctx)| {
+            let stream = ctx.new_stream()?;
+            Ok(CudaBackend { comm, name: THREADS_NAME, ctx, stream, natives: [None, None] })
+        })
+        .collect()
+}
+
+/// Device memory a collective retains between calls.
+pub trait Retained {
+    fn retained_bytes(&self) -> usize;
+}
+
+impl Retained for CudaIpcCollective {
+    fn retained_bytes(&self) -> usize {
+        self.staging_bytes()
+    }
+}
+
+impl Retained for collective_factory::NvidiaCollective {
+    /// IPC staging plus the transport's (lazily grown) workspace.
+    fn retained_bytes(&self) -> usize {
+        self.ipc().map_or(0, CudaIpcCollective::staging_bytes) + self.transport().map_or(0, |t| t.workspace_bytes())
+    }
+}
+
+impl<C> CudaBackend<C> {
+    /// Closes the native communicators (the collective itself is closed by the caller).
+    pub fn close_natives(&self) -> anyhow::Result<()> {
+        for t in self.natives.iter().flatten() {
+            t.close().context("closing a native NCCL communicator")?;
+        }
+        Ok(())
+    }
+
+    /// What the report records about the natives, e.g. `NCCL 2.28.3`.
+    pub fn native_library(&self) -> Option<String> {
+        self.natives.iter().flatten().next().map(|t| format!("{} {}", t.library(), t.library_version()))
+    }
+
+    fn sync(&self) -> anyhow::Result<()> {
+        self.stream.synchronize().context("synchronizing the bench stream")
+    }
+}
+
+fn cu(r: sys::CUresult, what: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(r == sys::CUresult::CUDA_SUCCESS, "{what} failed: {r:?}");
+    Ok(())
+}
+
+impl<C: Collective<Stream = CudaStream> + Retained> BenchBackend for CudaBackend<C> {
+    type Comm = C;
+    type Buf = DevBuf;
+    type Mark = CudaEvent;
+
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn copy_name(&self) -> &'static str {
+        "device_copy"
+    }
+    fn comm(&self) -> &C {
+        &self.comm
+    }
+    fn stream(&self) -> &CudaStream {
+        &self.stream
+    }
+    fn alloc(&self, bytes: usize) -> anyhow::Result<DevBuf> {
+        // SAFETY: contents unspecified until written, as the trait says.
+        let slice = unsafe { self.stream.alloc::<u8>(bytes.max(1)) }.context("cuMemAllocAsync")?;
+        let ptr = slice.device_ptr(&self.stream).0;
+        Ok(DevBuf { slice, ptr })
+    }
+    fn write(&self, buf: &mut DevBuf, data: &[u8]) -> anyhow::Result<()> {
+        anyhow::ensure!(data.len() <= buf.slice.len(), "write of {} bytes into {}", data.len(), buf.slice.len());
+        // Drained first: a copy queued behind a pending collective could hold up a peer's
+        // copy that the collective waits for when ranks share a GPU's copy queues.
+        self.sync()?;
+        let (dst, len, stream) = (buf.ptr, data.len(), self.stream.cu_stream());
+        // SAFETY: `len` bytes fit in the allocation; the host slice outlives the sync below.
+        let r = unsafe { sys::cuMemcpyHtoDAsync_v2(dst, data.as_ptr().cast(), len, stream) };
+        cu(r, "cuMemcpyHtoDAsync")?;
+        self.sync()
+    }
+    fn read(&self, buf: &DevBuf, bytes: usize) -> anyhow::Result<Vec<u8>> {
+        anyhow::ensure!(bytes <= buf.slice.len(), "read of {bytes} bytes from {}", buf.slice.len());
+        self.sync()?;
+        let mut v = vec![0u8; bytes];
+        let stream = self.stream.cu_stream();
+        // SAFETY: as in `write`, in the other direction.
+        let r = unsafe { sys::cuMemcpyDtoHAsync_v2(v.as_mut_ptr().cast(), buf.ptr, bytes, stream) };
+        cu(r, "cuMemcpyDtoHAsync")?;
+        self.sync()?;
+        Ok(v)
+    }
+    fn view<'b>(&self, buf: &'b DevBuf, byte_offset: usize, len: usize, dtype: DType) -> RawRef<'b> {
+        assert!(byte_offset + len * dtype.size() <= buf.slice.len(), "view outside its buffer");
+        // SAFETY: inside the allocation (checked), which the borrow keeps alive.
+        unsafe { RawRef::from_raw(buf.ptr + byte_offset as u64, len, dtype) }
+    }
+    fn view_mut<'b>(&self, buf: &'b mut DevBuf, byte_offset: usize, len: usize, dtype: DType) -> RawMut<'b> {
+        assert!(byte_offset + len * dtype.size() <= buf.slice.len(), "view outside its buffer");
+        // SAFETY: as in `view`, borrowed mutably.
+        unsafe { RawMut::from_raw(buf.ptr + byte_offset as u64, len, dtype) }
+    }
+    fn copy(&self, dst: &mut DevBuf, src: &DevBuf, bytes: usize) -> anyhow::Result<()> {
+        anyhow::ensure!(bytes <= dst.slice.len() && bytes <= src.slice.len(), "copy of {bytes} bytes out of range");
+        // SAFETY: both allocations hold `bytes`; ordered on this rank's stream.
+        cu(unsafe { sys::cuMemcpyDtoDAsync_v2(dst.ptr, src.ptr, bytes, self.stream.cu_stream()) }, "cuMemcpyDtoDAsync")
+    }
+    fn start_timer(&self) -> anyhow::Result<CudaEvent> {
+        let e = self.ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+        e.record(&self.stream)?;
+        Ok(e)
+    }
+    fn elapsed(&self, mark: CudaEvent) -> anyhow::Result<Duration> {
+        let end = self.ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+        end.record(&self.stream)?;
+        end.synchronize()?;
+        let ms = mark.elapsed_ms(&end)?;
+        Ok(Duration::from_secs_f64(f64::from(ms) / 1e3))
+    }
+    fn workspace_bytes(&self) -> usize {
+        self.comm.retained_bytes()
+    }
+    fn peak_temp_bytes(&self) -> usize {
+        0
+    }
+    fn has_native(&self, kind: NativeKind, op: BenchOp) -> bool {
+        op != BenchOp::ReduceScatterMany && self.natives[kind as usize].is_some()
+    }
+    fn native(&self, kind: NativeKind, op: BenchOp, io: Io<'_>) -> anyhow::Result<()> {
+        let t = self.natives[kind as usize].as_ref().context("no native communicator")?;
+        match op {
+            BenchOp::AllReduce => t.native_all_reduce(io, &self.stream)?,
+            BenchOp::ReduceScatter => t.native_reduce_scatter(io, &self.stream)?,
+            // The transport's all_gather is ncclAllGather straight into the output.
+            BenchOp::AllGather => t.all_gather(io, &self.stream)?,
+            BenchOp::ReduceScatterMany => anyhow::bail!("NCCL has no reduce_scatter_many"),
+        }
+        Ok(())
+    }
+}
