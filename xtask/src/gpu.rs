@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
@@ -31,6 +31,22 @@ const MANIFEST_VERSION: u32 = 1;
 const CUDA_LIB: &str = "/usr/local/cuda/lib64";
 /// Environment variable telling GPU code where prebuilt kernels are (set by `gpu-test`).
 pub const KERNEL_DIR_ENV: &str = "DETCOLL_KERNEL_DIR";
+/// CUDA's hardware work queues per context; `gpu-test` sets it for every suite.
+pub const CONNECTIONS_ENV: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
+/// Overrides [`MPS_CONNECTIONS`] for suites running several processes per GPU under MPS.
+pub const MPS_CONNECTIONS_ENV: &str = "DETCOLL_MPS_CONNECTIONS";
+/// Connections of each process of a suite running several processes per GPU under MPS. MPS
+/// caps the connections of all its clients together: with 32 each, worlds of 4 or more
+/// processes fail at context creation with `CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED`
+/// (measured on an H200); with 2 every world passes.
+pub const MPS_CONNECTIONS: u32 = 2;
+/// Connections of every other suite unless the user set [`CONNECTIONS_ENV`]: in-process worlds
+/// run every rank on its own stream of one context (8 ranks, 8 streams) and want each stream
+/// on its own hardware queue (fewer can serialise one rank's kernel behind another's).
+pub const IN_PROCESS_CONNECTIONS: u32 = 32;
+/// Lets the CUDA conformance suite with one process per rank run (it skips without it, since
+/// processes sharing a GPU need MPS); `gpu-test` sets it where MPS is active.
+pub const PROCESS_TESTS_ENV: &str = "DETCOLL_CUDA_PROCESS_TESTS";
 
 #[derive(Debug, Clone, Args)]
 pub struct BundleArgs {
@@ -246,7 +262,9 @@ const RUN_SH: &str = r#"#!/bin/sh
 # Runs the detcoll GPU suites of this bundle on a host without Rust:
 #   ./run.sh [gpu-test options] [-- test-binary arguments]
 # Options: --mps auto|on|off, --suite NAME (repeatable). Starts MPS (as root) around the suites
-# that run several processes per GPU. Benchmark: ./bin/xtask bench --nproc 8 --backend auto
+# that run several processes per GPU. Sets CUDA_DEVICE_MAX_CONNECTIONS per suite: 2 for
+# processes under MPS (DETCOLL_MPS_CONNECTIONS overrides), else yours or 32.
+# Benchmark: ./bin/xtask bench --nproc 8 --backend auto
 set -eu
 cd "$(dirname "$0")"
 exec ./bin/xtask gpu-test --bundle . "$@"
@@ -448,6 +466,11 @@ fn mps_control(input: &str) -> bool {
     child.wait().is_ok_and(|s| s.success())
 }
 
+/// Whether an MPS control daemon answers (started by anyone).
+fn mps_running() -> bool {
+    which("nvidia-cuda-mps-control").is_some() && mps_control("get_server_list\n")
+}
+
 impl Mps {
     fn start(&mut self) {
         if self.started {
@@ -457,7 +480,7 @@ impl Mps {
             eprintln!("[gpu] nvidia-cuda-mps-control not found: running without MPS");
             return;
         }
-        if mps_control("get_server_list\n") {
+        if mps_running() {
             eprintln!("[gpu] MPS is already running; using it");
             return;
         }
@@ -503,6 +526,108 @@ fn library_path() -> std::ffi::OsString {
     std::env::join_paths(parts).unwrap_or_default()
 }
 
+/// A variable `gpu-test` sets in one suite's environment, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SuiteVar {
+    pub name: &'static str,
+    pub value: String,
+    pub why: String,
+}
+
+/// Parses a connection count (CUDA accepts 1 to 32).
+fn parse_connections(var: &str, value: &str) -> anyhow::Result<u32> {
+    match value.trim().parse::<u32>() {
+        Ok(n) if (1..=32).contains(&n) => Ok(n),
+        _ => anyhow::bail!("{var}={value:?}: expected a number of connections from 1 to 32"),
+    }
+}
+
+/// The [`CONNECTIONS_ENV`] of a suite: [`MPS_CONNECTIONS`] (or `mps_override`, the value of
+/// [`MPS_CONNECTIONS_ENV`]) for a suite running several processes per GPU while MPS is
+/// active, whatever `user` (the caller's [`CONNECTIONS_ENV`]) says; otherwise `user`, or
+/// [`IN_PROCESS_CONNECTIONS`] when unset.
+pub fn suite_connections(
+    multiprocess: bool,
+    mps_active: bool,
+    user: Option<&str>,
+    mps_override: Option<&str>,
+) -> anyhow::Result<SuiteVar> {
+    let set = |value: u32, why: String| Ok(SuiteVar { name: CONNECTIONS_ENV, value: value.to_string(), why });
+    let user = user.filter(|v| !v.trim().is_empty());
+    if multiprocess && mps_active {
+        if let Some(v) = mps_override.filter(|v| !v.trim().is_empty()) {
+            let value = parse_connections(MPS_CONNECTIONS_ENV, v)?;
+            return set(value, format!("several processes per GPU under MPS; from {MPS_CONNECTIONS_ENV}"));
+        }
+        let ignored = user.map_or_else(String::new, |u| {
+            format!("; your {CONNECTIONS_ENV}={u} is not used here, set {MPS_CONNECTIONS_ENV} to change it")
+        });
+        return set(
+            MPS_CONNECTIONS,
+            format!("several processes per GPU under MPS, whose clients share its connections{ignored}"),
+        );
+    }
+    if let Some(u) = user {
+        return set(parse_connections(CONNECTIONS_ENV, u)?, "yours".into());
+    }
+    let why = if multiprocess { "one context per process, no MPS" } else { "ranks' streams in one context" };
+    set(IN_PROCESS_CONNECTIONS, format!("default: {why}"))
+}
+
+/// [`PROCESS_TESTS_ENV`]`=1` for a suite running several processes per GPU while MPS is
+/// active, unless the user set the variable (to anything).
+pub fn process_tests_var(multiprocess: bool, mps_active: bool, user_set: bool) -> Option<SuiteVar> {
+    (multiprocess && mps_active && !user_set).then(|| SuiteVar {
+        name: PROCESS_TESTS_ENV,
+        value: "1".into(),
+        why: "MPS is active: CUDA ranks may share a GPU as processes".into(),
+    })
+}
+
+/// The signal that interrupted `gpu-test` (0: none yet).
+static INTERRUPTED: AtomicI32 = AtomicI32::new(0);
+/// The process group of the suite running now (0: none), killed by the signal handler.
+static RUNNING_GROUP: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    // Only atomics and kill(2) here: both are async-signal-safe.
+    INTERRUPTED.store(sig, Ordering::SeqCst);
+    let group = RUNNING_GROUP.load(Ordering::SeqCst);
+    if group > 0 {
+        // SAFETY: signals the running suite's own process group.
+        unsafe { libc::kill(-group, libc::SIGKILL) };
+    }
+}
+
+/// On SIGINT, SIGTERM or SIGHUP: kill the running suite and let `gpu-test` stop after it, so
+/// that MPS it started is stopped on the way out. The handler is reset by its first signal,
+/// so a second one kills `gpu-test` at once. Signals ignored on entry (`nohup`, background
+/// jobs) stay ignored.
+fn install_signal_handlers() {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: plain sigaction(2) calls on zero-initialised structs; the handler only
+        // touches atomics and calls kill(2).
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN {
+                continue;
+            }
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            sa.sa_flags = libc::SA_RESTART | libc::SA_RESETHAND;
+            libc::sigemptyset(&mut sa.sa_mask);
+            if libc::sigaction(sig, &sa, std::ptr::null_mut()) != 0 {
+                eprintln!("[gpu] warning: cannot handle signal {sig}: an interrupt may leave MPS running");
+            }
+        }
+    }
+}
+
+/// The signal that interrupted `gpu-test`, if any.
+fn interrupted() -> Option<i32> {
+    Some(INTERRUPTED.load(Ordering::SeqCst)).filter(|&s| s != 0)
+}
+
 struct SuiteResult {
     name: String,
     ok: bool,
@@ -524,20 +649,33 @@ fn run_suite(
     cwd: &Path,
     test_args: &[String],
     kernel_dir: Option<&Path>,
+    vars: &[SuiteVar],
     timeout: Duration,
 ) -> anyhow::Result<SuiteResult> {
     use std::os::unix::process::CommandExt;
     let mut cmd = Command::new(&s.path);
-    cmd.arg("--test-threads=1").args(test_args).current_dir(cwd).env("LD_LIBRARY_PATH", library_path());
+    cmd.arg("--test-threads=1")
+        .args(test_args)
+        .current_dir(cwd)
+        .env("LD_LIBRARY_PATH", library_path())
+        .envs(vars.iter().map(|v| (v.name, &v.value)));
     if let Some(k) = kernel_dir {
         cmd.env(KERNEL_DIR_ENV, k);
     }
     // Own process group: on timeout the suite and the processes it started are killed together.
     cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).process_group(0);
     eprintln!("[gpu] === {} ({})", s.name, show(&cmd));
+    for v in vars {
+        eprintln!("[gpu] {}={} ({})", v.name, v.value, v.why);
+    }
     let start = Instant::now();
     let mut child = cmd.spawn().with_context(|| format!("starting {}", s.path.display()))?;
     let pgid = child.id();
+    RUNNING_GROUP.store(pgid as i32, Ordering::SeqCst);
+    if interrupted().is_some() {
+        // The signal came before the handler could see this group.
+        kill_group(pgid);
+    }
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let timed_out = Arc::new(AtomicBool::new(false));
     let watchdog = {
@@ -558,12 +696,18 @@ fn run_suite(
             counts.add_line(&line);
         }
     }
-    let status = child.wait()?;
+    let status = child.wait();
+    RUNNING_GROUP.store(0, Ordering::SeqCst);
+    let status = status?;
     let _ = done_tx.send(());
     let _ = watchdog.join();
     let timed_out = timed_out.load(Ordering::SeqCst);
     let ok = status.success() && counts.failed() == 0 && !timed_out;
-    let status = if timed_out {
+    let signal = interrupted();
+    let ok = ok && signal.is_none();
+    let status = if let Some(sig) = signal {
+        format!("INTERRUPTED (signal {sig})")
+    } else if timed_out {
         format!("TIMEOUT after {} s", timeout.as_secs())
     } else if ok && counts.results == 0 {
         "ok (no libtest summary)".to_owned()
@@ -640,9 +784,20 @@ pub fn test_main(args: GpuTestArgs) -> anyhow::Result<ExitCode> {
     .filter(|d| d.is_dir())
     .and_then(|d| d.canonicalize().ok());
 
+    let user_connections = std::env::var(CONNECTIONS_ENV).ok();
+    let mps_connections = std::env::var(MPS_CONNECTIONS_ENV).ok();
+    // Fail on a bad value before starting anything.
+    suite_connections(true, true, user_connections.as_deref(), mps_connections.as_deref())?;
+    suite_connections(false, false, user_connections.as_deref(), mps_connections.as_deref())?;
+
+    // From here on an interrupt kills the running suite and leaves through `mps`'s Drop.
+    install_signal_handlers();
     let mut mps = Mps { started: false };
     let mut results = Vec::new();
     for (s, cwd) in &suites {
+        if interrupted().is_some() {
+            break;
+        }
         let want_mps = match args.mps {
             MpsMode::On => true,
             MpsMode::Off => false,
@@ -653,10 +808,24 @@ pub fn test_main(args: GpuTestArgs) -> anyhow::Result<ExitCode> {
         } else {
             mps.stop();
         }
-        results.push(run_suite(s, cwd, &args.test_args, kernel_dir.as_deref(), Duration::from_secs(args.timeout_s))?);
+        // A daemon someone else started makes processes MPS clients too, even with `--mps off`.
+        let mps_active = s.multiprocess && (mps.started || mps_running());
+        let mut vars = vec![suite_connections(
+            s.multiprocess,
+            mps_active,
+            user_connections.as_deref(),
+            mps_connections.as_deref(),
+        )?];
+        vars.extend(process_tests_var(s.multiprocess, mps_active, std::env::var_os(PROCESS_TESTS_ENV).is_some()));
+        let timeout = Duration::from_secs(args.timeout_s);
+        results.push(run_suite(s, cwd, &args.test_args, kernel_dir.as_deref(), &vars, timeout)?);
     }
     mps.stop();
     println!("\n{}", summary_table(&results));
+    if let Some(sig) = interrupted() {
+        eprintln!("[gpu] interrupted by signal {sig}: the running suite was killed and the rest not run");
+        return Ok(ExitCode::from(128u8.saturating_add(u8::try_from(sig).unwrap_or(0))));
+    }
     Ok(if results.iter().all(|r| r.ok) { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
@@ -691,6 +860,51 @@ mod tests {
         assert!(is_multiprocess("MPS_smoke"));
         assert!(!is_multiprocess("cuda_ipc"));
         assert!(!is_multiprocess("conformance_threads"));
+    }
+
+    #[test]
+    fn conformance_suites_are_classified_by_name() {
+        assert!(is_multiprocess("conformance_processes"));
+        // Threads, on one GPU or across GPUs: in-process suites (no MPS, 32 connections).
+        assert!(!is_multiprocess("conformance"));
+        assert!(!is_multiprocess("conformance_gpus"));
+        assert!(!is_multiprocess("gpu"));
+    }
+
+    #[test]
+    fn connections_per_suite() {
+        let c = |mp, mps, user, ovr| suite_connections(mp, mps, user, ovr).map(|c| c.value.parse::<u32>().unwrap());
+        // Several processes per GPU under MPS: 2, whatever CUDA_DEVICE_MAX_CONNECTIONS says.
+        assert_eq!(c(true, true, None, None).unwrap(), MPS_CONNECTIONS);
+        assert_eq!(c(true, true, Some("32"), None).unwrap(), 2);
+        let why = suite_connections(true, true, Some("32"), None).unwrap().why;
+        assert!(why.contains(MPS_CONNECTIONS_ENV) && why.contains("=32"), "{why}");
+        // ... unless DETCOLL_MPS_CONNECTIONS says otherwise (blank counts as unset).
+        assert_eq!(c(true, true, Some("32"), Some("4")).unwrap(), 4);
+        assert_eq!(c(true, true, None, Some(" ")).unwrap(), 2);
+        assert!(c(true, true, None, Some("0")).is_err());
+        assert!(c(true, true, None, Some("33")).is_err());
+        assert!(c(true, true, None, Some("two")).is_err());
+        // In-process suites (and processes without MPS): 32 unless the user set a value; the
+        // MPS override does not apply to them.
+        assert_eq!(c(false, false, None, None).unwrap(), IN_PROCESS_CONNECTIONS);
+        assert_eq!(c(false, true, None, Some("2")).unwrap(), 32);
+        assert_eq!(c(true, false, None, Some("2")).unwrap(), 32);
+        assert_eq!(c(false, false, Some("8"), None).unwrap(), 8);
+        assert_eq!(suite_connections(false, false, Some("8"), None).unwrap().why, "yours");
+        assert_eq!(c(false, false, Some(""), None).unwrap(), 32);
+        assert!(c(false, false, Some("lots"), None).is_err());
+        assert_eq!(suite_connections(false, false, None, None).unwrap().name, "CUDA_DEVICE_MAX_CONNECTIONS");
+    }
+
+    #[test]
+    fn process_suites_are_enabled_under_mps_only() {
+        let v = process_tests_var(true, true, false).unwrap();
+        assert_eq!((v.name, v.value.as_str()), ("DETCOLL_CUDA_PROCESS_TESTS", "1"));
+        assert_eq!(process_tests_var(true, false, false), None);
+        assert_eq!(process_tests_var(false, true, false), None);
+        // The user's own value (even 0) stands.
+        assert_eq!(process_tests_var(true, true, true), None);
     }
 
     #[test]

@@ -78,8 +78,11 @@ fn enable_peer_access(from: &Arc<CudaContext>, to: &Arc<CudaContext>) -> Result<
 }
 
 impl CudaIpcCollective {
-    /// `world` ranks as threads sharing device `ordinal`. Returns [`Error::LibraryMissing`]
-    /// when there is no CUDA driver (instead of panicking).
+    /// `world` ranks as threads sharing device `ordinal` (its primary context). Returns
+    /// [`Error::LibraryMissing`] when there is no CUDA driver (instead of panicking).
+    ///
+    /// Ranks that are threads sharing one context must enqueue in call order: see
+    /// [`CudaIpcCollective::group`].
     pub fn group_on_ordinal(
         ordinal: usize,
         world: usize,
@@ -90,6 +93,9 @@ impl CudaIpcCollective {
     }
 
     /// `world` ranks as threads sharing one context's device.
+    ///
+    /// Ranks that are threads sharing one context must enqueue in call order: see
+    /// [`CudaIpcCollective::group`].
     pub fn group_on_device(
         ctx: &Arc<CudaContext>,
         world: usize,
@@ -114,9 +120,17 @@ impl CudaIpcCollective {
     /// peer may have a collective in flight (those calls can wait for the device to go idle),
     /// and enqueue driver copies/memsets only on a stream whose collectives have completed (a
     /// copy queued behind a pending collective waits in a copy-engine queue shared with the
-    /// other ranks, where it can block a copy a peer needs before its next launch). A
-    /// violation shows as `PeerTimeout`, never as wrong data. One rank per GPU has none of
-    /// these constraints.
+    /// other ranks, where it can block a copy a peer needs before its next launch).
+    ///
+    /// Ranks that are threads sharing one context must enqueue in call order, e.g. call `k`
+    /// of ranks 0, 1, ..., world-1 before call `k + 1` of any rank, as one host thread driving
+    /// every rank would (or threads taking turns): with ranks enqueuing independently, one rank
+    /// two or more calls ahead of another can hold a peer's flag unpublished behind the
+    /// context's shared queues (measured with 8 ranks on an H200). One process per GPU or MPS
+    /// processes (one context each) have no such requirement.
+    ///
+    /// A violation of any of these shows as `PeerTimeout`, never as wrong data. One rank per
+    /// GPU has none of these constraints.
     pub fn group(ctxs: &[Arc<CudaContext>], config: &CudaIpcConfig) -> Result<Vec<CudaIpcCollective>, Error> {
         driver::ensure_driver()?;
         config.check()?;
@@ -183,7 +197,10 @@ impl CudaIpcCollective {
     /// One rank of a group with one process per rank: allocations are exchanged as CUDA IPC
     /// handles through `boot` and opened once. Every rank must pass the same `config`
     /// (capacity, block count, RS+AG threshold; checked: [`Error::ConfigMismatch`]). Ranks
-    /// sharing a GPU need MPS (or they cannot run concurrently and will time out).
+    /// sharing a GPU need MPS (or they cannot run concurrently and will time out). MPS shares
+    /// a limited number of connections among its clients: run each process with a small
+    /// `CUDA_DEVICE_MAX_CONNECTIONS` (2 works for 8 processes on an H200; with 32, worlds of 4
+    /// or more fail at context creation with `CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED`).
     pub fn new(
         boot: Box<dyn Bootstrap>,
         ctx: &Arc<CudaContext>,

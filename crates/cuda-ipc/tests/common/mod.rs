@@ -1,33 +1,63 @@
 //! Shared by the GPU test files: device discovery (with a printed skip), a lock that keeps one
 //! world on the GPU at a time, device buffers and the rank environment of the conformance suite.
 #![allow(dead_code)]
-use collective_core::conformance::RankEnv;
+use collective_core::conformance::{RankEnv, TestBackend};
 use collective_core::{DType, RawMut, RawRef};
 use cuda_ipc::CudaIpcCollective;
 use cuda_ipc::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, sys};
-use std::sync::{Arc, Barrier, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Barrier, Mutex, MutexGuard};
 
-/// The GPU every test uses, or `None` after printing "skipped: no CUDA device".
-pub fn gpu() -> Option<Arc<CudaContext>> {
-    static CTX: OnceLock<Result<Arc<CudaContext>, String>> = OnceLock::new();
-    let ctx = CTX.get_or_init(|| {
-        let n = cuda_ipc::driver::device_count().map_err(|e| e.to_string())?;
-        if n == 0 {
-            return Err("the driver reports 0 devices".into());
+/// Number of CUDA devices, or why there are none usable.
+pub fn device_count() -> Result<usize, String> {
+    match cuda_ipc::driver::device_count().map_err(|e| e.to_string())? {
+        0 => Err("the driver reports 0 devices".into()),
+        n => Ok(n),
+    }
+}
+
+/// A device's context, or why it could not be opened.
+type Opened = Result<Arc<CudaContext>, String>;
+
+/// Device `ordinal`'s context (opened once per process), or why it cannot be opened.
+pub fn open_gpu(ordinal: usize) -> Opened {
+    static OPENED: Mutex<Vec<(usize, Opened)>> = Mutex::new(Vec::new());
+    let mut opened = OPENED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, r)) = opened.iter().find(|(o, _)| *o == ordinal) {
+        return r.clone();
+    }
+    let r = device_count().and_then(|n| {
+        if ordinal >= n {
+            return Err(format!("device {ordinal} asked for, the driver reports {n}"));
         }
-        let ctx = cuda_ipc::driver::open_device(0).map_err(|e| e.to_string())?;
+        let ctx = cuda_ipc::driver::open_device(ordinal).map_err(|e| e.to_string())?;
         // SAFETY: every buffer of these tests is used on one stream at a time, and graph
         // capture must not record cudarc's tracking events.
         unsafe { ctx.disable_event_tracking() };
         Ok(ctx)
     });
-    match ctx {
-        Ok(c) => Some(c.clone()),
+    opened.push((ordinal, r.clone()));
+    r
+}
+
+/// Device `ordinal`, or `None` after printing "skipped: no CUDA device".
+pub fn gpu_at(ordinal: usize) -> Option<Arc<CudaContext>> {
+    match open_gpu(ordinal) {
+        Ok(c) => Some(c),
         Err(e) => {
             collective_core::conformance::skip(&format!("no CUDA device ({e})"));
             None
         }
     }
+}
+
+/// The GPU the single-device tests use (device 0), or `None` after printing the skip.
+pub fn gpu() -> Option<Arc<CudaContext>> {
+    gpu_at(0)
+}
+
+/// The device of rank `rank` when ranks are spread round-robin over every device.
+pub fn rank_device(rank: usize) -> Result<usize, String> {
+    Ok(rank % device_count()?)
 }
 
 /// One world on the GPU at a time: ranks of a world spin waiting for each other, and worlds
@@ -177,11 +207,12 @@ impl RankEnv for CudaRank {
 /// Device bytes every rank of a test world gets up front.
 pub const REGION_BYTES: usize = 768 << 20;
 
-/// Runs `f(rank)` for every rank of `comms` on its own thread with its own stream and a
+/// Runs `f(rank)` for every rank of `comms` on its own thread, rank `r` in `ctxs[r]` (one
+/// context per rank: the same one repeated for ranks sharing a GPU), with its own stream and
 /// `region` bytes of memory allocated before any thread starts; synchronises, surfaces
 /// recorded kernel failures and closes each rank afterwards.
 pub fn run_ranks_with<F>(
-    ctx: &Arc<CudaContext>,
+    ctxs: &[Arc<CudaContext>],
     comms: Vec<CudaIpcCollective>,
     region: usize,
     f: F,
@@ -191,11 +222,16 @@ where
 {
     use collective_core::Collective;
     let world = comms.len();
-    let regions: Vec<Region> = (0..world).map(|_| Region::new(ctx, region)).collect();
-    let streams = (0..world).map(|_| ctx.new_stream().map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?;
+    if ctxs.len() != world {
+        return Err(format!("{} contexts for {world} ranks", ctxs.len()));
+    }
+    let regions: Vec<Region> = ctxs.iter().map(|c| Region::new(c, region)).collect();
+    let streams = ctxs.iter().map(|c| c.new_stream().map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?;
     let barrier = Arc::new(Barrier::new(world));
     let slots = Mutex::new(comms.into_iter().zip(streams).map(Some).collect::<Vec<_>>());
     let r = collective_core::conformance::run_threads(world, |r| {
+        // Raw driver calls of this thread (copies, memsets) run in the rank's context.
+        ctxs[r].bind_to_thread().map_err(|e| format!("bind: {e}"))?;
         let (comm, stream) = slots.lock().map_err(|e| e.to_string())?[r].take().ok_or("rank taken")?;
         let base = regions[r].base;
         let mut rank = CudaRank {
@@ -215,10 +251,72 @@ where
     r
 }
 
-/// [`run_ranks_with`] with [`REGION_BYTES`] per rank.
+/// A conformance case on one rank, then its stream drained and a recorded kernel failure
+/// surfaced.
+pub fn checked_case(
+    rank: &mut CudaRank,
+    case: &(dyn Fn(&mut CudaRank) -> Result<(), String> + Sync),
+) -> Result<(), String> {
+    let r = case(rank);
+    rank.stream.synchronize().map_err(|e| e.to_string())?;
+    rank.comm.check().map_err(|e| format!("recorded kernel failure: {e}"))?;
+    r
+}
+
+/// The conformance suites' configuration: `capacity` bytes of staging, a 32 KiB RS+AG
+/// threshold so both all_reduce routes run (the suite's sizes go up to its 256 KiB capacity),
+/// and `peer` as the bound on every wait for a peer.
+pub fn suite_config(capacity: usize, peer: std::time::Duration) -> cuda_ipc::CudaIpcConfig {
+    let mut config = cuda_ipc::CudaIpcConfig::new(capacity).with_rsag_threshold(32 << 10);
+    config.timeouts.peer = peer;
+    config
+}
+
+/// A conformance world of ranks as threads of this process, rank `r` in `ctxs[r]` (one GPU or
+/// several): `case` on every rank through [`checked_case`].
+pub fn run_thread_world(
+    ctxs: &[Arc<CudaContext>],
+    capacity: usize,
+    case: &(dyn Fn(&mut CudaRank) -> Result<(), String> + Sync),
+) -> Result<(), String> {
+    let config = suite_config(capacity, std::time::Duration::from_secs(20));
+    let comms = CudaIpcCollective::group(ctxs, &config).map_err(|e| e.to_string())?;
+    run_ranks_with(ctxs, comms, REGION_BYTES, |rank| checked_case(rank, case))
+}
+
+/// Rank `r`'s context of a world of `world` ranks as threads, `Ok(None)` after printing why
+/// such a world cannot run here.
+pub type PlaceRanks = fn(world: usize) -> Result<Option<Vec<Arc<CudaContext>>>, String>;
+
+/// A conformance backend of ranks as threads of this process, placed by `place` (one GPU or
+/// several), one world on the GPUs at a time (see [`run_thread_world`]).
+pub struct ThreadRanks {
+    pub name: &'static str,
+    pub place: PlaceRanks,
+}
+
+impl TestBackend for ThreadRanks {
+    type Rank = CudaRank;
+    fn name(&self) -> String {
+        self.name.into()
+    }
+    fn run(
+        &self,
+        world: usize,
+        capacity: usize,
+        _test: &str,
+        case: &(dyn Fn(&mut CudaRank) -> Result<(), String> + Sync),
+    ) -> Result<(), String> {
+        let Some(ctxs) = (self.place)(world)? else { return Ok(()) };
+        let _one_world = gpu_lock();
+        run_thread_world(&ctxs, capacity, case)
+    }
+}
+
+/// [`run_ranks_with`] with every rank in `ctx` and [`REGION_BYTES`] per rank.
 pub fn run_ranks<F>(ctx: &Arc<CudaContext>, comms: Vec<CudaIpcCollective>, f: F) -> Result<(), String>
 where
     F: Fn(&mut CudaRank) -> Result<(), String> + Sync,
 {
-    run_ranks_with(ctx, comms, REGION_BYTES, f)
+    run_ranks_with(&vec![ctx.clone(); comms.len()], comms, REGION_BYTES, f)
 }
