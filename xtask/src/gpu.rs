@@ -200,6 +200,15 @@ pub(crate) fn cargo_executables(root: &Path, args: &[&str]) -> anyhow::Result<Ve
     Ok(parse_artifacts(&String::from_utf8_lossy(&out.stdout)))
 }
 
+/// Cargo features a GPU package's suites need beyond its defaults: the factory's GPU tests are
+/// behind `cuda` (without it they compile to empty binaries that pass with 0 tests).
+pub fn suite_features(package: &str) -> Option<&'static str> {
+    match package {
+        "collective-factory" => Some("cuda"),
+        _ => None,
+    }
+}
+
 /// Builds (release) the test binaries of the GPU packages present in the workspace.
 fn build_suites(root: &Path, packages: &[Package]) -> anyhow::Result<(Vec<Suite>, Vec<String>)> {
     let mut suites = Vec::new();
@@ -209,7 +218,11 @@ fn build_suites(root: &Path, packages: &[Package]) -> anyhow::Result<(Vec<Suite>
             missing.push(name.to_owned());
             continue;
         }
-        for a in cargo_executables(root, &["test", "--release", "--no-run", "-p", name])? {
+        let mut args = vec!["test", "--release", "--no-run", "-p", name];
+        if let Some(f) = suite_features(name) {
+            args.extend(["--features", f]);
+        }
+        for a in cargo_executables(root, &args)? {
             if a.test {
                 suites.push(Suite {
                     name: suite_name(name, &a.kind, &a.target),

@@ -1,9 +1,10 @@
 //! The NVIDIA platform: the CUDA IPC twin for IPC routes and NCCL as the transport, composed
 //! by the agreed routing (feature `cuda`).
 //!
-//! Status: compiles and agrees like the CPU platform (same `Facts`/`decide`), and its parts are
-//! tested on an H200 on their own (cuda-ipc: conformance world 1/2/4/8; ccl-transport: world 1);
-//! the composition itself has not yet run on a GPU (`tests/nvidia.rs` skips without one).
+//! Status: agrees like the CPU platform (same `Facts`/`decide`, plus each rank's GPU UUID so
+//! ranks sharing a GPU are routed without NCCL). Run on H200s: world 1 (`tests/nvidia.rs`) and
+//! world 2 on two GPUs with every route forced in turn, bit-exact (`tests/nvidia_routes.rs`);
+//! worlds 4 and 8 need more GPUs than were lent.
 use crate::{Facts, Platform, Routed, Routing};
 use ccl_transport::{CudaDevice, TransportCollective, TransportConfig};
 use collective_core::bootstrap::Bootstrap;

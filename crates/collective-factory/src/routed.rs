@@ -67,9 +67,10 @@ impl<I: Collective, T: Collective<Stream = I::Stream>> Routed<I, T> {
     fn single(&self, op: Op, io: Io<'_>, stream: &I::Stream) -> Result<(), Error> {
         // The route only needs the size; the backend validates the call (once). The hybrid
         // splits the call into two backend calls on views it builds itself, so it validates
-        // the whole call first.
+        // the whole call first. Only all_reduce has a second half: a reduce_scatter routed to the
+        // hybrid is its IPC half alone (`backend` gives IPC), never an all_reduce.
         let route = self.route(op, contributed_bytes(op, &io, self.world));
-        if route == Route::IpcReduceScatterTransportAllGather {
+        if route == Route::IpcReduceScatterTransportAllGather && op == Op::AllReduce {
             validate(op, &io, self.rank, self.world, self.capacity)?;
             return self.hybrid_all_reduce(io, stream);
         }
