@@ -114,8 +114,10 @@ pub fn process(
     // Every rank has its own GPU when the world fits on this host's devices (same decision on
     // every rank of one host; NCCL refuses two ranks on one GPU).
     let own_gpu = boot.world_size() <= count;
+    // DETCOLL_BENCH_NATIVE=0 skips the NCCL references (e.g. under compute-sanitizer).
+    let wanted = std::env::var("DETCOLL_BENCH_NATIVE").map_or(true, |v| v != "0");
     let mut natives = [None, None];
-    if own_gpu {
+    if own_gpu && wanted {
         // Tree/Simple first: no NCCL communicator (and none of its threads) exists yet while
         // its environment is set.
         let tree = native_comm(NativeKind::TreeSimple, &ctx, &*boot, capacity);
@@ -129,7 +131,7 @@ pub fn process(
                 }
             }
         }
-    } else if boot.rank() == 0 {
+    } else if boot.rank() == 0 && wanted {
         eprintln!(
             "[bench] {} ranks share {count} GPU(s): no native NCCL columns (NCCL needs one GPU per rank); \
              ranks sharing a GPU run concurrently only under MPS (nvidia-cuda-mps-control -d)",
@@ -286,7 +288,13 @@ impl<C: Collective<Stream = CudaStream> + Retained> BenchBackend for CudaBackend
         0
     }
     fn has_native(&self, kind: NativeKind, op: BenchOp) -> bool {
-        op != BenchOp::ReduceScatterMany && self.natives[kind as usize].is_some()
+        let supported = match kind {
+            NativeKind::Default => op != BenchOp::ReduceScatterMany,
+            // NCCL's Tree algorithm exists for all_reduce only ("no algorithm/protocol
+            // available for function AllGather" otherwise).
+            NativeKind::TreeSimple => op == BenchOp::AllReduce,
+        };
+        supported && self.natives[kind as usize].is_some()
     }
     fn native(&self, kind: NativeKind, op: BenchOp, io: Io<'_>) -> anyhow::Result<()> {
         let t = self.natives[kind as usize].as_ref().context("no native communicator")?;

@@ -314,7 +314,7 @@ fn build_report<B: BenchBackend>(
             "native_* fields: the native library's own all_reduce/reduce_scatter (NOT deterministic: a non-strict \
              performance reference) and ncclAllGather, on the same buffers in the same run; native_default_us with the \
              library's defaults, native_tree_simple_us with NCCL_ALGO=Tree NCCL_PROTO=Simple set at that \
-             communicator's creation; ratio_vs_native = median_us / native_default_us; max_abs_diff_vs_native is the \
+             communicator's creation (all_reduce only: NCCL has no Tree algorithm for the others); ratio_vs_native = median_us / native_default_us; max_abs_diff_vs_native is the \
              native default output against the fixed tree"
                 .to_owned()
         } else {

@@ -82,6 +82,13 @@ pub fn world1(ctx: &Arc<CudaContext>, config: &TransportConfig) -> TransportColl
     TransportCollective::new_cuda(ctx, &boot, config).expect("world-1 NCCL transport")
 }
 
+/// A suite buffer: at least one byte of device memory (zero-byte allocations are not allowed),
+/// and the length the suite asked for (what `read` returns).
+pub struct Buf {
+    slice: CudaSlice<u8>,
+    len: usize,
+}
+
 /// One rank of the suite: its collective and its own stream.
 pub struct Rank {
     pub comm: TransportCollective<CudaDevice>,
@@ -90,35 +97,38 @@ pub struct Rank {
 
 impl RankEnv for Rank {
     type Comm = TransportCollective<CudaDevice>;
-    type Buf = CudaSlice<u8>;
+    type Buf = Buf;
     fn comm(&self) -> &Self::Comm {
         &self.comm
     }
     fn stream(&self) -> &CudaStream {
         &self.stream
     }
-    fn alloc(&mut self, bytes: usize) -> CudaSlice<u8> {
-        self.stream.alloc_zeros::<u8>(bytes.max(1)).expect("cuMemAlloc")
+    fn alloc(&mut self, bytes: usize) -> Buf {
+        Buf { slice: self.stream.alloc_zeros::<u8>(bytes.max(1)).expect("cuMemAlloc"), len: bytes }
     }
-    fn write(&mut self, buf: &mut CudaSlice<u8>, data: &[u8]) {
+    fn write(&mut self, buf: &mut Buf, data: &[u8]) {
+        assert!(data.len() <= buf.len, "suite write out of bounds");
         if !data.is_empty() {
-            self.stream.memcpy_htod(data, &mut buf.slice_mut(..data.len())).expect("memcpy_htod");
+            self.stream.memcpy_htod(data, &mut buf.slice.slice_mut(..data.len())).expect("memcpy_htod");
         }
     }
-    fn read(&mut self, buf: &CudaSlice<u8>) -> Vec<u8> {
+    fn read(&mut self, buf: &Buf) -> Vec<u8> {
         // Bounded: a hung transport call aborts its communicator instead of blocking the copy.
         self.comm.synchronize(&self.stream, SYNC_BOUND).expect("transport calls completed");
-        self.stream.clone_dtoh(buf).expect("clone_dtoh")
+        let mut v = self.stream.clone_dtoh(&buf.slice).expect("clone_dtoh");
+        v.truncate(buf.len);
+        v
     }
-    fn view<'b>(&self, buf: &'b CudaSlice<u8>, byte_offset: usize, len: usize, dtype: DType) -> RawRef<'b> {
-        assert!(byte_offset + len * dtype.size() <= buf.len(), "suite view out of bounds");
+    fn view<'b>(&self, buf: &'b Buf, byte_offset: usize, len: usize, dtype: DType) -> RawRef<'b> {
+        assert!(byte_offset + len * dtype.size() <= buf.len, "suite view out of bounds");
         // SAFETY: in bounds of a live device buffer the view borrows.
-        unsafe { RawRef::from_raw(addr(buf, &self.stream) + byte_offset as u64, len, dtype) }
+        unsafe { RawRef::from_raw(addr(&buf.slice, &self.stream) + byte_offset as u64, len, dtype) }
     }
-    fn view_mut<'b>(&self, buf: &'b mut CudaSlice<u8>, byte_offset: usize, len: usize, dtype: DType) -> RawMut<'b> {
-        assert!(byte_offset + len * dtype.size() <= buf.len(), "suite view out of bounds");
+    fn view_mut<'b>(&self, buf: &'b mut Buf, byte_offset: usize, len: usize, dtype: DType) -> RawMut<'b> {
+        assert!(byte_offset + len * dtype.size() <= buf.len, "suite view out of bounds");
         // SAFETY: as above, borrowed uniquely.
-        unsafe { RawMut::from_raw(addr(buf, &self.stream) + byte_offset as u64, len, dtype) }
+        unsafe { RawMut::from_raw(addr(&buf.slice, &self.stream) + byte_offset as u64, len, dtype) }
     }
 }
 
