@@ -89,7 +89,10 @@ fn native_comm(
         // that reads the environment (see `process`), and restored right after.
         unsafe { std::env::set_var(k, v) };
     }
-    let t = TransportCollective::new_cuda(ctx, boot, &TransportConfig::new(capacity));
+    // Blocking, as NCCL's own default and nccl-tests: non-blocking calls are polled to
+    // completion on the host, which would bill the reference tens of microseconds per call.
+    let config = TransportConfig { blocking: true, ..TransportConfig::new(capacity) };
+    let t = TransportCollective::new_cuda(ctx, boot, &config);
     for (k, v) in saved {
         // SAFETY: as above.
         unsafe {
