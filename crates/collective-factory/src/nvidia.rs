@@ -44,7 +44,7 @@ pub(crate) fn present() -> bool {
 pub fn nvidia_collective(boot: Arc<dyn Bootstrap>, config: &NvidiaConfig) -> Result<NvidiaCollective, Error> {
     let routing = match &config.routing {
         Some(r) => r.clone(),
-        None => Routing::from_env(Platform::Nvidia)?,
+        None => Routing::from_env_for_world(Platform::Nvidia, boot.world_size())?,
     };
     // The device first: its UUID tells the agreement which ranks share a GPU. A rank that
     // cannot open it still takes part in the agreement (reporting no IPC) and fails after it.

@@ -36,6 +36,7 @@ pub struct Routing {
 }
 
 const NVIDIA: &str = include_str!("../tables/nvidia-default.json");
+const NVIDIA_2GPU: &str = include_str!("../tables/nvidia-2gpu.json");
 const ROCM: &str = include_str!("../tables/rocm-mi300x.json");
 const CPU: &str = include_str!("../tables/cpu.json");
 
@@ -49,6 +50,25 @@ impl Routing {
         };
         // The defaults are checked by this crate's tests.
         Routing::from_json(json).unwrap_or_else(|e| panic!("built-in {platform:?} routing table is invalid: {e}"))
+    }
+
+    /// The compiled-in default of `platform` for a world of `world` ranks: crossovers depend on
+    /// the world size (at world 2 IPC RS+AG moves the same bytes as one-shot and only adds a
+    /// phase), so NVIDIA worlds of 1 or 2 take the table measured on 2 H200s.
+    pub fn default_for_world(platform: Platform, world: usize) -> Routing {
+        match (platform, world) {
+            (Platform::Nvidia, 1 | 2) => Routing::from_json(NVIDIA_2GPU)
+                .unwrap_or_else(|e| panic!("built-in 2-GPU NVIDIA routing table is invalid: {e}")),
+            _ => Routing::default_for(platform),
+        }
+    }
+
+    /// `DETCOLL_ROUTING_TABLE` if set, else the default of `platform` for `world` ranks.
+    pub fn from_env_for_world(platform: Platform, world: usize) -> Result<Routing, Error> {
+        match std::env::var_os("DETCOLL_ROUTING_TABLE") {
+            Some(_) => Routing::from_env(platform),
+            None => Ok(Routing::default_for_world(platform, world)),
+        }
     }
 
     /// `DETCOLL_ROUTING_TABLE` if set, else the default of `platform`.

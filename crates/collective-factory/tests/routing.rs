@@ -37,6 +37,24 @@ fn nvidia_default_starts_at_256_kib() {
     assert_eq!(r.route(Op::AllReduce, 256 * KIB + 1), Route::IpcReduceScatterAllGather);
 }
 
+#[test]
+fn nvidia_worlds_of_two_take_the_measured_one_shot_table() {
+    for world in [1, 2] {
+        let r = Routing::default_for_world(Platform::Nvidia, world);
+        assert!(r.table().source.contains("measured"), "{}", r.table().source);
+        for op in Op::ALL {
+            for bytes in [0, 4 * KIB, 256 * KIB + 1, 1 << 30] {
+                assert_eq!(r.route(op, bytes), Route::IpcOneShot, "{op} {bytes} at world {world}");
+            }
+        }
+    }
+    for world in [4, 8] {
+        assert_eq!(Routing::default_for_world(Platform::Nvidia, world), Routing::default_for(Platform::Nvidia));
+    }
+    // Other platforms have one table for every world.
+    assert_eq!(Routing::default_for_world(Platform::Rocm, 2), Routing::default_for(Platform::Rocm));
+}
+
 fn table(rules: &str) -> String {
     let full = r#"{"op":"all_gather","min_bytes":0,"max_bytes":null,"route":"ipc_one_shot"},
         {"op":"reduce_scatter","min_bytes":0,"max_bytes":null,"route":"ipc_one_shot"},

@@ -63,9 +63,9 @@ fn context(ordinal: usize) -> anyhow::Result<Arc<CudaContext>> {
     Ok(ctx)
 }
 
-/// The all_reduce RS+AG threshold of the built-in NVIDIA table (used by thread runs).
-fn rsag_threshold() -> usize {
-    Routing::default_for(Platform::Nvidia)
+/// The all_reduce RS+AG threshold of the built-in NVIDIA table for `world` (thread runs).
+fn rsag_threshold(world: usize) -> usize {
+    Routing::default_for_world(Platform::Nvidia, world)
         .first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather)
         .unwrap_or(usize::MAX)
 }
@@ -158,7 +158,7 @@ pub fn group(world: usize, capacity: usize) -> anyhow::Result<Vec<CudaBackend<Cu
          Run without --threads (one process per rank; under MPS when ranks share a GPU)"
     );
     let ctxs = (0..world).map(|r| context(r % count)).collect::<anyhow::Result<Vec<_>>>()?;
-    let config = CudaIpcConfig::new(capacity).with_rsag_threshold(rsag_threshold());
+    let config = CudaIpcConfig::new(capacity).with_rsag_threshold(rsag_threshold(world));
     let comms = CudaIpcCollective::group(&ctxs, &config).context("building the CUDA IPC thread group")?;
     comms
         .into_iter()
