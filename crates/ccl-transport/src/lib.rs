@@ -15,12 +15,13 @@
 //!   the output; all_reduce / reduce_scatter / reduce_scatter_many as a rank-ordered
 //!   all_gather into a lazily grown workspace followed by the local fixed tree
 //!   (`((r0+r1)+(r2+r3))+((r4+r5)+(r6+r7))` in the element's dtype) — over a [`Device`]:
-//!   [`CudaDevice`] (feature `cuda`, default) reuses the CUDA twin's fused tree kernel.
+//!   [`CudaDevice`] (feature `cuda`, default) reuses the CUDA twin's fused tree kernel,
+//!   [`HipDevice`] (feature `rocm`) the HIP twin's (the same `detcoll_tree` device code).
 //! * [`nonstrict`]: native NCCL all_reduce / reduce_scatter, NOT deterministic, for benchmark
 //!   comparison only.
 //!
-//! Without the `cuda` feature the crate contains no CUDA code (a ROCm build plugs a HIP
-//! [`Device`] in).
+//! Without the `cuda` feature the crate contains no CUDA code, without `rocm` no HIP code: a
+//! ROCm build is `default-features = false, features = ["rocm"]`.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod agree;
@@ -31,6 +32,8 @@ mod config;
 mod cuda;
 mod device;
 mod error;
+#[cfg(feature = "rocm")]
+mod hip;
 pub mod loader;
 pub mod nonstrict;
 mod plan;
@@ -50,6 +53,10 @@ pub use cuda::{CudaAllocation, CudaDevice, CudaEvent};
 pub use cuda_ipc;
 pub use device::{Device, RawStream};
 pub use error::{BACKEND, NcclError};
+#[cfg(feature = "rocm")]
+pub use hip::HipDevice;
+#[cfg(feature = "rocm")]
+pub use hip_ipc;
 pub use loader::{LIBRARY_ENV, Vendor, load, load_from, load_path};
 pub use result::Progress;
 pub use sys::NcclLibrary;

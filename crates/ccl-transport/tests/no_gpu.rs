@@ -135,3 +135,32 @@ fn the_cuda_constructor_never_panics_without_its_libraries() {
     }
     assert_eq!(boot.world_size(), 1);
 }
+
+#[cfg(feature = "rocm")]
+#[test]
+fn the_hip_constructors_never_panic_without_their_libraries() {
+    use ccl_transport::HipDevice;
+    use ccl_transport::hip_ipc::{FusedTree, result::runtime_present};
+    // No AMD GPU: libamdhip64 is missing, and every constructor says so. AMD host: the named
+    // RCCL library is missing. Either way a typed error, no panic.
+    let runtime = runtime_present();
+    let boot = LocalBootstrap::group(1).pop().expect("one bootstrap");
+    let config = TransportConfig::default().with_library("/nonexistent/librccl.so.1");
+    let missing = |r: Result<TransportCollective<HipDevice>, Error>, what: &str| match r {
+        Err(Error::LibraryMissing { .. }) => {}
+        Err(e) if runtime => println!("{what}: HIP device 0 unusable here: {e}"),
+        Err(e) => panic!("{what} without libamdhip64: {e:?}"),
+        Ok(_) => panic!("{what}: a nonexistent RCCL library was loaded"),
+    };
+    missing(TransportCollective::open_hip(0, &boot, &config), "open_hip");
+    // `new_hip` takes the loaded tree kernel: loading it (or the device) is where a missing
+    // runtime shows.
+    match FusedTree::load(0) {
+        Ok(tree) => missing(TransportCollective::new_hip(&tree, &boot, &config), "new_hip"),
+        Err(e) => assert!(runtime || matches!(e, Error::LibraryMissing { .. }), "FusedTree::load: {e:?}"),
+    }
+    if !runtime {
+        assert!(matches!(HipDevice::open(0), Err(Error::LibraryMissing { .. })));
+    }
+    assert_eq!(boot.world_size(), 1);
+}

@@ -21,9 +21,10 @@ pub struct Facts {
     pub capacity: usize,
     /// The routing table it would use, canonically serialised.
     pub routing: String,
-    /// Identity of its GPU (NVIDIA: the device UUID), empty when unknown. Two ranks on one host
-    /// with the same device cannot share a transport communicator (NCCL refuses two ranks on
-    /// one GPU), so such a world is routed without the transport.
+    /// Identity of its GPU (NVIDIA: the device UUID; ROCm: the PCI bus id), empty when unknown.
+    /// Two ranks on one host with the same device cannot share a transport communicator
+    /// (NCCL/RCCL refuse two ranks on one GPU), so such a world is routed without the
+    /// transport.
     #[serde(default)]
     pub device: String,
 }

@@ -1,27 +1,39 @@
-//! The ROCm platform: the HIP IPC twin for IPC routes (feature `rocm`).
+//! The ROCm platform: the HIP IPC twin for IPC routes and RCCL as the transport, composed by
+//! the agreed routing (feature `rocm`) — the same composition as the NVIDIA platform.
 //!
-//! The RCCL transport has no HIP device side yet (`ccl-transport`'s `Device` trait awaits a HIP
-//! implementation), so every rank reports no transport and agreement maps the MI300X table's
-//! transport ranges to IPC (same bits). Nothing here has run: no AMD GPU was available
-//! (docs/rocm.md).
-use crate::{Facts, NoTransport, Platform, Routed, Routing};
+//! Agreement as on NVIDIA: each rank reports whether it can drive its GPU (IPC), whether
+//! `librccl` loads (transport) and its GPU's PCI bus id, so ranks sharing a GPU are routed
+//! without RCCL (which refuses two ranks on one GPU). Routing: `DETCOLL_ROUTING_TABLE`, else
+//! the seeds' MI300X table; ranges a backend nobody has would take are remapped by agreement
+//! (same bits either way). Nothing here has run: no AMD GPU was available (docs/rocm.md).
+use crate::{Facts, Platform, Routed, Routing};
+use ccl_transport::{HipDevice, TransportCollective, TransportConfig, Vendor};
 use collective_core::bootstrap::Bootstrap;
 use collective_core::protocol::Timeouts;
 use collective_core::{Error, Op, Route, host_identity};
-use hip_ipc::{HipIpcCollective, HipIpcConfig, Stream};
+use hip_ipc::{HipIpcCollective, HipIpcConfig};
 use std::sync::Arc;
 
 /// The ROCm platform's collective.
-pub type RocmCollective = Routed<HipIpcCollective, NoTransport<Stream>>;
+pub type RocmCollective = Routed<HipIpcCollective, TransportCollective<HipDevice>>;
 
 /// Whether this process can drive an AMD GPU (libamdhip64 loadable, a device present).
 pub(crate) fn present() -> bool {
     hip_ipc::runtime::device_count().is_ok_and(|n| n > 0)
 }
 
+/// The GPU of the rank with local rank `local_rank`: `local_rank % device count`.
+fn ordinal(local_rank: usize) -> Result<usize, Error> {
+    match hip_ipc::runtime::device_count()? {
+        0 => Err(Error::InvalidConfig { detail: "no HIP device is visible to this process".into() }),
+        n => Ok(local_rank % n),
+    }
+}
+
 /// Builds the ROCm collective on GPU `local_rank % device count` for every rank of `boot`, with
 /// `capacity` bytes of staging and `routing` (default: `DETCOLL_ROUTING_TABLE`, else the
-/// seeds' MI300X table). Collective.
+/// seeds' MI300X table). Collective: every rank calls it; every rank gets the same decision or
+/// the same error.
 pub fn rocm_collective(
     boot: Arc<dyn Bootstrap>,
     capacity: usize,
@@ -32,16 +44,22 @@ pub fn rocm_collective(
         Some(r) => r,
         None => Routing::from_env(Platform::Rocm)?,
     };
-    let version = hip_ipc::runtime::versions().ok().map(|(r, d)| format!("hip-runtime={r},hip-driver={d}"));
+    // The device first: its PCI bus id tells the agreement which ranks share a GPU. A rank that
+    // cannot use it still takes part in the agreement (reporting no IPC) and fails after it.
+    let ordinal = ordinal(boot.local_rank());
+    let device = ordinal.as_ref().ok().and_then(|&o| hip_ipc::runtime::pci_bus_id(o).ok()).unwrap_or_default();
+    let rccl = ccl_transport::load(Some(Vendor::Amd)).ok();
+    let hip = hip_ipc::runtime::versions().ok().map(|(r, d)| format!("hip-runtime={r},hip-driver={d}"));
+    let rccl_version = rccl.as_ref().and_then(|l| l.version().ok()).map(|v| format!("rccl={v}"));
     let facts = Facts {
         platform: Platform::detect().name().to_string(),
         host: host_identity(),
-        ipc: present(),
-        transport: false,
-        versions: version.into_iter().collect(),
+        ipc: ordinal.is_ok(),
+        transport: rccl.is_some(),
+        versions: hip.into_iter().chain(rccl_version).collect(),
         capacity,
         routing: routing.canonical_json(),
-        device: String::new(),
+        device,
     };
     let d = facts.agree(&*boot)?;
     if d.platform != Platform::Rocm {
@@ -49,9 +67,20 @@ pub fn rocm_collective(
             detail: format!("every rank reports platform {}, not rocm", d.platform.name()),
         });
     }
-    let count = hip_ipc::runtime::device_count()?;
-    let threshold = d.routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
-    let config = HipIpcConfig::new(capacity).with_rsag_threshold(threshold).with_timeouts(timeouts);
-    let ipc = HipIpcCollective::new(Box::new(boot.clone()), boot.local_rank() % count.max(1), &config)?;
-    Routed::new(boot.rank(), boot.world_size(), capacity, d.routing, Some(ipc), None)
+    let ordinal = ordinal?;
+    let world = boot.world_size();
+    let ipc = if d.ipc || world == 1 {
+        let threshold = d.routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
+        let config = HipIpcConfig::new(capacity).with_rsag_threshold(threshold).with_timeouts(timeouts);
+        Some(HipIpcCollective::new(Box::new(boot.clone()), ordinal, &config)?)
+    } else {
+        None
+    };
+    let transport = if d.transport {
+        let t = TransportConfig::new(capacity).with_timeouts(timeouts);
+        Some(TransportCollective::open_hip(ordinal, &*boot, &t)?)
+    } else {
+        None
+    };
+    Routed::new(boot.rank(), world, capacity, d.routing, ipc, transport)
 }

@@ -1,11 +1,12 @@
 //! A ROCm build of the factory pulls no CUDA code, and a CUDA build no HIP code (design brief
-//! §3): checked on the resolved dependency graph, `cargo tree -e normal`.
+//! §3): checked on the resolved dependency graph, `cargo tree -e normal`, for the factory and
+//! for the transport crate whose device side each feature selects.
 use std::process::Command;
 
-fn tree(features: &str) -> String {
+fn tree(package: &str, features: &str) -> String {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let out = Command::new(cargo)
-        .args(["tree", "-p", "collective-factory", "--no-default-features", "--features", features, "-e", "normal"])
+        .args(["tree", "-p", package, "--no-default-features", "--features", features, "-e", "normal"])
         .args(["--prefix", "none", "--offline"])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
@@ -18,20 +19,34 @@ fn crates(tree: &str) -> Vec<String> {
     tree.lines().filter_map(|l| l.split_whitespace().next()).map(str::to_owned).collect()
 }
 
-#[test]
-fn rocm_build_pulls_no_cuda() {
-    let t = tree("rocm");
+/// `package` built with only `features` pulls every crate of `wanted` and none of `banned`
+/// (banning `hip-ipc` bans any `*amdhip*` crate too).
+fn check(package: &str, features: &str, wanted: &[&str], banned: &[&str]) {
+    let t = tree(package, features);
     let names = crates(&t);
-    assert!(names.iter().any(|n| n == "hip-ipc"), "rocm build lacks hip-ipc:\n{t}");
-    for banned in ["cudarc", "cuda-ipc"] {
-        assert!(!names.iter().any(|n| n == banned), "rocm build pulls {banned}:\n{t}");
+    for w in wanted {
+        assert!(names.iter().any(|n| n == w), "{package} --features {features} lacks {w}:\n{t}");
+    }
+    for b in banned {
+        assert!(
+            !names.iter().any(|n| n == b || (*b == "hip-ipc" && n.contains("amdhip"))),
+            "{package} --features {features} pulls {b}:\n{t}"
+        );
     }
 }
 
 #[test]
+fn rocm_build_pulls_no_cuda() {
+    check("collective-factory", "rocm", &["hip-ipc", "ccl-transport"], &["cudarc", "cuda-ipc"]);
+}
+
+#[test]
 fn cuda_build_pulls_no_hip() {
-    let t = tree("cuda");
-    let names = crates(&t);
-    assert!(names.iter().any(|n| n == "cuda-ipc"), "cuda build lacks cuda-ipc:\n{t}");
-    assert!(!names.iter().any(|n| n == "hip-ipc" || n.contains("amdhip")), "cuda build pulls HIP code:\n{t}");
+    check("collective-factory", "cuda", &["cuda-ipc", "ccl-transport"], &["hip-ipc"]);
+}
+
+#[test]
+fn the_transport_pulls_only_its_vendor() {
+    check("ccl-transport", "rocm", &["hip-ipc"], &["cudarc", "cuda-ipc"]);
+    check("ccl-transport", "cuda", &["cuda-ipc", "cudarc"], &["hip-ipc"]);
 }

@@ -4,8 +4,8 @@
 //! by the bandwidth bench. Same arithmetic as the collectives.
 use crate::driver;
 use crate::kernels::{Module, SoftModule};
-use crate::launch::{self, MAX_WORLD, THREADS, TreeParams};
-use collective_core::{DType, Error, SUPPORTED_WORLD_SIZES};
+use crate::launch::{self, THREADS, TreeParams};
+use collective_core::{DType, Error};
 use cudarc::driver::{CudaContext, sys};
 use std::sync::{Arc, OnceLock};
 
@@ -28,29 +28,6 @@ impl FusedTree {
         self.module.tree_grid
     }
 
-    fn params(inputs: &[u64], out: u64, count: usize, dtype: DType) -> Result<TreeParams, Error> {
-        let world = inputs.len();
-        if !SUPPORTED_WORLD_SIZES.contains(&world) {
-            return Err(Error::UnsupportedWorldSize { world });
-        }
-        if !dtype.is_reducible() {
-            return Err(Error::UnsupportedDtype { op: collective_core::Op::AllReduce, dtype });
-        }
-        let mut input = [0u64; MAX_WORLD];
-        input[..world].copy_from_slice(inputs);
-        for (argument, addr) in inputs.iter().map(|a| ("inputs[i]", *a)).chain([("out", out)]) {
-            if addr % dtype.size() as u64 != 0 {
-                return Err(Error::Misaligned {
-                    op: collective_core::Op::AllReduce,
-                    argument,
-                    addr,
-                    align: dtype.size(),
-                });
-            }
-        }
-        Ok(TreeParams { input, out, count: count as u64, world: world as u32, dtype: dtype as u32 })
-    }
-
     /// Enqueues `out[i] = tree(inputs[0][i], ..., inputs[W-1][i])` for `i < count`.
     ///
     /// # Safety
@@ -65,7 +42,7 @@ impl FusedTree {
         dtype: DType,
         stream: sys::CUstream,
     ) -> Result<(), Error> {
-        let p = Self::params(inputs, out, count, dtype)?;
+        let p = TreeParams::pack(inputs, out, count, dtype)?;
         driver::bind(&self.ctx)?;
         // SAFETY: forwarded from the caller; `detcoll_tree` takes `DcTreeParams`.
         unsafe { launch::launch(self.module.tree, self.module.tree_grid, THREADS, &p, stream) }
@@ -84,7 +61,7 @@ impl FusedTree {
         dtype: DType,
         stream: sys::CUstream,
     ) -> Result<(), Error> {
-        let p = Self::params(inputs, out, count, dtype)?;
+        let p = TreeParams::pack(inputs, out, count, dtype)?;
         let soft = match self.soft.get() {
             Some(m) => m.clone(),
             None => {

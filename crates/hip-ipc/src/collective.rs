@@ -29,8 +29,11 @@ pub(crate) struct Kernels {
     pub(crate) collective_single: HipFunction,
     pub(crate) collective_many: HipFunction,
     pub(crate) copy: HipFunction,
-    /// Most blocks of the world-1 copy kernel.
-    pub(crate) copy_grid: u32,
+    /// The fused tree W inputs -> 1 output (`detcoll_tree`, [`crate::FusedTree`]).
+    pub(crate) tree: HipFunction,
+    /// Most blocks of the world-1 copy kernel and of the fused tree (both grid-stride): 4
+    /// blocks of `THREADS` per compute unit.
+    pub(crate) grid: u32,
 }
 
 // SAFETY: module and function handles may be used from any thread of the process.
@@ -47,7 +50,8 @@ impl Kernels {
             collective_single: module.function("detcoll_collective_s")?,
             collective_many: module.function("detcoll_collective_m")?,
             copy: module.function("detcoll_copy")?,
-            copy_grid: (runtime::multiprocessors(ordinal)? * 4) as u32,
+            tree: module.function("detcoll_tree")?,
+            grid: (runtime::multiprocessors(ordinal)? * 4) as u32,
             module,
         }))
     }
@@ -150,6 +154,11 @@ impl HipIpcCollective {
         &self.config
     }
 
+    /// Bytes of device staging (control lines and frames) this rank retains; 0 for world 1.
+    pub fn staging_bytes(&self) -> usize {
+        self.ipc.as_ref().map_or(0, |ipc| ipc.layout.total_bytes())
+    }
+
     /// Where the code object came from; `None` when none is loaded (world 1 without one).
     pub fn kernel_origin(&self) -> Option<&str> {
         self.ipc.as_ref().map(|s| &s.kernels).or(self.local_copy.as_ref()).map(|k| k.module.origin.as_str())
@@ -165,21 +174,12 @@ impl HipIpcCollective {
                 let p = CopyParams { dst, src, bytes: bytes as u64 };
                 // SAFETY: `detcoll_copy` takes `DcCopyParams`; validated, non-overlapping device
                 // ranges of `bytes` bytes.
-                unsafe { launch(k.copy, copy_grid(bytes, k.copy_grid), THREADS, &p, stream) }
+                unsafe { launch(k.copy, copy_grid(bytes, k.grid), THREADS, &p, stream) }
             }
             None => {
-                let api = api()?;
+                let (d, s) = (dst as *mut c_void, src as *const c_void);
                 // SAFETY: as above.
-                let r = unsafe {
-                    (api.hipMemcpyAsync)(
-                        dst as *mut c_void,
-                        src as *const c_void,
-                        bytes,
-                        sys::HIP_MEMCPY_DEVICE_TO_DEVICE,
-                        stream,
-                    )
-                };
-                check(api, r, "hipMemcpyAsync")
+                unsafe { runtime::memcpy_async(d, s, bytes, sys::HIP_MEMCPY_DEVICE_TO_DEVICE, stream) }
             }
         };
         r.map_err(|e| self.fail(e))

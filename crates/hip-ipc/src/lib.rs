@@ -2,12 +2,12 @@
 //!
 //! Layers, one job each:
 //!
-//! * [`sys`]: the raw function-pointer table of the ~30 HIP runtime symbols we call, loaded at
+//! * [`sys`]: the raw function-pointer table of the ~40 HIP runtime symbols we call, loaded at
 //!   run time from `libamdhip64` (nothing is linked at build time), with the constants and
 //!   type sizes of the ROCm 6+ headers checked at compile time;
 //! * [`result`]: `hipError_t` to [`collective_core::Error`], with `hipGetErrorString`;
-//! * [`runtime`]: the safe layer — devices, streams, device / fine-grained / host-mapped
-//!   memory, IPC handles, copies;
+//! * [`runtime`]: the safe layer — devices, streams, events, device / fine-grained /
+//!   host-mapped memory, IPC handles, copies;
 //! * [`kernels`]: finding the prebuilt code object for the device's `gfx` target
 //!   (`kernels/build/detcoll_hip.<gfx>.co`), loading it and checking its ABI table;
 //! * [`build`]: the HIP kernel compile driver shared by `cargo xtask build` and the tests
@@ -15,7 +15,9 @@
 //! * [`HipIpcCollective`]: the collective (the HIP twin of `cuda-ipc`): ranks as threads
 //!   ([`HipIpcCollective::group`]) or one process per rank over a bootstrap
 //!   ([`HipIpcCollective::new`]), one `hipModuleLaunchKernel` per call running the shared
-//!   protocol of [`collective_core::protocol`] (parameter packing and error decoding included).
+//!   protocol of [`collective_core::protocol`] (parameter packing and error decoding included);
+//! * [`FusedTree`]: the fused tree kernel alone (W inputs -> 1 output), the device code of the
+//!   RCCL transport's local reduction (`ccl-transport`, feature `rocm`).
 //!
 //! A missing `libamdhip64` is [`collective_core::Error::LibraryMissing`], never a panic.
 //!
@@ -30,6 +32,7 @@ pub mod kernels;
 pub mod result;
 pub mod runtime;
 pub mod sys;
+mod tree;
 
 /// Backend name used in [`collective_core::Error::Backend`].
 pub const BACKEND: &str = "hip-ipc";
@@ -37,4 +40,5 @@ pub const BACKEND: &str = "hip-ipc";
 pub use collective::HipIpcCollective;
 /// The configuration of a HIP IPC collective: the backend-neutral one `cuda-ipc` uses too.
 pub use collective_core::protocol::{DEFAULT_RSAG_THRESHOLD, IpcConfig as HipIpcConfig};
-pub use runtime::Stream;
+pub use runtime::{Event, Stream};
+pub use tree::FusedTree;

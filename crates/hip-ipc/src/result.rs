@@ -1,6 +1,6 @@
 //! `hipError_t` to typed errors, and the process-wide loaded runtime.
 use crate::BACKEND;
-use crate::sys::{Api, HIP_SUCCESS, HipError};
+use crate::sys::{Api, HIP_ERROR_NOT_READY, HIP_SUCCESS, HipError};
 use collective_core::Error;
 use std::ffi::CStr;
 use std::sync::OnceLock;
@@ -49,4 +49,10 @@ pub fn check(api: &Api, code: HipError, what: &str) -> Result<(), Error> {
     } else {
         Err(Error::Backend { backend: BACKEND, detail: format!("{what}: {}", error_string(api, code)) })
     }
+}
+
+/// For queries (`hipEventQuery`, `hipStreamQuery`): `Ok(true)` on `hipSuccess`, `Ok(false)` on
+/// `hipErrorNotReady`, [`Error::Backend`] naming the step otherwise.
+pub fn ready(api: &Api, code: HipError, what: &str) -> Result<bool, Error> {
+    if code == HIP_ERROR_NOT_READY { Ok(false) } else { check(api, code, what).map(|()| true) }
 }

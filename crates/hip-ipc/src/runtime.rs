@@ -1,5 +1,5 @@
-//! The safe layer over [`crate::sys`]: devices, streams and the three kinds of memory the
-//! protocol needs.
+//! The safe layer over [`crate::sys`]: devices, streams, events and the three kinds of memory
+//! the protocol needs.
 //!
 //! * [`DeviceMemory::new`]: plain `hipMalloc` — staging frames (IPC handles work on it; stream-
 //!   ordered pool allocations would not);
@@ -9,8 +9,8 @@
 //! * [`HostMapped`]: `hipHostMalloc(Mapped | Portable)` — the error record kernels write and
 //!   the host reads with a volatile load, no runtime call.
 use crate::BACKEND;
-use crate::result::{api, check};
-use crate::sys::{self, HipIpcMemHandle, HipStream};
+use crate::result::{api, check, ready};
+use crate::sys::{self, HipEvent, HipIpcMemHandle, HipStream};
 use collective_core::Error;
 use core::ffi::c_void;
 
@@ -73,6 +73,28 @@ pub fn find_gfx(bytes: &[u8]) -> Option<String> {
         .map(|s| s.split(':').next().unwrap_or(s))
         .find(|s| s.len() > 3 && s.starts_with("gfx") && s[3..].bytes().all(|b| b.is_ascii_hexdigit()))
         .map(str::to_owned)
+}
+
+/// The PCI bus id of device `ordinal` (`dddd:bb:dd.f`, lower case): the device's identity on
+/// its host, the same whatever `HIP_VISIBLE_DEVICES` renumbering a process sees.
+pub fn pci_bus_id(ordinal: usize) -> Result<String, Error> {
+    let api = api()?;
+    let mut buf = [0u8; sys::PCI_BUS_ID_BYTES];
+    // SAFETY: `buf` holds `len` bytes; the runtime writes a NUL-terminated string into it.
+    let r = unsafe { (api.hipDeviceGetPCIBusId)(buf.as_mut_ptr().cast(), buf.len() as i32, ordinal as i32) };
+    check(api, r, "hipDeviceGetPCIBusId")?;
+    c_string(&buf).ok_or_else(|| Error::Backend {
+        backend: BACKEND,
+        detail: format!("hipDeviceGetPCIBusId returned no bus id for device {ordinal}"),
+    })
+}
+
+/// The NUL-terminated (or whole) string at the start of `bytes`, trimmed and lower-cased;
+/// `None` when empty or not UTF-8.
+pub fn c_string(bytes: &[u8]) -> Option<String> {
+    let end = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
+    let s = std::str::from_utf8(&bytes[..end]).ok()?.trim();
+    (!s.is_empty()).then(|| s.to_ascii_lowercase())
 }
 
 /// Runtime and driver versions (`hipRuntimeGetVersion`, `hipDriverGetVersion`).
@@ -143,6 +165,57 @@ impl Stream {
         // SAFETY: a live stream.
         check(api, unsafe { (api.hipStreamSynchronize)(self.raw) }, "hipStreamSynchronize")
     }
+
+    /// Copies `src` to the start of `dst` in stream order and waits for it (the host slice is
+    /// borrowed for this call only).
+    pub fn write_sync(&self, dst: &DeviceMemory, src: &[u8]) -> Result<(), Error> {
+        dst.check_range(src.len(), "write")?;
+        // SAFETY: `src.len()` bytes fit in `dst` (checked); the host slice outlives the
+        // synchronisation below.
+        unsafe { self.memcpy(dst.ptr, src.as_ptr().cast(), src.len(), sys::HIP_MEMCPY_HOST_TO_DEVICE) }?;
+        self.synchronize()
+    }
+
+    /// Copies the first `dst.len()` bytes of `src` to `dst` in stream order (after everything
+    /// enqueued so far) and waits for it.
+    pub fn read_sync(&self, src: &DeviceMemory, dst: &mut [u8]) -> Result<(), Error> {
+        src.check_range(dst.len(), "read")?;
+        // SAFETY: as in `write_sync`, in the other direction.
+        unsafe { self.memcpy(dst.as_mut_ptr().cast(), src.ptr, dst.len(), sys::HIP_MEMCPY_DEVICE_TO_HOST) }?;
+        self.synchronize()
+    }
+
+    /// Enqueues a device-to-device copy of the first `bytes` bytes of `src` into `dst`.
+    pub fn copy(&self, dst: &DeviceMemory, src: &DeviceMemory, bytes: usize) -> Result<(), Error> {
+        dst.check_range(bytes, "copy destination")?;
+        src.check_range(bytes, "copy source")?;
+        // SAFETY: both allocations hold `bytes` bytes (checked) and stay allocated until the copy
+        // ran (`hipFree` waits for the device).
+        unsafe { self.memcpy(dst.ptr, src.ptr, bytes, sys::HIP_MEMCPY_DEVICE_TO_DEVICE) }
+    }
+
+    /// One `hipMemcpyAsync` on this stream.
+    ///
+    /// # Safety
+    /// `dst` and `src` must be valid for `bytes` bytes of the side `kind` names until the copy
+    /// ran.
+    unsafe fn memcpy(&self, dst: *mut c_void, src: *const c_void, bytes: usize, kind: i32) -> Result<(), Error> {
+        // SAFETY: forwarded from the caller; a live stream.
+        unsafe { memcpy_async(dst, src, bytes, kind, self.raw) }
+    }
+
+    /// Whether everything enqueued on this stream so far has completed (never blocks).
+    pub fn is_done(&self) -> Result<bool, Error> {
+        // SAFETY: a live stream.
+        unsafe { stream_done(self.raw) }
+    }
+
+    /// A new event recorded on this stream now (device timing: [`Event::elapsed_ms`]).
+    pub fn record_event(&self) -> Result<Event, Error> {
+        let e = Event::new(self.device)?;
+        e.record(self)?;
+        Ok(e)
+    }
 }
 
 impl Drop for Stream {
@@ -150,6 +223,129 @@ impl Drop for Stream {
         if let Ok(api) = api() {
             // SAFETY: created by hipStreamCreateWithFlags, destroyed once.
             let _ = unsafe { (api.hipStreamDestroy)(self.raw) };
+        }
+    }
+}
+
+/// One `hipMemcpyAsync` of `bytes` bytes of kind `kind` (`sys::HIP_MEMCPY_*`) on `stream`.
+///
+/// # Safety
+/// `dst` and `src` must be valid for `bytes` bytes of the side `kind` names until `stream` has
+/// executed the copy, and must not overlap; `stream` is a live stream (or null).
+pub unsafe fn memcpy_async(
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+    kind: i32,
+    stream: HipStream,
+) -> Result<(), Error> {
+    let api = api()?;
+    // SAFETY: forwarded from the caller.
+    check(api, unsafe { (api.hipMemcpyAsync)(dst, src, bytes, kind, stream) }, "hipMemcpyAsync")
+}
+
+/// Whether every operation enqueued on `stream` so far has completed (`hipStreamQuery`; never
+/// blocks).
+///
+/// # Safety
+/// `stream` is a live stream (or null for the current device's default stream).
+pub unsafe fn stream_done(stream: HipStream) -> Result<bool, Error> {
+    let api = api()?;
+    // SAFETY: forwarded from the caller.
+    ready(api, unsafe { (api.hipStreamQuery)(stream) }, "hipStreamQuery")
+}
+
+/// A `hipEvent_t`, with timing enabled ([`Event::new`], `hipEventCreate`) or without
+/// ([`Event::untimed`]); destroyed on drop.
+#[derive(Debug)]
+pub struct Event {
+    raw: HipEvent,
+}
+
+// SAFETY: HIP events may be recorded, waited on and destroyed from any thread of the process.
+unsafe impl Send for Event {}
+// SAFETY: as above.
+unsafe impl Sync for Event {}
+
+impl Event {
+    /// An event on device `ordinal` (record it on a stream of the same device).
+    pub fn new(ordinal: usize) -> Result<Event, Error> {
+        Self::create(ordinal, None)
+    }
+    /// An event without timing (`hipEventCreateWithFlags(hipEventDisableTiming)`, cheaper to
+    /// record and wait on) on device `ordinal`: for ordering work across streams.
+    pub fn untimed(ordinal: usize) -> Result<Event, Error> {
+        Self::create(ordinal, Some(sys::HIP_EVENT_DISABLE_TIMING))
+    }
+    fn create(ordinal: usize, flags: Option<u32>) -> Result<Event, Error> {
+        let api = api()?;
+        set_device(ordinal)?;
+        let mut raw: HipEvent = core::ptr::null_mut();
+        let r = match flags {
+            // SAFETY: out-pointer to a local.
+            None => unsafe { (api.hipEventCreate)(&mut raw) },
+            // SAFETY: as above.
+            Some(f) => unsafe { (api.hipEventCreateWithFlags)(&mut raw, f) },
+        };
+        check(api, r, if flags.is_some() { "hipEventCreateWithFlags" } else { "hipEventCreate" })?;
+        Ok(Event { raw })
+    }
+    /// The raw handle.
+    pub fn raw(&self) -> HipEvent {
+        self.raw
+    }
+    /// Records the event on `stream`: it completes when the work enqueued before it has.
+    pub fn record(&self, stream: &Stream) -> Result<(), Error> {
+        // SAFETY: a live stream.
+        unsafe { self.record_raw(stream.raw) }
+    }
+    /// [`Event::record`] on a raw stream.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of the event's device (or null for its default stream).
+    pub unsafe fn record_raw(&self, stream: HipStream) -> Result<(), Error> {
+        let api = api()?;
+        // SAFETY: a live event; `stream` as the caller vouches.
+        check(api, unsafe { (api.hipEventRecord)(self.raw, stream) }, "hipEventRecord")
+    }
+    /// Makes later work on `stream` wait for the event's last recording (`hipStreamWaitEvent`;
+    /// the host does not wait).
+    ///
+    /// # Safety
+    /// `stream` is a live stream (or null).
+    pub unsafe fn block(&self, stream: HipStream) -> Result<(), Error> {
+        let api = api()?;
+        // SAFETY: a live event; `stream` as the caller vouches; flags must be 0.
+        check(api, unsafe { (api.hipStreamWaitEvent)(stream, self.raw, 0) }, "hipStreamWaitEvent")
+    }
+    /// Whether the work before the event's last recording has completed (`hipEventQuery`;
+    /// never blocks).
+    pub fn is_done(&self) -> Result<bool, Error> {
+        let api = api()?;
+        // SAFETY: a live event.
+        ready(api, unsafe { (api.hipEventQuery)(self.raw) }, "hipEventQuery")
+    }
+    /// Waits until the event completed.
+    pub fn synchronize(&self) -> Result<(), Error> {
+        let api = api()?;
+        // SAFETY: a live event.
+        check(api, unsafe { (api.hipEventSynchronize)(self.raw) }, "hipEventSynchronize")
+    }
+    /// Milliseconds of device time from `self` to `end`; both must be recorded and complete.
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32, Error> {
+        let api = api()?;
+        let mut ms = 0f32;
+        // SAFETY: out-pointer to a local; two live events.
+        check(api, unsafe { (api.hipEventElapsedTime)(&mut ms, self.raw, end.raw) }, "hipEventElapsedTime")?;
+        Ok(ms)
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        if let Ok(api) = api() {
+            // SAFETY: created by hipEventCreate, destroyed once.
+            let _ = unsafe { (api.hipEventDestroy)(self.raw) };
         }
     }
 }
@@ -203,6 +399,14 @@ impl DeviceMemory {
     /// Whether the allocation is empty.
     pub fn is_empty(&self) -> bool {
         self.bytes == 0
+    }
+    /// `Ok` when the first `bytes` bytes lie inside the allocation.
+    fn check_range(&self, bytes: usize, what: &str) -> Result<(), Error> {
+        if bytes <= self.bytes {
+            Ok(())
+        } else {
+            Err(Error::InvalidConfig { detail: format!("{what} of {bytes} bytes on a {}-byte allocation", self.bytes) })
+        }
     }
     /// Keeps the memory allocated forever: close could not prove every peer stopped reading it.
     pub fn leak(&mut self) {
@@ -345,4 +549,37 @@ pub fn copy_to_device(src: &[u8], dst: u64) -> Result<(), Error> {
     let r =
         unsafe { (api.hipMemcpy)(dst as *mut c_void, src.as_ptr().cast(), src.len(), sys::HIP_MEMCPY_HOST_TO_DEVICE) };
     check(api, r, "hipMemcpy (host to device)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn c_strings() {
+        assert_eq!(c_string(b"0000:C1:00.0\0garbage").as_deref(), Some("0000:c1:00.0"));
+        assert_eq!(c_string(b"0000:03:00.0").as_deref(), Some("0000:03:00.0"));
+        assert_eq!(c_string(b"\0abc"), None);
+        assert_eq!(c_string(b"  \0"), None);
+        assert_eq!(c_string(&[0xff, 0xfe, 0]), None);
+    }
+
+    #[test]
+    fn no_runtime_is_library_missing() {
+        if crate::result::runtime_present() {
+            eprintln!("skipped: libamdhip64 is present");
+            return;
+        }
+        let missing = |r: Result<(), Error>, what: &str| match r {
+            Err(Error::LibraryMissing { .. }) => {}
+            other => panic!("{what}: expected LibraryMissing, got {other:?}"),
+        };
+        missing(device_count().map(drop), "device_count");
+        missing(Stream::new(0).map(drop), "Stream::new");
+        missing(Event::new(0).map(drop), "Event::new");
+        missing(Event::untimed(0).map(drop), "Event::untimed");
+        missing(pci_bus_id(0).map(drop), "pci_bus_id");
+        missing(crate::FusedTree::load(0).map(drop), "FusedTree::load");
+        missing(DeviceMemory::new(0, 64).map(drop), "DeviceMemory::new");
+    }
 }

@@ -8,7 +8,8 @@
 //! Constants are the values of ROCm 6+'s `hip/hip_runtime_api.h` (checked against the header
 //! text: `hipDeviceMallocFinegrained 0x1`, `hipDeviceMallocUncached 0x3`,
 //! `hipHostMallocMapped 0x2`, `hipIpcMemLazyEnablePeerAccess 0x01`, `hipStreamNonBlocking
-//! 0x01`, `HIP_IPC_HANDLE_SIZE 64`, and the `hipDeviceAttribute_t` enum order).
+//! 0x01`, `hipEventDisableTiming 0x2`, `hipErrorNotReady 600`, `HIP_IPC_HANDLE_SIZE 64`, and
+//! the `hipDeviceAttribute_t` enum order).
 use core::ffi::{c_char, c_int, c_uint, c_void};
 use std::path::PathBuf;
 
@@ -22,11 +23,15 @@ pub type HipModule = *mut c_void;
 pub type HipFunction = *mut c_void;
 /// `hipDeviceptr_t`.
 pub type HipDevicePtr = *mut c_void;
+/// `hipEvent_t` (opaque).
+pub type HipEvent = *mut c_void;
 
 /// `hipSuccess`.
 pub const HIP_SUCCESS: HipError = 0;
 /// `hipErrorPeerAccessAlreadyEnabled`.
 pub const HIP_ERROR_PEER_ACCESS_ALREADY_ENABLED: HipError = 704;
+/// `hipErrorNotReady`: what `hipEventQuery` / `hipStreamQuery` return while work is pending.
+pub const HIP_ERROR_NOT_READY: HipError = 600;
 
 /// `hipExtMallocWithFlags`: memory in the fine-grained region of the device, so system-scope
 /// atomics on it are coherent with peers and the host.
@@ -41,6 +46,8 @@ pub const HIP_HOST_MALLOC_PORTABLE: c_uint = 0x1;
 pub const HIP_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: c_uint = 0x1;
 /// `hipStreamCreateWithFlags`: no implicit synchronisation with the null stream.
 pub const HIP_STREAM_NON_BLOCKING: c_uint = 0x1;
+/// `hipEventCreateWithFlags`: no timestamps (cheaper record and wait).
+pub const HIP_EVENT_DISABLE_TIMING: c_uint = 0x2;
 
 /// `hipMemcpyKind`.
 pub const HIP_MEMCPY_HOST_TO_DEVICE: c_int = 1;
@@ -56,6 +63,8 @@ pub const HIP_DEVICE_ATTRIBUTE_WALL_CLOCK_RATE: c_int = 10017;
 
 /// `HIP_IPC_HANDLE_SIZE`.
 pub const HIP_IPC_HANDLE_SIZE: usize = 64;
+/// Bytes we hand to `hipDeviceGetPCIBusId`: `dddd:bb:dd.f` and its NUL fit with room to spare.
+pub const PCI_BUS_ID_BYTES: usize = 64;
 
 /// `hipIpcMemHandle_t`: 64 opaque bytes passed by value.
 #[repr(C)]
@@ -67,6 +76,7 @@ pub struct HipIpcMemHandle {
 const _: () = assert!(size_of::<HipIpcMemHandle>() == 64);
 const _: () = assert!(align_of::<HipIpcMemHandle>() == 1);
 const _: () = assert!(size_of::<HipStream>() == 8 && size_of::<HipDevicePtr>() == 8);
+const _: () = assert!(size_of::<HipEvent>() == 8);
 
 /// Bytes we hand to `hipGetDeviceProperties`: more than any `hipDeviceProp_t` revision
 /// (R0600 is about 1.5 KiB), so the runtime never writes past it.
@@ -97,6 +107,18 @@ pub struct Api {
     pub hipStreamCreateWithFlags: unsafe extern "C" fn(*mut HipStream, c_uint) -> HipError,
     pub hipStreamDestroy: unsafe extern "C" fn(HipStream) -> HipError,
     pub hipStreamSynchronize: unsafe extern "C" fn(HipStream) -> HipError,
+    pub hipStreamQuery: unsafe extern "C" fn(HipStream) -> HipError,
+    pub hipStreamWaitEvent: unsafe extern "C" fn(HipStream, HipEvent, c_uint) -> HipError,
+    pub hipEventCreateWithFlags: unsafe extern "C" fn(*mut HipEvent, c_uint) -> HipError,
+    pub hipEventQuery: unsafe extern "C" fn(HipEvent) -> HipError,
+    pub hipDeviceGetPCIBusId: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> HipError,
+    /// Default flags: timing enabled (what `hipEventElapsedTime` needs).
+    pub hipEventCreate: unsafe extern "C" fn(*mut HipEvent) -> HipError,
+    pub hipEventRecord: unsafe extern "C" fn(HipEvent, HipStream) -> HipError,
+    pub hipEventSynchronize: unsafe extern "C" fn(HipEvent) -> HipError,
+    /// `(ms, start, stop)`: milliseconds between two completed events.
+    pub hipEventElapsedTime: unsafe extern "C" fn(*mut f32, HipEvent, HipEvent) -> HipError,
+    pub hipEventDestroy: unsafe extern "C" fn(HipEvent) -> HipError,
     pub hipIpcGetMemHandle: unsafe extern "C" fn(*mut HipIpcMemHandle, *mut c_void) -> HipError,
     pub hipIpcOpenMemHandle: unsafe extern "C" fn(*mut *mut c_void, HipIpcMemHandle, c_uint) -> HipError,
     pub hipIpcCloseMemHandle: unsafe extern "C" fn(*mut c_void) -> HipError,
@@ -183,6 +205,16 @@ impl Api {
             hipStreamCreateWithFlags: symbol(&lib, "hipStreamCreateWithFlags")?,
             hipStreamDestroy: symbol(&lib, "hipStreamDestroy")?,
             hipStreamSynchronize: symbol(&lib, "hipStreamSynchronize")?,
+            hipStreamQuery: symbol(&lib, "hipStreamQuery")?,
+            hipStreamWaitEvent: symbol(&lib, "hipStreamWaitEvent")?,
+            hipEventCreateWithFlags: symbol(&lib, "hipEventCreateWithFlags")?,
+            hipEventQuery: symbol(&lib, "hipEventQuery")?,
+            hipDeviceGetPCIBusId: symbol(&lib, "hipDeviceGetPCIBusId")?,
+            hipEventCreate: symbol(&lib, "hipEventCreate")?,
+            hipEventRecord: symbol(&lib, "hipEventRecord")?,
+            hipEventSynchronize: symbol(&lib, "hipEventSynchronize")?,
+            hipEventElapsedTime: symbol(&lib, "hipEventElapsedTime")?,
+            hipEventDestroy: symbol(&lib, "hipEventDestroy")?,
             hipIpcGetMemHandle: symbol(&lib, "hipIpcGetMemHandle")?,
             hipIpcOpenMemHandle: symbol(&lib, "hipIpcOpenMemHandle")?,
             hipIpcCloseMemHandle: symbol(&lib, "hipIpcCloseMemHandle")?,

@@ -72,12 +72,14 @@ impl BenchOp {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum BackendChoice {
-    /// The GPU backend when one is built in and a GPU is present, else the CPU twin.
+    /// NVIDIA when a CUDA GPU is present, else AMD when a HIP GPU is present, else the CPU twin.
     Auto,
     /// The CPU twin (shm-ipc): the real protocol over host shared memory.
     Cpu,
-    /// The CUDA IPC twin (fails when it is not available).
+    /// NVIDIA: the factory's CUDA composition (fails when it is not available).
     Cuda,
+    /// AMD: the factory's ROCm composition, the HIP IPC twin (fails when it is not available).
+    Hip,
     /// The in-memory reference collective of the conformance suite (threads only; harness tests).
     #[value(hide = true)]
     Memory,
@@ -369,6 +371,13 @@ mod tests {
         let args = d.to_cli_args();
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         assert_eq!(parse(&refs).unwrap(), d);
+        for backend in ["auto", "cpu", "cuda", "hip", "memory"] {
+            let b = parse(&["--backend", backend]).unwrap();
+            let args = b.to_cli_args();
+            assert!(args.windows(2).any(|w| w[0] == "--backend" && w[1] == backend), "{args:?}");
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            assert_eq!(parse(&refs).unwrap(), b);
+        }
     }
 
     #[test]

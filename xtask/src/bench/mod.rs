@@ -5,8 +5,8 @@
 //! `TcpBootstrap::from_env`. A process started by torchrun/mpirun (RANK and WORLD_SIZE set) acts
 //! as one rank directly. `--threads` runs the ranks as threads of one process.
 //!
-//! Backends: the GPU backend when one is built in and a GPU is present, else the CPU twin
-//! (`shm-ipc`), so the command always does its job. A GPU backend plugs in by implementing
+//! Backends: NVIDIA (CUDA) when libcuda and a GPU are present, else AMD (HIP) when libamdhip64
+//! and a GPU are present, else the CPU twin (`shm-ipc`), so the command always does its job. A GPU backend plugs in by implementing
 //! [`backend::BenchBackend`] and adding a branch to [`resolve_backend`] and [`run_process_rank`].
 use anyhow::Context;
 use collective_core::Collective;
@@ -19,6 +19,7 @@ pub mod args;
 pub mod backend;
 mod cpu_twin;
 mod cuda;
+mod hip;
 pub mod plot;
 pub mod report;
 pub mod run;
@@ -41,6 +42,7 @@ pub const NO_GPU_MESSAGE: &str = "no GPU backend available on this host; running
 enum Resolved {
     CpuTwin,
     Cuda,
+    Hip,
     Memory,
 }
 
@@ -50,6 +52,7 @@ impl Resolved {
         match self {
             Resolved::CpuTwin => BackendChoice::Cpu,
             Resolved::Cuda => BackendChoice::Cuda,
+            Resolved::Hip => BackendChoice::Hip,
             Resolved::Memory => BackendChoice::Memory,
         }
     }
@@ -64,6 +67,12 @@ fn resolve_backend(choice: BackendChoice, announce: bool) -> anyhow::Result<Reso
                 }
                 return Ok(Resolved::Cuda);
             }
+            if hip::available() {
+                if announce {
+                    eprintln!("[bench] AMD GPU(s) found: {}", hip::device_count());
+                }
+                return Ok(Resolved::Hip);
+            }
             if announce {
                 eprintln!("{NO_GPU_MESSAGE}");
             }
@@ -76,6 +85,13 @@ fn resolve_backend(choice: BackendChoice, announce: bool) -> anyhow::Result<Reso
                 "--backend cuda: no CUDA driver or no CUDA device on this host; use --backend cpu or auto"
             );
             Ok(Resolved::Cuda)
+        }
+        BackendChoice::Hip => {
+            anyhow::ensure!(
+                hip::available(),
+                "--backend hip: no HIP runtime (libamdhip64) or no AMD GPU on this host; use --backend cpu or auto"
+            );
+            Ok(Resolved::Hip)
         }
         BackendChoice::Memory => Ok(Resolved::Memory),
     }
@@ -116,6 +132,9 @@ pub fn main(args: BenchArgs) -> anyhow::Result<ExitCode> {
         if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
             spec = spec.env("CUDA_DEVICE_MAX_CONNECTIONS", "2");
         }
+    }
+    if resolved == Resolved::Hip {
+        hip::check_processes(args.nproc)?;
     }
     // Ranks write straight to our stdout/stderr: only rank 0 prints progress and the table.
     spec.prefix_output = false;
@@ -193,10 +212,21 @@ fn run_process_rank(args: &BenchArgs, resolved: Resolved, boot: Arc<TcpBootstrap
                 "routing": b.comm().routing().canonical_json(),
                 "native_library": b.native_library(),
                 "native_tree_simple_env": "NCCL_ALGO=Tree NCCL_PROTO=Simple",
-                "env": nccl_env(),
+                "env": env_vars(&["NCCL_", "CUDA_"]),
             });
             let ok = run_rank(&b, &*boot, args, launch, config)?;
             b.close_natives()?;
+            b.comm().close().context("closing the collective")?;
+            Ok(ok)
+        }
+        Resolved::Hip => {
+            let b = hip::process(boot.clone(), args.capacity())?;
+            let config = serde_json::json!({
+                "capacity_bytes": args.capacity(),
+                "routing": b.comm().routing().canonical_json(),
+                "env": env_vars(&["HIP_", "ROCR_", "HSA_", "DETCOLL_"]),
+            });
+            let ok = run_rank(&b, &*boot, args, launch, config)?;
             b.comm().close().context("closing the collective")?;
             Ok(ok)
         }
@@ -204,11 +234,11 @@ fn run_process_rank(args: &BenchArgs, resolved: Resolved, boot: Arc<TcpBootstrap
     }
 }
 
-/// The NCCL_* and CUDA_* variables of this process (they change what the native columns
-/// measure).
-fn nccl_env() -> serde_json::Value {
+/// The variables of this process whose names start with one of `prefixes` (NCCL_*, CUDA_*,
+/// HIP_*, ...: they change what a GPU run measures).
+fn env_vars(prefixes: &[&str]) -> serde_json::Value {
     let vars: serde_json::Map<String, serde_json::Value> = std::env::vars()
-        .filter(|(k, _)| k.starts_with("NCCL_") || k.starts_with("CUDA_"))
+        .filter(|(k, _)| prefixes.iter().any(|p| k.starts_with(p)))
         .map(|(k, v)| (k, serde_json::Value::String(v)))
         .collect();
     serde_json::Value::Object(vars)
@@ -225,6 +255,10 @@ fn run_threads(args: &BenchArgs, resolved: Resolved) -> anyhow::Result<ExitCode>
         }
         Resolved::Cuda => {
             let ranks = cuda::group(world, args.capacity())?;
+            run_thread_ranks(ranks, boots, args, &serde_json::json!({ "capacity_bytes": args.capacity() }))
+        }
+        Resolved::Hip => {
+            let ranks = hip::group(world, args.capacity())?;
             run_thread_ranks(ranks, boots, args, &serde_json::json!({ "capacity_bytes": args.capacity() }))
         }
         Resolved::Memory => {
@@ -474,6 +508,22 @@ mod tests {
         assert_eq!(run_threads(&a, Resolved::Memory).unwrap(), ExitCode::SUCCESS);
         check_report(&out, 2, "memory-reference");
         let _ = std::fs::remove_dir_all(out.parent().unwrap());
+    }
+
+    #[test]
+    fn hip_without_the_runtime_is_an_error_and_auto_falls_back() {
+        if hip::available() {
+            eprintln!("skipped: an AMD GPU is present");
+            return;
+        }
+        let e = resolve_backend(BackendChoice::Hip, false).unwrap_err().to_string();
+        assert!(e.contains("--backend hip"), "{e}");
+        if !cuda::available() {
+            assert_eq!(resolve_backend(BackendChoice::Auto, false).unwrap(), Resolved::CpuTwin);
+        }
+        let out = tmp("hip");
+        assert!(run_threads(&small_args(&out, "hip", 2), Resolved::Hip).is_err());
+        assert_eq!(Resolved::Hip.choice(), BackendChoice::Hip);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! Moved verbatim from `crates/cuda-ipc/src/launch.rs` (only the backend name of the
 //! "too many segments" error became a parameter of [`pack`]).
 use super::{Layout, Phase, Plan};
-use crate::Error;
+use crate::{DType, Error, Op, SUPPORTED_WORLD_SIZES};
 
 /// Must equal `DC_ABI_VERSION` in the kernels (checked when a module is loaded).
 pub const ABI_VERSION: u32 = 2;
@@ -80,6 +80,32 @@ pub struct TreeParams {
     pub count: u64,
     pub world: u32,
     pub dtype: u32,
+}
+
+impl TreeParams {
+    /// The parameters of one fused-tree launch (`detcoll_tree`): `out[i] = tree(inputs[0][i],
+    /// ..., inputs[W-1][i])` for `i < count`, `W = inputs.len()`, in `dtype`'s arithmetic.
+    ///
+    /// Refuses (typed errors, before any launch) a `W` outside [`crate::SUPPORTED_WORLD_SIZES`],
+    /// a dtype without an add, and any address not aligned to the element size. Shared by the
+    /// CUDA and HIP host wrappers of the kernel.
+    pub fn pack(inputs: &[u64], out: u64, count: usize, dtype: DType) -> Result<TreeParams, Error> {
+        let world = inputs.len();
+        if !SUPPORTED_WORLD_SIZES.contains(&world) {
+            return Err(Error::UnsupportedWorldSize { world });
+        }
+        if !dtype.is_reducible() {
+            return Err(Error::UnsupportedDtype { op: Op::AllReduce, dtype });
+        }
+        let mut input = [0u64; MAX_WORLD];
+        input[..world].copy_from_slice(inputs);
+        for (argument, addr) in inputs.iter().map(|a| ("inputs[i]", *a)).chain([("out", out)]) {
+            if addr % dtype.size() as u64 != 0 {
+                return Err(Error::Misaligned { op: Op::AllReduce, argument, addr, align: dtype.size() });
+            }
+        }
+        Ok(TreeParams { input, out, count: count as u64, world: world as u32, dtype: dtype as u32 })
+    }
 }
 
 /// `DcCopyParams`.
@@ -356,6 +382,32 @@ mod tests {
                 COPY_SIZE as u32
             ]
         );
+    }
+
+    #[test]
+    fn packs_tree_launches() {
+        let p = TreeParams::pack(&[0x1000, 0x2000, 0x3000, 0x4000], 0x9000, 77, DType::BF16).unwrap();
+        assert_eq!(p.input, [0x1000, 0x2000, 0x3000, 0x4000, 0, 0, 0, 0]);
+        assert_eq!((p.out, p.count, p.world, p.dtype), (0x9000, 77, 4, DType::BF16 as u32));
+        // Two-byte elements need two-byte alignment only.
+        assert!(TreeParams::pack(&[0x1002, 0x2006], 0x900A, 1, DType::F16).is_ok());
+        for bad in [0usize, 3, 5, 9] {
+            let inputs = vec![0x1000u64; bad];
+            assert!(matches!(
+                TreeParams::pack(&inputs, 0x9000, 1, DType::F32),
+                Err(Error::UnsupportedWorldSize { world }) if world == bad
+            ));
+        }
+        assert!(matches!(
+            TreeParams::pack(&[0x1000, 0x1002], 0x9000, 1, DType::F32),
+            Err(Error::Misaligned { argument: "inputs[i]", addr: 0x1002, align: 4, .. })
+        ));
+        assert!(matches!(
+            TreeParams::pack(&[0x1000], 0x9001, 1, DType::F16),
+            Err(Error::Misaligned { argument: "out", addr: 0x9001, align: 2, .. })
+        ));
+        let d = DType::ALL.into_iter().find(|d| !d.is_reducible()).expect("a dtype without an add");
+        assert!(matches!(TreeParams::pack(&[0x1000], 0x9000, 1, d), Err(Error::UnsupportedDtype { .. })));
     }
 
     fn fixed(world: usize, rank: usize, capacity: usize, blocks: usize) -> (Layout, Fixed) {
