@@ -13,8 +13,9 @@
 //! bytes, and time is CUDA events on the rank's stream (device time, not host time).
 use super::args::BenchOp;
 use super::backend::{BenchBackend, NativeKind};
+use super::native::{self, Natives};
 use anyhow::Context;
-use ccl_transport::{CudaDevice, TransportCollective, TransportConfig};
+use ccl_transport::{CudaDevice, TransportCollective};
 use collective_core::bootstrap::Bootstrap;
 use collective_core::{Collective, DType, Io, Op, RawMut, RawRef, Route};
 use collective_factory::{NvidiaConfig, Platform, Routing, nvidia_collective};
@@ -46,7 +47,7 @@ pub struct CudaBackend<C> {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     /// Native references in [`NativeKind::ALL`] order (None: not available on this world).
-    natives: [Option<TransportCollective<CudaDevice>>; 2],
+    natives: Natives<CudaDevice>,
 }
 
 /// A device buffer and its address.
@@ -70,41 +71,6 @@ fn rsag_threshold(world: usize) -> usize {
         .unwrap_or(usize::MAX)
 }
 
-/// Builds the native NCCL communicator of `kind` (collective), with its environment set for
-/// the duration of `ncclCommInitRank` only.
-fn native_comm(
-    kind: NativeKind,
-    ctx: &Arc<CudaContext>,
-    boot: &dyn Bootstrap,
-    capacity: usize,
-) -> anyhow::Result<TransportCollective<CudaDevice>> {
-    let pinned: &[(&str, &str)] = match kind {
-        NativeKind::Default => &[],
-        NativeKind::TreeSimple => &[("NCCL_ALGO", "Tree"), ("NCCL_PROTO", "Simple")],
-    };
-    let saved: Vec<(&str, Option<std::ffi::OsString>)> =
-        pinned.iter().map(|(k, _)| (*k, std::env::var_os(k))).collect();
-    for (k, v) in pinned {
-        // SAFETY: called before this process created any NCCL communicator or other thread
-        // that reads the environment (see `process`), and restored right after.
-        unsafe { std::env::set_var(k, v) };
-    }
-    // Blocking, as NCCL's own default and nccl-tests: non-blocking calls are polled to
-    // completion on the host, which would bill the reference tens of microseconds per call.
-    let config = TransportConfig { blocking: true, ..TransportConfig::new(capacity) };
-    let t = TransportCollective::new_cuda(ctx, boot, &config);
-    for (k, v) in saved {
-        // SAFETY: as above.
-        unsafe {
-            match v {
-                Some(v) => std::env::set_var(k, v),
-                None => std::env::remove_var(k),
-            }
-        }
-    }
-    Ok(t?)
-}
-
 /// One rank of a process world: the factory's collective on GPU `local_rank % count`, plus the
 /// native references when every rank has its own GPU. Collective: every rank calls it.
 pub fn process(
@@ -117,30 +83,18 @@ pub fn process(
     // Every rank has its own GPU when the world fits on this host's devices (same decision on
     // every rank of one host; NCCL refuses two ranks on one GPU).
     let own_gpu = boot.world_size() <= count;
-    // DETCOLL_BENCH_NATIVE=0 skips the NCCL references (e.g. under compute-sanitizer).
-    let wanted = std::env::var("DETCOLL_BENCH_NATIVE").map_or(true, |v| v != "0");
-    let mut natives = [None, None];
-    if own_gpu && wanted {
-        // Tree/Simple first: no NCCL communicator (and none of its threads) exists yet while
-        // its environment is set.
-        let tree = native_comm(NativeKind::TreeSimple, &ctx, &*boot, capacity);
-        let default = native_comm(NativeKind::Default, &ctx, &*boot, capacity);
-        match (default, tree) {
-            (Ok(d), Ok(t)) => natives = [Some(d), Some(t)],
-            (d, t) => {
-                if boot.rank() == 0 {
-                    let why = d.err().or(t.err()).map(|e| format!("{e:#}")).unwrap_or_default();
-                    eprintln!("[bench] no native NCCL reference: {why}");
-                }
-            }
+    let natives = if own_gpu && native::wanted() {
+        Natives::build(&*boot, capacity, |b, c| TransportCollective::new_cuda(&ctx, b, c))
+    } else {
+        if boot.rank() == 0 && native::wanted() {
+            eprintln!(
+                "[bench] {} ranks share {count} GPU(s): no native NCCL columns (NCCL needs one GPU per rank); \
+                 ranks sharing a GPU run concurrently only under MPS (nvidia-cuda-mps-control -d)",
+                boot.world_size()
+            );
         }
-    } else if boot.rank() == 0 && wanted {
-        eprintln!(
-            "[bench] {} ranks share {count} GPU(s): no native NCCL columns (NCCL needs one GPU per rank); \
-             ranks sharing a GPU run concurrently only under MPS (nvidia-cuda-mps-control -d)",
-            boot.world_size()
-        );
-    }
+        Natives::none()
+    };
     let comm = nvidia_collective(boot, &NvidiaConfig::new(capacity)).context("building the NVIDIA collective")?;
     let stream = ctx.new_stream()?;
     Ok(CudaBackend { comm, name: NAME, ctx, stream, natives })
@@ -165,7 +119,7 @@ pub fn group(world: usize, capacity: usize) -> anyhow::Result<Vec<CudaBackend<Cu
         .zip(ctxs)
         .map(|(comm, ctx)| {
             let stream = ctx.new_stream()?;
-            Ok(CudaBackend { comm, name: THREADS_NAME, ctx, stream, natives: [None, None] })
+            Ok(CudaBackend { comm, name: THREADS_NAME, ctx, stream, natives: Natives::none() })
         })
         .collect()
 }
@@ -191,15 +145,12 @@ impl Retained for collective_factory::NvidiaCollective {
 impl<C> CudaBackend<C> {
     /// Closes the native communicators (the collective itself is closed by the caller).
     pub fn close_natives(&self) -> anyhow::Result<()> {
-        for t in self.natives.iter().flatten() {
-            t.close().context("closing a native NCCL communicator")?;
-        }
-        Ok(())
+        self.natives.close()
     }
 
-    /// What the report records about the natives, e.g. `NCCL 2.28.3`.
+    /// What the report records about the natives, e.g. `libnccl.so.2 2.28.3`.
     pub fn native_library(&self) -> Option<String> {
-        self.natives.iter().flatten().next().map(|t| format!("{} {}", t.library(), t.library_version()))
+        self.natives.library()
     }
 
     fn sync(&self) -> anyhow::Result<()> {
@@ -291,23 +242,9 @@ impl<C: Collective<Stream = CudaStream> + Retained> BenchBackend for CudaBackend
         0
     }
     fn has_native(&self, kind: NativeKind, op: BenchOp) -> bool {
-        let supported = match kind {
-            NativeKind::Default => op != BenchOp::ReduceScatterMany,
-            // NCCL's Tree algorithm exists for all_reduce only ("no algorithm/protocol
-            // available for function AllGather" otherwise).
-            NativeKind::TreeSimple => op == BenchOp::AllReduce,
-        };
-        supported && self.natives[kind as usize].is_some()
+        self.natives.has(kind, op)
     }
     fn native(&self, kind: NativeKind, op: BenchOp, io: Io<'_>) -> anyhow::Result<()> {
-        let t = self.natives[kind as usize].as_ref().context("no native communicator")?;
-        match op {
-            BenchOp::AllReduce => t.native_all_reduce(io, &self.stream)?,
-            BenchOp::ReduceScatter => t.native_reduce_scatter(io, &self.stream)?,
-            // The transport's all_gather is ncclAllGather straight into the output.
-            BenchOp::AllGather => t.all_gather(io, &self.stream)?,
-            BenchOp::ReduceScatterMany => anyhow::bail!("NCCL has no reduce_scatter_many"),
-        }
-        Ok(())
+        self.natives.call(kind, op, io, &self.stream)
     }
 }

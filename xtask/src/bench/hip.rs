@@ -2,7 +2,8 @@
 //!
 //! * Processes (the default): every rank builds what downstream crates get,
 //!   `collective_factory::rocm_collective` (HIP IPC routes, RCCL where the MI300X table says),
-//!   on GPU `local_rank % device count`. No native RCCL columns yet.
+//!   on GPU `local_rank % device count`, plus the native (NOT deterministic) RCCL columns
+//!   from plain RCCL communicators (`super::native`), as on NVIDIA.
 //! * Threads (`--threads`): the HIP IPC twin as a thread group, rank r on GPU r % count.
 //!
 //! Buffers are plain `hipMalloc` allocations, the baseline is a device-to-device
@@ -11,12 +12,15 @@
 //!
 //! Written and compiled, never executed: no AMD GPU was available (docs/rocm.md). Without
 //! `libamdhip64` [`available`] is false and every constructor returns an error.
-use super::backend::BenchBackend;
+use super::args::BenchOp;
+use super::backend::{BenchBackend, NativeKind};
 use super::cuda::Retained;
+use super::native::{self, Natives};
 use anyhow::Context;
+use ccl_transport::{HipDevice, TransportCollective};
 use collective_core::bootstrap::Bootstrap;
 use collective_core::protocol::Timeouts;
-use collective_core::{Collective, DType, Op, RawMut, RawRef, Route};
+use collective_core::{Collective, DType, Io, Op, RawMut, RawRef, Route};
 use collective_factory::{Platform, RocmCollective, Routing, rocm_collective};
 use hip_ipc::runtime::{DeviceMemory, Event};
 use hip_ipc::{HipIpcCollective, HipIpcConfig, Stream};
@@ -63,10 +67,17 @@ pub fn process(boot: Arc<dyn Bootstrap>, capacity: usize) -> anyhow::Result<HipB
     anyhow::ensure!(count > 0, "no HIP device");
     check_one_rank_per_gpu(boot.local_world_size(), count)?;
     let fallback = boot.local_rank() % count;
+    // One GPU per rank (checked above): RCCL communicators are possible. Built before the
+    // factory's collective (see `Natives::build`).
+    let natives = if native::wanted() {
+        Natives::build(&*boot, capacity, |b, c| TransportCollective::open_hip(fallback, b, c))
+    } else {
+        Natives::none()
+    };
     let comm = rocm_collective(boot, capacity, None, Timeouts::from_env()).context("building the ROCm collective")?;
     let device = comm.ipc().map_or(fallback, HipIpcCollective::device);
     let stream = Stream::new(device).context("creating the bench stream")?;
-    Ok(HipBackend { comm, name: NAME, stream })
+    Ok(HipBackend { comm, name: NAME, stream, natives })
 }
 
 /// A world of `world` ranks as threads, rank r on GPU r % count (the IPC twin only).
@@ -89,7 +100,7 @@ pub fn group(world: usize, capacity: usize) -> anyhow::Result<Vec<HipBackend<Hip
         .into_iter()
         .map(|comm| {
             let stream = Stream::new(comm.device()).context("creating the bench stream")?;
-            Ok(HipBackend { comm, name: THREADS_NAME, stream })
+            Ok(HipBackend { comm, name: THREADS_NAME, stream, natives: Natives::none() })
         })
         .collect()
 }
@@ -102,9 +113,9 @@ impl Retained for HipIpcCollective {
 }
 
 impl Retained for RocmCollective {
-    /// IPC staging (there is no transport on ROCm yet).
+    /// IPC staging plus the RCCL transport's (lazily grown) workspace.
     fn retained_bytes(&self) -> usize {
-        self.ipc().map_or(0, HipIpcCollective::staging_bytes)
+        self.ipc().map_or(0, HipIpcCollective::staging_bytes) + self.transport().map_or(0, |t| t.workspace_bytes())
     }
 }
 
@@ -113,9 +124,20 @@ pub struct HipBackend<C> {
     comm: C,
     name: &'static str,
     stream: Stream,
+    natives: Natives<HipDevice>,
 }
 
 impl<C> HipBackend<C> {
+    /// Closes the native communicators (the collective itself is closed by the caller).
+    pub fn close_natives(&self) -> anyhow::Result<()> {
+        self.natives.close()
+    }
+
+    /// What the report records about the natives, e.g. `librccl.so.1 2.22.3`.
+    pub fn native_library(&self) -> Option<String> {
+        self.natives.library()
+    }
+
     fn sync(&self) -> anyhow::Result<()> {
         self.stream.synchronize().context("synchronizing the bench stream")
     }
@@ -186,6 +208,12 @@ impl<C: Collective<Stream = Stream> + Retained> BenchBackend for HipBackend<C> {
     }
     fn peak_temp_bytes(&self) -> usize {
         0
+    }
+    fn has_native(&self, kind: NativeKind, op: BenchOp) -> bool {
+        self.natives.has(kind, op)
+    }
+    fn native(&self, kind: NativeKind, op: BenchOp, io: Io<'_>) -> anyhow::Result<()> {
+        self.natives.call(kind, op, io, &self.stream)
     }
 }
 

@@ -20,6 +20,7 @@ pub mod backend;
 mod cpu_twin;
 mod cuda;
 mod hip;
+mod native;
 pub mod plot;
 pub mod report;
 pub mod run;
@@ -224,9 +225,12 @@ fn run_process_rank(args: &BenchArgs, resolved: Resolved, boot: Arc<TcpBootstrap
             let config = serde_json::json!({
                 "capacity_bytes": args.capacity(),
                 "routing": b.comm().routing().canonical_json(),
-                "env": env_vars(&["HIP_", "ROCR_", "HSA_", "DETCOLL_"]),
+                "native_library": b.native_library(),
+                "native_tree_simple_env": "NCCL_ALGO=Tree NCCL_PROTO=Simple",
+                "env": env_vars(&["HIP_", "ROCR_", "HSA_", "NCCL_", "RCCL_", "DETCOLL_"]),
             });
             let ok = run_rank(&b, &*boot, args, launch, config)?;
+            b.close_natives()?;
             b.comm().close().context("closing the collective")?;
             Ok(ok)
         }
