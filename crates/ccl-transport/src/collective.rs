@@ -13,6 +13,9 @@
 //! * in [`TransportCollective::synchronize`]: stream completion and the communicator's state
 //!   are polled together; past the bound the communicator is aborted (stopping a hung kernel);
 //! * in [`TransportCollective::poll_async_error`], for callers with their own watchdog;
+//! * by the built-in watchdog thread ([`crate::watchdog`], on by default): every 1-5 ms, and
+//!   it bounds each call's device time from when the call started on the device, so a caller
+//!   that waits with its own stream synchronisation gets an error instead of a hang;
 //! * at close: `ncclCommFinalize` polled until done, at most `timeouts.close`.
 //!
 //! Any failure after validation poisons the collective (every later call returns
@@ -26,20 +29,54 @@ use crate::loader;
 use crate::plan::{Addr, Exchange, Plan, Step, Transfer};
 use crate::sys::NcclLibrary;
 use crate::version::Version;
+use crate::watchdog::{Call, Tracking, WatchdogThread};
 use crate::workspace::Workspace;
 use collective_core::bootstrap::Bootstrap;
 use collective_core::protocol::Poison;
 use collective_core::{Capabilities, Collective, Error, Io, Op, Route, validate, validate_many};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-/// What the lock protects: the communicator (NCCL forbids concurrent calls on it) and the
-/// workspace.
+/// What the lock protects: the communicator (NCCL forbids concurrent calls on it), the
+/// workspace, and the watchdog's producer side.
 #[derive(Debug)]
 pub(crate) struct State<D: Device> {
     pub(crate) comm: Communicator,
     pub(crate) ws: Workspace<D>,
+    pub(crate) tracking: Tracking<D>,
+}
+
+impl<D: Device> State<D> {
+    /// Records a failure: poisons (for errors that leave peers in an unknown state) and aborts
+    /// the communicator so nothing keeps waiting on it.
+    pub(crate) fn fail(&mut self, poison: &Poison, e: Error) -> Error {
+        let e = poison.record(e);
+        if poison.is_poisoned() {
+            let _ = self.comm.abort();
+        }
+        e
+    }
+
+    /// Runs `work` (the call's device work on `stream`) between the watchdog's start and end
+    /// records.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of `dev`.
+    pub(crate) unsafe fn tracked(
+        &mut self,
+        dev: &D,
+        stream: RawStream,
+        call: Call,
+        work: impl FnOnce(&mut Self) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        // SAFETY: forwarded from the caller.
+        let ticket = unsafe { self.tracking.begin(dev, stream)? };
+        let r = work(self);
+        // SAFETY: as above; the stream `ticket` was begun on.
+        let ended = unsafe { self.tracking.end(ticket, dev, stream, call) };
+        r.and(ended)
+    }
 }
 
 /// One rank of a deterministic collective over NCCL (NVIDIA) or RCCL (ROCm).
@@ -55,17 +92,23 @@ pub(crate) struct State<D: Device> {
 /// reference: see [`crate::nonstrict`].
 ///
 /// Views passed in an [`Io`] must be device memory of this rank's device.
+///
+/// A watchdog thread (on by default, [`TransportConfig::watchdog`]) bounds every call's device
+/// time: see [`crate::watchdog`].
 #[derive(Debug)]
 pub struct TransportCollective<D: Device> {
     pub(crate) rank: usize,
     pub(crate) world: usize,
     pub(crate) config: TransportConfig,
-    pub(crate) device: D,
+    /// Shared with the watchdog thread (as are `poison` and `state`).
+    pub(crate) device: Arc<D>,
     pub(crate) version: Version,
     pub(crate) library: String,
-    pub(crate) poison: Poison,
+    pub(crate) poison: Arc<Poison>,
     pub(crate) closed: AtomicBool,
-    pub(crate) state: Mutex<State<D>>,
+    pub(crate) state: Arc<Mutex<State<D>>>,
+    /// The running watchdog; `None` when off or after close.
+    pub(crate) watchdog: Mutex<Option<WatchdogThread<D>>>,
 }
 
 fn load_library(config: &TransportConfig, vendor: loader::Vendor) -> Result<Arc<NcclLibrary>, Error> {
@@ -86,7 +129,7 @@ impl<D: Device> TransportCollective<D> {
         boot: &dyn Bootstrap,
         config: &TransportConfig,
     ) -> Result<Self, Error> {
-        let (rank, world) = (boot.rank(), boot.world_size());
+        let world = boot.world_size();
         let local = (|| {
             config.check()?;
             if !collective_core::SUPPORTED_WORLD_SIZES.contains(&world) {
@@ -97,25 +140,61 @@ impl<D: Device> TransportCollective<D> {
             let device = make_device()?;
             device.bind()?;
             let ws = Workspace::new(&device)?;
+            let tracking = Tracking::new(&device, config.watchdog_bound())?;
             let lib = load_library(config, D::VENDOR)?;
             let version = lib.version()?;
             let hello = Hello { version, words: config.agreement_words() };
-            Ok(((device, ws, lib, version), hello))
+            Ok(((device, ws, tracking, lib, version), hello))
         })();
-        let (device, ws, lib, version) = agree::agree(boot, local)?;
+        let (device, ws, tracking, lib, version) = agree::agree(boot, local)?;
         let library = lib.path().to_string();
         let comm = Communicator::new(lib, boot, config.comm_options())?;
-        Ok(TransportCollective {
-            rank,
-            world,
+        Self::assemble(config, device, version, library, State { comm, ws, tracking })
+    }
+
+    /// The collective over a created communicator, its watchdog started. Failing to start it
+    /// (the OS refused a thread) poisons, so the communicator is aborted on the way out.
+    fn assemble(
+        config: &TransportConfig,
+        device: D,
+        version: Version,
+        library: String,
+        state: State<D>,
+    ) -> Result<Self, Error> {
+        let ring = state.tracking.ring().cloned();
+        let mut c = TransportCollective {
+            rank: state.comm.rank(),
+            world: state.comm.world_size(),
             config: config.clone(),
-            device,
+            device: Arc::new(device),
             version,
             library,
-            poison: Poison::default(),
+            poison: Arc::default(),
             closed: AtomicBool::new(false),
-            state: Mutex::new(State { comm, ws }),
-        })
+            state: Arc::new(Mutex::new(state)),
+            watchdog: Mutex::new(None),
+        };
+        if let Some(ring) = ring {
+            let w = WatchdogThread::spawn(c.rank, &ring, c.device.clone(), c.state.clone(), c.poison.clone())
+                .map_err(|e| c.poison.record(e))?;
+            *c.watchdog.get_mut().unwrap_or_else(PoisonError::into_inner) = Some(w);
+        }
+        Ok(c)
+    }
+
+    /// A collective over a communicator made elsewhere (tests: a fake NCCL's).
+    #[cfg(test)]
+    pub(crate) fn from_parts(device: D, comm: Communicator, config: &TransportConfig) -> Result<Self, Error> {
+        let ws = Workspace::new(&device)?;
+        let tracking = Tracking::new(&device, config.watchdog_bound())?;
+        let library = comm.library().path().to_string();
+        Self::assemble(config, device, Version::from_code(0), library, State { comm, ws, tracking })
+    }
+
+    /// Whether a watchdog thread runs (tests).
+    #[cfg(test)]
+    pub(crate) fn watchdog_running(&self) -> bool {
+        self.watchdog.lock().is_ok_and(|w| w.as_ref().is_some_and(|w| !w.is_finished()))
     }
 
     /// The device side.
@@ -163,14 +242,9 @@ impl<D: Device> TransportCollective<D> {
         self.poison.check()
     }
 
-    /// Records a failure: poisons (for errors that leave peers in an unknown state) and aborts
-    /// the communicator so nothing keeps waiting on it.
+    /// Records a failure ([`State::fail`]).
     pub(crate) fn fail(&self, st: &mut State<D>, e: Error) -> Error {
-        let e = self.poison.record(e);
-        if self.poison.is_poisoned() {
-            let _ = st.comm.abort();
-        }
-        e
+        st.fail(&self.poison, e)
     }
 
     /// Checks the communicator's asynchronous state now (one `ncclCommGetAsyncError`; a call
@@ -245,7 +319,7 @@ impl<D: Device> TransportCollective<D> {
         };
         // SAFETY: forwarded from the caller; the plan only touches the validated views and
         // the workspace.
-        unsafe { self.run(&plan, stream) }
+        unsafe { self.run(&plan, stream, Call::Strict(op)) }
     }
 
     /// Enqueues a `reduce_scatter_many` on a raw stream: packed into one all_gather when the
@@ -260,13 +334,13 @@ impl<D: Device> TransportCollective<D> {
         let payload = sig.count as usize * sig.dtype.size();
         let plan = Plan::many(&calls, self.rank, self.world, payload <= self.config.pack_threshold)?;
         // SAFETY: as in `enqueue`.
-        unsafe { self.run(&plan, stream) }
+        unsafe { self.run(&plan, stream, Call::Strict(Op::ReduceScatterMany)) }
     }
 
     /// Executes `plan` under the lock. Every call polls the communicator's state first, also
     /// calls with nothing to move (all ranks make the same calls, so empty calls are skipped
     /// by everyone alike).
-    unsafe fn run(&self, plan: &Plan, stream: RawStream) -> Result<(), Error> {
+    unsafe fn run(&self, plan: &Plan, stream: RawStream, call: Call) -> Result<(), Error> {
         let mut st = self.lock()?;
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
@@ -278,11 +352,11 @@ impl<D: Device> TransportCollective<D> {
             return Ok(());
         }
         // SAFETY: forwarded from the caller.
-        let r = unsafe { self.execute(&mut st, plan, stream) };
+        let r = unsafe { self.execute(&mut st, plan, stream, call) };
         r.map_err(|e| self.fail(&mut st, e))
     }
 
-    unsafe fn execute(&self, st: &mut State<D>, plan: &Plan, stream: RawStream) -> Result<(), Error> {
+    unsafe fn execute(&self, st: &mut State<D>, plan: &Plan, stream: RawStream, call: Call) -> Result<(), Error> {
         self.device.bind()?;
         let base = if plan.workspace > 0 {
             // SAFETY: `stream` is live (caller).
@@ -290,17 +364,21 @@ impl<D: Device> TransportCollective<D> {
         } else {
             0
         };
-        // SAFETY: forwarded; addresses are validated views or inside the acquired workspace.
-        let steps = unsafe { self.steps(st, plan, base, stream) };
-        // Record the workspace's last use even after a failure, so close never frees memory
-        // that enqueued work still writes.
-        let released = if plan.workspace > 0 {
-            // SAFETY: as above.
-            unsafe { st.ws.release(&self.device, stream) }
-        } else {
-            Ok(())
+        let work = |st: &mut State<D>| {
+            // SAFETY: forwarded; addresses are validated views or inside the acquired workspace.
+            let steps = unsafe { self.steps(st, plan, base, stream) };
+            // Record the workspace's last use even after a failure, so close never frees
+            // memory that enqueued work still writes.
+            let released = if plan.workspace > 0 {
+                // SAFETY: as above.
+                unsafe { st.ws.release(&self.device, stream) }
+            } else {
+                Ok(())
+            };
+            steps.and(released)
         };
-        steps.and(released)
+        // SAFETY: `stream` is live (caller).
+        unsafe { st.tracked(&self.device, stream, call, work) }
     }
 
     unsafe fn steps(&self, st: &mut State<D>, plan: &Plan, base: u64, stream: RawStream) -> Result<(), Error> {
@@ -397,11 +475,16 @@ impl<D: Device> Collective for TransportCollective<D> {
         unsafe { self.enqueue_many(lanes, raw) }
     }
 
-    /// Destroys the communicator and frees the workspace (see the bounds in the module doc).
-    /// Later calls return [`Error::Closed`]. Drop does the same.
+    /// Stops and joins the watchdog, destroys the communicator and frees the workspace (see
+    /// the bounds in the module doc). Later calls return [`Error::Closed`]. Drop does the same.
     fn close(&self) -> Result<(), Error> {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
+        }
+        // Before the state lock: the thread may be waiting for it.
+        let watchdog = self.watchdog.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(w) = watchdog {
+            w.stop();
         }
         self.shutdown()
     }

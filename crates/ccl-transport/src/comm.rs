@@ -133,6 +133,18 @@ impl Communicator {
         }
     }
 
+    /// Wraps a communicator handle of `lib` created elsewhere (tests: a fake NCCL's).
+    #[cfg(test)]
+    pub(crate) fn from_raw(
+        lib: Arc<NcclLibrary>,
+        comm: ncclComm_t,
+        rank: usize,
+        world: usize,
+        opts: CommOptions,
+    ) -> Communicator {
+        Communicator { lib, comm, rank, world, opts, failed: false, in_group: false }
+    }
+
     /// This rank.
     pub fn rank(&self) -> usize {
         self.rank

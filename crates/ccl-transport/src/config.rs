@@ -1,5 +1,6 @@
 //! Construction-time configuration. Everything that shapes which NCCL calls a rank makes is
-//! checked equal on every rank at construction.
+//! checked equal on every rank at construction; local bounds (`timeouts`, `init_timeout`,
+//! `watchdog`) are not.
 use crate::comm::CommOptions;
 use collective_core::Error;
 use collective_core::protocol::Timeouts;
@@ -39,6 +40,57 @@ pub struct TransportConfig {
     pub blocking: bool,
     /// An explicit library file, instead of the vendor search (and `$DETCOLL_NCCL_LIBRARY`).
     pub library: Option<String>,
+    /// The built-in watchdog: bounds every transport call's device time, also when the caller
+    /// waits with its own stream synchronisation (where NCCL's kernels would otherwise wait
+    /// forever for a peer that died or made another call). Counted from when the call started
+    /// on the device; past the bound the communicator is aborted (its kernels stop) and the
+    /// collective poisoned. Default: on, bounded by `timeouts.peer` (see [`Watchdog`];
+    /// `DETCOLL_TRANSPORT_WATCHDOG` overrides it). Local: not agreed between ranks (it does not
+    /// change which NCCL calls a rank makes).
+    pub watchdog: Watchdog,
+}
+
+/// The transport watchdog's bound (see [`TransportConfig::watchdog`] and [`crate::watchdog`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Watchdog {
+    /// No watchdog: no thread, no events, nothing per call. Then only the waits inside the
+    /// transport's own calls and [`crate::TransportCollective::synchronize`] are bounded.
+    Off,
+    /// Bounded by `timeouts.peer` as configured at construction (also after
+    /// [`TransportConfig::with_timeouts`]): the bound the IPC routes put on their device waits.
+    #[default]
+    PeerTimeout,
+    /// An explicit bound (positive).
+    After(Duration),
+}
+
+impl Watchdog {
+    /// The environment variable read by [`Watchdog::from_env`].
+    pub const ENV: &'static str = "DETCOLL_TRANSPORT_WATCHDOG";
+
+    /// `$DETCOLL_TRANSPORT_WATCHDOG`: `0` turns the watchdog off, a positive number of seconds
+    /// sets the bound; unset or anything else keeps the default ([`Watchdog::PeerTimeout`]:
+    /// a malformed value never turns it off).
+    pub fn from_env() -> Self {
+        Self::parse(std::env::var(Self::ENV).ok().as_deref())
+    }
+
+    fn parse(value: Option<&str>) -> Self {
+        match value.map(|v| v.trim().parse::<f64>()) {
+            Some(Ok(0.0)) => Watchdog::Off,
+            Some(Ok(s)) => Duration::try_from_secs_f64(s).map_or(Watchdog::PeerTimeout, Watchdog::After),
+            _ => Watchdog::PeerTimeout,
+        }
+    }
+
+    /// The bound under `timeouts`; `None` when off.
+    pub fn bound(self, timeouts: &Timeouts) -> Option<Duration> {
+        match self {
+            Watchdog::Off => None,
+            Watchdog::PeerTimeout => Some(timeouts.peer),
+            Watchdog::After(d) => Some(d),
+        }
+    }
 }
 
 impl Default for TransportConfig {
@@ -51,6 +103,7 @@ impl Default for TransportConfig {
             init_timeout: Duration::from_secs(120),
             blocking: std::env::var("DETCOLL_NCCL_BLOCKING").is_ok_and(|v| v == "1"),
             library: None,
+            watchdog: Watchdog::from_env(),
         }
     }
 }
@@ -73,7 +126,8 @@ impl TransportConfig {
         self
     }
 
-    /// Builder: wait bounds.
+    /// Builder: wait bounds. The default watchdog ([`Watchdog::PeerTimeout`]) follows
+    /// `timeouts.peer`.
     pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
         self.timeouts = timeouts;
         self
@@ -85,14 +139,31 @@ impl TransportConfig {
         self
     }
 
+    /// Builder: the watchdog (`Watchdog::Off` disables it).
+    pub fn with_watchdog(mut self, watchdog: Watchdog) -> Self {
+        self.watchdog = watchdog;
+        self
+    }
+
+    /// The watchdog's bound, `None` when off.
+    pub fn watchdog_bound(&self) -> Option<Duration> {
+        self.watchdog.bound(&self.timeouts)
+    }
+
     pub(crate) fn check(&self) -> Result<(), Error> {
         if self.timeouts.peer.is_zero() || self.timeouts.close.is_zero() || self.init_timeout.is_zero() {
             return Err(Error::InvalidConfig { detail: "timeouts must be positive".into() });
         }
+        if self.watchdog == Watchdog::After(Duration::ZERO) {
+            return Err(Error::InvalidConfig {
+                detail: "the watchdog's bound must be positive (Watchdog::Off turns it off)".into(),
+            });
+        }
         Ok(())
     }
 
-    /// Words every rank must share, with their names.
+    /// Words every rank must share, with their names. Not the local bounds (`timeouts`,
+    /// `init_timeout`, `watchdog`): a rank with another bound makes the same NCCL calls.
     pub(crate) fn agreement_words(&self) -> Vec<(&'static str, u64)> {
         vec![
             ("capacity", self.capacity as u64),
@@ -105,5 +176,34 @@ impl TransportConfig {
     /// The communicator options this configuration implies.
     pub fn comm_options(&self) -> CommOptions {
         CommOptions { blocking: self.blocking, timeout: self.timeouts.peer, init_timeout: self.init_timeout }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watchdog_env_values() {
+        assert_eq!(Watchdog::parse(None), Watchdog::PeerTimeout);
+        assert_eq!(Watchdog::parse(Some("0")), Watchdog::Off);
+        assert_eq!(Watchdog::parse(Some("0.0")), Watchdog::Off);
+        assert_eq!(Watchdog::parse(Some("30")), Watchdog::After(Duration::from_secs(30)));
+        assert_eq!(Watchdog::parse(Some(" 0.25 ")), Watchdog::After(Duration::from_millis(250)));
+        for bad in ["", "off", "-1", "NaN", "inf", "1e400"] {
+            assert_eq!(Watchdog::parse(Some(bad)), Watchdog::PeerTimeout, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_default_watchdog_follows_the_peer_timeout() {
+        let t = Timeouts { peer: Duration::from_secs(3), close: Duration::from_secs(1) };
+        let c = TransportConfig::new(1 << 20).with_watchdog(Watchdog::PeerTimeout).with_timeouts(t);
+        assert_eq!(c.watchdog_bound(), Some(Duration::from_secs(3)));
+        let c = c.with_watchdog(Watchdog::After(Duration::from_millis(40)));
+        assert_eq!(c.watchdog_bound(), Some(Duration::from_millis(40)));
+        assert_eq!(c.clone().with_watchdog(Watchdog::Off).watchdog_bound(), None);
+        assert!(c.check().is_ok());
+        assert!(c.with_watchdog(Watchdog::After(Duration::ZERO)).check().is_err());
     }
 }

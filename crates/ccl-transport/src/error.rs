@@ -20,6 +20,14 @@ pub enum NcclError {
     /// communicator was aborted so nothing keeps waiting on it.
     #[error("{call} did not complete within {waited:?}; the NCCL communicator was aborted")]
     Timeout { call: &'static str, waited: Duration },
+    /// The watchdog saw a call start on the device and not complete within its bound (a peer
+    /// died, is stuck, or made another call); the communicator was aborted, which stops its
+    /// kernels. `seq` counts this rank's calls that enqueued device work, from 1 (the same
+    /// count on every rank, which all make the same calls).
+    #[error(
+        "{call} (transport call {seq} of this rank) started on the device but did not complete within {bound:?}: a peer died, is stuck, or made another call; the transport watchdog aborted the NCCL communicator"
+    )]
+    Watchdog { call: &'static str, seq: u64, bound: Duration },
     /// The communicator was aborted or destroyed earlier.
     #[error("the NCCL communicator is no longer usable: {0}")]
     Unusable(&'static str),

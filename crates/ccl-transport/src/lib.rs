@@ -17,6 +17,9 @@
 //!   (`((r0+r1)+(r2+r3))+((r4+r5)+(r6+r7))` in the element's dtype) — over a [`Device`]:
 //!   [`CudaDevice`] (feature `cuda`, default) reuses the CUDA twin's fused tree kernel,
 //!   [`HipDevice`] (feature `rocm`) the HIP twin's (the same `detcoll_tree` device code).
+//! * [`watchdog`]: a thread (on by default) that bounds every call's device time, so a caller
+//!   waiting with its own stream synchronisation gets an error, never a hang, when a peer dies
+//!   or makes another call;
 //! * [`nonstrict`]: native NCCL all_reduce / reduce_scatter, NOT deterministic, for benchmark
 //!   comparison only.
 //!
@@ -42,11 +45,12 @@ pub mod result;
 mod sim;
 pub mod sys;
 mod version;
+pub mod watchdog;
 mod workspace;
 
 pub use collective::TransportCollective;
 pub use comm::{CommOptions, Communicator};
-pub use config::{DEFAULT_PACK_THRESHOLD, TransportConfig};
+pub use config::{DEFAULT_PACK_THRESHOLD, TransportConfig, Watchdog};
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaAllocation, CudaDevice, CudaEvent};
 #[cfg(feature = "cuda")]

@@ -6,9 +6,10 @@
 //! deterministic** and never used by [`crate::TransportCollective`]'s `Collective` methods.
 //! They exist so the benchmark can report the native library's latency next to the strict
 //! routes, in a column labelled non-strict.
-use crate::collective::TransportCollective;
+use crate::collective::{State, TransportCollective};
 use crate::device::{Device, RawStream};
 use crate::sys::{ncclDataType_t, ncclRedOp_t};
+use crate::watchdog::Call;
 use collective_core::{DType, Error, Io, Op, validate};
 
 /// The NCCL type of a reducible dtype.
@@ -57,13 +58,18 @@ impl<D: Device> TransportCollective<D> {
         }
         let s = stream.0;
         let sum = ncclRedOp_t::ncclSum;
-        // SAFETY: validated views of this device; `stream` is live (caller).
-        let r = unsafe {
-            match op {
-                Op::AllReduce => st.comm.native_all_reduce(call.src, call.dst, call.count_in, dtype, sum, s),
-                _ => st.comm.native_reduce_scatter(call.src, call.dst, call.count_out, dtype, sum, s),
-            }
+        let work = |st: &mut State<D>| {
+            // SAFETY: validated views of this device; `stream` is live (caller).
+            let r = unsafe {
+                match op {
+                    Op::AllReduce => st.comm.native_all_reduce(call.src, call.dst, call.count_in, dtype, sum, s),
+                    _ => st.comm.native_reduce_scatter(call.src, call.dst, call.count_out, dtype, sum, s),
+                }
+            };
+            r.map_err(Error::from)
         };
-        r.map_err(|e| self.fail(&mut st, e.into()))
+        // SAFETY: `stream` is live (caller).
+        let r = unsafe { st.tracked(&self.device, stream, Call::Native(op), work) };
+        r.map_err(|e| self.fail(&mut st, e))
     }
 }

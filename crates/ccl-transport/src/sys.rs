@@ -301,7 +301,8 @@ pub struct NcclFns {
 pub struct NcclLibrary {
     fns: NcclFns,
     path: String,
-    _lib: libloading::Library,
+    /// `None` only for the in-process fakes of tests.
+    _lib: Option<libloading::Library>,
 }
 
 impl fmt::Debug for NcclLibrary {
@@ -367,7 +368,13 @@ impl NcclLibrary {
                 ncclCommFinalize: optional(&lib, b"ncclCommFinalize\0"),
             }
         };
-        Ok(NcclLibrary { fns, path: path.to_string(), _lib: lib })
+        Ok(NcclLibrary { fns, path: path.to_string(), _lib: Some(lib) })
+    }
+
+    /// A library whose entry points are `fns`, functions of this process (tests: a fake NCCL).
+    #[cfg(test)]
+    pub(crate) fn from_fns(fns: NcclFns, path: &str) -> NcclLibrary {
+        NcclLibrary { fns, path: path.to_string(), _lib: None }
     }
 
     /// The resolved entry points. Calling them is unsafe: see `nccl.h` for each contract.
