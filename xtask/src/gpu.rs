@@ -4,6 +4,10 @@
 //! this xtask binary (for `gpu-test` and `bench`), the launcher, the packages' examples and any
 //! prebuilt kernels from `kernels/build/`, all stripped, plus `manifest.json` and `run.sh`
 //! (`./run.sh` = `./bin/xtask gpu-test --bundle .`).
+//!
+//! `--platform nvidia|rocm` ([`GpuPlatform`]) selects the cargo features the suites are built
+//! with ([`suite_features`]): the CUDA or the ROCm side of `ccl-transport` and the factory. A
+//! bundle records its platform in `manifest.json`.
 use crate::util::{cargo, show, which, workspace_root};
 use anyhow::Context;
 use clap::{Args, ValueEnum};
@@ -25,8 +29,8 @@ const BUNDLED_BINARIES: &[(&str, &str, &str)] =
 pub const MULTIPROCESS_MARKERS: &[&str] = &["process", "mps", "multiproc"];
 /// Bundles above this size get a warning.
 pub const BUNDLE_WARN_BYTES: u64 = 60 << 20;
-/// Manifest schema version.
-const MANIFEST_VERSION: u32 = 1;
+/// Manifest schema version (2: `platform` added; a version-1 manifest is an NVIDIA bundle).
+const MANIFEST_VERSION: u32 = 2;
 /// Where CUDA's libraries usually live.
 const CUDA_LIB: &str = "/usr/local/cuda/lib64";
 /// Environment variable telling GPU code where prebuilt kernels are (set by `gpu-test`).
@@ -48,6 +52,41 @@ pub const IN_PROCESS_CONNECTIONS: u32 = 32;
 /// processes sharing a GPU need MPS); `gpu-test` sets it where MPS is active.
 pub const PROCESS_TESTS_ENV: &str = "DETCOLL_CUDA_PROCESS_TESTS";
 
+/// The GPU vendor the suites are built for: selects the features of the packages with a device
+/// side per vendor ([`suite_features`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuPlatform {
+    /// NVIDIA: CUDA and NCCL.
+    #[default]
+    Nvidia,
+    /// AMD: HIP and RCCL.
+    Rocm,
+}
+
+impl GpuPlatform {
+    /// The name on the command line and in the manifest.
+    pub fn name(self) -> &'static str {
+        match self {
+            GpuPlatform::Nvidia => "nvidia",
+            GpuPlatform::Rocm => "rocm",
+        }
+    }
+
+    /// `gpu-test`'s platform without `--platform`, from what this host has: a usable CUDA GPU →
+    /// nvidia, else a usable HIP device → rocm, else nvidia (the suites then skip).
+    pub fn detected(cuda: bool, hip: bool) -> GpuPlatform {
+        if !cuda && hip { GpuPlatform::Rocm } else { GpuPlatform::Nvidia }
+    }
+
+    /// [`GpuPlatform::detected`] on this host (loads libcuda / libamdhip64 if present; never
+    /// panics without them).
+    pub fn detect() -> GpuPlatform {
+        let cuda = crate::bench::cuda::available();
+        GpuPlatform::detected(cuda, !cuda && crate::bench::hip::available())
+    }
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct BundleArgs {
     /// Output directory (replaced if it holds an earlier bundle).
@@ -56,6 +95,9 @@ pub struct BundleArgs {
     /// Keep symbols (do not strip).
     #[arg(long)]
     pub no_strip: bool,
+    /// The GPU vendor the suites are built for (recorded in the manifest).
+    #[arg(long, value_enum, default_value_t = GpuPlatform::Nvidia)]
+    pub platform: GpuPlatform,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -73,7 +115,12 @@ pub struct GpuTestArgs {
     /// Run the suites of this bundle (made by `gpu-bundle`) instead of building them with cargo.
     #[arg(long)]
     pub bundle: Option<PathBuf>,
-    /// MPS policy.
+    /// The GPU vendor the suites are built for. Default: nvidia when a CUDA GPU is usable, else
+    /// rocm when a HIP device is, else nvidia. With `--bundle`: the bundle's (must match if
+    /// given).
+    #[arg(long, value_enum)]
+    pub platform: Option<GpuPlatform>,
+    /// MPS policy (NVIDIA only: `auto` never starts MPS for a rocm run).
     #[arg(long, value_enum, default_value_t = MpsMode::Auto)]
     pub mps: MpsMode,
     /// Only suites whose name contains this (repeatable).
@@ -118,6 +165,9 @@ pub struct Manifest {
     pub files: Vec<BundleFile>,
     pub total_bytes: u64,
     pub stripped: bool,
+    /// The vendor the suites were built for (absent from version-1 manifests: nvidia).
+    #[serde(default)]
+    pub platform: GpuPlatform,
 }
 
 fn suite_name(package: &str, kind: &str, target: &str) -> String {
@@ -200,17 +250,22 @@ pub(crate) fn cargo_executables(root: &Path, args: &[&str]) -> anyhow::Result<Ve
     Ok(parse_artifacts(&String::from_utf8_lossy(&out.stdout)))
 }
 
-/// Cargo features a GPU package's suites need beyond its defaults: the factory's GPU tests are
-/// behind `cuda` (without it they compile to empty binaries that pass with 0 tests).
-pub fn suite_features(package: &str) -> Option<&'static str> {
-    match package {
-        "collective-factory" => Some("cuda"),
-        _ => None,
+/// Cargo feature arguments a GPU package's suites need on `platform` beyond `-p`: the factory's
+/// GPU tests are behind `cuda` / `rocm` (without them they compile to empty binaries that pass
+/// with 0 tests); ccl-transport's device side is `cuda` by default, and its ROCm tests need
+/// `rocm` without it (a ROCm build contains no CUDA code).
+pub fn suite_features(package: &str, platform: GpuPlatform) -> &'static [&'static str] {
+    match (platform, package) {
+        (GpuPlatform::Nvidia, "collective-factory") => &["--features", "cuda"],
+        (GpuPlatform::Rocm, "collective-factory") => &["--features", "rocm"],
+        (GpuPlatform::Rocm, "ccl-transport") => &["--no-default-features", "--features", "rocm"],
+        _ => &[],
     }
 }
 
-/// Builds (release) the test binaries of the GPU packages present in the workspace.
-fn build_suites(root: &Path, packages: &[Package]) -> anyhow::Result<(Vec<Suite>, Vec<String>)> {
+/// Builds (release) the test binaries of the GPU packages present in the workspace, for
+/// `platform`.
+fn build_suites(root: &Path, packages: &[Package], platform: GpuPlatform) -> anyhow::Result<(Vec<Suite>, Vec<String>)> {
     let mut suites = Vec::new();
     let mut missing = Vec::new();
     for &name in GPU_PACKAGES {
@@ -219,9 +274,7 @@ fn build_suites(root: &Path, packages: &[Package]) -> anyhow::Result<(Vec<Suite>
             continue;
         }
         let mut args = vec!["test", "--release", "--no-run", "-p", name];
-        if let Some(f) = suite_features(name) {
-            args.extend(["--features", f]);
-        }
+        args.extend(suite_features(name, platform));
         for a in cargo_executables(root, &args)? {
             if a.test {
                 suites.push(Suite {
@@ -274,7 +327,8 @@ fn list_files(dir: &Path, base: &Path, out: &mut Vec<BundleFile>) -> anyhow::Res
 const RUN_SH: &str = r#"#!/bin/sh
 # Runs the detcoll GPU suites of this bundle on a host without Rust:
 #   ./run.sh [gpu-test options] [-- test-binary arguments]
-# Options: --mps auto|on|off, --suite NAME (repeatable). Starts MPS (as root) around the suites
+# Options: --mps auto|on|off, --suite NAME (repeatable). The suites were built for the platform
+# in manifest.json (nvidia or rocm). On nvidia, starts MPS (as root) around the suites
 # that run several processes per GPU. Sets CUDA_DEVICE_MAX_CONNECTIONS per suite: 2 for
 # processes under MPS (DETCOLL_MPS_CONNECTIONS overrides), else yours or 32.
 # Benchmark: ./bin/xtask bench --nproc 8 --backend auto
@@ -297,7 +351,8 @@ pub fn bundle_main(args: BundleArgs) -> anyhow::Result<ExitCode> {
         std::fs::remove_dir_all(&out).with_context(|| format!("removing the old bundle {}", out.display()))?;
     }
     let packages = workspace_packages(&root)?;
-    let (suites, missing) = build_suites(&root, &packages)?;
+    eprintln!("[gpu] platform: {}", args.platform.name());
+    let (suites, missing) = build_suites(&root, &packages, args.platform)?;
     for m in &missing {
         eprintln!("[gpu] package {m} is not in the workspace; skipped");
     }
@@ -372,11 +427,13 @@ pub fn bundle_main(args: BundleArgs) -> anyhow::Result<ExitCode> {
         files,
         total_bytes: total,
         stripped: strip.is_some(),
+        platform: args.platform,
     };
     std::fs::write(out.join("manifest.json"), serde_json::to_string_pretty(&manifest)? + "\n")?;
     eprintln!(
-        "[gpu] bundle {}: {} suite(s), {} file(s), {:.1} MiB",
+        "[gpu] bundle {} ({}): {} suite(s), {} file(s), {:.1} MiB",
         out.display(),
+        args.platform.name(),
         manifest.suites.len(),
         manifest.files.len() + 1,
         total as f64 / (1 << 20) as f64
@@ -755,21 +812,60 @@ fn summary_table(results: &[SuiteResult]) -> String {
     s
 }
 
+/// The platform of a `gpu-test --bundle` run: the bundle's; `--platform` may only confirm it
+/// (its suites cannot be rebuilt for another).
+pub fn bundle_platform(bundle: GpuPlatform, asked: Option<GpuPlatform>) -> anyhow::Result<GpuPlatform> {
+    match asked {
+        Some(p) if p != bundle => anyhow::bail!(
+            "--platform {} given, but the bundle was built for {} (make one with `cargo xtask gpu-bundle --platform {}`)",
+            p.name(),
+            bundle.name(),
+            p.name()
+        ),
+        _ => Ok(bundle),
+    }
+}
+
+/// Whether a suite runs under MPS: `--mps on` / `off` as given; `auto` for suites running several
+/// processes per GPU on NVIDIA (MPS is NVIDIA's; AMD GPUs run several processes without it).
+pub fn wants_mps(mode: MpsMode, multiprocess: bool, platform: GpuPlatform) -> bool {
+    match mode {
+        MpsMode::On => true,
+        MpsMode::Off => false,
+        MpsMode::Auto => multiprocess && platform == GpuPlatform::Nvidia,
+    }
+}
+
 /// `cargo xtask gpu-test`.
 pub fn test_main(args: GpuTestArgs) -> anyhow::Result<ExitCode> {
-    // Every suite with the directory it runs in (the bundle, or its package like `cargo test`).
+    // Every suite with the directory it runs in (the bundle, or its package like `cargo test`),
+    // and the platform they were built for.
+    let platform;
     let mut suites: Vec<(Suite, PathBuf)> = match &args.bundle {
         Some(dir) => {
             let dir = dir.canonicalize().with_context(|| format!("bundle directory {}", dir.display()))?;
             let text = std::fs::read_to_string(dir.join("manifest.json"))
                 .with_context(|| format!("reading {}/manifest.json (is it a gpu-bundle?)", dir.display()))?;
             let m: Manifest = serde_json::from_str(&text).context("parsing the bundle manifest")?;
+            platform = bundle_platform(m.platform, args.platform)?;
+            eprintln!("[gpu] platform: {} (the bundle's)", platform.name());
             m.suites.into_iter().map(|s| (Suite { path: dir.join(&s.path), ..s }, dir.clone())).collect()
         }
         None => {
             let root = workspace_root()?;
             let packages = workspace_packages(&root)?;
-            let (suites, missing) = build_suites(&root, &packages)?;
+            platform = match args.platform {
+                Some(p) => {
+                    eprintln!("[gpu] platform: {}", p.name());
+                    p
+                }
+                None => {
+                    let p = GpuPlatform::detect();
+                    eprintln!("[gpu] platform: {} (detected; --platform nvidia|rocm overrides)", p.name());
+                    p
+                }
+            };
+            let (suites, missing) = build_suites(&root, &packages, platform)?;
             for m in &missing {
                 eprintln!("[gpu] package {m} is not in the workspace; skipped");
             }
@@ -811,11 +907,7 @@ pub fn test_main(args: GpuTestArgs) -> anyhow::Result<ExitCode> {
         if interrupted().is_some() {
             break;
         }
-        let want_mps = match args.mps {
-            MpsMode::On => true,
-            MpsMode::Off => false,
-            MpsMode::Auto => s.multiprocess,
-        };
+        let want_mps = wants_mps(args.mps, s.multiprocess, platform);
         if want_mps {
             mps.start();
         } else {
@@ -962,6 +1054,77 @@ not json"#;
         ];
         let t = summary_table(&r);
         assert!(t.contains("| **total** | FAILED | 3 | 1 | 1 | 3.0 |"), "{t}");
+    }
+
+    #[test]
+    fn suite_features_follow_the_platform() {
+        use GpuPlatform::{Nvidia, Rocm};
+        let f = |p, pl| suite_features(p, pl).join(" ");
+        assert_eq!(f("collective-factory", Nvidia), "--features cuda");
+        assert_eq!(f("collective-factory", Rocm), "--features rocm");
+        // ccl-transport: CUDA by default; its ROCm tests without the CUDA side.
+        assert_eq!(f("ccl-transport", Nvidia), "");
+        assert_eq!(f("ccl-transport", Rocm), "--no-default-features --features rocm");
+        for p in ["cuda-ipc", "hip-ipc", "unknown"] {
+            assert!(suite_features(p, Nvidia).is_empty() && suite_features(p, Rocm).is_empty(), "{p}");
+        }
+        // Every GPU package's arguments are well-formed cargo flags.
+        for &p in GPU_PACKAGES {
+            for pl in [Nvidia, Rocm] {
+                let a = suite_features(p, pl);
+                assert!(a.is_empty() || a[a.len() - 2] == "--features", "{p} {pl:?}: {a:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn platform_detection_prefers_cuda() {
+        assert_eq!(GpuPlatform::detected(true, false), GpuPlatform::Nvidia);
+        assert_eq!(GpuPlatform::detected(true, true), GpuPlatform::Nvidia);
+        assert_eq!(GpuPlatform::detected(false, true), GpuPlatform::Rocm);
+        assert_eq!(GpuPlatform::detected(false, false), GpuPlatform::Nvidia);
+        assert_eq!(GpuPlatform::default(), GpuPlatform::Nvidia);
+    }
+
+    #[test]
+    fn bundles_keep_their_platform() {
+        use GpuPlatform::{Nvidia, Rocm};
+        assert_eq!(bundle_platform(Rocm, None).unwrap(), Rocm);
+        assert_eq!(bundle_platform(Rocm, Some(Rocm)).unwrap(), Rocm);
+        let e = bundle_platform(Nvidia, Some(Rocm)).unwrap_err().to_string();
+        assert!(e.contains("built for nvidia") && e.contains("--platform rocm"), "{e}");
+    }
+
+    #[test]
+    fn manifests_record_the_platform() {
+        let m = Manifest {
+            schema_version: MANIFEST_VERSION,
+            created_utc: "t".into(),
+            git_commit: None,
+            gpu_packages: vec![],
+            missing_packages: vec![],
+            suites: vec![],
+            files: vec![],
+            total_bytes: 0,
+            stripped: true,
+            platform: GpuPlatform::Rocm,
+        };
+        let json = serde_json::to_string(&m).unwrap();
+        assert!(json.contains(r#""platform":"rocm""#), "{json}");
+        assert_eq!(serde_json::from_str::<Manifest>(&json).unwrap().platform, GpuPlatform::Rocm);
+        // A version-1 manifest (no platform) is an NVIDIA bundle.
+        let old = json.replace(r#","platform":"rocm""#, "");
+        assert_eq!(serde_json::from_str::<Manifest>(&old).unwrap().platform, GpuPlatform::Nvidia);
+    }
+
+    #[test]
+    fn mps_is_nvidia_only_in_auto_mode() {
+        use GpuPlatform::{Nvidia, Rocm};
+        assert!(wants_mps(MpsMode::Auto, true, Nvidia));
+        assert!(!wants_mps(MpsMode::Auto, false, Nvidia));
+        assert!(!wants_mps(MpsMode::Auto, true, Rocm));
+        assert!(wants_mps(MpsMode::On, false, Rocm));
+        assert!(!wants_mps(MpsMode::Off, true, Nvidia));
     }
 
     #[test]

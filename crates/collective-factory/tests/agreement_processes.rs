@@ -1,5 +1,6 @@
 //! Agreement across real processes: ranks that disagree all get the same error, none hangs;
 //! ranks on "different hosts" all move to the transport together.
+#![cfg(feature = "cpu")]
 use collective_core::bootstrap::{Bootstrap, TcpBootstrap};
 use collective_core::conformance::memory::{Flaw, MemoryCollective};
 use collective_core::{Collective, Error, Io, Op, Route};

@@ -2,6 +2,7 @@
 //! every route at some size: IPC one-shot, IPC RS+AG, transport, and the IPC RS + transport AG
 //! hybrid must all give the reference's bits. (reduce_scatter routed to the hybrid takes its IPC
 //! half alone; that range is here so a reduce_scatter never runs the hybrid all_reduce again.)
+#![cfg(feature = "cpu")]
 use collective_core::bootstrap::LocalBootstrap;
 use collective_core::conformance::memory::{Flaw, MemoryCollective};
 use collective_core::conformance::{HostRank, TestBackend, run_owned};

@@ -52,12 +52,7 @@ impl TestBackend for Processes {
                 let comm = HipIpcCollective::new(boot, ordinal, &config).map_err(|e| e.to_string())?;
                 Ok(HipRank::owning(comm, stream, region))
             },
-            &|rank: &mut HipRank| {
-                let r = case(rank);
-                rank.stream.synchronize().map_err(|e| e.to_string())?;
-                rank.comm.check().map_err(|e| format!("recorded kernel failure: {e}"))?;
-                r
-            },
+            &|rank: &mut HipRank| common::checked(rank, case),
             |rank| rank.comm.close().map_err(|e| e.to_string()),
         )
     }

@@ -59,7 +59,7 @@ struct Spec {
     out_off: usize,
 }
 
-fn expected(op: Op, inputs: &[Vec<u8>], dtype: DType, rank: usize) -> Vec<u8> {
+pub(crate) fn expected(op: Op, inputs: &[Vec<u8>], dtype: DType, rank: usize) -> Vec<u8> {
     let world = inputs.len();
     match op {
         Op::AllReduce => reference_reduce(inputs, dtype),
@@ -72,7 +72,7 @@ fn expected(op: Op, inputs: &[Vec<u8>], dtype: DType, rank: usize) -> Vec<u8> {
     }
 }
 
-fn call<C: Collective>(c: &C, op: Op, io: Io<'_>, stream: &C::Stream) -> Result<(), Error> {
+pub(crate) fn call<C: Collective>(c: &C, op: Op, io: Io<'_>, stream: &C::Stream) -> Result<(), Error> {
     match op {
         Op::AllReduce => c.all_reduce(io, stream),
         Op::AllGather => c.all_gather(io, stream),

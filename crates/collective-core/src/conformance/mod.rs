@@ -14,9 +14,11 @@
 
 pub mod cases;
 pub mod data;
+pub mod faults;
 mod harness;
 pub mod memory;
 mod process;
+pub mod sequence;
 
 pub use harness::{HostBuf, HostRank, RankEnv, TestBackend, run_owned, run_threads, skip};
 pub use process::{CHILD_ENV, run_processes};

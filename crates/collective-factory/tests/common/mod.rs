@@ -1,14 +1,26 @@
-//! Shared by the NVIDIA GPU tests: one rank of the factory's collective with its device
-//! buffers, and the calls every rank makes (every op; f32, f16, bf16; odd, even and
+//! Shared by the GPU tests of every platform: one rank of the factory's collective with its
+//! device buffers, and the calls every rank makes (every op; f32, f16, bf16; odd, even and
 //! above-256-KiB sizes; in place and not; reduce_scatter_many with 2 and 3 lanes), each checked
-//! byte for byte against fixed-tree along with the route the collective reports.
+//! byte for byte against fixed-tree along with the route the collective reports; world 1
+//! through the factory, and route equivalence (every route forced in turn, one process per
+//! GPU). Generic over a [`Platform`]: [`nvidia::Nvidia`] (feature `cuda`) or [`rocm::Rocm`]
+//! (feature `rocm`).
 #![allow(dead_code)]
+use ccl_transport::{Device, TransportCollective};
+use collective_core::bootstrap::{Bootstrap, LocalBootstrap};
 use collective_core::conformance::data::{compare, finite_values, reference_reduce};
-use collective_core::{Collective, DType, Io, Op, RawMut, RawRef, Route};
-use collective_factory::NvidiaCollective;
-use cuda_ipc::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
-use std::sync::Arc;
+use collective_core::conformance::{CHILD_ENV, run_processes, skip};
+use collective_core::protocol::Timeouts;
+use collective_core::{Collective, DType, Error, Io, Op, RawMut, RawRef, Route};
+use collective_factory::{Routed, Routing, RoutingTable, Rule};
+use std::borrow::Borrow;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+#[cfg(feature = "cuda")]
+pub mod nvidia;
+#[cfg(feature = "rocm")]
+pub mod rocm;
 
 /// Staging bytes per rank: the largest call (reduce_scatter_many, f32, world 8) is about 2 MiB.
 pub const CAPACITY: usize = 4 << 20;
@@ -24,17 +36,61 @@ const SHARDS: [usize; 3] = [1, 513, 65_537];
 /// Reduce_scatter_many lanes, in shard element counts.
 const LANES: [&[usize]; 2] = [&[513, 1, 65_537], &[1024, 7]];
 
-/// How many CUDA devices this process sees, or why it cannot use one.
-pub fn cuda_devices() -> Result<usize, String> {
-    if !cuda_ipc::driver::driver_present() {
-        return Err("no CUDA driver (libcuda is not loadable)".into());
-    }
-    match cuda_ipc::driver::device_count() {
-        Ok(0) => Err("no CUDA device (the driver reports 0)".into()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(format!("no CUDA device ({e})")),
-    }
+/// One GPU platform of the factory: how its collective is built, and its streams and device
+/// buffers.
+pub trait Platform: 'static {
+    /// The IPC backend.
+    type Ipc: Collective;
+    /// The transport's device side, on the IPC backend's stream type.
+    type Dev: Device<Stream = <Self::Ipc as Collective>::Stream>;
+    /// A stream the tests own; borrows as the collective's stream.
+    type Stream: Borrow<<Self::Ipc as Collective>::Stream>;
+    /// A device buffer.
+    type Mem;
+
+    /// The routing table's platform name (`nvidia`, `rocm`).
+    const NAME: &'static str;
+    /// `CUDA` / `HIP`, in skip messages.
+    const RUNTIME: &'static str;
+    /// `NCCL` / `RCCL`, in skip messages.
+    const LIBRARY: &'static str;
+
+    /// How many devices this process sees, or why it cannot use one.
+    fn devices() -> Result<usize, String>;
+    /// What a rank process does before it touches the GPU (e.g. environment the library reads).
+    fn prepare_process() {}
+    /// The factory's collective for every rank of `boot`.
+    fn build(boot: Arc<dyn Bootstrap>, config: Build) -> Result<Comm<Self>, Error>;
+    /// Surfaces any failure an IPC kernel recorded.
+    fn check_ipc(ipc: &Self::Ipc) -> Result<(), Error>;
+
+    /// A new stream on GPU `ordinal`.
+    fn stream(ordinal: usize) -> Result<Self::Stream, String>;
+    /// A zeroed buffer of `bytes` bytes on `stream`'s GPU.
+    fn alloc(stream: &Self::Stream, bytes: usize) -> Result<Self::Mem, String>;
+    /// Writes `img` to the start of `mem` (the stream is idle).
+    fn upload(stream: &Self::Stream, mem: &mut Self::Mem, img: &[u8]) -> Result<(), String>;
+    /// The first `len` bytes of `mem` (the stream is idle).
+    fn download(stream: &Self::Stream, mem: &Self::Mem, len: usize) -> Result<Vec<u8>, String>;
+    /// Device address of `mem`.
+    fn addr(stream: &Self::Stream, mem: &Self::Mem) -> u64;
+    /// Waits for the work enqueued on `stream` so far.
+    fn synchronize(stream: &Self::Stream) -> Result<(), String>;
 }
+
+/// What every rank passes to the platform's factory.
+#[derive(Debug, Clone)]
+pub struct Build {
+    /// Staging bytes per rank.
+    pub capacity: usize,
+    /// Replaces the platform's table (default: `DETCOLL_ROUTING_TABLE`, else the built-in one).
+    pub routing: Option<Routing>,
+    /// Bounds on waits.
+    pub timeouts: Timeouts,
+}
+
+/// The factory's collective on platform `P`.
+pub type Comm<P> = Routed<<P as Platform>::Ipc, TransportCollective<<P as Platform>::Dev>>;
 
 /// One call: `lanes` holds each lane's per-rank input element count (one lane unless the op is
 /// reduce_scatter_many).
@@ -111,61 +167,54 @@ fn input(call: &Call, index: usize, lane: usize, rank: usize) -> Vec<u8> {
     finite_values(call.dtype, call.lanes[lane], seed)
 }
 
-/// Device address of a cudarc buffer.
-fn addr(buf: &CudaSlice<u8>, stream: &Arc<CudaStream>) -> u64 {
-    let (p, _record) = buf.device_ptr(stream);
-    p
-}
-
 /// One rank: the factory's collective, a stream on its GPU, and device buffers allocated up
 /// front for the largest call (no allocation while peers may wait for this rank).
-pub struct Rank {
-    pub comm: NvidiaCollective,
-    pub stream: Arc<CudaStream>,
+pub struct Rank<P: Platform> {
+    pub comm: Comm<P>,
+    pub stream: P::Stream,
     plan: Vec<Call>,
-    input: CudaSlice<u8>,
-    output: CudaSlice<u8>,
+    input: P::Mem,
+    output: P::Mem,
     /// Bound on waiting for the stream.
     bound: Duration,
 }
 
-impl Rank {
+impl<P: Platform> Rank<P> {
     /// `comm` built by the factory on GPU `ordinal` (the one it chose: `local_rank % count`).
-    pub fn new(comm: NvidiaCollective, ordinal: usize, bound: Duration) -> Result<Rank, String> {
-        let ctx = cuda_ipc::driver::open_device(ordinal).map_err(|e| e.to_string())?;
-        let stream = ctx.new_stream().map_err(|e| format!("stream: {e}"))?;
+    pub fn new(comm: Comm<P>, ordinal: usize, bound: Duration) -> Result<Self, String> {
+        let stream = P::stream(ordinal).map_err(|e| format!("stream: {e}"))?;
         let plan = plan(comm.world_size());
         let (mut ins, mut outs) = (1, 1);
         for c in &plan {
             let (_, _, i, o) = c.layout(comm.world_size());
             (ins, outs) = (ins.max(i), outs.max(o));
         }
-        let input = stream.alloc_zeros::<u8>(ins).map_err(|e| format!("alloc: {e}"))?;
-        let output = stream.alloc_zeros::<u8>(outs).map_err(|e| format!("alloc: {e}"))?;
+        let input = P::alloc(&stream, ins).map_err(|e| format!("alloc: {e}"))?;
+        let output = P::alloc(&stream, outs).map_err(|e| format!("alloc: {e}"))?;
         Ok(Rank { comm, stream, plan, input, output, bound })
     }
 
-    /// Waits for the stream, bounded when a transport is built (NCCL kernels otherwise wait
+    /// Waits for the stream, bounded when a transport is built (library kernels otherwise wait
     /// for an absent peer forever; IPC kernels time out on their own), and surfaces any failure
     /// an IPC kernel recorded.
     fn sync(&self) -> Result<(), String> {
         match self.comm.transport() {
-            Some(t) => t.synchronize(&self.stream, self.bound).map_err(|e| format!("synchronize: {e}"))?,
-            None => self.stream.synchronize().map_err(|e| format!("synchronize: {e}"))?,
+            Some(t) => t.synchronize(self.stream.borrow(), self.bound).map_err(|e| format!("synchronize: {e}"))?,
+            None => P::synchronize(&self.stream).map_err(|e| format!("synchronize: {e}"))?,
         }
-        self.comm.ipc().map_or(Ok(()), |i| i.check()).map_err(|e| format!("recorded kernel failure: {e}"))
+        self.comm.ipc().map_or(Ok(()), P::check_ipc).map_err(|e| format!("recorded kernel failure: {e}"))
     }
 
     fn upload(&mut self, to_output: bool, img: &[u8]) -> Result<(), String> {
         self.sync()?;
         let buf = if to_output { &mut self.output } else { &mut self.input };
-        self.stream.memcpy_htod(img, &mut buf.slice_mut(..img.len())).map_err(|e| format!("upload: {e}"))
+        P::upload(&self.stream, buf, img).map_err(|e| format!("upload: {e}"))
     }
 
     fn download(&self, from_output: bool, len: usize) -> Result<Vec<u8>, String> {
         self.sync()?;
         let buf = if from_output { &self.output } else { &self.input };
-        self.stream.clone_dtoh(&buf.slice(..len)).map_err(|e| format!("download: {e}"))
+        P::download(&self.stream, buf, len).map_err(|e| format!("download: {e}"))
     }
 
     /// Makes every call of the plan, checking the route against `expect(op)` and every output
@@ -229,7 +278,7 @@ impl Rank {
             self.upload(false, &in_img)?;
         }
         self.upload(true, &out_img)?;
-        let (ib, ob) = (addr(&self.input, &self.stream), addr(&self.output, &self.stream));
+        let (ib, ob) = (P::addr(&self.stream, &self.input), P::addr(&self.stream, &self.output));
         let ios: Vec<Io<'_>> = call
             .lanes
             .iter()
@@ -249,7 +298,7 @@ impl Rank {
                 }
             })
             .collect();
-        let (c, s) = (&self.comm, &*self.stream);
+        let (c, s) = (&self.comm, self.stream.borrow());
         let done = match call.op {
             Op::ReduceScatterMany => c.reduce_scatter_many(&ios, s),
             op => {
@@ -295,3 +344,108 @@ impl Rank {
         synced.and(closed)
     }
 }
+
+/// World 1 through the factory with its default routing (the IPC backend's local route; no
+/// transport is built for one rank): every call of [`plan`] bit-exact against fixed-tree.
+/// Skips, saying why, without a GPU.
+pub fn world1<P: Platform>() {
+    if let Err(why) = P::devices() {
+        return skip(&why);
+    }
+    let boot: Arc<dyn Bootstrap> = Arc::new(LocalBootstrap::group(1).remove(0));
+    let config = Build { capacity: CAPACITY, routing: None, timeouts: Timeouts::from_env() };
+    let comm = P::build(boot, config).expect("factory");
+    let mut rank = Rank::<P>::new(comm, 0, Duration::from_secs(60)).expect("rank");
+    let ran = rank.run(&|_| Route::Local);
+    let closed = rank.close();
+    if let Err(e) = ran.and(closed) {
+        panic!("{e}");
+    }
+}
+
+/// Bounds every wait of a route-equivalence rank: peer flags and library calls, close.
+const ROUTE_TIMEOUTS: Timeouts = Timeouts { peer: Duration::from_secs(60), close: Duration::from_secs(30) };
+/// Bounds a route-equivalence rank's stream synchronisation.
+const ROUTE_SYNC_BOUND: Duration = Duration::from_secs(120);
+
+/// The world the route-equivalence tests run on `P` (the largest of 8, 4, 2 that the GPUs
+/// allow: one GPU per rank), or why they cannot.
+fn route_world<P: Platform>() -> Result<usize, String> {
+    let n = P::devices()?;
+    if n < 2 {
+        return Err(format!(
+            "{n} {} device: route equivalence needs 2+ GPUs ({} refuses two ranks on one GPU)",
+            P::RUNTIME,
+            P::LIBRARY
+        ));
+    }
+    ccl_transport::load(Some(P::Dev::VENDOR)).map_err(|e| format!("{} is not loadable ({e})", P::LIBRARY))?;
+    Ok([8, 4, 2].into_iter().find(|&w| w <= n).unwrap_or(2))
+}
+
+/// A table for platform `P` sending every call of `op` through `route_of(op)`.
+fn forced<P: Platform>(name: &str, route_of: fn(Op) -> Route) -> Routing {
+    let rule = |op: Op| Rule { op: op.name().into(), min_bytes: 0, max_bytes: None, route: route_of(op).name().into() };
+    let table =
+        RoutingTable { platform: P::NAME.into(), source: format!("test: {name}"), rules: Op::ALL.map(rule).into() };
+    Routing::new(table).unwrap_or_else(|e| panic!("forced routing {name}: {e}"))
+}
+
+/// Runs the plan on every rank of a world of `P` built with the forced routing `route_of`, one
+/// process per rank on GPU `local_rank % count`; `test` is the running test's name (the rank
+/// processes re-run it).
+pub fn check_routes<P: Platform>(test: &str, route_of: fn(Op) -> Route) {
+    let child = std::env::var_os(CHILD_ENV).is_some();
+    // Children take the world from the launcher (run_processes ignores it there) and must not
+    // touch the GPU before `prepare_process`.
+    let world = match child {
+        true => 0,
+        false => match route_world::<P>() {
+            Ok(w) => w,
+            Err(why) => return skip(&why),
+        },
+    };
+    // One world on the GPUs at a time.
+    static WORLDS: Mutex<()> = Mutex::new(());
+    let _one = WORLDS.lock().unwrap_or_else(|p| p.into_inner());
+    let routing = forced::<P>(test, route_of);
+    let make = |boot: Box<dyn Bootstrap>| {
+        P::prepare_process();
+        let boot: Arc<dyn Bootstrap> = Arc::from(boot);
+        let config = Build { capacity: CAPACITY, routing: Some(routing), timeouts: ROUTE_TIMEOUTS };
+        let comm = P::build(boot.clone(), config).map_err(|e| format!("{}_collective: {e}", P::NAME))?;
+        let ordinal = boot.local_rank() % P::devices()?;
+        Rank::<P>::new(comm, ordinal, ROUTE_SYNC_BOUND)
+    };
+    let case = |rank: &mut Rank<P>| rank.run(&route_of);
+    if let Err(e) = run_processes(world, test, make, &case, Rank::close) {
+        panic!("{test} (world {world}):\n{e}");
+    }
+}
+
+/// One `#[test]` per forced routing on platform `$platform`, at the test binary's root: every
+/// op through IPC one-shot; IPC reduce_scatter + all_gather; the transport; the hybrid.
+#[allow(unused_macros)]
+macro_rules! route_tests {
+    ($platform:ty) => {
+        common::route_tests! {@tests $platform;
+            every_op_through_ipc_one_shot_is_bit_exact: |_| collective_core::Route::IpcOneShot;
+            every_op_through_ipc_rs_ag_is_bit_exact: |_| collective_core::Route::IpcReduceScatterAllGather;
+            every_op_through_the_transport_is_bit_exact: |_| collective_core::Route::Transport;
+            // all_gather reduces nothing, so it cannot take the hybrid: it takes the transport
+            // (the hybrid's second half); reduce_scatter takes the hybrid's IPC half.
+            hybrid_ipc_rs_transport_ag_is_bit_exact: |op| match op {
+                collective_core::Op::AllGather => collective_core::Route::Transport,
+                _ => collective_core::Route::IpcReduceScatterTransportAllGather,
+            };
+        }
+    };
+    (@tests $platform:ty; $($name:ident: $route_of:expr;)*) => {$(
+        #[test]
+        fn $name() {
+            common::check_routes::<$platform>(stringify!($name), $route_of)
+        }
+    )*};
+}
+#[allow(unused_imports)]
+pub(crate) use route_tests;

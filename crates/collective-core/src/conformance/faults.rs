@@ -1,0 +1,98 @@
+//! The fail-closed outcomes the GPU twins' own tests check (`tests/gpu.rs` of `cuda-ipc` and
+//! `hip-ipc`): a call mismatched between two ranks, and a rank that never arrives. The tests
+//! make the calls; these judge what came back.
+use crate::Error;
+use crate::protocol::{IpcConfig, Timeouts};
+use std::time::Duration;
+
+/// The IPC twins' configuration of the fault tests: 1 MiB of staging, `peer` as the bound on
+/// every wait for a peer, close bounded by 5 s.
+pub fn config(peer: Duration) -> IpcConfig {
+    IpcConfig::new(1 << 20).with_timeouts(Timeouts { peer, close: Duration::from_secs(5) })
+}
+
+/// Rank `me` of two reduced `counts[me]` elements while its peer reduced `counts[1 - me]`. The
+/// call must have ended (`waited`, enqueue to stream drained) before the peer timeout `bound`,
+/// the backend's check after it (`checked`) must be the `SignatureMismatch` naming the peer and
+/// both counts, and the next call (`again`, made only then) must be refused as poisoned.
+pub fn expect_mismatch(
+    me: usize,
+    counts: [usize; 2],
+    waited: Duration,
+    bound: Duration,
+    checked: Result<(), Error>,
+    again: impl FnOnce() -> Result<(), Error>,
+) -> Result<(), String> {
+    if waited >= bound {
+        return Err(format!("the mismatch took {waited:?}, as long as the timeout"));
+    }
+    match checked {
+        Err(Error::SignatureMismatch { peer, ours, theirs }) => {
+            if peer != 1 - me || ours.count != counts[me] as u64 || theirs.count != counts[1 - me] as u64 {
+                return Err(format!("wrong mismatch report: peer {peer}, ours {ours}, theirs {theirs}"));
+            }
+        }
+        other => return Err(format!("expected SignatureMismatch, got {other:?}")),
+    }
+    match again() {
+        Err(Error::Poisoned { .. }) => Ok(()),
+        other => Err(format!("expected Poisoned after the mismatch, got {other:?}")),
+    }
+}
+
+/// Rank 0 called, rank 1 never did. The call must have ended (`waited`) after the peer timeout
+/// `bound` and within ten times it, the check after it (`checked`) must be `PeerTimeout` naming
+/// rank 1, and the next call (`again`, made only then) must be refused as poisoned; returns the
+/// poison's cause.
+pub fn expect_timeout(
+    waited: Duration,
+    bound: Duration,
+    checked: Result<(), Error>,
+    again: impl FnOnce() -> Result<(), Error>,
+) -> Result<String, String> {
+    if waited < bound || waited > bound * 10 {
+        return Err(format!("the call ended after {waited:?}, bound {bound:?}"));
+    }
+    match checked {
+        Err(Error::PeerTimeout { peer: 1, .. }) => {}
+        other => return Err(format!("expected PeerTimeout from rank 1, got {other:?}")),
+    }
+    match again() {
+        Err(Error::Poisoned { cause }) => Ok(cause),
+        other => Err(format!("expected Poisoned, got {other:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{DType, Op, Signature};
+
+    fn sig(count: u64) -> Signature {
+        Signature { op: Op::AllReduce, dtype: DType::F32, count, lanes: 1 }
+    }
+
+    #[test]
+    fn mismatch_outcomes() {
+        let (fast, bound) = (Duration::from_millis(5), Duration::from_secs(1));
+        let poisoned = || Err(Error::Poisoned { cause: "x".into() });
+        let reported = |ours, theirs| Err(Error::SignatureMismatch { peer: 0, ours: sig(ours), theirs: sig(theirs) });
+        expect_mismatch(1, [100, 101], fast, bound, reported(101, 100), poisoned).expect("rank 1");
+        assert!(expect_mismatch(1, [100, 101], bound, bound, reported(101, 100), poisoned).is_err());
+        assert!(expect_mismatch(1, [100, 101], fast, bound, reported(100, 101), poisoned).is_err());
+        assert!(expect_mismatch(1, [100, 101], fast, bound, Ok(()), poisoned).is_err());
+        assert!(expect_mismatch(1, [100, 101], fast, bound, reported(101, 100), || Ok(())).is_err());
+    }
+
+    #[test]
+    fn timeout_outcomes() {
+        let bound = Duration::from_millis(300);
+        let timed_out = || Err(Error::PeerTimeout { peer: 1, what: "arrive", waited: bound });
+        let poisoned = || Err(Error::Poisoned { cause: "timeout".into() });
+        assert_eq!(expect_timeout(bound * 2, bound, timed_out(), poisoned).as_deref(), Ok("timeout"));
+        assert!(expect_timeout(bound / 2, bound, timed_out(), poisoned).is_err());
+        assert!(expect_timeout(bound * 11, bound, timed_out(), poisoned).is_err());
+        assert!(expect_timeout(bound * 2, bound, Ok(()), poisoned).is_err());
+        assert!(expect_timeout(bound * 2, bound, timed_out(), || Ok(())).is_err());
+    }
+}
