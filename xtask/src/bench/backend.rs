@@ -1,8 +1,9 @@
 //! What the bench needs from a backend, and the CPU implementations.
 //!
 //! A GPU backend plugs in by implementing [`BenchBackend`] for one rank (device buffers, a
-//! stream, device-side timing) and adding a constructor to `bench::select_backend`; the
-//! measurement loop ([`super::run`]) is generic and never touches memory directly.
+//! stream, device-side timing; `super::cuda` and `super::hip` are the GPU ones) and adding a
+//! branch to `bench::resolve_backend`; the measurement loop ([`super::run`]) is generic and
+//! never touches memory directly.
 use super::args::BenchOp;
 use collective_core::conformance::HostBuf;
 use collective_core::{Collective, DType, Io, RawMut, RawRef};

@@ -143,14 +143,9 @@ impl Retained for collective_factory::NvidiaCollective {
 }
 
 impl<C> CudaBackend<C> {
-    /// Closes the native communicators (the collective itself is closed by the caller).
-    pub fn close_natives(&self) -> anyhow::Result<()> {
-        self.natives.close()
-    }
-
-    /// What the report records about the natives, e.g. `libnccl.so.2 2.28.3`.
-    pub fn native_library(&self) -> Option<String> {
-        self.natives.library()
+    /// The native library references (closed by the caller after the collective's calls).
+    pub fn natives(&self) -> &Natives<CudaDevice> {
+        &self.natives
     }
 
     fn sync(&self) -> anyhow::Result<()> {

@@ -128,14 +128,9 @@ pub struct HipBackend<C> {
 }
 
 impl<C> HipBackend<C> {
-    /// Closes the native communicators (the collective itself is closed by the caller).
-    pub fn close_natives(&self) -> anyhow::Result<()> {
-        self.natives.close()
-    }
-
-    /// What the report records about the natives, e.g. `librccl.so.1 2.22.3`.
-    pub fn native_library(&self) -> Option<String> {
-        self.natives.library()
+    /// The native library references (closed by the caller after the collective's calls).
+    pub fn natives(&self) -> &Natives<HipDevice> {
+        &self.natives
     }
 
     fn sync(&self) -> anyhow::Result<()> {

@@ -208,34 +208,40 @@ fn run_process_rank(args: &BenchArgs, resolved: Resolved, boot: Arc<TcpBootstrap
         }
         Resolved::Cuda => {
             let b = cuda::process(boot.clone(), args.capacity())?;
-            let config = serde_json::json!({
-                "capacity_bytes": args.capacity(),
-                "routing": b.comm().routing().canonical_json(),
-                "native_library": b.native_library(),
-                "native_tree_simple_env": "NCCL_ALGO=Tree NCCL_PROTO=Simple",
-                "env": env_vars(&["NCCL_", "CUDA_"]),
-            });
+            let config = gpu_config(args, b.comm().routing(), b.natives().library(), &["NCCL_", "CUDA_"]);
             let ok = run_rank(&b, &*boot, args, launch, config)?;
-            b.close_natives()?;
+            b.natives().close()?;
             b.comm().close().context("closing the collective")?;
             Ok(ok)
         }
         Resolved::Hip => {
             let b = hip::process(boot.clone(), args.capacity())?;
-            let config = serde_json::json!({
-                "capacity_bytes": args.capacity(),
-                "routing": b.comm().routing().canonical_json(),
-                "native_library": b.native_library(),
-                "native_tree_simple_env": "NCCL_ALGO=Tree NCCL_PROTO=Simple",
-                "env": env_vars(&["HIP_", "ROCR_", "HSA_", "NCCL_", "RCCL_", "DETCOLL_"]),
-            });
+            let env = ["HIP_", "ROCR_", "HSA_", "NCCL_", "RCCL_", "DETCOLL_"];
+            let config = gpu_config(args, b.comm().routing(), b.natives().library(), &env);
             let ok = run_rank(&b, &*boot, args, launch, config)?;
-            b.close_natives()?;
+            b.natives().close()?;
             b.comm().close().context("closing the collective")?;
             Ok(ok)
         }
         Resolved::Memory => anyhow::bail!("--backend memory runs with --threads only"),
     }
+}
+
+/// What a GPU rank's report records about its configuration: capacity, the agreed routing,
+/// the native library, and the environment variables (by prefix) that change what runs.
+fn gpu_config(
+    args: &BenchArgs,
+    routing: &collective_factory::Routing,
+    native_library: Option<String>,
+    env_prefixes: &[&str],
+) -> serde_json::Value {
+    serde_json::json!({
+        "capacity_bytes": args.capacity(),
+        "routing": routing.canonical_json(),
+        "native_library": native_library,
+        "native_tree_simple_env": "NCCL_ALGO=Tree NCCL_PROTO=Simple",
+        "env": env_vars(env_prefixes),
+    })
 }
 
 /// The variables of this process whose names start with one of `prefixes` (NCCL_*, CUDA_*,

@@ -154,19 +154,6 @@ fn single_io<'a, B: BenchBackend>(b: &B, dtype: DType, n: usize, m: usize, bufs:
     Io::OutOfPlace { input: b.view(&bufs.input, 0, n, dtype), output: b.view_mut(&mut bufs.outs[0], 0, m, dtype) }
 }
 
-/// Enqueues one native (non-strict) call of `op`.
-fn native_call<B: BenchBackend>(
-    b: &B,
-    kind: NativeKind,
-    op: BenchOp,
-    dtype: DType,
-    n: usize,
-    bufs: &mut OpBufs<B::Buf>,
-) -> anyhow::Result<()> {
-    let m = output_lens(op, n, b.comm().world_size())[0];
-    b.native(kind, op, single_io(b, dtype, n, m, bufs))
-}
-
 /// Largest |got - want| over the elements (as f64; NaN when either is not finite).
 pub fn max_abs_diff(got: &[u8], want: &[u8], dtype: DType) -> f64 {
     let value = |bytes: &[u8], i: usize| {
@@ -248,14 +235,15 @@ pub fn measure_op<B: BenchBackend>(
             continue;
         }
         boot.barrier().context("barrier before the first native call")?;
-        native_call(b, kind, op, dtype, n, &mut bufs).with_context(|| format!("first native {kind:?} call"))?;
+        b.native(kind, op, single_io(b, dtype, n, out_lens[0], &mut bufs))
+            .with_context(|| format!("first native {kind:?} call"))?;
         if kind == NativeKind::Default {
             native_max_abs_diff = Some(max_abs_diff(&read_outs(b, &bufs.outs, &out_lens, dtype)?, &expected, dtype));
         }
         for _ in 0..args.warmup {
-            native_call(b, kind, op, dtype, n, &mut bufs)?;
+            b.native(kind, op, single_io(b, dtype, n, out_lens[0], &mut bufs))?;
         }
-        native.push(sample(b, boot, args, || native_call(b, kind, op, dtype, n, &mut bufs))?);
+        native.push(sample(b, boot, args, || b.native(kind, op, single_io(b, dtype, n, out_lens[0], &mut bufs)))?);
     }
     Ok(RankRow {
         latencies,
