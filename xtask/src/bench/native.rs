@@ -4,7 +4,7 @@
 use super::args::BenchOp;
 use super::backend::NativeKind;
 use anyhow::Context;
-use ccl_transport::{Device, TransportCollective, TransportConfig};
+use ccl_transport::{Device, TransportCollective, TransportConfig, Watchdog};
 use collective_core::bootstrap::Bootstrap;
 use collective_core::{Collective, Error, Io};
 
@@ -55,14 +55,15 @@ impl<D: Device> Natives<D> {
     /// factory's collective so no communicator exists while the environment is changed).
     /// Blocking communicators, as the library's own default and its tests use: non-blocking
     /// calls are polled to completion on the host, which would bill the reference tens of
-    /// microseconds per call. A failure is reported by rank 0 and leaves no references (the
+    /// microseconds per call. No transport watchdog either: the reference is the plain library.
+    /// A failure is reported by rank 0 and leaves no references (the
     /// transport's construction fails on every rank alike).
     pub fn build(
         boot: &dyn Bootstrap,
         capacity: usize,
         make: impl Fn(&dyn Bootstrap, &TransportConfig) -> Result<TransportCollective<D>, Error>,
     ) -> Self {
-        let config = TransportConfig { blocking: true, ..TransportConfig::new(capacity) };
+        let config = TransportConfig { blocking: true, watchdog: Watchdog::Off, ..TransportConfig::new(capacity) };
         let tree = with_env(NativeKind::TreeSimple, || make(boot, &config));
         let default = with_env(NativeKind::Default, || make(boot, &config));
         match (default, tree) {
