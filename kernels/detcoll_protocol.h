@@ -40,7 +40,7 @@
 
 // Bumped whenever the parameter layout or the protocol changes; checked by the host against
 // `detcoll_abi` so a stale prebuilt cubin is refused instead of misread.
-#define DC_ABI_VERSION 2u
+#define DC_ABI_VERSION 3u
 
 #define DC_MAX_WORLD 8
 #define DC_THREADS 512
@@ -64,12 +64,17 @@ struct DcSeg {
     dc_u32 flags;
 };
 
+// Every rank's memory is two bases: its control block (status, signatures, flags; the `off_*`
+// offsets are from it) and its frame 0 (frame f at data + frame[f]). CUDA keeps both in one
+// allocation; HIP puts the control block in fine-grained memory and the frames in ordinary
+// device memory (see Layout in collective-core/src/protocol/layout.rs).
 struct DcHeader {
-    dc_u64 base[DC_MAX_WORLD];  // every rank's allocation, in rank order
+    dc_u64 ctl[DC_MAX_WORLD];   // every rank's control block, in rank order
+    dc_u64 data[DC_MAX_WORLD];  // every rank's frame 0, in rank order
     dc_u64 err;                 // this rank's host-mapped error record (device address)
     dc_u64 timeout_ns;          // bound on every wait
     dc_u64 sig[2];              // Signature::pack()
-    dc_u64 frame[2];            // Layout::frame(0), frame(1)
+    dc_u64 frame[2];            // 0, Layout::frame_stride(): frame offsets from data[]
     dc_u32 off_status, off_sig0, off_sig1, off_ready, off_phase2, line;
     dc_u32 digest, rank, world, layout_blocks, grid, dtype, tile_bytes, nstage, nphase1, nphase2;
 };
@@ -124,7 +129,7 @@ DC_DEV void dc_fail(const DcHeader& h, dc_u64* status, dc_u64 code, dc_u32 peer,
     e[4] = h.sig[0];
     e[5] = h.sig[1];
     if (code == DC_ERR_MISMATCH) {
-        const volatile dc_u64* theirs = (const volatile dc_u64*)(h.base[peer] + ((g & 1u) ? h.off_sig1 : h.off_sig0));
+        const volatile dc_u64* theirs = (const volatile dc_u64*)(h.ctl[peer] + ((g & 1u) ? h.off_sig1 : h.off_sig0));
         e[6] = theirs[0];
         e[7] = theirs[1];
     }
@@ -141,8 +146,8 @@ DC_DEV bool dc_wait(const DcHeader& h, dc_u64* status, dc_u32 off, dc_u32 g, dc_
     DC_SYNC_BLOCK();
     dc_u32 t = DC_TID;
     if (t < h.world && t != h.rank) {
-        const dc_u64* flag = dc_at(h.base[t], off);
-        const dc_u64* peer_status = dc_at(h.base[t], h.off_status);
+        const dc_u64* flag = dc_at(h.ctl[t], off);
+        const dc_u64* peer_status = dc_at(h.ctl[t], h.off_status);
         dc_u64 start = dc_globaltimer();
         dc_u32 iter = 0;
         for (;;) {
@@ -198,7 +203,7 @@ template <int W, int DT>
 DC_DEV void dc_reduce_piece(const DcHeader& h, dc_u64 frame, dc_u64 x, dc_u64 n, dc_u8* dst, dc_u8* wb) {
     const dc_u8* src[W];
 #pragma unroll
-    for (int i = 0; i < W; ++i) src[i] = (const dc_u8*)(h.base[i] + frame + x);
+    for (int i = 0; i < W; ++i) src[i] = (const dc_u8*)(h.data[i] + frame + x);
     dc_reduce_range<W, DT, false>(src, dst, wb, n, DC_TID, DC_NTID);
 }
 
@@ -223,11 +228,11 @@ DC_DEV void dc_reduce_piece_any(const DcHeader& h, dc_u64 frame, dc_u64 x, dc_u6
 // Phase-1/phase-2 work of one segment, for this block's tiles.
 DC_DEV void dc_run_segment(const DcHeader& h, const DcSeg& s, dc_u64 frame, bool gather) {
     const dc_u32 b = DC_BID;
-    dc_u64 own = h.base[h.rank];
+    dc_u64 own = h.data[h.rank];
     dc_for_tiles(s.frame_off, s.bytes, h.tile_bytes, h.grid, b, [&](dc_u64 lo, dc_u64 hi) {
         dc_u8* dst = (dc_u8*)(s.ptr + (lo - s.frame_off));
         if (gather) {
-            const dc_u8* src = (const dc_u8*)(h.base[s.peer] + frame + lo);
+            const dc_u8* src = (const dc_u8*)(h.data[s.peer] + frame + lo);
             dc_copy_range(dst, src, hi - lo, DC_TID, DC_NTID);
         } else {
             dc_u8* wb = (s.flags & DC_SEG_WRITE_BACK) ? (dc_u8*)(own + frame + lo) : (dc_u8*)0;
@@ -240,7 +245,8 @@ DC_DEV void dc_run_segment(const DcHeader& h, const DcSeg& s, dc_u64 frame, bool
 // parameter space (CUDA: __grid_constant__; HIP: the kernarg segment), no copy.
 DC_DEV_NOINLINE void dc_collective(const DcHeader& h, const DcSeg* seg) {
     const dc_u32 b = DC_BID;
-    const dc_u64 own = h.base[h.rank];
+    const dc_u64 own = h.ctl[h.rank];
+    const dc_u64 own_data = h.data[h.rank];
     dc_u64* status = dc_at(own, h.off_status);
     DC_SHARED dc_u32 s_g;
     DC_SHARED int s_abort;
@@ -258,7 +264,7 @@ DC_DEV_NOINLINE void dc_collective(const DcHeader& h, const DcSeg* seg) {
     for (dc_u32 i = 0; i < h.nstage; ++i) {
         const DcSeg& s = seg[i];
         dc_for_tiles(s.frame_off, s.bytes, h.tile_bytes, h.grid, b, [&](dc_u64 lo, dc_u64 hi) {
-            dc_copy_range((dc_u8*)(own + frame + lo), (const dc_u8*)(s.ptr + (lo - s.frame_off)), hi - lo,
+            dc_copy_range((dc_u8*)(own_data + frame + lo), (const dc_u8*)(s.ptr + (lo - s.frame_off)), hi - lo,
                           DC_TID, DC_NTID);
         });
     }

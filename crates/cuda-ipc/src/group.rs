@@ -4,7 +4,7 @@ use crate::collective::{CudaIpcCollective, GroupShared, IpcState, Owner};
 use crate::config::CudaIpcConfig;
 use crate::driver::{self, BACKEND, check};
 use crate::kernels::Module;
-use crate::launch::{Fixed, THREADS};
+use crate::launch::{Fixed, RankMemory, THREADS};
 use crate::memory::{self, ErrorRecord, IpcMapping, Staging};
 use collective_core::bootstrap::Bootstrap;
 use collective_core::protocol::{Header, Layout, Poison, close};
@@ -15,6 +15,12 @@ use std::sync::{Arc, Mutex};
 
 fn check_world(world: usize) -> Result<(), Error> {
     if SUPPORTED_WORLD_SIZES.contains(&world) { Ok(()) } else { Err(Error::UnsupportedWorldSize { world }) }
+}
+
+/// The kernels' view of one-allocation staging (control block and frames together): CUDA's
+/// system-scope atomics are coherent on any device memory, so nothing is split.
+fn rank_memory(layout: &Layout, bases: &[u64]) -> Vec<RankMemory> {
+    bases.iter().map(|&b| RankMemory::one_allocation(layout, b)).collect()
 }
 
 fn timeout_ns(config: &CudaIpcConfig) -> u64 {
@@ -185,7 +191,8 @@ impl CudaIpcCollective {
             let module = modules.iter().find(|(k, _)| *k == c.cu_ctx()).map(|(_, m)| m.clone()).ok_or_else(|| {
                 Error::Backend { backend: BACKEND, detail: "module of a context went missing".into() }
             })?;
-            let fixed = Fixed::new(&layout, &bases, r, err.device_ptr(), timeout_ns(&config), THREADS);
+            let fixed =
+                Fixed::new(&layout, &rank_memory(&layout, &bases), r, err.device_ptr(), timeout_ns(&config), THREADS);
             let state =
                 IpcState { module, layout, fixed, bases: bases.clone(), err, owner: Owner::Group(shared.clone()) };
             out.push(assemble(r, c, &config, state));
@@ -273,7 +280,8 @@ impl CudaIpcCollective {
             mappings.push(m);
         }
         let err = ErrorRecord::new(ctx)?;
-        let fixed = Fixed::new(&layout, &bases, rank, err.device_ptr(), timeout_ns(&config), THREADS);
+        let fixed =
+            Fixed::new(&layout, &rank_memory(&layout, &bases), rank, err.device_ptr(), timeout_ns(&config), THREADS);
         // Nobody launches before everyone has opened (and zeroed) everything.
         boot.barrier()?;
         let owner = Owner::Process { own: Mutex::new(Some(own)), mappings: Mutex::new(mappings), boot };

@@ -8,7 +8,7 @@ use collective_core::protocol::params::{self, Params};
 use cudarc::driver::sys;
 
 pub(crate) use collective_core::protocol::params::{
-    ABI_VERSION, CopyParams, Fixed, ParamsMany, ParamsSingle, Seg, THREADS, TreeParams, copy_grid,
+    ABI_VERSION, CopyParams, Fixed, ParamsMany, ParamsSingle, RankMemory, Seg, THREADS, TreeParams, copy_grid,
 };
 
 /// [`params::pack`] with this crate's backend name.

@@ -9,12 +9,15 @@
 //!
 //! Nothing of this file has run on an AMD GPU (none was available): see docs/rocm.md.
 use crate::BACKEND;
+use crate::group::Staging;
 use crate::kernels::Module;
 use crate::result::{api, check};
-use crate::runtime::{self, DeviceMemory, HostMapped, IpcMapping, Stream};
+use crate::runtime::{self, HostMapped, IpcMapping, Stream};
 use crate::sys::{self, HipFunction, HipStream};
 use collective_core::bootstrap::Bootstrap;
-use collective_core::protocol::params::{self, CopyParams, Fixed, ParamsMany, ParamsSingle, THREADS, copy_grid};
+use collective_core::protocol::params::{
+    self, CopyParams, Fixed, ParamsMany, ParamsSingle, RankMemory, THREADS, copy_grid,
+};
 use collective_core::protocol::status::{self, RECORD_WORDS};
 use collective_core::protocol::{CLOSE_ACK, IpcConfig, Layout, Plan, Poison, close};
 use collective_core::{Capabilities, Collective, Error, Io, Op, Route, validate, validate_many};
@@ -86,7 +89,7 @@ pub(crate) enum Owner {
     Group(#[allow(dead_code)] Arc<GroupShared>),
     /// One process per rank: this rank's allocation, and its mappings of the peers'.
     Process {
-        own: Mutex<Option<DeviceMemory>>,
+        own: Mutex<Option<Staging>>,
         mappings: Mutex<Vec<IpcMapping>>,
         #[allow(dead_code)]
         boot: Box<dyn Bootstrap>,
@@ -107,7 +110,7 @@ impl std::fmt::Debug for Owner {
 pub(crate) struct GroupShared {
     /// Held only so that it is freed with the last rank.
     #[allow(dead_code)]
-    pub(crate) staging: Vec<DeviceMemory>,
+    pub(crate) staging: Vec<Staging>,
 }
 
 /// The protocol state of a rank of a world of 2 or more.
@@ -116,7 +119,8 @@ pub(crate) struct IpcState {
     pub(crate) kernels: Arc<Kernels>,
     pub(crate) layout: Layout,
     pub(crate) fixed: Fixed,
-    pub(crate) bases: Vec<u64>,
+    /// Every rank's control block and frames, as this rank addresses them.
+    pub(crate) mems: Vec<RankMemory>,
     pub(crate) err: HostMapped,
     pub(crate) owner: Owner,
 }
@@ -280,7 +284,7 @@ impl HipIpcCollective {
     /// Close of a process-mode rank: wait (bounded) until every peer acknowledged, then free.
     fn wait_acks_and_free(&self, ipc: &IpcState) -> Result<(), Error> {
         let Owner::Process { own, mappings, .. } = &ipc.owner else { return Ok(()) };
-        let base = ipc.bases[self.rank];
+        let base = ipc.mems[self.rank].control;
         let missing =
             close::first_missing_ack(&ipc.layout, self.rank, self.world, self.config.timeouts.close, |off| {
                 let mut w = [0u8; 8];
@@ -371,7 +375,7 @@ impl Collective for HipIpcCollective {
         // SAFETY: plain call on the current device.
         check(api, unsafe { (api.hipDeviceSynchronize)() }, "hipDeviceSynchronize")?;
         for q in (0..self.world).filter(|&q| q != self.rank) {
-            runtime::copy_to_device(&CLOSE_ACK.to_le_bytes(), ipc.bases[q] + ipc.layout.ack(self.rank) as u64)?;
+            runtime::copy_to_device(&CLOSE_ACK.to_le_bytes(), ipc.mems[q].control + ipc.layout.ack(self.rank) as u64)?;
         }
         self.wait_acks_and_free(ipc)
     }

@@ -2,17 +2,22 @@
 //! directly), or one process per rank over a bootstrap (HIP IPC handles). The HIP twin of
 //! `cuda-ipc/src/group.rs`.
 //!
-//! Staging: ONE allocation per rank holding the control block and both frames (the protocol's
-//! [`Layout`]), from `hipExtMallocWithFlags(hipDeviceMallocFinegrained)`, so that the
-//! system-scope release/acquire of the flags is coherent across GPUs, and the kernel ABI keeps
-//! one base pointer per rank. Frames in fine-grained memory are slower than in coarse-grained
-//! `hipMalloc` memory; see docs/rocm.md for the trade-off.
+//! Staging: TWO allocations per rank (the split placement of the protocol's [`Layout`]): the
+//! control block (header, status, signatures, flags, acks) from
+//! `hipExtMallocWithFlags(hipDeviceMallocFinegrained)`, so that the system-scope
+//! release/acquire of the flags is coherent across GPUs, and both frames from plain
+//! `hipMalloc` (coarse-grained: full bandwidth, cached). The frames need no fine-grained
+//! coherence: a peer reads a frame only after the acquire of the flag the owner released after
+//! staging it, and the release/acquire pair at system scope orders the frame bytes too (the
+//! owner's release writes back its L2; the reader's acquire invalidates its caches). The kernel
+//! ABI carries two bases per rank (`DcHeader::ctl`, `DcHeader::data`); see docs/rocm.md.
 use crate::BACKEND;
 use crate::collective::{GroupShared, HipIpcCollective, IpcState, Kernels, Owner};
 use crate::result::api;
 use crate::runtime::{self, DeviceMemory, HostMapped, IpcMapping};
+use crate::sys::HIP_IPC_HANDLE_SIZE;
 use collective_core::bootstrap::Bootstrap;
-use collective_core::protocol::params::{Fixed, THREADS};
+use collective_core::protocol::params::{Fixed, RankMemory, THREADS};
 use collective_core::protocol::status::RECORD_WORDS;
 use collective_core::protocol::{Header, IpcConfig, Layout, Poison, close};
 use collective_core::{Error, SUPPORTED_WORLD_SIZES};
@@ -55,7 +60,7 @@ fn local(ordinal: usize, config: &IpcConfig) -> HipIpcCollective {
 fn assemble(rank: usize, ordinal: usize, config: &IpcConfig, state: IpcState) -> HipIpcCollective {
     HipIpcCollective {
         rank,
-        world: state.bases.len(),
+        world: state.mems.len(),
         device: ordinal,
         config: config.clone(),
         ipc: Some(state),
@@ -66,16 +71,56 @@ fn assemble(rank: usize, ordinal: usize, config: &IpcConfig, state: IpcState) ->
     }
 }
 
-/// One rank's staging: the whole [`Layout`] in one fine-grained allocation, zeroed, header
-/// written (synchronous calls: every later launch sees it).
-fn staging(ordinal: usize, layout: &Layout, header: &Header) -> Result<DeviceMemory, Error> {
-    let mem = DeviceMemory::fine_grained(ordinal, layout.total_bytes())?;
-    let mut bytes = Vec::with_capacity(56);
-    for w in header.to_words() {
-        bytes.extend_from_slice(&w.to_le_bytes());
+/// One rank's staging: the control block (fine-grained) and the frames (`hipMalloc`).
+#[derive(Debug)]
+pub(crate) struct Staging {
+    pub(crate) control: DeviceMemory,
+    pub(crate) frames: DeviceMemory,
+}
+
+impl Staging {
+    /// Both allocations, zeroed, header written (synchronous calls: every later launch sees it).
+    fn new(ordinal: usize, layout: &Layout, header: &Header) -> Result<Staging, Error> {
+        let control = DeviceMemory::fine_grained(ordinal, layout.control_bytes())?;
+        let frames = DeviceMemory::new(ordinal, layout.frames_bytes())?;
+        let mut bytes = Vec::with_capacity(56);
+        for w in header.to_words() {
+            bytes.extend_from_slice(&w.to_le_bytes());
+        }
+        runtime::copy_to_device(&bytes, control.ptr() + layout.header() as u64)?;
+        Ok(Staging { control, frames })
     }
-    runtime::copy_to_device(&bytes, mem.ptr() + layout.header() as u64)?;
-    Ok(mem)
+    fn memory(&self) -> RankMemory {
+        RankMemory { control: self.control.ptr(), frames: self.frames.ptr() }
+    }
+    /// The two IPC handles a peer process opens: control block, then frames.
+    fn ipc_handles(&self) -> Result<Vec<u8>, Error> {
+        let mut out = Vec::with_capacity(2 * HIP_IPC_HANDLE_SIZE);
+        out.extend_from_slice(&self.control.ipc_handle()?);
+        out.extend_from_slice(&self.frames.ipc_handle()?);
+        Ok(out)
+    }
+    /// Keeps both allocations forever (a peer may still read them).
+    pub(crate) fn leak(&mut self) {
+        self.control.leak();
+        self.frames.leak();
+    }
+}
+
+/// A peer's two handles (from [`Staging::ipc_handles`]), opened.
+fn open_peer(q: usize, handles: &[u8]) -> Result<[IpcMapping; 2], Error> {
+    if handles.len() != 2 * HIP_IPC_HANDLE_SIZE {
+        return Err(Error::Backend {
+            backend: BACKEND,
+            detail: format!(
+                "rank {q} sent {} bytes of IPC handles, expected {}",
+                handles.len(),
+                2 * HIP_IPC_HANDLE_SIZE
+            ),
+        });
+    }
+    let (c, f) = handles.split_at(HIP_IPC_HANDLE_SIZE);
+    Ok([IpcMapping::open(c)?, IpcMapping::open(f)?])
 }
 
 impl HipIpcCollective {
@@ -133,7 +178,7 @@ impl HipIpcCollective {
             }
         }
         let pid = u64::from(std::process::id());
-        let mut mems = Vec::with_capacity(world);
+        let mut staging = Vec::with_capacity(world);
         for (r, &o) in ordinals.iter().enumerate() {
             let header = Header {
                 world: world as u64,
@@ -142,10 +187,10 @@ impl HipIpcCollective {
                 blocks: blocks as u64,
                 pid,
             };
-            mems.push(staging(o, &layout, &header)?);
+            staging.push(Staging::new(o, &layout, &header)?);
         }
-        let bases: Vec<u64> = mems.iter().map(DeviceMemory::ptr).collect();
-        let shared = Arc::new(GroupShared { staging: mems });
+        let mems: Vec<RankMemory> = staging.iter().map(Staging::memory).collect();
+        let shared = Arc::new(GroupShared { staging });
         let mut out = Vec::with_capacity(world);
         for (r, &o) in ordinals.iter().enumerate() {
             runtime::set_device(o)?;
@@ -154,9 +199,9 @@ impl HipIpcCollective {
                 backend: BACKEND,
                 detail: "kernels of a device went missing".into(),
             })?;
-            let fixed = Fixed::new(&layout, &bases, r, err.device_ptr(), timeout_ns(&config), THREADS);
+            let fixed = Fixed::new(&layout, &mems, r, err.device_ptr(), timeout_ns(&config), THREADS);
             let state =
-                IpcState { kernels: k, layout, fixed, bases: bases.clone(), err, owner: Owner::Group(shared.clone()) };
+                IpcState { kernels: k, layout, fixed, mems: mems.clone(), err, owner: Owner::Group(shared.clone()) };
             out.push(assemble(r, o, &config, state));
         }
         Ok(out)
@@ -215,35 +260,34 @@ impl HipIpcCollective {
             blocks: blocks as u64,
             pid: u64::from(std::process::id()),
         };
-        let own = staging(ordinal, &layout, &header)?;
-        // Exchange 2: IPC handles, opened once.
-        let handles = boot.all_gather_bytes(&own.ipc_handle()?)?;
+        let own = Staging::new(ordinal, &layout, &header)?;
+        // Exchange 2: IPC handles (control block and frames), opened once.
+        let handles = boot.all_gather_bytes(&own.ipc_handles()?)?;
         runtime::set_device(ordinal)?;
-        let mut mappings = Vec::with_capacity(world - 1);
-        let mut bases = vec![0u64; world];
+        let mut mappings = Vec::with_capacity(2 * (world - 1));
+        let mut mems = vec![own.memory(); world];
         for (q, h) in handles.iter().enumerate() {
             if q == rank {
-                bases[q] = own.ptr();
                 continue;
             }
-            let m = IpcMapping::open(h)?;
-            bases[q] = m.ptr();
+            let [c, f] = open_peer(q, h)?;
+            mems[q] = RankMemory { control: c.ptr(), frames: f.ptr() };
             // The peer's header must describe the same layout.
             let mut raw = [0u8; 56];
-            runtime::copy_to_host(m.ptr() + layout.header() as u64, &mut raw)?;
+            runtime::copy_to_host(c.ptr() + layout.header() as u64, &mut raw)?;
             let mut words = [0u64; 7];
             for (w, c) in words.iter_mut().zip(raw.chunks_exact(8)) {
                 *w = u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
             }
             close::check_peer_header(words, q, &header)?;
-            mappings.push(m);
+            mappings.extend([c, f]);
         }
         let err = HostMapped::new(RECORD_WORDS)?;
-        let fixed = Fixed::new(&layout, &bases, rank, err.device_ptr(), timeout_ns(&config), THREADS);
+        let fixed = Fixed::new(&layout, &mems, rank, err.device_ptr(), timeout_ns(&config), THREADS);
         // Nobody launches before everyone has opened (and zeroed) everything.
         boot.barrier()?;
         let owner = Owner::Process { own: Mutex::new(Some(own)), mappings: Mutex::new(mappings), boot };
-        let state = IpcState { kernels, layout, fixed, bases, err, owner };
+        let state = IpcState { kernels, layout, fixed, mems, err, owner };
         Ok(assemble(rank, ordinal, &config, state))
     }
 }
@@ -271,6 +315,18 @@ mod tests {
         }
         fn all_gather_bytes(&self, _mine: &[u8]) -> Result<Vec<Vec<u8>>, BootstrapError> {
             unreachable!("construction must fail before the first exchange")
+        }
+    }
+
+    #[test]
+    fn peer_handles_of_the_wrong_length_are_refused_before_any_hip_call() {
+        for len in [0, HIP_IPC_HANDLE_SIZE, 2 * HIP_IPC_HANDLE_SIZE - 1, 3 * HIP_IPC_HANDLE_SIZE] {
+            match open_peer(3, &vec![0u8; len]) {
+                Err(Error::Backend { detail, .. }) => {
+                    assert!(detail.contains("rank 3") && detail.contains(&len.to_string()), "{detail}")
+                }
+                other => panic!("{len} bytes: expected a Backend error, got {other:?}"),
+            }
         }
     }
 

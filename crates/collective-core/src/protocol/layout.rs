@@ -2,7 +2,14 @@
 //!
 //! Every flag has its own [`LINE`]-byte line so that a peer polling one flag never contends
 //! with the owner writing another. Staging is two frames of `capacity` bytes (double-buffered
-//! by generation parity). Offsets are in bytes from the start of the allocation.
+//! by generation parity), [`Layout::frame_stride`] bytes apart.
+//!
+//! Two placements use this layout. The CPU and CUDA twins put everything in one allocation of
+//! [`Layout::total_bytes`]: the control block at offset 0, frame `p` at [`Layout::frame`]`(p)`.
+//! The HIP twin splits it: the control block ([`Layout::control_bytes`]) in fine-grained memory,
+//! where system-scope atomics are coherent across GPUs, and the frames
+//! ([`Layout::frames_bytes`]) in ordinary device memory, frame `p` at `p * frame_stride()`.
+//! Control offsets (header, status, flags, acks) are from the start of the control block.
 
 /// Bytes per flag line (covers 128-byte GPU cache lines and 64-byte CPU lines).
 pub const LINE: usize = 128;
@@ -82,14 +89,22 @@ impl Layout {
     pub const fn control_bytes(&self) -> usize {
         (4 + 2 * self.blocks + MAX_WORLD) * LINE
     }
-    /// Start of staging frame `parity`.
+    /// Bytes from the start of frame 0 to the start of frame 1 (page-aligned).
+    pub const fn frame_stride(&self) -> usize {
+        round_up(self.capacity, FRAME_ALIGN)
+    }
+    /// Bytes of both frames, when they are allocated on their own.
+    pub const fn frames_bytes(&self) -> usize {
+        2 * self.frame_stride()
+    }
+    /// Start of staging frame `parity` in the one-allocation placement.
     pub const fn frame(&self, parity: usize) -> usize {
         let first = round_up(self.control_bytes(), FRAME_ALIGN);
-        first + (parity & 1) * round_up(self.capacity, FRAME_ALIGN)
+        first + (parity & 1) * self.frame_stride()
     }
-    /// Bytes of the whole allocation.
+    /// Bytes of the whole allocation in the one-allocation placement.
     pub const fn total_bytes(&self) -> usize {
-        self.frame(1) + round_up(self.capacity, FRAME_ALIGN)
+        self.frame(0) + self.frames_bytes()
     }
 }
 
@@ -117,6 +132,9 @@ mod tests {
         assert!(l.frame(0) >= l.control_bytes());
         assert!(l.frame(1) >= l.frame(0) + 1000);
         assert!(l.total_bytes() >= l.frame(1) + 1000);
+        assert_eq!(l.frame(1) - l.frame(0), l.frame_stride());
+        assert_eq!((l.frame_stride(), l.frames_bytes()), (4096, 8192));
+        assert_eq!(l.total_bytes(), l.frame(0) + l.frames_bytes());
         assert_eq!(
             Header::from_words(Header { world: 2, rank: 1, capacity: 9, blocks: 4, pid: 3 }.to_words()).unwrap().rank,
             1

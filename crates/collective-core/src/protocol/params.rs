@@ -8,7 +8,7 @@ use super::{Layout, Phase, Plan};
 use crate::{DType, Error, Op, SUPPORTED_WORLD_SIZES};
 
 /// Must equal `DC_ABI_VERSION` in the kernels (checked when a module is loaded).
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 /// Threads per block (the kernels' `__launch_bounds__`).
 pub const THREADS: u32 = 512;
 /// Frame bytes per tile: tile `t` belongs to block `t % grid` in every phase on every rank.
@@ -35,7 +35,10 @@ pub struct Seg {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Header {
-    pub base: [u64; MAX_WORLD],
+    /// Every rank's control block, in rank order.
+    pub ctl: [u64; MAX_WORLD],
+    /// Every rank's frame 0, in rank order (frame 1 is `frame[1]` bytes further).
+    pub data: [u64; MAX_WORLD],
     pub err: u64,
     pub timeout_ns: u64,
     pub sig: [u64; 2],
@@ -124,9 +127,26 @@ pub fn copy_grid(bytes: usize, max_grid: u32) -> u32 {
 }
 
 const _: () = assert!(size_of::<Seg>() == 32);
-const _: () = assert!(size_of::<Header>() == 176);
-const _: () = assert!(size_of::<ParamsSingle>() == 176 + 16 * 32);
+const _: () = assert!(size_of::<Header>() == 240);
+const _: () = assert!(size_of::<ParamsSingle>() == 240 + 16 * 32);
 const _: () = assert!(size_of::<TreeParams>() == 88);
+
+/// Where one rank's protocol memory is, as the kernels address it (see [`Layout`] for the two
+/// placements).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankMemory {
+    /// Start of the rank's control block (header, status, signatures, flags, acks).
+    pub control: u64,
+    /// Start of the rank's frame 0; frame 1 follows [`Layout::frame_stride`] bytes later.
+    pub frames: u64,
+}
+
+impl RankMemory {
+    /// Control block and frames in one allocation at `base` (CUDA, CPU twin).
+    pub const fn one_allocation(layout: &Layout, base: u64) -> RankMemory {
+        RankMemory { control: base, frames: base + layout.frame(0) as u64 }
+    }
+}
 
 /// Per-rank constants of every launch: filled once at construction.
 #[derive(Debug, Clone, Copy)]
@@ -137,16 +157,21 @@ pub struct Fixed {
 }
 
 impl Fixed {
-    /// The constant part of every launch of `rank` over allocations `bases`.
-    pub fn new(layout: &Layout, bases: &[u64], rank: usize, err: u64, timeout_ns: u64, threads: u32) -> Fixed {
-        let mut base = [0u64; MAX_WORLD];
-        base[..bases.len()].copy_from_slice(bases);
+    /// The constant part of every launch of `rank` over the ranks' memory `mems` (rank order).
+    pub fn new(layout: &Layout, mems: &[RankMemory], rank: usize, err: u64, timeout_ns: u64, threads: u32) -> Fixed {
+        let mut ctl = [0u64; MAX_WORLD];
+        let mut data = [0u64; MAX_WORLD];
+        for (q, m) in mems.iter().enumerate().take(MAX_WORLD) {
+            ctl[q] = m.control;
+            data[q] = m.frames;
+        }
         let header = Header {
-            base,
+            ctl,
+            data,
             err,
             timeout_ns,
             sig: [0; 2],
-            frame: [layout.frame(0) as u64, layout.frame(1) as u64],
+            frame: [0, layout.frame_stride() as u64],
             off_status: layout.status() as u32,
             off_sig0: layout.sig_slot(0) as u32,
             off_sig1: layout.sig_slot(1) as u32,
@@ -155,7 +180,7 @@ impl Fixed {
             line: (layout.ready(1) - layout.ready(0)) as u32,
             digest: 0,
             rank: rank as u32,
-            world: bases.len() as u32,
+            world: mems.len() as u32,
             layout_blocks: layout.blocks as u32,
             grid: 1,
             dtype: 0,
@@ -293,7 +318,7 @@ mod tests {
 
     // Mirrored by hand from kernels/detcoll_protocol.h (`DcSeg`, `DcHeader`, `DcParams<N>`,
     // `DcTreeParams`, `DcCopyParams`, natural C alignment): byte offsets of every field.
-    const DC_ABI_VERSION: u32 = 2;
+    const DC_ABI_VERSION: u32 = 3;
     const DC_MAX_WORLD: usize = 8;
     const DC_THREADS: u32 = 512;
     const DC_SEGS_SINGLE: usize = 16;
@@ -302,9 +327,9 @@ mod tests {
     const DC_SEG_GATHER: u32 = 2;
     const SEG_OFFSETS: [usize; 5] = [0, 8, 16, 24, 28];
     const SEG_SIZE: usize = 32;
-    const HEADER_U64_OFFSETS: [usize; 6] = [0, 64, 72, 80, 96, 112]; // base, err, timeout_ns, sig, frame, end
-    const HEADER_U32_FIRST: usize = 112; // off_status .. nphase2: 16 u32 in declaration order
-    const HEADER_SIZE: usize = 176;
+    const HEADER_U64_OFFSETS: [usize; 7] = [0, 64, 128, 136, 144, 160, 176]; // ctl, data, err, timeout_ns, sig, frame, end
+    const HEADER_U32_FIRST: usize = 176; // off_status .. nphase2: 16 u32 in declaration order
+    const HEADER_SIZE: usize = 240;
     const TREE_OFFSETS: [usize; 4] = [64, 72, 80, 84]; // out, count, world, dtype
     const TREE_SIZE: usize = 88;
     const COPY_SIZE: usize = 24;
@@ -326,7 +351,8 @@ mod tests {
         assert_eq!(size_of::<Seg>(), SEG_SIZE);
         assert_eq!(
             [
-                offset_of!(Header, base),
+                offset_of!(Header, ctl),
+                offset_of!(Header, data),
                 offset_of!(Header, err),
                 offset_of!(Header, timeout_ns),
                 offset_of!(Header, sig),
@@ -412,8 +438,9 @@ mod tests {
 
     fn fixed(world: usize, rank: usize, capacity: usize, blocks: usize) -> (Layout, Fixed) {
         let layout = Layout::new(capacity, blocks);
-        let bases: Vec<u64> = (0..world as u64).map(|q| 0x1000_0000 * (q + 1)).collect();
-        let f = Fixed::new(&layout, &bases, rank, 0xE000, 1_000_000, THREADS);
+        let mems: Vec<RankMemory> =
+            (0..world as u64).map(|q| RankMemory::one_allocation(&layout, 0x1000_0000 * (q + 1))).collect();
+        let f = Fixed::new(&layout, &mems, rank, 0xE000, 1_000_000, THREADS);
         (layout, f)
     }
 
@@ -421,9 +448,19 @@ mod tests {
     fn fixed_header_and_grid() {
         let (layout, f) = fixed(4, 2, 1 << 20, 8);
         let h = f.header;
-        assert_eq!(&h.base[..5], &[0x1000_0000, 0x2000_0000, 0x3000_0000, 0x4000_0000, 0]);
+        assert_eq!(&h.ctl[..5], &[0x1000_0000, 0x2000_0000, 0x3000_0000, 0x4000_0000, 0]);
+        let f0 = layout.frame(0) as u64;
+        assert_eq!(&h.data[..5], &[0x1000_0000 + f0, 0x2000_0000 + f0, 0x3000_0000 + f0, 0x4000_0000 + f0, 0]);
         assert_eq!((h.err, h.timeout_ns, h.rank, h.world, h.layout_blocks), (0xE000, 1_000_000, 2, 4, 8));
-        assert_eq!(h.frame, [layout.frame(0) as u64, layout.frame(1) as u64]);
+        // Frame p of rank q sits at data[q] + frame[p]: the one-allocation layout's frame(p).
+        assert_eq!(
+            [h.data[1] + h.frame[0], h.data[1] + h.frame[1]],
+            [0x2000_0000 + layout.frame(0) as u64, 0x2000_0000 + layout.frame(1) as u64]
+        );
+        // Split placement: control and frames anywhere.
+        let split = [RankMemory { control: 0x100, frames: 0x9000 }, RankMemory { control: 0x200, frames: 0xA000 }];
+        let s = Fixed::new(&layout, &split, 1, 0, 1, THREADS).header;
+        assert_eq!((&s.ctl[..3], &s.data[..3], s.world), (&[0x100, 0x200, 0][..], &[0x9000, 0xA000, 0][..], 2));
         assert_eq!(h.off_ready as usize, layout.ready(0));
         assert_eq!(h.line as usize, layout.ready(1) - layout.ready(0));
         assert_eq!(h.tile_bytes, TILE_BYTES);
