@@ -78,7 +78,11 @@ impl Watchdog {
     fn parse(value: Option<&str>) -> Self {
         match value.map(|v| v.trim().parse::<f64>()) {
             Some(Ok(0.0)) => Watchdog::Off,
-            Some(Ok(s)) => Duration::try_from_secs_f64(s).map_or(Watchdog::PeerTimeout, Watchdog::After),
+            // Negative, non-finite, or positive but under a nanosecond: malformed, keep the default.
+            Some(Ok(s)) => Duration::try_from_secs_f64(s)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .map_or(Watchdog::PeerTimeout, Watchdog::After),
             _ => Watchdog::PeerTimeout,
         }
     }
@@ -190,7 +194,7 @@ mod tests {
         assert_eq!(Watchdog::parse(Some("0.0")), Watchdog::Off);
         assert_eq!(Watchdog::parse(Some("30")), Watchdog::After(Duration::from_secs(30)));
         assert_eq!(Watchdog::parse(Some(" 0.25 ")), Watchdog::After(Duration::from_millis(250)));
-        for bad in ["", "off", "-1", "NaN", "inf", "1e400"] {
+        for bad in ["", "off", "-1", "NaN", "inf", "1e400", "1e-10"] {
             assert_eq!(Watchdog::parse(Some(bad)), Watchdog::PeerTimeout, "{bad:?}");
         }
     }

@@ -7,10 +7,15 @@
 //!   device work, `end` after its last — and a few atomic loads and stores. No host
 //!   allocation, no host synchronisation. When every slot is still pending ([`SLOTS`] tracked
 //!   calls not finished on the device) the call is **not tracked** rather than waited for.
+//!   An untracked call that hangs is not caught, and neither is any later call queued behind
+//!   it on that stream (their `start` never completes): the protection assumes the host runs
+//!   fewer than [`SLOTS`] transport calls ahead of the device.
 //! * **The thread** (`ccl-watchdog-<rank>`, spawned at construction, stopped and joined at
 //!   close or drop) polls the ring every 1-5 ms with `Device::event_done`. A call's clock starts
 //!   when the thread first sees its `start` done, so a call queued behind long user work is
-//!   not timed out. Once a started call's `end` is still pending past the bound, the thread
+//!   not timed out; a peer that reaches the same call more than the bound later than this
+//!   rank (a slow but live rank) is treated as dead, exactly as the IPC routes' device waits
+//!   treat it. Once a started call's `end` is still pending past the bound, the thread
 //!   aborts the communicator under the state lock (`ncclCommAbort` stops its kernels, so the
 //!   caller's own stream wait returns), poisons the collective with [`NcclError::Watchdog`]
 //!   naming the call, and exits: every later call returns [`Error::Poisoned`]. It also polls

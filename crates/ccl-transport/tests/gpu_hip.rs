@@ -8,6 +8,10 @@
 //! * world 1 through RCCL (`ncclCommInitRank` with one rank): every op and every exchange mode
 //!   bit-exact vs `fixed-tree`, calls alternating between streams, workspace reporting,
 //!   bounded synchronize, close, and the non-strict native reference.
+//! * world 2 (two GPUs, ranks as threads): the watchdog aborts a call the peer never makes —
+//!   the caller's own stream synchronisation returns within the bound (+ margin), the
+//!   collective is poisoned naming the watchdog, close is bounded; a healthy call first is
+//!   bit-exact and not tripped.
 //!
 //! Without a HIP device (or RCCL) each test prints "skipped: no HIP device / no RCCL" and
 //! passes. Never executed on an AMD GPU (none was available): see docs/rocm.md.

@@ -26,7 +26,11 @@ pub fn cpu_with_transport<T: Collective<Stream = ()>>(
         None => Routing::from_env(Platform::Cpu)?,
     };
     let facts = Facts {
-        platform: Platform::detect().name().to_string(),
+        // The stack this builder drives, not the host's GPUs: the CPU twin runs on any host,
+        // also one with GPUs and a GPU-enabled build. A rank that built another platform's
+        // stack (or was told it is on one: `DETCOLL_PLATFORM`) reports that platform, and the
+        // agreement refuses the mix.
+        platform: Platform::from_env().unwrap_or(Platform::Cpu).name().to_string(),
         host: host_identity(),
         ipc: true,
         transport: transport.is_some(),

@@ -23,12 +23,17 @@ impl Platform {
         [Platform::Nvidia, Platform::Rocm, Platform::Cpu].into_iter().find(|p| p.name() == s)
     }
 
+    /// `$DETCOLL_PLATFORM`, when set to a platform name.
+    pub fn from_env() -> Option<Platform> {
+        std::env::var("DETCOLL_PLATFORM").ok().as_deref().and_then(Platform::parse)
+    }
+
     /// The platform this build can drive here: a GPU runtime compiled in (feature) and loadable
     /// at run time, else the CPU. `DETCOLL_PLATFORM` overrides detection (e.g. `cpu` on a GPU
     /// host); a value this build cannot drive is still reported, and agreement then fails
     /// clearly instead of guessing.
     pub fn detect() -> Platform {
-        if let Some(p) = std::env::var("DETCOLL_PLATFORM").ok().as_deref().and_then(Platform::parse) {
+        if let Some(p) = Platform::from_env() {
             return p;
         }
         #[cfg(feature = "cuda")]

@@ -271,6 +271,7 @@ macro_rules! gpu_tests {
             world1_calls_alternating_streams_reuse_the_workspace_safely => world1_alternating_streams,
             world1_poll_close_and_validation_fail_closed => world1_poll_close_and_validation,
             world1_nonstrict_native_reference_runs => world1_nonstrict_native_reference,
+            world2_watchdog_aborts_a_call_the_peer_never_makes => world2_watchdog,
         }
     };
     (@tests $gpu:ty; $($name:ident => $check:ident,)*) => {$(
