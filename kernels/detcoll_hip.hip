@@ -12,15 +12,17 @@
 // are defined below from clang builtins), so a Debian clang or the clang bundled with zig
 // builds exactly what hipcc builds; `-nogpulib` links no device library (nothing here calls one).
 //
-// Strict arithmetic on AMD. There is no packed f16/bf16 instruction with a guaranteed
-// round-to-nearest-even, non-flushing behaviour across gfx9 parts that we could name here, so
-// reductions use the software path of detcoll_tree.h: widen f16/bf16 to f32, one IEEE f32 add,
-// round once to the dtype with nearest-even — exactly the dtype add (the argument is in
-// crates/fixed-tree/src/element.rs). The NVIDIA build runs the same path in its "soft" module,
-// so the GPU tests on H200 check these bits too. f32 adds are plain IEEE adds; they stay exact
+// Strict arithmetic on AMD. Reductions use the packed gfx9 instructions (detcoll_tree.h):
+// f16x2 `v_pk_add_f16`; bf16x2 as two exact widenings, one `v_pk_add_f32` and one rounding to
+// bf16 (`v_cvt_pk_bf16_f32` on gfx950, software round-to-nearest-even on gfx942/gfx90a) — each
+// lane exactly the dtype add (the argument is in crates/fixed-tree/src/element.rs). Adds round
+// to nearest even (the MODE register default, which nothing here changes) and keep denormals
 // only without fast-math and without denormal flushing, which the flags above guarantee and the
-// checks below assert. Packed 16-byte loads/stores (uint4) carry 4 f32 or 8 f16/bf16 lanes, each
-// lane the same scalar add; unaligned heads and tails take the scalar code.
+// checks below and the compile test (denorm modes 3, the packed instructions present) assert.
+// `detcoll_tree_soft` runs the software path (widen, one f32 add, round once), the same code the
+// NVIDIA "soft" module runs on H200s, so the AMD GPU tests check hardware against software and
+// both against `fixed-tree`. Packed 16-byte loads/stores (uint4) carry 4 f32 or 8 f16/bf16
+// lanes; unaligned heads and tails take the scalar code.
 //
 // Flags. detcoll_tree.h publishes with `__hip_atomic_store(..., __ATOMIC_RELEASE,
 // __HIP_MEMORY_SCOPE_SYSTEM)` and waits with `__hip_atomic_load(..., __ATOMIC_ACQUIRE,
@@ -112,8 +114,10 @@ extern "C" __global__ void DC_HIP_BOUNDS detcoll_collective_m(const DcParams<DC_
     dc_collective(p.h, p.seg);
 }
 
-// The fused tree W inputs -> 1 output, always the software arithmetic on AMD (see above).
-extern "C" __global__ void DC_HIP_BOUNDS detcoll_tree(const DcTreeParams p) { dc_tree_any<true>(p); }
+// The fused tree W inputs -> 1 output: the packed hardware arithmetic (what the collectives
+// use), and the software arithmetic for the parity tests (see above).
+extern "C" __global__ void DC_HIP_BOUNDS detcoll_tree(const DcTreeParams p) { dc_tree_any<false>(p); }
+extern "C" __global__ void DC_HIP_BOUNDS detcoll_tree_soft(const DcTreeParams p) { dc_tree_any<true>(p); }
 
 // An empty kernel: the launch-cost baseline of the latency bench.
 extern "C" __global__ void detcoll_noop() {}

@@ -16,10 +16,19 @@
 // instruction; `fma.rn.bf16x2 d, a, 1.0, c` is exactly the add (a * 1.0 is exact, so the one
 // rounding is of a + c, signed zeros included) and bf16 FMA keeps subnormals.
 //
-// The software path (HIP, and NVIDIA parts older than the instructions above) widens f16/bf16
-// to f32, adds once in f32 and rounds once to the dtype, which is the exact dtype add (see
-// crates/fixed-tree/src/element.rs for the proof). `DC_FORCE_SOFT` templates select it on any
-// part, so the NVIDIA GPU tests also verify the arithmetic the HIP build uses.
+// On AMD (gfx9: gfx90a, gfx942, gfx950) the hardware path is the packed instructions the
+// compiler selects from clang vector types: f16x2 `v_pk_add_f16` (IEEE, round to nearest even
+// from the MODE register's default, f16 denormals kept: `.amdhsa_float_denorm_mode_16_64 3`,
+// which the compile test asserts); bf16x2 widens both lanes to f32 (exact), adds them with one
+// `v_pk_add_f32` (RNE, f32 denormals kept: mode 3) and rounds once to bf16 — with
+// `v_cvt_pk_bf16_f32` (RNE) on gfx950, with the software rounding below on parts without it.
+// f32 + rounding once is the exact bf16 add (double rounding is innocuous: 24 >= 2 * 8 + 2).
+//
+// The software path (NVIDIA parts older than the instructions above, and every `SOFT = true`
+// template) widens f16/bf16 to f32, adds once in f32 and rounds once to the dtype, which is the
+// exact dtype add (see crates/fixed-tree/src/element.rs for the proof). Both platforms build a
+// software-arithmetic tree kernel (`detcoll_tree_soft`), so the GPU tests check the hardware
+// and the software paths against each other and against `fixed-tree` on either vendor.
 //
 // This header has no includes: NVRTC compiles it without a toolkit on disk.
 #ifndef DETCOLL_TREE_H
@@ -32,6 +41,15 @@
 #endif
 
 #define DC_DEV __device__ __forceinline__
+
+#if defined(DC_HIP)
+// Clang vector types: arithmetic on them selects the packed gfx9 instructions.
+typedef _Float16 dc_hip_f16x2 __attribute__((ext_vector_type(2)));
+typedef float dc_hip_f32x2 __attribute__((ext_vector_type(2)));
+#if defined(__gfx950__)
+typedef __bf16 dc_hip_bf16x2 __attribute__((ext_vector_type(2)));
+#endif
+#endif
 
 typedef unsigned long long dc_u64;
 typedef unsigned int dc_u32;
@@ -113,6 +131,20 @@ DC_DEV dc_u16 dc_soft_add_bf16(dc_u16 a, dc_u16 b) {
     return dc_f32_to_bf16(dc_as_f32(dc_add_f32_bits(dc_as_u32(dc_bf16_to_f32(a)), dc_as_u32(dc_bf16_to_f32(b)))));
 }
 
+#if defined(DC_HIP)
+// Two bf16 lanes (low half = lane 0): widened exactly, one packed f32 add, rounded once.
+DC_DEV dc_u32 dc_hip_add_bf16x2(dc_u32 a, dc_u32 b) {
+    dc_hip_f32x2 x = {dc_as_f32(a << 16), dc_as_f32(a & 0xffff0000u)};
+    dc_hip_f32x2 y = {dc_as_f32(b << 16), dc_as_f32(b & 0xffff0000u)};
+    dc_hip_f32x2 sum = x + y;
+#if defined(__gfx950__)
+    return __builtin_bit_cast(dc_u32, __builtin_convertvector(sum, dc_hip_bf16x2));
+#else
+    return (dc_u32)dc_f32_to_bf16(sum.x) | ((dc_u32)dc_f32_to_bf16(sum.y) << 16);
+#endif
+}
+#endif
+
 // ---------------------------------------------------------------------------------------------
 // Scalar and packed adds per dtype. SOFT = true forces the software path.
 // ---------------------------------------------------------------------------------------------
@@ -125,6 +157,8 @@ DC_DEV dc_u16 dc_add_f16(dc_u16 a, dc_u16 b) {
         asm("add.rn.f16 %0, %1, %2;" : "=h"(r) : "h"(a), "h"(b));
         return r;
     }
+#elif defined(DC_HIP)
+    if (!SOFT) return __builtin_bit_cast(dc_u16, (_Float16)(__builtin_bit_cast(_Float16, a) + __builtin_bit_cast(_Float16, b)));
 #endif
     return dc_soft_add_f16(a, b);
 }
@@ -137,6 +171,8 @@ DC_DEV dc_u32 dc_add_f16x2(dc_u32 a, dc_u32 b) {
         asm("add.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
         return r;
     }
+#elif defined(DC_HIP)
+    if (!SOFT) return __builtin_bit_cast(dc_u32, __builtin_bit_cast(dc_hip_f16x2, a) + __builtin_bit_cast(dc_hip_f16x2, b));
 #endif
     return (dc_u32)dc_soft_add_f16((dc_u16)a, (dc_u16)b) |
            ((dc_u32)dc_soft_add_f16((dc_u16)(a >> 16), (dc_u16)(b >> 16)) << 16);
@@ -156,6 +192,8 @@ DC_DEV dc_u16 dc_add_bf16(dc_u16 a, dc_u16 b) {
         asm("{ .reg .b16 one; mov.b16 one, 0x3F80; fma.rn.bf16 %0, %1, one, %2; }" : "=h"(r) : "h"(a), "h"(b));
         return r;
     }
+#elif defined(DC_HIP)
+    if (!SOFT) return (dc_u16)dc_hip_add_bf16x2((dc_u32)a, (dc_u32)b);
 #endif
     return dc_soft_add_bf16(a, b);
 }
@@ -174,6 +212,8 @@ DC_DEV dc_u32 dc_add_bf16x2(dc_u32 a, dc_u32 b) {
         asm("{ .reg .b32 one; mov.b32 one, 0x3F803F80; fma.rn.bf16x2 %0, %1, one, %2; }" : "=r"(r) : "r"(a), "r"(b));
         return r;
     }
+#elif defined(DC_HIP)
+    if (!SOFT) return dc_hip_add_bf16x2(a, b);
 #endif
     return (dc_u32)dc_soft_add_bf16((dc_u16)a, (dc_u16)b) |
            ((dc_u32)dc_soft_add_bf16((dc_u16)(a >> 16), (dc_u16)(b >> 16)) << 16);

@@ -32,8 +32,11 @@ pub(crate) struct Kernels {
     pub(crate) collective_single: HipFunction,
     pub(crate) collective_many: HipFunction,
     pub(crate) copy: HipFunction,
-    /// The fused tree W inputs -> 1 output (`detcoll_tree`, [`crate::FusedTree`]).
+    /// The fused tree W inputs -> 1 output (`detcoll_tree`, [`crate::FusedTree`]): the packed
+    /// hardware arithmetic the collectives use.
     pub(crate) tree: HipFunction,
+    /// The same tree in the software arithmetic (`detcoll_tree_soft`), for parity tests.
+    pub(crate) tree_soft: HipFunction,
     /// Most blocks of the world-1 copy kernel and of the fused tree (both grid-stride): 4
     /// blocks of `THREADS` per compute unit.
     pub(crate) grid: u32,
@@ -54,6 +57,7 @@ impl Kernels {
             collective_many: module.function("detcoll_collective_m")?,
             copy: module.function("detcoll_copy")?,
             tree: module.function("detcoll_tree")?,
+            tree_soft: module.function("detcoll_tree_soft")?,
             grid: (runtime::multiprocessors(ordinal)? * 4) as u32,
             module,
         }))

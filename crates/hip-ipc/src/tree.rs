@@ -10,7 +10,7 @@
 //! Nothing of this file has run on an AMD GPU (none was available): see docs/rocm.md.
 use crate::collective::{Kernels, launch};
 use crate::runtime;
-use crate::sys::HipStream;
+use crate::sys::{HipFunction, HipStream};
 use collective_core::protocol::params::{THREADS, TreeParams};
 use collective_core::{DType, Error};
 use std::sync::Arc;
@@ -52,8 +52,9 @@ impl FusedTree {
     }
 
     /// Enqueues `out[i] = tree(inputs[0][i], ..., inputs[W-1][i])` for `i < count`, `W =
-    /// inputs.len()` in {1, 2, 4, 8}, in `dtype`'s arithmetic (the software f32 path on AMD).
-    /// Parameters are checked before anything is enqueued ([`TreeParams::pack`]).
+    /// inputs.len()` in {1, 2, 4, 8}, in `dtype`'s arithmetic (the packed gfx9 instructions:
+    /// see kernels/detcoll_tree.h). Parameters are checked before anything is enqueued
+    /// ([`TreeParams::pack`]).
     ///
     /// # Safety
     /// Every input must hold `count` readable elements of `dtype` and `out` `count` writable
@@ -67,9 +68,41 @@ impl FusedTree {
         dtype: DType,
         stream: HipStream,
     ) -> Result<(), Error> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.launch_with(self.kernels.tree, inputs, out, count, dtype, stream) }
+    }
+
+    /// [`FusedTree::launch`] in the software arithmetic (widen to f32, one add, round once):
+    /// the same bits by the fixed-tree argument; the GPU tests check the two against each other.
+    ///
+    /// # Safety
+    /// As [`FusedTree::launch`].
+    pub unsafe fn launch_soft(
+        &self,
+        inputs: &[u64],
+        out: u64,
+        count: usize,
+        dtype: DType,
+        stream: HipStream,
+    ) -> Result<(), Error> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.launch_with(self.kernels.tree_soft, inputs, out, count, dtype, stream) }
+    }
+
+    /// # Safety
+    /// As [`FusedTree::launch`]; `f` takes `DcTreeParams`.
+    unsafe fn launch_with(
+        &self,
+        f: HipFunction,
+        inputs: &[u64],
+        out: u64,
+        count: usize,
+        dtype: DType,
+        stream: HipStream,
+    ) -> Result<(), Error> {
         let p = TreeParams::pack(inputs, out, count, dtype)?;
         runtime::set_device(self.device)?;
-        // SAFETY: forwarded from the caller; `detcoll_tree` takes `DcTreeParams`.
-        unsafe { launch(self.kernels.tree, self.kernels.grid, THREADS, &p, stream) }
+        // SAFETY: forwarded from the caller; `f` takes `DcTreeParams`.
+        unsafe { launch(f, self.kernels.grid, THREADS, &p, stream) }
     }
 }

@@ -4,8 +4,7 @@
 //! claimed. All ranks are threads on HIP device 0.
 //!
 //! Not ported: graph capture and replay (`HipIpcCollective` does not claim HIP graphs, see
-//! `graph_capture_is_not_claimed`) and the hardware-arithmetic tree (AMD has only the software
-//! path, which `fused_tree_matches_fixed_tree` checks).
+//! `graph_capture_is_not_claimed`).
 //!
 //! Without a HIP device (or without libamdhip64) each test prints "skipped: no HIP device" and
 //! passes. Never executed on an AMD GPU (none was available): see docs/rocm.md.
@@ -182,7 +181,7 @@ fn absent_rank_times_out_and_poisons() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The fused tree kernel (the software arithmetic path, the only one on AMD).
+// The fused tree kernel: the packed hardware arithmetic and the software path.
 // ---------------------------------------------------------------------------------------------
 
 /// How the W leaves lie in their one (stacked) allocation.
@@ -208,7 +207,7 @@ const LAYOUTS: [Layout; 4] = [
 ];
 
 /// One launch of `tree` over `leaves` laid out as `at` says; the output's bytes.
-fn tree_once(tree: &FusedTree, s: &Stream, leaves: &[Vec<u8>], n: usize, d: DType, at: Layout) -> Vec<u8> {
+fn tree_once(tree: &FusedTree, s: &Stream, leaves: &[Vec<u8>], n: usize, d: DType, at: Layout, soft: bool) -> Vec<u8> {
     let size = d.size();
     let slot = if at.packed { n * size } else { ((at.in_off + n) * size).div_ceil(256) * 256 };
     let mut stacked = vec![0u8; slot * leaves.len() + at.in_off * size];
@@ -223,7 +222,12 @@ fn tree_once(tree: &FusedTree, s: &Stream, leaves: &[Vec<u8>], n: usize, d: DTyp
     let out = DeviceMemory::new(ordinal, (n + at.out_off) * size).expect("hipMalloc (output)");
     // SAFETY: every leaf and the output hold the `n` elements the kernel touches; the stream is
     // the tree's device's and is synchronised (by `read_sync`) before the buffers are freed.
-    unsafe { tree.launch(&inputs, out.ptr() + (at.out_off * size) as u64, n, d, s.raw()) }.expect("launch");
+    let o = out.ptr() + (at.out_off * size) as u64;
+    // SAFETY: as above.
+    let r = unsafe {
+        if soft { tree.launch_soft(&inputs, o, n, d, s.raw()) } else { tree.launch(&inputs, o, n, d, s.raw()) }
+    };
+    r.expect("launch");
     let mut got = vec![0u8; out.len()];
     s.read_sync(&out, &mut got).expect("download");
     got.drain(..at.out_off * size);
@@ -231,7 +235,8 @@ fn tree_once(tree: &FusedTree, s: &Stream, leaves: &[Vec<u8>], n: usize, d: DTyp
 }
 
 /// W = 1/2/4/8 leaves, f32/f16/bf16, finite and special values, aligned, unaligned and stacked
-/// layouts: bit-exact against `fixed-tree`.
+/// layouts, the packed hardware arithmetic and the software path: bit-exact against
+/// `fixed-tree`.
 #[test]
 fn fused_tree_matches_fixed_tree() {
     let Some(ordinal) = gpu() else { return };
@@ -249,8 +254,10 @@ fn fused_tree_matches_fixed_tree() {
                     .collect();
                 let want = reference_reduce(&leaves, d);
                 for at in LAYOUTS {
-                    if let Err(e) = compare(&tree_once(&tree, &s, &leaves, n, d, at), &want, d) {
-                        failures.push(format!("W={w} {d} special={special} {at:?}: {e}"));
+                    for soft in [false, true] {
+                        if let Err(e) = compare(&tree_once(&tree, &s, &leaves, n, d, at, soft), &want, d) {
+                            failures.push(format!("W={w} {d} special={special} soft={soft} {at:?}: {e}"));
+                        }
                     }
                 }
             }

@@ -19,17 +19,35 @@ fn compile_target(gfx: &str) {
             let co = std::fs::read(&b.code_object).expect("code object");
             assert!(co.starts_with(b"\x7fELF"), "{gfx}: not an ELF code object");
             let s = std::fs::read_to_string(&b.assembly).expect("assembly");
-            for k in ["detcoll_collective_s", "detcoll_collective_m", "detcoll_tree", "detcoll_noop", "detcoll_copy"] {
+            for k in [
+                "detcoll_collective_s",
+                "detcoll_collective_m",
+                "detcoll_tree",
+                "detcoll_tree_soft",
+                "detcoll_noop",
+                "detcoll_copy",
+            ] {
                 assert!(s.contains(&format!(".name:           {k}")), "{gfx}: kernel {k} missing");
             }
             // Denormals kept (mode 3 = no flushing) for f32 and f16/f64 in every kernel.
             assert!(!s.contains(".amdhsa_float_denorm_mode_32 0"), "{gfx}: f32 denormals flushed");
             assert!(!s.contains(".amdhsa_float_denorm_mode_16_64 0"), "{gfx}: f16 denormals flushed");
             assert!(s.contains("s_memrealtime") && s.contains("s_sleep"), "{gfx}: bounded waits missing");
-            // The data adds are plain f32 adds. (v_fmac_f32 does appear: the compiler expands
-            // 64-bit integer division of tile indices through f32 reciprocals, not data.)
-            assert!(s.contains("v_add_f32"), "{gfx}: no f32 add in the reduction");
-            assert!(!s.contains("v_pk_add_f16") && !s.contains("v_pk_fma"), "{gfx}: packed half arithmetic");
+            // The hardware path: packed f16 adds, packed f32 adds of widened bf16 lanes, and on
+            // gfx950 the packed round-to-nearest-even bf16 conversion; the software path's scalar
+            // f32 adds (detcoll_tree_soft). No fused or mixed-precision multiply-add on data:
+            // v_pk_fma / v_fma_mix would round once for two operations. (v_fmac_f32 does appear:
+            // the compiler expands 64-bit integer division of tile indices through f32
+            // reciprocals, not data.)
+            for insn in ["v_pk_add_f16", "v_pk_add_f32", "v_add_f32"] {
+                assert!(s.contains(insn), "{gfx}: no {insn} in the reductions");
+            }
+            if gfx == "gfx950" {
+                assert!(s.contains("v_cvt_pk_bf16_f32"), "{gfx}: bf16 sums not rounded by v_cvt_pk_bf16_f32");
+            }
+            for insn in ["v_pk_fma", "v_fma_mix", "v_pk_mul"] {
+                assert!(!s.contains(insn), "{gfx}: {insn} in the kernels");
+            }
             let _ = std::fs::remove_dir_all(&out);
         }
         Err(BuildError::Failed { attempts, .. }) if gfx == "gfx950" => {
