@@ -41,4 +41,4 @@ pub use collective::HipIpcCollective;
 /// The configuration of a HIP IPC collective: the backend-neutral one `cuda-ipc` uses too.
 pub use collective_core::protocol::{DEFAULT_RSAG_THRESHOLD, IpcConfig as HipIpcConfig};
 pub use runtime::{Event, Stream};
-pub use tree::FusedTree;
+pub use tree::{Arithmetic, FusedTree};

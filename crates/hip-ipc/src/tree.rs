@@ -10,10 +10,21 @@
 //! Nothing of this file has run on an AMD GPU (none was available): see docs/rocm.md.
 use crate::collective::{Kernels, launch};
 use crate::runtime;
-use crate::sys::{HipFunction, HipStream};
+use crate::sys::HipStream;
 use collective_core::protocol::params::{THREADS, TreeParams};
 use collective_core::{DType, Error};
 use std::sync::Arc;
+
+/// Which arithmetic a tree launch uses. Both give the dtype add's bits (the fixed-tree
+/// argument); the GPU tests check them against each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arithmetic {
+    /// The packed gfx9 instructions (`detcoll_tree`): what the collectives use.
+    Hardware,
+    /// Widen to f32, one add, round once in code (`detcoll_tree_soft`): the path the NVIDIA
+    /// "soft" module also runs.
+    Software,
+}
 
 /// The fused tree kernel loaded on one HIP device.
 #[derive(Debug, Clone)]
@@ -68,41 +79,22 @@ impl FusedTree {
         dtype: DType,
         stream: HipStream,
     ) -> Result<(), Error> {
+        let p = TreeParams::pack(inputs, out, count, dtype)?;
         // SAFETY: forwarded from the caller.
-        unsafe { self.launch_with(self.kernels.tree, inputs, out, count, dtype, stream) }
+        unsafe { self.launch_packed(&p, Arithmetic::Hardware, stream) }
     }
 
-    /// [`FusedTree::launch`] in the software arithmetic (widen to f32, one add, round once):
-    /// the same bits by the fixed-tree argument; the GPU tests check the two against each other.
+    /// Enqueues one tree launch of already packed (hence checked) parameters in `arithmetic`.
     ///
     /// # Safety
-    /// As [`FusedTree::launch`].
-    pub unsafe fn launch_soft(
-        &self,
-        inputs: &[u64],
-        out: u64,
-        count: usize,
-        dtype: DType,
-        stream: HipStream,
-    ) -> Result<(), Error> {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.launch_with(self.kernels.tree_soft, inputs, out, count, dtype, stream) }
-    }
-
-    /// # Safety
-    /// As [`FusedTree::launch`]; `f` takes `DcTreeParams`.
-    unsafe fn launch_with(
-        &self,
-        f: HipFunction,
-        inputs: &[u64],
-        out: u64,
-        count: usize,
-        dtype: DType,
-        stream: HipStream,
-    ) -> Result<(), Error> {
-        let p = TreeParams::pack(inputs, out, count, dtype)?;
+    /// As [`FusedTree::launch`], for the addresses in `p`.
+    pub unsafe fn launch_packed(&self, p: &TreeParams, arithmetic: Arithmetic, stream: HipStream) -> Result<(), Error> {
+        let f = match arithmetic {
+            Arithmetic::Hardware => self.kernels.tree,
+            Arithmetic::Software => self.kernels.tree_soft,
+        };
         runtime::set_device(self.device)?;
-        // SAFETY: forwarded from the caller; `f` takes `DcTreeParams`.
-        unsafe { launch(f, self.kernels.grid, THREADS, &p, stream) }
+        // SAFETY: forwarded from the caller; both kernels take `DcTreeParams`.
+        unsafe { launch(f, self.kernels.grid, THREADS, p, stream) }
     }
 }

@@ -13,10 +13,11 @@ mod common;
 use collective_core::conformance::data::{compare, finite_values, reference_reduce, special_values};
 use collective_core::conformance::faults;
 use collective_core::conformance::sequence::{self, seed};
+use collective_core::protocol::params::TreeParams;
 use collective_core::{Collective, DType, Io, RawMut, RawRef};
 use common::{DevBuf, HipRank, gpu, gpu_lock, run_ranks};
 use hip_ipc::runtime::DeviceMemory;
-use hip_ipc::{FusedTree, HipIpcCollective, HipIpcConfig, Stream};
+use hip_ipc::{Arithmetic, FusedTree, HipIpcCollective, HipIpcConfig, Stream};
 use std::time::{Duration, Instant};
 
 /// A device copy of `data` in the rank's region.
@@ -220,14 +221,11 @@ fn tree_once(tree: &FusedTree, s: &Stream, leaves: &[Vec<u8>], n: usize, d: DTyp
     s.write_sync(&inputs_mem, &stacked).expect("upload");
     let inputs: Vec<u64> = (0..leaves.len()).map(|i| inputs_mem.ptr() + (i * slot + at.in_off * size) as u64).collect();
     let out = DeviceMemory::new(ordinal, (n + at.out_off) * size).expect("hipMalloc (output)");
+    let p = TreeParams::pack(&inputs, out.ptr() + (at.out_off * size) as u64, n, d).expect("parameters");
+    let arithmetic = if soft { Arithmetic::Software } else { Arithmetic::Hardware };
     // SAFETY: every leaf and the output hold the `n` elements the kernel touches; the stream is
     // the tree's device's and is synchronised (by `read_sync`) before the buffers are freed.
-    let o = out.ptr() + (at.out_off * size) as u64;
-    // SAFETY: as above.
-    let r = unsafe {
-        if soft { tree.launch_soft(&inputs, o, n, d, s.raw()) } else { tree.launch(&inputs, o, n, d, s.raw()) }
-    };
-    r.expect("launch");
+    unsafe { tree.launch_packed(&p, arithmetic, s.raw()) }.expect("launch");
     let mut got = vec![0u8; out.len()];
     s.read_sync(&out, &mut got).expect("download");
     got.drain(..at.out_off * size);
