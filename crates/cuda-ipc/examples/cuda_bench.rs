@@ -4,6 +4,10 @@
 //!   written) against a device-to-device copy moving the same number of bytes, same run;
 //! * `enqueue`: host cost of one all_reduce call (world 1, and world 8 as threads), averaged
 //!   over 10,000 calls with no synchronisation inside each batch of 500;
+//! * `launch_cost`: host cost per call of an all_reduce (world 1, and world 2 as threads) next
+//!   to a bare `cuLaunchKernel` of an empty kernel on the same stream, same run, in batches of
+//!   16, 64 and 500 calls (a stream sync between batches, not timed), so the ratio shows what
+//!   detcoll adds to the driver's own launch cost;
 //! * `latency`: world 8 as threads on one GPU, all_reduce of 4 KiB (and 64 KiB, 1 MiB),
 //!   per-call time of back-to-back calls (eager and CUDA graph), next to 8 empty kernels on 8
 //!   streams in the same run.
@@ -137,6 +141,60 @@ fn on_ranks<T: Send>(
         hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("rank thread panicked".into()))).collect()
     });
     results.into_iter().collect()
+}
+
+/// Host microseconds per call of `f`, enqueued in batches of `batch` calls (a stream sync
+/// between batches, not timed) until `calls` calls ran, after one untimed batch.
+fn host_us_per_call(s: &CudaStream, calls: usize, batch: usize, mut f: impl FnMut() -> Res<()>) -> Res<f64> {
+    let mut timed = |on: bool| -> Res<f64> {
+        let t = Instant::now();
+        for _ in 0..batch {
+            f()?;
+        }
+        let took = t.elapsed().as_secs_f64();
+        s.synchronize()?;
+        Ok(if on { took } else { 0.0 })
+    };
+    timed(false)?;
+    let batches = calls.div_ceil(batch);
+    let mut host = 0f64;
+    for _ in 0..batches {
+        host += timed(true)?;
+    }
+    Ok(host / (batches * batch) as f64 * 1e6)
+}
+
+fn launch_cost(ctx: &Arc<CudaContext>) -> Res<()> {
+    let n = 2048; // 4 KiB of bf16
+    for world in [1usize, 2] {
+        let comms = CudaIpcCollective::group_on_device(ctx, world, &CudaIpcConfig::new(1 << 20))?;
+        let barrier = Barrier::new(world);
+        let rows = on_ranks(ctx, comms, |_, c, s| {
+            let tree = FusedTree::new(ctx)?;
+            let (i, o) = (ones(s, n)?, ones(s, n)?);
+            let (ip, op) = (addr(&i, s), addr(&o, s));
+            let mut rows = Vec::new();
+            for batch in [16usize, 64, 500] {
+                barrier.wait();
+                // SAFETY: the empty kernel on this context's stream.
+                let noop = host_us_per_call(s, 10_000, batch, || Ok(unsafe { tree.launch_noop(s.cu_stream()) }?))?;
+                barrier.wait();
+                let ours = host_us_per_call(s, 10_000, batch, || all_reduce(c, s, ip, op, n))?;
+                rows.push((batch, noop, ours));
+            }
+            Ok(rows)
+        })?;
+        for (k, &(batch, _, _)) in rows[0].iter().enumerate() {
+            let mean = |f: fn(&(usize, f64, f64)) -> f64| rows.iter().map(|r| f(&r[k])).sum::<f64>() / world as f64;
+            let (noop, ours) = (mean(|r| r.1), mean(|r| r.2));
+            println!(
+                "{{\"bench\":\"launch_cost\",\"op\":\"all_reduce\",\"world\":{world},\"bytes\":{},\"batch\":{batch},\"empty_kernel_launch_us\":{noop:.3},\"all_reduce_us\":{ours:.3},\"ratio_vs_launch\":{:.3}}}",
+                n * 2,
+                ours / noop
+            );
+        }
+    }
+    Ok(())
 }
 
 fn enqueue_cost(ctx: &Arc<CudaContext>) -> Res<()> {
@@ -295,6 +353,7 @@ fn main() {
     for (name, f) in [
         ("fused_tree", fused_tree as fn(&Arc<CudaContext>) -> Res<()>),
         ("enqueue", enqueue_cost),
+        ("launch_cost", launch_cost),
         ("latency", latency),
     ] {
         if want(name) {
