@@ -51,6 +51,12 @@ pub const IN_PROCESS_CONNECTIONS: u32 = 32;
 /// Lets the CUDA conformance suite with one process per rank run (it skips without it, since
 /// processes sharing a GPU need MPS); `gpu-test` sets it where MPS is active.
 pub const PROCESS_TESTS_ENV: &str = "DETCOLL_CUDA_PROCESS_TESTS";
+/// ROCm (ROCclr): hardware queues a process's HIP streams are multiplexed onto.
+pub const HW_QUEUES_ENV: &str = "GPU_MAX_HW_QUEUES";
+/// What `gpu-test` sets it to on AMD: one queue per rank of the largest world (8). Fewer queues
+/// than ranks sharing a GPU can put a rank's kernel behind a peer's that waits for it, which
+/// the protocol reports as `PeerTimeout` instead of running the test.
+pub const HW_QUEUES: u32 = 8;
 
 /// The GPU vendor the suites are built for: selects the features of the packages with a device
 /// side per vendor ([`suite_features`]).
@@ -330,7 +336,8 @@ const RUN_SH: &str = r#"#!/bin/sh
 # Options: --mps auto|on|off, --suite NAME (repeatable). The suites were built for the platform
 # in manifest.json (nvidia or rocm). On nvidia, starts MPS (as root) around the suites
 # that run several processes per GPU. Sets CUDA_DEVICE_MAX_CONNECTIONS per suite: 2 for
-# processes under MPS (DETCOLL_MPS_CONNECTIONS overrides), else yours or 32.
+# processes under MPS (DETCOLL_MPS_CONNECTIONS overrides), else yours or 32. On rocm, sets
+# GPU_MAX_HW_QUEUES=8 (yours when set).
 # Benchmark: ./bin/xtask bench --nproc 8 --backend auto
 set -eu
 cd "$(dirname "$0")"
@@ -644,6 +651,22 @@ pub fn suite_connections(
     set(IN_PROCESS_CONNECTIONS, format!("default: {why}"))
 }
 
+/// [`HW_QUEUES_ENV`] for every suite on AMD: yours when set, else [`HW_QUEUES`]; nothing on
+/// NVIDIA.
+pub fn hw_queues_var(platform: GpuPlatform, user: Option<&str>) -> Option<SuiteVar> {
+    if platform != GpuPlatform::Rocm {
+        return None;
+    }
+    Some(match user.filter(|v| !v.trim().is_empty()) {
+        Some(u) => SuiteVar { name: HW_QUEUES_ENV, value: u.trim().to_owned(), why: "yours".into() },
+        None => SuiteVar {
+            name: HW_QUEUES_ENV,
+            value: HW_QUEUES.to_string(),
+            why: "default: one hardware queue per rank's stream, up to 8 ranks on one GPU".into(),
+        },
+    })
+}
+
 /// [`PROCESS_TESTS_ENV`]`=1` for a suite running several processes per GPU while MPS is
 /// active, unless the user set the variable (to anything).
 pub fn process_tests_var(multiprocess: bool, mps_active: bool, user_set: bool) -> Option<SuiteVar> {
@@ -895,6 +918,7 @@ pub fn test_main(args: GpuTestArgs) -> anyhow::Result<ExitCode> {
 
     let user_connections = std::env::var(CONNECTIONS_ENV).ok();
     let mps_connections = std::env::var(MPS_CONNECTIONS_ENV).ok();
+    let user_hw_queues = std::env::var(HW_QUEUES_ENV).ok();
     // Fail on a bad value before starting anything.
     suite_connections(true, true, user_connections.as_deref(), mps_connections.as_deref())?;
     suite_connections(false, false, user_connections.as_deref(), mps_connections.as_deref())?;
@@ -922,6 +946,7 @@ pub fn test_main(args: GpuTestArgs) -> anyhow::Result<ExitCode> {
             mps_connections.as_deref(),
         )?];
         vars.extend(process_tests_var(s.multiprocess, mps_active, std::env::var_os(PROCESS_TESTS_ENV).is_some()));
+        vars.extend(hw_queues_var(platform, user_hw_queues.as_deref()));
         let timeout = Duration::from_secs(args.timeout_s);
         results.push(run_suite(s, cwd, &args.test_args, kernel_dir.as_deref(), &vars, timeout)?);
     }
@@ -937,6 +962,17 @@ pub fn test_main(args: GpuTestArgs) -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn amd_suites_get_a_hardware_queue_per_rank() {
+        assert!(hw_queues_var(GpuPlatform::Nvidia, None).is_none());
+        assert!(hw_queues_var(GpuPlatform::Nvidia, Some("4")).is_none());
+        let d = hw_queues_var(GpuPlatform::Rocm, None).unwrap();
+        assert_eq!((d.name, d.value.as_str()), ("GPU_MAX_HW_QUEUES", "8"));
+        let y = hw_queues_var(GpuPlatform::Rocm, Some(" 16 ")).unwrap();
+        assert_eq!((y.value.as_str(), y.why.as_str()), ("16", "yours"));
+        assert_eq!(hw_queues_var(GpuPlatform::Rocm, Some(" ")).unwrap().value, "8");
+    }
 
     #[test]
     fn libtest_result_lines_are_counted() {
