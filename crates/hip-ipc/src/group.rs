@@ -71,7 +71,47 @@ fn assemble(rank: usize, ordinal: usize, config: &IpcConfig, state: IpcState) ->
     }
 }
 
-/// One rank's staging: the control block (fine-grained) and the frames (`hipMalloc`).
+/// Selects the memory of the control block: `fine-grained` (default) or `uncached`.
+pub const CONTROL_MEMORY_ENV: &str = "DETCOLL_HIP_CONTROL_MEMORY";
+
+/// Where a rank's control block (the flags) lives. Both kinds keep system-scope atomics
+/// coherent across GPUs; the switch exists because reports differ on which one a given
+/// ROCm/part combination accepts for IPC (neither was tried here: no AMD GPU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlMemory {
+    /// `hipExtMallocWithFlags(hipDeviceMallocFinegrained)`.
+    FineGrained,
+    /// `hipExtMallocWithFlags(hipDeviceMallocUncached)` (what RCCL uses for its flags).
+    Uncached,
+}
+
+impl ControlMemory {
+    /// `$DETCOLL_HIP_CONTROL_MEMORY`: `uncached`, else fine-grained; an unknown value is an
+    /// [`Error::InvalidConfig`] (a typo must not silently pick the other kind).
+    pub fn from_env() -> Result<ControlMemory, Error> {
+        Self::parse(std::env::var(CONTROL_MEMORY_ENV).ok().as_deref())
+    }
+
+    fn parse(value: Option<&str>) -> Result<ControlMemory, Error> {
+        match value.map(str::trim) {
+            None | Some("") | Some("fine-grained") | Some("finegrained") => Ok(ControlMemory::FineGrained),
+            Some("uncached") => Ok(ControlMemory::Uncached),
+            Some(other) => Err(Error::InvalidConfig {
+                detail: format!("{CONTROL_MEMORY_ENV}={other:?}: expected \"fine-grained\" or \"uncached\""),
+            }),
+        }
+    }
+
+    fn alloc(self, ordinal: usize, bytes: usize) -> Result<DeviceMemory, Error> {
+        match self {
+            ControlMemory::FineGrained => DeviceMemory::fine_grained(ordinal, bytes),
+            ControlMemory::Uncached => DeviceMemory::uncached(ordinal, bytes),
+        }
+    }
+}
+
+/// One rank's staging: the control block (fine-grained or uncached) and the frames
+/// (`hipMalloc`).
 #[derive(Debug)]
 pub(crate) struct Staging {
     pub(crate) control: DeviceMemory,
@@ -80,8 +120,8 @@ pub(crate) struct Staging {
 
 impl Staging {
     /// Both allocations, zeroed, header written (synchronous calls: every later launch sees it).
-    fn new(ordinal: usize, layout: &Layout, header: &Header) -> Result<Staging, Error> {
-        let control = DeviceMemory::fine_grained(ordinal, layout.control_bytes())?;
+    fn new(ordinal: usize, layout: &Layout, header: &Header, kind: ControlMemory) -> Result<Staging, Error> {
+        let control = kind.alloc(ordinal, layout.control_bytes())?;
         let frames = DeviceMemory::new(ordinal, layout.frames_bytes())?;
         let mut bytes = Vec::with_capacity(56);
         for w in header.to_words() {
@@ -143,6 +183,7 @@ impl HipIpcCollective {
     pub fn group(ordinals: &[usize], config: &IpcConfig) -> Result<Vec<HipIpcCollective>, Error> {
         api()?;
         config.check()?;
+        let control = ControlMemory::from_env()?;
         let world = ordinals.len();
         check_world(world)?;
         for &o in ordinals {
@@ -187,7 +228,7 @@ impl HipIpcCollective {
                 blocks: blocks as u64,
                 pid,
             };
-            staging.push(Staging::new(o, &layout, &header)?);
+            staging.push(Staging::new(o, &layout, &header, control)?);
         }
         let mems: Vec<RankMemory> = staging.iter().map(Staging::memory).collect();
         let shared = Arc::new(GroupShared { staging });
@@ -218,6 +259,7 @@ impl HipIpcCollective {
     pub fn new(boot: Box<dyn Bootstrap>, ordinal: usize, config: &IpcConfig) -> Result<HipIpcCollective, Error> {
         api()?;
         config.check()?;
+        let control = ControlMemory::from_env()?;
         let (rank, world) = (boot.rank(), boot.world_size());
         check_world(world)?;
         check_ordinal(ordinal)?;
@@ -260,7 +302,7 @@ impl HipIpcCollective {
             blocks: blocks as u64,
             pid: u64::from(std::process::id()),
         };
-        let own = Staging::new(ordinal, &layout, &header)?;
+        let own = Staging::new(ordinal, &layout, &header, control)?;
         // Exchange 2: IPC handles (control block and frames), opened once.
         let handles = boot.all_gather_bytes(&own.ipc_handles()?)?;
         runtime::set_device(ordinal)?;
@@ -315,6 +357,18 @@ mod tests {
         }
         fn all_gather_bytes(&self, _mine: &[u8]) -> Result<Vec<Vec<u8>>, BootstrapError> {
             unreachable!("construction must fail before the first exchange")
+        }
+    }
+
+    #[test]
+    fn control_memory_is_chosen_by_name_and_a_typo_is_an_error() {
+        for v in [None, Some(""), Some("fine-grained"), Some(" finegrained ")] {
+            assert_eq!(ControlMemory::parse(v).unwrap(), ControlMemory::FineGrained, "{v:?}");
+        }
+        assert_eq!(ControlMemory::parse(Some("uncached")).unwrap(), ControlMemory::Uncached);
+        match ControlMemory::parse(Some("uncahced")) {
+            Err(Error::InvalidConfig { detail }) => assert!(detail.contains("uncahced"), "{detail}"),
+            other => panic!("expected InvalidConfig, got {other:?}"),
         }
     }
 

@@ -372,6 +372,10 @@ impl DeviceMemory {
     pub fn fine_grained(ordinal: usize, bytes: usize) -> Result<Self, Error> {
         Self::alloc(ordinal, bytes, Some(sys::HIP_DEVICE_MALLOC_FINEGRAINED))
     }
+    /// `hipExtMallocWithFlags(hipDeviceMallocUncached)` of `bytes` on `ordinal`, zeroed.
+    pub fn uncached(ordinal: usize, bytes: usize) -> Result<Self, Error> {
+        Self::alloc(ordinal, bytes, Some(sys::HIP_DEVICE_MALLOC_UNCACHED))
+    }
     fn alloc(ordinal: usize, bytes: usize, flags: Option<u32>) -> Result<Self, Error> {
         let api = api()?;
         set_device(ordinal)?;
