@@ -1,7 +1,9 @@
 // detcoll_hip.hip — HIP (AMD) entry points of detcoll: the same kernels as detcoll_cuda.cu, on
 // the same portable headers (detcoll_protocol.h: protocol, fused tree, copy; detcoll_tree.h:
 // arithmetic and flags). `cargo xtask build --arch gfx942,gfx950` compiles it to one code object
-// per target (kernels/build/detcoll_hip.<gfx>.co), which crates/hip-ipc loads.
+// per target (kernels/build/detcoll_hip.<gfx>.co), which crates/hip-ipc loads; without one,
+// crates/hip-ipc compiles this file at run time with hiprtc (the same strict flags except the
+// offline-driver ones; see the __HIPCC_RTC__ guard below).
 //
 // Compiled device-only and self-contained, with the same flags by hipcc or a plain clang:
 //
@@ -21,7 +23,7 @@
 // checks below and the compile test (denorm modes 3, the packed instructions present) assert.
 // `detcoll_tree_soft` runs the software path (widen, one f32 add, round once), the same code the
 // NVIDIA "soft" module runs on H200s, so the AMD GPU tests check hardware against software and
-// both against `fixed-tree`. Packed 16-byte loads/stores (uint4) carry 4 f32 or 8 f16/bf16
+// both against `fixed-tree`. Packed 16-byte loads/stores (dc_u32x4) carry 4 f32 or 8 f16/bf16
 // lanes; unaligned heads and tails take the scalar code.
 //
 // Flags. detcoll_tree.h publishes with `__hip_atomic_store(..., __ATOMIC_RELEASE,
@@ -47,24 +49,29 @@
 
 // ---------------------------------------------------------------------------------------------
 // The HIP names the headers use, from clang builtins (no HIP headers: -nogpuinc).
+//
+// Only when compiled offline: hiprtc (crates/hip-ipc's runtime compilation) pre-includes the
+// HIP runtime headers and defines __HIPCC_RTC__, and those headers define every name below
+// (redefining the functions would be a compile error there, the macros a redefinition). HIP's
+// versions are the same operations: bit casts, one IEEE f32 add (round to nearest even), the
+// s_memrealtime counter (as `long long`; dc_globaltimer() converts it to 64 unsigned bits).
+// The 16-byte vectors are our own `dc_u32x4` (detcoll_tree.h), never HIP's `uint4`.
 // ---------------------------------------------------------------------------------------------
+// Contraction is off for this file (-ffp-contract=off and this pragma), in either build.
+#pragma clang fp contract(off)
+#if !defined(__HIPCC_RTC__)
 #define __device__ __attribute__((device))
 #define __global__ __attribute__((global))
 #define __forceinline__ __inline__ __attribute__((always_inline))
 #define __noinline__ __attribute__((noinline))
 
-struct __attribute__((aligned(16))) uint4 {
-    unsigned int x, y, z, w;
-};
-
 __device__ __forceinline__ float __uint_as_float(unsigned int u) { return __builtin_bit_cast(float, u); }
 __device__ __forceinline__ unsigned int __float_as_uint(float f) { return __builtin_bit_cast(unsigned int, f); }
-// One IEEE f32 add, round to nearest even. Contraction is off for this file (-ffp-contract=off
-// and the pragma), and a lone add has nothing to fuse with anyway.
-#pragma clang fp contract(off)
+// One IEEE f32 add, round to nearest even (a lone add has nothing to fuse with anyway).
 __device__ __forceinline__ float __fadd_rn(float a, float b) { return a + b; }
 // The constant 100 MHz counter (see the header comment).
 __device__ __forceinline__ unsigned long long wall_clock64() { return __builtin_amdgcn_s_memrealtime(); }
+#endif  // !__HIPCC_RTC__
 
 // Execution model for detcoll_protocol.h.
 #define DC_TID __builtin_amdgcn_workitem_id_x()

@@ -343,20 +343,20 @@ DC_DEV void dc_tree_kernel(const DcTreeParams& p) {
     // Vector body, two vectors per thread per iteration for memory-level parallelism.
     dc_u64 k = tid;
     for (; k + nthreads < nvec; k += 2 * nthreads) {
-        uint4 a[W], c[W];
+        dc_u32x4 a[W], c[W];
 #pragma unroll
         for (int i = 0; i < W; ++i) {
-            a[i] = *(const uint4*)(src[i] + head + k * 16u);
-            c[i] = *(const uint4*)(src[i] + head + (k + nthreads) * 16u);
+            a[i] = *(const dc_u32x4*)(src[i] + head + k * 16u);
+            c[i] = *(const dc_u32x4*)(src[i] + head + (k + nthreads) * 16u);
         }
-        *(uint4*)(dst + head + k * 16u) = dc_tree_vec<W, DT, SOFT>(a);
-        *(uint4*)(dst + head + (k + nthreads) * 16u) = dc_tree_vec<W, DT, SOFT>(c);
+        *(dc_u32x4*)(dst + head + k * 16u) = dc_tree_vec<W, DT, SOFT>(a);
+        *(dc_u32x4*)(dst + head + (k + nthreads) * 16u) = dc_tree_vec<W, DT, SOFT>(c);
     }
     for (; k < nvec; k += nthreads) {
-        uint4 a[W];
+        dc_u32x4 a[W];
 #pragma unroll
-        for (int i = 0; i < W; ++i) a[i] = *(const uint4*)(src[i] + head + k * 16u);
-        *(uint4*)(dst + head + k * 16u) = dc_tree_vec<W, DT, SOFT>(a);
+        for (int i = 0; i < W; ++i) a[i] = *(const dc_u32x4*)(src[i] + head + k * 16u);
+        *(dc_u32x4*)(dst + head + k * 16u) = dc_tree_vec<W, DT, SOFT>(a);
     }
     // Scalar head and tail (the whole range when the pointers are not co-aligned).
     const dc_u64 tail = head + nvec * 16u;

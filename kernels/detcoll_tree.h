@@ -56,6 +56,15 @@ typedef unsigned int dc_u32;
 typedef unsigned short dc_u16;
 typedef unsigned char dc_u8;
 
+// Sixteen bytes as four 32-bit words, 16-byte aligned: what the vector loads and stores move (4
+// f32 or 8 f16/bf16 lanes). Our own type instead of CUDA's / HIP's `uint4`: the HIP entry is
+// built both without HIP headers (offline, where it would have to define `uint4` itself) and by
+// hiprtc (whose pre-included headers define `uint4` as HIP_vector_type), and one name of our
+// own is the same plain struct in every build (CUDA, offline HIP, hiprtc).
+struct __attribute__((aligned(16))) dc_u32x4 {
+    dc_u32 x, y, z, w;
+};
+
 // dtype codes: the same numbers as collective_core::DType.
 #define DC_F32 0
 #define DC_F16 1
@@ -229,8 +238,8 @@ DC_DEV dc_u32 dc_add_word(dc_u32 a, dc_u32 b) {
 
 // Sixteen bytes: 4 f32 or 8 f16/bf16, lane by lane.
 template <int DT, bool SOFT>
-DC_DEV uint4 dc_add_vec(uint4 a, uint4 b) {
-    uint4 r;
+DC_DEV dc_u32x4 dc_add_vec(dc_u32x4 a, dc_u32x4 b) {
+    dc_u32x4 r;
     r.x = dc_add_word<DT, SOFT>(a.x, b.x);
     r.y = dc_add_word<DT, SOFT>(a.y, b.y);
     r.z = dc_add_word<DT, SOFT>(a.z, b.z);
@@ -245,7 +254,7 @@ DC_DEV uint4 dc_add_vec(uint4 a, uint4 b) {
 // ---------------------------------------------------------------------------------------------
 
 template <int W, int DT, bool SOFT>
-DC_DEV uint4 dc_tree_vec(uint4 (&v)[W]) {
+DC_DEV dc_u32x4 dc_tree_vec(dc_u32x4 (&v)[W]) {
 #pragma unroll
     for (int s = 1; s < W; s *= 2) {
 #pragma unroll
@@ -316,12 +325,12 @@ DC_DEV void dc_reduce_range(const dc_u8* const (&src)[W], dc_u8* dst, dc_u8* wb,
     // Vector body.
     for (dc_u64 k = tid; k < nvec; k += nthreads) {
         dc_u64 off = head + k * 16u;
-        uint4 v[W];
+        dc_u32x4 v[W];
 #pragma unroll
-        for (int i = 0; i < W; ++i) v[i] = *(const uint4*)(src[i] + off);
-        uint4 r = dc_tree_vec<W, DT, SOFT>(v);
-        *(uint4*)(dst + off) = r;
-        if (wb) *(uint4*)(wb + off) = r;
+        for (int i = 0; i < W; ++i) v[i] = *(const dc_u32x4*)(src[i] + off);
+        dc_u32x4 r = dc_tree_vec<W, DT, SOFT>(v);
+        *(dc_u32x4*)(dst + off) = r;
+        if (wb) *(dc_u32x4*)(wb + off) = r;
     }
     // Scalar tail.
     for (dc_u64 off = tail_start + (dc_u64)tid * esz; off < bytes; off += (dc_u64)nthreads * esz) {
@@ -345,7 +354,7 @@ DC_DEV void dc_copy_range(dc_u8* dst, const dc_u8* src, dc_u64 bytes, dc_u32 tid
     for (dc_u64 i = tid; i < head; i += nthreads) dst[i] = src[i];
     if (g == 16u) {
         for (dc_u64 k = tid; k < nwide; k += nthreads)
-            *(uint4*)(dst + head + k * 16u) = *(const uint4*)(src + head + k * 16u);
+            *(dc_u32x4*)(dst + head + k * 16u) = *(const dc_u32x4*)(src + head + k * 16u);
     } else if (g == 4u) {
         for (dc_u64 k = tid; k < nwide; k += nthreads)
             *(dc_u32*)(dst + head + k * 4u) = *(const dc_u32*)(src + head + k * 4u);

@@ -1,17 +1,28 @@
-//! Loading the HIP kernels: the prebuilt code object for the device's `gfx` target.
+//! Getting the HIP kernels for the device's `gfx` target: a prebuilt code object when one is
+//! present, otherwise the embedded source compiled with hiprtc at run time.
 //!
-//! Looked up in `$DETCOLL_KERNEL_DIR`, then `kernels/build/` of this workspace, as
-//! `detcoll_hip.<gfx>.co` (what `cargo xtask build --arch gfx942` writes). hiprtc is not bound:
-//! an AMD host without a prebuilt object builds one with `cargo xtask build` (hipcc is part of
-//! ROCm), which keeps this crate's binding to libamdhip64 alone. Every loaded module is checked
-//! against its exported `detcoll_abi` table, so a stale object is refused instead of misread.
+//! 1. Prebuilt: looked up in `$DETCOLL_KERNEL_DIR`, then `kernels/build/` of this workspace, as
+//!    `detcoll_hip.<gfx>.co` (what `cargo xtask build --arch gfx942` writes).
+//! 2. Otherwise hiprtc ([`crate::rtc`], `libhiprtc` loaded at run time): the embedded
+//!    kernels/detcoll_hip.hip and its two headers, compiled for the device's gfx with the strict
+//!    flags of the offline build ([`rtc_options`]), once per process and gfx.
+//! 3. Neither: an error naming both remedies (`cargo xtask build --arch <gfx>`, or installing
+//!    ROCm's hiprtc).
+//!
+//! Every loaded module is checked against its exported `detcoll_abi` table, so a stale object is
+//! refused instead of misread. The hiprtc path was compiled and unit-tested without ROCm, never
+//! executed (no AMD GPU was available).
 use crate::BACKEND;
+use crate::build::{HIP_FLAGS, is_gfx};
 use crate::result::{api, check};
+use crate::rtc::{self, Source};
 use crate::runtime;
 use crate::sys::{HipFunction, HipModule};
 use collective_core::Error;
+use std::collections::HashMap;
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// `DC_ABI_VERSION` of kernels/detcoll_protocol.h.
 pub const ABI_VERSION: u32 = collective_core::protocol::params::ABI_VERSION;
@@ -37,11 +48,87 @@ pub fn find_code_object(gfx: &str) -> Option<(PathBuf, Vec<u8>)> {
         .find_map(|p| std::fs::read(&p).ok().map(|b| (p, b)))
 }
 
+/// The HIP entry file, embedded (compiled with hiprtc when no code object exists).
+pub const KERNEL_SOURCE: &str = include_str!("../../../kernels/detcoll_hip.hip");
+/// The portable tree header, embedded (passed to hiprtc as a header).
+pub const TREE_HEADER: &str = include_str!("../../../kernels/detcoll_tree.h");
+/// The portable kernel bodies (protocol, fused tree, copy), embedded (passed to hiprtc as a
+/// header).
+pub const PROTOCOL_HEADER: &str = include_str!("../../../kernels/detcoll_protocol.h");
+/// The headers handed to hiprtc, by the names the sources `#include`.
+pub const HEADERS: [(&str, &str); 2] = [("detcoll_tree.h", TREE_HEADER), ("detcoll_protocol.h", PROTOCOL_HEADER)];
+/// The entry's name in hiprtc's log.
+pub const SOURCE_NAME: &str = "detcoll_hip.hip";
+
+/// Flags of [`HIP_FLAGS`] that drive the offline clang (`-x hip`, device-only output, no HIP
+/// headers or device libraries), not hiprtc, which compiles HIP device code with its own
+/// headers pre-included.
+pub const OFFLINE_ONLY_FLAGS: [&str; 5] = ["-x", "hip", "--offload-device-only", "-nogpulib", "-nogpuinc"];
+
+/// The hiprtc options for `gfx`: `--offload-arch=<gfx>` and the strict flags of the offline
+/// build (`-O3 -std=c++17 -fno-fast-math -fno-gpu-flush-denormals-to-zero -ffp-contract=off`,
+/// [`HIP_FLAGS`] without [`OFFLINE_ONLY_FLAGS`]).
+pub fn rtc_options(gfx: &str) -> Vec<String> {
+    let mut v = vec![format!("--offload-arch={gfx}")];
+    v.extend(HIP_FLAGS.iter().filter(|f| !OFFLINE_ONLY_FLAGS.contains(f)).map(|f| f.to_string()));
+    v
+}
+
+/// Compiles the embedded kernels for `gfx` with hiprtc (uncached; see [`rtc_image`]). A missing
+/// hiprtc is [`Error::LibraryMissing`]; a failed compile an [`Error::Backend`] carrying the log.
+pub fn compile_rtc(gfx: &str) -> Result<Vec<u8>, Error> {
+    let api = rtc::rtc()?;
+    rtc_compile(api, gfx).map_err(|detail| Error::Backend { backend: BACKEND, detail })
+}
+
+fn rtc_compile(api: &rtc::RtcApi, gfx: &str) -> Result<Vec<u8>, String> {
+    if !is_gfx(gfx) {
+        return Err(format!("`{gfx}` is not a gfx target (expected e.g. gfx942)"));
+    }
+    let src = Source { name: SOURCE_NAME, text: KERNEL_SOURCE, headers: &HEADERS };
+    rtc::compile(api, &src, &rtc_options(gfx))
+}
+
+/// The hiprtc code object for `gfx`: compiled once per process and gfx (a failed compile is
+/// remembered too), the same image for every later load.
+pub fn rtc_image(gfx: &str) -> Result<Arc<Vec<u8>>, Error> {
+    type Images = HashMap<String, Result<Arc<Vec<u8>>, String>>;
+    static CACHE: OnceLock<Mutex<Images>> = OnceLock::new();
+    // A missing hiprtc is reported as such, never remembered as a failed compile.
+    let api = rtc::rtc()?;
+    // Holding the lock while compiling makes concurrent first users wait for one compilation.
+    let mut map = CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .map_err(|_| Error::Backend { backend: BACKEND, detail: "hiprtc cache lock poisoned".into() })?;
+    let image = map.entry(gfx.to_string()).or_insert_with(|| rtc_compile(api, gfx).map(Arc::new));
+    image.clone().map_err(|detail| Error::Backend { backend: BACKEND, detail })
+}
+
+/// The code object for `gfx` and where it came from: prebuilt if present, else hiprtc.
+fn image_for(gfx: &str) -> Result<(String, Arc<Vec<u8>>), Error> {
+    if let Some((path, bytes)) = find_code_object(gfx) {
+        return Ok((path.display().to_string(), Arc::new(bytes)));
+    }
+    match rtc_image(gfx) {
+        Ok(image) => Ok((format!("hiprtc ({gfx})"), image)),
+        Err(Error::LibraryMissing { detail, .. }) => Err(Error::Backend {
+            backend: BACKEND,
+            detail: format!(
+                "no HIP code object for {gfx}: looked for {STEM}.{gfx}.co in {:?}, and hiprtc could not be loaded to \
+                 compile one ({detail}); run `cargo xtask build --arch {gfx}`, or install ROCm's hiprtc (libhiprtc.so)",
+                search_dirs()
+            ),
+        }),
+        Err(e) => Err(e),
+    }
+}
+
 /// A loaded module; unloaded on drop.
 #[derive(Debug)]
 pub struct Module {
     raw: HipModule,
-    /// Where the code object came from.
+    /// Where the code object came from: its path, or `hiprtc (gfx942)`.
     pub origin: String,
 }
 
@@ -51,24 +138,18 @@ unsafe impl Send for Module {}
 unsafe impl Sync for Module {}
 
 impl Module {
-    /// Loads the code object for device `ordinal`'s arch and checks its ABI table; the expected
-    /// table is `[ABI_VERSION, sizes of DcParams<16>, DcParams<32>, DcTreeParams, DcSeg,
-    /// DcCopyParams]`.
+    /// Loads the code object for device `ordinal`'s arch (prebuilt, else compiled by hiprtc) and
+    /// checks its ABI table; the expected table is `[ABI_VERSION, sizes of DcParams<16>,
+    /// DcParams<32>, DcTreeParams, DcSeg, DcCopyParams]`.
     pub fn load(ordinal: usize, expected_abi: [u32; 6]) -> Result<Module, Error> {
         let gfx = runtime::arch_name(ordinal)?;
-        let (path, image) = find_code_object(&gfx).ok_or_else(|| Error::Backend {
-            backend: BACKEND,
-            detail: format!(
-                "no HIP code object for {gfx}: looked for {STEM}.{gfx}.co in {:?}; run `cargo xtask build --arch {gfx}`",
-                search_dirs()
-            ),
-        })?;
+        let (origin, image) = image_for(&gfx)?;
         let api = api()?;
         runtime::set_device(ordinal)?;
         let mut raw: HipModule = core::ptr::null_mut();
         // SAFETY: `image` is a code object, alive during the call.
         check(api, unsafe { (api.hipModuleLoadData)(&mut raw, image.as_ptr().cast()) }, "hipModuleLoadData")?;
-        let m = Module { raw, origin: path.display().to_string() };
+        let m = Module { raw, origin };
         m.check_abi(expected_abi)?;
         Ok(m)
     }
@@ -115,6 +196,75 @@ impl Drop for Module {
         if let Ok(api) = api() {
             // SAFETY: loaded by hipModuleLoadData; users hold the module while launching.
             let _ = unsafe { (api.hipModuleUnload)(self.raw) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names a source `#include "..."`s.
+    fn includes(src: &str) -> Vec<&str> {
+        src.lines()
+            .filter_map(|l| l.trim_start().strip_prefix("#include"))
+            .filter_map(|rest| rest.trim().strip_prefix('"')?.split('"').next())
+            .collect()
+    }
+
+    #[test]
+    fn rtc_options_are_the_strict_offline_flags_for_the_arch() {
+        let o = rtc_options("gfx942");
+        assert_eq!(o[0], "--offload-arch=gfx942");
+        for f in ["-O3", "-std=c++17", "-fno-fast-math", "-fno-gpu-flush-denormals-to-zero", "-ffp-contract=off"] {
+            assert!(o.iter().any(|x| x == f), "{f} missing from {o:?}");
+        }
+        for f in ["-x", "hip", "-nogpuinc", "-nogpulib", "--offload-device-only", "-S", "-ffast-math"] {
+            assert!(!o.iter().any(|x| x == f), "offline-only or lax flag {f} in {o:?}");
+        }
+        // Every flag of the offline build is either passed to hiprtc or an offline-driver flag.
+        for f in HIP_FLAGS {
+            assert!(o.iter().any(|x| x == f) ^ OFFLINE_ONLY_FLAGS.contains(&f), "{f}");
+        }
+        assert_eq!(rtc_options("gfx950")[0], "--offload-arch=gfx950");
+    }
+
+    #[test]
+    fn embedded_sources_and_header_names_match_the_includes() {
+        assert!(KERNEL_SOURCE.contains("detcoll_collective_s") && KERNEL_SOURCE.contains("__HIPCC_RTC__"));
+        for (name, text) in HEADERS {
+            assert!(!text.is_empty(), "{name} empty");
+        }
+        let names: Vec<&str> = HEADERS.iter().map(|(n, _)| *n).collect();
+        let entry = includes(KERNEL_SOURCE);
+        assert!(!entry.is_empty());
+        // Every include of the entry and of the headers is a header handed to hiprtc ...
+        for (file, src) in std::iter::once((SOURCE_NAME, KERNEL_SOURCE)).chain(HEADERS) {
+            for inc in includes(src) {
+                assert!(names.contains(&inc), "{file} includes {inc}, which is not passed to hiprtc");
+            }
+        }
+        // ... and the entry includes every header passed.
+        for n in &names {
+            assert!(entry.contains(n), "{n} is passed to hiprtc but not included by {SOURCE_NAME}");
+        }
+    }
+
+    #[test]
+    fn missing_hiprtc_is_library_missing_and_the_load_error_names_both_remedies() {
+        if rtc::rtc_present() {
+            collective_core::conformance::skip("libhiprtc is present");
+            return;
+        }
+        assert!(matches!(compile_rtc("gfx942"), Err(Error::LibraryMissing { .. })));
+        assert!(matches!(rtc_image("gfx942"), Err(Error::LibraryMissing { .. })));
+        // No code object is ever built for this (valid, non-existent) target.
+        match image_for("gfx9ff") {
+            Err(Error::Backend { detail, .. }) => {
+                assert!(detail.contains("cargo xtask build --arch gfx9ff"), "{detail}");
+                assert!(detail.contains("install ROCm's hiprtc") && detail.contains("libhiprtc"), "{detail}");
+            }
+            other => panic!("expected a Backend error naming both remedies, got {other:?}"),
         }
     }
 }

@@ -8,8 +8,11 @@
 //! * [`result`]: `hipError_t` to [`collective_core::Error`], with `hipGetErrorString`;
 //! * [`runtime`]: the safe layer — devices, streams, events, device / fine-grained /
 //!   host-mapped memory, IPC handles, copies;
-//! * [`kernels`]: finding the prebuilt code object for the device's `gfx` target
-//!   (`kernels/build/detcoll_hip.<gfx>.co`), loading it and checking its ABI table;
+//! * [`kernels`]: the code object for the device's `gfx` target — prebuilt
+//!   (`kernels/build/detcoll_hip.<gfx>.co`) when present, else the embedded kernels compiled by
+//!   hiprtc at run time — loading it and checking its ABI table;
+//! * [`rtc`]: the raw hiprtc binding (8 symbols of `libhiprtc`, loaded at run time like
+//!   [`sys`]; missing is [`collective_core::Error::LibraryMissing`]) and its compile call;
 //! * [`build`]: the HIP kernel compile driver shared by `cargo xtask build` and the tests
 //!   (hipcc, else Debian's clang, else the clang bundled with zig);
 //! * [`HipIpcCollective`]: the collective (the HIP twin of `cuda-ipc`): ranks as threads
@@ -30,6 +33,7 @@ mod collective;
 mod group;
 pub mod kernels;
 pub mod result;
+pub mod rtc;
 pub mod runtime;
 pub mod sys;
 mod tree;

@@ -2,6 +2,7 @@
 use crate::BACKEND;
 use crate::sys::{Api, HIP_ERROR_NOT_READY, HIP_SUCCESS, HipError};
 use collective_core::Error;
+use core::ffi::{c_char, c_int};
 use std::ffi::CStr;
 use std::sync::OnceLock;
 
@@ -32,13 +33,22 @@ pub fn runtime_present() -> bool {
 
 /// `hipGetErrorString(code)`, or the number when the runtime has no text for it.
 pub fn error_string(api: &Api, code: HipError) -> String {
-    // SAFETY: returns a static NUL-terminated string or null.
-    let p = unsafe { (api.hipGetErrorString)(code) };
-    if p.is_null() {
-        return format!("hipError_t {code}");
+    // SAFETY: hipGetErrorString returns a static NUL-terminated string or null.
+    unsafe { describe((api.hipGetErrorString)(code), code, "hipError_t") }
+}
+
+/// `"text (code)"` for the result `text` of a `*GetErrorString(code)` call (hipGetErrorString,
+/// hiprtcGetErrorString), or `"<type> <code>"` when it is null.
+///
+/// # Safety
+///
+/// `text` is null or a NUL-terminated string that stays valid during the call.
+pub(crate) unsafe fn describe(text: *const c_char, code: c_int, type_name: &str) -> String {
+    if text.is_null() {
+        return format!("{type_name} {code}");
     }
-    // SAFETY: non-null, NUL-terminated, static.
-    let s = unsafe { CStr::from_ptr(p) }.to_string_lossy();
+    // SAFETY: non-null and NUL-terminated (the caller's guarantee).
+    let s = unsafe { CStr::from_ptr(text) }.to_string_lossy();
     format!("{s} ({code})")
 }
 

@@ -155,31 +155,48 @@ pub const LIBRARY_NAMES: [&str; 3] = ["libamdhip64.so.7", "libamdhip64.so.6", "l
 
 /// Every path [`Api::load`] tries.
 pub fn library_candidates() -> Vec<PathBuf> {
+    rocm_library_candidates(&LIBRARY_NAMES)
+}
+
+/// `names` as the dynamic loader finds them, then under `$ROCM_PATH/lib` (default
+/// `/opt/rocm/lib`): how every ROCm library of this crate is looked for.
+pub fn rocm_library_candidates(names: &[&str]) -> Vec<PathBuf> {
     let rocm = std::env::var_os("ROCM_PATH").map_or_else(|| PathBuf::from("/opt/rocm"), PathBuf::from);
-    let mut v: Vec<PathBuf> = LIBRARY_NAMES.iter().map(PathBuf::from).collect();
-    v.extend(LIBRARY_NAMES.iter().map(|n| rocm.join("lib").join(n)));
+    let mut v: Vec<PathBuf> = names.iter().map(PathBuf::from).collect();
+    v.extend(names.iter().map(|n| rocm.join("lib").join(n)));
     v
 }
 
-fn symbol<T: Copy>(lib: &libloading::Library, name: &str) -> Result<T, String> {
-    // SAFETY: every `T` used below is the `extern "C"` signature of the HIP symbol `name` as
-    // declared in ROCm 6+'s hip_runtime_api.h.
+/// Opens the first of `candidates` that loads and resolves its symbols with `resolve`. The
+/// error lists every path tried (or the symbol the first loadable library lacks).
+pub(crate) fn load_first<T>(
+    candidates: &[PathBuf],
+    resolve: impl FnOnce(libloading::Library) -> Result<T, String>,
+) -> Result<T, String> {
+    let mut errors = Vec::new();
+    for path in candidates {
+        // SAFETY: loading a ROCm library (libamdhip64, libhiprtc) runs its initialisers, which
+        // is what every HIP program does at start-up.
+        match unsafe { libloading::Library::new(path) } {
+            Ok(lib) => return resolve(lib).map_err(|e| format!("{}: {e}", path.display())),
+            Err(e) => errors.push(format!("{}: {e}", path.display())),
+        }
+    }
+    Err(errors.join("; "))
+}
+
+/// Looks `name` up in `lib` as a `T`. Only for the function tables of this crate ([`Api`] and
+/// `rtc::RtcApi`), whose field types are the C signatures.
+pub(crate) fn symbol<T: Copy>(lib: &libloading::Library, name: &str) -> Result<T, String> {
+    // SAFETY: every `T` used with this function is the `extern "C"` signature of the symbol
+    // `name` as declared in ROCm 6+'s hip_runtime_api.h / hiprtc.h.
     unsafe { lib.get::<T>(name.as_bytes()) }.map(|s| *s).map_err(|e| format!("symbol {name}: {e}"))
 }
 
 impl Api {
     /// Loads the first library of [`library_candidates`] and resolves every symbol.
     pub fn load() -> Result<Api, String> {
-        let mut errors = Vec::new();
-        for path in library_candidates() {
-            // SAFETY: loading libamdhip64 runs its initialisers, which is what every HIP program
-            // does at start-up.
-            match unsafe { libloading::Library::new(&path) } {
-                Ok(lib) => return Self::resolve(lib).map_err(|e| format!("{}: {e}", path.display())),
-                Err(e) => errors.push(format!("{}: {e}", path.display())),
-            }
-        }
-        Err(errors.join("; "))
+        load_first(&library_candidates(), Self::resolve)
     }
 
     fn resolve(lib: libloading::Library) -> Result<Api, String> {

@@ -4,50 +4,60 @@
 use collective_core::Error;
 use hip_ipc::build::{self, BuildError};
 
-fn compile_target(gfx: &str) {
-    let toolchains = build::toolchains();
-    if toolchains.is_empty() {
+/// The strict-arithmetic checks on the assembly of a HIP build of the entry file.
+fn check_assembly(gfx: &str, s: &str) {
+    for k in [
+        "detcoll_collective_s",
+        "detcoll_collective_m",
+        "detcoll_tree",
+        "detcoll_tree_soft",
+        "detcoll_noop",
+        "detcoll_copy",
+    ] {
+        assert!(s.contains(&format!(".name:           {k}")), "{gfx}: kernel {k} missing");
+    }
+    // Denormals kept (mode 3 = no flushing) for f32 and f16/f64 in every kernel.
+    assert!(!s.contains(".amdhsa_float_denorm_mode_32 0"), "{gfx}: f32 denormals flushed");
+    assert!(!s.contains(".amdhsa_float_denorm_mode_16_64 0"), "{gfx}: f16 denormals flushed");
+    assert!(s.contains("s_memrealtime") && s.contains("s_sleep"), "{gfx}: bounded waits missing");
+    // The hardware path: packed f16 adds, packed f32 adds of widened bf16 lanes, and on
+    // gfx950 the packed round-to-nearest-even bf16 conversion; the software path's scalar
+    // f32 adds (detcoll_tree_soft). No fused or mixed-precision multiply-add on data:
+    // v_pk_fma / v_fma_mix would round once for two operations. (v_fmac_f32 does appear:
+    // the compiler expands 64-bit integer division of tile indices through f32
+    // reciprocals, not data.)
+    for insn in ["v_pk_add_f16", "v_pk_add_f32", "v_add_f32"] {
+        assert!(s.contains(insn), "{gfx}: no {insn} in the reductions");
+    }
+    if gfx == "gfx950" {
+        assert!(s.contains("v_cvt_pk_bf16_f32"), "{gfx}: bf16 sums not rounded by v_cvt_pk_bf16_f32");
+    }
+    for insn in ["v_pk_fma", "v_fma_mix", "v_pk_mul"] {
+        assert!(!s.contains(insn), "{gfx}: {insn} in the kernels");
+    }
+}
+
+fn no_toolchain() -> bool {
+    let none = build::toolchains().is_empty();
+    if none {
         collective_core::conformance::skip(
             "no HIP compiler found (hipcc, clang-19 + lld-19, or `pip install ziglang`)",
         );
+    }
+    none
+}
+
+fn compile_target(gfx: &str) {
+    if no_toolchain() {
         return;
     }
     let out = std::env::temp_dir().join(format!("detcoll-hip-test-{}-{gfx}", std::process::id()));
-    match build::compile(&toolchains, gfx, &out) {
+    match build::compile(&build::toolchains(), gfx, &out) {
         Ok(b) => {
             println!("{gfx}: built by {}", b.toolchain);
             let co = std::fs::read(&b.code_object).expect("code object");
             assert!(co.starts_with(b"\x7fELF"), "{gfx}: not an ELF code object");
-            let s = std::fs::read_to_string(&b.assembly).expect("assembly");
-            for k in [
-                "detcoll_collective_s",
-                "detcoll_collective_m",
-                "detcoll_tree",
-                "detcoll_tree_soft",
-                "detcoll_noop",
-                "detcoll_copy",
-            ] {
-                assert!(s.contains(&format!(".name:           {k}")), "{gfx}: kernel {k} missing");
-            }
-            // Denormals kept (mode 3 = no flushing) for f32 and f16/f64 in every kernel.
-            assert!(!s.contains(".amdhsa_float_denorm_mode_32 0"), "{gfx}: f32 denormals flushed");
-            assert!(!s.contains(".amdhsa_float_denorm_mode_16_64 0"), "{gfx}: f16 denormals flushed");
-            assert!(s.contains("s_memrealtime") && s.contains("s_sleep"), "{gfx}: bounded waits missing");
-            // The hardware path: packed f16 adds, packed f32 adds of widened bf16 lanes, and on
-            // gfx950 the packed round-to-nearest-even bf16 conversion; the software path's scalar
-            // f32 adds (detcoll_tree_soft). No fused or mixed-precision multiply-add on data:
-            // v_pk_fma / v_fma_mix would round once for two operations. (v_fmac_f32 does appear:
-            // the compiler expands 64-bit integer division of tile indices through f32
-            // reciprocals, not data.)
-            for insn in ["v_pk_add_f16", "v_pk_add_f32", "v_add_f32"] {
-                assert!(s.contains(insn), "{gfx}: no {insn} in the reductions");
-            }
-            if gfx == "gfx950" {
-                assert!(s.contains("v_cvt_pk_bf16_f32"), "{gfx}: bf16 sums not rounded by v_cvt_pk_bf16_f32");
-            }
-            for insn in ["v_pk_fma", "v_fma_mix", "v_pk_mul"] {
-                assert!(!s.contains(insn), "{gfx}: {insn} in the kernels");
-            }
+            check_assembly(gfx, &std::fs::read_to_string(&b.assembly).expect("assembly"));
             let _ = std::fs::remove_dir_all(&out);
         }
         Err(BuildError::Failed { attempts, .. }) if gfx == "gfx950" => {
@@ -87,4 +97,51 @@ fn arch_name_is_parsed_from_device_properties() {
     buf[..18].copy_from_slice(b"AMD Instinct MI300");
     buf[300..322].copy_from_slice(b"gfx942:sramecc+:xnack-");
     assert_eq!(hip_ipc::runtime::find_gfx(&buf[256..]).as_deref(), Some("gfx942"));
+}
+
+/// The hiprtc configuration of the entry file, checked without ROCm: kernels/detcoll_hip.hip
+/// compiled for gfx942 by the local toolchain with `-D__HIPCC_RTC__` and
+/// `-include tests/hiprtc_prelude.h`, the same way as offline otherwise (HIP_FLAGS, `-S`).
+///
+/// The prelude STANDS IN for the HIP headers hiprtc pre-includes (it defines the attribute
+/// macros, a HIP-shaped `uint4`, `__uint_as_float`, `__float_as_uint`, `__fadd_rn` and
+/// `wall_clock64` as HIP does); it is not ROCm's headers. So this proves only that the entry's
+/// `__HIPCC_RTC__` guards are consistent — nothing it still defines there clashes with what the
+/// headers provide, and nothing it needs from them is missing — and that the result keeps the
+/// strict-arithmetic properties of [`check_assembly`]. It does not prove hiprtc itself accepts
+/// the file or the options (never run here: no ROCm).
+#[test]
+fn hip_entry_compiles_in_the_hiprtc_configuration() {
+    if no_toolchain() {
+        return;
+    }
+    let gfx = "gfx942";
+    let prelude = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hiprtc_prelude.h");
+    let out = std::env::temp_dir().join(format!("detcoll-hiprtc-config-{}-{gfx}.s", std::process::id()));
+    let mut attempts = Vec::new();
+    for tc in build::toolchains() {
+        let (prog, lead) = tc.cc.split_first().expect("compiler command");
+        let run = std::process::Command::new(prog)
+            .args(lead)
+            .args(build::HIP_FLAGS)
+            .arg(format!("--offload-arch={gfx}"))
+            .args(["-D__HIPCC_RTC__", "-include"])
+            .arg(&prelude)
+            .arg("-I")
+            .arg(build::kernels_dir())
+            .arg("-S")
+            .arg(build::kernels_dir().join("detcoll_hip.hip"))
+            .arg("-o")
+            .arg(&out)
+            .output()
+            .expect("running the compiler");
+        if run.status.success() {
+            println!("{gfx} (hiprtc configuration): compiled by {}", tc.name);
+            check_assembly(gfx, &std::fs::read_to_string(&out).expect("assembly"));
+            let _ = std::fs::remove_file(&out);
+            return;
+        }
+        attempts.push(format!("  {}: {}", tc.name, String::from_utf8_lossy(&run.stderr)));
+    }
+    panic!("the entry does not compile with -D__HIPCC_RTC__ and the test prelude:\n{}", attempts.join("\n"));
 }
