@@ -73,11 +73,8 @@ fn randomized(world: usize, total: usize, capacity: usize) {
         for calls in &batches {
             // Enqueue the batch back to back, with at most `in_flight` calls queued per rank
             // before a stream sync (DETCOLL_RANDOM_INFLIGHT; 0 = the whole batch).
-            for (k, c) in calls.iter().enumerate() {
-                if in_flight > 0 && k > 0 && k % in_flight == 0 {
-                    s.synchronize().map_err(|e| format!("sync before call {}: {e}", done + k))?;
-                }
-                let _turn = if ordered { Some(order.wait((done + k) * world + me)?) } else { None };
+            let sync = |i| s.synchronize().map_err(|e| format!("sync before call {i}: {e}"));
+            sequence::enqueue_batch(calls, done, world, me, in_flight, ordered.then_some(&order), sync, |i, c| {
                 let copy = |src: u64, dst: u64, n: usize, d: DType| {
                     // SAFETY: copy of `n` elements inside live test buffers, on the rank's stream.
                     unsafe { copier.launch(&[src], dst, n, d, s.raw()) }
@@ -85,8 +82,8 @@ fn randomized(world: usize, total: usize, capacity: usize) {
                 // SAFETY: the rank's input buffers and arena live until after the batch is checked.
                 let r =
                     unsafe { sequence::enqueue(&rank.comm, s, c, dev_inputs[c.dtype as usize].ptr, arena.ptr, copy) };
-                r.map_err(|e| format!("call {} {c:?}: {e}", done + k))?;
-            }
+                r.map_err(|e| format!("call {i} {c:?}: {e}"))
+            })?;
             let got = rank.download(arena.ptr, arena.len);
             rank.comm.check().map_err(|e| format!("after batch at call {done}: {e}"))?;
             sequence::check_batch(&got, calls, &host_inputs, world, me, done)?;

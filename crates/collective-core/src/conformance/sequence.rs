@@ -250,6 +250,33 @@ impl Drop for Turn<'_> {
     }
 }
 
+/// Enqueues one planned batch — this rank's calls `done..done + calls.len()` — back to back, as
+/// the GPU twins' randomized tests do: `sync(i)` before call `i` every `in_flight` calls (0:
+/// never), and with `order`, each call inside its global turn (`i * world + rank`).
+/// `enqueue(i, call)` enqueues call `i`; both closures return their error text as it should be
+/// reported.
+#[allow(clippy::too_many_arguments)]
+pub fn enqueue_batch(
+    calls: &[Call],
+    done: usize,
+    world: usize,
+    rank: usize,
+    in_flight: usize,
+    order: Option<&Order>,
+    mut sync: impl FnMut(usize) -> Result<(), String>,
+    mut enqueue: impl FnMut(usize, &Call) -> Result<(), String>,
+) -> Result<(), String> {
+    for (k, c) in calls.iter().enumerate() {
+        let i = done + k;
+        if in_flight > 0 && k > 0 && k % in_flight == 0 {
+            sync(i)?;
+        }
+        let _turn = order.map(|o| o.wait(i * world + rank)).transpose()?;
+        enqueue(i, c)?;
+    }
+    Ok(())
+}
+
 /// DETCOLL_RANDOM_CALLS: calls of the world-8 run (default 10,000; world 2 runs a fifth).
 pub fn random_calls() -> usize {
     std::env::var("DETCOLL_RANDOM_CALLS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000)
@@ -353,5 +380,44 @@ mod tests {
         drop(order.wait(0).expect("turn 0"));
         drop(order.wait(1).expect("turn 1"));
         m.finished();
+    }
+
+    #[test]
+    fn batches_sync_every_in_flight_calls_and_take_their_turns() {
+        let (batches, _) = plan(10, 10, 2, 4096);
+        let calls = &batches[0];
+        let (mut synced, mut enqueued) = (Vec::new(), Vec::new());
+        let sync = |i| {
+            synced.push(i);
+            Ok(())
+        };
+        let enqueue = |i, _: &Call| {
+            enqueued.push(i);
+            Ok(())
+        };
+        enqueue_batch(calls, 20, 2, 0, 4, None, sync, enqueue).unwrap();
+        assert_eq!((synced, enqueued), (vec![24, 28], (20..30).collect::<Vec<_>>()));
+        // Rank 1 of world 2 at calls 20.. takes turns 41, 43, ...: without rank 0 taking 40 the
+        // first wait fails (rank 0 left), and nothing is enqueued.
+        let order = Order::default();
+        drop(order.member());
+        let r = enqueue_batch(calls, 20, 2, 1, 0, Some(&order), |_| Ok(()), |_, _| panic!("enqueued out of turn"));
+        assert!(r.unwrap_err().contains("turn 41"));
+        // Errors come back as the closures word them, and stop the batch.
+        let mut n = 0;
+        let r = enqueue_batch(
+            calls,
+            0,
+            2,
+            0,
+            0,
+            None,
+            |_| Ok(()),
+            |i, _| {
+                n += 1;
+                if i == 3 { Err(format!("call {i} failed")) } else { Ok(()) }
+            },
+        );
+        assert_eq!((r.unwrap_err(), n), ("call 3 failed".to_string(), 4));
     }
 }
