@@ -130,8 +130,11 @@ impl<D: Device> TransportCollective<D> {
         config: &TransportConfig,
     ) -> Result<Self, Error> {
         let world = boot.world_size();
+        // Resolved inside the agreement: a rank whose environment is invalid reports it to
+        // every peer instead of leaving them waiting.
+        let resolved = config.resolved();
         let local = (|| {
-            config.check()?;
+            let config = resolved?;
             if !collective_core::SUPPORTED_WORLD_SIZES.contains(&world) {
                 return Err(Error::UnsupportedWorldSize { world });
             }
@@ -141,15 +144,15 @@ impl<D: Device> TransportCollective<D> {
             device.bind()?;
             let ws = Workspace::new(&device)?;
             let tracking = Tracking::new(&device, config.watchdog_bound())?;
-            let lib = load_library(config, D::VENDOR)?;
+            let lib = load_library(&config, D::VENDOR)?;
             let version = lib.version()?;
             let hello = Hello { version, words: config.agreement_words() };
-            Ok(((device, ws, tracking, lib, version), hello))
+            Ok(((device, ws, tracking, lib, version, config), hello))
         })();
-        let (device, ws, tracking, lib, version) = agree::agree(boot, local)?;
+        let (device, ws, tracking, lib, version, config) = agree::agree(boot, local)?;
         let library = lib.path().to_string();
         let comm = Communicator::new(lib, boot, config.comm_options())?;
-        Self::assemble(config, device, version, library, State { comm, ws, tracking })
+        Self::assemble(&config, device, version, library, State { comm, ws, tracking })
     }
 
     /// The collective over a created communicator, its watchdog started. Failing to start it
@@ -231,7 +234,7 @@ impl<D: Device> TransportCollective<D> {
         self.check_open()?;
         let mut st = self.lock()?;
         self.device.bind()?;
-        st.ws.reserve(&self.device, bytes, self.config.timeouts.peer)
+        st.ws.reserve(&self.device, bytes, self.config.timeouts().peer)
     }
 
     /// `Closed` after close, the recorded cause once poisoned.
@@ -360,7 +363,7 @@ impl<D: Device> TransportCollective<D> {
         self.device.bind()?;
         let base = if plan.workspace > 0 {
             // SAFETY: `stream` is live (caller).
-            unsafe { st.ws.acquire(&self.device, plan.workspace, stream, self.config.timeouts.peer)? }
+            unsafe { st.ws.acquire(&self.device, plan.workspace, stream, self.config.timeouts().peer)? }
         } else {
             0
         };
@@ -428,7 +431,7 @@ impl<D: Device> TransportCollective<D> {
     /// workspace once its last use completed (leaks it if that cannot be proven).
     fn shutdown(&self) -> Result<(), Error> {
         let mut st = self.lock()?;
-        let t = self.config.timeouts.close;
+        let t = self.config.timeouts().close;
         let comm = if self.poison.is_poisoned() { st.comm.abort() } else { st.comm.shutdown(t) };
         let _ = self.device.bind();
         let ws = st.ws.free(&self.device, t);

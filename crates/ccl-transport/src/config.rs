@@ -12,6 +12,9 @@ use std::time::Duration;
 /// measures the crossover per platform.
 pub const DEFAULT_PACK_THRESHOLD: usize = 256 << 10;
 
+/// `DETCOLL_NCCL_BLOCKING`: NCCL's blocking mode when [`TransportConfig::blocking`] is `None`.
+pub const BLOCKING_ENV: &str = "DETCOLL_NCCL_BLOCKING";
+
 /// How a transport collective is built.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TransportConfig {
@@ -29,25 +32,26 @@ pub struct TransportConfig {
     /// (`usize::MAX`) until measured.
     pub all_to_all_threshold: usize,
     /// `peer`: bound on any NCCL call staying in progress and the default of
-    /// [`crate::TransportCollective::synchronize`]; `close`: bound on close.
-    pub timeouts: Timeouts,
+    /// [`crate::TransportCollective::synchronize`]; `close`: bound on close. `None`:
+    /// `DETCOLL_TIMEOUT_MS` when set, else [`Timeouts::default`], read at construction.
+    pub timeouts: Option<Timeouts>,
     /// Bound on communicator creation (every rank must join within it).
     pub init_timeout: Duration,
-    /// NCCL's blocking mode: unbounded waits inside NCCL. Off by default
-    /// (`DETCOLL_NCCL_BLOCKING=1` turns it on). Non-blocking calls return `ncclInProgress`
+    /// NCCL's blocking mode: unbounded waits inside NCCL. `None`: `DETCOLL_NCCL_BLOCKING`
+    /// (`1`/`0`, read at construction; any other value is `InvalidConfig`), else off. Non-blocking calls return `ncclInProgress`
     /// and are polled to completion; measured on 2 H200s that costs tens of microseconds per
     /// call at small sizes, so latency-bound users may prefer blocking mode.
-    pub blocking: bool,
+    pub blocking: Option<bool>,
     /// An explicit library file, instead of the vendor search (and `$DETCOLL_NCCL_LIBRARY`).
     pub library: Option<String>,
     /// The built-in watchdog: bounds every transport call's device time, also when the caller
     /// waits with its own stream synchronisation (where NCCL's kernels would otherwise wait
     /// forever for a peer that died or made another call). Counted from when the call started
     /// on the device; past the bound the communicator is aborted (its kernels stop) and the
-    /// collective poisoned. Default: on, bounded by `timeouts.peer` (see [`Watchdog`];
-    /// `DETCOLL_TRANSPORT_WATCHDOG` overrides it). Local: not agreed between ranks (it does not
-    /// change which NCCL calls a rank makes).
-    pub watchdog: Watchdog,
+    /// collective poisoned. `None`: `DETCOLL_TRANSPORT_WATCHDOG` when set (read at
+    /// construction; an invalid value is `InvalidConfig`), else [`Watchdog::PeerTimeout`]. Local:
+    /// not agreed between ranks (it does not change which NCCL calls a rank makes).
+    pub watchdog: Option<Watchdog>,
 }
 
 /// The transport watchdog's bound (see [`TransportConfig::watchdog`] and [`crate::watchdog`]).
@@ -69,21 +73,22 @@ impl Watchdog {
     pub const ENV: &'static str = "DETCOLL_TRANSPORT_WATCHDOG";
 
     /// `$DETCOLL_TRANSPORT_WATCHDOG`: `0` turns the watchdog off, a positive number of seconds
-    /// sets the bound; unset or anything else keeps the default ([`Watchdog::PeerTimeout`]:
-    /// a malformed value never turns it off).
-    pub fn from_env() -> Self {
-        Self::parse(std::env::var(Self::ENV).ok().as_deref())
+    /// (at least a microsecond, at most a day) sets the bound; unset keeps the default
+    /// ([`Watchdog::PeerTimeout`]). Anything else is `InvalidConfig` naming the variable: a
+    /// malformed value neither turns the watchdog off nor is silently ignored.
+    pub fn from_env() -> Result<Self, Error> {
+        Self::parse(collective_core::env::var(Self::ENV)?.as_deref())
     }
 
-    fn parse(value: Option<&str>) -> Self {
-        match value.map(|v| v.trim().parse::<f64>()) {
-            Some(Ok(0.0)) => Watchdog::Off,
-            // Negative, non-finite, or positive but under a nanosecond: malformed, keep the default.
-            Some(Ok(s)) => Duration::try_from_secs_f64(s)
-                .ok()
-                .filter(|d| !d.is_zero())
-                .map_or(Watchdog::PeerTimeout, Watchdog::After),
-            _ => Watchdog::PeerTimeout,
+    fn parse(value: Option<&str>) -> Result<Self, Error> {
+        let Some(raw) = value else { return Ok(Watchdog::PeerTimeout) };
+        let bad = || collective_core::env::invalid(Self::ENV, raw, "0 (off) or seconds in 0.000001..=86400");
+        match raw.trim().parse::<f64>() {
+            Ok(0.0) => Ok(Watchdog::Off),
+            Ok(s) if (1e-6..=86_400.0).contains(&s) => {
+                Duration::try_from_secs_f64(s).map(Watchdog::After).map_err(|_| bad())
+            }
+            _ => Err(bad()),
         }
     }
 
@@ -103,11 +108,11 @@ impl Default for TransportConfig {
             capacity: usize::MAX,
             pack_threshold: DEFAULT_PACK_THRESHOLD,
             all_to_all_threshold: usize::MAX,
-            timeouts: Timeouts::from_env(),
+            timeouts: None,
             init_timeout: Duration::from_secs(120),
-            blocking: std::env::var("DETCOLL_NCCL_BLOCKING").is_ok_and(|v| v == "1"),
+            blocking: None,
             library: None,
-            watchdog: Watchdog::from_env(),
+            watchdog: None,
         }
     }
 }
@@ -133,7 +138,7 @@ impl TransportConfig {
     /// Builder: wait bounds. The default watchdog ([`Watchdog::PeerTimeout`]) follows
     /// `timeouts.peer`.
     pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
-        self.timeouts = timeouts;
+        self.timeouts = Some(timeouts);
         self
     }
 
@@ -145,20 +150,50 @@ impl TransportConfig {
 
     /// Builder: the watchdog (`Watchdog::Off` disables it).
     pub fn with_watchdog(mut self, watchdog: Watchdog) -> Self {
-        self.watchdog = watchdog;
+        self.watchdog = Some(watchdog);
         self
+    }
+
+    /// Builder: NCCL's blocking mode on or off (instead of `DETCOLL_NCCL_BLOCKING`).
+    pub fn with_blocking(mut self, blocking: bool) -> Self {
+        self.blocking = Some(blocking);
+        self
+    }
+
+    /// This configuration with every `None` replaced by its environment variable or default,
+    /// checked. Construction works on the resolved configuration only.
+    pub fn resolved(&self) -> Result<TransportConfig, Error> {
+        let mut c = self.clone();
+        c.timeouts = Some(Timeouts::resolve(self.timeouts)?);
+        if c.blocking.is_none() {
+            c.blocking =
+                Some(collective_core::env::read(BLOCKING_ENV, collective_core::env::parse_bool)?.unwrap_or(false));
+        }
+        if c.watchdog.is_none() {
+            c.watchdog = Some(Watchdog::from_env()?);
+        }
+        c.check()?;
+        Ok(c)
+    }
+
+    /// The wait bounds (after [`TransportConfig::resolved`]; the defaults before).
+    pub fn timeouts(&self) -> Timeouts {
+        self.timeouts.unwrap_or_default()
     }
 
     /// The watchdog's bound, `None` when off.
     pub fn watchdog_bound(&self) -> Option<Duration> {
-        self.watchdog.bound(&self.timeouts)
+        self.watchdog.unwrap_or_default().bound(&self.timeouts())
     }
 
     pub(crate) fn check(&self) -> Result<(), Error> {
-        if self.timeouts.peer.is_zero() || self.timeouts.close.is_zero() || self.init_timeout.is_zero() {
-            return Err(Error::InvalidConfig { detail: "timeouts must be positive".into() });
+        if let Some(t) = self.timeouts {
+            t.check()?;
         }
-        if self.watchdog == Watchdog::After(Duration::ZERO) {
+        if self.init_timeout.is_zero() {
+            return Err(Error::InvalidConfig { detail: "init_timeout must be positive".into() });
+        }
+        if self.watchdog == Some(Watchdog::After(Duration::ZERO)) {
             return Err(Error::InvalidConfig {
                 detail: "the watchdog's bound must be positive (Watchdog::Off turns it off)".into(),
             });
@@ -166,20 +201,27 @@ impl TransportConfig {
         Ok(())
     }
 
-    /// Words every rank must share, with their names. Not the local bounds (`timeouts`,
-    /// `init_timeout`, `watchdog`): a rank with another bound makes the same NCCL calls.
+    /// Words every rank must share, with their names: what shapes the NCCL calls, and the wait
+    /// bounds (so every rank gives up on a dead peer at the same time, as the IPC routes do).
+    /// Not `init_timeout` and `watchdog`, which are local.
     pub(crate) fn agreement_words(&self) -> Vec<(&'static str, u64)> {
         vec![
             ("capacity", self.capacity as u64),
             ("pack_threshold", self.pack_threshold as u64),
             ("all_to_all_threshold", self.all_to_all_threshold as u64),
-            ("blocking", u64::from(self.blocking)),
+            ("blocking", u64::from(self.blocking.unwrap_or(false))),
+            ("timeouts.peer (ns)", self.timeouts().agreement_words()[0]),
+            ("timeouts.close (ns)", self.timeouts().agreement_words()[1]),
         ]
     }
 
     /// The communicator options this configuration implies.
     pub fn comm_options(&self) -> CommOptions {
-        CommOptions { blocking: self.blocking, timeout: self.timeouts.peer, init_timeout: self.init_timeout }
+        CommOptions {
+            blocking: self.blocking.unwrap_or(false),
+            timeout: self.timeouts().peer,
+            init_timeout: self.init_timeout,
+        }
     }
 }
 
@@ -189,13 +231,16 @@ mod tests {
 
     #[test]
     fn watchdog_env_values() {
-        assert_eq!(Watchdog::parse(None), Watchdog::PeerTimeout);
-        assert_eq!(Watchdog::parse(Some("0")), Watchdog::Off);
-        assert_eq!(Watchdog::parse(Some("0.0")), Watchdog::Off);
-        assert_eq!(Watchdog::parse(Some("30")), Watchdog::After(Duration::from_secs(30)));
-        assert_eq!(Watchdog::parse(Some(" 0.25 ")), Watchdog::After(Duration::from_millis(250)));
-        for bad in ["", "off", "-1", "NaN", "inf", "1e400", "1e-10"] {
-            assert_eq!(Watchdog::parse(Some(bad)), Watchdog::PeerTimeout, "{bad:?}");
+        assert_eq!(Watchdog::parse(None).unwrap(), Watchdog::PeerTimeout);
+        assert_eq!(Watchdog::parse(Some("0")).unwrap(), Watchdog::Off);
+        assert_eq!(Watchdog::parse(Some("0.0")).unwrap(), Watchdog::Off);
+        assert_eq!(Watchdog::parse(Some("30")).unwrap(), Watchdog::After(Duration::from_secs(30)));
+        assert_eq!(Watchdog::parse(Some(" 0.25 ")).unwrap(), Watchdog::After(Duration::from_millis(250)));
+        for bad in ["", "off", "-1", "NaN", "inf", "1e400", "1e-10", "86401"] {
+            match Watchdog::parse(Some(bad)) {
+                Err(Error::InvalidConfig { detail }) => assert!(detail.contains(Watchdog::ENV), "{detail}"),
+                other => panic!("{bad:?}: {other:?}"),
+            }
         }
     }
 

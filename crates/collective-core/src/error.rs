@@ -34,6 +34,17 @@ pub enum Error {
     PeerTimeout { peer: usize, what: &'static str, waited: Duration },
     #[error("rank {peer} is gone: {detail}")]
     PeerDied { peer: usize, detail: String },
+    /// The peer closed its handle (or dropped it) while this rank still makes calls.
+    #[error("rank {peer} has closed the collective; this rank cannot {what}")]
+    PeerClosed { peer: usize, what: &'static str },
+    /// Memory the collective needs could not be reserved (e.g. a full `/dev/shm`).
+    #[error("out of memory: {what} needs {bytes} bytes: {source}")]
+    OutOfMemory {
+        what: String,
+        bytes: usize,
+        #[source]
+        source: std::io::Error,
+    },
     #[error(
         "rank {peer} called {theirs} while this rank called {ours}; all ranks must make the same calls in the same order"
     )]
@@ -57,6 +68,7 @@ impl Error {
             self,
             Error::PeerTimeout { .. }
                 | Error::PeerDied { .. }
+                | Error::PeerClosed { .. }
                 | Error::SignatureMismatch { .. }
                 | Error::Backend { .. }
                 | Error::Bootstrap(_)

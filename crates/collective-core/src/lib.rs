@@ -8,6 +8,7 @@
 //! * [`Capabilities`], [`Route`], [`Op`] and [`Signature`];
 //! * [`Error`] and [`validate`]: fail-closed checks done before any device work;
 //! * [`bootstrap`]: rank rendezvous;
+//! * [`env`]: fail-closed parsing of the `DETCOLL_*` environment variables;
 //! * [`protocol`]: the backend-neutral IPC protocol (layout, generations, signatures, plans);
 //! * `conformance` (feature `conformance`): the suite every backend instantiates.
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -18,6 +19,7 @@ mod collective;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod dtype;
+pub mod env;
 mod error;
 mod host;
 mod op;

@@ -23,14 +23,14 @@ pub struct NvidiaConfig {
     pub capacity: usize,
     /// Replaces the table (default: `DETCOLL_ROUTING_TABLE`, else the built-in NVIDIA table).
     pub routing: Option<Routing>,
-    /// Bounds on waits.
-    pub timeouts: Timeouts,
+    /// Bounds on waits (`None`: `DETCOLL_TIMEOUT_MS`, else the defaults; read at construction).
+    pub timeouts: Option<Timeouts>,
 }
 
 impl NvidiaConfig {
     /// `capacity` bytes of staging, default routing and timeouts.
     pub fn new(capacity: usize) -> Self {
-        NvidiaConfig { capacity, routing: None, timeouts: Timeouts::from_env() }
+        NvidiaConfig { capacity, routing: None, timeouts: None }
     }
 }
 
@@ -73,13 +73,14 @@ pub fn nvidia_collective(boot: Arc<dyn Bootstrap>, config: &NvidiaConfig) -> Res
     let world = boot.world_size();
     let ipc = if d.ipc || world == 1 {
         let threshold = d.routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
-        let c = CudaIpcConfig::new(config.capacity).with_rsag_threshold(threshold).with_timeouts(config.timeouts);
+        let c = CudaIpcConfig::new(config.capacity).with_rsag_threshold(threshold);
+        let c = CudaIpcConfig { timeouts: config.timeouts, ..c };
         Some(CudaIpcCollective::new(Box::new(boot.clone()), &ctx, &c)?)
     } else {
         None
     };
     let transport = if d.transport {
-        let t = TransportConfig::new(config.capacity).with_timeouts(config.timeouts);
+        let t = TransportConfig { timeouts: config.timeouts, ..TransportConfig::new(config.capacity) };
         Some(TransportCollective::new_cuda(&ctx, &*boot, &t)?)
     } else {
         None

@@ -38,7 +38,7 @@ pub fn rocm_collective(
     boot: Arc<dyn Bootstrap>,
     capacity: usize,
     routing: Option<Routing>,
-    timeouts: Timeouts,
+    timeouts: Option<Timeouts>,
 ) -> Result<RocmCollective, Error> {
     let routing = match routing {
         Some(r) => r,
@@ -71,13 +71,14 @@ pub fn rocm_collective(
     let world = boot.world_size();
     let ipc = if d.ipc || world == 1 {
         let threshold = d.routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
-        let config = HipIpcConfig::new(capacity).with_rsag_threshold(threshold).with_timeouts(timeouts);
+        let config = HipIpcConfig::new(capacity).with_rsag_threshold(threshold);
+        let config = HipIpcConfig { timeouts, ..config };
         Some(HipIpcCollective::new(Box::new(boot.clone()), ordinal, &config)?)
     } else {
         None
     };
     let transport = if d.transport {
-        let t = TransportConfig::new(capacity).with_timeouts(timeouts);
+        let t = TransportConfig { timeouts, ..TransportConfig::new(capacity) };
         Some(TransportCollective::open_hip(ordinal, &*boot, &t)?)
     } else {
         None

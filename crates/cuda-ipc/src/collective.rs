@@ -129,7 +129,7 @@ impl CudaIpcCollective {
         self.poison.check()?;
         if let Some(ipc) = &self.ipc {
             if ipc.err.code() != 0 {
-                return Err(self.poison.record(status::decode(&ipc.err.words(), self.config.timeouts.peer)));
+                return Err(self.poison.record(status::decode(&ipc.err.words(), self.config.timeouts().peer)));
             }
         }
         Ok(())
@@ -293,7 +293,7 @@ impl CudaIpcCollective {
         let Owner::Process { own, mappings, .. } = &ipc.owner else { return Ok(()) };
         let base = ipc.bases[self.rank];
         let missing =
-            close::first_missing_ack(&ipc.layout, self.rank, self.world, self.config.timeouts.close, |off| {
+            close::first_missing_ack(&ipc.layout, self.rank, self.world, self.config.timeouts().close, |off| {
                 let mut w = [0u64; 1];
                 memory::read_words(&self.ctx, base + off as u64, &mut w)?;
                 Ok(w[0])
@@ -316,7 +316,7 @@ impl CudaIpcCollective {
                     s.leak();
                 }
                 own.take();
-                Err(Error::PeerTimeout { peer, what: "acknowledge close", waited: self.config.timeouts.close })
+                Err(Error::PeerTimeout { peer, what: "acknowledge close", waited: self.config.timeouts().close })
             }
         }
     }

@@ -24,7 +24,7 @@ fn rank_memory(layout: &Layout, bases: &[u64]) -> Vec<RankMemory> {
 }
 
 fn timeout_ns(config: &CudaIpcConfig) -> u64 {
-    u64::try_from(config.timeouts.peer.as_nanos()).unwrap_or(u64::MAX)
+    u64::try_from(config.timeouts().peer.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// A rank of world 1: a copy (or nothing in place), no IPC state. The copy kernel is used when
@@ -157,7 +157,8 @@ impl CudaIpcCollective {
                 b
             }
         };
-        let config = CudaIpcConfig { max_blocks: Some(blocks), ..config.clone() };
+        let config =
+            CudaIpcConfig { max_blocks: Some(blocks), timeouts: Some(config.resolved_timeouts()?), ..config.clone() };
         let layout = Layout::new(config.capacity, blocks);
         for a in ctxs {
             for b in ctxs {
@@ -251,7 +252,8 @@ impl CudaIpcCollective {
                 b
             }
         };
-        let config = CudaIpcConfig { max_blocks: Some(blocks), ..config.clone() };
+        let config =
+            CudaIpcConfig { max_blocks: Some(blocks), timeouts: Some(config.resolved_timeouts()?), ..config.clone() };
         let layout = Layout::new(config.capacity, blocks);
         let module = Module::load(ctx)?;
         let header = Header {

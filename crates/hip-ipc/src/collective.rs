@@ -208,7 +208,7 @@ impl HipIpcCollective {
                 for (i, x) in w.iter_mut().enumerate() {
                     *x = ipc.err.read(i);
                 }
-                return Err(self.poison.record(status::decode(&w, self.config.timeouts.peer, BACKEND)));
+                return Err(self.poison.record(status::decode(&w, self.config.timeouts().peer, BACKEND)));
             }
         }
         Ok(())
@@ -290,7 +290,7 @@ impl HipIpcCollective {
         let Owner::Process { own, mappings, .. } = &ipc.owner else { return Ok(()) };
         let base = ipc.mems[self.rank].control;
         let missing =
-            close::first_missing_ack(&ipc.layout, self.rank, self.world, self.config.timeouts.close, |off| {
+            close::first_missing_ack(&ipc.layout, self.rank, self.world, self.config.timeouts().close, |off| {
                 let mut w = [0u8; 8];
                 runtime::copy_to_host(base + off as u64, &mut w)?;
                 Ok(u64::from_le_bytes(w))
@@ -313,7 +313,7 @@ impl HipIpcCollective {
                     s.leak();
                 }
                 own.take();
-                Err(Error::PeerTimeout { peer, what: "acknowledge close", waited: self.config.timeouts.close })
+                Err(Error::PeerTimeout { peer, what: "acknowledge close", waited: self.config.timeouts().close })
             }
         }
     }

@@ -29,7 +29,7 @@ fn check_world(world: usize) -> Result<(), Error> {
 }
 
 fn timeout_ns(config: &IpcConfig) -> u64 {
-    u64::try_from(config.timeouts.peer.as_nanos()).unwrap_or(u64::MAX)
+    u64::try_from(config.timeouts().peer.as_nanos()).unwrap_or(u64::MAX)
 }
 
 fn check_ordinal(ordinal: usize) -> Result<(), Error> {
@@ -204,7 +204,8 @@ impl HipIpcCollective {
                 b
             }
         };
-        let config = IpcConfig { max_blocks: Some(blocks), ..config.clone() };
+        let config =
+            IpcConfig { max_blocks: Some(blocks), timeouts: Some(config.resolved_timeouts()?), ..config.clone() };
         let layout = Layout::new(config.capacity, blocks);
         for &a in ordinals {
             for &b in ordinals {
@@ -292,7 +293,8 @@ impl HipIpcCollective {
                 .unwrap_or(1)
                 .max(1),
         };
-        let config = IpcConfig { max_blocks: Some(blocks), ..config.clone() };
+        let config =
+            IpcConfig { max_blocks: Some(blocks), timeouts: Some(config.resolved_timeouts()?), ..config.clone() };
         let layout = Layout::new(config.capacity, blocks);
         let kernels = Kernels::load(ordinal)?;
         let header = Header {

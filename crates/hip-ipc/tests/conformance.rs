@@ -27,7 +27,8 @@ impl TestBackend for Threads {
         let Some(ordinal) = common::gpu() else { return Ok(()) };
         let _one_world = common::gpu_lock();
         let mut config = HipIpcConfig::new(capacity).with_rsag_threshold(32 << 10);
-        config.timeouts.peer = Duration::from_secs(20);
+        config.timeouts =
+            Some(collective_core::protocol::Timeouts { peer: Duration::from_secs(20), ..Default::default() });
         let comms = HipIpcCollective::group_on_ordinal(ordinal, world, &config).map_err(|e| e.to_string())?;
         common::run_ranks(comms, |rank| common::checked(rank, case))
     }

@@ -45,7 +45,8 @@ impl TestBackend for Processes {
                 let cus = runtime::multiprocessors(ordinal).map_err(|e| e.to_string())?;
                 let mut config =
                     HipIpcConfig::new(capacity).with_rsag_threshold(32 << 10).with_max_blocks((cus / world).max(1));
-                config.timeouts.peer = Duration::from_secs(30);
+                config.timeouts =
+                    Some(collective_core::protocol::Timeouts { peer: Duration::from_secs(30), ..Default::default() });
                 // Memory first: no allocation once peers may have kernels in flight.
                 let region = DeviceMemory::new(ordinal, common::REGION_BYTES).map_err(|e| e.to_string())?;
                 let stream = Stream::new(ordinal).map_err(|e| e.to_string())?;

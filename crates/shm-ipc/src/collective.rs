@@ -4,7 +4,7 @@ use crate::engine::Engine;
 use crate::region::Region;
 use crate::wait::Peer;
 use collective_core::bootstrap::Bootstrap;
-use collective_core::protocol::{Header, Layout, Plan};
+use collective_core::protocol::{Header, Layout, Plan, Timeouts};
 use collective_core::{
     Capabilities, Collective, Error, Io, Op, Route, SUPPORTED_WORLD_SIZES, host_identity, validate, validate_many,
 };
@@ -48,25 +48,34 @@ struct Hello {
     name: String,
     capacity: usize,
     rs_ag_threshold: usize,
+    timeouts: Timeouts,
     pid: u32,
     host: String,
 }
 
 impl Hello {
     fn encode(&self) -> Vec<u8> {
-        format!("shm-ipc/1\n{}\n{}\n{}\n{}\n{}", self.name, self.capacity, self.rs_ag_threshold, self.pid, self.host)
-            .into_bytes()
+        let [peer, close] = self.timeouts.agreement_words();
+        format!(
+            "shm-ipc/2\n{}\n{}\n{}\n{peer}\n{close}\n{}\n{}",
+            self.name, self.capacity, self.rs_ag_threshold, self.pid, self.host
+        )
+        .into_bytes()
     }
     fn decode(b: &[u8]) -> Option<Hello> {
         let s = std::str::from_utf8(b).ok()?;
         let mut it = s.split('\n');
-        if it.next()? != "shm-ipc/1" {
+        if it.next()? != "shm-ipc/2" {
             return None;
         }
         Some(Hello {
             name: it.next()?.to_string(),
             capacity: it.next()?.parse().ok()?,
             rs_ag_threshold: it.next()?.parse().ok()?,
+            timeouts: Timeouts {
+                peer: std::time::Duration::from_nanos(it.next()?.parse().ok()?),
+                close: std::time::Duration::from_nanos(it.next()?.parse().ok()?),
+            },
             pid: it.next()?.parse().ok()?,
             host: it.next()?.to_string(),
         })
@@ -83,6 +92,8 @@ impl ShmCollective {
         if world == 1 {
             return Ok(Self::local(config));
         }
+        let timeouts = Timeouts::resolve(config.timeouts)?;
+        let config = ShmConfig { timeouts: Some(timeouts), ..config };
         let layout = Layout::new(config.capacity, 1);
         let pid = std::process::id();
         let nonce =
@@ -104,6 +115,7 @@ impl ShmCollective {
             name: name.clone(),
             capacity: config.capacity,
             rs_ag_threshold: config.rs_ag_threshold,
+            timeouts,
             pid,
             host: host_identity(),
         };
@@ -141,6 +153,14 @@ impl ShmCollective {
                     ),
                 });
             }
+            if h.timeouts != hello.timeouts {
+                return Err(Error::ConfigMismatch {
+                    detail: format!(
+                        "rank {q} has timeouts {:?}, rank {rank} has {:?} (DETCOLL_TIMEOUT_MS differs?)",
+                        h.timeouts, hello.timeouts
+                    ),
+                });
+            }
             if h.host != hello.host {
                 return Err(Error::InvalidConfig {
                     detail: format!(
@@ -174,7 +194,7 @@ impl ShmCollective {
             rank,
             world,
             config,
-            engine: Some(Engine::new(rank, layout, regions, peers, config.timeouts)),
+            engine: Some(Engine::new(rank, layout, regions, peers, hello.timeouts)),
             closed: AtomicBool::new(false),
         })
     }
@@ -186,6 +206,8 @@ impl ShmCollective {
         if world == 1 {
             return Ok(vec![Self::local(config)]);
         }
+        let timeouts = Timeouts::resolve(config.timeouts)?;
+        let config = ShmConfig { timeouts: Some(timeouts), ..config };
         let layout = Layout::new(config.capacity, 1);
         let regions: Vec<Arc<Region>> =
             (0..world).map(|_| Region::heap(layout.total_bytes()).map(Arc::new)).collect::<Result<_, _>>()?;
@@ -195,7 +217,7 @@ impl ShmCollective {
                 rank,
                 world,
                 config,
-                engine: Some(Engine::new(rank, layout, regions.clone(), peers.clone(), config.timeouts)),
+                engine: Some(Engine::new(rank, layout, regions.clone(), peers.clone(), timeouts)),
                 closed: AtomicBool::new(false),
             })
             .collect())

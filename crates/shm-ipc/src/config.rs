@@ -6,16 +6,24 @@ use collective_core::protocol::Timeouts;
 pub struct ShmConfig {
     /// Staging bytes per frame: the most one rank contributes to one call.
     pub capacity: usize,
-    /// Bounds on waits for peers and on close.
-    pub timeouts: Timeouts,
+    /// Bounds on waits for peers and on close. `None`: `DETCOLL_TIMEOUT_MS` when set, else
+    /// [`Timeouts::default`], read when the collective is built (an invalid value fails the
+    /// construction with `InvalidConfig`). Agreed between ranks like the capacity.
+    pub timeouts: Option<Timeouts>,
     /// all_reduce calls of at least this many bytes take IPC reduce_scatter + all_gather.
     pub rs_ag_threshold: usize,
 }
 
 impl ShmConfig {
-    /// `capacity` bytes of staging, timeouts from the environment (`DETCOLL_TIMEOUT_MS`),
-    /// and RS+AG from 256 KiB.
+    /// `capacity` bytes of staging, timeouts from the environment (`DETCOLL_TIMEOUT_MS`, read
+    /// at construction), and RS+AG from 256 KiB.
     pub fn new(capacity: usize) -> Self {
-        ShmConfig { capacity, timeouts: Timeouts::from_env(), rs_ag_threshold: 256 << 10 }
+        ShmConfig { capacity, timeouts: None, rs_ag_threshold: 256 << 10 }
+    }
+
+    /// Builder: explicit wait bounds (instead of `DETCOLL_TIMEOUT_MS`).
+    pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
+        self.timeouts = Some(timeouts);
+        self
     }
 }

@@ -20,7 +20,10 @@ impl TestBackend for Processes {
     ) -> Result<(), String> {
         let mut config = ShmConfig::new(capacity);
         config.rs_ag_threshold = 4096;
-        config.timeouts.peer = std::time::Duration::from_secs(30);
+        config.timeouts = Some(collective_core::protocol::Timeouts {
+            peer: std::time::Duration::from_secs(30),
+            ..Default::default()
+        });
         run_processes(
             world,
             test,

@@ -18,9 +18,11 @@ impl TestBackend for Threads {
         _test: &str,
         case: &(dyn Fn(&mut Self::Rank) -> Result<(), String> + Sync),
     ) -> Result<(), String> {
-        let mut config = ShmConfig::new(capacity);
+        let mut config = ShmConfig::new(capacity).with_timeouts(collective_core::protocol::Timeouts {
+            peer: std::time::Duration::from_secs(20),
+            ..Default::default()
+        });
         config.rs_ag_threshold = 4096;
-        config.timeouts.peer = std::time::Duration::from_secs(20);
         let comms = ShmCollective::group(world, config).map_err(|e| e.to_string())?;
         let ranks = comms.into_iter().map(|comm| HostRank { comm }).collect();
         run_owned(ranks, case, |rank| rank.comm.close().map_err(|e| e.to_string()))

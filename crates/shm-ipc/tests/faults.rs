@@ -14,8 +14,7 @@ const BOUND: Duration = Duration::from_secs(3);
 
 fn config() -> ShmConfig {
     let mut c = ShmConfig::new(1 << 16);
-    c.timeouts.peer = BOUND;
-    c.timeouts.close = BOUND;
+    c.timeouts = Some(collective_core::protocol::Timeouts { peer: BOUND, close: BOUND });
     c
 }
 

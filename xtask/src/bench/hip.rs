@@ -19,7 +19,6 @@ use super::native::{self, Natives};
 use anyhow::Context;
 use ccl_transport::{HipDevice, TransportCollective};
 use collective_core::bootstrap::Bootstrap;
-use collective_core::protocol::Timeouts;
 use collective_core::{Collective, DType, Io, Op, RawMut, RawRef, Route};
 use collective_factory::{Platform, RocmCollective, Routing, rocm_collective};
 use hip_ipc::runtime::{DeviceMemory, Event};
@@ -74,7 +73,7 @@ pub fn process(boot: Arc<dyn Bootstrap>, capacity: usize) -> anyhow::Result<HipB
     } else {
         Natives::none()
     };
-    let comm = rocm_collective(boot, capacity, None, Timeouts::from_env()).context("building the ROCm collective")?;
+    let comm = rocm_collective(boot, capacity, None, None).context("building the ROCm collective")?;
     let device = comm.ipc().map_or(fallback, HipIpcCollective::device);
     let stream = Stream::new(device).context("creating the bench stream")?;
     Ok(HipBackend { comm, name: NAME, stream, natives })

@@ -63,7 +63,8 @@ impl<D: Device> Natives<D> {
         capacity: usize,
         make: impl Fn(&dyn Bootstrap, &TransportConfig) -> Result<TransportCollective<D>, Error>,
     ) -> Self {
-        let config = TransportConfig { blocking: true, watchdog: Watchdog::Off, ..TransportConfig::new(capacity) };
+        let config =
+            TransportConfig { blocking: Some(true), watchdog: Some(Watchdog::Off), ..TransportConfig::new(capacity) };
         let tree = with_env(NativeKind::TreeSimple, || make(boot, &config));
         let default = with_env(NativeKind::Default, || make(boot, &config));
         match (default, tree) {

@@ -157,7 +157,7 @@ fn run<D: Device>(t: &TransportCollective<D>, s: &D::Stream, op: Op, io: Io<'_>)
 pub fn world1_single_lane_ops<G: Gpu>() {
     let Some((gpu, stream)) = setup::<G>() else { return };
     let _l = gpu_lock();
-    let blocking = TransportConfig { blocking: true, ..TransportConfig::default() };
+    let blocking = TransportConfig { blocking: Some(true), ..TransportConfig::default() };
     for config in [TransportConfig::default(), TransportConfig::default().with_all_to_all_threshold(0), blocking] {
         let t = world1(&gpu, &config);
         assert_eq!(t.route(Op::AllReduce, 1 << 20), collective_core::Route::Transport);
@@ -335,7 +335,7 @@ const WD_COUNT: usize = (1 << 16) + 3;
 /// from aborting; see `ccl_transport::watchdog`).
 fn watchdog_config() -> TransportConfig {
     let timeouts = Timeouts { peer: WATCHDOG_PEER_TIMEOUT, close: WATCHDOG_PEER_TIMEOUT };
-    TransportConfig { blocking: false, ..TransportConfig::new(1 << 20) }
+    TransportConfig { blocking: Some(false), ..TransportConfig::new(1 << 20) }
         .with_timeouts(timeouts)
         .with_watchdog(Watchdog::PeerTimeout)
 }
@@ -498,7 +498,7 @@ fn watchdog_rank0<G: Gpu>(
         "close",
         match closed {
             Err(e) => Err(format!("close after the watchdog's abort: {e}")),
-            Ok(()) if took >= config.timeouts.close + HANG_MARGIN => Err(format!("close and drop took {took:?}")),
+            Ok(()) if took >= config.timeouts().close + HANG_MARGIN => Err(format!("close and drop took {took:?}")),
             Ok(()) => Ok(format!("closed and dropped in {took:?}")),
         },
     )
@@ -539,7 +539,7 @@ fn watchdog_rank1<G: Gpu>(
     report(
         &steps,
         "close",
-        if took >= config.timeouts.close + HANG_MARGIN {
+        if took >= config.timeouts().close + HANG_MARGIN {
             Err(format!("close and drop took {took:?} (close: {closed:?})"))
         } else {
             Ok(format!("state before close {state:?}; close {closed:?}; closed and dropped in {took:?}"))
@@ -647,7 +647,7 @@ pub fn world2_watchdog<G: Gpu>() {
         "checking the poisoned collective hung",
         &abort_rank0,
     );
-    let close_bound = config.timeouts.close + HANG_MARGIN;
+    let close_bound = config.timeouts().close + HANG_MARGIN;
     await_step(&rx0, 0, "close", Instant::now() + close_bound, "rank 0's close or drop hung", &abort_rank0);
 
     // Rank 0 is done: rank 1 ends, closing a communicator whose peer was aborted.

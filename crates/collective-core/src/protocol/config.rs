@@ -21,8 +21,9 @@ pub struct IpcConfig {
     /// wait on each other, and a rank whose blocks cannot be scheduled would stall the rest
     /// until the timeout.
     pub max_blocks: Option<usize>,
-    /// Bound on every in-kernel wait and on close.
-    pub timeouts: Timeouts,
+    /// Bound on every in-kernel wait and on close. `None`: `DETCOLL_TIMEOUT_MS` when set, else
+    /// [`Timeouts::default`], read at construction ([`IpcConfig::resolved_timeouts`]).
+    pub timeouts: Option<Timeouts>,
     /// `all_reduce` of at least this many bytes per rank takes the RS+AG route.
     pub rsag_threshold: usize,
 }
@@ -31,7 +32,7 @@ impl IpcConfig {
     /// `capacity` bytes of staging, automatic block count, timeouts from `DETCOLL_TIMEOUT_MS`
     /// (default 10 s), the default RS+AG threshold.
     pub fn new(capacity: usize) -> Self {
-        IpcConfig { capacity, max_blocks: None, timeouts: Timeouts::from_env(), rsag_threshold: DEFAULT_RSAG_THRESHOLD }
+        IpcConfig { capacity, max_blocks: None, timeouts: None, rsag_threshold: DEFAULT_RSAG_THRESHOLD }
     }
 
     /// Builder: a fixed block count.
@@ -42,7 +43,7 @@ impl IpcConfig {
 
     /// Builder: wait bounds.
     pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
-        self.timeouts = timeouts;
+        self.timeouts = Some(timeouts);
         self
     }
 
@@ -59,14 +60,25 @@ impl IpcConfig {
                 return Err(Error::InvalidConfig { detail: format!("max_blocks is {b}: expected 1..=1024") });
             }
         }
-        if self.timeouts.peer.is_zero() || self.timeouts.close.is_zero() {
-            return Err(Error::InvalidConfig { detail: "timeouts must be positive".into() });
-        }
-        Ok(())
+        self.resolved_timeouts().map(|_| ())
     }
 
-    /// Words every rank must agree on: `[capacity, max_blocks (0 = auto), rsag_threshold]`.
-    pub fn agreement_words(&self) -> [u64; 3] {
-        [self.capacity as u64, self.max_blocks.unwrap_or(0) as u64, self.rsag_threshold as u64]
+    /// The wait bounds: as resolved at construction (the collective's own configuration always
+    /// holds them); [`Timeouts::default`] while `None`.
+    pub fn timeouts(&self) -> Timeouts {
+        self.timeouts.unwrap_or_default()
+    }
+
+    /// The bounds this configuration means: explicit, else from `DETCOLL_TIMEOUT_MS`; checked.
+    pub fn resolved_timeouts(&self) -> Result<Timeouts, Error> {
+        Timeouts::resolve(self.timeouts)
+    }
+
+    /// Words every rank must agree on: `[capacity, max_blocks (0 = auto), rsag_threshold,
+    /// peer timeout (ns), close timeout (ns)]` (timeouts as resolved; the defaults when invalid,
+    /// which [`IpcConfig::check`] reports first).
+    pub fn agreement_words(&self) -> [u64; 5] {
+        let [peer, close] = self.resolved_timeouts().unwrap_or_default().agreement_words();
+        [self.capacity as u64, self.max_blocks.unwrap_or(0) as u64, self.rsag_threshold as u64, peer, close]
     }
 }

@@ -43,4 +43,4 @@ pub use config::{DEFAULT_RSAG_THRESHOLD, IpcConfig};
 pub use flag::{FlagState, FlagWord};
 pub use layout::{CLOSE_ACK, HEADER_MAGIC, Header, LINE, Layout, PROTOCOL_VERSION};
 pub use plan::{Phase, Plan, Segment};
-pub use poison::{Poison, Timeouts};
+pub use poison::{MAX_TIMEOUT, Poison, TIMEOUT_ENV, Timeouts};

@@ -86,7 +86,7 @@ pub struct Build {
     /// Replaces the platform's table (default: `DETCOLL_ROUTING_TABLE`, else the built-in one).
     pub routing: Option<Routing>,
     /// Bounds on waits.
-    pub timeouts: Timeouts,
+    pub timeouts: Option<Timeouts>,
 }
 
 /// The factory's collective on platform `P`.
@@ -353,7 +353,7 @@ pub fn world1<P: Platform>() {
         return skip(&why);
     }
     let boot: Arc<dyn Bootstrap> = Arc::new(LocalBootstrap::group(1).remove(0));
-    let config = Build { capacity: CAPACITY, routing: None, timeouts: Timeouts::from_env() };
+    let config = Build { capacity: CAPACITY, routing: None, timeouts: None };
     let comm = P::build(boot, config).expect("factory");
     let mut rank = Rank::<P>::new(comm, 0, Duration::from_secs(60)).expect("rank");
     let ran = rank.run(&|_| Route::Local);
@@ -412,7 +412,7 @@ pub fn check_routes<P: Platform>(test: &str, route_of: fn(Op) -> Route) {
     let make = |boot: Box<dyn Bootstrap>| {
         P::prepare_process();
         let boot: Arc<dyn Bootstrap> = Arc::from(boot);
-        let config = Build { capacity: CAPACITY, routing: Some(routing), timeouts: ROUTE_TIMEOUTS };
+        let config = Build { capacity: CAPACITY, routing: Some(routing), timeouts: Some(ROUTE_TIMEOUTS) };
         let comm = P::build(boot.clone(), config).map_err(|e| format!("{}_collective: {e}", P::NAME))?;
         let ordinal = boot.local_rank() % P::devices()?;
         Rank::<P>::new(comm, ordinal, ROUTE_SYNC_BOUND)

@@ -268,7 +268,7 @@ pub fn checked_case(
 /// and `peer` as the bound on every wait for a peer.
 pub fn suite_config(capacity: usize, peer: std::time::Duration) -> cuda_ipc::CudaIpcConfig {
     let mut config = cuda_ipc::CudaIpcConfig::new(capacity).with_rsag_threshold(32 << 10);
-    config.timeouts.peer = peer;
+    config.timeouts = Some(collective_core::protocol::Timeouts { peer: peer, ..Default::default() });
     config
 }
 
