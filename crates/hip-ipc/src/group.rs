@@ -206,7 +206,7 @@ impl HipIpcCollective {
         };
         let config =
             IpcConfig { max_blocks: Some(blocks), timeouts: Some(config.resolved_timeouts()?), ..config.clone() };
-        let layout = Layout::new(config.capacity, blocks);
+        let layout = Layout::new(config.capacity, blocks)?;
         for &a in ordinals {
             for &b in ordinals {
                 runtime::enable_peer_access(a, b)?;
@@ -295,7 +295,7 @@ impl HipIpcCollective {
         };
         let config =
             IpcConfig { max_blocks: Some(blocks), timeouts: Some(config.resolved_timeouts()?), ..config.clone() };
-        let layout = Layout::new(config.capacity, blocks);
+        let layout = Layout::new(config.capacity, blocks)?;
         let kernels = Kernels::load(ordinal)?;
         let header = Header {
             world: world as u64,

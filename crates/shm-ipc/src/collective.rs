@@ -94,7 +94,7 @@ impl ShmCollective {
         }
         let timeouts = Timeouts::resolve(config.timeouts)?;
         let config = ShmConfig { timeouts: Some(timeouts), ..config };
-        let layout = Layout::new(config.capacity, 1);
+        let layout = Layout::new(config.capacity, 1)?;
         let pid = std::process::id();
         let nonce =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
@@ -208,7 +208,7 @@ impl ShmCollective {
         }
         let timeouts = Timeouts::resolve(config.timeouts)?;
         let config = ShmConfig { timeouts: Some(timeouts), ..config };
-        let layout = Layout::new(config.capacity, 1);
+        let layout = Layout::new(config.capacity, 1)?;
         let regions: Vec<Arc<Region>> =
             (0..world).map(|_| Region::heap(layout.total_bytes()).map(Arc::new)).collect::<Result<_, _>>()?;
         let peers: Vec<Peer> = (0..world).map(|q| Peer { rank: q, pid: None }).collect();
