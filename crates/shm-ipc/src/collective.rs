@@ -117,7 +117,7 @@ impl ShmCollective {
             rs_ag_threshold: config.rs_ag_threshold,
             timeouts,
             pid,
-            host: host_identity(),
+            host: host_identity()?,
         };
         let result = Self::join(boot, rank, world, layout, own, &hello, config);
         // Every rank has mapped every region (or failed): the names are no longer needed.
