@@ -14,7 +14,7 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 const CAPACITY: usize = 64 << 20;
 
 fn fixed(world: usize, rank: usize) -> Fixed {
-    let layout = Layout::new(CAPACITY, 132);
+    let layout = Layout::new(CAPACITY, 132).expect("layout");
     let mems: Vec<RankMemory> =
         (0..world as u64).map(|q| RankMemory::one_allocation(&layout, 0x7f00_0000_0000 + (q << 32))).collect();
     Fixed::new(&layout, &mems, rank, 0x6000_0000, 10_000_000_000, THREADS)

@@ -20,6 +20,10 @@ pub enum Error {
     NotDivisible { op: Op, argument: &'static str, len: usize, world: usize },
     #[error("{op}: `{argument}` address {addr:#x} is not aligned to its element size {align}")]
     Misaligned { op: Op, argument: &'static str, addr: u64, align: usize },
+    /// A view whose byte length or end address does not fit in 64 bits (only raw views can
+    /// claim such lengths).
+    #[error("{op}: `{argument}` of {len} elements ends beyond the address space")]
+    SizeOverflow { op: Op, argument: &'static str, len: usize },
     #[error("{op}: input and output overlap; use the in-place form instead")]
     Overlap { op: Op },
     #[error("{op}: this rank would stage {needed} bytes but the collective's capacity is {capacity} bytes")]

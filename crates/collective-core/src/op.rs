@@ -50,7 +50,7 @@ impl core::fmt::Display for Op {
 }
 
 /// What one call asks for, as every rank must agree on it: op, dtype, elements each rank
-/// contributes (summed over lanes) and lane count.
+/// contributes (summed over lanes), lane count and how the lanes split that sum.
 ///
 /// Ranks publish it with each generation; a rank that sees a different one from a peer fails
 /// with [`crate::Error::SignatureMismatch`] instead of reading mismatched data.
@@ -60,16 +60,41 @@ pub struct Signature {
     pub dtype: DType,
     /// Elements this rank contributes (the staging payload), summed over lanes.
     pub count: u64,
-    /// 1, or the lane count of `reduce_scatter_many`.
+    /// 1, or the lane count of `reduce_scatter_many` (at most [`crate::MAX_LANES`]).
     pub lanes: u16,
+    /// `reduce_scatter_many`: [`Signature::lane_split`] of the lanes' element counts, in lane
+    /// order; 0 for single-lane calls. Without it, lanes `[4, 8]` on one rank and `[8, 4]` on
+    /// another had equal signatures and their trees were silently mixed.
+    pub split: u32,
 }
 
 const SIG_MAGIC: u64 = 0xD7;
 
 impl Signature {
-    /// Two words: `[magic | op | dtype | lanes, count]`, as stored in a control block.
+    /// A 32-bit, order-sensitive hash of per-lane element counts (FNV-1a over each count's
+    /// eight little-endian bytes; never 0). 32 bits because the flag word carries a 32-bit
+    /// digest of the whole signature anyway: a wider hash would not make detection stronger.
+    pub fn lane_split(counts: impl IntoIterator<Item = u64>) -> u32 {
+        let mut h: u32 = 0x811c_9dc5;
+        for c in counts {
+            for b in c.to_le_bytes() {
+                h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
+            }
+        }
+        if h == 0 { 1 } else { h }
+    }
+
+    /// Two words: `[magic:8 | op:8 | dtype:8 | lanes:8 | split:32, count]`, as stored in a
+    /// control block (the kernels copy them verbatim).
     pub const fn pack(&self) -> [u64; 2] {
-        [SIG_MAGIC << 56 | (self.op as u64) << 48 | (self.dtype as u64) << 40 | self.lanes as u64, self.count]
+        [
+            SIG_MAGIC << 56
+                | (self.op as u64) << 48
+                | (self.dtype as u64) << 40
+                | ((self.lanes & 0xff) as u64) << 32
+                | self.split as u64,
+            self.count,
+        ]
     }
     /// Inverse of [`Signature::pack`]; `None` for words no signature packs to.
     pub const fn unpack(w: [u64; 2]) -> Option<Signature> {
@@ -78,7 +103,7 @@ impl Signature {
         }
         let Some(op) = Op::from_code((w[0] >> 48) as u8) else { return None };
         let Some(dtype) = DType::from_code((w[0] >> 40) as u8) else { return None };
-        Some(Signature { op, dtype, count: w[1], lanes: w[0] as u16 })
+        Some(Signature { op, dtype, count: w[1], lanes: ((w[0] >> 32) & 0xff) as u16, split: w[0] as u32 })
     }
     /// A 32-bit digest carried in the same word as the generation, so one acquire load sees
     /// both. FNV-1a over the packed words; never zero (zero means "nothing published").
@@ -98,8 +123,8 @@ impl Signature {
 impl core::fmt::Display for Signature {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         write!(f, "{} {} x {}", self.op, self.dtype, self.count)?;
-        if self.lanes != 1 {
-            write!(f, " in {} lanes", self.lanes)?;
+        if self.lanes != 1 || self.split != 0 {
+            write!(f, " in {} lanes (split {:#010x})", self.lanes, self.split)?;
         }
         Ok(())
     }

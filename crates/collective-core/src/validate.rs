@@ -45,6 +45,16 @@ fn check_aligned(op: Op, argument: &'static str, addr: u64, dtype: DType) -> Res
     if addr % align as u64 == 0 { Ok(()) } else { Err(Error::Misaligned { op, argument, addr, align }) }
 }
 
+/// Checks that `len` elements of `size` bytes at `addr` have a byte length and an end address
+/// that fit (checked arithmetic: later byte and address computations cannot wrap).
+fn check_span(op: Op, argument: &'static str, addr: u64, len: usize, size: usize) -> Result<(), Error> {
+    len.checked_mul(size)
+        .and_then(|bytes| u64::try_from(bytes).ok())
+        .and_then(|bytes| addr.checked_add(bytes))
+        .map(|_| ())
+        .ok_or(Error::SizeOverflow { op, argument, len })
+}
+
 fn overlaps(a: u64, a_bytes: usize, b: u64, b_bytes: usize) -> bool {
     a_bytes > 0 && b_bytes > 0 && a < b + b_bytes as u64 && b < a + a_bytes as u64
 }
@@ -76,6 +86,8 @@ pub fn validate(op: Op, io: &Io<'_>, rank: usize, world: usize, capacity: usize)
     check_aligned(op, "input", in_addr, dtype)?;
     check_aligned(op, "output", out_addr, dtype)?;
     let size = dtype.size();
+    check_span(op, "input", in_addr, in_len, size)?;
+    check_span(op, "output", out_addr, out_len, size)?;
     let call = match (op, in_place) {
         (Op::AllReduce, _) => {
             if out_len != in_len {
@@ -90,11 +102,14 @@ pub fn validate(op: Op, io: &Io<'_>, rank: usize, world: usize, capacity: usize)
             Call { op, dtype, src: in_addr, dst: out_addr, count_in: in_len, count_out: in_len, in_place }
         }
         (Op::AllGather, false) => {
-            if out_len != in_len * world {
+            let Some(expected) = in_len.checked_mul(world) else {
+                return Err(Error::SizeOverflow { op, argument: "input", len: in_len });
+            };
+            if out_len != expected {
                 return Err(Error::LengthMismatch {
                     op,
                     argument: "output",
-                    expected: in_len * world,
+                    expected,
                     got: out_len,
                     why: "all_gather output holds world_size inputs",
                 });
@@ -213,7 +228,11 @@ pub fn validate_many(
             });
         }
         out.push(LaneCall { call, staging_offset: offset });
-        offset += call.count_in;
+        offset = offset.checked_add(call.count_in).ok_or(Error::SizeOverflow {
+            op,
+            argument: "lanes",
+            len: call.count_in,
+        })?;
     }
     for (i, a) in out.iter().enumerate() {
         for b in &out[..i] {
@@ -226,17 +245,63 @@ pub fn validate_many(
             }
         }
     }
-    let needed = offset * dtype.size();
+    let needed = offset.checked_mul(dtype.size()).ok_or(Error::SizeOverflow { op, argument: "lanes", len: offset })?;
     if needed > capacity {
         return Err(Error::CapacityExceeded { op, needed, capacity });
     }
-    let sig = Signature { op, dtype, count: offset as u64, lanes: lanes.len() as u16 };
+    let split = Signature::lane_split(out.iter().map(|l| l.call.count_in as u64));
+    let sig = Signature { op, dtype, count: offset as u64, lanes: lanes.len() as u16, split };
     Ok((out, sig))
 }
 
 impl Call {
     /// The signature every rank publishes for this call.
     pub const fn signature(&self) -> Signature {
-        Signature { op: self.op, dtype: self.dtype, count: self.count_in as u64, lanes: 1 }
+        Signature { op: self.op, dtype: self.dtype, count: self.count_in as u64, lanes: 1, split: 0 }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{RawMut, RawRef};
+
+    // SAFETY (every view below): never dereferenced; validation only reads addresses and
+    // lengths, and must refuse these before anything could touch them.
+    fn raw(addr: u64, len: usize, dtype: DType) -> (RawRef<'static>, RawMut<'static>) {
+        unsafe { (RawRef::from_raw(addr, len, dtype), RawMut::from_raw(addr.wrapping_add(1 << 40), len, dtype)) }
+    }
+
+    #[test]
+    fn lengths_whose_bytes_or_end_overflow_are_refused() {
+        for (len, addr) in [(usize::MAX, 0x1000u64), (usize::MAX / 4 + 1, 0x1000), (16, u64::MAX - 15)] {
+            for op in [Op::AllReduce, Op::AllGather, Op::ReduceScatter] {
+                let (input, output) = raw(addr, len, DType::F32);
+                let r = validate(op, &Io::OutOfPlace { input, output }, 0, 2, usize::MAX);
+                assert!(matches!(r, Err(Error::SizeOverflow { .. })), "{op} len {len} at {addr:#x}: {r:?}");
+            }
+        }
+        // all_gather: the output length `world * input` must not wrap either.
+        let (input, _) = raw(0x1000, usize::MAX / 8 + 1, DType::U8);
+        // SAFETY: as above.
+        let output = unsafe { RawMut::from_raw(0x2000, 8, DType::U8) };
+        let r = validate(Op::AllGather, &Io::OutOfPlace { input, output }, 0, 8, usize::MAX);
+        assert!(matches!(r, Err(Error::SizeOverflow { argument: "input", .. })), "{r:?}");
+    }
+
+    #[test]
+    fn lane_splits_change_the_signature() {
+        // SAFETY: as above.
+        let lane = |addr: u64, n: usize| unsafe { Io::InPlace(RawMut::from_raw(addr, n, DType::F32)) };
+        let (_, s1) = validate_many(&[lane(0x10000, 8), lane(0x20000, 16)], 0, 2, 1 << 20).unwrap();
+        let (_, s2) = validate_many(&[lane(0x10000, 16), lane(0x20000, 8)], 0, 2, 1 << 20).unwrap();
+        assert_eq!((s1.count, s1.lanes), (s2.count, s2.lanes));
+        assert_ne!(s1.split, s2.split);
+        assert_ne!(s1.pack(), s2.pack());
+        assert_ne!(s1.digest(), s2.digest());
+        assert_eq!(Signature::unpack(s1.pack()), Some(s1));
+        assert_eq!(Signature::unpack(s2.pack()), Some(s2));
+        let c = validate(Op::AllReduce, &lane(0x10000, 8), 0, 2, 1 << 20).unwrap().signature();
+        assert_eq!((c.split, Signature::unpack(c.pack())), (0, Some(c)));
     }
 }

@@ -27,6 +27,22 @@ pub struct Facts {
     /// transport.
     #[serde(default)]
     pub device: String,
+    /// What failed locally before the agreement (an invalid `DETCOLL_*` variable, an unreadable
+    /// routing table): reported through the agreement, so every rank fails with this rank's
+    /// reason at once instead of this rank dropping out and its peers waiting for it.
+    #[serde(default)]
+    pub errors: Vec<String>,
+}
+
+impl Facts {
+    /// `r`'s value, or `fallback` with the error recorded in [`Facts::errors`] (so the
+    /// agreement still happens and reports it on every rank).
+    pub fn local<T>(errors: &mut Vec<String>, r: Result<T, Error>, fallback: impl FnOnce() -> T) -> T {
+        r.unwrap_or_else(|e| {
+            errors.push(e.to_string());
+            fallback()
+        })
+    }
 }
 
 /// What every rank agreed on.
@@ -64,6 +80,9 @@ impl Facts {
 /// Pure and deterministic: every rank passes the same slice and gets the same answer.
 pub fn decide(facts: &[Facts]) -> Result<Decision, Error> {
     let first = facts.first().ok_or_else(|| Error::InvalidConfig { detail: "no ranks".into() })?;
+    if let Some((q, f)) = facts.iter().enumerate().find(|(_, f)| !f.errors.is_empty()) {
+        return Err(Error::InvalidConfig { detail: format!("rank {q}: {}", f.errors.join("; ")) });
+    }
     let mismatch = |what: &str, q: usize, a: &dyn std::fmt::Display, b: &dyn std::fmt::Display| Error::ConfigMismatch {
         detail: format!("rank 0 has {what} {a} but rank {q} has {b}; every rank must agree"),
     };

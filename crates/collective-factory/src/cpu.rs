@@ -21,23 +21,30 @@ pub fn cpu_with_transport<T: Collective<Stream = ()>>(
     routing: Option<Routing>,
     transport: Option<impl FnOnce() -> Result<T, Error>>,
 ) -> Result<Routed<ShmCollective, T>, Error> {
+    let mut errors = Vec::new();
     let routing = match routing {
         Some(r) => r,
-        None => Routing::from_env(Platform::Cpu)?,
+        None => Facts::local(&mut errors, Routing::from_env(Platform::Cpu), || Routing::default_for(Platform::Cpu)),
     };
+    let platform = Facts::local(&mut errors, Platform::from_env(), || None).unwrap_or(Platform::Cpu);
+    let host = Facts::local(&mut errors, host_identity(), String::new);
+    if let Err(e) = collective_core::protocol::Timeouts::resolve(None) {
+        errors.push(e.to_string());
+    }
     let facts = Facts {
         // The stack this builder drives, not the host's GPUs: the CPU twin runs on any host,
         // also one with GPUs and a GPU-enabled build. A rank that built another platform's
         // stack (or was told it is on one: `DETCOLL_PLATFORM`) reports that platform, and the
         // agreement refuses the mix.
-        platform: Platform::from_env().unwrap_or(Platform::Cpu).name().to_string(),
-        host: host_identity(),
+        platform: platform.name().to_string(),
+        host,
         ipc: true,
         transport: transport.is_some(),
         versions: Vec::new(),
         capacity,
         routing: routing.canonical_json(),
         device: String::new(),
+        errors,
     };
     let d = facts.agree(boot)?;
     if d.platform != Platform::Cpu {

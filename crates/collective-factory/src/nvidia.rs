@@ -42,10 +42,18 @@ pub(crate) fn present() -> bool {
 /// Builds the NVIDIA collective on GPU `local_rank % device count` for every rank of `boot`.
 /// Collective: every rank calls it; every rank gets the same decision or the same error.
 pub fn nvidia_collective(boot: Arc<dyn Bootstrap>, config: &NvidiaConfig) -> Result<NvidiaCollective, Error> {
+    let mut errors = Vec::new();
     let routing = match &config.routing {
         Some(r) => r.clone(),
-        None => Routing::from_env_for_world(Platform::Nvidia, boot.world_size())?,
+        None => Facts::local(&mut errors, Routing::from_env_for_world(Platform::Nvidia, boot.world_size()), || {
+            Routing::default_for_world(Platform::Nvidia, boot.world_size())
+        }),
     };
+    let platform = Facts::local(&mut errors, Platform::detect(), || Platform::Nvidia);
+    let host = Facts::local(&mut errors, host_identity(), String::new);
+    if let Err(e) = Timeouts::resolve(config.timeouts) {
+        errors.push(e.to_string());
+    }
     // The device first: its UUID tells the agreement which ranks share a GPU. A rank that
     // cannot open it still takes part in the agreement (reporting no IPC) and fails after it.
     let ctx =
@@ -54,14 +62,15 @@ pub fn nvidia_collective(boot: Arc<dyn Bootstrap>, config: &NvidiaConfig) -> Res
     let nccl = ccl_transport::load(Some(ccl_transport::Vendor::Nvidia)).ok();
     let version = nccl.as_ref().and_then(|l| l.version().ok()).map(|v| format!("nccl={v}"));
     let facts = Facts {
-        platform: Platform::detect().name().to_string(),
-        host: host_identity(),
+        platform: platform.name().to_string(),
+        host,
         ipc: ctx.is_ok(),
         transport: nccl.is_some(),
         versions: version.into_iter().collect(),
         capacity: config.capacity,
         routing: routing.canonical_json(),
         device,
+        errors,
     };
     let d = facts.agree(&*boot)?;
     if d.platform != Platform::Nvidia {

@@ -40,10 +40,16 @@ pub fn rocm_collective(
     routing: Option<Routing>,
     timeouts: Option<Timeouts>,
 ) -> Result<RocmCollective, Error> {
+    let mut errors = Vec::new();
     let routing = match routing {
         Some(r) => r,
-        None => Routing::from_env(Platform::Rocm)?,
+        None => Facts::local(&mut errors, Routing::from_env(Platform::Rocm), || Routing::default_for(Platform::Rocm)),
     };
+    let platform = Facts::local(&mut errors, Platform::detect(), || Platform::Rocm);
+    let host = Facts::local(&mut errors, host_identity(), String::new);
+    if let Err(e) = Timeouts::resolve(timeouts) {
+        errors.push(e.to_string());
+    }
     // The device first: its PCI bus id tells the agreement which ranks share a GPU. A rank that
     // cannot use it still takes part in the agreement (reporting no IPC) and fails after it.
     let ordinal = ordinal(boot.local_rank());
@@ -52,14 +58,15 @@ pub fn rocm_collective(
     let hip = hip_ipc::runtime::versions().ok().map(|(r, d)| format!("hip-runtime={r},hip-driver={d}"));
     let rccl_version = rccl.as_ref().and_then(|l| l.version().ok()).map(|v| format!("rccl={v}"));
     let facts = Facts {
-        platform: Platform::detect().name().to_string(),
-        host: host_identity(),
+        platform: platform.name().to_string(),
+        host,
         ipc: ordinal.is_ok(),
         transport: rccl.is_some(),
         versions: hip.into_iter().chain(rccl_version).collect(),
         capacity,
         routing: routing.canonical_json(),
         device,
+        errors,
     };
     let d = facts.agree(&*boot)?;
     if d.platform != Platform::Rocm {

@@ -14,8 +14,21 @@ fn facts(n: usize) -> Vec<Facts> {
             capacity: 1 << 20,
             routing: routing.clone(),
             device: String::new(),
+            errors: Vec::new(),
         })
         .collect()
+}
+
+#[test]
+fn a_local_failure_on_one_rank_fails_every_rank_naming_it() {
+    let mut all = facts(4);
+    all[3].errors.push("environment variable DETCOLL_PLATFORM=\"foo\" is invalid".into());
+    match decide(&all) {
+        Err(Error::InvalidConfig { detail }) => {
+            assert!(detail.starts_with("rank 3:") && detail.contains("DETCOLL_PLATFORM"), "{detail}")
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]

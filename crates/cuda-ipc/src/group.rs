@@ -159,7 +159,7 @@ impl CudaIpcCollective {
         };
         let config =
             CudaIpcConfig { max_blocks: Some(blocks), timeouts: Some(config.resolved_timeouts()?), ..config.clone() };
-        let layout = Layout::new(config.capacity, blocks);
+        let layout = Layout::new(config.capacity, blocks)?;
         for a in ctxs {
             for b in ctxs {
                 enable_peer_access(a, b)?;
@@ -254,7 +254,7 @@ impl CudaIpcCollective {
         };
         let config =
             CudaIpcConfig { max_blocks: Some(blocks), timeouts: Some(config.resolved_timeouts()?), ..config.clone() };
-        let layout = Layout::new(config.capacity, blocks);
+        let layout = Layout::new(config.capacity, blocks)?;
         let module = Module::load(ctx)?;
         let header = Header {
             world: world as u64,

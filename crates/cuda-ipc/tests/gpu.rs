@@ -311,6 +311,42 @@ fn mismatched_grids_fail_with_signature_mismatch_not_timeout() {
     mismatch(100, 1 << 16);
 }
 
+/// `reduce_scatter_many` with lanes `[4w, 8w]` on rank 0 and `[8w, 4w]` on rank 1 (same total):
+/// the kernels compare the published signature, which carries the lane split, so both ranks
+/// report SignatureMismatch, write nothing and are poisoned.
+#[test]
+fn mismatched_lane_splits_fail_with_signature_mismatch() {
+    let Some(ctx) = gpu() else { return };
+    let _l = gpu_lock();
+    let bound = Duration::from_secs(8);
+    let comms = CudaIpcCollective::group_on_device(&ctx, 2, &faults::config(bound)).expect("group");
+    let r = run_ranks(&ctx, comms, |rank| {
+        let me = rank.comm.rank();
+        let s = rank.stream.clone();
+        let counts = faults::split_lanes(me, 2);
+        let sentinel = vec![0xA5u8; counts.iter().sum::<usize>() / 2 * 4];
+        let inputs: Vec<DevBuf> = counts.iter().map(|&n| put(rank, &finite_values(DType::F32, n, 7))).collect();
+        let outputs: Vec<DevBuf> = counts.iter().map(|&n| put(rank, &sentinel[..n / 2 * 4])).collect();
+        let lanes = |k: usize| Io::OutOfPlace {
+            input: in_view(&inputs[k], 0, counts[k], DType::F32),
+            output: out_view(&outputs[k], 0, counts[k] / 2, DType::F32),
+        };
+        rank.barrier.wait();
+        let t = Instant::now();
+        let called = rank.comm.reduce_scatter_many(&[lanes(0), lanes(1)], &s);
+        s.synchronize().map_err(|e| e.to_string())?;
+        let waited = t.elapsed();
+        let outcome = called.and_then(|()| rank.comm.check());
+        let untouched =
+            (0..2).all(|k| rank.download(outputs[k].ptr, counts[k] / 2 * 4) == sentinel[..counts[k] / 2 * 4]);
+        let again = || rank.comm.reduce_scatter_many(&[lanes(0)], &s);
+        faults::expect_split_mismatch(me, waited, bound, outcome, untouched, again)?;
+        println!("rank {me}: lane-split mismatch reported after {waited:?}");
+        Ok(())
+    });
+    r.expect("lane-split mismatch");
+}
+
 #[test]
 fn absent_rank_times_out_and_poisons() {
     let Some(ctx) = gpu() else { return };

@@ -89,12 +89,12 @@ impl ControlMemory {
     /// `$DETCOLL_HIP_CONTROL_MEMORY`: `uncached`, else fine-grained; an unknown value is an
     /// [`Error::InvalidConfig`] (a typo must not silently pick the other kind).
     pub fn from_env() -> Result<ControlMemory, Error> {
-        Self::parse(std::env::var(CONTROL_MEMORY_ENV).ok().as_deref())
+        Self::parse(collective_core::env::var(CONTROL_MEMORY_ENV)?.as_deref())
     }
 
     fn parse(value: Option<&str>) -> Result<ControlMemory, Error> {
         match value.map(str::trim) {
-            None | Some("") | Some("fine-grained") | Some("finegrained") => Ok(ControlMemory::FineGrained),
+            None | Some("fine-grained") | Some("finegrained") => Ok(ControlMemory::FineGrained),
             Some("uncached") => Ok(ControlMemory::Uncached),
             Some(other) => Err(Error::InvalidConfig {
                 detail: format!("{CONTROL_MEMORY_ENV}={other:?}: expected \"fine-grained\" or \"uncached\""),
@@ -206,7 +206,7 @@ impl HipIpcCollective {
         };
         let config =
             IpcConfig { max_blocks: Some(blocks), timeouts: Some(config.resolved_timeouts()?), ..config.clone() };
-        let layout = Layout::new(config.capacity, blocks);
+        let layout = Layout::new(config.capacity, blocks)?;
         for &a in ordinals {
             for &b in ordinals {
                 runtime::enable_peer_access(a, b)?;
@@ -295,7 +295,7 @@ impl HipIpcCollective {
         };
         let config =
             IpcConfig { max_blocks: Some(blocks), timeouts: Some(config.resolved_timeouts()?), ..config.clone() };
-        let layout = Layout::new(config.capacity, blocks);
+        let layout = Layout::new(config.capacity, blocks)?;
         let kernels = Kernels::load(ordinal)?;
         let header = Header {
             world: world as u64,
@@ -364,13 +364,15 @@ mod tests {
 
     #[test]
     fn control_memory_is_chosen_by_name_and_a_typo_is_an_error() {
-        for v in [None, Some(""), Some("fine-grained"), Some(" finegrained ")] {
+        for v in [None, Some("fine-grained"), Some(" finegrained ")] {
             assert_eq!(ControlMemory::parse(v).unwrap(), ControlMemory::FineGrained, "{v:?}");
         }
         assert_eq!(ControlMemory::parse(Some("uncached")).unwrap(), ControlMemory::Uncached);
-        match ControlMemory::parse(Some("uncahced")) {
-            Err(Error::InvalidConfig { detail }) => assert!(detail.contains("uncahced"), "{detail}"),
-            other => panic!("expected InvalidConfig, got {other:?}"),
+        for typo in ["uncahced", ""] {
+            match ControlMemory::parse(Some(typo)) {
+                Err(Error::InvalidConfig { detail }) => assert!(detail.contains(CONTROL_MEMORY_ENV), "{detail}"),
+                other => panic!("{typo:?}: expected InvalidConfig, got {other:?}"),
+            }
         }
     }
 

@@ -51,8 +51,13 @@ pub fn multiprocessors(ordinal: usize) -> Result<usize, Error> {
 /// we look for the `gfx` arch string in the bytes the runtime returned (the marketing `name`
 /// at offset 0 is skipped).
 pub fn arch_name(ordinal: usize) -> Result<String, Error> {
-    if let Ok(a) = std::env::var("DETCOLL_HIP_ARCH") {
-        return Ok(a);
+    if let Some(a) = collective_core::env::var("DETCOLL_HIP_ARCH")? {
+        let gfx = a.trim();
+        let valid = gfx.strip_prefix("gfx").is_some_and(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_hexdigit()));
+        if !valid {
+            return Err(collective_core::env::invalid("DETCOLL_HIP_ARCH", &a, "an AMD GPU target such as gfx942"));
+        }
+        return Ok(gfx.to_string());
     }
     let api = api()?;
     let mut buf = vec![0u8; sys::DEVICE_PROP_BYTES];

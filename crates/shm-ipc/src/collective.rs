@@ -153,7 +153,7 @@ impl Own {
     fn prepare(rank: usize, world: usize, config: ShmConfig) -> Result<Own, Error> {
         let timeouts = Timeouts::resolve(config.timeouts)?;
         let config = ShmConfig { timeouts: Some(timeouts), ..config };
-        let layout = Layout::new(config.capacity, 1);
+        let layout = Layout::new(config.capacity, 1)?;
         let pid = std::process::id();
         let nonce =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
@@ -175,7 +175,7 @@ impl Own {
             rs_ag_threshold: config.rs_ag_threshold,
             timeouts,
             pid,
-            host: host_identity(),
+            host: host_identity()?,
         };
         Ok(Own { layout, config, region: Arc::new(region), share, hello })
     }
@@ -316,7 +316,7 @@ impl ShmCollective {
         }
         let timeouts = Timeouts::resolve(config.timeouts)?;
         let config = ShmConfig { timeouts: Some(timeouts), ..config };
-        let layout = Layout::new(config.capacity, 1);
+        let layout = Layout::new(config.capacity, 1)?;
         let regions: Vec<Arc<Region>> =
             (0..world).map(|_| Region::heap(layout.total_bytes()).map(Arc::new)).collect::<Result<_, _>>()?;
         for r in &regions {

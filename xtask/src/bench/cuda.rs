@@ -83,10 +83,10 @@ pub fn process(
     // Every rank has its own GPU when the world fits on this host's devices (same decision on
     // every rank of one host; NCCL refuses two ranks on one GPU).
     let own_gpu = boot.world_size() <= count;
-    let natives = if own_gpu && native::wanted() {
+    let natives = if own_gpu && native::wanted()? {
         Natives::build(&*boot, capacity, |b, c| TransportCollective::new_cuda(&ctx, b, c))
     } else {
-        if boot.rank() == 0 && native::wanted() {
+        if boot.rank() == 0 && native::wanted()? {
             eprintln!(
                 "[bench] {} ranks share {count} GPU(s): no native NCCL columns (NCCL needs one GPU per rank); \
                  ranks sharing a GPU run concurrently only under MPS (nvidia-cuda-mps-control -d)",

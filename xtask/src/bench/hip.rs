@@ -68,7 +68,7 @@ pub fn process(boot: Arc<dyn Bootstrap>, capacity: usize) -> anyhow::Result<HipB
     let fallback = boot.local_rank() % count;
     // One GPU per rank (checked above): RCCL communicators are possible. Built before the
     // factory's collective (see `Natives::build`).
-    let natives = if native::wanted() {
+    let natives = if native::wanted()? {
         Natives::build(&*boot, capacity, |b, c| TransportCollective::open_hip(fallback, b, c))
     } else {
         Natives::none()

@@ -9,8 +9,9 @@ use collective_core::bootstrap::Bootstrap;
 use collective_core::{Collective, Error, Io};
 
 /// `DETCOLL_BENCH_NATIVE=0` skips the references (e.g. under compute-sanitizer).
-pub fn wanted() -> bool {
-    std::env::var("DETCOLL_BENCH_NATIVE").map_or(true, |v| v != "0")
+/// Any value but a boolean stops the bench with an error naming the variable.
+pub fn wanted() -> anyhow::Result<bool> {
+    Ok(collective_core::env::read("DETCOLL_BENCH_NATIVE", collective_core::env::parse_bool)?.unwrap_or(true))
 }
 
 /// One rank's native communicators, in [`NativeKind::ALL`] order.

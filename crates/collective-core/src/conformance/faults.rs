@@ -40,6 +40,51 @@ pub fn expect_mismatch(
     }
 }
 
+/// The lanes every rank of a lane-split mismatch passes to `reduce_scatter_many`: element
+/// counts (per rank, divisible by `world`) with the same total and lane count on every rank but
+/// a different split on odd ranks (`[4w, 8w]` vs `[8w, 4w]`): before the split was part of the
+/// signature, such calls returned `Ok` with the lanes' trees mixed.
+pub fn split_lanes(rank: usize, world: usize) -> [usize; 2] {
+    if rank % 2 == 0 { [4 * world, 8 * world] } else { [8 * world, 4 * world] }
+}
+
+/// Rank `me` made the [`split_lanes`] call. Within `bound` (`waited`), the call or the
+/// backend's check after it (`outcome`: the first error either returned) must be the
+/// `SignatureMismatch` naming a peer of the other parity, with equal counts and lane counts but
+/// different splits; `untouched` says whether every output still holds what was written before
+/// the call; the next call (`again`) must be refused.
+pub fn expect_split_mismatch(
+    me: usize,
+    waited: Duration,
+    bound: Duration,
+    outcome: Result<(), Error>,
+    untouched: bool,
+    again: impl FnOnce() -> Result<(), Error>,
+) -> Result<(), String> {
+    if waited >= bound {
+        return Err(format!("the lane-split mismatch took {waited:?}, as long as the timeout"));
+    }
+    match outcome {
+        Err(Error::SignatureMismatch { peer, ours, theirs }) => {
+            if peer % 2 == me % 2
+                || ours.count != theirs.count
+                || ours.lanes != theirs.lanes
+                || ours.split == theirs.split
+            {
+                return Err(format!("wrong mismatch report: peer {peer}, ours {ours}, theirs {theirs}"));
+            }
+        }
+        other => return Err(format!("expected SignatureMismatch for mismatched lane splits, got {other:?}")),
+    }
+    if !untouched {
+        return Err("a mismatched reduce_scatter_many wrote its outputs".into());
+    }
+    match again() {
+        Err(Error::Poisoned { .. } | Error::SignatureMismatch { .. }) => Ok(()),
+        other => Err(format!("expected the next call to be refused after the mismatch, got {other:?}")),
+    }
+}
+
 /// Rank 0 called, rank 1 never did. The call must have ended (`waited`) after the peer timeout
 /// `bound` and within ten times it, the check after it (`checked`) must be `PeerTimeout` naming
 /// rank 1, and the next call (`again`, made only then) must be refused as poisoned; returns the
@@ -69,7 +114,7 @@ mod tests {
     use crate::{DType, Op, Signature};
 
     fn sig(count: u64) -> Signature {
-        Signature { op: Op::AllReduce, dtype: DType::F32, count, lanes: 1 }
+        Signature { op: Op::AllReduce, dtype: DType::F32, count, lanes: 1, split: 0 }
     }
 
     #[test]

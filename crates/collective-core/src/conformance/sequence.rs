@@ -279,7 +279,14 @@ pub fn enqueue_batch(
 
 /// DETCOLL_RANDOM_CALLS: calls of the world-8 run (default 10,000; world 2 runs a fifth).
 pub fn random_calls() -> usize {
-    std::env::var("DETCOLL_RANDOM_CALLS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000)
+    knob("DETCOLL_RANDOM_CALLS", 1, 100_000_000).unwrap_or(10_000)
+}
+
+/// A test knob: unset is `None`; a value outside `min..=max` stops the test with a message
+/// naming the variable (a typo must not silently run the default).
+fn knob(name: &str, min: u64, max: u64) -> Option<usize> {
+    let parsed = crate::env::read(name, |n, v| crate::env::parse_u64_in(n, v, min, max, "a test knob"));
+    parsed.unwrap_or_else(|e| panic!("{e}")).map(|v| v as usize)
 }
 
 /// The IPC twins' configuration of a randomized run: `capacity` bytes of staging, a 16 KiB
@@ -287,7 +294,7 @@ pub fn random_calls() -> usize {
 /// set (else the backend's default: compute units / ranks sharing the GPU).
 pub fn config(capacity: usize) -> IpcConfig {
     let config = IpcConfig::new(capacity).with_rsag_threshold(16 << 10);
-    match std::env::var("DETCOLL_RANDOM_BLOCKS").ok().and_then(|v| v.parse().ok()) {
+    match knob("DETCOLL_RANDOM_BLOCKS", 1, 1024) {
         Some(b) => config.with_max_blocks(b),
         None => config,
     }
@@ -298,23 +305,25 @@ pub fn config(capacity: usize) -> IpcConfig {
 /// enqueuing independently time out, in order 3,000 calls 500 deep pass);
 /// DETCOLL_RANDOM_ORDERED=0 or 1 decides instead.
 pub fn ordered_enqueue(world: usize, one_device: bool) -> bool {
-    match std::env::var("DETCOLL_RANDOM_ORDERED").as_deref() {
-        Ok("0") => false,
-        Ok("1") => true,
-        _ => one_device && world > 2,
+    match crate::env::read("DETCOLL_RANDOM_ORDERED", crate::env::parse_bool) {
+        Ok(Some(v)) => v,
+        Ok(None) => one_device && world > 2,
+        Err(e) => panic!("{e}"),
     }
 }
 
 /// DETCOLL_RANDOM_NO_INPLACE=1: only out-of-place calls (no setup copies inside a batch).
 pub fn no_in_place() -> bool {
-    std::env::var("DETCOLL_RANDOM_NO_INPLACE").as_deref() == Ok("1")
+    crate::env::read("DETCOLL_RANDOM_NO_INPLACE", crate::env::parse_bool)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or(false)
 }
 
 /// DETCOLL_RANDOM_INFLIGHT: calls a rank may have queued before it synchronises its stream
 /// (0 = a whole batch of 500). Default: the whole batch when enqueue is ordered, else 64.
 pub fn random_in_flight(ordered: bool) -> usize {
     let default = if ordered { 0 } else { 64 };
-    std::env::var("DETCOLL_RANDOM_INFLIGHT").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    knob("DETCOLL_RANDOM_INFLIGHT", 0, 1_000_000).unwrap_or(default)
 }
 
 #[cfg(test)]

@@ -47,7 +47,7 @@ mod tests {
 
     #[test]
     fn missing_acks_are_named_and_bounded() {
-        let layout = Layout::new(64, 1);
+        let layout = Layout::new(64, 1).unwrap();
         let all = |off: usize| Ok(if off == layout.ack(2) { 0 } else { CLOSE_ACK });
         let t = Instant::now();
         assert_eq!(first_missing_ack(&layout, 0, 4, Duration::from_millis(20), all).unwrap(), Some(2));

@@ -60,6 +60,9 @@ impl IpcConfig {
                 return Err(Error::InvalidConfig { detail: format!("max_blocks is {b}: expected 1..=1024") });
             }
         }
+        // The staging layout must fit before anything is allocated (a capacity near usize::MAX
+        // used to wrap to a tiny allocation).
+        super::Layout::new(self.capacity, self.max_blocks.unwrap_or(1))?;
         self.resolved_timeouts().map(|_| ())
     }
 
@@ -80,5 +83,29 @@ impl IpcConfig {
     pub fn agreement_words(&self) -> [u64; 5] {
         let [peer, close] = self.resolved_timeouts().unwrap_or_default().agreement_words();
         [self.capacity as u64, self.max_blocks.unwrap_or(0) as u64, self.rsag_threshold as u64, peer, close]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn capacities_whose_staging_does_not_fit_are_refused() {
+        for capacity in [usize::MAX, 1 << 63] {
+            assert!(matches!(IpcConfig::new(capacity).check(), Err(Error::InvalidConfig { .. })), "{capacity}");
+        }
+        assert!(IpcConfig::new(1 << 20).with_max_blocks(132).check().is_ok());
+        assert!(IpcConfig::new(1 << 20).with_max_blocks(0).check().is_err());
+        let zero = Timeouts { peer: Duration::ZERO, close: Duration::from_secs(1) };
+        assert!(IpcConfig::new(1 << 20).with_timeouts(zero).check().is_err());
+    }
+
+    #[test]
+    fn agreement_words_carry_the_timeouts() {
+        let t = Timeouts { peer: Duration::from_millis(3), close: Duration::from_millis(4) };
+        let w = IpcConfig::new(1 << 20).with_timeouts(t).agreement_words();
+        assert_eq!(&w[3..], &[3_000_000, 4_000_000]);
     }
 }

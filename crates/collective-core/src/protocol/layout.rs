@@ -17,10 +17,18 @@ pub const LINE: usize = 128;
 pub const HEADER_MAGIC: u64 = u64::from_le_bytes(*b"DETCOLL\0");
 /// Bumped whenever the layout or the flag encoding changes.
 pub const PROTOCOL_VERSION: u64 = 1;
+use crate::Error;
+
 /// Value a peer stores into `ack[peer]` at close.
 pub const CLOSE_ACK: u64 = 0xC105_EDAC;
 const FRAME_ALIGN: usize = 4096;
 const MAX_WORLD: usize = 8;
+/// Most flag slots per phase (blocks of one call); keeps every control offset far below
+/// `u32::MAX`, the width the kernels carry offsets in.
+pub const MAX_BLOCKS: usize = 1024;
+/// Largest allocation a layout may describe: `isize::MAX` (Rust's allocation limit), which
+/// also bounds every offset the kernels compute in 64 bits.
+const MAX_TOTAL: usize = isize::MAX as usize;
 
 /// The owner's description of its allocation, stored in line 0 so peers can check it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,19 +56,60 @@ impl Header {
 }
 
 /// Offsets of one rank's control block and frames. Identical on every rank (checked).
+///
+/// Only [`Layout::new`] makes one, and it checks every size computation: once a `Layout`
+/// exists, none of its offsets or sizes can overflow, so the offset methods stay plain
+/// arithmetic on the hot path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
-    /// Staging bytes per frame: the most one rank contributes to one call.
-    pub capacity: usize,
-    /// Flag slots per phase: the most blocks (GPU) or workers (CPU) one call uses.
-    pub blocks: usize,
+    capacity: usize,
+    blocks: usize,
 }
 
 impl Layout {
-    /// A layout for `capacity` staging bytes and `blocks` flag slots per phase.
-    pub const fn new(capacity: usize, blocks: usize) -> Layout {
-        Layout { capacity, blocks: if blocks == 0 { 1 } else { blocks } }
+    /// A layout for `capacity` staging bytes and `blocks` flag slots per phase (`1..=`
+    /// [`MAX_BLOCKS`]).
+    ///
+    /// [`Error::InvalidConfig`] when `blocks` is out of range or the allocation this layout
+    /// describes ([`Layout::total_bytes`], control block and two page-aligned frames) would not
+    /// fit in `isize::MAX` bytes — before anything is allocated. Without this check a capacity
+    /// near `usize::MAX` wrapped to a tiny allocation that calls then overran.
+    pub fn new(capacity: usize, blocks: usize) -> Result<Layout, Error> {
+        if blocks == 0 || blocks > MAX_BLOCKS {
+            return Err(Error::InvalidConfig {
+                detail: format!("{blocks} flag slots per phase (blocks): expected 1..={MAX_BLOCKS}"),
+            });
+        }
+        match Self::checked_total(capacity, blocks) {
+            Some(total) if total <= MAX_TOTAL => Ok(Layout { capacity, blocks }),
+            _ => Err(Error::InvalidConfig {
+                detail: format!(
+                    "a staging capacity of {capacity} bytes needs two page-aligned frames of it plus the \
+                     control block, which does not fit in the address space (at most {MAX_TOTAL} bytes)"
+                ),
+            }),
+        }
     }
+
+    /// [`Layout::total_bytes`] in checked arithmetic, `None` on overflow.
+    const fn checked_total(capacity: usize, blocks: usize) -> Option<usize> {
+        let control = (4 + 2 * blocks + MAX_WORLD) * LINE; // blocks <= MAX_BLOCKS: no overflow
+        let Some(stride) = checked_round_up(capacity, FRAME_ALIGN) else { return None };
+        let Some(frames) = stride.checked_mul(2) else { return None };
+        let Some(first) = checked_round_up(control, FRAME_ALIGN) else { return None };
+        first.checked_add(frames)
+    }
+
+    /// Staging bytes per frame: the most one rank contributes to one call.
+    pub const fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Flag slots per phase: the most blocks (GPU) or workers (CPU) one call uses.
+    pub const fn blocks(&self) -> usize {
+        self.blocks
+    }
+
     /// Header line.
     pub const fn header(&self) -> usize {
         0
@@ -112,13 +161,17 @@ const fn round_up(x: usize, to: usize) -> usize {
     x.div_ceil(to) * to
 }
 
+const fn checked_round_up(x: usize, to: usize) -> Option<usize> {
+    x.div_ceil(to).checked_mul(to)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn lines_are_disjoint_and_frames_aligned() {
-        let l = Layout::new(1000, 4);
+        let l = Layout::new(1000, 4).unwrap();
         let mut offs = vec![l.header(), l.status(), l.sig_slot(0), l.sig_slot(1)];
         offs.extend((0..4).map(|b| l.ready(b)));
         offs.extend((0..4).map(|b| l.phase2(b)));
@@ -139,5 +192,22 @@ mod tests {
             Header::from_words(Header { world: 2, rank: 1, capacity: 9, blocks: 4, pid: 3 }.to_words()).unwrap().rank,
             1
         );
+    }
+
+    #[test]
+    fn sizes_that_do_not_fit_are_refused_before_allocation() {
+        for capacity in [usize::MAX, 1 << 63, isize::MAX as usize, (isize::MAX as usize) / 2] {
+            match Layout::new(capacity, 1) {
+                Err(Error::InvalidConfig { detail }) => assert!(detail.contains(&capacity.to_string()), "{detail}"),
+                other => panic!("capacity {capacity}: {other:?}"),
+            }
+        }
+        for blocks in [0, MAX_BLOCKS + 1, usize::MAX] {
+            assert!(matches!(Layout::new(4096, blocks), Err(Error::InvalidConfig { .. })), "{blocks}");
+        }
+        // The largest capacities that fit still give consistent, non-wrapping offsets.
+        let l = Layout::new((isize::MAX as usize) / 2 - (1 << 20), MAX_BLOCKS).unwrap();
+        assert!(l.total_bytes() > l.frame(1) && l.frame(1) > l.frame(0) && l.frame(0) >= l.control_bytes());
+        assert_eq!(Layout::new(0, 1).unwrap().frames_bytes(), 0);
     }
 }

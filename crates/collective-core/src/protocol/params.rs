@@ -181,7 +181,7 @@ impl Fixed {
             digest: 0,
             rank: rank as u32,
             world: mems.len() as u32,
-            layout_blocks: layout.blocks as u32,
+            layout_blocks: layout.blocks() as u32,
             grid: 1,
             dtype: 0,
             tile_bytes: TILE_BYTES,
@@ -189,7 +189,7 @@ impl Fixed {
             nphase1: 0,
             nphase2: 0,
         };
-        Fixed { header, max_grid: layout.blocks as u32, threads }
+        Fixed { header, max_grid: layout.blocks() as u32, threads }
     }
 
     /// Blocks for a call staging `bytes` per rank: one per tile, at most `max_grid`, at least 1
@@ -437,7 +437,7 @@ mod tests {
     }
 
     fn fixed(world: usize, rank: usize, capacity: usize, blocks: usize) -> (Layout, Fixed) {
-        let layout = Layout::new(capacity, blocks);
+        let layout = Layout::new(capacity, blocks).unwrap();
         let mems: Vec<RankMemory> =
             (0..world as u64).map(|q| RankMemory::one_allocation(&layout, 0x1000_0000 * (q + 1))).collect();
         let f = Fixed::new(&layout, &mems, rank, 0xE000, 1_000_000, THREADS);
