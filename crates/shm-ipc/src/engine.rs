@@ -55,7 +55,7 @@ impl Engine {
     /// in [`Engine::run`]). Test support: call before any engine uses the region.
     pub(crate) fn preset_generation(layout: &Layout, region: &Region, start: u32) {
         let word = u64::from(start) << 32;
-        for b in 0..layout.blocks {
+        for b in 0..layout.blocks() {
             // SAFETY: the ready line is in bounds and 8-aligned; no rank uses the region yet.
             let w = unsafe { &*region.base().add(layout.ready(b)).cast::<AtomicU64>() };
             w.store(word, Ordering::Release);
