@@ -62,17 +62,6 @@ impl Engine {
         }
     }
 
-    /// Fails with [`Error::PeerClosed`] when a peer acknowledged close: it will never take part
-    /// in another call, so one started now could only time out.
-    fn check_peers_open(&self) -> Result<(), Error> {
-        for q in (0..self.world).filter(|&q| q != self.rank) {
-            if self.word(self.rank, self.layout.ack(q)).load(Ordering::Acquire) == CLOSE_ACK {
-                return Err(Error::PeerClosed { peer: q, what: "start a call" });
-            }
-        }
-        Ok(())
-    }
-
     fn frame(&self, rank: usize, parity: usize) -> *mut u8 {
         // SAFETY: the frame offset is inside the region (Layout::total_bytes).
         unsafe { self.regions[rank].base().add(self.layout.frame(parity)) }
@@ -84,7 +73,7 @@ impl Engine {
         self.poison.check()?;
         let mut generation = self.generation.lock().map_err(|_| Error::Poisoned { cause: "a call panicked".into() })?;
         let g = generation.wrapping_add(1);
-        self.check_peers_open().and_then(|()| self.run(plan, g)).map_err(|e| self.poison.record(e))?;
+        self.run(plan, g).map_err(|e| self.poison.record(e))?;
         *generation = g;
         Ok(())
     }
@@ -140,23 +129,23 @@ impl Engine {
         let digest = sig.digest();
         for peer in self.peers.iter().filter(|p| p.rank != self.rank) {
             let closed = self.word(self.rank, self.layout.ack(peer.rank));
-            let state = wait_flag(self.word(peer.rank, offset), closed, g, digest, *peer, self.timeouts.peer, what)?;
+            let state =
+                match wait_flag(self.word(peer.rank, offset), closed, g, digest, *peer, self.timeouts.peer, what) {
+                    Ok(state) => state,
+                    Err(e @ (Error::PeerClosed { .. } | Error::PeerDied { .. })) => {
+                        // A peer that saw a mismatched call fails and may close or exit before this
+                        // rank looked at the culprit: report the mismatch, the cause, when one shows.
+                        let culprit = self.peers.iter().filter(|p| p.rank != self.rank).find(|p| {
+                            FlagWord(self.word(p.rank, offset).load(Ordering::Acquire)).check(g, digest)
+                                == FlagState::Mismatch
+                        });
+                        return Err(culprit.map_or(e, |p| self.mismatch(p.rank, sig, parity)));
+                    }
+                    Err(e) => return Err(e),
+                };
             match state {
                 FlagState::Ready | FlagState::Passed => {}
-                FlagState::Mismatch => {
-                    let slot = self.layout.sig_slot(parity);
-                    let w = [
-                        self.word(peer.rank, slot).load(Ordering::Relaxed),
-                        self.word(peer.rank, slot + 8).load(Ordering::Relaxed),
-                    ];
-                    return Err(match Signature::unpack(w) {
-                        Some(theirs) => Error::SignatureMismatch { peer: peer.rank, ours: *sig, theirs },
-                        None => Error::Backend {
-                            backend: "shm-ipc",
-                            detail: format!("rank {} published an unreadable signature", peer.rank),
-                        },
-                    });
-                }
+                FlagState::Mismatch => return Err(self.mismatch(peer.rank, sig, parity)),
                 FlagState::Behind | FlagState::Corrupt => {
                     return Err(Error::Backend {
                         backend: "shm-ipc",
@@ -169,6 +158,18 @@ impl Engine {
             }
         }
         Ok(())
+    }
+
+    /// The error for rank `peer`, which published another call's signature with frame `parity`.
+    fn mismatch(&self, peer: usize, sig: &Signature, parity: usize) -> Error {
+        let slot = self.layout.sig_slot(parity);
+        let w = [self.word(peer, slot).load(Ordering::Relaxed), self.word(peer, slot + 8).load(Ordering::Relaxed)];
+        match Signature::unpack(w) {
+            Some(theirs) => Error::SignatureMismatch { peer, ours: *sig, theirs },
+            None => {
+                Error::Backend { backend: "shm-ipc", detail: format!("rank {peer} published an unreadable signature") }
+            }
+        }
     }
 
     /// Executes one reduce or gather segment of generation parity `parity`.

@@ -14,7 +14,7 @@
 //!
 //! Fallback: where `O_TMPFILE` is unsupported or `/proc/<pid>/fd` cannot be opened (no `/proc`,
 //! a hardened kernel), the object is a named `shm_open` object, unlinked as soon as every rank
-//! mapped it; creating one first sweeps `detcoll-<pid>-…` names whose owner process is gone, so
+//! mapped it; every construction first sweeps `detcoll-<pid>-…` names whose owner process is gone, so
 //! a rank killed in that window leaks only until the next construction on the host.
 use crate::testing::{self, Fault};
 use collective_core::Error;
@@ -115,7 +115,7 @@ fn fstat(fd: libc::c_int) -> Result<libc::stat, std::io::Error> {
 fn reserve(fd: &OwnedFd, object: &str, len: usize) -> Result<(), Error> {
     let off = libc::off_t::try_from(len)
         .map_err(|_| Error::InvalidConfig { detail: format!("a region of {len} bytes exceeds the file size limit") })?;
-    let injected = testing::fault() == Some(Fault::FailAllocation);
+    let injected = testing::has(Fault::FailAllocation);
     let rc = loop {
         if injected {
             break libc::ENOSPC;
@@ -147,16 +147,13 @@ fn reserve(fd: &OwnedFd, object: &str, len: usize) -> Result<(), Error> {
 
 /// Applies the test-only faults that act right after an object was created.
 fn after_create(fd: &OwnedFd) {
-    match testing::fault() {
-        Some(Fault::KillAfterCreate) => {
-            // SAFETY: raising a signal on ourselves; SIGKILL does not return.
-            unsafe { libc::raise(libc::SIGKILL) };
-        }
-        Some(Fault::TruncateAfterCreate) => {
-            // SAFETY: fd is ours; shrinking the object is the fault being injected.
-            unsafe { libc::ftruncate(fd.as_raw_fd(), PAGE as libc::off_t) };
-        }
-        _ => {}
+    if testing::has(Fault::KillAfterCreate) {
+        // SAFETY: raising a signal on ourselves; SIGKILL does not return.
+        unsafe { libc::raise(libc::SIGKILL) };
+    }
+    if testing::has(Fault::TruncateAfterCreate) {
+        // SAFETY: fd is ours; shrinking the object is the fault being injected.
+        unsafe { libc::ftruncate(fd.as_raw_fd(), PAGE as libc::off_t) };
     }
 }
 
@@ -180,7 +177,8 @@ impl Region {
     /// Creates, reserves and maps this rank's shared object of `len` bytes (see the module
     /// doc); `stem` (e.g. `detcoll-<pid>-<rank>-<nonce>`) names the fallback object.
     pub(crate) fn create_shared(stem: &str, len: usize) -> Result<(Region, Share), Error> {
-        if testing::fault() != Some(Fault::NoProcFd) {
+        sweep_stale();
+        if !testing::has(Fault::NoProcFd) {
             if let Some(fd) = open_tmpfile() {
                 let pid = std::process::id();
                 let raw = fd.as_raw_fd();
@@ -196,7 +194,6 @@ impl Region {
                 }
             }
         }
-        sweep_stale();
         let name = format!("/{stem}");
         let c =
             CString::new(name.as_str()).map_err(|_| Error::InvalidConfig { detail: format!("bad shm name {name}") })?;

@@ -1,4 +1,4 @@
-//! Test-only fault injection (hidden). Faults are process-global: set one only in a process
+//! Test-only fault injection (hidden). Faults are process-global: set them only in a process
 //! that runs a single rank (the fault tests' child processes), never in a process whose other
 //! threads build collectives.
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -12,24 +12,19 @@ pub enum Fault {
     /// The owner shrinks its object to one page right after creating it, before peers map it.
     TruncateAfterCreate = 2,
     /// The process SIGKILLs itself right after creating its object.
-    KillAfterCreate = 3,
+    KillAfterCreate = 4,
     /// Behave as if `/proc/<pid>/fd` could not be opened: use the named fallback.
-    NoProcFd = 4,
+    NoProcFd = 8,
 }
 
-static FAULT: AtomicU8 = AtomicU8::new(0);
+static FAULTS: AtomicU8 = AtomicU8::new(0);
 
-/// Injects `fault` into every later construction of this process (`None`: none).
-pub fn inject(fault: Option<Fault>) {
-    FAULT.store(fault.map_or(0, |f| f as u8), Ordering::SeqCst);
+/// Injects `faults` (replacing earlier ones) into every later construction of this process.
+pub fn inject(faults: &[Fault]) {
+    FAULTS.store(faults.iter().fold(0, |m, &f| m | f as u8), Ordering::SeqCst);
 }
 
-pub(crate) fn fault() -> Option<Fault> {
-    match FAULT.load(Ordering::Relaxed) {
-        1 => Some(Fault::FailAllocation),
-        2 => Some(Fault::TruncateAfterCreate),
-        3 => Some(Fault::KillAfterCreate),
-        4 => Some(Fault::NoProcFd),
-        _ => None,
-    }
+/// Whether `fault` is injected.
+pub(crate) fn has(fault: Fault) -> bool {
+    FAULTS.load(Ordering::Relaxed) & fault as u8 != 0
 }
