@@ -279,7 +279,8 @@ fn tcp_missing_rank_at_rendezvous_is_named_everywhere() {
     assert!(start.elapsed() < Duration::from_secs(4));
     for r in &results {
         let e = r.as_ref().unwrap_err();
-        assert!(matches!(e, BootstrapError::PeerTimeout { rank: 2, .. }), "{e}");
+        assert!(matches!(e, BootstrapError::MissingRanks { ranks, .. } if ranks == &[2]), "{e}");
+        assert_eq!(e.culprit(), Some(2));
     }
 }
 
@@ -400,6 +401,7 @@ fn env_parses_torchrun_variables() {
             master_addr: "node0".into(),
             master_port: 29500,
             timeout: None,
+            job_token: None,
         }
     );
     let c = e.tcp_config();
