@@ -871,3 +871,81 @@ fn poll_handshakes(
     thread::sleep(timeout.min(Duration::from_millis(5)));
     Ok((true, vec![true; streams.len()]))
 }
+
+#[cfg(test)]
+mod tests {
+    //! Exchange-phase faults of an authenticated peer (the handshake needs the private MAC, so
+    //! these live here rather than in `tests/bootstrap_faults.rs`).
+    use super::*;
+
+    const ADDR: &str = "127.0.0.1";
+
+    /// Rank 0 of a world of 2 on a free port, serving in a thread; returns the port and the
+    /// thread running `body` on rank 0's bootstrap.
+    fn root_with<T: Send + 'static>(
+        timeout: Duration,
+        body: impl FnOnce(TcpBootstrap) -> T + Send + 'static,
+    ) -> (TcpConfig, thread::JoinHandle<Result<T, BootstrapError>>) {
+        let port = TcpListener::bind((ADDR, 0)).unwrap().local_addr().unwrap().port();
+        let c = TcpConfig::single_host(0, 2, ADDR, port).with_timeout(timeout).with_job_token("t");
+        let c0 = c.clone();
+        (TcpConfig { rank: 1, local_rank: 1, ..c }, thread::spawn(move || TcpBootstrap::new(c0).map(body)))
+    }
+
+    /// Joins as rank 1 by hand and returns the raw stream after the welcome.
+    fn raw_rank_1(c: &TcpConfig) -> TcpStream {
+        match join(c).unwrap() {
+            Role::Client { stream } => stream,
+            _ => unreachable!("rank 1 is a client"),
+        }
+    }
+
+    #[test]
+    fn trickling_peer_cannot_stall_the_exchange_past_its_deadline() {
+        let timeout = Duration::from_millis(800);
+        let (c1, root) = root_with(timeout, |b| {
+            let start = Instant::now();
+            (b.all_gather_bytes(b"zero"), start.elapsed())
+        });
+        let mut s = raw_rank_1(&c1);
+        // A Data frame of 1000 bytes at one byte per 50 ms: 50 s if rank 0 waited per read.
+        s.write_all(&wire::encode_frame(Kind::Data, 0, &[])[..16]).unwrap();
+        s.write_all(&1000u64.to_le_bytes()).unwrap();
+        let stop = Instant::now() + Duration::from_secs(5);
+        while !root.is_finished() && Instant::now() < stop {
+            let _ = s.write_all(&[1]);
+            thread::sleep(Duration::from_millis(50));
+        }
+        let (r, elapsed) = root.join().unwrap().unwrap();
+        assert!(matches!(r, Err(BootstrapError::PeerTimeout { rank: 1, what: wire::WHAT_EXCHANGE, .. })), "{r:?}");
+        assert!(elapsed < timeout + Duration::from_millis(700), "{elapsed:?}");
+    }
+
+    #[test]
+    fn huge_length_prefix_from_a_peer_is_rejected_without_allocating() {
+        for (len, close) in [(1u64 << 60, false), (1u64 << 30, true)] {
+            let (c1, root) = root_with(Duration::from_secs(3), |b| b.all_gather_bytes(b"zero"));
+            let mut s = raw_rank_1(&c1);
+            let mut h = wire::encode_frame(Kind::Data, 0, &[]);
+            h[16..24].copy_from_slice(&len.to_le_bytes());
+            s.write_all(&h).unwrap();
+            s.write_all(b"a few bytes").unwrap();
+            if close {
+                s.shutdown(Shutdown::Write).unwrap();
+            }
+            let start = Instant::now();
+            let r = root.join().unwrap().unwrap();
+            if close {
+                // Claimed 1 GiB, sent 11 bytes and closed: the peer is gone (the buffer held
+                // what arrived, never the claimed size).
+                assert!(matches!(r, Err(BootstrapError::PeerGone { rank: 1, .. })), "{r:?}");
+            } else {
+                assert!(
+                    matches!(&r, Err(BootstrapError::Protocol(m)) if m.contains("rank 1") && m.contains("exceeds")),
+                    "{r:?}"
+                );
+            }
+            assert!(start.elapsed() < Duration::from_secs(2));
+        }
+    }
+}
