@@ -40,7 +40,7 @@
 
 // Bumped whenever the parameter layout or the protocol changes; checked by the host against
 // `detcoll_abi` so a stale prebuilt cubin is refused instead of misread.
-#define DC_ABI_VERSION 3u
+#define DC_ABI_VERSION 4u
 
 #define DC_MAX_WORLD 8
 #define DC_THREADS 512
@@ -55,6 +55,11 @@
 #define DC_ERR_MISMATCH 3ull
 #define DC_ERR_CORRUPT 4ull
 #define DC_ERR_PEER_FAILED 5ull
+#define DC_ERR_PEER_CLOSED 6ull
+
+// What a closing peer stores into ack[peer] of every other rank's control block
+// (collective-core/src/protocol/layout.rs, CLOSE_ACK).
+#define DC_CLOSE_ACK 0xC105EDACull
 
 struct DcSeg {
     dc_u64 ptr;        // stage: caller source; reduce/gather: caller destination
@@ -77,6 +82,7 @@ struct DcHeader {
     dc_u64 frame[2];            // 0, Layout::frame_stride(): frame offsets from data[]
     dc_u32 off_status, off_sig0, off_sig1, off_ready, off_phase2, line;
     dc_u32 digest, rank, world, layout_blocks, grid, dtype, tile_bytes, nstage, nphase1, nphase2;
+    dc_u32 off_ack;  // ack[0] of the own control block (ack[q] at off_ack + q * line)
 };
 
 template <int N>
@@ -140,6 +146,10 @@ DC_DEV void dc_fail(const DcHeader& h, dc_u64* status, dc_u64 code, dc_u32 peer,
 
 // Waits until every peer's flag at `off` shows generation g with our digest (or g + 1).
 // Threads 0..world-1 each watch one peer. Returns false (uniformly) if the call must end.
+// Besides the bound, the slow path ends the wait early when the peer recorded a failure of its
+// own or has closed its handle (its close acknowledgement is in our control block): neither
+// will ever publish. A closing peer publishes its last flags before acknowledging, so the flag
+// is read once more after the acknowledgement is seen.
 DC_DEV bool dc_wait(const DcHeader& h, dc_u64* status, dc_u32 off, dc_u32 g, dc_u64 timeout_code) {
     DC_SHARED volatile int s_fail;
     if (DC_TID == 0) s_fail = 0;
@@ -168,6 +178,14 @@ DC_DEV bool dc_wait(const DcHeader& h, dc_u64* status, dc_u32 off, dc_u32 g, dc_
                 dc_u64 pa = dc_ld_relaxed_sys(&peer_status[DC_ST_ABORT]);
                 if (pa != 0) {  // the peer failed and will never publish
                     dc_fail(h, status, DC_ERR_PEER_FAILED, t, g, pa);
+                    s_fail = 1;
+                    break;
+                }
+                if (dc_ld_acquire_sys(dc_at(h.ctl[h.rank], h.off_ack + (dc_u64)t * h.line)) == DC_CLOSE_ACK) {
+                    v = dc_ld_acquire_sys(flag);
+                    st = dc_flag_check(v, g, h.digest);
+                    if (st == DC_READY || st == DC_PASSED) break;
+                    dc_fail(h, status, DC_ERR_PEER_CLOSED, t, g, v);
                     s_fail = 1;
                     break;
                 }

@@ -32,6 +32,9 @@ pub enum Error {
     TooManyLanes { lanes: usize, max: usize },
     #[error("the collective is closed")]
     Closed,
+    /// `close()` again after a close that failed: the first failure.
+    #[error("an earlier close of this collective failed: {cause}")]
+    CloseFailed { cause: String },
     #[error("the collective is poisoned by an earlier failure: {cause}")]
     Poisoned { cause: String },
     #[error("rank {peer} did not {what} within {waited:?}")]

@@ -279,7 +279,8 @@ fn tcp_missing_rank_at_rendezvous_is_named_everywhere() {
     assert!(start.elapsed() < Duration::from_secs(4));
     for r in &results {
         let e = r.as_ref().unwrap_err();
-        assert!(matches!(e, BootstrapError::PeerTimeout { rank: 2, .. }), "{e}");
+        assert!(matches!(e, BootstrapError::MissingRanks { ranks, .. } if ranks == &[2]), "{e}");
+        assert_eq!(e.culprit(), Some(2));
     }
 }
 
@@ -400,6 +401,7 @@ fn env_parses_torchrun_variables() {
             master_addr: "node0".into(),
             master_port: 29500,
             timeout: None,
+            job_token: None,
         }
     );
     let c = e.tcp_config();
@@ -475,6 +477,72 @@ fn tcp_master_addr_localhost() {
         let c = TcpConfig::single_host(rank, 2, "localhost", port).with_timeout(Duration::from_secs(10));
         let b = TcpBootstrap::new(c)?;
         check_exchanges(&b, 2);
+        Ok(())
+    });
+    for r in results {
+        r.unwrap();
+    }
+}
+
+#[test]
+fn env_job_token_explicit_derived_or_absent() {
+    // Explicit token wins over torchrun's run id.
+    let mut vars = torchrun_vars();
+    vars.insert(env::JOB_TOKEN, "s3cret".into());
+    vars.insert(env::TORCHELASTIC_RUN_ID, "run-a".into());
+    let e = parse(&vars).unwrap();
+    assert_eq!(e.job_token.as_deref(), Some("s3cret"));
+    assert_eq!(e.tcp_config().job_token.as_deref(), Some("s3cret"));
+    assert!(!format!("{e:?}{:?}", e.tcp_config()).contains("s3cret"), "Debug shows the token");
+
+    // Under torchrun without a token: derived from the run id and the port.
+    let derived = |run: &str, port: &str| {
+        let mut vars = torchrun_vars();
+        vars.insert(env::TORCHELASTIC_RUN_ID, run.into());
+        vars.insert(env::MASTER_PORT, port.into());
+        parse(&vars).unwrap().job_token.unwrap()
+    };
+    assert_eq!(derived("run-a", "29500"), derived("run-a", "29500"));
+    assert_ne!(derived("run-a", "29500"), derived("run-b", "29500"));
+    assert_ne!(derived("run-a", "29500"), derived("run-a", "29501"));
+
+    // Neither: TcpConfig derives one from MASTER_ADDR and MASTER_PORT.
+    let e = parse(&torchrun_vars()).unwrap();
+    assert_eq!(e.job_token, None);
+    let c = e.tcp_config();
+    assert_eq!(c.job_token_or_default(), TcpConfig::single_host(0, 8, "node0", 29500).job_token_or_default());
+    assert_ne!(c.job_token_or_default(), TcpConfig::single_host(0, 8, "node1", 29500).job_token_or_default());
+}
+
+#[test]
+fn env_bad_job_tokens_are_typed_errors_that_hide_the_value() {
+    for bad in [String::new(), "x".repeat(257)] {
+        let mut vars = torchrun_vars();
+        vars.insert(env::JOB_TOKEN, bad.clone());
+        match parse(&vars) {
+            Err(BootstrapError::BadEnv { var, value, .. }) => {
+                assert_eq!(var, env::JOB_TOKEN);
+                assert!(value.contains(&format!("{} bytes", bad.len())), "{value}");
+                assert!(bad.is_empty() || !value.contains(&bad));
+            }
+            other => panic!("{:?}: {other:?}", bad.len()),
+        }
+    }
+    let mut vars = torchrun_vars();
+    vars.insert(env::JOB_TOKEN, "x".repeat(256));
+    assert!(parse(&vars).is_ok());
+    // The same bounds on the API.
+    for bad in [String::new(), "y".repeat(257)] {
+        let e = TcpBootstrap::new(cfg(0, 2, 1, Duration::from_secs(1)).with_job_token(bad)).unwrap_err();
+        assert!(matches!(e, BootstrapError::InvalidConfig { .. }), "{e}");
+    }
+}
+
+#[test]
+fn tcp_explicit_job_token_group_exchanges() {
+    let results = with_group(3, |rank, port| {
+        let b = TcpBootstrap::new(cfg(rank, 3, port, Duration::from_secs(10)).with_job_token("job-42"))?;
+        check_exchanges(&b, 3);
         Ok(())
     });
     for r in results {

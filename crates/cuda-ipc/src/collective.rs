@@ -10,6 +10,7 @@ use crate::launch::{self, Fixed, ParamsMany, ParamsSingle};
 use crate::memory::{self, ErrorRecord, IpcMapping, Staging};
 use crate::status;
 use collective_core::bootstrap::Bootstrap;
+use collective_core::protocol::close::CloseOnce;
 use collective_core::protocol::{CLOSE_ACK, Layout, Plan, Poison, close};
 use collective_core::{
     Capabilities, Collective, Error, Io, Op, Plain, RawMut, RawRef, Reducible, Route, validate, validate_many,
@@ -80,7 +81,7 @@ pub struct CudaIpcCollective {
     pub(crate) local_copy: Option<Arc<Module>>,
     pub(crate) poison: Poison,
     pub(crate) closed: AtomicBool,
-    pub(crate) close_lock: Mutex<()>,
+    pub(crate) close_once: CloseOnce,
 }
 
 impl CudaIpcCollective {
@@ -133,6 +134,23 @@ impl CudaIpcCollective {
             }
         }
         Ok(())
+    }
+
+    /// Test hook: puts this rank's protocol state where `start` one-shot calls would have left
+    /// it — the device generation counter at `start` and every ready flag published at `start`
+    /// — and leaves the phase-2 flags as construction left them, so a test can cross the 2^31
+    /// and 2^32 generation boundaries in a few calls. Every rank of the world must call it
+    /// with the same `start`, all before any call and while none is in flight.
+    #[doc(hidden)]
+    pub fn start_generation_for_test(&self, start: u32) -> Result<(), Error> {
+        let Some(ipc) = &self.ipc else { return Ok(()) };
+        let own = ipc.bases[self.rank];
+        let word = u64::from(start) << 32;
+        for b in 0..ipc.layout.blocks() {
+            memory::write_word(&self.ctx, own + ipc.layout.ready(b) as u64, word)?;
+        }
+        // DC_ST_GEN, the second word of the status line.
+        memory::write_word(&self.ctx, own + ipc.layout.status() as u64 + 8, u64::from(start))
     }
 
     /// Bytes of device staging (control lines and frames) this rank retains; 0 for world 1.
@@ -366,14 +384,17 @@ impl Collective for CudaIpcCollective {
     ///   timeout, keeps the staging allocated (a peer may still read it) and returns
     ///   `PeerTimeout`;
     /// * in-process group: returns; the shared allocations are freed with the last rank.
+    ///
+    /// A second close returns `Ok` after a successful one and [`Error::CloseFailed`] after a
+    /// failed one.
     fn close(&self) -> Result<(), Error> {
-        let _g = self
-            .close_lock
-            .lock()
-            .map_err(|_| Error::Backend { backend: BACKEND, detail: "close lock poisoned".into() })?;
-        if self.closed.swap(true, Ordering::AcqRel) {
-            return Ok(());
-        }
+        self.close_once.run(|| self.close_now())
+    }
+}
+
+impl CudaIpcCollective {
+    fn close_now(&self) -> Result<(), Error> {
+        self.closed.store(true, Ordering::Release);
         let Some(ipc) = &self.ipc else { return Ok(()) };
         driver::synchronize(&self.ctx)?;
         for q in (0..self.world).filter(|&q| q != self.rank) {

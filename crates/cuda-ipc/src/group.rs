@@ -39,7 +39,7 @@ fn local(ctx: &Arc<CudaContext>, config: &CudaIpcConfig) -> CudaIpcCollective {
         local_copy: Module::load(ctx).ok(),
         poison: Poison::default(),
         closed: AtomicBool::new(false),
-        close_lock: Mutex::new(()),
+        close_once: Default::default(),
     }
 }
 
@@ -53,7 +53,7 @@ fn assemble(rank: usize, ctx: &Arc<CudaContext>, config: &CudaIpcConfig, state: 
         local_copy: None,
         poison: Poison::default(),
         closed: AtomicBool::new(false),
-        close_lock: Mutex::new(()),
+        close_once: Default::default(),
     }
 }
 

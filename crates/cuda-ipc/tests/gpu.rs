@@ -263,6 +263,67 @@ fn randomized_back_to_back_world2() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Generation wrap.
+// ---------------------------------------------------------------------------------------------
+
+/// The device generation counter started just below 2^31 + a few and just below 2^32 (the
+/// hook leaves the phase-2 flags at their construction value, as a protocol that never
+/// refreshed them would after that many one-shot calls): eight calls alternating the one-shot
+/// and RS+AG all_reduce routes with an all_gather in between, every output bit-exact, nothing
+/// recorded (a stale phase-2 flag would read as Corrupt after 2^31 calls without the kernels'
+/// refresh of the flags a call does not use).
+#[test]
+fn generations_wrap_without_corrupt_flags() {
+    let Some(ctx) = gpu() else { return };
+    let _l = gpu_lock();
+    let world = 2;
+    for start in [(1u32 << 31) + 5, u32::MAX - 3] {
+        let config = CudaIpcConfig::new(1 << 20).with_rsag_threshold(16 << 10);
+        let comms = CudaIpcCollective::group_on_device(&ctx, world, &config).expect("group");
+        for c in &comms {
+            c.start_generation_for_test(start).expect("hook");
+        }
+        // (op, elements per rank): 4 KiB one-shot, 64 KiB RS+AG, 2 KiB all_gather.
+        let calls: Vec<(Op, usize)> = (0..8)
+            .map(|i| match i % 3 {
+                0 => (Op::AllReduce, 1024),
+                1 => (Op::AllReduce, 16 << 10),
+                _ => (Op::AllGather, 512),
+            })
+            .collect();
+        let inputs: Vec<Vec<Vec<u8>>> = calls
+            .iter()
+            .enumerate()
+            .map(|(i, &(_, n))| (0..world).map(|r| finite_values(DType::F32, n, (i * 8 + r) as u64)).collect())
+            .collect();
+        let r = run_ranks(&ctx, comms, |rank| {
+            let me = rank.comm.rank();
+            let s = rank.stream.clone();
+            rank.barrier.wait();
+            for (i, &(op, n)) in calls.iter().enumerate() {
+                let input = put(rank, &inputs[i][me]);
+                let out_n = if op == Op::AllGather { n * world } else { n };
+                let output = rank.alloc_dev(out_n * 4);
+                let io = Io::OutOfPlace {
+                    input: in_view(&input, 0, n, DType::F32),
+                    output: out_view(&output, 0, out_n, DType::F32),
+                };
+                let route = rank.comm.route(op, n * 4);
+                let r = if op == Op::AllGather { rank.comm.all_gather(io, &s) } else { rank.comm.all_reduce(io, &s) };
+                r.map_err(|e| format!("call {i} ({op}, {route:?}) from generation {start}: {e}"))?;
+                let got = rank.download(output.ptr, out_n * 4);
+                rank.comm.check().map_err(|e| format!("call {i} ({op}, {route:?}) from generation {start}: {e}"))?;
+                let want =
+                    if op == Op::AllGather { inputs[i].concat() } else { reference_reduce(&inputs[i], DType::F32) };
+                compare(&got, &want, DType::F32).map_err(|e| format!("call {i} ({op}, {route:?}): {e}"))?;
+            }
+            Ok(())
+        });
+        r.expect("calls across the generation wrap");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Fail-closed protocol errors.
 // ---------------------------------------------------------------------------------------------
 
@@ -345,6 +406,49 @@ fn mismatched_lane_splits_fail_with_signature_mismatch() {
         Ok(())
     });
     r.expect("lane-split mismatch");
+}
+
+/// Rank 1 closes its handle; rank 0's next call fails with PeerClosed naming it at once (the
+/// kernel sees rank 1's close acknowledgement in its own control block), not after the
+/// timeout, and is poisoned.
+#[test]
+fn a_call_after_the_peer_closed_fails_at_once() {
+    let Some(ctx) = gpu() else { return };
+    let _l = gpu_lock();
+    let bound = Duration::from_secs(20);
+    let comms = CudaIpcCollective::group_on_device(&ctx, 2, &faults::config(bound)).expect("group");
+    let r = run_ranks(&ctx, comms, |rank| {
+        let me = rank.comm.rank();
+        let s = rank.stream.clone();
+        let n = 1024;
+        let input = put(rank, &finite_values(DType::F32, n, 3));
+        let output = rank.alloc_dev(n * 4);
+        rank.barrier.wait();
+        if me == 1 {
+            rank.comm.close().map_err(|e| format!("close: {e}"))?;
+            rank.barrier.wait();
+            return Ok(());
+        }
+        rank.barrier.wait();
+        let io =
+            || Io::OutOfPlace { input: in_view(&input, 0, n, DType::F32), output: out_view(&output, 0, n, DType::F32) };
+        let t = Instant::now();
+        let called = rank.comm.all_reduce(io(), &s);
+        s.synchronize().map_err(|e| e.to_string())?;
+        let waited = t.elapsed();
+        match called.and_then(|()| rank.comm.check()) {
+            Err(Error::PeerClosed { peer: 1, .. }) => {}
+            other => return Err(format!("expected PeerClosed from rank 1, got {other:?}")),
+        }
+        if waited > bound / 4 {
+            return Err(format!("PeerClosed took {waited:?} (bound {bound:?})"));
+        }
+        match rank.comm.all_reduce(io(), &s) {
+            Err(Error::Poisoned { .. }) => Ok(()),
+            other => Err(format!("expected Poisoned after PeerClosed, got {other:?}")),
+        }
+    });
+    r.expect("peer closed");
 }
 
 #[test]

@@ -100,3 +100,34 @@ fn missing_driver_is_an_error_not_a_panic() {
     assert!(matches!(cuda_ipc::driver::device_count(), Err(Error::LibraryMissing { .. })));
     assert!(matches!(cuda_ipc::driver::open_device(0), Err(Error::LibraryMissing { .. })));
 }
+
+/// The constants the kernels and the host must agree on, read from the header the kernels are
+/// compiled from: ABI version, error codes, the close acknowledgement.
+#[test]
+fn kernel_constants_match_the_host() {
+    use collective_core::protocol::{CLOSE_ACK, params, status};
+    let define = |name: &str| -> u64 {
+        let line = cuda_ipc::kernels::PROTOCOL_HEADER
+            .lines()
+            .find(|l| l.split_whitespace().take(2).eq(["#define", name]))
+            .unwrap_or_else(|| panic!("#define {name} missing from detcoll_protocol.h"));
+        let v = line.split_whitespace().nth(2).expect("a value").trim_end_matches("ull").trim_end_matches('u');
+        match v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
+            Some(hex) => u64::from_str_radix(hex, 16).expect("hex"),
+            None => v.parse().expect("decimal"),
+        }
+    };
+    assert_eq!(define("DC_ABI_VERSION"), u64::from(params::ABI_VERSION));
+    assert_eq!(define("DC_CLOSE_ACK"), CLOSE_ACK);
+    let codes = [
+        ("DC_ERR_TIMEOUT_READY", status::ERR_TIMEOUT_READY),
+        ("DC_ERR_TIMEOUT_PHASE2", status::ERR_TIMEOUT_PHASE2),
+        ("DC_ERR_MISMATCH", status::ERR_MISMATCH),
+        ("DC_ERR_CORRUPT", status::ERR_CORRUPT),
+        ("DC_ERR_PEER_FAILED", status::ERR_PEER_FAILED),
+        ("DC_ERR_PEER_CLOSED", status::ERR_PEER_CLOSED),
+    ];
+    for (name, host) in codes {
+        assert_eq!(define(name), host, "{name}");
+    }
+}

@@ -15,6 +15,7 @@ use crate::result::{api, check};
 use crate::runtime::{self, HostMapped, IpcMapping, Stream};
 use crate::sys::{self, HipFunction, HipStream};
 use collective_core::bootstrap::Bootstrap;
+use collective_core::protocol::close::CloseOnce;
 use collective_core::protocol::params::{
     self, CopyParams, Fixed, ParamsMany, ParamsSingle, RankMemory, THREADS, copy_grid,
 };
@@ -148,7 +149,7 @@ pub struct HipIpcCollective {
     pub(crate) local_copy: Option<Arc<Kernels>>,
     pub(crate) poison: Poison,
     pub(crate) closed: AtomicBool,
-    pub(crate) close_lock: Mutex<()>,
+    pub(crate) close_once: CloseOnce,
 }
 
 impl HipIpcCollective {
@@ -365,14 +366,17 @@ impl Collective for HipIpcCollective {
     ///   timeout, keeps the staging allocated (a peer may still read it) and returns
     ///   `PeerTimeout`;
     /// * in-process group: returns; the shared allocations are freed with the last rank.
+    ///
+    /// A second close returns `Ok` after a successful one and [`Error::CloseFailed`] after a
+    /// failed one.
     fn close(&self) -> Result<(), Error> {
-        let _g = self
-            .close_lock
-            .lock()
-            .map_err(|_| Error::Backend { backend: BACKEND, detail: "close lock poisoned".into() })?;
-        if self.closed.swap(true, Ordering::AcqRel) {
-            return Ok(());
-        }
+        self.close_once.run(|| self.close_now())
+    }
+}
+
+impl HipIpcCollective {
+    fn close_now(&self) -> Result<(), Error> {
+        self.closed.store(true, Ordering::Release);
         let Some(ipc) = &self.ipc else { return Ok(()) };
         let api = api()?;
         runtime::set_device(self.device)?;

@@ -53,7 +53,7 @@ fn local(ordinal: usize, config: &IpcConfig) -> HipIpcCollective {
         local_copy: Kernels::load(ordinal).ok(),
         poison: Poison::default(),
         closed: AtomicBool::new(false),
-        close_lock: Mutex::new(()),
+        close_once: Default::default(),
     }
 }
 
@@ -67,7 +67,7 @@ fn assemble(rank: usize, ordinal: usize, config: &IpcConfig, state: IpcState) ->
         local_copy: None,
         poison: Poison::default(),
         closed: AtomicBool::new(false),
-        close_lock: Mutex::new(()),
+        close_once: Default::default(),
     }
 }
 

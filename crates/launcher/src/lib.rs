@@ -5,10 +5,24 @@
 //! `MASTER_PORT`), so `collective_core::bootstrap::TcpBootstrap::from_env` joins them. Each line a
 //! rank writes is re-printed with a `[rank N] ` prefix (stdout to stdout, stderr to stderr).
 //!
+//! Every rank gets a fresh random `DETCOLL_JOB_TOKEN` (128 bits from the OS, unless
+//! [`LaunchSpec::env`] sets one), so ranks of this launch only rendezvous with each other: a
+//! process of another job that reaches the same `MASTER_PORT` cannot join.
+//!
 //! When a rank exits with a non-zero status or is killed by a signal, the others are sent
-//! `SIGTERM`, then `SIGKILL` after [`KILL_GRACE`]; every rank is waited for and the first
-//! failure is reported in [`LaunchOutcome::first_failure`]. Each rank runs in its own process
-//! group, so the signals also reach whatever it started (e.g. the program behind `sh -c`).
+//! `SIGTERM`, then `SIGKILL` after [`KILL_GRACE`]; every rank is waited for. The launcher
+//! records when each rank exited (a watcher thread per rank wakes at its exit without reaping
+//! it), and [`LaunchOutcome::first_failure`] is the failure that happened *first* before the
+//! launcher began stopping ranks — the rank that failed for a reason of its own, not one that
+//! failed because of it or was stopped ([`LaunchOutcome::stopped_by_launcher`]). Each rank runs
+//! in its own process group, so the signals also reach whatever it started (e.g. the program
+//! behind `sh -c`).
+//!
+//! On Linux every rank is started with `PR_SET_PDEATHSIG = SIGKILL`: if the launcher dies
+//! (even by `SIGKILL`), its ranks die with it instead of running on as orphans. (The kernel
+//! sends it when the *thread* that spawned the rank exits; [`launch`] spawns and waits on the
+//! calling thread, which lives until the ranks are gone. It reaches the rank process itself,
+//! not processes the rank started.)
 //! While a launch is running, `SIGINT`, `SIGTERM` and `SIGHUP` sent to the launcher stop every
 //! rank the same way and the launch returns [`LaunchError::Interrupted`] (signals the launcher
 //! ignored when it started stay ignored).
@@ -93,9 +107,13 @@ impl LaunchSpec {
 pub struct LaunchOutcome {
     /// Exit status of every rank, in rank order (ranks stopped by the launcher show the signal).
     pub statuses: Vec<ExitStatus>,
-    /// The first rank seen failing on its own (non-zero exit or killed by a signal), which made
-    /// the launcher stop the others.
+    /// The rank that failed first (non-zero exit or killed by a signal, earliest exit time)
+    /// before the launcher started stopping ranks: the one that made the launcher stop the
+    /// others. Ranks that failed later, e.g. because this one was gone, are not it.
     pub first_failure: Option<(usize, ExitStatus)>,
+    /// Per rank: it was still running when the launcher began stopping the group (after a
+    /// failure or a signal), so its status is the launcher's doing (or a consequence of it).
+    pub stopped_by_launcher: Vec<bool>,
 }
 
 impl LaunchOutcome {
@@ -137,6 +155,13 @@ pub enum LaunchError {
     Wait {
         /// The rank.
         rank: usize,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// No random job token could be drawn from the OS.
+    #[error("cannot draw a random DETCOLL_JOB_TOKEN: {source}")]
+    JobToken {
         /// The error.
         #[source]
         source: io::Error,
@@ -226,6 +251,41 @@ fn pump(rank: usize, is_stderr: bool, pipe: impl Read, sink: Sink) {
     }
 }
 
+/// The variable the ranks read their job token from (see `collective_core::bootstrap::env`).
+pub const JOB_TOKEN_ENV: &str = "DETCOLL_JOB_TOKEN";
+
+/// A fresh job token: 128 random bits from the OS (`getrandom(2)`, else `/dev/urandom`), as 32
+/// hex digits. It is what keeps two launches on one port apart, so no weaker fallback.
+pub fn random_job_token() -> io::Result<String> {
+    let mut bytes = [0u8; 16];
+    fill_random(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn fill_random(buf: &mut [u8]) -> io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        let mut filled = 0usize;
+        while filled < buf.len() {
+            let rest = &mut buf[filled..];
+            // SAFETY: `rest` is a live, exclusively borrowed buffer of `rest.len()` writable
+            // bytes for the whole call; getrandom(2) writes at most that many.
+            let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+            if n < 0 {
+                if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                break;
+            }
+            filled += n.unsigned_abs();
+        }
+        if filled == buf.len() {
+            return Ok(());
+        }
+    }
+    std::fs::File::open("/dev/urandom")?.read_exact(buf)
+}
+
 fn free_port(addr: &str) -> Result<u16, LaunchError> {
     TcpListener::bind((addr, 0))
         .and_then(|l| l.local_addr())
@@ -236,6 +296,10 @@ fn free_port(addr: &str) -> Result<u16, LaunchError> {
 struct Rank {
     child: Child,
     status: Option<ExitStatus>,
+    /// When it exited (its watcher's wake-up, else when the poll saw it).
+    exited_at: Option<Instant>,
+    /// Its watcher could not wait for it: poll it with `try_wait`.
+    poll: bool,
 }
 
 fn run(spec: &LaunchSpec, sink: Sink) -> Result<LaunchOutcome, LaunchError> {
@@ -246,8 +310,14 @@ fn run(spec: &LaunchSpec, sink: Sink) -> Result<LaunchOutcome, LaunchError> {
         Some(p) => p,
         None => free_port(&spec.master_addr)?,
     };
+    let token = if spec.env.iter().any(|(k, _)| k == JOB_TOKEN_ENV) {
+        None // spec.env sets it (applied below)
+    } else {
+        Some(random_job_token().map_err(|source| LaunchError::JobToken { source })?)
+    };
     let _signals = signals::Guard::install();
     let (done_tx, done_rx) = mpsc::channel::<()>();
+    let (exit_tx, exit_rx) = mpsc::channel::<(usize, Option<Instant>)>();
     let mut readers = 0usize;
     let mut ranks: Vec<Rank> = Vec::with_capacity(spec.nproc);
 
@@ -259,9 +329,11 @@ fn run(spec: &LaunchSpec, sink: Sink) -> Result<LaunchOutcome, LaunchError> {
             .env("LOCAL_RANK", rank.to_string())
             .env("LOCAL_WORLD_SIZE", spec.nproc.to_string())
             .env("MASTER_ADDR", &spec.master_addr)
-            .env("MASTER_PORT", port.to_string())
-            .envs(spec.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null());
+            .env("MASTER_PORT", port.to_string());
+        if let Some(t) = &token {
+            cmd.env(JOB_TOKEN_ENV, t);
+        }
+        cmd.envs(spec.env.iter().map(|(k, v)| (k, v))).stdin(Stdio::null());
         if matches!(sink, Sink::Inherit) {
             cmd.stdout(Stdio::inherit()).stderr(Stdio::inherit());
         } else {
@@ -272,6 +344,7 @@ fn run(spec: &LaunchSpec, sink: Sink) -> Result<LaunchOutcome, LaunchError> {
             use std::os::unix::process::CommandExt;
             cmd.process_group(0);
         }
+        die_with_launcher(&mut cmd);
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(source) => {
@@ -295,28 +368,46 @@ fn run(spec: &LaunchSpec, sink: Sink) -> Result<LaunchOutcome, LaunchError> {
             });
             readers += 1;
         }
-        ranks.push(Rank { child, status: None });
+        let poll = !watch_exit(rank, &child, exit_tx.clone());
+        ranks.push(Rank { child, status: None, exited_at: None, poll });
     }
     drop(done_tx);
+    drop(exit_tx);
 
-    let mut first_failure: Option<(usize, ExitStatus)> = None;
     let mut wait_error: Option<LaunchError> = None;
+    // When the launcher began tearing the group down.
+    let mut stop_started: Option<Instant> = None;
     // Set once the group is being torn down: when SIGKILL is due.
     let mut kill_at: Option<Instant> = None;
     let mut killed = false;
     loop {
+        // Exits reported by the watchers (they only observe; the rank is reaped here, so its
+        // pid stays valid for the signals below until then).
+        let mut woke = match exit_rx.recv_timeout(POLL_INTERVAL) {
+            Ok(m) => vec![m],
+            Err(_) => Vec::new(),
+        };
+        woke.extend(exit_rx.try_iter());
+        for (r, at) in woke {
+            match at {
+                Some(at) => ranks[r].exited_at = Some(at),
+                None => ranks[r].poll = true,
+            }
+        }
         for (r, rank) in ranks.iter_mut().enumerate() {
-            if rank.status.is_some() {
+            if rank.status.is_some() || (rank.exited_at.is_none() && !rank.poll) {
                 continue;
             }
             match rank.child.try_wait() {
                 Ok(Some(st)) => {
                     rank.status = Some(st);
-                    if !st.success() && kill_at.is_none() && first_failure.is_none() {
-                        first_failure = Some((r, st));
-                    }
+                    rank.exited_at.get_or_insert_with(Instant::now);
                 }
-                Ok(None) => {}
+                Ok(None) => {
+                    // A watcher woke without an exit (cannot normally happen): poll instead.
+                    rank.exited_at = None;
+                    rank.poll = true;
+                }
                 Err(source) => {
                     if wait_error.is_none() {
                         wait_error = Some(LaunchError::Wait { rank: r, source });
@@ -327,6 +418,7 @@ fn run(spec: &LaunchSpec, sink: Sink) -> Result<LaunchOutcome, LaunchError> {
                     if rank.status.is_none() {
                         rank.status = Some(failed_status());
                     }
+                    rank.exited_at.get_or_insert_with(Instant::now);
                 }
             }
         }
@@ -336,11 +428,12 @@ fn run(spec: &LaunchSpec, sink: Sink) -> Result<LaunchOutcome, LaunchError> {
         let now = Instant::now();
         match kill_at {
             None => {
-                if (first_failure.is_some() && spec.stop_on_failure) || wait_error.is_some() || signals::received() != 0
-                {
+                let failed = ranks.iter().any(|r| r.status.is_some_and(|st| !st.success()));
+                if (failed && spec.stop_on_failure) || wait_error.is_some() || signals::received() != 0 {
                     for rank in ranks.iter_mut().filter(|r| r.status.is_none()) {
                         signal_group(&mut rank.child, Sig::Term);
                     }
+                    stop_started = Some(now);
                     kill_at = Some(now + KILL_GRACE);
                 }
             }
@@ -352,7 +445,6 @@ fn run(spec: &LaunchSpec, sink: Sink) -> Result<LaunchOutcome, LaunchError> {
             }
             Some(_) => {}
         }
-        thread::sleep(POLL_INTERVAL);
     }
     if kill_at.is_some() {
         // Whatever the ranks started (their process groups) goes too.
@@ -371,10 +463,11 @@ fn run(spec: &LaunchSpec, sink: Sink) -> Result<LaunchOutcome, LaunchError> {
         }
     }
 
-    let outcome = LaunchOutcome {
-        statuses: ranks.iter().map(|r| r.status.expect("every rank was reaped")).collect(),
-        first_failure,
-    };
+    let exits: Vec<(ExitStatus, Instant)> = ranks
+        .iter()
+        .map(|r| (r.status.expect("every rank was reaped"), r.exited_at.expect("reaped ranks have an exit time")))
+        .collect();
+    let outcome = outcome_of(&exits, stop_started);
     if let Some(e) = wait_error {
         return Err(e);
     }
@@ -384,6 +477,85 @@ fn run(spec: &LaunchSpec, sink: Sink) -> Result<LaunchOutcome, LaunchError> {
     }
     Ok(outcome)
 }
+
+/// The outcome of ranks that exited with `exits` (status, time), the launcher having begun to
+/// stop them at `stop_started`: the culprit is the earliest failure before that moment; ranks
+/// that exited at or after it were stopped by the launcher.
+fn outcome_of(exits: &[(ExitStatus, Instant)], stop_started: Option<Instant>) -> LaunchOutcome {
+    let before_stop = |at: Instant| stop_started.is_none_or(|s| at < s);
+    let first_failure = exits
+        .iter()
+        .enumerate()
+        .filter(|(_, (st, at))| !st.success() && before_stop(*at))
+        .min_by_key(|(r, (_, at))| (*at, *r))
+        .map(|(r, (st, _))| (r, *st));
+    LaunchOutcome {
+        statuses: exits.iter().map(|(st, _)| *st).collect(),
+        first_failure,
+        stopped_by_launcher: exits.iter().map(|(_, at)| !before_stop(*at)).collect(),
+    }
+}
+
+/// Starts a thread that wakes when rank `rank` exits and reports when, without reaping it
+/// (`waitid(WNOWAIT)`): the exit times order failures, and the main loop stays the only reaper.
+/// Returns false when no watcher could be started (the rank is then polled).
+#[cfg(unix)]
+fn watch_exit(rank: usize, child: &Child, tx: mpsc::Sender<(usize, Option<Instant>)>) -> bool {
+    let pid = libc::id_t::from(child.id());
+    thread::Builder::new()
+        .name(format!("rank-{rank}-exit"))
+        .spawn(move || {
+            loop {
+                // SAFETY: siginfo_t is plain old data; all-zero is a valid value for waitid to
+                // overwrite.
+                let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+                // SAFETY: `info` is a live, writable siginfo_t; WNOWAIT leaves the child
+                // unreaped, so its pid cannot be recycled while the main loop may signal it.
+                let r = unsafe { libc::waitid(libc::P_PID, pid, &mut info, libc::WEXITED | libc::WNOWAIT) };
+                if r == 0 {
+                    let _ = tx.send((rank, Some(Instant::now())));
+                    return;
+                }
+                if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                    let _ = tx.send((rank, None));
+                    return;
+                }
+            }
+        })
+        .is_ok()
+}
+
+#[cfg(not(unix))]
+fn watch_exit(_rank: usize, _child: &Child, _tx: mpsc::Sender<(usize, Option<Instant>)>) -> bool {
+    false
+}
+
+/// Linux: the rank gets `SIGKILL` when the launcher (the spawning thread) dies, so killing the
+/// launcher, even with `SIGKILL`, does not leave ranks running.
+#[cfg(target_os = "linux")]
+fn die_with_launcher(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let launcher = std::process::id();
+    // SAFETY: the closure runs in the forked child before exec and only makes async-signal-safe
+    // system calls (prctl, getppid) on values it owns; it allocates nothing (the error is built
+    // from a raw errno) and touches no lock.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // The launcher may have died between fork and prctl: then the signal will never
+            // come (we were reparented), so do not start.
+            if u32::try_from(libc::getppid()).ok() != Some(launcher) {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn die_with_launcher(_cmd: &mut Command) {}
 
 /// Stops and reaps the ranks started so far (a later rank failed to start).
 fn stop_all(ranks: &mut [Rank]) {

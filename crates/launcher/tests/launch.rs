@@ -197,3 +197,110 @@ fn binary_stops_ranks_when_terminated() {
         assert!(!std::path::Path::new(&format!("/proc/{p}")).exists(), "rank process {p} survived");
     }
 }
+
+// ---- job token, culprit, death with the launcher ----
+
+#[test]
+fn ranks_get_one_fresh_job_token_per_launch() {
+    let (outcome, out) = launch_captured(&sh(3, "echo $DETCOLL_JOB_TOKEN")).unwrap();
+    assert!(outcome.success());
+    let token = out[0].trim().to_owned();
+    assert_eq!(token.len(), 32, "{token:?}");
+    assert!(token.bytes().all(|b| b.is_ascii_hexdigit()), "{token:?}");
+    assert!(out.iter().all(|o| o.trim() == token), "{out:?}");
+    let (_, again) = launch_captured(&sh(1, "echo $DETCOLL_JOB_TOKEN")).unwrap();
+    assert_ne!(again[0].trim(), token, "two launches share a token");
+    // An explicit token in spec.env is passed through as is.
+    let (_, out) = launch_captured(&sh(2, "echo $DETCOLL_JOB_TOKEN").env("DETCOLL_JOB_TOKEN", "mine")).unwrap();
+    assert_eq!(out, ["mine\n", "mine\n"]);
+}
+
+fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("detcoll-launch-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Rank 2 fails (exit 3) after a delay; ranks 0 and 1 fail (exit 1) right after they see it
+/// exit (its /proc state turns to zombie, before the launcher reaps it); rank 3 hangs. The
+/// failures of ranks 0 and 1 come a few ms after rank 2's, often within one poll of the
+/// launcher, where a rank-order sweep would have blamed rank 0.
+const CASCADE: &str = r#"
+d=$SCRATCH
+if [ "$RANK" = 2 ]; then echo $$ > $d/pid2.tmp; mv $d/pid2.tmp $d/pid2; sleep 0.3; exit 3; fi
+if [ "$RANK" = 3 ]; then exec sleep 30; fi
+while [ ! -e $d/pid2 ]; do sleep 0.01; done
+p=$(cat $d/pid2)
+while read -r _ _ st _ < /proc/$p/stat; do [ "$st" = Z ] && break; sleep 0.002; done 2>/dev/null
+exit 1
+"#;
+
+#[cfg(target_os = "linux")]
+#[test]
+fn culprit_is_the_rank_that_failed_first_not_the_first_seen() {
+    for round in 0..3 {
+        let dir = scratch_dir(&format!("cascade{round}"));
+        let start = Instant::now();
+        let (outcome, out) = launch_captured(&sh(4, CASCADE).env("SCRATCH", &dir)).unwrap();
+        assert!(start.elapsed() < Duration::from_secs(6), "{:?}", start.elapsed());
+        let (rank, status) = outcome.first_failure.unwrap();
+        assert_eq!((rank, status.code()), (2, Some(3)), "round {round}: {outcome:?}\n{out:?}");
+        assert!(!outcome.stopped_by_launcher[2]);
+        assert!(outcome.stopped_by_launcher[3], "the hanging rank was stopped: {outcome:?}");
+        assert!(outcome.statuses[3].signal().is_some());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn binary_names_the_rank_that_failed_first_and_the_stopped_ones() {
+    let dir = scratch_dir("cascade-bin");
+    let out =
+        Command::new(BIN).args(["--nproc", "4", "--", "sh", "-c", CASCADE]).env("SCRATCH", &dir).output().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("detcoll-run: rank 2 failed first (exit status: 3)"), "{stderr}");
+    assert!(stderr.contains("rank 3 was stopped by the launcher"), "{stderr}");
+}
+
+/// The state letter of /proc/<pid>/stat, `None` when the process is gone.
+#[cfg(target_os = "linux")]
+fn proc_state(pid: &str) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next())
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn ranks_die_when_the_launcher_is_killed() {
+    use std::io::BufRead;
+    let mut child = Command::new(BIN)
+        .args(["--nproc", "2", "--", "sh", "-c", "echo pid $$; exec sleep 30"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut pids = Vec::new();
+    while pids.len() < 2 {
+        let line = lines.next().expect("the launcher printed both pids").unwrap();
+        pids.extend(line.split("pid ").nth(1).map(str::to_owned));
+    }
+    for p in &pids {
+        assert_eq!(proc_state(p).map(|s| s != 'Z'), Some(true), "rank {p} should be running");
+    }
+    // SIGKILL: the launcher gets no chance to stop its ranks itself.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let start = Instant::now();
+    for p in &pids {
+        // Gone, or a zombie waiting for its new parent to reap it.
+        while proc_state(p).is_some_and(|s| s != 'Z') {
+            assert!(start.elapsed() < Duration::from_secs(3), "rank {p} outlived the launcher");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}

@@ -1,9 +1,10 @@
 //! `cargo xtask bench`: the deterministic-collective benchmark.
 //!
 //! Ranks are processes by default: `bench` re-executes this binary as `bench-rank` under
-//! `detcoll_launch::launch` (torchrun variables set), and each rank joins through
-//! `TcpBootstrap::from_env`. A process started by torchrun/mpirun (RANK and WORLD_SIZE set) acts
-//! as one rank directly. `--threads` runs the ranks as threads of one process.
+//! `detcoll_launch::launch` (torchrun variables and a fresh random `DETCOLL_JOB_TOKEN` set), and
+//! each rank joins through `TcpBootstrap::from_env`. A process started by torchrun/mpirun (RANK
+//! and WORLD_SIZE set) acts as one rank directly. `--threads` runs the ranks as threads of one
+//! process.
 //!
 //! Backends: NVIDIA (CUDA) when libcuda and a GPU are present, else AMD (HIP) when libamdhip64
 //! and a GPU are present, else the CPU twin (`shm-ipc`), so the command always does its job. A GPU backend plugs in by implementing

@@ -9,13 +9,21 @@
 //! | `MASTER_ADDR` | host (name or IP) where rank 0 serves the rendezvous | yes |
 //! | `MASTER_PORT` | its TCP port, `1..=65535` | yes |
 //! | `DETCOLL_BOOTSTRAP_TIMEOUT_MS` | when set, both the connect timeout and the per-exchange timeout, in milliseconds (`>= 1`) | no (defaults: connect 60 000 ms, exchange 30 000 ms) |
+//! | `DETCOLL_JOB_TOKEN` | the job's identity, 1 to 256 bytes, the same for every rank: rank 0 admits only ranks that prove it (the token itself is never sent) | no (`detcoll-run` and `cargo xtask bench` set a random one) |
+//! | `TORCHELASTIC_RUN_ID` | set by torchrun; without `DETCOLL_JOB_TOKEN` the token is derived from it and `MASTER_PORT` | no |
+//!
+//! Without `DETCOLL_JOB_TOKEN` the token is derived from public facts: `TORCHELASTIC_RUN_ID`
+//! and `MASTER_PORT` under torchrun, else `MASTER_ADDR` and `MASTER_PORT`. A derived token only
+//! keeps apart jobs that differ in those facts (e.g. two torchrun jobs that picked the same
+//! port); it is no secret. On a network shared with untrusted users, give every rank a secret
+//! `DETCOLL_JOB_TOKEN`.
 //!
 //! The parser takes a lookup closure so it can be tested without touching the process
 //! environment; [`TorchrunEnv::from_env`] passes `std::env::var_os`.
 
 use std::time::Duration;
 
-use super::{BootstrapError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_EXCHANGE_TIMEOUT, TcpConfig};
+use super::{BootstrapError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_EXCHANGE_TIMEOUT, TcpConfig, token};
 
 /// `RANK`
 pub const RANK: &str = "RANK";
@@ -31,9 +39,14 @@ pub const MASTER_ADDR: &str = "MASTER_ADDR";
 pub const MASTER_PORT: &str = "MASTER_PORT";
 /// `DETCOLL_BOOTSTRAP_TIMEOUT_MS`: overrides both bootstrap timeouts.
 pub const TIMEOUT_MS: &str = "DETCOLL_BOOTSTRAP_TIMEOUT_MS";
+/// `DETCOLL_JOB_TOKEN`: the job identity ranks prove to rank 0.
+pub const JOB_TOKEN: &str = "DETCOLL_JOB_TOKEN";
+/// `TORCHELASTIC_RUN_ID`: torchrun's run id (a job token is derived from it when
+/// `DETCOLL_JOB_TOKEN` is unset).
+pub const TORCHELASTIC_RUN_ID: &str = "TORCHELASTIC_RUN_ID";
 
-/// The launcher variables of one rank, validated.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The launcher variables of one rank, validated. (`Debug` does not show the job token.)
+#[derive(Clone, PartialEq, Eq)]
 pub struct TorchrunEnv {
     /// `RANK`
     pub rank: usize,
@@ -49,6 +62,25 @@ pub struct TorchrunEnv {
     pub master_port: u16,
     /// `DETCOLL_BOOTSTRAP_TIMEOUT_MS`, if set.
     pub timeout: Option<Duration>,
+    /// `DETCOLL_JOB_TOKEN` if set, else a token derived from `TORCHELASTIC_RUN_ID` and
+    /// `MASTER_PORT` if torchrun set the former, else `None` ([`TcpConfig`] then derives one from
+    /// `MASTER_ADDR` and `MASTER_PORT`).
+    pub job_token: Option<String>,
+}
+
+impl std::fmt::Debug for TorchrunEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TorchrunEnv")
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .field("local_rank", &self.local_rank)
+            .field("local_world_size", &self.local_world_size)
+            .field("master_addr", &self.master_addr)
+            .field("master_port", &self.master_port)
+            .field("timeout", &self.timeout)
+            .field("job_token", &self.job_token.as_ref().map(|_| "<set>"))
+            .finish()
+    }
 }
 
 impl TorchrunEnv {
@@ -72,6 +104,8 @@ impl TorchrunEnv {
         let addr_s = get(MASTER_ADDR)?;
         let port_s = get(MASTER_PORT)?;
         let timeout_s = lookup(TIMEOUT_MS);
+        let token_s = lookup(JOB_TOKEN);
+        let run_id = lookup(TORCHELASTIC_RUN_ID);
 
         let world_size = parse_usize(WORLD_SIZE, &world_s, 1, "an integer >= 1")?;
         let rank = parse_usize(RANK, &rank_s, 0, "a non-negative integer below WORLD_SIZE")?;
@@ -103,7 +137,21 @@ impl TorchrunEnv {
                 }
             },
         };
-        Ok(Self { rank, world_size, local_rank, local_world_size, master_addr, master_port, timeout })
+        let job_token = match (token_s, run_id) {
+            (Some(t), _) => {
+                if token::check_token(&t).is_err() {
+                    // The value is a secret: the error shows its length only.
+                    let shown = format!("<{} bytes, not shown>", t.len());
+                    return Err(bad(JOB_TOKEN, &shown, "a token of 1 to 256 bytes, the same for every rank"));
+                }
+                Some(t)
+            }
+            (None, Some(id)) if !id.is_empty() => {
+                Some(token::derive_token("torchelastic", &[&id, &master_port.to_string()]))
+            }
+            (None, _) => None,
+        };
+        Ok(Self { rank, world_size, local_rank, local_world_size, master_addr, master_port, timeout, job_token })
     }
 
     /// The TCP bootstrap configuration: `timeout` (when set) for both timeouts, otherwise
@@ -118,6 +166,7 @@ impl TorchrunEnv {
             master_port: self.master_port,
             connect_timeout: self.timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
             exchange_timeout: self.timeout.unwrap_or(DEFAULT_EXCHANGE_TIMEOUT),
+            job_token: self.job_token.clone(),
         }
     }
 }

@@ -11,6 +11,10 @@
 //! * [`LocalBootstrap`] — one thread per rank inside one process.
 //! * Your own: implement [`Bootstrap`] over the process group your engine already has.
 //!
+//! The TCP rendezvous admits only ranks of the same job: they prove a job token
+//! (`DETCOLL_JOB_TOKEN`, or one derived from the torchrun/launcher variables; see [`env`]) without
+//! sending it, and rank 0 silently drops every other connection.
+//!
 //! Every operation is bounded in time. When a peer does not contribute, or dies, every rank
 //! gets an error that names the culprit ([`BootstrapError::culprit`]) instead of hanging.
 //! After a failed exchange a bootstrap is poisoned: later calls return
@@ -23,11 +27,13 @@ use std::time::Duration;
 pub mod env;
 mod local;
 mod tcp;
+mod token;
 mod wire;
 
 pub use env::TorchrunEnv;
 pub use local::LocalBootstrap;
-pub use tcp::{TcpBootstrap, TcpConfig};
+pub use tcp::{HANDSHAKE_TIMEOUT, MAX_PENDING_HANDSHAKES, TcpBootstrap, TcpConfig};
+pub use token::MAX_TOKEN_LEN;
 
 /// Default time a non-zero rank keeps retrying to reach rank 0 (and rank 0 waits for everyone
 /// to connect): 60 s. Overridden by `DETCOLL_BOOTSTRAP_TIMEOUT_MS`.
@@ -118,6 +124,18 @@ pub enum BootstrapError {
         waited: Duration,
         /// What it did not do, e.g. "contribute to all_gather_bytes".
         what: &'static str,
+    },
+    /// Rank 0's rendezvous ended at its connect timeout with these ranks not connected (every
+    /// one of them, in rank order; [`BootstrapError::culprit`] is the first).
+    #[error(
+        "bootstrap: rank(s) {ranks:?} did not connect to rank 0's rendezvous within {waited:?} (not \
+         started, wrong MASTER_ADDR/MASTER_PORT, or a different DETCOLL_JOB_TOKEN?)"
+    )]
+    MissingRanks {
+        /// The ranks that did not connect, ascending.
+        ranks: Vec<usize>,
+        /// How long rank 0 waited.
+        waited: Duration,
     },
     /// A peer's connection closed or reset, or an in-process peer was dropped.
     #[error("bootstrap: rank {rank} is gone: {detail}")]
@@ -235,6 +253,7 @@ impl BootstrapError {
             | Self::WorldSizeMismatch { rank, .. }
             | Self::DuplicateRank { rank }
             | Self::RankOutOfRange { rank, .. } => Some(*rank),
+            Self::MissingRanks { ranks, .. } => ranks.first().copied(),
             Self::ConnectTimeout { .. } => Some(0),
             _ => None,
         }

@@ -2,17 +2,32 @@
 //!
 //! Construction is collective. Rank 0 listens at `MASTER_ADDR:MASTER_PORT` and accepts
 //! `world_size - 1` connections until `connect_timeout`; each other rank connects, retrying while
-//! rank 0 is not up yet, and sends a handshake (magic, protocol version, rank, world size). Rank 0
-//! rejects a mismatched world size, a duplicate or out-of-range rank, and then fails the whole
-//! group: every rank's constructor returns the same error. When every rank has connected, rank 0
-//! sends a welcome and every constructor returns.
+//! rank 0 is not up yet, and authenticates: rank 0 sends every new connection a random nonce,
+//! the rank answers with a hello (rank, world size, and an HMAC of the nonce keyed with the job
+//! token; see `bootstrap::token`). Rank 0 silently closes any connection that is not this
+//! protocol, this version and this job (bad magic, wrong version, wrong MAC, wrong size, too
+//! slow) and keeps accepting, so a stranger, a port scanner or a rank of another job on the same
+//! port can neither join nor fail the group; such a client keeps retrying and ends with
+//! [`BootstrapError::ConnectTimeout`]. A peer of *this* job (right MAC) with a mismatched world
+//! size, a duplicate or an out-of-range rank fails the whole group: every rank's constructor
+//! returns the same error. When every rank has connected, rank 0 sends a welcome and every
+//! constructor returns.
+//!
+//! Rank 0 handles handshakes without blocking: the listener and every pending handshake are
+//! polled together, bytes are accumulated per connection, each handshake has a deadline for its
+//! whole hello ([`HANDSHAKE_TIMEOUT`], or less when the connect deadline is nearer), at most
+//! [`MAX_PENDING_HANDSHAKES`] are pending (the oldest is dropped beyond), and the connect
+//! deadline is checked on every iteration. Idle, trickling or flooding connections therefore
+//! neither delay the real ranks nor keep rank 0 past its deadline; when ranks are missing at the
+//! deadline, [`BootstrapError::MissingRanks`] lists them all.
 //!
 //! `all_gather_bytes`: each other rank sends one length-prefixed frame carrying the exchange
-//! number; rank 0 waits (bounded by `exchange_timeout`) for all of them, and sends back the
-//! concatenation. If a rank's connection closes, it sends the wrong exchange number, or it does
-//! not contribute in time, rank 0 sends an error frame naming it to every other rank, so every
-//! rank reports the same culprit. Non-zero ranks wait 1.5 × `exchange_timeout` for rank 0's
-//! answer, so rank 0's diagnosis arrives before their own timeout fires.
+//! number; rank 0 waits (bounded by `exchange_timeout`, for the whole frame) for all of them, and
+//! sends back the concatenation. If a rank's connection closes, it sends the wrong exchange
+//! number, or it does not contribute in time, rank 0 sends an error frame naming it to every
+//! other rank, so every rank reports the same culprit. Non-zero ranks wait 1.5 ×
+//! `exchange_timeout` for rank 0's answer, so rank 0's diagnosis arrives before their own
+//! timeout fires.
 //!
 //! Binding: when `MASTER_ADDR` is a loopback IP or `localhost`, rank 0 listens there; otherwise
 //! it listens on the wildcard address (IPv4, or IPv6 for IPv6-only addresses) at `MASTER_PORT`:
@@ -20,20 +35,36 @@
 //! its public address.
 //! With `world_size == 1` nothing is bound.
 
+use std::borrow::Cow;
+use std::collections::VecDeque;
 use std::fmt;
-use std::io;
+use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::{Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::wire::{self, Frame, Kind, ReadError};
+use super::token::{self, DIGEST_LEN};
+use super::wire::{self, DeadlineReader, Frame, Kind, ReadError};
 use super::{
     Bootstrap, BootstrapError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_EXCHANGE_TIMEOUT, TorchrunEnv, validate_layout,
 };
 
-/// Configuration of a [`TcpBootstrap`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The longest rank 0 waits for one connection's whole hello after it accepted it (less when
+/// its connect deadline is nearer). A real rank answers within a round trip; anything slower is
+/// dropped, and a real rank that was dropped reconnects.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+/// The most handshakes rank 0 keeps pending at once; beyond, the oldest is dropped (a real rank
+/// whose handshake is dropped reconnects).
+pub const MAX_PENDING_HANDSHAKES: usize = 256;
+/// Connections rank 0 accepts per loop iteration before it looks at the pending handshakes.
+const ACCEPT_BURST: usize = 64;
+/// Largest frame a rank accepts during the handshake (acks and errors are small; a stranger on
+/// the port cannot make it allocate more).
+const MAX_HANDSHAKE_REPLY: u64 = 1 << 20;
+
+/// Configuration of a [`TcpBootstrap`]. (`Debug` does not show the job token.)
+#[derive(Clone, PartialEq, Eq)]
 pub struct TcpConfig {
     /// This rank.
     pub rank: usize,
@@ -51,6 +82,27 @@ pub struct TcpConfig {
     pub connect_timeout: Duration,
     /// How long one exchange waits for every rank's contribution.
     pub exchange_timeout: Duration,
+    /// The job identity every rank proves in its handshake (`DETCOLL_JOB_TOKEN`; 1 to
+    /// [`MAX_TOKEN_LEN`](super::MAX_TOKEN_LEN) bytes). `None` derives one from `master_addr` and
+    /// `master_port` (see [`TcpConfig::job_token_or_default`]), which separates jobs at different
+    /// addresses but is no secret: set a secret token on networks shared with untrusted users.
+    pub job_token: Option<String>,
+}
+
+impl fmt::Debug for TcpConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TcpConfig")
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .field("local_rank", &self.local_rank)
+            .field("local_world_size", &self.local_world_size)
+            .field("master_addr", &self.master_addr)
+            .field("master_port", &self.master_port)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("exchange_timeout", &self.exchange_timeout)
+            .field("job_token", &self.job_token.as_ref().map(|_| "<set>"))
+            .finish()
+    }
 }
 
 impl TcpConfig {
@@ -66,6 +118,25 @@ impl TcpConfig {
             master_port,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             exchange_timeout: DEFAULT_EXCHANGE_TIMEOUT,
+            job_token: None,
+        }
+    }
+
+    /// Sets the job token (see [`TcpConfig::job_token`]); every rank of the job must use the
+    /// same one.
+    pub fn with_job_token(mut self, token: impl Into<String>) -> Self {
+        self.job_token = Some(token.into());
+        self
+    }
+
+    /// The token the handshake uses: [`TcpConfig::job_token`], or, when unset, one derived from
+    /// `master_addr` and `master_port` (not from the world size, so that ranks started with
+    /// different world sizes still meet and get [`BootstrapError::WorldSizeMismatch`] rather
+    /// than a silent timeout).
+    pub fn job_token_or_default(&self) -> Cow<'_, str> {
+        match &self.job_token {
+            Some(t) => Cow::Borrowed(t),
+            None => Cow::Owned(token::derive_token("addr", &[self.host(), &self.master_port.to_string()])),
         }
     }
 
@@ -158,6 +229,9 @@ impl TcpBootstrap {
         if cfg.connect_timeout.is_zero() || cfg.exchange_timeout.is_zero() {
             return Err(BootstrapError::InvalidConfig { detail: "bootstrap timeouts must be non-zero".into() });
         }
+        if let Some(t) = &cfg.job_token {
+            token::check_token(t).map_err(|detail| BootstrapError::InvalidConfig { detail })?;
+        }
         let role = if cfg.world_size == 1 {
             Role::Single
         } else if cfg.rank == 0 {
@@ -210,10 +284,10 @@ impl TcpBootstrap {
                     still.push(r);
                     continue;
                 }
-                let s = peers[r].as_mut().expect("connected peer");
-                let remaining = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100));
-                set_read_timeout(s, remaining);
-                match wire::read_frame(s) {
+                // The whole frame by the exchange deadline: a peer trickling its bytes cannot
+                // hold rank 0 past it.
+                let s = peers[r].as_ref().expect("connected peer");
+                match wire::read_frame_by(s, deadline) {
                     Ok(Frame { kind: Kind::Data, seq: got, payload }) => {
                         if got != seq {
                             return Err(BootstrapError::SequenceMismatch { rank: r, expected: seq, got });
@@ -257,8 +331,8 @@ impl TcpBootstrap {
         let _ = stream.set_write_timeout(Some(wait));
         if let Err(e) = wire::write_frame(stream, Kind::Data, seq, mine) {
             // Rank 0 may have failed and told us why before closing: prefer its diagnosis.
-            set_read_timeout(stream, Duration::from_millis(200));
-            if let Ok(Frame { kind: Kind::Error, payload, .. }) = wire::read_frame(stream) {
+            let by = Instant::now() + Duration::from_millis(200);
+            if let Ok(Frame { kind: Kind::Error, payload, .. }) = wire::read_frame_by(stream, by) {
                 return Err(self.root_error(wire::decode_error(&payload)));
             }
             return Err(if wire::is_timeout(&e) {
@@ -267,8 +341,7 @@ impl TcpBootstrap {
                 BootstrapError::PeerGone { rank: 0, detail: format!("sending to {} failed: {e}", self.addr) }
             });
         }
-        set_read_timeout(stream, wait);
-        match wire::read_frame(stream) {
+        match wire::read_frame_by(stream, Instant::now() + wait) {
             Ok(Frame { kind: Kind::Result, seq: got, payload }) => {
                 if got != seq {
                     return Err(BootstrapError::Protocol(format!(
@@ -380,10 +453,6 @@ fn read_failure(rank: usize, e: ReadError, waited: Duration, what: &'static str)
     }
 }
 
-fn set_read_timeout(s: &TcpStream, d: Duration) {
-    let _ = s.set_read_timeout(Some(d.max(Duration::from_millis(1))));
-}
-
 // ---------------------------------------------------------------------------------------------
 // Rank 0
 
@@ -420,106 +489,212 @@ fn bind_listener(cfg: &TcpConfig) -> Result<TcpListener, BootstrapError> {
     })
 }
 
-enum Incoming {
-    Peer {
-        rank: usize,
-        world: usize,
-        stream: TcpStream,
-    },
-    /// Not a detcoll bootstrap client (or it went away during the handshake): ignore.
-    Ignore,
-    Fatal(BootstrapError),
+/// One connection rank 0 accepted whose hello is not complete yet.
+struct Pending {
+    stream: TcpStream,
+    /// The challenge sent to it.
+    nonce: [u8; DIGEST_LEN],
+    /// The hello so far (`got` bytes).
+    buf: [u8; wire::HELLO_FRAME_LEN],
+    got: usize,
+    /// When the whole hello must have arrived.
+    deadline: Instant,
 }
 
-fn handshake_in(stream: TcpStream, deadline: Instant) -> Incoming {
-    let mut stream = stream;
-    if stream.set_nonblocking(false).is_err() {
-        return Incoming::Ignore;
-    }
-    let _ = stream.set_nodelay(true);
-    let wait =
-        deadline.saturating_duration_since(Instant::now()).clamp(Duration::from_millis(50), Duration::from_secs(5));
-    set_read_timeout(&stream, wait);
-    let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
-    match wire::read_frame(&mut stream) {
-        Ok(Frame { kind: Kind::Hello, seq: version, payload }) => {
-            if version != wire::PROTOCOL_VERSION {
-                let e = BootstrapError::Protocol(format!(
-                    "a rank speaks bootstrap protocol version {version}, rank 0 speaks {} \
-                     (different detcoll builds?)",
-                    wire::PROTOCOL_VERSION
-                ));
-                let _ = wire::write_frame(&mut stream, Kind::Error, 0, &wire::encode_error(&e));
-                return Incoming::Fatal(e);
+enum Progress {
+    /// Waiting for more bytes.
+    More,
+    /// Not a rank of this job, or it went away: drop it without an answer.
+    Drop,
+    /// A complete hello with a valid MAC.
+    Hello { rank: u64, world: u64 },
+}
+
+impl Pending {
+    /// Reads what is available (the socket is non-blocking), never beyond the hello: anything
+    /// after it is not rank 0's to consume.
+    fn advance(&mut self, token: &str) -> Progress {
+        loop {
+            if self.got == self.buf.len() {
+                let h = wire::decode_hello(&self.buf);
+                let want = token::hello_mac(token, &self.nonce, h.rank, h.world);
+                return if token::ct_eq(&want, &h.mac) {
+                    Progress::Hello { rank: h.rank, world: h.world }
+                } else {
+                    Progress::Drop
+                };
             }
-            match wire::decode_hello(&payload) {
-                Ok((rank, world)) => Incoming::Peer { rank, world, stream },
-                Err(_) => Incoming::Ignore,
+            match self.stream.read(&mut self.buf[self.got..]) {
+                Ok(0) => return Progress::Drop,
+                Ok(n) => {
+                    let before = self.got;
+                    self.got += n;
+                    if before < wire::HEADER_LEN && self.got >= wire::HEADER_LEN {
+                        let h: &[u8; wire::HEADER_LEN] = self.buf[..wire::HEADER_LEN].try_into().expect("header");
+                        if wire::check_hello_header(h).is_err() {
+                            return Progress::Drop;
+                        }
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Progress::More,
+                Err(_) => return Progress::Drop,
             }
         }
-        _ => Incoming::Ignore,
+    }
+}
+
+/// Accepts up to [`ACCEPT_BURST`] connections and sends each its challenge. `Err` only for an
+/// error of the listener itself.
+fn accept_burst(
+    listener: &TcpListener,
+    pending: &mut VecDeque<Pending>,
+    deadline: Instant,
+    cfg: &TcpConfig,
+) -> Result<(), BootstrapError> {
+    for _ in 0..ACCEPT_BURST {
+        let stream = match listener.accept() {
+            Ok((stream, _from)) => stream,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                continue;
+            }
+            // Out of descriptors or buffers (a flood): transient; pending handshakes expire
+            // and free descriptors.
+            Err(e) if is_resource_exhaustion(&e) => return Ok(()),
+            Err(e) => return Err(BootstrapError::io(format!("rank 0: accepting connections at {}", cfg.addr()), e)),
+        };
+        if stream.set_nonblocking(true).is_err() {
+            continue;
+        }
+        let _ = stream.set_nodelay(true);
+        let nonce = token::nonce();
+        let challenge = wire::encode_frame(Kind::Challenge, wire::PROTOCOL_VERSION, &nonce);
+        // A fresh socket's send buffer takes 56 bytes at once; if not, the peer is not worth
+        // waiting for.
+        if (&stream).write(&challenge).ok() != Some(challenge.len()) {
+            continue;
+        }
+        let now = Instant::now();
+        pending.push_back(Pending {
+            stream,
+            nonce,
+            buf: [0; wire::HELLO_FRAME_LEN],
+            got: 0,
+            deadline: (now + HANDSHAKE_TIMEOUT).min(deadline),
+        });
+        if pending.len() > MAX_PENDING_HANDSHAKES {
+            pending.pop_front();
+        }
+    }
+    Ok(())
+}
+
+fn is_resource_exhaustion(e: &io::Error) -> bool {
+    #[cfg(unix)]
+    {
+        matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = e;
+        false
+    }
+}
+
+/// A hello with a valid MAC: either a configuration error of this job, or the peer's rank.
+fn admit(rank: u64, world: u64, ours: usize, peers: &[Option<TcpStream>]) -> Result<usize, BootstrapError> {
+    let theirs = usize::try_from(world).unwrap_or(usize::MAX);
+    let rank = usize::try_from(rank).unwrap_or(usize::MAX);
+    if theirs != ours {
+        Err(BootstrapError::WorldSizeMismatch { rank, ours, theirs })
+    } else if rank >= ours {
+        Err(BootstrapError::RankOutOfRange { rank, world: ours })
+    } else if rank == 0 || peers[rank].is_some() {
+        Err(BootstrapError::DuplicateRank { rank })
+    } else {
+        Ok(rank)
     }
 }
 
 fn serve(cfg: &TcpConfig) -> Result<Role, BootstrapError> {
     let world = cfg.world_size;
+    let token = cfg.job_token_or_default();
     let deadline = Instant::now() + cfg.connect_timeout;
     let listener = bind_listener(cfg)?;
     listener.set_nonblocking(true).map_err(|e| BootstrapError::io("rank 0: configuring the listener", e))?;
     let mut peers: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
     let mut connected = 0usize;
-    let outcome: Result<(), BootstrapError> = loop {
+    let mut pending: VecDeque<Pending> = VecDeque::new();
+    let outcome: Result<(), BootstrapError> = 'serve: loop {
         if connected == world - 1 {
             break Ok(());
         }
-        match listener.accept() {
-            Ok((stream, _from)) => match handshake_in(stream, deadline) {
-                Incoming::Ignore => {}
-                Incoming::Fatal(e) => break Err(e),
-                Incoming::Peer { rank, world: theirs, mut stream } => {
-                    let reject = if theirs != world {
-                        Some(BootstrapError::WorldSizeMismatch { rank, ours: world, theirs })
-                    } else if rank >= world {
-                        Some(BootstrapError::RankOutOfRange { rank, world })
-                    } else if rank == 0 || peers[rank].is_some() {
-                        Some(BootstrapError::DuplicateRank { rank })
-                    } else {
-                        None
-                    };
-                    if let Some(e) = reject {
-                        let _ = wire::write_frame(&mut stream, Kind::Error, 0, &wire::encode_error(&e));
-                        let _ = stream.shutdown(Shutdown::Write);
-                        break Err(e);
-                    }
-                    if wire::write_frame(&mut stream, Kind::Ack, 0, &[]).is_ok() {
-                        peers[rank] = Some(stream);
-                        connected += 1;
-                    }
-                    // else: it went away; if it retries, it is accepted then.
-                }
-            },
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    let missing = (1..world).find(|&r| peers[r].is_none()).unwrap_or(1);
-                    break Err(BootstrapError::PeerTimeout {
-                        rank: missing,
-                        waited: cfg.connect_timeout,
-                        what: wire::WHAT_CONNECT,
-                    });
-                }
-                thread::sleep(Duration::from_millis(5));
+        let now = Instant::now();
+        if now >= deadline {
+            let ranks: Vec<usize> = (1..world).filter(|&r| peers[r].is_none()).collect();
+            break Err(BootstrapError::MissingRanks { ranks, waited: cfg.connect_timeout });
+        }
+        pending.retain(|p| p.deadline > now);
+        let wake = pending.iter().map(|p| p.deadline).fold(deadline, Instant::min);
+        let streams: Vec<&TcpStream> = pending.iter().map(|p| &p.stream).collect();
+        let (listener_ready, ready) = match poll_handshakes(&listener, &streams, wake - now) {
+            Ok(r) => r,
+            Err(e) => break Err(BootstrapError::io("rank 0: waiting for connections", e)),
+        };
+        drop(streams);
+        // Pending handshakes first (their indices are those polled), then new connections.
+        let mut i = 0usize;
+        let mut idx = 0usize;
+        while i < pending.len() {
+            let is_ready = ready.get(idx).copied().unwrap_or(false);
+            idx += 1;
+            if !is_ready {
+                i += 1;
+                continue;
             }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
-                ) => {}
-            Err(e) => {
-                break Err(BootstrapError::io(format!("rank 0: accepting connections at {}", cfg.addr()), e));
+            match pending[i].advance(&token) {
+                Progress::More => i += 1,
+                Progress::Drop => {
+                    pending.remove(i);
+                }
+                Progress::Hello { rank, world: theirs } => {
+                    let p = pending.remove(i).expect("index in range");
+                    let mut stream = p.stream;
+                    if stream.set_nonblocking(false).is_err() {
+                        continue;
+                    }
+                    let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
+                    match admit(rank, theirs, world, &peers) {
+                        Err(e) => {
+                            let _ = wire::write_frame(&mut stream, Kind::Error, 0, &wire::encode_error(&e));
+                            let _ = stream.shutdown(Shutdown::Write);
+                            break 'serve Err(e);
+                        }
+                        Ok(rank) => {
+                            if wire::write_frame(&mut stream, Kind::Ack, 0, &[]).is_ok() {
+                                peers[rank] = Some(stream);
+                                connected += 1;
+                            }
+                            // else: it went away; if it retries, it is accepted then.
+                        }
+                    }
+                }
+            }
+        }
+        if listener_ready {
+            if let Err(e) = accept_burst(&listener, &mut pending, deadline, cfg) {
+                break Err(e);
             }
         }
     };
     drop(listener);
+    drop(pending);
     if let Err(e) = outcome {
         abort_peers(&mut peers, &e, 0);
         return Err(e);
@@ -546,19 +721,18 @@ fn join(cfg: &TcpConfig) -> Result<Role, BootstrapError> {
     let start = Instant::now();
     let deadline = start + cfg.connect_timeout;
     let addr = cfg.addr();
-    let hello = wire::encode_hello(cfg.rank, cfg.world_size);
+    let token = cfg.job_token_or_default();
     let mut backoff = Duration::from_millis(10);
     let mut last_error = io::Error::new(io::ErrorKind::TimedOut, "no connection attempt made");
-    let mut stream = 'connect: loop {
+    let stream = 'connect: loop {
         match (cfg.host(), cfg.master_port).to_socket_addrs() {
             Err(e) => last_error = e,
             Ok(addrs) => {
                 for a in addrs {
-                    let remaining = deadline.saturating_duration_since(Instant::now());
-                    if remaining.is_zero() {
+                    if Instant::now() >= deadline {
                         break;
                     }
-                    match try_handshake(a, &hello, remaining, cfg) {
+                    match try_handshake(a, &token, deadline, cfg) {
                         Ok(s) => break 'connect s,
                         Err(Attempt::Retry(e)) => last_error = e,
                         Err(Attempt::Fatal(e)) => return Err(e),
@@ -576,8 +750,8 @@ fn join(cfg: &TcpConfig) -> Result<Role, BootstrapError> {
     // Rank 0 stops waiting at most connect_timeout after it started listening, which was before
     // we connected; it then sends a welcome or the reason the rendezvous failed.
     let wait = cfg.connect_timeout + cfg.connect_timeout / 4 + Duration::from_millis(500);
-    set_read_timeout(&stream, wait);
-    match wire::read_frame(&mut stream) {
+    let by = Instant::now() + wait;
+    match wire::read_frame_max(&mut DeadlineReader::new(&stream, by), MAX_HANDSHAKE_REPLY) {
         Ok(Frame { kind: Kind::Welcome, .. }) => Ok(Role::Client { stream }),
         Ok(Frame { kind: Kind::Error, payload, .. }) => {
             Err(root_error_for(wire::decode_error(&payload), cfg.rank, cfg.world_size))
@@ -594,15 +768,30 @@ enum Attempt {
     Fatal(BootstrapError),
 }
 
-/// Connects to `a`, sends the hello and waits for the acknowledgement.
-fn try_handshake(a: SocketAddr, hello: &[u8], remaining: Duration, cfg: &TcpConfig) -> Result<TcpStream, Attempt> {
-    let mut s = TcpStream::connect_timeout(&a, remaining.min(Duration::from_secs(5))).map_err(Attempt::Retry)?;
+/// Connects to `a`, answers rank 0's challenge with the hello and waits for the
+/// acknowledgement. Anything that is not our rank 0 (no challenge, another version, a closed
+/// connection: e.g. another job's rank 0, which drops our hello) is retried until `deadline`.
+fn try_handshake(a: SocketAddr, token: &str, deadline: Instant, cfg: &TcpConfig) -> Result<TcpStream, Attempt> {
+    let retry = |what: String| Attempt::Retry(io::Error::new(io::ErrorKind::InvalidData, what));
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    let mut s = TcpStream::connect_timeout(&a, remaining.clamp(Duration::from_millis(1), Duration::from_secs(5)))
+        .map_err(Attempt::Retry)?;
     let _ = s.set_nodelay(true);
     let _ = s.set_write_timeout(Some(Duration::from_secs(5)));
-    wire::write_frame(&mut s, Kind::Hello, wire::PROTOCOL_VERSION, hello).map_err(Attempt::Retry)?;
-    // Rank 0 answers right after reading the hello (it may be handshaking with another rank).
-    set_read_timeout(&s, remaining.max(Duration::from_secs(1)));
-    match wire::read_frame(&mut s) {
+    // Rank 0 sends the challenge as soon as it accepts us.
+    let mut challenge = [0u8; wire::CHALLENGE_FRAME_LEN];
+    let by = (Instant::now() + HANDSHAKE_TIMEOUT).min(deadline);
+    DeadlineReader::new(&s, by).read_exact(&mut challenge).map_err(|e| {
+        retry(format!("{a} sent no handshake challenge ({e}): is it a detcoll rank 0 of this version?"))
+    })?;
+    let nonce = wire::decode_challenge(&challenge)
+        .map_err(|m| retry(format!("{a} does not speak this detcoll bootstrap protocol: {m}")))?;
+    let mac = token::hello_mac(token, &nonce, cfg.rank as u64, cfg.world_size as u64);
+    let hello = wire::encode_hello(cfg.rank, cfg.world_size, &mac);
+    wire::write_frame(&mut s, Kind::Hello, wire::PROTOCOL_VERSION, &hello).map_err(Attempt::Retry)?;
+    // Rank 0 answers right after reading the hello.
+    let by = deadline.max(Instant::now() + Duration::from_secs(1));
+    match wire::read_frame_max(&mut DeadlineReader::new(&s, by), MAX_HANDSHAKE_REPLY) {
         Ok(Frame { kind: Kind::Ack, .. }) => Ok(s),
         Ok(Frame { kind: Kind::Error, payload, .. }) => {
             Err(Attempt::Fatal(root_error_for(wire::decode_error(&payload), cfg.rank, cfg.world_size)))
@@ -611,10 +800,12 @@ fn try_handshake(a: SocketAddr, hello: &[u8], remaining: Duration, cfg: &TcpConf
             "{a} answered the handshake with an unexpected {:?} frame",
             f.kind
         )))),
-        // Not our rank 0 (or it went away before answering): keep trying until the deadline.
-        Err(ReadError::Malformed(m)) => Err(Attempt::Retry(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("{a} does not speak the detcoll bootstrap protocol: {m}"),
+        Err(ReadError::Malformed(m)) => Err(retry(format!("{a} does not speak the detcoll bootstrap protocol: {m}"))),
+        // Rank 0 closes a hello it does not accept without a word: most likely another job's
+        // rank 0 on this port, or a different DETCOLL_JOB_TOKEN.
+        Err(ReadError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => Err(retry(format!(
+            "{a} closed the connection without accepting the handshake (another job's rank 0 on \
+             this port, or a different DETCOLL_JOB_TOKEN?)"
         ))),
         Err(ReadError::Io(e)) => Err(Attempt::Retry(e)),
     }
@@ -627,25 +818,134 @@ fn try_handshake(a: SocketAddr, hello: &[u8], remaining: Duration, cfg: &TcpConf
 #[cfg(unix)]
 fn wait_readable(streams: &[&TcpStream], timeout: Duration) -> io::Result<Vec<bool>> {
     use std::os::fd::AsRawFd;
-    let mut fds: Vec<libc::pollfd> =
-        streams.iter().map(|s| libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
+    let fds: Vec<libc::c_int> = streams.iter().map(|s| s.as_raw_fd()).collect();
+    poll_fds(&fds, timeout)
+}
+
+/// Whether the listener has a connection to accept, and which pending handshakes are readable,
+/// within `timeout`.
+#[cfg(unix)]
+fn poll_handshakes(listener: &TcpListener, streams: &[&TcpStream], timeout: Duration) -> io::Result<(bool, Vec<bool>)> {
+    use std::os::fd::AsRawFd;
+    let fds: Vec<libc::c_int> =
+        std::iter::once(listener.as_raw_fd()).chain(streams.iter().map(|s| s.as_raw_fd())).collect();
+    let mut ready = poll_fds(&fds, timeout)?;
+    let listener_ready = ready.remove(0);
+    Ok((listener_ready, ready))
+}
+
+/// poll(2) for readability of `fds` (owned by the caller's borrowed sockets).
+#[cfg(unix)]
+fn poll_fds(fds: &[libc::c_int], timeout: Duration) -> io::Result<Vec<bool>> {
+    let mut pfds: Vec<libc::pollfd> =
+        fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
     let ms = timeout.as_micros().div_ceil(1000).clamp(1, i32::MAX as u128) as libc::c_int;
-    // SAFETY: `fds` is a live, exclusively borrowed array of `fds.len()` initialised pollfd
-    // structs for the whole call, and every fd belongs to a TcpStream borrowed for that time.
-    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    let nfds = libc::nfds_t::try_from(pfds.len()).map_err(|_| io::Error::other("too many descriptors to poll"))?;
+    // SAFETY: `pfds` is a live, exclusively borrowed array of `nfds` initialised pollfd structs
+    // for the whole call, and every fd belongs to a socket the caller borrows for that time.
+    let n = unsafe { libc::poll(pfds.as_mut_ptr(), nfds, ms) };
     if n < 0 {
         let e = io::Error::last_os_error();
         if e.kind() == io::ErrorKind::Interrupted {
-            return Ok(vec![false; streams.len()]);
+            return Ok(vec![false; fds.len()]);
         }
         return Err(e);
     }
-    Ok(fds.iter().map(|p| p.revents != 0).collect())
+    Ok(pfds.iter().map(|p| p.revents != 0).collect())
 }
 
-/// Without poll: report every stream readable; reads then block (bounded by their timeouts)
+/// Without poll: report every stream readable; reads then block (bounded by their deadlines)
 /// in rank order.
 #[cfg(not(unix))]
 fn wait_readable(streams: &[&TcpStream], _timeout: Duration) -> io::Result<Vec<bool>> {
     Ok(vec![true; streams.len()])
+}
+
+/// Without poll: sleep a little and report everything ready (the sockets are non-blocking).
+#[cfg(not(unix))]
+fn poll_handshakes(
+    _listener: &TcpListener,
+    streams: &[&TcpStream],
+    timeout: Duration,
+) -> io::Result<(bool, Vec<bool>)> {
+    thread::sleep(timeout.min(Duration::from_millis(5)));
+    Ok((true, vec![true; streams.len()]))
+}
+
+#[cfg(test)]
+mod tests {
+    //! Exchange-phase faults of an authenticated peer (the handshake needs the private MAC, so
+    //! these live here rather than in `tests/bootstrap_faults.rs`).
+    use super::*;
+
+    const ADDR: &str = "127.0.0.1";
+
+    /// Rank 0 of a world of 2 on a free port, serving in a thread; returns the port and the
+    /// thread running `body` on rank 0's bootstrap.
+    fn root_with<T: Send + 'static>(
+        timeout: Duration,
+        body: impl FnOnce(TcpBootstrap) -> T + Send + 'static,
+    ) -> (TcpConfig, thread::JoinHandle<Result<T, BootstrapError>>) {
+        let port = TcpListener::bind((ADDR, 0)).unwrap().local_addr().unwrap().port();
+        let c = TcpConfig::single_host(0, 2, ADDR, port).with_timeout(timeout).with_job_token("t");
+        let c0 = c.clone();
+        (TcpConfig { rank: 1, local_rank: 1, ..c }, thread::spawn(move || TcpBootstrap::new(c0).map(body)))
+    }
+
+    /// Joins as rank 1 by hand and returns the raw stream after the welcome.
+    fn raw_rank_1(c: &TcpConfig) -> TcpStream {
+        match join(c).unwrap() {
+            Role::Client { stream } => stream,
+            _ => unreachable!("rank 1 is a client"),
+        }
+    }
+
+    #[test]
+    fn trickling_peer_cannot_stall_the_exchange_past_its_deadline() {
+        let timeout = Duration::from_millis(800);
+        let (c1, root) = root_with(timeout, |b| {
+            let start = Instant::now();
+            (b.all_gather_bytes(b"zero"), start.elapsed())
+        });
+        let mut s = raw_rank_1(&c1);
+        // A Data frame of 1000 bytes at one byte per 50 ms: 50 s if rank 0 waited per read.
+        s.write_all(&wire::encode_frame(Kind::Data, 0, &[])[..16]).unwrap();
+        s.write_all(&1000u64.to_le_bytes()).unwrap();
+        let stop = Instant::now() + Duration::from_secs(5);
+        while !root.is_finished() && Instant::now() < stop {
+            let _ = s.write_all(&[1]);
+            thread::sleep(Duration::from_millis(50));
+        }
+        let (r, elapsed) = root.join().unwrap().unwrap();
+        assert!(matches!(r, Err(BootstrapError::PeerTimeout { rank: 1, what: wire::WHAT_EXCHANGE, .. })), "{r:?}");
+        assert!(elapsed < timeout + Duration::from_millis(700), "{elapsed:?}");
+    }
+
+    #[test]
+    fn huge_length_prefix_from_a_peer_is_rejected_without_allocating() {
+        for (len, close) in [(1u64 << 60, false), (1u64 << 30, true)] {
+            let (c1, root) = root_with(Duration::from_secs(3), |b| b.all_gather_bytes(b"zero"));
+            let mut s = raw_rank_1(&c1);
+            let mut h = wire::encode_frame(Kind::Data, 0, &[]);
+            h[16..24].copy_from_slice(&len.to_le_bytes());
+            s.write_all(&h).unwrap();
+            s.write_all(b"a few bytes").unwrap();
+            if close {
+                s.shutdown(Shutdown::Write).unwrap();
+            }
+            let start = Instant::now();
+            let r = root.join().unwrap().unwrap();
+            if close {
+                // Claimed 1 GiB, sent 11 bytes and closed: the peer is gone (the buffer held
+                // what arrived, never the claimed size).
+                assert!(matches!(r, Err(BootstrapError::PeerGone { rank: 1, .. })), "{r:?}");
+            } else {
+                assert!(
+                    matches!(&r, Err(BootstrapError::Protocol(m)) if m.contains("rank 1") && m.contains("exceeds")),
+                    "{r:?}"
+                );
+            }
+            assert!(start.elapsed() < Duration::from_secs(2));
+        }
+    }
 }

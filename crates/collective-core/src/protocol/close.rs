@@ -1,7 +1,38 @@
 //! The backend-neutral halves of construction and close that device twins run on the host.
 use super::{CLOSE_ACK, Header, Layout};
 use crate::Error;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// Runs a handle's close once and remembers how it ended: a later `close()` (or the one in
+/// `Drop`) returns `Ok` after a successful close and [`Error::CloseFailed`] with the first
+/// failure after a failed one — never a silent `Ok` that hides it.
+#[derive(Debug, Default)]
+pub struct CloseOnce {
+    outcome: Mutex<Option<Result<(), String>>>,
+}
+
+impl CloseOnce {
+    /// `close` on the first call (holding the lock, so concurrent closes wait for it); the
+    /// remembered outcome on every later call.
+    pub fn run(&self, close: impl FnOnce() -> Result<(), Error>) -> Result<(), Error> {
+        let mut g = self.outcome.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match &*g {
+            Some(Ok(())) => Ok(()),
+            Some(Err(cause)) => Err(Error::CloseFailed { cause: cause.clone() }),
+            None => {
+                let r = close();
+                *g = Some(r.as_ref().map(|_| ()).map_err(ToString::to_string));
+                r
+            }
+        }
+    }
+
+    /// Whether a close has started or finished.
+    pub fn started(&self) -> bool {
+        self.outcome.lock().map(|g| g.is_some()).unwrap_or(true)
+    }
+}
 
 /// Polls this rank's `ack` lines (read through `read_ack(line offset)`) until every peer has
 /// written [`CLOSE_ACK`] or `timeout` passes. Returns the first peer still missing, if any.
@@ -53,6 +84,19 @@ mod tests {
         assert_eq!(first_missing_ack(&layout, 0, 4, Duration::from_millis(20), all).unwrap(), Some(2));
         assert!(t.elapsed() >= Duration::from_millis(20) && t.elapsed() < Duration::from_secs(2));
         assert_eq!(first_missing_ack(&layout, 2, 4, Duration::ZERO, all).unwrap(), None);
+    }
+
+    #[test]
+    fn a_failed_close_is_reported_again() {
+        let c = CloseOnce::default();
+        let r = c.run(|| Err(Error::PeerTimeout { peer: 1, what: "acknowledge close", waited: Duration::ZERO }));
+        assert!(matches!(r, Err(Error::PeerTimeout { peer: 1, .. })));
+        match c.run(|| Ok(())) {
+            Err(Error::CloseFailed { cause }) => assert!(cause.contains("rank 1"), "{cause}"),
+            other => panic!("{other:?}"),
+        }
+        let ok = CloseOnce::default();
+        assert!(ok.run(|| Ok(())).is_ok() && ok.run(|| panic!("ran twice")).is_ok() && ok.started());
     }
 
     #[test]

@@ -8,7 +8,7 @@ use super::{Layout, Phase, Plan};
 use crate::{DType, Error, Op, SUPPORTED_WORLD_SIZES};
 
 /// Must equal `DC_ABI_VERSION` in the kernels (checked when a module is loaded).
-pub const ABI_VERSION: u32 = 3;
+pub const ABI_VERSION: u32 = 4;
 /// Threads per block (the kernels' `__launch_bounds__`).
 pub const THREADS: u32 = 512;
 /// Frame bytes per tile: tile `t` belongs to block `t % grid` in every phase on every rank.
@@ -59,6 +59,8 @@ pub struct Header {
     pub nstage: u32,
     pub nphase1: u32,
     pub nphase2: u32,
+    /// `ack[0]` of the own control block: a peer's close acknowledgement ends a wait on it.
+    pub off_ack: u32,
 }
 
 /// `DcParams<N>`.
@@ -127,8 +129,8 @@ pub fn copy_grid(bytes: usize, max_grid: u32) -> u32 {
 }
 
 const _: () = assert!(size_of::<Seg>() == 32);
-const _: () = assert!(size_of::<Header>() == 240);
-const _: () = assert!(size_of::<ParamsSingle>() == 240 + 16 * 32);
+const _: () = assert!(size_of::<Header>() == 248);
+const _: () = assert!(size_of::<ParamsSingle>() == 248 + 16 * 32);
 const _: () = assert!(size_of::<TreeParams>() == 88);
 
 /// Where one rank's protocol memory is, as the kernels address it (see [`Layout`] for the two
@@ -188,6 +190,7 @@ impl Fixed {
             nstage: 0,
             nphase1: 0,
             nphase2: 0,
+            off_ack: layout.ack(0) as u32,
         };
         Fixed { header, max_grid: layout.blocks() as u32, threads }
     }
@@ -318,7 +321,7 @@ mod tests {
 
     // Mirrored by hand from kernels/detcoll_protocol.h (`DcSeg`, `DcHeader`, `DcParams<N>`,
     // `DcTreeParams`, `DcCopyParams`, natural C alignment): byte offsets of every field.
-    const DC_ABI_VERSION: u32 = 3;
+    const DC_ABI_VERSION: u32 = 4;
     const DC_MAX_WORLD: usize = 8;
     const DC_THREADS: u32 = 512;
     const DC_SEGS_SINGLE: usize = 16;
@@ -328,8 +331,8 @@ mod tests {
     const SEG_OFFSETS: [usize; 5] = [0, 8, 16, 24, 28];
     const SEG_SIZE: usize = 32;
     const HEADER_U64_OFFSETS: [usize; 7] = [0, 64, 128, 136, 144, 160, 176]; // ctl, data, err, timeout_ns, sig, frame, end
-    const HEADER_U32_FIRST: usize = 176; // off_status .. nphase2: 16 u32 in declaration order
-    const HEADER_SIZE: usize = 240;
+    const HEADER_U32_FIRST: usize = 176; // off_status .. off_ack: 17 u32 in declaration order
+    const HEADER_SIZE: usize = 248;
     const TREE_OFFSETS: [usize; 4] = [64, 72, 80, 84]; // out, count, world, dtype
     const TREE_SIZE: usize = 88;
     const COPY_SIZE: usize = 24;
@@ -378,6 +381,7 @@ mod tests {
             offset_of!(Header, nstage),
             offset_of!(Header, nphase1),
             offset_of!(Header, nphase2),
+            offset_of!(Header, off_ack),
         ];
         for (i, o) in u32s.iter().enumerate() {
             assert_eq!(*o, HEADER_U32_FIRST + 4 * i, "u32 field {i} of DcHeader");

@@ -16,6 +16,7 @@ pub const ERR_TIMEOUT_PHASE2: u64 = 2;
 pub const ERR_MISMATCH: u64 = 3;
 pub const ERR_CORRUPT: u64 = 4;
 pub const ERR_PEER_FAILED: u64 = 5;
+pub const ERR_PEER_CLOSED: u64 = 6;
 
 fn describe(w0: u64, w1: u64) -> String {
     Signature::unpack([w0, w1]).map_or_else(|| format!("an unreadable signature [{w0:#x}, {w1:#x}]"), |s| s.to_string())
@@ -57,6 +58,7 @@ pub fn decode(w: &[u64; RECORD_WORDS], timeout: Duration, backend: &'static str)
                 "it recorded a protocol failure (code {observed}) during generation {generation} and stopped"
             ),
         },
+        ERR_PEER_CLOSED => Error::PeerClosed { peer, what: "complete a call that needs it" },
         other => Error::Backend { backend, detail: format!("unknown error code {other} in the device error record") },
     }
 }

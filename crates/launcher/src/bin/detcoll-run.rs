@@ -1,7 +1,8 @@
 //! `detcoll-run --nproc N [--master-port P] -- program args...`: starts N ranks of `program`
 //! on this host with the torchrun variables set (like `torchrun --standalone`), prefixes their
 //! output with `[rank N] `, stops every rank when one fails, and exits non-zero naming the rank
-//! that failed first.
+//! that failed first for a reason of its own (ranks stopped by the launcher are reported as
+//! such). Every rank gets a fresh random `DETCOLL_JOB_TOKEN`, and dies with the launcher.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -9,7 +10,7 @@ use std::process::{ExitCode, ExitStatus};
 
 use anyhow::Context as _;
 use clap::Parser;
-use detcoll_launch::{LaunchError, LaunchSpec, launch};
+use detcoll_launch::{LaunchError, LaunchOutcome, LaunchSpec, launch};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -85,22 +86,30 @@ fn main() -> anyhow::Result<ExitCode> {
     if outcome.success() {
         return Ok(ExitCode::SUCCESS);
     }
-    let stopped = "the other ranks were stopped";
-    let code = match outcome.first_failure {
-        Some((rank, status)) => {
-            eprintln!("detcoll-run: rank {rank} failed ({status}); {stopped}");
-            exit_code_of(status)
-        }
-        None => {
-            // No rank failed on its own, yet not every status is success (cannot normally
-            // happen); report them all.
-            for (rank, status) in outcome.statuses.iter().enumerate() {
-                if !status.success() {
-                    eprintln!("detcoll-run: rank {rank} ended with {status}");
-                }
-            }
-            1
-        }
-    };
+    eprint!("{}", failure_report(&outcome));
+    let code = outcome.first_failure.map_or(1, |(_, status)| exit_code_of(status));
     Ok(ExitCode::from(code))
+}
+
+/// The lines that explain a failed launch: the rank that failed first for a reason of its own,
+/// then what became of the others.
+fn failure_report(outcome: &LaunchOutcome) -> String {
+    let mut out = String::new();
+    match outcome.first_failure {
+        Some((rank, status)) => out.push_str(&format!("detcoll-run: rank {rank} failed first ({status})\n")),
+        // Not every status is success, yet no rank failed before the launcher started stopping
+        // them (cannot normally happen).
+        None => out.push_str("detcoll-run: the launch failed\n"),
+    }
+    for (rank, status) in outcome.statuses.iter().enumerate() {
+        if outcome.first_failure.is_some_and(|(r, _)| r == rank) {
+            continue;
+        }
+        if outcome.stopped_by_launcher.get(rank).copied().unwrap_or(false) {
+            out.push_str(&format!("detcoll-run: rank {rank} was stopped by the launcher ({status})\n"));
+        } else if !status.success() {
+            out.push_str(&format!("detcoll-run: rank {rank} failed later ({status})\n"));
+        }
+    }
+    out
 }
