@@ -4,12 +4,13 @@ use crate::engine::Engine;
 use crate::region::{Handle, Region, Share};
 use crate::wait::Peer;
 use collective_core::bootstrap::Bootstrap;
+use collective_core::protocol::close::CloseOnce;
 use collective_core::protocol::{Header, Layout, Plan, Timeouts};
 use collective_core::{
     Capabilities, Collective, Error, Io, Op, Route, SUPPORTED_WORLD_SIZES, host_identity, validate, validate_many,
 };
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 
 /// A deterministic collective over host shared memory (stream type `()`: calls complete
 /// before they return).
@@ -21,9 +22,9 @@ pub struct ShmCollective {
     /// `None` for world size 1, which needs no IPC state.
     engine: Option<Engine>,
     closed: AtomicBool,
-    /// The outcome of the first [`Collective::close`] (its error as text): a later close
-    /// reports it again instead of `Ok`. The lock also makes a concurrent close wait for it.
-    close_result: Mutex<Option<Result<(), String>>>,
+    /// The outcome of the first [`Collective::close`]: a later close reports its failure again
+    /// ([`Error::CloseFailed`]) instead of `Ok`; a concurrent close waits for it.
+    close_once: CloseOnce,
 }
 
 fn check_world(world: usize) -> Result<(), Error> {
@@ -230,7 +231,7 @@ impl ShmCollective {
             config,
             engine: Some(Engine::new(rank, layout, regions, peers, hello.timeouts, 0)),
             closed: AtomicBool::new(false),
-            close_result: Mutex::new(None),
+            close_once: CloseOnce::default(),
         })
     }
 
@@ -330,7 +331,7 @@ impl ShmCollective {
                 config,
                 engine: Some(Engine::new(rank, layout, regions.clone(), peers.clone(), timeouts, start)),
                 closed: AtomicBool::new(false),
-                close_result: Mutex::new(None),
+                close_once: CloseOnce::default(),
             })
             .collect())
     }
@@ -342,7 +343,7 @@ impl ShmCollective {
             config,
             engine: None,
             closed: AtomicBool::new(false),
-            close_result: Mutex::new(None),
+            close_once: CloseOnce::default(),
         }
     }
 
@@ -422,17 +423,13 @@ impl Collective for ShmCollective {
         engine.execute(&Plan::many(&calls, sig, self.rank))
     }
     fn close(&self) -> Result<(), Error> {
-        let mut done = self.close_result.lock().map_err(|_| Error::Poisoned { cause: "a close panicked".into() })?;
-        if let Some(first) = &*done {
-            return first.clone().map_err(|cause| Error::Poisoned { cause: format!("close failed earlier: {cause}") });
-        }
-        self.closed.store(true, Ordering::Release);
-        let result = match &self.engine {
-            Some(e) => e.close(),
-            None => Ok(()),
-        };
-        *done = Some(result.as_ref().map(|_| ()).map_err(ToString::to_string));
-        result
+        self.close_once.run(|| {
+            self.closed.store(true, Ordering::Release);
+            match &self.engine {
+                Some(e) => e.close(),
+                None => Ok(()),
+            }
+        })
     }
 }
 

@@ -116,7 +116,7 @@ fn a_second_close_after_a_failed_one_reports_the_failure() {
     assert!(t.elapsed() < Duration::from_millis(300) + Duration::from_secs(1), "{:?}", t.elapsed());
     let t = Instant::now();
     match comms[0].close() {
-        Err(Error::Poisoned { cause }) => assert!(cause.contains(&first.to_string()), "{cause}"),
+        Err(Error::CloseFailed { cause }) => assert!(cause.contains(&first.to_string()), "{cause}"),
         other => panic!("second close: {other:?}"),
     }
     assert!(t.elapsed() < Duration::from_millis(100), "the second close waited again");
