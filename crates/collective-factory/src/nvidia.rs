@@ -6,11 +6,11 @@
 //! world 2 on two GPUs with every route forced in turn, bit-exact (`tests/nvidia_routes.rs`);
 //! worlds 4 and 8 need more GPUs than were lent.
 use crate::{Facts, Platform, Routed, Routing};
-use ccl_transport::{CudaDevice, TransportCollective, TransportConfig};
+use ccl_transport::{TransportCollective, TransportConfig};
 use collective_core::bootstrap::Bootstrap;
 use collective_core::protocol::Timeouts;
 use collective_core::{Error, Op, Route, host_identity};
-use cuda_ipc::{CudaIpcCollective, CudaIpcConfig};
+use cuda_ipc::{CudaDevice, CudaIpcCollective, CudaIpcConfig};
 use std::sync::Arc;
 
 /// The NVIDIA platform's collective.
@@ -78,19 +78,22 @@ pub fn nvidia_collective(boot: Arc<dyn Bootstrap>, config: &NvidiaConfig) -> Res
             detail: format!("every rank reports platform {}, not nvidia", d.platform.name()),
         });
     }
-    let ctx = ctx?;
+    // One device for both backends: they share the context and the loaded kernels.
+    let device = CudaDevice::new(&ctx?)?;
     let world = boot.world_size();
     let ipc = if d.ipc || world == 1 {
+        // The routing table decides every call's route (`Routed`); the threshold only serves
+        // direct users of the IPC collective's own `route()`.
         let threshold = d.routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
         let c = CudaIpcConfig::new(config.capacity).with_rsag_threshold(threshold);
         let c = CudaIpcConfig { timeouts: config.timeouts, ..c };
-        Some(CudaIpcCollective::new(Box::new(boot.clone()), &ctx, &c)?)
+        Some(CudaIpcCollective::new(Box::new(boot.clone()), device.clone(), &c)?)
     } else {
         None
     };
     let transport = if d.transport {
         let t = TransportConfig { timeouts: config.timeouts, ..TransportConfig::new(config.capacity) };
-        Some(TransportCollective::new_cuda(&ctx, &*boot, &t)?)
+        Some(TransportCollective::with_device(|| Ok(device.clone()), &*boot, &t)?)
     } else {
         None
     };

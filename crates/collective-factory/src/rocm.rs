@@ -7,11 +7,11 @@
 //! the seeds' MI300X table; ranges a backend nobody has would take are remapped by agreement
 //! (same bits either way). Nothing here has run: no AMD GPU was available (docs/rocm.md).
 use crate::{Facts, Platform, Routed, Routing};
-use ccl_transport::{HipDevice, TransportCollective, TransportConfig, Vendor};
+use ccl_transport::{TransportCollective, TransportConfig, Vendor};
 use collective_core::bootstrap::Bootstrap;
 use collective_core::protocol::Timeouts;
 use collective_core::{Error, Op, Route, host_identity};
-use hip_ipc::{HipIpcCollective, HipIpcConfig};
+use hip_ipc::{HipDevice, HipIpcCollective, HipIpcConfig};
 use std::sync::Arc;
 
 /// The ROCm platform's collective.
@@ -74,19 +74,20 @@ pub fn rocm_collective(
             detail: format!("every rank reports platform {}, not rocm", d.platform.name()),
         });
     }
-    let ordinal = ordinal?;
+    // One device for both backends: they share the loaded code object.
+    let device = HipDevice::open(ordinal?)?;
     let world = boot.world_size();
     let ipc = if d.ipc || world == 1 {
         let threshold = d.routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
         let config = HipIpcConfig::new(capacity).with_rsag_threshold(threshold);
         let config = HipIpcConfig { timeouts, ..config };
-        Some(HipIpcCollective::new(Box::new(boot.clone()), ordinal, &config)?)
+        Some(HipIpcCollective::new(Box::new(boot.clone()), device.clone(), &config)?)
     } else {
         None
     };
     let transport = if d.transport {
         let t = TransportConfig { timeouts, ..TransportConfig::new(capacity) };
-        Some(TransportCollective::open_hip(ordinal, &*boot, &t)?)
+        Some(TransportCollective::with_device(|| Ok(device.clone()), &*boot, &t)?)
     } else {
         None
     };

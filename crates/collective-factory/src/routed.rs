@@ -1,9 +1,13 @@
 //! [`Routed`]: one collective composed of an IPC backend and a transport, calling each by the
 //! agreed routing. Every route evaluates the same tree, so the bits never depend on the choice.
 use crate::Routing;
-use collective_core::{Capabilities, Collective, Error, Io, Op, RawMut, Route, validate};
+use collective_core::{Capabilities, Collective, Error, Io, Op, RawMut, Route, RouteSelect, ipc_route_for, validate};
 
 /// An IPC backend `I` and a transport `T` on the same stream type, routed by a table.
+///
+/// The route is decided here, once per call, by the table; the IPC backend is told which of
+/// its routes to take ([`RouteSelect`]), so any table — monotone or not — is honoured and
+/// [`Collective::route`] reports what runs.
 #[derive(Debug)]
 pub struct Routed<I, T> {
     rank: usize,
@@ -19,7 +23,7 @@ pub struct Routed<I, T> {
 #[derive(Debug)]
 pub struct NoTransport<S: ?Sized>(core::convert::Infallible, core::marker::PhantomData<fn(&S)>);
 
-impl<I: Collective, T: Collective<Stream = I::Stream>> Routed<I, T> {
+impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
     /// Composes the agreed backends. `routing` must only take routes the backends given serve
     /// (agreement guarantees it); a route without its backend is an `InvalidConfig` error here.
     pub fn new(
@@ -55,26 +59,27 @@ impl<I: Collective, T: Collective<Stream = I::Stream>> Routed<I, T> {
         &self.routing
     }
 
-    fn backend(&self, route: Route) -> Result<&dyn Dispatch<I::Stream>, Error> {
-        let none = || Error::InvalidConfig { detail: format!("route {} has no backend", route.name()) };
-        if route.needs_transport() && !route.needs_ipc() {
-            self.transport.as_ref().map(|t| t as &dyn Dispatch<I::Stream>).ok_or_else(none)
-        } else {
-            self.ipc.as_ref().map(|i| i as &dyn Dispatch<I::Stream>).ok_or_else(none)
-        }
+    fn ipc_backend(&self) -> Result<&I, Error> {
+        self.ipc.as_ref().ok_or(Error::InvalidConfig { detail: "no IPC backend".into() })
+    }
+
+    fn transport_backend(&self) -> Result<&T, Error> {
+        self.transport.as_ref().ok_or(Error::InvalidConfig { detail: "no transport".into() })
     }
 
     fn single(&self, op: Op, io: Io<'_>, stream: &I::Stream) -> Result<(), Error> {
         // The route only needs the size; the backend validates the call (once). The hybrid
         // splits the call into two backend calls on views it builds itself, so it validates
-        // the whole call first. Only all_reduce has a second half: a reduce_scatter routed to the
-        // hybrid is its IPC half alone (`backend` gives IPC), never an all_reduce.
-        let route = self.route(op, contributed_bytes(op, &io, self.world));
-        if route == Route::IpcReduceScatterTransportAllGather && op == Op::AllReduce {
-            validate(op, &io, self.rank, self.world, self.capacity)?;
-            return self.hybrid_all_reduce(io, stream);
+        // the whole call first. Only all_reduce has a second half: a reduce_scatter routed to
+        // the hybrid is its IPC half alone, never an all_reduce.
+        match self.route(op, contributed_bytes(op, &io, self.world)) {
+            Route::Transport => self.transport_backend()?.call(op, io, stream),
+            Route::IpcReduceScatterTransportAllGather => {
+                validate(op, &io, self.rank, self.world, self.capacity)?;
+                self.hybrid_all_reduce(io, stream)
+            }
+            route => self.ipc_backend()?.call_on_route(op, io, route, stream),
         }
-        self.backend(route)?.call(op, io, stream)
     }
 
     /// IPC reduce_scatter into this rank's shard of the output, then transport all_gather of
@@ -90,7 +95,7 @@ impl<I: Collective, T: Collective<Stream = I::Stream>> Routed<I, T> {
         if n % self.world != 0 {
             // Equal shards are what the transport gathers; uneven sizes take IPC RS+AG, which
             // gives the same bits.
-            return ipc.all_reduce(io, stream);
+            return ipc.call_on_route(Op::AllReduce, io, Route::IpcReduceScatterAllGather, stream);
         }
         let shard = n / self.world;
         let (out_addr, dtype) = match &io {
@@ -138,7 +143,7 @@ impl<C: Collective> Dispatch<C::Stream> for C {
     }
 }
 
-impl<I: Collective, T: Collective<Stream = I::Stream>> Collective for Routed<I, T> {
+impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I, T> {
     type Stream = I::Stream;
 
     fn rank(&self) -> usize {
@@ -152,8 +157,20 @@ impl<I: Collective, T: Collective<Stream = I::Stream>> Collective for Routed<I, 
             && self.transport.as_ref().is_none_or(|t| t.capabilities().supports_graph_capture);
         Capabilities::strict(self.capacity, graph)
     }
+    /// What a call of `op` contributing `bytes` per rank runs: the table's route, as the
+    /// backend takes it (RS+AG and the hybrid are all_reduce routes; other ops take their
+    /// one-shot IPC route there).
     fn route(&self, op: Op, bytes: usize) -> Route {
-        if self.world == 1 { Route::Local } else { self.routing.route(op, bytes) }
+        if self.world == 1 {
+            return Route::Local;
+        }
+        match self.routing.route(op, bytes) {
+            Route::Transport => Route::Transport,
+            Route::IpcReduceScatterTransportAllGather if op == Op::AllReduce => {
+                Route::IpcReduceScatterTransportAllGather
+            }
+            r => ipc_route_for(op, r),
+        }
     }
     fn all_reduce(&self, io: Io<'_>, stream: &Self::Stream) -> Result<(), Error> {
         self.single(Op::AllReduce, io, stream)

@@ -40,7 +40,7 @@ const LANES: [&[usize]; 2] = [&[513, 1, 65_537], &[1024, 7]];
 /// buffers.
 pub trait Platform: 'static {
     /// The IPC backend.
-    type Ipc: Collective;
+    type Ipc: collective_core::RouteSelect;
     /// The transport's device side, on the IPC backend's stream type.
     type Dev: Device<Stream = <Self::Ipc as Collective>::Stream>;
     /// A stream the tests own; borrows as the collective's stream.

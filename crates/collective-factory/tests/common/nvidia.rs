@@ -1,10 +1,10 @@
 //! The NVIDIA side of the shared factory tests: cudarc streams and buffers, the CUDA IPC twin
 //! and the NCCL transport composed by `nvidia_collective`.
 use super::{Build, Comm, Platform};
-use ccl_transport::CudaDevice;
 use collective_core::Error;
 use collective_core::bootstrap::Bootstrap;
 use collective_factory::{NvidiaConfig, nvidia_collective};
+use cuda_ipc::CudaDevice;
 use cuda_ipc::CudaIpcCollective;
 use cuda_ipc::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;

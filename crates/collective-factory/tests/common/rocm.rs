@@ -3,10 +3,10 @@
 //!
 //! Never executed on an AMD GPU (none was available): see docs/rocm.md.
 use super::{Build, Comm, Platform};
-use ccl_transport::HipDevice;
 use collective_core::Error;
 use collective_core::bootstrap::Bootstrap;
 use collective_factory::rocm_collective;
+use hip_ipc::HipDevice;
 use hip_ipc::runtime::{self, DeviceMemory};
 use hip_ipc::{HipIpcCollective, Stream};
 use std::sync::Arc;
