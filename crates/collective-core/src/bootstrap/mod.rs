@@ -15,6 +15,9 @@
 //! (`DETCOLL_JOB_TOKEN`, or one derived from the torchrun/launcher variables; see [`env`]) without
 //! sending it, and rank 0 silently drops every other connection.
 //!
+//! Groups inside a job (tensor-, data-parallel...): [`split`] makes one bootstrap per group from
+//! any bootstrap, like `ncclCommSplit`; groups then run independently of each other.
+//!
 //! Every operation is bounded in time. When a peer does not contribute, or dies, every rank
 //! gets an error that names the culprit ([`BootstrapError::culprit`]) instead of hanging.
 //! After a failed exchange a bootstrap is poisoned: later calls return
