@@ -254,7 +254,7 @@ pub fn split_with<B: Bootstrap + ?Sized>(
     let plan = members.as_ref().map(|m| Plan::new(m, me, &hellos, &hosts, opts.transport));
     let mut setup: Option<Setup> = None;
     let route = match &plan {
-        Some(p) if p.rank == 0 && p.world > 1 => match Setup::prepare(p, parent, &hosts, timeouts) {
+        Some(p) if p.rank == 0 && p.world > 1 => match Setup::prepare(p, parent, timeouts) {
             Ok(s) => {
                 let route = s.route();
                 setup = Some(s);
@@ -345,12 +345,7 @@ enum Setup {
 }
 
 impl Setup {
-    fn prepare<B: Bootstrap + ?Sized>(
-        plan: &Plan,
-        parent: &B,
-        hosts: &[&str],
-        timeouts: (Duration, Duration),
-    ) -> Result<Self, String> {
+    fn prepare<B: Bootstrap + ?Sized>(plan: &Plan, parent: &B, timeouts: (Duration, Duration)) -> Result<Self, String> {
         if plan.in_process {
             let group = LocalBootstrap::group_with_timeout(plan.world, timeouts.1);
             return Ok(Setup::Local { id: registry_put(group, timeouts.0) });
@@ -360,9 +355,9 @@ impl Setup {
         } else {
             parent.reachable_host().ok_or_else(|| {
                 format!(
-                    "the group spans hosts ({:?}...) but the parent bootstrap does not know where other \
-                     ranks can reach this process (Bootstrap::reachable_host is None)",
-                    hosts.first()
+                    "the group of {} spans hosts but the parent bootstrap does not know where other ranks \
+                     can reach this process (Bootstrap::reachable_host is None)",
+                    plan.world
                 )
             })?
         };
