@@ -1,7 +1,7 @@
 //! NVIDIA GPUs as a bench backend.
 //!
 //! * Processes (the default): every rank builds what downstream crates get,
-//!   `collective_factory::nvidia_collective` (CUDA IPC routes, NCCL where the table says), on
+//!   `collective_factory::nvidia::from_bootstrap` (CUDA IPC routes, NCCL where the table says), on
 //!   GPU `local_rank % device count`; where every rank has its own GPU it also builds two plain
 //!   NCCL communicators for the native, NON-deterministic reference columns (library default,
 //!   and `NCCL_ALGO=Tree NCCL_PROTO=Simple`).
@@ -18,7 +18,7 @@ use anyhow::Context;
 use ccl_transport::TransportCollective;
 use collective_core::bootstrap::Bootstrap;
 use collective_core::{Collective, DType, Io, Op, RawMut, RawRef, Route};
-use collective_factory::{NvidiaConfig, Platform, Routing, nvidia_collective};
+use collective_factory::{Config, Platform, Routing, nvidia};
 use cuda_ipc::CudaDevice;
 use cuda_ipc::cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, sys};
 use cuda_ipc::{CudaIpcCollective, CudaIpcConfig};
@@ -96,7 +96,8 @@ pub fn process(
         }
         Natives::none()
     };
-    let comm = nvidia_collective(boot, &NvidiaConfig::new(capacity)).context("building the NVIDIA collective")?;
+    let comm = nvidia::from_bootstrap(boot, &Config::new().with_capacity(capacity))
+        .context("building the NVIDIA collective")?;
     let stream = ctx.new_stream()?;
     Ok(CudaBackend { comm, name: NAME, ctx, stream, natives })
 }

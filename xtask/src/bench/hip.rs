@@ -1,7 +1,7 @@
 //! AMD GPUs (ROCm) as a bench backend.
 //!
 //! * Processes (the default): every rank builds what downstream crates get,
-//!   `collective_factory::rocm_collective` (HIP IPC routes, RCCL where the MI300X table says),
+//!   `collective_factory::rocm::from_bootstrap` (HIP IPC routes, RCCL where the MI300X table says),
 //!   on GPU `local_rank % device count`, plus the native (NOT deterministic) RCCL columns
 //!   from plain RCCL communicators (`super::native`), as on NVIDIA.
 //! * Threads (`--threads`): the HIP IPC twin as a thread group, rank r on GPU r % count.
@@ -20,7 +20,7 @@ use anyhow::Context;
 use ccl_transport::TransportCollective;
 use collective_core::bootstrap::Bootstrap;
 use collective_core::{Collective, DType, Io, Op, RawMut, RawRef, Route};
-use collective_factory::{Platform, RocmCollective, Routing, rocm_collective};
+use collective_factory::{Config, Platform, RocmCollective, Routing, rocm};
 use hip_ipc::HipDevice;
 use hip_ipc::runtime::{DeviceMemory, Event};
 use hip_ipc::{HipIpcCollective, HipIpcConfig, Stream};
@@ -74,7 +74,8 @@ pub fn process(boot: Arc<dyn Bootstrap>, capacity: usize) -> anyhow::Result<HipB
     } else {
         Natives::none()
     };
-    let comm = rocm_collective(boot, capacity, None, None).context("building the ROCm collective")?;
+    let comm =
+        rocm::from_bootstrap(boot, &Config::new().with_capacity(capacity)).context("building the ROCm collective")?;
     let device = comm.ipc().map_or(fallback, |c| c.device().ordinal());
     let stream = Stream::new(device).context("creating the bench stream")?;
     Ok(HipBackend { comm, name: NAME, stream, natives })

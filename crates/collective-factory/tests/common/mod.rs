@@ -89,6 +89,20 @@ pub struct Build {
     pub timeouts: Option<Timeouts>,
 }
 
+impl Build {
+    /// The factory configuration these values mean.
+    pub fn config(&self) -> collective_factory::Config {
+        let mut c = collective_factory::Config::new().with_capacity(self.capacity);
+        if let Some(r) = &self.routing {
+            c = c.with_routing(r.clone());
+        }
+        if let Some(t) = self.timeouts {
+            c = c.with_timeouts(t);
+        }
+        c
+    }
+}
+
 /// The factory's collective on platform `P`.
 pub type Comm<P> = Routed<<P as Platform>::Ipc, TransportCollective<<P as Platform>::Dev>>;
 
