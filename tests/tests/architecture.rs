@@ -6,8 +6,9 @@ use std::process::Command;
 
 type Graph = BTreeMap<String, Vec<String>>;
 
-/// Packages that are not libraries users depend on.
-const TOOLS: [&str; 3] = ["xtask", "detcoll-benches", "detcoll-integration"];
+/// Packages that are not libraries users depend on (gpu-conformance: the GPU test suite, a
+/// dev-dependency of the IPC crates only, never published).
+const TOOLS: [&str; 4] = ["xtask", "detcoll-benches", "detcoll-integration", "gpu-conformance"];
 
 fn documented() -> Graph {
     let doc = include_str!("../../docs/architecture.md");
