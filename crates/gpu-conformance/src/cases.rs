@@ -6,7 +6,7 @@
 //! [`gpu_suite!`](crate::gpu_suite) expands to one `#[test]` per case for a vendor; each case
 //! prints "skipped: no <runtime> device (...)" and returns without a GPU. All ranks are threads
 //! on device 0.
-use crate::{DevBuf, GpuRank, TestGpu, gpu, gpu_lock, raw_stream, run_ranks};
+use crate::{DevBuf, GpuRank, TestGpu, TreeLaunch, gpu, gpu_lock, raw_stream, run_ranks};
 use collective_core::conformance::data::{compare, finite_values, reference_reduce, special_values};
 use collective_core::conformance::faults;
 use collective_core::conformance::sequence::{self, seed};
@@ -238,14 +238,25 @@ pub fn generations_wrap<G: TestGpu>() {
 // Fail-closed protocol errors.
 // ---------------------------------------------------------------------------------------------
 
+/// Runs `f` on both ranks of a world of two threads on device 0 with the fault tests'
+/// configuration ([`faults::config`], `bound` on every wait for a peer); `Ok` after printing
+/// the skip without a device.
+fn two_ranks<G, F>(bound: Duration, f: F) -> Result<(), String>
+where
+    G: TestGpu,
+    F: Fn(&mut GpuRank<G>) -> Result<(), String> + Sync,
+{
+    let Some(device) = gpu::<G>() else { return Ok(()) };
+    let _l = gpu_lock();
+    let comms = group::<G>(&device, 2, &faults::config(bound));
+    run_ranks::<G, _>(comms, G::REGION_BYTES, f)
+}
+
 /// Rank 0 reduces `n0` f32, rank 1 `n1`: both must report SignatureMismatch long before the
 /// timeout, then be poisoned.
 pub fn mismatch<G: TestGpu>(n0: usize, n1: usize) {
-    let Some(device) = gpu::<G>() else { return };
-    let _l = gpu_lock();
     let bound = Duration::from_secs(8);
-    let comms = group::<G>(&device, 2, &faults::config(bound));
-    let r = run_ranks::<G, _>(comms, G::REGION_BYTES, |rank| {
+    let r = two_ranks::<G, _>(bound, |rank| {
         let me = rank.comm.rank();
         let n = if me == 0 { n0 } else { n1 };
         let input = rank.put(&finite_values(DType::F32, n, 1));
@@ -268,11 +279,8 @@ pub fn mismatch<G: TestGpu>(n0: usize, n1: usize) {
 /// the kernels compare the published signature, which carries the lane split, so both ranks
 /// report SignatureMismatch, write nothing and are poisoned.
 pub fn lane_split_mismatch<G: TestGpu>() {
-    let Some(device) = gpu::<G>() else { return };
-    let _l = gpu_lock();
     let bound = Duration::from_secs(8);
-    let comms = group::<G>(&device, 2, &faults::config(bound));
-    let r = run_ranks::<G, _>(comms, G::REGION_BYTES, |rank| {
+    let r = two_ranks::<G, _>(bound, |rank| {
         let me = rank.comm.rank();
         let counts = faults::split_lanes(me, 2);
         let sentinel = vec![0xA5u8; counts.iter().sum::<usize>() / 2 * 4];
@@ -303,11 +311,8 @@ pub fn lane_split_mismatch<G: TestGpu>() {
 /// kernel sees rank 1's close acknowledgement in its own control block), not after the
 /// timeout, and is poisoned.
 pub fn peer_closed<G: TestGpu>() {
-    let Some(device) = gpu::<G>() else { return };
-    let _l = gpu_lock();
     let bound = Duration::from_secs(20);
-    let comms = group::<G>(&device, 2, &faults::config(bound));
-    let r = run_ranks::<G, _>(comms, G::REGION_BYTES, |rank| {
+    let r = two_ranks::<G, _>(bound, |rank| {
         let me = rank.comm.rank();
         let n = 1024;
         let input = rank.put(&finite_values(DType::F32, n, 3));
@@ -343,11 +348,8 @@ pub fn peer_closed<G: TestGpu>() {
 /// PeerTimeout naming rank 1, later calls are refused as poisoned, and rank 1 itself stays
 /// healthy.
 pub fn absent_rank<G: TestGpu>() {
-    let Some(device) = gpu::<G>() else { return };
-    let _l = gpu_lock();
     let bound = Duration::from_millis(300);
-    let comms = group::<G>(&device, 2, &faults::config(bound));
-    let r = run_ranks::<G, _>(comms, G::REGION_BYTES, |rank| {
+    let r = two_ranks::<G, _>(bound, |rank| {
         if rank.comm.rank() == 1 {
             // Never arrives; its own state stays healthy.
             std::thread::sleep(Duration::from_millis(50));
@@ -426,9 +428,10 @@ fn tree_once<G: TestGpu>(
     let out_mem = device.alloc(out_bytes).map_err(e)?;
     let out = device.address(&out_mem);
     G::upload(s, out, &vec![0u8; out_bytes])?;
+    let launch = TreeLaunch { inputs: &inputs, out: out + (at.out_off * size) as u64, count: n, dtype: d, soft };
     // SAFETY: every leaf and the output hold the `n` elements the kernel touches; the stream is
     // the tree's device's and is drained (below) before the allocations are freed.
-    unsafe { G::launch_tree(tree, &inputs, out + (at.out_off * size) as u64, n, d, soft, s) }.map_err(e)?;
+    unsafe { G::launch_tree(tree, &launch, s) }.map_err(e)?;
     G::synchronize(s)?;
     let mut got = vec![0u8; out_bytes];
     G::download(s, out, &mut got)?;

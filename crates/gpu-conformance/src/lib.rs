@@ -88,23 +88,25 @@ pub trait TestGpu: Sized + 'static {
 
     /// The fused tree kernel of `device`.
     fn tree(device: &Self::Device) -> Result<Self::Tree, String>;
-    /// Enqueues `out[i] = tree(inputs[0][i], ..., inputs[W-1][i])` for `i < count` on
-    /// `stream`, in the hardware arithmetic or (`soft`) in the software one (widen to f32, one
-    /// add, one rounding): both must give the dtype add's bits.
+    /// Enqueues `launch` (see [`TreeLaunch`]) on `stream`.
     ///
     /// # Safety
     /// Every input holds `count` readable and `out` `count` writable elements of `dtype`,
     /// device memory of the tree's device valid until `stream` has executed the launch; `out`
     /// overlaps no input; `stream` belongs to the tree's device.
-    unsafe fn launch_tree(
-        tree: &Self::Tree,
-        inputs: &[u64],
-        out: u64,
-        count: usize,
-        dtype: DType,
-        soft: bool,
-        stream: &Self::Stream,
-    ) -> Result<(), Error>;
+    unsafe fn launch_tree(tree: &Self::Tree, launch: &TreeLaunch<'_>, stream: &Self::Stream) -> Result<(), Error>;
+}
+
+/// One launch of the standalone fused tree: `out[i] = tree(inputs[0][i], ..., inputs[W-1][i])`
+/// for `i < count`, `W = inputs.len()`, in the hardware arithmetic or (`soft`) the software one
+/// (widen to f32, one add, one rounding): both must give the dtype add's bits.
+#[derive(Debug, Clone, Copy)]
+pub struct TreeLaunch<'a> {
+    pub inputs: &'a [u64],
+    pub out: u64,
+    pub count: usize,
+    pub dtype: DType,
+    pub soft: bool,
 }
 
 /// Number of `G` devices, or why there are none.

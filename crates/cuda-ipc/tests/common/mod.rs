@@ -2,10 +2,10 @@
 //! and open devices, make streams, copy and launch the fused tree on cudarc. Everything else
 //! (rank environments, worlds, the cases) is the suite's, written once for CUDA and HIP.
 #![allow(dead_code)]
-use collective_core::{DType, Error};
+use collective_core::Error;
 use cuda_ipc::cudarc::driver::{CudaContext, CudaStream, sys};
 use cuda_ipc::{CudaDevice, FusedTree};
-use gpu_conformance::TestGpu;
+use gpu_conformance::{TestGpu, TreeLaunch};
 use std::sync::{Arc, Mutex};
 
 /// A rank of a CUDA test world.
@@ -60,6 +60,8 @@ impl TestGpu for Cuda {
         stream.synchronize().map_err(|e| e.to_string())
     }
     fn upload(stream: &Arc<CudaStream>, dst: u64, data: &[u8]) -> Result<(), String> {
+        // Raw driver calls run in the current context: the stream's, whichever thread calls.
+        stream.context().bind_to_thread().map_err(|e| format!("bind: {e}"))?;
         // SAFETY: `dst` holds `data.len()` device bytes (the caller's buffer); the host buffer
         // lives until the synchronisation below.
         unsafe { sys::cuMemcpyHtoDAsync_v2(dst, data.as_ptr().cast(), data.len(), stream.cu_stream()) }
@@ -68,6 +70,7 @@ impl TestGpu for Cuda {
         Self::synchronize(stream)
     }
     fn download(stream: &Arc<CudaStream>, src: u64, dst: &mut [u8]) -> Result<(), String> {
+        stream.context().bind_to_thread().map_err(|e| format!("bind: {e}"))?;
         // SAFETY: as above, in the other direction.
         unsafe { sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast(), src, dst.len(), stream.cu_stream()) }
             .result()
@@ -81,22 +84,9 @@ impl TestGpu for Cuda {
     fn tree(device: &CudaDevice) -> Result<FusedTree, String> {
         device.fused_tree().map_err(|e| e.to_string())
     }
-    unsafe fn launch_tree(
-        tree: &FusedTree,
-        inputs: &[u64],
-        out: u64,
-        count: usize,
-        dtype: DType,
-        soft: bool,
-        stream: &Arc<CudaStream>,
-    ) -> Result<(), Error> {
+    unsafe fn launch_tree(tree: &FusedTree, l: &TreeLaunch<'_>, stream: &Arc<CudaStream>) -> Result<(), Error> {
+        let launch = if l.soft { FusedTree::launch_soft } else { FusedTree::launch };
         // SAFETY: forwarded from the caller; the stream is the tree's context's.
-        unsafe {
-            if soft {
-                tree.launch_soft(inputs, out, count, dtype, stream.cu_stream())
-            } else {
-                tree.launch(inputs, out, count, dtype, stream.cu_stream())
-            }
-        }
+        unsafe { launch(tree, l.inputs, l.out, l.count, l.dtype, stream.cu_stream()) }
     }
 }
