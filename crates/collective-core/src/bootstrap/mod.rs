@@ -12,8 +12,8 @@
 //! * Your own: implement [`Bootstrap`] over the process group your engine already has.
 //!
 //! The TCP rendezvous admits only ranks of the same job: they prove a job token
-//! (`DETCOLL_JOB_TOKEN`, or one derived from the torchrun/launcher variables; see [`env`]) without
-//! sending it, and rank 0 silently drops every other connection.
+//! (`DETCOLL_JOB_TOKEN`, or one derived from the torchrun/launcher variables; see
+//! [`env`](mod@crate::env)) without sending it, and rank 0 silently drops every other connection.
 //!
 //! Every operation is bounded in time. When a peer does not contribute, or dies, every rank
 //! gets an error that names the culprit ([`BootstrapError::culprit`]) instead of hanging.
