@@ -231,11 +231,13 @@ impl CudaIpcCollective {
         mine.extend_from_slice(&sms.to_le_bytes());
         mine.extend_from_slice(&uuid);
         let all = boot.all_gather_bytes(&mine)?;
+        // The agreement words first, then this rank's device facts.
+        let agreed = 8 * config.agreement_words().len();
         for (q, theirs) in all.iter().enumerate() {
-            if theirs.len() != mine.len() || theirs[..24] != mine[..24] {
+            if theirs.len() != mine.len() || theirs[..agreed] != mine[..agreed] {
                 return Err(Error::ConfigMismatch {
                     detail: format!(
-                        "rank {q}'s configuration (capacity, max_blocks, rsag_threshold) differs from rank {rank}'s"
+                        "rank {q}'s configuration (capacity, max_blocks, rsag_threshold, timeouts) differs from rank {rank}'s"
                     ),
                 });
             }
@@ -245,8 +247,8 @@ impl CudaIpcCollective {
             None => {
                 let mut b = usize::MAX;
                 for theirs in &all {
-                    let sms_q = u64::from_le_bytes(theirs[24..32].try_into().unwrap_or([0; 8])) as usize;
-                    let sharing = all.iter().filter(|o| o[32..48] == theirs[32..48]).count();
+                    let sms_q = u64::from_le_bytes(theirs[agreed..agreed + 8].try_into().unwrap_or([0; 8])) as usize;
+                    let sharing = all.iter().filter(|o| o[agreed + 8..] == theirs[agreed + 8..]).count();
                     b = b.min((sms_q / sharing.max(1)).max(1));
                 }
                 b

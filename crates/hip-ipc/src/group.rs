@@ -275,11 +275,13 @@ impl HipIpcCollective {
         }
         mine.extend_from_slice(&cus.to_le_bytes());
         let all = boot.all_gather_bytes(&mine)?;
+        // The agreement words first, then this rank's device facts.
+        let agreed = 8 * config.agreement_words().len();
         for (q, theirs) in all.iter().enumerate() {
-            if theirs.len() != mine.len() || theirs[..24] != mine[..24] {
+            if theirs.len() != mine.len() || theirs[..agreed] != mine[..agreed] {
                 return Err(Error::ConfigMismatch {
                     detail: format!(
-                        "rank {q}'s configuration (capacity, max_blocks, rsag_threshold) differs from rank {rank}'s"
+                        "rank {q}'s configuration (capacity, max_blocks, rsag_threshold, timeouts) differs from rank {rank}'s"
                     ),
                 });
             }
@@ -288,7 +290,7 @@ impl HipIpcCollective {
             Some(b) => b,
             None => all
                 .iter()
-                .map(|t| u64::from_le_bytes(t[24..32].try_into().unwrap_or([0; 8])) as usize)
+                .map(|t| u64::from_le_bytes(t[agreed..agreed + 8].try_into().unwrap_or([0; 8])) as usize)
                 .min()
                 .unwrap_or(1)
                 .max(1),

@@ -1,9 +1,10 @@
 //! [`ShmCollective`]: the CPU twin's implementation of the collective trait.
 use crate::config::ShmConfig;
 use crate::engine::Engine;
-use crate::region::Region;
+use crate::region::{Handle, Region, Share};
 use crate::wait::Peer;
 use collective_core::bootstrap::Bootstrap;
+use collective_core::protocol::close::CloseOnce;
 use collective_core::protocol::{Header, Layout, Plan, Timeouts};
 use collective_core::{
     Capabilities, Collective, Error, Io, Op, Route, SUPPORTED_WORLD_SIZES, host_identity, validate, validate_many,
@@ -21,6 +22,9 @@ pub struct ShmCollective {
     /// `None` for world size 1, which needs no IPC state.
     engine: Option<Engine>,
     closed: AtomicBool,
+    /// The outcome of the first [`Collective::close`]: a later close reports its failure again
+    /// ([`Error::CloseFailed`]) instead of `Ok`; a concurrent close waits for it.
+    close_once: CloseOnce,
 }
 
 fn check_world(world: usize) -> Result<(), Error> {
@@ -43,9 +47,9 @@ fn read_header(region: &Region, layout: &Layout) -> Option<Header> {
     Header::from_words(w)
 }
 
-/// What each rank tells the others at construction; ranks must agree on all but name and pid.
+/// What each rank tells the others at construction; ranks must agree on all but handle and pid.
 struct Hello {
-    name: String,
+    handle: Handle,
     capacity: usize,
     rs_ag_threshold: usize,
     timeouts: Timeouts,
@@ -53,23 +57,33 @@ struct Hello {
     host: String,
 }
 
+/// First line of every construction message of this version.
+const VERSION: &str = "shm-ipc/3";
+/// Second line of a message reporting success; a failure has [`FAILED`] there.
+const OK: &str = "ok";
+const FAILED: &str = "failed";
+
 impl Hello {
     fn encode(&self) -> Vec<u8> {
         let [peer, close] = self.timeouts.agreement_words();
         format!(
-            "shm-ipc/2\n{}\n{}\n{}\n{peer}\n{close}\n{}\n{}",
-            self.name, self.capacity, self.rs_ag_threshold, self.pid, self.host
+            "{VERSION}\n{OK}\n{}\n{}\n{}\n{peer}\n{close}\n{}\n{}",
+            self.handle.encode(),
+            self.capacity,
+            self.rs_ag_threshold,
+            self.pid,
+            self.host
         )
         .into_bytes()
     }
     fn decode(b: &[u8]) -> Option<Hello> {
         let s = std::str::from_utf8(b).ok()?;
         let mut it = s.split('\n');
-        if it.next()? != "shm-ipc/2" {
+        if it.next()? != VERSION || it.next()? != OK {
             return None;
         }
         Some(Hello {
-            name: it.next()?.to_string(),
+            handle: Handle::decode(it.next()?)?,
             capacity: it.next()?.parse().ok()?,
             rs_ag_threshold: it.next()?.parse().ok()?,
             timeouts: Timeouts {
@@ -82,26 +96,71 @@ impl Hello {
     }
 }
 
-impl ShmCollective {
-    /// One process per rank: this rank's region is a `/dev/shm` object whose name travels through
-    /// `boot`; every rank maps every peer's. Collective: every rank of `boot` must call it with
-    /// the same `config`, or all fail with [`Error::ConfigMismatch`].
-    pub fn new(boot: &dyn Bootstrap, config: ShmConfig) -> Result<Self, Error> {
-        let (rank, world) = (boot.rank(), boot.world_size());
-        check_world(world)?;
-        if world == 1 {
-            return Ok(Self::local(config));
-        }
+/// A construction step that failed on one rank, as sent to the others in place of its hello
+/// or its "mapped" report, so every rank returns at once with an error of the same kind instead
+/// of waiting for the bootstrap's timeout.
+fn encode_failure(e: &Error) -> Vec<u8> {
+    let (kind, bytes, errno, msg) = match e {
+        Error::OutOfMemory { what, bytes, source } => ("oom", *bytes, source.raw_os_error().unwrap_or(0), what.clone()),
+        Error::InvalidConfig { detail } => ("invalid", 0, 0, detail.clone()),
+        Error::ConfigMismatch { detail } => ("mismatch", 0, 0, detail.clone()),
+        other => ("other", 0, 0, other.to_string()),
+    };
+    format!("{VERSION}\n{FAILED}\n{kind}\n{bytes}\n{errno}\n{msg}").into_bytes()
+}
+
+/// Rank `q`'s failure report, rebuilt as this rank's error; `None` if `b` is no failure report.
+fn decode_failure(q: usize, b: &[u8]) -> Option<Error> {
+    let s = std::str::from_utf8(b).ok()?;
+    let mut it = s.splitn(6, '\n');
+    if it.next()? != VERSION || it.next()? != FAILED {
+        return None;
+    }
+    let kind = it.next()?;
+    let bytes: usize = it.next()?.parse().ok()?;
+    let errno: i32 = it.next()?.parse().ok()?;
+    let msg = it.next()?;
+    Some(match kind {
+        "oom" => Error::OutOfMemory {
+            what: format!("on rank {q}, {msg}"),
+            bytes,
+            source: if errno != 0 {
+                std::io::Error::from_raw_os_error(errno)
+            } else {
+                std::io::ErrorKind::OutOfMemory.into()
+            },
+        },
+        "invalid" => Error::InvalidConfig { detail: format!("on rank {q}: {msg}") },
+        "mismatch" => Error::ConfigMismatch { detail: format!("seen by rank {q}: {msg}") },
+        _ => Error::Backend { backend: "shm-ipc", detail: format!("rank {q} failed to construct: {msg}") },
+    })
+}
+
+/// The first failure reported in `all` (one message per rank), if any.
+fn first_failure(all: &[Vec<u8>]) -> Option<Error> {
+    all.iter().enumerate().find_map(|(q, b)| decode_failure(q, b))
+}
+
+/// This rank's half of construction: everything before the first exchange.
+struct Own {
+    layout: Layout,
+    config: ShmConfig,
+    region: Arc<Region>,
+    share: Share,
+    hello: Hello,
+}
+
+impl Own {
+    fn prepare(rank: usize, world: usize, config: ShmConfig) -> Result<Own, Error> {
         let timeouts = Timeouts::resolve(config.timeouts)?;
         let config = ShmConfig { timeouts: Some(timeouts), ..config };
         let layout = Layout::new(config.capacity, 1)?;
         let pid = std::process::id();
         let nonce =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-        let name = format!("/detcoll-{pid}-{rank}-{nonce:x}");
-        let own = Region::create_shared(&name, layout.total_bytes())?;
+        let (region, share) = Region::create_shared(&format!("detcoll-{pid}-{rank}-{nonce:x}"), layout.total_bytes())?;
         write_header(
-            &own,
+            &region,
             &layout,
             Header {
                 world: world as u64,
@@ -112,35 +171,84 @@ impl ShmCollective {
             },
         );
         let hello = Hello {
-            name: name.clone(),
+            handle: share.handle.clone(),
             capacity: config.capacity,
             rs_ag_threshold: config.rs_ag_threshold,
             timeouts,
             pid,
             host: host_identity()?,
         };
-        let result = Self::join(boot, rank, world, layout, own, &hello, config);
-        // Every rank has mapped every region (or failed): the names are no longer needed.
-        Region::unlink(&name);
-        result
+        Ok(Own { layout, config, region: Arc::new(region), share, hello })
+    }
+}
+
+impl ShmCollective {
+    /// One process per rank: this rank's region is a shared-memory file in `/dev/shm` that
+    /// peers open through the handle `boot` carries; every rank maps every peer's. Collective:
+    /// every rank of `boot` must call it with the same `config`, or all fail with
+    /// [`Error::ConfigMismatch`]. A failure on one rank (a full `/dev/shm`: [`Error::OutOfMemory`];
+    /// a truncated peer object: [`Error::ConfigMismatch`]) is sent to the others in its place in
+    /// the exchange, so every rank returns an error at once.
+    pub fn new(boot: &dyn Bootstrap, config: ShmConfig) -> Result<Self, Error> {
+        let (rank, world) = (boot.rank(), boot.world_size());
+        check_world(world)?;
+        if world == 1 {
+            return Ok(Self::local(config));
+        }
+        let own = Own::prepare(rank, world, config);
+        let mine = match &own {
+            Ok(o) => o.hello.encode(),
+            Err(e) => encode_failure(e),
+        };
+        let all = match boot.all_gather_bytes(&mine) {
+            Ok(all) => all,
+            Err(e) => return Err(own.err().unwrap_or(e.into())),
+        };
+        let own = own?;
+        if let Some(e) = first_failure(&all) {
+            return Err(e);
+        }
+        let mapped = Self::map_peers(rank, world, &own, &all);
+        let report = match &mapped {
+            Ok(_) => format!("{VERSION}\n{OK}").into_bytes(),
+            Err(e) => encode_failure(e),
+        };
+        let reports = match boot.all_gather_bytes(&report) {
+            Ok(r) => r,
+            Err(e) => return Err(mapped.err().unwrap_or(e.into())),
+        };
+        let (regions, peers) = mapped?;
+        if let Some(e) = first_failure(&reports) {
+            return Err(e);
+        }
+        // Every rank has mapped every region: the descriptor (or the fallback's name) that let
+        // peers find ours is no longer needed.
+        drop(own.share);
+        let Own { layout, config, hello, .. } = own;
+        Ok(ShmCollective {
+            rank,
+            world,
+            config,
+            engine: Some(Engine::new(rank, layout, regions, peers, hello.timeouts, 0)),
+            closed: AtomicBool::new(false),
+            close_once: CloseOnce::default(),
+        })
     }
 
-    fn join(
-        boot: &dyn Bootstrap,
+    /// Checks every peer's hello against ours and maps its region.
+    fn map_peers(
         rank: usize,
         world: usize,
-        layout: Layout,
-        own: Region,
-        hello: &Hello,
-        config: ShmConfig,
-    ) -> Result<Self, Error> {
-        let all = boot.all_gather_bytes(&hello.encode())?;
+        own: &Own,
+        all: &[Vec<u8>],
+    ) -> Result<(Vec<Arc<Region>>, Vec<Peer>), Error> {
+        let hello = &own.hello;
         let hellos: Vec<Hello> = all
             .iter()
             .enumerate()
             .map(|(q, b)| {
                 Hello::decode(b).ok_or_else(|| Error::ConfigMismatch {
-                    detail: format!("rank {q} is not a shm-ipc rank of this version"),
+                    detail: format!("rank {q} is not a shm-ipc rank of this version ({VERSION})"),
                 })
             })
             .collect::<Result<_, _>>()?;
@@ -170,38 +278,39 @@ impl ShmCollective {
                 });
             }
         }
-        let own = Arc::new(own);
+        let layout = &own.layout;
         let mut regions = Vec::with_capacity(world);
         for (q, h) in hellos.iter().enumerate() {
             if q == rank {
-                regions.push(own.clone());
+                regions.push(own.region.clone());
                 continue;
             }
-            let r = Region::open_shared(&h.name, layout.total_bytes())?;
-            match read_header(&r, &layout) {
+            let r = Region::open_shared(q, &h.handle, layout.total_bytes())?;
+            match read_header(&r, layout) {
                 Some(hd)
-                    if hd.rank == q as u64 && hd.world == world as u64 && hd.capacity == config.capacity as u64 => {}
+                    if hd.rank == q as u64 && hd.world == world as u64 && hd.capacity == own.config.capacity as u64 => {
+                }
                 other => {
                     return Err(Error::ConfigMismatch { detail: format!("rank {q}'s region header is {other:?}") });
                 }
             }
             regions.push(Arc::new(r));
         }
-        // Nobody unlinks a name before every rank has mapped it.
-        boot.barrier()?;
         let peers = hellos.iter().enumerate().map(|(q, h)| Peer { rank: q, pid: Some(h.pid) }).collect();
-        Ok(ShmCollective {
-            rank,
-            world,
-            config,
-            engine: Some(Engine::new(rank, layout, regions, peers, hello.timeouts)),
-            closed: AtomicBool::new(false),
-        })
+        Ok((regions, peers))
     }
 
     /// A world of `world` ranks as threads of this process: regions are heap memory that every
     /// rank reads directly. Hand one handle to each thread.
     pub fn group(world: usize, config: ShmConfig) -> Result<Vec<ShmCollective>, Error> {
+        Self::group_at_generation(world, config, 0)
+    }
+
+    /// [`ShmCollective::group`] in the state reached after `start` one-shot calls (test
+    /// support for generation wrap-around): every rank's generation counter and ready flag at
+    /// `start` (digest 0), phase-2 flags 0 as after construction.
+    #[doc(hidden)]
+    pub fn group_at_generation(world: usize, config: ShmConfig, start: u32) -> Result<Vec<ShmCollective>, Error> {
         check_world(world)?;
         if world == 1 {
             return Ok(vec![Self::local(config)]);
@@ -211,20 +320,31 @@ impl ShmCollective {
         let layout = Layout::new(config.capacity, 1)?;
         let regions: Vec<Arc<Region>> =
             (0..world).map(|_| Region::heap(layout.total_bytes()).map(Arc::new)).collect::<Result<_, _>>()?;
+        for r in &regions {
+            Engine::preset_generation(&layout, r, start);
+        }
         let peers: Vec<Peer> = (0..world).map(|q| Peer { rank: q, pid: None }).collect();
         Ok((0..world)
             .map(|rank| ShmCollective {
                 rank,
                 world,
                 config,
-                engine: Some(Engine::new(rank, layout, regions.clone(), peers.clone(), timeouts)),
+                engine: Some(Engine::new(rank, layout, regions.clone(), peers.clone(), timeouts, start)),
                 closed: AtomicBool::new(false),
+                close_once: CloseOnce::default(),
             })
             .collect())
     }
 
     fn local(config: ShmConfig) -> Self {
-        ShmCollective { rank: 0, world: 1, config, engine: None, closed: AtomicBool::new(false) }
+        ShmCollective {
+            rank: 0,
+            world: 1,
+            config,
+            engine: None,
+            closed: AtomicBool::new(false),
+            close_once: CloseOnce::default(),
+        }
     }
 
     /// Bytes of staging and control this rank keeps for its lifetime.
@@ -303,13 +423,13 @@ impl Collective for ShmCollective {
         engine.execute(&Plan::many(&calls, sig, self.rank))
     }
     fn close(&self) -> Result<(), Error> {
-        if self.closed.swap(true, Ordering::AcqRel) {
-            return Ok(());
-        }
-        match &self.engine {
-            Some(e) => e.close(),
-            None => Ok(()),
-        }
+        self.close_once.run(|| {
+            self.closed.store(true, Ordering::Release);
+            match &self.engine {
+                Some(e) => e.close(),
+                None => Ok(()),
+            }
+        })
     }
 }
 

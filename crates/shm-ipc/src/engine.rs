@@ -29,6 +29,7 @@ impl Engine {
         regions: Vec<Arc<Region>>,
         peers: Vec<Peer>,
         timeouts: Timeouts,
+        start: u32,
     ) -> Engine {
         Engine {
             rank,
@@ -37,7 +38,7 @@ impl Engine {
             regions,
             peers,
             timeouts,
-            generation: Mutex::new(0),
+            generation: Mutex::new(start),
             poison: Poison::default(),
         }
     }
@@ -46,6 +47,19 @@ impl Engine {
         debug_assert!(offset + 8 <= self.regions[rank].len() && offset % 8 == 0);
         // SAFETY: in bounds of a live, 8-aligned region; control words are only accessed atomically.
         unsafe { &*self.regions[rank].base().add(offset).cast::<AtomicU64>() }
+    }
+
+    /// Presets `region`'s ready flag as if its owner had completed generation `start` (digest
+    /// 0), so peers read it as behind for the next call; phase-2 flags stay 0, as after
+    /// construction (the state after `start` one-shot calls of an engine without the refresh
+    /// in [`Engine::run`]). Test support: call before any engine uses the region.
+    pub(crate) fn preset_generation(layout: &Layout, region: &Region, start: u32) {
+        let word = u64::from(start) << 32;
+        for b in 0..layout.blocks() {
+            // SAFETY: the ready line is in bounds and 8-aligned; no rank uses the region yet.
+            let w = unsafe { &*region.base().add(layout.ready(b)).cast::<AtomicU64>() };
+            w.store(word, Ordering::Release);
+        }
     }
 
     fn frame(&self, rank: usize, parity: usize) -> *mut u8 {
@@ -80,12 +94,28 @@ impl Engine {
         self.word(self.rank, slot).store(sig_words[0], Ordering::Relaxed);
         self.word(self.rank, slot + 8).store(sig_words[1], Ordering::Relaxed);
         let flag = FlagWord::publish(g, &plan.sig).0;
+        let two_phase = !plan.phase2.as_slice().is_empty();
+        if !two_phase {
+            // Refresh the phase-2 flag this call does not use (as the GPU kernels do), so it
+            // never falls more than one generation behind: after 2^31 calls without RS+AG a
+            // stale phase-2 word would read as Corrupt to the next RS+AG call's waiters.
+            //
+            // Safe with double-buffered frames: a peer making this same call never waits on
+            // phase 2 (same signature, same plan). A peer still finishing call g-1's phase 2
+            // waits for our phase-2 word >= g-1; it now sees g ("Passed") and reads our frame of
+            // parity g-1, which holds our g-1 reduced shard: we published that (release) before
+            // this store, this call writes only the other frame, and we overwrite frame g-1
+            // only in call g+1, after seeing that peer's ready flag of call g — published once
+            // it finished reading call g-1. A peer making a different call sees our digest at
+            // its ready wait and reports a mismatch before it ever reaches phase 2.
+            self.word(self.rank, self.layout.phase2(0)).store(flag, Ordering::Release);
+        }
         self.word(self.rank, self.layout.ready(0)).store(flag, Ordering::Release);
         self.wait_all(self.layout.ready(0), g, &plan.sig, parity, "publish its input")?;
         for s in plan.phase1.as_slice() {
             self.segment(s, plan.sig.dtype, parity);
         }
-        if !plan.phase2.as_slice().is_empty() {
+        if two_phase {
             self.word(self.rank, self.layout.phase2(0)).store(flag, Ordering::Release);
             self.wait_all(self.layout.phase2(0), g, &plan.sig, parity, "publish its reduced shard")?;
             for s in plan.phase2.as_slice() {
@@ -98,23 +128,24 @@ impl Engine {
     fn wait_all(&self, offset: usize, g: u32, sig: &Signature, parity: usize, what: &'static str) -> Result<(), Error> {
         let digest = sig.digest();
         for peer in self.peers.iter().filter(|p| p.rank != self.rank) {
-            let state = wait_flag(self.word(peer.rank, offset), g, digest, *peer, self.timeouts.peer, what)?;
+            let closed = self.word(self.rank, self.layout.ack(peer.rank));
+            let state =
+                match wait_flag(self.word(peer.rank, offset), closed, g, digest, *peer, self.timeouts.peer, what) {
+                    Ok(state) => state,
+                    Err(e @ (Error::PeerClosed { .. } | Error::PeerDied { .. })) => {
+                        // A peer that saw a mismatched call fails and may close or exit before this
+                        // rank looked at the culprit: report the mismatch, the cause, when one shows.
+                        let culprit = self.peers.iter().filter(|p| p.rank != self.rank).find(|p| {
+                            FlagWord(self.word(p.rank, offset).load(Ordering::Acquire)).check(g, digest)
+                                == FlagState::Mismatch
+                        });
+                        return Err(culprit.map_or(e, |p| self.mismatch(p.rank, sig, parity)));
+                    }
+                    Err(e) => return Err(e),
+                };
             match state {
                 FlagState::Ready | FlagState::Passed => {}
-                FlagState::Mismatch => {
-                    let slot = self.layout.sig_slot(parity);
-                    let w = [
-                        self.word(peer.rank, slot).load(Ordering::Relaxed),
-                        self.word(peer.rank, slot + 8).load(Ordering::Relaxed),
-                    ];
-                    return Err(match Signature::unpack(w) {
-                        Some(theirs) => Error::SignatureMismatch { peer: peer.rank, ours: *sig, theirs },
-                        None => Error::Backend {
-                            backend: "shm-ipc",
-                            detail: format!("rank {} published an unreadable signature", peer.rank),
-                        },
-                    });
-                }
+                FlagState::Mismatch => return Err(self.mismatch(peer.rank, sig, parity)),
                 FlagState::Behind | FlagState::Corrupt => {
                     return Err(Error::Backend {
                         backend: "shm-ipc",
@@ -127,6 +158,18 @@ impl Engine {
             }
         }
         Ok(())
+    }
+
+    /// The error for rank `peer`, which published another call's signature with frame `parity`.
+    fn mismatch(&self, peer: usize, sig: &Signature, parity: usize) -> Error {
+        let slot = self.layout.sig_slot(parity);
+        let w = [self.word(peer, slot).load(Ordering::Relaxed), self.word(peer, slot + 8).load(Ordering::Relaxed)];
+        match Signature::unpack(w) {
+            Some(theirs) => Error::SignatureMismatch { peer, ours: *sig, theirs },
+            None => {
+                Error::Backend { backend: "shm-ipc", detail: format!("rank {peer} published an unreadable signature") }
+            }
+        }
     }
 
     /// Executes one reduce or gather segment of generation parity `parity`.

@@ -2,9 +2,10 @@
 //! host, over shared memory.
 //!
 //! Each rank owns one region laid out by [`collective_core::protocol::Layout`]: a control block
-//! (flags on their own lines) and two staging frames. Between processes the regions are files
-//! in `/dev/shm`, whose names travel through the bootstrap and are unlinked once every rank has
-//! mapped them; between threads they are heap allocations shared directly. Every call stages,
+//! (flags on their own lines) and two staging frames. Between processes the regions are unnamed
+//! files in `/dev/shm`, reserved at creation and opened by peers through `/proc/<pid>/fd` (a
+//! named object unlinked once every rank mapped it where that is not possible); between threads
+//! they are heap allocations shared directly. Every call stages,
 //! publishes `generation | signature digest` with a release store, waits (bounded, noticing a
 //! dead peer process) for every peer's matching flag, and evaluates the fixed tree reading the
 //! peers in rank order — the same protocol the GPU twins run inside one kernel.
@@ -37,6 +38,8 @@ mod collective;
 mod config;
 mod engine;
 mod region;
+#[doc(hidden)]
+pub mod testing;
 mod wait;
 
 pub use collective::ShmCollective;

@@ -1,6 +1,25 @@
 //! One rank's protocol region: heap memory (threads) or a shared-memory file (processes).
+//!
+//! # How a region is shared between processes, and why
+//!
+//! The owner creates an *unnamed* tmpfs file in `/dev/shm` (`open(O_TMPFILE)`), reserves its
+//! bytes (`posix_fallocate`) and keeps the descriptor open until every peer mapped it; peers
+//! open it as `/proc/<owner pid>/fd/<fd>` (same uid, same host) and check its inode and size
+//! before mapping. No name ever exists, so a rank SIGKILLed at any point of construction leaks
+//! nothing: the kernel frees the file with the last descriptor or mapping. An unlink-early plus
+//! sweep scheme would still leak between the kill and the next construction on that host, and a
+//! sweep must guess from a pid whether an object is stale. `O_TMPFILE` in `/dev/shm` (rather
+//! than `memfd_create`) keeps the memory accounted where administrators size it (`--shm-size`),
+//! so a too small `/dev/shm` fails construction with a typed error instead of going unnoticed.
+//!
+//! Fallback: where `O_TMPFILE` is unsupported or `/proc/<pid>/fd` cannot be opened (no `/proc`,
+//! a hardened kernel), the object is a named `shm_open` object, unlinked as soon as every rank
+//! mapped it; every construction first sweeps `detcoll-<pid>-…` names whose owner process is gone, so
+//! a rank killed in that window leaks only until the next construction on the host.
+use crate::testing::{self, Fault};
 use collective_core::Error;
 use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 /// A zeroed, page-aligned, mapped region of `len` bytes.
 #[derive(Debug)]
@@ -23,9 +42,119 @@ unsafe impl Send for Region {}
 unsafe impl Sync for Region {}
 
 const PAGE: usize = 4096;
+const SHM_DIR: &str = "/dev/shm";
+const NAME_PREFIX: &str = "detcoll-";
 
 fn os_err(what: &str, name: &str) -> Error {
     Error::Backend { backend: "shm-ipc", detail: format!("{what} {name}: {}", std::io::Error::last_os_error()) }
+}
+
+/// How peers find an owner's shared object (travels in the construction hello).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Handle {
+    /// An unnamed file, reachable as `/proc/<pid>/fd/<fd>` while the owner keeps `fd` open;
+    /// `dev`/`ino` identify it (a peer in another pid namespace must not map another file).
+    Proc { pid: u32, fd: i32, dev: u64, ino: u64 },
+    /// A named `shm_open` object (the fallback).
+    Name(String),
+}
+
+impl Handle {
+    pub(crate) fn encode(&self) -> String {
+        match self {
+            Handle::Proc { pid, fd, dev, ino } => format!("proc {pid} {fd} {dev} {ino}"),
+            Handle::Name(n) => format!("name {n}"),
+        }
+    }
+    pub(crate) fn decode(s: &str) -> Option<Handle> {
+        let mut it = s.split(' ');
+        match it.next()? {
+            "proc" => Some(Handle::Proc {
+                pid: it.next()?.parse().ok()?,
+                fd: it.next()?.parse().ok()?,
+                dev: it.next()?.parse().ok()?,
+                ino: it.next()?.parse().ok()?,
+            }),
+            "name" => Some(Handle::Name(it.next()?.to_string())),
+            _ => None,
+        }
+    }
+}
+
+/// What keeps an owner's object reachable by peers until they mapped it: the open descriptor
+/// (unnamed file) or the name. Dropping it closes the descriptor and unlinks the name; existing
+/// mappings stay valid.
+#[derive(Debug)]
+pub(crate) struct Share {
+    _fd: Option<OwnedFd>,
+    name: Option<String>,
+    pub handle: Handle,
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        if let Some(n) = &self.name {
+            Region::unlink(n);
+        }
+    }
+}
+
+fn fstat(fd: libc::c_int) -> Result<libc::stat, std::io::Error> {
+    // SAFETY: an all-zero `stat` is a valid value of this plain C struct.
+    let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    // SAFETY: fd is a valid descriptor; `st` is writable.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+/// Reserves `len` bytes of `fd` (tmpfs reserves nothing at `ftruncate`: the first touch of an
+/// unbacked page would be a SIGBUS). A full `/dev/shm` is [`Error::OutOfMemory`] naming the
+/// remedy.
+fn reserve(fd: &OwnedFd, object: &str, len: usize) -> Result<(), Error> {
+    let off = libc::off_t::try_from(len)
+        .map_err(|_| Error::InvalidConfig { detail: format!("a region of {len} bytes exceeds the file size limit") })?;
+    let injected = testing::has(Fault::FailAllocation);
+    let rc = loop {
+        if injected {
+            break libc::ENOSPC;
+        }
+        // SAFETY: fd is a valid descriptor we own; the range is non-negative.
+        let rc = unsafe { libc::posix_fallocate(fd.as_raw_fd(), 0, off) };
+        if rc != libc::EINTR {
+            break rc;
+        }
+    };
+    match rc {
+        0 => Ok(()),
+        libc::ENOSPC | libc::ENOMEM | libc::EFBIG => Err(Error::OutOfMemory {
+            what: format!(
+                "the shared-memory object {object} in {SHM_DIR}{} (staging and control of one rank; {SHM_DIR} is \
+                 full or too small: enlarge it, e.g. `docker run --shm-size=...`, or build the collective with a \
+                 smaller capacity)",
+                if injected { ", injected failure" } else { "" }
+            ),
+            bytes: len,
+            source: std::io::Error::from_raw_os_error(rc),
+        }),
+        e => Err(Error::Backend {
+            backend: "shm-ipc",
+            detail: format!("posix_fallocate {object}: {}", std::io::Error::from_raw_os_error(e)),
+        }),
+    }
+}
+
+/// Applies the test-only faults that act right after an object was created.
+fn after_create(fd: &OwnedFd) {
+    if testing::has(Fault::KillAfterCreate) {
+        // SAFETY: raising a signal on ourselves; SIGKILL does not return.
+        unsafe { libc::raise(libc::SIGKILL) };
+    }
+    if testing::has(Fault::TruncateAfterCreate) {
+        // SAFETY: fd is ours; shrinking the object is the fault being injected.
+        unsafe { libc::ftruncate(fd.as_raw_fd(), PAGE as libc::off_t) };
+    }
 }
 
 impl Region {
@@ -36,50 +165,110 @@ impl Region {
         // SAFETY: the layout has non-zero size.
         let base = unsafe { std::alloc::alloc_zeroed(layout) };
         if base.is_null() {
-            return Err(Error::Backend { backend: "shm-ipc", detail: format!("out of memory for {len} bytes") });
+            return Err(Error::OutOfMemory {
+                what: "the heap region of one rank (staging and control)".into(),
+                bytes: len,
+                source: std::io::ErrorKind::OutOfMemory.into(),
+            });
         }
         Ok(Region { base, len, kind: Kind::Heap })
     }
 
-    /// Creates and maps the shared-memory object `name` (e.g. `/detcoll-123-0`).
-    pub(crate) fn create_shared(name: &str, len: usize) -> Result<Region, Error> {
-        let c = CString::new(name).map_err(|_| Error::InvalidConfig { detail: format!("bad shm name {name}") })?;
-        // SAFETY: valid NUL-terminated name; flags create a new object only.
-        let fd = unsafe { libc::shm_open(c.as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600) };
-        if fd < 0 {
-            return Err(os_err("shm_open (create)", name));
-        }
-        // SAFETY: fd is a valid descriptor we own.
-        if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
-            let e = os_err("ftruncate", name);
-            // SAFETY: fd is ours; the object is removed since nobody could have mapped it.
-            unsafe {
-                libc::close(fd);
-                libc::shm_unlink(c.as_ptr());
+    /// Creates, reserves and maps this rank's shared object of `len` bytes (see the module
+    /// doc); `stem` (e.g. `detcoll-<pid>-<rank>-<nonce>`) names the fallback object.
+    pub(crate) fn create_shared(stem: &str, len: usize) -> Result<(Region, Share), Error> {
+        sweep_stale();
+        if !testing::has(Fault::NoProcFd) {
+            if let Some(fd) = open_tmpfile() {
+                let pid = std::process::id();
+                let raw = fd.as_raw_fd();
+                if proc_open(pid, raw).is_ok() {
+                    let object = format!("(unnamed, {stem})");
+                    reserve(&fd, &object, len)?;
+                    let st = fstat(raw)
+                        .map_err(|e| Error::Backend { backend: "shm-ipc", detail: format!("fstat {object}: {e}") })?;
+                    after_create(&fd);
+                    let region = Self::map(&fd, &object, len)?;
+                    let handle = Handle::Proc { pid, fd: raw, dev: st.st_dev, ino: st.st_ino };
+                    return Ok((region, Share { _fd: Some(fd), name: None, handle }));
+                }
             }
-            return Err(e);
         }
-        Self::map(fd, name, len)
+        let name = format!("/{stem}");
+        let c =
+            CString::new(name.as_str()).map_err(|_| Error::InvalidConfig { detail: format!("bad shm name {name}") })?;
+        // SAFETY: valid NUL-terminated name; flags create a new object only.
+        let raw = unsafe { libc::shm_open(c.as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600) };
+        if raw < 0 {
+            return Err(os_err("shm_open (create)", &name));
+        }
+        // SAFETY: a fresh descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // From here on the name is removed on every exit path (Share's drop).
+        let share = Share { _fd: None, name: Some(name.clone()), handle: Handle::Name(name.clone()) };
+        reserve(&fd, &format!("{SHM_DIR}{name}"), len)?;
+        after_create(&fd);
+        let region = Self::map(&fd, &name, len)?;
+        Ok((region, share))
     }
 
-    /// Maps the existing shared-memory object `name` of a peer.
-    pub(crate) fn open_shared(name: &str, len: usize) -> Result<Region, Error> {
-        let c = CString::new(name).map_err(|_| Error::InvalidConfig { detail: format!("bad shm name {name}") })?;
-        // SAFETY: valid NUL-terminated name.
-        let fd = unsafe { libc::shm_open(c.as_ptr(), libc::O_RDWR, 0) };
-        if fd < 0 {
-            return Err(os_err("shm_open (open)", name));
-        }
-        Self::map(fd, name, len)
-    }
-
-    fn map(fd: libc::c_int, name: &str, len: usize) -> Result<Region, Error> {
-        // SAFETY: fd is valid; a fresh shared mapping of `len` bytes.
-        let p = unsafe {
-            libc::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+    /// Maps rank `q`'s object after checking it is the one announced and holds `len` bytes: a
+    /// mapping past the end of a file would turn the first touch of those pages into a SIGBUS.
+    pub(crate) fn open_shared(q: usize, handle: &Handle, len: usize) -> Result<Region, Error> {
+        let (fd, what) = match handle {
+            Handle::Proc { pid, fd, .. } => {
+                let what = format!("/proc/{pid}/fd/{fd}");
+                (proc_open(*pid, *fd).map_err(|e| backend_io("open", &what, e))?, what)
+            }
+            Handle::Name(name) => {
+                let c = CString::new(name.as_str())
+                    .map_err(|_| Error::InvalidConfig { detail: format!("bad shm name {name}") })?;
+                // SAFETY: valid NUL-terminated name.
+                let raw = unsafe { libc::shm_open(c.as_ptr(), libc::O_RDWR, 0) };
+                if raw < 0 {
+                    return Err(os_err("shm_open (open)", name));
+                }
+                // SAFETY: a fresh descriptor that nothing else owns.
+                (unsafe { OwnedFd::from_raw_fd(raw) }, name.clone())
+            }
         };
-        // SAFETY: the mapping keeps the object alive; the descriptor is no longer needed.
-        unsafe { libc::close(fd) };
+        let st = fstat(fd.as_raw_fd()).map_err(|e| backend_io("fstat", &what, e))?;
+        if let Handle::Proc { dev, ino, .. } = handle {
+            if (st.st_dev, st.st_ino) != (*dev, *ino) {
+                return Err(Error::ConfigMismatch {
+                    detail: format!(
+                        "{what} is not rank {q}'s shared object (inode {}:{} instead of {dev}:{ino}): is rank {q} \
+                         in another pid namespace?",
+                        st.st_dev, st.st_ino
+                    ),
+                });
+            }
+        }
+        let found = u64::try_from(st.st_size).unwrap_or(0);
+        if found < len as u64 {
+            return Err(Error::ConfigMismatch {
+                detail: format!(
+                    "rank {q}'s shared-memory object {what} is {found} bytes but the layout needs {len} bytes \
+                     (truncated, or created for another capacity)"
+                ),
+            });
+        }
+        Self::map(&fd, &what, len)
+    }
+
+    fn map(fd: &OwnedFd, name: &str, len: usize) -> Result<Region, Error> {
+        // SAFETY: fd is valid; a fresh shared mapping of `len` bytes, which the caller checked
+        // (or reserved) the object holds.
+        let p = unsafe {
+            libc::mmap(
+                core::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
         if p == libc::MAP_FAILED {
             return Err(os_err("mmap", name));
         }
@@ -100,6 +289,46 @@ impl Region {
 
     pub(crate) fn len(&self) -> usize {
         self.len
+    }
+}
+
+fn backend_io(op: &str, what: &str, e: std::io::Error) -> Error {
+    Error::Backend { backend: "shm-ipc", detail: format!("{op} {what}: {e}") }
+}
+
+/// An unnamed read-write tmpfs file in `/dev/shm`, or `None` where that is unsupported.
+fn open_tmpfile() -> Option<OwnedFd> {
+    let dir = CString::new(SHM_DIR).ok()?;
+    // SAFETY: valid NUL-terminated path; O_TMPFILE creates an unnamed file in that directory.
+    let raw = unsafe { libc::open(dir.as_ptr(), libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC, 0o600) };
+    // SAFETY: a fresh descriptor that nothing else owns.
+    (raw >= 0).then(|| unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// Opens the file behind descriptor `fd` of process `pid` through `/proc`.
+fn proc_open(pid: u32, fd: i32) -> Result<OwnedFd, std::io::Error> {
+    let path = CString::new(format!("/proc/{pid}/fd/{fd}")).map_err(std::io::Error::other)?;
+    // SAFETY: valid NUL-terminated path.
+    let raw = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// Removes fallback objects `detcoll-<pid>-…` in `/dev/shm` whose owner process is gone (it
+/// was killed between creating its object and every peer mapping it). Best effort.
+fn sweep_stale() {
+    let Ok(dir) = std::fs::read_dir(SHM_DIR) else { return };
+    let me = std::process::id();
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(NAME_PREFIX)) else { continue };
+        let Some(Ok(pid)) = rest.split('-').next().map(str::parse::<u32>) else { continue };
+        if pid != me && !crate::wait::alive(pid) {
+            Region::unlink(&format!("/{NAME_PREFIX}{rest}"));
+        }
     }
 }
 

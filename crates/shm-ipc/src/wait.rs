@@ -1,6 +1,6 @@
-//! Bounded waits on a peer's flag, noticing a dead peer process early.
+//! Bounded waits on a peer's flag, noticing a dead or closed peer early.
 use collective_core::Error;
-use collective_core::protocol::{FlagState, FlagWord};
+use collective_core::protocol::{CLOSE_ACK, FlagState, FlagWord};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -12,20 +12,38 @@ pub(crate) struct Peer {
     pub pid: Option<u32>,
 }
 
-/// Whether process `pid` still exists.
-fn alive(pid: u32) -> bool {
+/// How often the slow path of a wait checks the peer's liveness and close acknowledgement.
+const CHECK_EVERY: Duration = Duration::from_millis(1);
+
+/// Whether process `pid` still runs. A zombie (exited, not yet reaped by its parent) is dead:
+/// `kill(pid, 0)` succeeds for it, so its `/proc/<pid>/stat` state (`Z`, `X`) is read too. A
+/// stopped process (`T`) is alive: it may be continued, and the wait's bound covers it.
+pub(crate) fn alive(pid: u32) -> bool {
     // SAFETY: signal 0 only checks for existence and permission.
     let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+    if r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        return false;
+    }
+    !matches!(proc_state(pid), Some(b'Z' | b'X' | b'x'))
+}
+
+/// The state letter of `/proc/<pid>/stat` (after the parenthesised command name, which may
+/// itself contain spaces and parentheses), `None` when unreadable.
+fn proc_state(pid: u32) -> Option<u8> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    stat.get(close + 2).copied()
 }
 
 /// Spins, then yields, until `flag` is no longer [`FlagState::Behind`] for generation `g`.
 ///
 /// Returns the final state (`Ready`, `Passed`, `Mismatch` or `Corrupt`); fails with
-/// [`Error::PeerTimeout`] after `timeout`, or [`Error::PeerDied`] as soon as the peer process is
-/// gone.
+/// [`Error::PeerTimeout`] after `timeout`, [`Error::PeerDied`] as soon as the peer process is
+/// gone (zombies included), or [`Error::PeerClosed`] as soon as the peer acknowledged close in
+/// `closed` (this rank's `ack[peer]` line): a closed peer never publishes again.
 pub(crate) fn wait_flag(
     flag: &AtomicU64,
+    closed: &AtomicU64,
     g: u32,
     digest: u32,
     peer: Peer,
@@ -45,6 +63,7 @@ pub(crate) fn wait_flag(
         }
     }
     let start = Instant::now();
+    let mut next_check = Duration::ZERO;
     let mut polls = 0u32;
     loop {
         std::thread::yield_now();
@@ -55,12 +74,22 @@ pub(crate) fn wait_flag(
         polls = polls.wrapping_add(1);
         if polls % 64 == 0 {
             let waited = start.elapsed();
-            if let Some(pid) = peer.pid {
-                if !alive(pid) {
-                    return Err(Error::PeerDied {
+            if waited >= next_check {
+                next_check = waited + CHECK_EVERY;
+                let gone = if closed.load(Ordering::Acquire) == CLOSE_ACK {
+                    Some(Error::PeerClosed { peer: peer.rank, what })
+                } else {
+                    peer.pid.filter(|&pid| !alive(pid)).map(|pid| Error::PeerDied {
                         peer: peer.rank,
                         detail: format!("its process {pid} exited while this rank waited to {what}"),
-                    });
+                    })
+                };
+                if let Some(err) = gone {
+                    // A peer acknowledges close (release) only after its last call published
+                    // everything, and exits only after that too: a flag it did publish before
+                    // closing or dying is visible to this load, and then nothing is wrong.
+                    let state = check(flag.load(Ordering::Acquire));
+                    return if state != FlagState::Behind { Ok(state) } else { Err(err) };
                 }
             }
             if waited >= timeout {

@@ -4,6 +4,7 @@
 //! (survivors are not torn down when a rank dies: `stop_on_failure = false`), each child runs its
 //! role and prints `VERDICT ok ...` or fails; the parent checks every rank's verdict.
 use collective_core::bootstrap::TcpBootstrap;
+use collective_core::protocol::{TIMEOUT_ENV, Timeouts};
 use collective_core::{Collective, Error, Io};
 use detcoll_launch::{LaunchSpec, launch_captured};
 use shm_ipc::{ShmCollective, ShmConfig};
@@ -14,7 +15,7 @@ const BOUND: Duration = Duration::from_secs(3);
 
 fn config() -> ShmConfig {
     let mut c = ShmConfig::new(1 << 16);
-    c.timeouts = Some(collective_core::protocol::Timeouts { peer: BOUND, close: BOUND });
+    c.timeouts = Some(Timeouts { peer: BOUND, close: BOUND });
     c
 }
 
@@ -27,9 +28,17 @@ fn child() -> Option<(usize, TcpBootstrap)> {
 
 /// Launches `world` children running `test`; returns (exit success per rank, output per rank).
 fn launch(world: usize, test: &str) -> Vec<(bool, String)> {
+    launch_with(world, test, &[])
+}
+
+/// [`launch`] with extra environment variables for the children.
+fn launch_with(world: usize, test: &str, env: &[(&str, &str)]) -> Vec<(bool, String)> {
     let exe = std::env::current_exe().unwrap();
     let mut spec =
         LaunchSpec::new(world, exe).args([test, "--exact", "--nocapture", "--test-threads=1"]).env(ROLE, "1");
+    for (k, v) in env {
+        spec = spec.env(*k, *v);
+    }
     spec.stop_on_failure = false;
     let (outcome, outputs) = launch_captured(&spec).expect("launch");
     outcome.statuses.iter().map(|s| s.success()).zip(outputs).collect()
@@ -156,4 +165,316 @@ fn close_with_a_dead_peer_is_bounded() {
     }
     let results = launch(2, "close_with_a_dead_peer_is_bounded");
     assert!(results[1].0 && results[1].1.contains("VERDICT ok"), "{}", results[1].1);
+}
+
+/// Which variant of a fault test a child runs.
+const MODE: &str = "DETCOLL_FAULT_MODE";
+/// Bits no correct call writes: a failed call must leave outputs holding exactly this.
+const SENTINEL: u32 = 0x7fc0_dead;
+/// Construction failures must reach every rank well before the bootstrap's 30 s exchange bound.
+const CONSTRUCTION_BOUND: Duration = Duration::from_secs(5);
+
+fn assert_all_ok(results: &[(bool, String)]) {
+    for (r, (ok, out)) in results.iter().enumerate() {
+        assert!(*ok && out.contains("VERDICT ok"), "rank {r} failed:\n{out}");
+    }
+}
+
+/// One all_reduce into a sentinel-filled output that must fail: returns the error and the time
+/// it took, after checking that nothing was written.
+fn failing_all_reduce(c: &ShmCollective, n: usize) -> (Error, Duration) {
+    let input: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let mut out = vec![f32::from_bits(SENTINEL); n];
+    let t = Instant::now();
+    let err = c.all_reduce(Io::host(&input, &mut out), &()).expect_err("the call must fail");
+    let elapsed = t.elapsed();
+    assert!(out.iter().all(|x| x.to_bits() == SENTINEL), "a failed call wrote its output");
+    (err, elapsed)
+}
+
+/// Capacity of the full-/dev/shm test: one rank's region (about 772 KiB) fits a 1 MiB tmpfs,
+/// two do not.
+const TMPFS_CAPACITY: usize = 384 << 10;
+const IN_SMALL_TMPFS: &str = "DETCOLL_FAULT_IN_SMALL_TMPFS";
+
+/// In a fresh child (between fork and exec, single-threaded): a new user and mount namespace
+/// with a 1 MiB tmpfs over `/dev/shm`. Only async-signal-safe calls on buffers built before.
+fn small_tmpfs_pre_exec(uid_map: Vec<u8>, gid_map: Vec<u8>) -> impl FnMut() -> std::io::Result<()> {
+    move || {
+        let fail = || Err(std::io::Error::last_os_error());
+        let write = |path: &core::ffi::CStr, data: &[u8]| -> std::io::Result<()> {
+            // SAFETY: valid path; a plain open/write/close of our own /proc files.
+            unsafe {
+                let fd = libc::open(path.as_ptr(), libc::O_WRONLY);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let n = libc::write(fd, data.as_ptr().cast(), data.len());
+                libc::close(fd);
+                if n != data.len() as isize { Err(std::io::Error::last_os_error()) } else { Ok(()) }
+            }
+        };
+        // SAFETY: unshare in a single-threaded child affects only it and what it execs.
+        if unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) } != 0 {
+            return fail();
+        }
+        write(c"/proc/self/setgroups", b"deny")?;
+        write(c"/proc/self/uid_map", &uid_map)?;
+        write(c"/proc/self/gid_map", &gid_map)?;
+        // SAFETY: mount calls on static C strings, in our own new mount namespace.
+        unsafe {
+            if libc::mount(
+                c"none".as_ptr(),
+                c"/".as_ptr(),
+                core::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                core::ptr::null(),
+            ) != 0
+            {
+                return fail();
+            }
+            if libc::mount(c"tmpfs".as_ptr(), c"/dev/shm".as_ptr(), c"tmpfs".as_ptr(), 0, c"size=1m".as_ptr().cast())
+                != 0
+            {
+                return fail();
+            }
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn full_dev_shm_fails_construction_on_every_rank() {
+    const TEST: &str = "full_dev_shm_fails_construction_on_every_rank";
+    if let Some((rank, boot)) = child() {
+        if std::env::var(MODE).as_deref() == Ok("inject") && rank == 1 {
+            shm_ipc::testing::inject(&[shm_ipc::testing::Fault::FailAllocation]);
+        }
+        let t = Instant::now();
+        let err = ShmCollective::new(&boot, ShmConfig { capacity: TMPFS_CAPACITY, ..config() })
+            .expect_err("a region that does not fit /dev/shm must fail construction");
+        let elapsed = t.elapsed();
+        match &err {
+            Error::OutOfMemory { what, bytes, .. } => {
+                assert!(what.contains("/dev/shm") && what.contains("--shm-size"), "{what}");
+                assert!(*bytes > TMPFS_CAPACITY * 2, "bytes needed: {bytes}");
+            }
+            other => panic!("expected OutOfMemory, got {other}"),
+        }
+        assert!(elapsed < CONSTRUCTION_BOUND, "took {elapsed:?}");
+        println!("VERDICT ok rank {rank}: {err} after {elapsed:?}");
+        return;
+    }
+    if std::env::var_os(IN_SMALL_TMPFS).is_some() {
+        // The launcher inside the namespace: its ranks inherit the 1 MiB /dev/shm.
+        assert_all_ok(&launch_with(2, TEST, &[(MODE, "tmpfs")]));
+        println!("VERDICT ok: both ranks failed in a 1 MiB /dev/shm");
+        return;
+    }
+    // SAFETY: getuid/getgid cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args([TEST, "--exact", "--nocapture", "--test-threads=1"]).env(IN_SMALL_TMPFS, "1");
+    let pre = small_tmpfs_pre_exec(format!("0 {uid} 1").into_bytes(), format!("0 {gid} 1").into_bytes());
+    // SAFETY: the hook only makes async-signal-safe calls on buffers allocated before the fork.
+    unsafe { std::os::unix::process::CommandExt::pre_exec(&mut cmd, pre) };
+    match cmd.output() {
+        Ok(out) => {
+            let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success() && text.contains("VERDICT ok"), "in a 1 MiB tmpfs:\n{text}");
+            println!("full /dev/shm: ran with a real 1 MiB tmpfs over /dev/shm (user + mount namespace)");
+        }
+        Err(e) => {
+            println!("full /dev/shm: no namespace ({e}); ran with an injected allocation failure on rank 1");
+            assert_all_ok(&launch_with(2, TEST, &[(MODE, "inject")]));
+        }
+    }
+}
+
+#[test]
+fn truncated_peer_object_fails_construction_on_every_rank() {
+    if let Some((rank, boot)) = child() {
+        if rank == 1 {
+            shm_ipc::testing::inject(&[shm_ipc::testing::Fault::TruncateAfterCreate]);
+        }
+        let t = Instant::now();
+        let err = ShmCollective::new(&boot, config()).expect_err("a truncated peer object must fail construction");
+        let elapsed = t.elapsed();
+        match &err {
+            Error::ConfigMismatch { detail } => {
+                assert!(
+                    detail.contains("rank 1's shared-memory object") && detail.contains("is 4096 bytes"),
+                    "{detail}"
+                )
+            }
+            other => panic!("expected ConfigMismatch, got {other}"),
+        }
+        assert!(elapsed < CONSTRUCTION_BOUND, "took {elapsed:?}");
+        println!("VERDICT ok rank {rank}: {err} after {elapsed:?}");
+        return;
+    }
+    assert_all_ok(&launch(4, "truncated_peer_object_fails_construction_on_every_rank"));
+}
+
+/// `/dev/shm` entries left by process `pid`.
+fn leftovers(pid: &str) -> Vec<String> {
+    let prefix = format!("detcoll-{pid}-");
+    std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with(&prefix))
+        .collect()
+}
+
+#[test]
+fn a_rank_killed_during_construction_leaks_nothing() {
+    const TEST: &str = "a_rank_killed_during_construction_leaks_nothing";
+    if let Some((rank, boot)) = child() {
+        let mode = std::env::var(MODE).unwrap_or_default();
+        if rank == 1 && mode != "sweep" {
+            println!("PID {}", std::process::id());
+            let mut faults = vec![shm_ipc::testing::Fault::KillAfterCreate];
+            if mode == "named" {
+                // The fallback for hosts where /proc/<pid>/fd cannot be opened: a named object.
+                faults.push(shm_ipc::testing::Fault::NoProcFd);
+            }
+            shm_ipc::testing::inject(&faults);
+        }
+        let t = Instant::now();
+        let r = ShmCollective::new(&boot, config());
+        if mode == "sweep" {
+            r.expect("a construction after the kill");
+        } else {
+            let err = r.expect_err("construction with a killed peer must fail");
+            assert!(t.elapsed() < CONSTRUCTION_BOUND, "took {:?}", t.elapsed());
+            println!("VERDICT ok rank {rank}: {err}");
+            return;
+        }
+        println!("VERDICT ok rank {rank}: built");
+        return;
+    }
+    let pid_of = |out: &str| out.lines().find_map(|l| l.split("PID ").nth(1)).map(str::trim).map(String::from);
+    let results = launch(2, TEST);
+    assert!(!results[1].0, "rank 1 should have been killed:\n{}", results[1].1);
+    assert!(results[0].0 && results[0].1.contains("VERDICT ok"), "rank 0:\n{}", results[0].1);
+    let pid = pid_of(&results[1].1).unwrap_or_else(|| panic!("rank 1 printed no pid:\n{}", results[1].1));
+    assert_eq!(leftovers(&pid), Vec::<String>::new(), "a killed rank left objects in /dev/shm");
+    // The named fallback leaves its object behind on a kill; the next construction sweeps it.
+    let results = launch_with(2, TEST, &[(MODE, "named")]);
+    assert!(!results[1].0 && results[0].0, "rank 0:\n{}", results[0].1);
+    let pid = pid_of(&results[1].1).expect("rank 1 printed its pid");
+    assert_eq!(leftovers(&pid).len(), 1, "the injected kill left no named object: the test tests nothing");
+    assert_all_ok(&launch_with(2, TEST, &[(MODE, "sweep")]));
+    assert_eq!(leftovers(&pid), Vec::<String>::new(), "the next construction did not sweep the stale object");
+}
+
+/// A free TCP port on the loopback interface for a rendezvous the test starts itself.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[test]
+fn a_zombie_peer_is_dead_at_once() {
+    const TEST: &str = "a_zombie_peer_is_dead_at_once";
+    // A longer bound than the others: noticing the zombie only at the timeout must fail.
+    let bound = Duration::from_secs(6);
+    if let Some((rank, boot)) = child() {
+        let c =
+            ShmCollective::new(&boot, ShmConfig { timeouts: Some(Timeouts { peer: bound, close: bound }), ..config() })
+                .unwrap();
+        all_reduce(&c, 64).unwrap();
+        if rank == 1 {
+            // Exit without closing (no destructors run): the parent does not reap us yet.
+            std::process::exit(0);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let (err, elapsed) = failing_all_reduce(&c, 64);
+        assert!(matches!(err, Error::PeerDied { peer: 1, .. }), "{err}");
+        assert!(elapsed < Duration::from_secs(1), "the zombie was noticed only after {elapsed:?}");
+        println!("VERDICT ok rank {rank}: {err} after {elapsed:?}");
+        return;
+    }
+    // The launcher reaps its children: start the ranks here and wait on rank 1 only at the end.
+    let port = free_port().to_string();
+    let spawn = |rank: usize| {
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args([TEST, "--exact", "--nocapture", "--test-threads=1"])
+            .env(ROLE, "1")
+            .envs([("RANK", rank.to_string()), ("LOCAL_RANK", rank.to_string())])
+            .envs([("WORLD_SIZE", "2"), ("LOCAL_WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1")])
+            .env("MASTER_PORT", &port)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (r0, mut r1) = (spawn(0), spawn(1));
+    let out = r0.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let status1 = r1.wait().unwrap();
+    assert!(out.status.success() && text.contains("VERDICT ok"), "rank 0:\n{text}");
+    assert!(status1.success(), "rank 1: {status1}");
+}
+
+#[test]
+fn a_stopped_peer_times_out_within_the_bound() {
+    if let Some((rank, boot)) = child() {
+        let c = ShmCollective::new(&boot, config()).unwrap();
+        let pids =
+            collective_core::bootstrap::Bootstrap::all_gather_bytes(&boot, &std::process::id().to_le_bytes()).unwrap();
+        all_reduce(&c, 64).unwrap();
+        if rank == 1 {
+            // SAFETY: stopping ourselves; rank 0 continues us after its check.
+            unsafe { libc::raise(libc::SIGSTOP) };
+            println!("VERDICT ok rank 1: continued");
+            std::process::exit(0);
+        }
+        let (err, elapsed) = failing_all_reduce(&c, 64);
+        let peer1 = u32::from_le_bytes(pids[1][..4].try_into().unwrap());
+        // SAFETY: continuing the stopped rank 1, a process of this test.
+        unsafe { libc::kill(peer1 as libc::pid_t, libc::SIGCONT) };
+        assert!(matches!(err, Error::PeerTimeout { peer: 1, .. }), "{err}");
+        assert!(elapsed >= BOUND && elapsed < BOUND + Duration::from_secs(1), "took {elapsed:?}");
+        println!("VERDICT ok rank {rank}: {err} after {elapsed:?}");
+        return;
+    }
+    assert_all_ok(&launch(2, "a_stopped_peer_times_out_within_the_bound"));
+}
+
+#[test]
+fn bad_timeout_environment_is_invalid_config_naming_the_variable() {
+    const TEST: &str = "bad_timeout_environment_is_invalid_config_naming_the_variable";
+    let expect = |what: &str, r: Result<(), Error>| match r {
+        Err(Error::InvalidConfig { detail }) => assert!(detail.contains(TIMEOUT_ENV), "{what}: {detail}"),
+        other => panic!("{what}: expected InvalidConfig, got {other:?}"),
+    };
+    if let Some((rank, boot)) = child() {
+        let t = Instant::now();
+        expect("group", ShmCollective::group(2, ShmConfig::new(4096)).map(drop));
+        expect("new", ShmCollective::new(&boot, ShmConfig::new(4096)).map(drop));
+        assert!(t.elapsed() < CONSTRUCTION_BOUND, "took {:?}", t.elapsed());
+        println!("VERDICT ok rank {rank}");
+        return;
+    }
+    for value in ["abc", "0", "-1"] {
+        assert_all_ok(&launch_with(2, TEST, &[(TIMEOUT_ENV, value)]));
+    }
+}
+
+#[test]
+fn huge_capacities_are_invalid_config_on_every_rank() {
+    if let Some((rank, boot)) = child() {
+        for capacity in [1usize << 63, usize::MAX] {
+            let t = Instant::now();
+            match ShmCollective::new(&boot, ShmConfig { capacity, ..config() }) {
+                Err(Error::InvalidConfig { .. }) => {}
+                other => panic!("capacity {capacity}: expected InvalidConfig, got {other:?}"),
+            }
+            assert!(t.elapsed() < CONSTRUCTION_BOUND, "took {:?}", t.elapsed());
+        }
+        println!("VERDICT ok rank {rank}");
+        return;
+    }
+    assert_all_ok(&launch(2, "huge_capacities_are_invalid_config_on_every_rank"));
 }
