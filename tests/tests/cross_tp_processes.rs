@@ -3,7 +3,7 @@
 use collective_core::bootstrap::{Bootstrap, TcpBootstrap};
 use collective_core::conformance::data::finite_values;
 use collective_core::{Collective, DType, Io};
-use collective_factory::cpu_collective;
+use collective_factory::{Config, cpu};
 use detcoll_launch::{LaunchSpec, launch_captured};
 use half::bf16;
 
@@ -30,7 +30,8 @@ fn every_tp_size_gives_the_tp8_bits() {
         let (rank, world) = (boot.rank(), boot.world_size());
         let refs: Vec<&[bf16]> = leaves.iter().map(|l| l.as_slice()).collect();
         let inputs = fixed_tree::cross_tp_leaves(&refs, world).expect("tp split");
-        let comm = cpu_collective(&boot, N * 2).expect("factory");
+        let comm =
+            cpu::from_bootstrap(std::sync::Arc::new(boot), &Config::new().with_capacity(N * 2)).expect("factory");
         let mut out = vec![bf16::ZERO; N];
         comm.all_reduce(Io::host(&inputs[rank], &mut out), &()).expect("all_reduce");
         comm.close().expect("close");

@@ -258,13 +258,11 @@ pub(crate) fn cargo_executables(root: &Path, args: &[&str]) -> anyhow::Result<Ve
 
 /// Cargo feature arguments a GPU package's suites need on `platform` beyond `-p`: the factory's
 /// GPU tests are behind `cuda` / `rocm` (without them they compile to empty binaries that pass
-/// with 0 tests); ccl-transport's device side is `cuda` by default, and its ROCm tests need
-/// `rocm` without it (a ROCm build contains no CUDA code).
+/// with 0 tests).
 pub fn suite_features(package: &str, platform: GpuPlatform) -> &'static [&'static str] {
     match (platform, package) {
         (GpuPlatform::Nvidia, "collective-factory") => &["--features", "cuda"],
         (GpuPlatform::Rocm, "collective-factory") => &["--features", "rocm"],
-        (GpuPlatform::Rocm, "ccl-transport") => &["--no-default-features", "--features", "rocm"],
         _ => &[],
     }
 }
@@ -1098,10 +1096,8 @@ not json"#;
         let f = |p, pl| suite_features(p, pl).join(" ");
         assert_eq!(f("collective-factory", Nvidia), "--features cuda");
         assert_eq!(f("collective-factory", Rocm), "--features rocm");
-        // ccl-transport: CUDA by default; its ROCm tests without the CUDA side.
-        assert_eq!(f("ccl-transport", Nvidia), "");
-        assert_eq!(f("ccl-transport", Rocm), "--no-default-features --features rocm");
-        for p in ["cuda-ipc", "hip-ipc", "unknown"] {
+        // ccl-transport has no vendor features (its GPU suites run both vendors' devices).
+        for p in ["ccl-transport", "cuda-ipc", "hip-ipc", "unknown"] {
             assert!(suite_features(p, Nvidia).is_empty() && suite_features(p, Rocm).is_empty(), "{p}");
         }
         // Every GPU package's arguments are well-formed cargo flags.

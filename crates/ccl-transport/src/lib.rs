@@ -14,29 +14,25 @@
 //! * [`TransportCollective`]: the [`collective_core::Collective`] — all_gather straight into
 //!   the output; all_reduce / reduce_scatter / reduce_scatter_many as a rank-ordered
 //!   all_gather into a lazily grown workspace followed by the local fixed tree
-//!   (`((r0+r1)+(r2+r3))+((r4+r5)+(r6+r7))` in the element's dtype) — over a [`Device`]:
-//!   [`CudaDevice`] (feature `cuda`, default) reuses the CUDA twin's fused tree kernel,
-//!   [`HipDevice`] (feature `rocm`) the HIP twin's (the same `detcoll_tree` device code).
+//!   (`((r0+r1)+(r2+r3))+((r4+r5)+(r6+r7))` in the element's dtype) — over the engine's
+//!   [`Device`] trait: `cuda_ipc::CudaDevice` runs the CUDA twin's fused tree kernel,
+//!   `hip_ipc::HipDevice` the HIP twin's (the same `detcoll_tree` device code).
 //! * [`watchdog`]: a thread (on by default) that bounds every call's device time, so a caller
 //!   waiting with its own stream synchronisation gets an error, never a hang, when a peer dies
 //!   or makes another call;
 //! * [`nonstrict`]: native NCCL all_reduce / reduce_scatter, NOT deterministic, for benchmark
 //!   comparison only.
 //!
-//! Without the `cuda` feature the crate contains no CUDA code, without `rocm` no HIP code: a
-//! ROCm build is `default-features = false, features = ["rocm"]`.
+//! The crate contains no CUDA and no HIP code: the device side comes from whoever composes it
+//! (`collective-factory`), so a ROCm build pulls no cudarc and a CUDA build no HIP binding.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod agree;
 mod collective;
 mod comm;
 mod config;
-#[cfg(feature = "cuda")]
-mod cuda;
 mod device;
 mod error;
-#[cfg(feature = "rocm")]
-mod hip;
 pub mod loader;
 pub mod nonstrict;
 mod plan;
@@ -51,16 +47,8 @@ mod workspace;
 pub use collective::TransportCollective;
 pub use comm::{CommOptions, Communicator};
 pub use config::{DEFAULT_PACK_THRESHOLD, TransportConfig, Watchdog};
-#[cfg(feature = "cuda")]
-pub use cuda::{CudaAllocation, CudaDevice, CudaEvent};
-#[cfg(feature = "cuda")]
-pub use cuda_ipc;
 pub use device::{Device, RawStream};
 pub use error::{BACKEND, NcclError};
-#[cfg(feature = "rocm")]
-pub use hip::HipDevice;
-#[cfg(feature = "rocm")]
-pub use hip_ipc;
 pub use loader::{LIBRARY_ENV, Vendor, load, load_from, load_path};
 pub use result::Progress;
 pub use sys::NcclLibrary;

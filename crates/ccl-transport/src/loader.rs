@@ -21,14 +21,7 @@ pub const LIBRARY_ENV: &str = "DETCOLL_NCCL_LIBRARY";
 /// Default ROCm installation prefix.
 pub const DEFAULT_ROCM_PATH: &str = "/opt/rocm";
 
-/// Which vendor's library a device side needs: NCCL drives CUDA streams, RCCL HIP streams.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Vendor {
-    /// `libnccl.so.2`.
-    Nvidia,
-    /// `librccl.so.1` (ROCm).
-    Amd,
-}
+pub use ipc_engine::Vendor;
 
 /// The candidate libraries for `vendor` (`None`: NVIDIA's, then ROCm's), given the values of
 /// `$DETCOLL_NCCL_LIBRARY` and `$ROCM_PATH`.

@@ -5,7 +5,6 @@
 //! print a skip otherwise, as does every test without a HIP device or RCCL.
 //!
 //! Never executed on an AMD GPU (none was available): see docs/rocm.md.
-#![cfg(feature = "rocm")]
 mod common;
 
 common::conformance!(common::hip::Hip);

@@ -14,7 +14,6 @@
 //!
 //! Without a GPU (or NCCL) each test prints "skipped: no CUDA device / no NCCL" and passes.
 //! Run with `NCCL_NVLS_ENABLE=0` on shared hosts.
-#![cfg(feature = "cuda")]
 mod common;
 
 common::gpu_tests!(common::cuda::Cuda);

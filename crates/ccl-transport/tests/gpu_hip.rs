@@ -15,7 +15,6 @@
 //!
 //! Without a HIP device (or RCCL) each test prints "skipped: no HIP device / no RCCL" and
 //! passes. Never executed on an AMD GPU (none was available): see docs/rocm.md.
-#![cfg(feature = "rocm")]
 mod common;
 
 common::gpu_tests!(common::hip::Hip);

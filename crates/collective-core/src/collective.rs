@@ -84,3 +84,26 @@ pub trait Collective: Send + Sync {
     /// acknowledged (bounded). Later calls return [`Error::Closed`]. Drop does the same.
     fn close(&self) -> Result<(), Error>;
 }
+
+/// An IPC backend the caller tells which route a call takes: the factory's routing table
+/// decides once and passes the decision down, so no threshold inside the backend can disagree
+/// with the table (and `route()` of the composed collective reports what runs).
+pub trait RouteSelect: Collective {
+    /// `op` on `io` by `route` (`Local`, `IpcOneShot` or, for all_reduce,
+    /// `IpcReduceScatterAllGather`); any other route is [`Error::InvalidConfig`] before any
+    /// work. `op` is a single-lane op (`reduce_scatter_many` goes through
+    /// [`Collective::reduce_scatter_many`], which has one IPC route).
+    fn call_on_route(&self, op: Op, io: Io<'_>, route: Route, stream: &Self::Stream) -> Result<(), Error>;
+}
+
+/// The route an IPC backend takes for `op` when a table names `route`: RS+AG is an all_reduce
+/// route only (a reduce_scatter or all_gather has nothing to split), so other ops take the
+/// one-shot route; `Local` stays local. Shared by every backend's [`RouteSelect`] and the
+/// factory's route reporting.
+pub const fn ipc_route_for(op: Op, route: Route) -> Route {
+    match (op, route) {
+        (_, Route::Local) => Route::Local,
+        (Op::AllReduce, Route::IpcReduceScatterAllGather) => Route::IpcReduceScatterAllGather,
+        _ => Route::IpcOneShot,
+    }
+}

@@ -28,7 +28,7 @@ mod validate;
 mod view;
 
 pub use capabilities::{Capabilities, REDUCTION_ORDER};
-pub use collective::{Collective, Route};
+pub use collective::{Collective, Route, RouteSelect, ipc_route_for};
 pub use dtype::{DType, Plain, Reducible};
 pub use error::Error;
 pub use fixed_tree;

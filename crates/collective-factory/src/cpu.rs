@@ -1,26 +1,81 @@
 //! The CPU platform: the CPU twin for IPC routes, and an optional caller-supplied transport.
+use crate::Config;
 use crate::{Facts, Platform, Routed, Routing};
-use collective_core::bootstrap::Bootstrap;
+use collective_core::bootstrap::{Bootstrap, LocalBootstrap};
 use collective_core::{Collective, Error, Op, Route, host_identity};
 use shm_ipc::{ShmCollective, ShmConfig};
+use std::sync::Arc;
 
 /// The CPU platform's collective with no transport.
 pub type CpuCollective = Routed<ShmCollective, crate::NoTransport<()>>;
 
-/// Builds the CPU collective for every rank of `boot` (collective: every rank calls it).
-pub fn cpu_collective(boot: &dyn Bootstrap, capacity: usize) -> Result<CpuCollective, Error> {
-    cpu_with_transport(boot, capacity, None, None::<fn() -> Result<crate::NoTransport<()>, Error>>)
+/// This rank of the CPU-twin collective of every rank of `boot` (one process per rank: host
+/// shared memory between the processes of one host). Collective: every rank calls it.
+///
+/// ```no_run
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use collective_core::bootstrap::TcpBootstrap;
+/// use collective_factory::{Config, cpu};
+/// use std::sync::Arc;
+/// // In each process started by torchrun or `detcoll-run --nproc 4 -- ...`:
+/// let comm = cpu::from_bootstrap(Arc::new(TcpBootstrap::from_env()?), &Config::new())?;
+/// # let _ = comm; Ok(()) }
+/// ```
+pub fn from_bootstrap(boot: Arc<dyn Bootstrap>, config: &Config) -> Result<CpuCollective, Error> {
+    with_transport(&*boot, config, None::<fn() -> Result<crate::NoTransport<()>, Error>>)
 }
 
-/// Builds a CPU collective. `routing` replaces the table (default: `DETCOLL_ROUTING_TABLE`,
-/// else the built-in CPU table); `transport`, when given, builds a transport this rank offers
-/// (ranks on several hosts then route everything through it). Collective.
-pub fn cpu_with_transport<T: Collective<Stream = ()>>(
+/// `world` ranks as threads of this process (host memory every rank reads directly). Hand one
+/// handle to each thread.
+///
+/// ```
+/// use collective_core::{Collective, Io};
+/// use collective_factory::{Config, cpu};
+/// use half::bf16;
+///
+/// let ranks = cpu::thread_group(4, &Config::new().with_capacity(1 << 20))?;
+/// std::thread::scope(|s| {
+///     for comm in &ranks {
+///         s.spawn(move || {
+///             let input = vec![bf16::from_f32(comm.rank() as f32 + 0.1); 1024];
+///             let mut out = vec![bf16::ZERO; 1024];
+///             comm.all_reduce(Io::host(&input, &mut out), &()).unwrap(); // (r0+r1)+(r2+r3), in bf16
+///             let r = |q: f32| bf16::from_f32(q + 0.1);
+///             assert_eq!(out[0].to_bits(), ((r(0.0) + r(1.0)) + (r(2.0) + r(3.0))).to_bits());
+///         });
+///     }
+/// });
+/// # Ok::<(), collective_core::Error>(())
+/// ```
+pub fn thread_group(world: usize, config: &Config) -> Result<Vec<CpuCollective>, Error> {
+    let boots = LocalBootstrap::group(world);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = boots
+            .iter()
+            .map(|b| s.spawn(move || with_transport(b, config, None::<fn() -> Result<crate::NoTransport<()>, Error>>)))
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(Error::Backend {
+                        backend: "collective-factory",
+                        detail: "a rank's construction thread panicked".into(),
+                    })
+                })
+            })
+            .collect()
+    })
+}
+
+/// The CPU collective with a transport this rank offers (`transport`, when given: ranks on
+/// several hosts then route everything through it). Collective over `boot`.
+pub fn with_transport<T: Collective<Stream = ()>>(
     boot: &dyn Bootstrap,
-    capacity: usize,
-    routing: Option<Routing>,
+    config: &Config,
     transport: Option<impl FnOnce() -> Result<T, Error>>,
 ) -> Result<Routed<ShmCollective, T>, Error> {
+    let capacity = config.capacity();
+    let routing = config.routing().cloned();
     let mut errors = Vec::new();
     let routing = match routing {
         Some(r) => r,
@@ -28,7 +83,7 @@ pub fn cpu_with_transport<T: Collective<Stream = ()>>(
     };
     let platform = Facts::local(&mut errors, Platform::from_env(), || None).unwrap_or(Platform::Cpu);
     let host = Facts::local(&mut errors, host_identity(), String::new);
-    if let Err(e) = collective_core::protocol::Timeouts::resolve(None) {
+    if let Err(e) = collective_core::protocol::Timeouts::resolve(config.timeouts()) {
         errors.push(e.to_string());
     }
     let facts = Facts {
@@ -54,10 +109,11 @@ pub fn cpu_with_transport<T: Collective<Stream = ()>>(
     }
     let world = boot.world_size();
     let ipc = if d.ipc || world == 1 {
-        let mut config = ShmConfig::new(capacity);
-        config.rs_ag_threshold =
+        let mut shm = ShmConfig::new(capacity);
+        shm.timeouts = config.timeouts();
+        shm.rs_ag_threshold =
             d.routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
-        Some(ShmCollective::new(boot, config)?)
+        Some(ShmCollective::new(boot, shm)?)
     } else {
         None
     };

@@ -12,24 +12,31 @@
 //! build contains no CUDA code (`tests/build_isolation.rs`).
 
 mod agree;
+mod config;
 mod platform;
 mod routed;
 mod routing;
 
+/// The agreement's internals (facts every rank reports, the pure decision): for tests and
+/// tools, not covered by semver.
+#[doc(hidden)]
 pub use agree::{Decision, Facts, decide};
+pub use config::{Config, DEFAULT_CAPACITY, DeviceSelect};
 pub use platform::Platform;
 pub use routed::{NoTransport, Routed};
 pub use routing::{Routing, RoutingTable, Rule};
 
 #[cfg(feature = "cpu")]
-mod cpu;
-#[cfg(feature = "cuda")]
-mod nvidia;
+pub mod cpu;
 #[cfg(feature = "cpu")]
-pub use cpu::{CpuCollective, cpu_collective, cpu_with_transport};
+pub use cpu::CpuCollective;
 #[cfg(feature = "cuda")]
-pub use nvidia::{NvidiaCollective, NvidiaConfig, nvidia_collective};
+pub mod cuda_api;
+#[cfg(feature = "cuda")]
+pub mod nvidia;
+#[cfg(feature = "cuda")]
+pub use nvidia::NvidiaCollective;
 #[cfg(feature = "rocm")]
-mod rocm;
+pub mod rocm;
 #[cfg(feature = "rocm")]
-pub use rocm::{RocmCollective, rocm_collective};
+pub use rocm::RocmCollective;

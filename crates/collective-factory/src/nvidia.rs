@@ -1,100 +1,245 @@
-//! The NVIDIA platform: the CUDA IPC twin for IPC routes and NCCL as the transport, composed
-//! by the agreed routing (feature `cuda`).
+//! The NVIDIA platform (feature `cuda`): the CUDA IPC twin for IPC routes and NCCL as the
+//! transport, composed by the agreed routing.
 //!
-//! Status: agrees like the CPU platform (same `Facts`/`decide`, plus each rank's GPU UUID so
-//! ranks sharing a GPU are routed without NCCL). Run on H200s: world 1 (`tests/nvidia.rs`) and
-//! world 2 on two GPUs with every route forced in turn, bit-exact (`tests/nvidia_routes.rs`);
-//! worlds 4 and 8 need more GPUs than were lent.
-use crate::{Facts, Platform, Routed, Routing};
-use ccl_transport::{CudaDevice, TransportCollective, TransportConfig};
-use collective_core::bootstrap::Bootstrap;
+//! Three ways in, one configuration ([`Config`]):
+//! * [`from_bootstrap`] — one process per rank (torchrun, `detcoll-run`, your launcher), on
+//!   GPU `LOCAL_RANK % count` or the one [`Config::with_device`] names;
+//! * [`from_context`] — one process per rank, on the engine's own `CudaContext` (share its
+//!   context with your GEMMs);
+//! * [`thread_group`] — ranks as threads of this process, rank `r` on GPU `r % count`; NCCL is
+//!   built where every rank has a GPU of its own.
+//!
+//! Agreement: every rank reports its facts (platform, host, libraries, GPU UUID) and every rank
+//! takes the same decision or returns the same error; ranks sharing a GPU are routed without
+//! NCCL (it refuses them). Run on H200s: worlds 1 and 2 (one process per GPU, every route
+//! forced); worlds 4 and 8 need more GPUs than were lent.
+use crate::{Config, DeviceSelect, Facts, Platform, Routed, Routing};
+use ccl_transport::{TransportCollective, TransportConfig};
+use collective_core::bootstrap::{Bootstrap, LocalBootstrap};
 use collective_core::protocol::Timeouts;
 use collective_core::{Error, Op, Route, host_identity};
-use cuda_ipc::{CudaIpcCollective, CudaIpcConfig};
+use cuda_ipc::cudarc::driver::CudaContext;
+use cuda_ipc::{CudaDevice, CudaIpcCollective, CudaIpcConfig};
 use std::sync::Arc;
 
-/// The NVIDIA platform's collective.
+/// The NVIDIA platform's collective: typed entry points for cudarc buffers are in
+/// [`crate::cuda_api`], raw ones (`u64` device pointers and a `CUstream`) beside them.
 pub type NvidiaCollective = Routed<CudaIpcCollective, TransportCollective<CudaDevice>>;
-
-/// What every rank passes to [`nvidia_collective`] (checked equal where it matters).
-#[derive(Debug, Clone)]
-pub struct NvidiaConfig {
-    /// Staging bytes per rank (the most one rank contributes to one call).
-    pub capacity: usize,
-    /// Replaces the table (default: `DETCOLL_ROUTING_TABLE`, else the built-in NVIDIA table).
-    pub routing: Option<Routing>,
-    /// Bounds on waits (`None`: `DETCOLL_TIMEOUT_MS`, else the defaults; read at construction).
-    pub timeouts: Option<Timeouts>,
-}
-
-impl NvidiaConfig {
-    /// `capacity` bytes of staging, default routing and timeouts.
-    pub fn new(capacity: usize) -> Self {
-        NvidiaConfig { capacity, routing: None, timeouts: None }
-    }
-}
 
 /// Whether this process can drive an NVIDIA GPU (libcuda loadable, a device present).
 pub(crate) fn present() -> bool {
     cuda_ipc::driver::driver_present() && cuda_ipc::driver::device_count().is_ok_and(|n| n > 0)
 }
 
-/// Builds the NVIDIA collective on GPU `local_rank % device count` for every rank of `boot`.
-/// Collective: every rank calls it; every rank gets the same decision or the same error.
-pub fn nvidia_collective(boot: Arc<dyn Bootstrap>, config: &NvidiaConfig) -> Result<NvidiaCollective, Error> {
+/// This rank of the NVIDIA collective of every rank of `boot`, on the GPU `config` selects
+/// ([`DeviceSelect::LocalRank`]: `LOCAL_RANK % device count`). Collective: every rank calls
+/// it; every rank gets the same decision or the same error.
+///
+/// ```no_run
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use collective_core::bootstrap::TcpBootstrap;
+/// use collective_factory::{Config, nvidia};
+/// use std::sync::Arc;
+/// // In each process started by torchrun or `detcoll-run --nproc 8 -- ...`:
+/// let comm = nvidia::from_bootstrap(Arc::new(TcpBootstrap::from_env()?), &Config::new())?;
+/// # let _ = comm; Ok(()) }
+/// ```
+pub fn from_bootstrap(boot: Arc<dyn Bootstrap>, config: &Config) -> Result<NvidiaCollective, Error> {
+    // A rank that cannot open its device still takes part in the agreement (reporting no
+    // IPC) and fails after it, so its peers get the same error instead of waiting.
+    let ctx = cuda_ipc::driver::device_count().and_then(|n| {
+        let ordinal = match config.device() {
+            DeviceSelect::Ordinal(o) => o,
+            _ => boot.local_rank() % n.max(1),
+        };
+        cuda_ipc::driver::open_device(ordinal)
+    });
+    build(boot, ctx.and_then(|c| CudaDevice::new(&c)), config)
+}
+
+/// This rank of the NVIDIA collective on `ctx`, the caller's own context (and device).
+/// Collective over `boot`, like [`from_bootstrap`].
+///
+/// ```no_run
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use collective_core::bootstrap::TcpBootstrap;
+/// use collective_factory::{Config, nvidia};
+/// use cuda_ipc::cudarc::driver::CudaContext;
+/// use std::sync::Arc;
+/// let ctx = CudaContext::new(0)?; // the engine's context
+/// let comm = nvidia::from_context(Arc::new(TcpBootstrap::from_env()?), &ctx, &Config::new())?;
+/// # let _ = comm; Ok(()) }
+/// ```
+pub fn from_context(
+    boot: Arc<dyn Bootstrap>,
+    ctx: &Arc<CudaContext>,
+    config: &Config,
+) -> Result<NvidiaCollective, Error> {
+    build(boot, CudaDevice::new(ctx), config)
+}
+
+/// `world` ranks as threads of this process, rank `r` on GPU `r % device count`: the IPC
+/// routes use peers' pointers directly (no IPC handles); NCCL is built when every rank has a
+/// GPU of its own. Hand one handle to each thread; give each its own stream.
+///
+/// Ranks sharing one GPU must enqueue in call order (see
+/// `IpcCollective::group` of the ipc-engine crate).
+///
+/// ```no_run
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use collective_factory::{Config, nvidia};
+/// let ranks = nvidia::thread_group(2, &Config::new().with_capacity(1 << 20))?;
+/// assert_eq!(ranks.len(), 2);
+/// # Ok(()) }
+/// ```
+pub fn thread_group(world: usize, config: &Config) -> Result<Vec<NvidiaCollective>, Error> {
+    let count = cuda_ipc::driver::device_count()?;
+    if count == 0 {
+        return Err(Error::InvalidConfig { detail: "no CUDA device is visible".into() });
+    }
+    let mut devices: Vec<CudaDevice> = Vec::with_capacity(world);
+    for r in 0..world {
+        let d = match devices.get(r % count) {
+            Some(d) if r >= count => d.clone(),
+            _ => CudaDevice::open(r % count)?,
+        };
+        devices.push(d);
+    }
+    let routing = local_routing(config, world)?;
+    let ipc_config = ipc_config(config, &routing);
+    let mut ipc = CudaIpcCollective::group(&devices, &ipc_config)?.into_iter();
+    let boots = LocalBootstrap::group(world);
+    let shared =
+        devices.iter().any(|d| devices.iter().filter(|o| o.context().cu_ctx() == d.context().cu_ctx()).count() > 1);
+    // Each rank agrees and builds its transport on its own thread (NCCL's init is collective).
+    std::thread::scope(|s| {
+        let handles: Vec<_> = boots
+            .into_iter()
+            .zip(devices.iter().cloned())
+            .map(|(boot, device)| {
+                let ipc = ipc.next();
+                let routing = routing.clone();
+                s.spawn(move || -> Result<NvidiaCollective, Error> {
+                    let nccl = !shared && ccl_transport::load(Some(ccl_transport::Vendor::Nvidia)).is_ok();
+                    let boot: Arc<dyn Bootstrap> = Arc::new(boot);
+                    let d = facts(&device, routing, config, nccl).agree(&*boot)?;
+                    let transport = transport(&d, &device, &*boot, config)?;
+                    Routed::new(boot.rank(), world, config.capacity(), d.routing, ipc, transport)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(panicked()))).collect()
+    })
+}
+
+fn panicked() -> Error {
+    Error::Backend { backend: "collective-factory", detail: "a rank's construction thread panicked".into() }
+}
+
+/// The routing this rank asks for: the config's, `DETCOLL_ROUTING_TABLE`, else the built-in
+/// table for `world` ranks.
+fn local_routing(config: &Config, world: usize) -> Result<Routing, Error> {
+    match config.routing() {
+        Some(r) => Ok(r.clone()),
+        None => Routing::from_env_for_world(Platform::Nvidia, world),
+    }
+}
+
+/// What this rank reports to the agreement. Local failures travel in `errors`.
+fn facts(device: &CudaDevice, routing: Routing, config: &Config, nccl: bool) -> Facts {
     let mut errors = Vec::new();
-    let routing = match &config.routing {
-        Some(r) => r.clone(),
-        None => Facts::local(&mut errors, Routing::from_env_for_world(Platform::Nvidia, boot.world_size()), || {
-            Routing::default_for_world(Platform::Nvidia, boot.world_size())
-        }),
-    };
     let platform = Facts::local(&mut errors, Platform::detect(), || Platform::Nvidia);
     let host = Facts::local(&mut errors, host_identity(), String::new);
-    if let Err(e) = Timeouts::resolve(config.timeouts) {
+    if let Err(e) = Timeouts::resolve(config.timeouts()) {
         errors.push(e.to_string());
     }
-    // The device first: its UUID tells the agreement which ranks share a GPU. A rank that
-    // cannot open it still takes part in the agreement (reporting no IPC) and fails after it.
-    let ctx =
-        cuda_ipc::driver::device_count().and_then(|n| cuda_ipc::driver::open_device(boot.local_rank() % n.max(1)));
-    let device = ctx.as_ref().ok().and_then(|c| cuda_ipc::driver::uuid(c).ok()).map(hex).unwrap_or_default();
-    let nccl = ccl_transport::load(Some(ccl_transport::Vendor::Nvidia)).ok();
-    let version = nccl.as_ref().and_then(|l| l.version().ok()).map(|v| format!("nccl={v}"));
-    let facts = Facts {
+    let uuid = cuda_ipc::driver::uuid(device.context()).map(hex).unwrap_or_default();
+    let lib = nccl.then(|| ccl_transport::load(Some(ccl_transport::Vendor::Nvidia)).ok()).flatten();
+    let version = lib.as_ref().and_then(|l| l.version().ok()).map(|v| format!("nccl={v}"));
+    Facts {
         platform: platform.name().to_string(),
         host,
-        ipc: ctx.is_ok(),
-        transport: nccl.is_some(),
+        ipc: true,
+        transport: lib.is_some(),
         versions: version.into_iter().collect(),
-        capacity: config.capacity,
+        capacity: config.capacity(),
         routing: routing.canonical_json(),
-        device,
+        device: uuid,
         errors,
+    }
+}
+
+fn ipc_config(config: &Config, routing: &Routing) -> CudaIpcConfig {
+    // The routing table decides every call's route (`Routed`); the threshold only serves
+    // direct users of the IPC collective's own `route()`.
+    let threshold = routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
+    let c = CudaIpcConfig::new(config.capacity()).with_rsag_threshold(threshold);
+    CudaIpcConfig { timeouts: config.timeouts(), ..c }
+}
+
+fn transport(
+    d: &crate::Decision,
+    device: &CudaDevice,
+    boot: &dyn Bootstrap,
+    config: &Config,
+) -> Result<Option<TransportCollective<CudaDevice>>, Error> {
+    if !d.transport {
+        return Ok(None);
+    }
+    let t = TransportConfig { timeouts: config.timeouts(), ..TransportConfig::new(config.capacity()) };
+    TransportCollective::with_device(|| Ok(device.clone()), boot, &t).map(Some)
+}
+
+/// The process-rank composition: agreement (a rank whose device failed still takes part and
+/// reports it), then the IPC collective (CUDA IPC handles) and NCCL, sharing one device.
+fn build(
+    boot: Arc<dyn Bootstrap>,
+    device: Result<CudaDevice, Error>,
+    config: &Config,
+) -> Result<NvidiaCollective, Error> {
+    let world = boot.world_size();
+    let mut errors = Vec::new();
+    let routing = match config.routing() {
+        Some(r) => r.clone(),
+        None => Facts::local(&mut errors, Routing::from_env_for_world(Platform::Nvidia, world), || {
+            Routing::default_for_world(Platform::Nvidia, world)
+        }),
     };
-    let d = facts.agree(&*boot)?;
+    let nccl = ccl_transport::load(Some(ccl_transport::Vendor::Nvidia)).is_ok();
+    let mut f = match &device {
+        Ok(dev) => facts(dev, routing, config, nccl),
+        Err(e) => {
+            // Report the failure through the agreement; facts of a device-less rank.
+            let mut f = Facts {
+                platform: Platform::Nvidia.name().into(),
+                host: host_identity().unwrap_or_default(),
+                ipc: false,
+                transport: false,
+                versions: Vec::new(),
+                capacity: config.capacity(),
+                routing: routing.canonical_json(),
+                device: String::new(),
+                errors: Vec::new(),
+            };
+            f.errors.push(format!("opening its CUDA device: {e}"));
+            f
+        }
+    };
+    f.errors.extend(errors);
+    let d = f.agree(&*boot)?;
     if d.platform != Platform::Nvidia {
         return Err(Error::InvalidConfig {
             detail: format!("every rank reports platform {}, not nvidia", d.platform.name()),
         });
     }
-    let ctx = ctx?;
-    let world = boot.world_size();
+    let device = device?;
     let ipc = if d.ipc || world == 1 {
-        let threshold = d.routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
-        let c = CudaIpcConfig::new(config.capacity).with_rsag_threshold(threshold);
-        let c = CudaIpcConfig { timeouts: config.timeouts, ..c };
-        Some(CudaIpcCollective::new(Box::new(boot.clone()), &ctx, &c)?)
+        Some(CudaIpcCollective::new(Box::new(boot.clone()), device.clone(), &ipc_config(config, &d.routing))?)
     } else {
         None
     };
-    let transport = if d.transport {
-        let t = TransportConfig { timeouts: config.timeouts, ..TransportConfig::new(config.capacity) };
-        Some(TransportCollective::new_cuda(&ctx, &*boot, &t)?)
-    } else {
-        None
-    };
-    Routed::new(boot.rank(), world, config.capacity, d.routing, ipc, transport)
+    let transport = transport(&d, &device, &*boot, config)?;
+    Routed::new(boot.rank(), world, config.capacity(), d.routing, ipc, transport)
 }
 
 fn hex(bytes: [u8; 16]) -> String {

@@ -6,12 +6,12 @@
 //! without RCCL (which refuses two ranks on one GPU). Routing: `DETCOLL_ROUTING_TABLE`, else
 //! the seeds' MI300X table; ranges a backend nobody has would take are remapped by agreement
 //! (same bits either way). Nothing here has run: no AMD GPU was available (docs/rocm.md).
-use crate::{Facts, Platform, Routed, Routing};
-use ccl_transport::{HipDevice, TransportCollective, TransportConfig, Vendor};
+use crate::{Config, DeviceSelect, Facts, Platform, Routed, Routing};
+use ccl_transport::{TransportCollective, TransportConfig, Vendor};
 use collective_core::bootstrap::Bootstrap;
 use collective_core::protocol::Timeouts;
 use collective_core::{Error, Op, Route, host_identity};
-use hip_ipc::{HipIpcCollective, HipIpcConfig};
+use hip_ipc::{HipDevice, HipIpcCollective, HipIpcConfig};
 use std::sync::Arc;
 
 /// The ROCm platform's collective.
@@ -30,15 +30,42 @@ fn ordinal(local_rank: usize) -> Result<usize, Error> {
     }
 }
 
-/// Builds the ROCm collective on GPU `local_rank % device count` for every rank of `boot`, with
-/// `capacity` bytes of staging and `routing` (default: `DETCOLL_ROUTING_TABLE`, else the
-/// seeds' MI300X table). Collective: every rank calls it; every rank gets the same decision or
-/// the same error.
-pub fn rocm_collective(
+/// This rank of the ROCm collective of every rank of `boot`, on the GPU `config` selects
+/// ([`DeviceSelect::LocalRank`]: `LOCAL_RANK % device count`), routed by `DETCOLL_ROUTING_TABLE`
+/// or the seeds' MI300X table unless `config` has one. Collective: every rank calls it; every
+/// rank gets the same decision or the same error.
+pub fn from_bootstrap(boot: Arc<dyn Bootstrap>, config: &Config) -> Result<RocmCollective, Error> {
+    let ordinal = match config.device() {
+        DeviceSelect::Ordinal(o) => Ok(o),
+        _ => ordinal(boot.local_rank()),
+    };
+    build(boot, config.capacity(), config.routing().cloned(), config.timeouts(), ordinal)
+}
+
+/// `world` ranks as threads of this process, rank `r` on GPU `r % device count`, on the HIP
+/// IPC twin alone (peer pointers; RCCL is not built for thread ranks). Hand one handle to each
+/// thread; give each its own stream.
+pub fn thread_group(world: usize, config: &Config) -> Result<Vec<HipIpcCollective>, Error> {
+    let count = hip_ipc::runtime::device_count()?;
+    if count == 0 {
+        return Err(Error::InvalidConfig { detail: "no HIP device is visible to this process".into() });
+    }
+    let routing = match config.routing() {
+        Some(r) => r.clone(),
+        None => Routing::from_env(Platform::Rocm)?,
+    };
+    let threshold = routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
+    let c = HipIpcConfig { timeouts: config.timeouts(), ..HipIpcConfig::new(config.capacity()) };
+    let ordinals: Vec<usize> = (0..world).map(|r| r % count).collect();
+    hip_ipc::group(&ordinals, &c.with_rsag_threshold(threshold))
+}
+
+fn build(
     boot: Arc<dyn Bootstrap>,
     capacity: usize,
     routing: Option<Routing>,
     timeouts: Option<Timeouts>,
+    ordinal: Result<usize, Error>,
 ) -> Result<RocmCollective, Error> {
     let mut errors = Vec::new();
     let routing = match routing {
@@ -52,7 +79,6 @@ pub fn rocm_collective(
     }
     // The device first: its PCI bus id tells the agreement which ranks share a GPU. A rank that
     // cannot use it still takes part in the agreement (reporting no IPC) and fails after it.
-    let ordinal = ordinal(boot.local_rank());
     let device = ordinal.as_ref().ok().and_then(|&o| hip_ipc::runtime::pci_bus_id(o).ok()).unwrap_or_default();
     let rccl = ccl_transport::load(Some(Vendor::Amd)).ok();
     let hip = hip_ipc::runtime::versions().ok().map(|(r, d)| format!("hip-runtime={r},hip-driver={d}"));
@@ -74,19 +100,20 @@ pub fn rocm_collective(
             detail: format!("every rank reports platform {}, not rocm", d.platform.name()),
         });
     }
-    let ordinal = ordinal?;
+    // One device for both backends: they share the loaded code object.
+    let device = HipDevice::open(ordinal?)?;
     let world = boot.world_size();
     let ipc = if d.ipc || world == 1 {
         let threshold = d.routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
         let config = HipIpcConfig::new(capacity).with_rsag_threshold(threshold);
         let config = HipIpcConfig { timeouts, ..config };
-        Some(HipIpcCollective::new(Box::new(boot.clone()), ordinal, &config)?)
+        Some(HipIpcCollective::new(Box::new(boot.clone()), device.clone(), &config)?)
     } else {
         None
     };
     let transport = if d.transport {
         let t = TransportConfig { timeouts, ..TransportConfig::new(capacity) };
-        Some(TransportCollective::open_hip(ordinal, &*boot, &t)?)
+        Some(TransportCollective::with_device(|| Ok(device.clone()), &*boot, &t)?)
     } else {
         None
     };

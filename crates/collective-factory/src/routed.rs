@@ -1,9 +1,13 @@
 //! [`Routed`]: one collective composed of an IPC backend and a transport, calling each by the
 //! agreed routing. Every route evaluates the same tree, so the bits never depend on the choice.
 use crate::Routing;
-use collective_core::{Capabilities, Collective, Error, Io, Op, RawMut, Route, validate};
+use collective_core::{Capabilities, Collective, Error, Io, Op, RawMut, Route, RouteSelect, ipc_route_for, validate};
 
 /// An IPC backend `I` and a transport `T` on the same stream type, routed by a table.
+///
+/// The route is decided here, once per call, by the table; the IPC backend is told which of
+/// its routes to take ([`RouteSelect`]), so any table — monotone or not — is honoured and
+/// [`Collective::route`] reports what runs.
 #[derive(Debug)]
 pub struct Routed<I, T> {
     rank: usize,
@@ -19,7 +23,7 @@ pub struct Routed<I, T> {
 #[derive(Debug)]
 pub struct NoTransport<S: ?Sized>(core::convert::Infallible, core::marker::PhantomData<fn(&S)>);
 
-impl<I: Collective, T: Collective<Stream = I::Stream>> Routed<I, T> {
+impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
     /// Composes the agreed backends. `routing` must only take routes the backends given serve
     /// (agreement guarantees it); a route without its backend is an `InvalidConfig` error here.
     pub fn new(
@@ -55,34 +59,27 @@ impl<I: Collective, T: Collective<Stream = I::Stream>> Routed<I, T> {
         &self.routing
     }
 
-    fn backend(&self, route: Route) -> Result<&dyn Dispatch<I::Stream>, Error> {
-        let none = || Error::InvalidConfig { detail: format!("route {} has no backend", route.name()) };
-        if route.needs_transport() && !route.needs_ipc() {
-            self.transport.as_ref().map(|t| t as &dyn Dispatch<I::Stream>).ok_or_else(none)
-        } else {
-            self.ipc.as_ref().map(|i| i as &dyn Dispatch<I::Stream>).ok_or_else(none)
+    /// One single-lane call by the table's route, reaching the backends through `via`
+    /// (their safe stream type, or a raw stream). The route only needs the size; the backend
+    /// validates the call (once). The hybrid splits the call into two backend calls on views it
+    /// builds itself, so it validates the whole call first. Only all_reduce has a second half:
+    /// a reduce_scatter routed to the hybrid is its IPC half alone, never an all_reduce.
+    pub(crate) fn dispatch(&self, op: Op, io: Io<'_>, via: &impl Via<I, T>) -> Result<(), Error> {
+        let ipc = || self.ipc.as_ref().ok_or(Error::InvalidConfig { detail: "no IPC backend".into() });
+        let transport = || self.transport.as_ref().ok_or(Error::InvalidConfig { detail: "no transport".into() });
+        match self.route(op, contributed_bytes(op, &io, self.world)) {
+            Route::Transport => via.transport(transport()?, op, io),
+            Route::IpcReduceScatterTransportAllGather => {
+                validate(op, &io, self.rank, self.world, self.capacity)?;
+                self.hybrid_all_reduce(io, ipc()?, transport()?, via)
+            }
+            route => via.ipc(ipc()?, op, io, route),
         }
-    }
-
-    fn single(&self, op: Op, io: Io<'_>, stream: &I::Stream) -> Result<(), Error> {
-        // The route only needs the size; the backend validates the call (once). The hybrid
-        // splits the call into two backend calls on views it builds itself, so it validates
-        // the whole call first. Only all_reduce has a second half: a reduce_scatter routed to the
-        // hybrid is its IPC half alone (`backend` gives IPC), never an all_reduce.
-        let route = self.route(op, contributed_bytes(op, &io, self.world));
-        if route == Route::IpcReduceScatterTransportAllGather && op == Op::AllReduce {
-            validate(op, &io, self.rank, self.world, self.capacity)?;
-            return self.hybrid_all_reduce(io, stream);
-        }
-        self.backend(route)?.call(op, io, stream)
     }
 
     /// IPC reduce_scatter into this rank's shard of the output, then transport all_gather of
     /// the reduced shards in place: the same per-element tree as every other route.
-    fn hybrid_all_reduce(&self, io: Io<'_>, stream: &I::Stream) -> Result<(), Error> {
-        let (Some(ipc), Some(transport)) = (&self.ipc, &self.transport) else {
-            return Err(Error::InvalidConfig { detail: "hybrid route without both backends".into() });
-        };
+    fn hybrid_all_reduce(&self, io: Io<'_>, ipc: &I, transport: &T, via: &impl Via<I, T>) -> Result<(), Error> {
         let n = match &io {
             Io::InPlace(b) => b.len(),
             Io::OutOfPlace { input, .. } => input.len(),
@@ -90,7 +87,7 @@ impl<I: Collective, T: Collective<Stream = I::Stream>> Routed<I, T> {
         if n % self.world != 0 {
             // Equal shards are what the transport gathers; uneven sizes take IPC RS+AG, which
             // gives the same bits.
-            return ipc.all_reduce(io, stream);
+            return via.ipc(ipc, Op::AllReduce, io, Route::IpcReduceScatterAllGather);
         }
         let shard = n / self.world;
         let (out_addr, dtype) = match &io {
@@ -99,16 +96,37 @@ impl<I: Collective, T: Collective<Stream = I::Stream>> Routed<I, T> {
         };
         let out_shard = out_addr + (self.rank * shard * dtype.size()) as u64;
         match io {
-            Io::InPlace(b) => ipc.reduce_scatter(Io::InPlace(b), stream)?,
+            Io::InPlace(b) => via.ipc(ipc, Op::ReduceScatter, Io::InPlace(b), Route::IpcOneShot)?,
             Io::OutOfPlace { input, output: _ } => {
                 // SAFETY: shard `rank` of `output`, which this call borrows uniquely.
                 let shard_view = unsafe { RawMut::from_raw(out_shard, shard, dtype) };
-                ipc.reduce_scatter(Io::OutOfPlace { input, output: shard_view }, stream)?;
+                via.ipc(ipc, Op::ReduceScatter, Io::OutOfPlace { input, output: shard_view }, Route::IpcOneShot)?;
             }
         }
         // SAFETY: the whole output, borrowed by this call; the reduced shard is at `rank`.
         let whole = unsafe { RawMut::from_raw(out_addr, n, dtype) };
-        transport.all_gather(Io::InPlace(whole), stream)
+        via.transport(transport, Op::AllGather, Io::InPlace(whole))
+    }
+}
+
+/// How one call reaches the backends of a [`Routed`]: through their safe stream type
+/// ([`Routed`]'s `Collective` impl) or a raw stream (the NVIDIA raw entry points).
+pub(crate) trait Via<I, T> {
+    /// `op` on the IPC backend, by `route` (an IPC route or `Local`).
+    fn ipc(&self, ipc: &I, op: Op, io: Io<'_>, route: Route) -> Result<(), Error>;
+    /// `op` on the transport.
+    fn transport(&self, transport: &T, op: Op, io: Io<'_>) -> Result<(), Error>;
+}
+
+/// The safe path: the backends' own stream type.
+struct OnStream<'s, S: ?Sized>(&'s S);
+
+impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Via<I, T> for OnStream<'_, I::Stream> {
+    fn ipc(&self, ipc: &I, op: Op, io: Io<'_>, route: Route) -> Result<(), Error> {
+        ipc.call_on_route(op, io, route, self.0)
+    }
+    fn transport(&self, transport: &T, op: Op, io: Io<'_>) -> Result<(), Error> {
+        transport.call(op, io, self.0)
     }
 }
 
@@ -138,7 +156,7 @@ impl<C: Collective> Dispatch<C::Stream> for C {
     }
 }
 
-impl<I: Collective, T: Collective<Stream = I::Stream>> Collective for Routed<I, T> {
+impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I, T> {
     type Stream = I::Stream;
 
     fn rank(&self) -> usize {
@@ -152,17 +170,29 @@ impl<I: Collective, T: Collective<Stream = I::Stream>> Collective for Routed<I, 
             && self.transport.as_ref().is_none_or(|t| t.capabilities().supports_graph_capture);
         Capabilities::strict(self.capacity, graph)
     }
+    /// What a call of `op` contributing `bytes` per rank runs: the table's route, as the
+    /// backend takes it (RS+AG and the hybrid are all_reduce routes; other ops take their
+    /// one-shot IPC route there).
     fn route(&self, op: Op, bytes: usize) -> Route {
-        if self.world == 1 { Route::Local } else { self.routing.route(op, bytes) }
+        if self.world == 1 {
+            return Route::Local;
+        }
+        match self.routing.route(op, bytes) {
+            Route::Transport => Route::Transport,
+            Route::IpcReduceScatterTransportAllGather if op == Op::AllReduce => {
+                Route::IpcReduceScatterTransportAllGather
+            }
+            r => ipc_route_for(op, r),
+        }
     }
     fn all_reduce(&self, io: Io<'_>, stream: &Self::Stream) -> Result<(), Error> {
-        self.single(Op::AllReduce, io, stream)
+        self.dispatch(Op::AllReduce, io, &OnStream(stream))
     }
     fn all_gather(&self, io: Io<'_>, stream: &Self::Stream) -> Result<(), Error> {
-        self.single(Op::AllGather, io, stream)
+        self.dispatch(Op::AllGather, io, &OnStream(stream))
     }
     fn reduce_scatter(&self, io: Io<'_>, stream: &Self::Stream) -> Result<(), Error> {
-        self.single(Op::ReduceScatter, io, stream)
+        self.dispatch(Op::ReduceScatter, io, &OnStream(stream))
     }
     fn reduce_scatter_many(&self, lanes: &[Io<'_>], stream: &Self::Stream) -> Result<(), Error> {
         let bytes = lanes.iter().map(|io| contributed_bytes(Op::ReduceScatterMany, io, self.world)).sum();

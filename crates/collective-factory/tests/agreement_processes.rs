@@ -4,7 +4,7 @@
 use collective_core::bootstrap::{Bootstrap, TcpBootstrap};
 use collective_core::conformance::memory::{Flaw, MemoryCollective};
 use collective_core::{Collective, Error, Io, Op, Route};
-use collective_factory::cpu_with_transport;
+use collective_factory::{Config, cpu};
 use detcoll_launch::{LaunchSpec, launch_captured};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,10 +35,9 @@ fn build(
     let rank = boot.rank();
     let capacity = if scenario == "capacity" && rank == 2 { 1 << 15 } else { 1 << 16 };
     let tb = boot.clone();
-    let r = cpu_with_transport(
+    let r = cpu::with_transport(
         &*boot,
-        capacity,
-        None,
+        &Config::new().with_capacity(capacity),
         Some(move || Ok::<_, Error>(MemoryCollective::new(tb, capacity, Flaw::None))),
     );
     (rank, r)

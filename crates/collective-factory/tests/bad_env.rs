@@ -5,13 +5,25 @@
 //! which no other test may observe.
 use collective_core::Error;
 use collective_core::bootstrap::LocalBootstrap;
-use collective_factory::cpu_collective;
+use collective_factory::{Config, cpu};
 use std::time::{Duration, Instant};
 
 fn build(world: usize) -> Vec<Result<(), Error>> {
     let boots = LocalBootstrap::group_with_timeout(world, Duration::from_secs(10));
     std::thread::scope(|s| {
-        let hs: Vec<_> = boots.iter().map(|b| s.spawn(move || cpu_collective(b, 1 << 16).map(drop))).collect();
+        let hs: Vec<_> = boots
+            .iter()
+            .map(|b| {
+                s.spawn(move || {
+                    cpu::with_transport(
+                        b,
+                        &Config::new().with_capacity(1 << 16),
+                        None::<fn() -> Result<collective_factory::NoTransport<()>, Error>>,
+                    )
+                    .map(drop)
+                })
+            })
+            .collect();
         hs.into_iter().map(|h| h.join().expect("rank panicked")).collect()
     })
 }

@@ -7,7 +7,7 @@ use collective_core::bootstrap::LocalBootstrap;
 use collective_core::conformance::memory::{Flaw, MemoryCollective};
 use collective_core::conformance::{HostRank, TestBackend, run_owned};
 use collective_core::{Collective, Error};
-use collective_factory::{Routed, Routing, cpu_with_transport};
+use collective_factory::{Config, Routed, Routing, cpu};
 use shm_ipc::ShmCollective;
 use std::sync::Arc;
 
@@ -52,7 +52,11 @@ impl TestBackend for EveryRoute {
                     s.spawn(move || {
                         let tb = boot.clone();
                         let transport = move || Ok::<_, Error>(MemoryCollective::new(tb, capacity, Flaw::None));
-                        cpu_with_transport(&**boot, capacity, Some(routing), Some(transport))
+                        cpu::with_transport(
+                            &**boot,
+                            &Config::new().with_capacity(capacity).with_routing(routing),
+                            Some(transport),
+                        )
                     })
                 })
                 .collect();

@@ -1,4 +1,4 @@
-//! Route equivalence on AMD GPUs: `rocm_collective` built with a forced routing (every op
+//! Route equivalence on AMD GPUs: `rocm::from_bootstrap` built with a forced routing (every op
 //! through HIP IPC one-shot; IPC reduce_scatter + all_gather; the RCCL transport; the hybrid,
 //! IPC reduce_scatter + transport all_gather) must give fixed-tree's bits on every call of
 //! `common::plan`: every op, f32/f16/bf16, odd and above-256-KiB sizes, in place and not,

@@ -167,7 +167,7 @@ fn host_us_per_call(s: &CudaStream, calls: usize, batch: usize, mut f: impl FnMu
 fn launch_cost(ctx: &Arc<CudaContext>) -> Res<()> {
     let n = 2048; // 4 KiB of bf16
     for world in [1usize, 2] {
-        let comms = CudaIpcCollective::group_on_device(ctx, world, &CudaIpcConfig::new(1 << 20))?;
+        let comms = cuda_ipc::group_on_device(ctx, world, &CudaIpcConfig::new(1 << 20))?;
         let barrier = Barrier::new(world);
         let rows = on_ranks(ctx, comms, |_, c, s| {
             let tree = FusedTree::new(ctx)?;
@@ -202,7 +202,7 @@ fn enqueue_cost(ctx: &Arc<CudaContext>) -> Res<()> {
     let batch = 500usize;
     let n = 2048; // 4 KiB of bf16
     for world in [1usize, 8] {
-        let comms = CudaIpcCollective::group_on_device(ctx, world, &CudaIpcConfig::new(1 << 20))?;
+        let comms = cuda_ipc::group_on_device(ctx, world, &CudaIpcConfig::new(1 << 20))?;
         let barrier = Barrier::new(world);
         let per_rank = on_ranks(ctx, comms, |_, c, s| {
             let (i, o) = (ones(s, n)?, ones(s, n)?);
@@ -236,7 +236,7 @@ fn enqueue_cost(ctx: &Arc<CudaContext>) -> Res<()> {
     // World 8 driven by one host thread (round robin over the ranks): the per-call cost without
     // 8 threads contending for the driver.
     let world = 8;
-    let comms = CudaIpcCollective::group_on_device(ctx, world, &CudaIpcConfig::new(1 << 20))?;
+    let comms = cuda_ipc::group_on_device(ctx, world, &CudaIpcConfig::new(1 << 20))?;
     let streams = (0..world).map(|_| ctx.new_stream()).collect::<Result<Vec<_>, _>>()?;
     let bufs = streams.iter().map(|s| Ok((ones(s, n)?, ones(s, n)?))).collect::<Res<Vec<_>>>()?;
     let ptrs: Vec<(u64, u64)> = bufs.iter().zip(&streams).map(|((i, o), s)| (addr(i, s), addr(o, s))).collect();
@@ -295,7 +295,7 @@ fn latency(ctx: &Arc<CudaContext>) -> Res<()> {
     for bytes in [4usize << 10, 64 << 10, 1 << 20] {
         let n = bytes / 2;
         let config = CudaIpcConfig::new(4 << 20);
-        let comms = CudaIpcCollective::group_on_device(ctx, world, &config)?;
+        let comms = cuda_ipc::group_on_device(ctx, world, &config)?;
         let route = comms[0].route(collective_core::Op::AllReduce, bytes).name();
         let barrier = Barrier::new(world);
         let per_rank = on_ranks(ctx, comms, |_, c, s| {

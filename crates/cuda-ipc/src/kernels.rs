@@ -405,7 +405,7 @@ fn abi_error(detail: String) -> Error {
 
 /// The main kernels of one context.
 #[derive(Debug)]
-pub(crate) struct Module {
+pub struct Module {
     raw: RawModule,
     pub(crate) collective_single: sys::CUfunction,
     pub(crate) collective_many: sys::CUfunction,

@@ -1,20 +1,14 @@
 //! The one `cuLaunchKernel` per call. The kernel parameter structs, their packing from a
 //! protocol [`Plan`](collective_core::protocol::Plan) and the launch shape are backend-neutral
-//! and live in [`collective_core::protocol::params`] (shared with `hip-ipc`).
-use crate::driver::{BACKEND, check};
+//! and live in [`collective_core::protocol::params`] (shared with `hip-ipc` through the
+//! engine).
+use crate::driver::check;
 use collective_core::Error;
-use collective_core::protocol::Plan;
-use collective_core::protocol::params::{self, Params};
 use cudarc::driver::sys;
 
 pub(crate) use collective_core::protocol::params::{
-    ABI_VERSION, CopyParams, Fixed, ParamsMany, ParamsSingle, RankMemory, Seg, THREADS, TreeParams, copy_grid,
+    ABI_VERSION, CopyParams, ParamsMany, ParamsSingle, Seg, THREADS, TreeParams,
 };
-
-/// [`params::pack`] with this crate's backend name.
-pub(crate) fn pack<const N: usize>(fixed: &Fixed, plan: &Plan, skip_self_gather: bool) -> Result<Params<N>, Error> {
-    params::pack(fixed, plan, skip_self_gather, BACKEND)
-}
 
 /// One `cuLaunchKernel` of `f` with `params` (a single by-value struct argument).
 ///

@@ -10,9 +10,10 @@
 //!   Generations live on the device, so captured CUDA graphs replay correctly.
 //! * Every wait is bounded (`%globaltimer`); a timeout, a mismatching peer or corrupt state is
 //!   written to host-mapped memory and poisons the collective ([`CudaIpcCollective::check`]).
-//! * Ranks as threads of one process ([`CudaIpcCollective::group`]) use peers' pointers
-//!   directly; one process per rank ([`CudaIpcCollective::new`]) exchanges CUDA IPC handles
-//!   through a [`collective_core::bootstrap::Bootstrap`].
+//! * Ranks as threads of one process ([`group`]) use peers' pointers directly; one process per
+//!   rank ([`new`]) exchanges CUDA IPC handles through a
+//!   [`collective_core::bootstrap::Bootstrap`]. The host side of the protocol is the shared
+//!   engine's ([`ipc_engine`]); this crate is its [`Device`] on cudarc ([`CudaDevice`]).
 //! * Nothing is linked at build time: libcuda and libnvrtc are loaded at run time, and their
 //!   absence is [`collective_core::Error::LibraryMissing`], never a panic.
 //!
@@ -21,17 +22,23 @@
 //! `enqueue` entry points.
 #![deny(unsafe_op_in_unsafe_fn)]
 
-mod collective;
 mod config;
+mod device;
 pub mod driver;
 mod group;
 pub mod kernels;
 mod launch;
 mod memory;
-mod status;
 mod tree;
 
-pub use collective::CudaIpcCollective;
 pub use config::{CudaIpcConfig, DEFAULT_RSAG_THRESHOLD};
 pub use cudarc;
+pub use device::{CudaAllocation, CudaDevice, CudaEvent};
+pub use group::{group, group_on_device, group_on_ordinal, new, new_on_ordinal};
+pub use ipc_engine::{Device, IpcCollective, RawStream};
 pub use tree::FusedTree;
+
+/// One rank of a CUDA IPC collective: the engine's collective on a [`CudaDevice`].
+/// `Collective::Stream` is cudarc's `CudaStream`; the engine's `enqueue*` methods take a
+/// [`RawStream`] (a `CUstream`).
+pub type CudaIpcCollective = IpcCollective<CudaDevice>;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 /// One rank's control block + two staging frames, zeroed, header written. Freed on drop.
 #[derive(Debug)]
-pub(crate) struct Staging {
+pub struct Staging {
     ctx: Arc<CudaContext>,
     ptr: sys::CUdeviceptr,
     bytes: usize,
@@ -80,7 +80,7 @@ impl Drop for Staging {
 
 /// A peer's allocation mapped into this process through its IPC handle. Unmapped on drop.
 #[derive(Debug)]
-pub(crate) struct IpcMapping {
+pub struct IpcMapping {
     ctx: Arc<CudaContext>,
     ptr: sys::CUdeviceptr,
 }
@@ -127,7 +127,7 @@ pub(crate) use collective_core::protocol::status::RECORD_WORDS;
 /// Pinned host memory the device writes failures into (`cuMemHostAlloc(DEVICEMAP)`): the host
 /// reads it with a plain volatile load on every call, no driver round trip.
 #[derive(Debug)]
-pub(crate) struct ErrorRecord {
+pub struct ErrorRecord {
     ctx: Arc<CudaContext>,
     host: *mut u64,
     dev: sys::CUdeviceptr,

@@ -20,7 +20,12 @@ pub struct FusedTree {
 impl FusedTree {
     /// Loads the kernels into `ctx` (NVRTC or prebuilt; see [`crate::kernels`]).
     pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, Error> {
-        Ok(FusedTree { ctx: ctx.clone(), module: Module::load(ctx)?, soft: Arc::new(OnceLock::new()) })
+        Ok(Self::from_module(ctx, Module::load(ctx)?))
+    }
+
+    /// Over kernels already loaded into `ctx` (a [`crate::CudaDevice`]'s).
+    pub(crate) fn from_module(ctx: &Arc<CudaContext>, module: Arc<Module>) -> Self {
+        FusedTree { ctx: ctx.clone(), module, soft: Arc::new(OnceLock::new()) }
     }
 
     /// Blocks one launch uses (all SMs full).

@@ -8,7 +8,6 @@ mod common;
 
 use collective_core::Collective;
 use collective_core::conformance::{CHILD_ENV, TestBackend, run_processes, skip};
-use cuda_ipc::CudaIpcCollective;
 use std::time::Duration;
 
 struct Processes;
@@ -46,7 +45,7 @@ impl TestBackend for Processes {
                 // Memory first: no allocation once peers may have kernels in flight.
                 let region = common::Region::new(&ctx, common::REGION_BYTES);
                 let stream = ctx.new_stream().map_err(|e| e.to_string())?;
-                let comm = CudaIpcCollective::new(boot, &ctx, &config).map_err(|e| e.to_string())?;
+                let comm = cuda_ipc::new(boot, &ctx, &config).map_err(|e| e.to_string())?;
                 Ok(common::CudaRank::owning(comm, stream, region))
             },
             &|rank: &mut common::CudaRank| common::checked_case(rank, case),

@@ -10,7 +10,7 @@ use collective_core::conformance::sequence::{self, out_len, seed, shard_of};
 use collective_core::{Collective, DType, Error, Io, Op, RawMut, RawRef};
 use common::{CudaRank, DevBuf, addr, gpu, gpu_lock, run_ranks};
 use cuda_ipc::cudarc::driver::{CudaSlice, CudaStream, sys};
-use cuda_ipc::{CudaIpcCollective, CudaIpcConfig, FusedTree};
+use cuda_ipc::{CudaIpcConfig, FusedTree};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -124,7 +124,7 @@ fn graph_capture_of_mixed_ops_replays_bitwise() {
     let _l = gpu_lock();
     let world = 8;
     let config = CudaIpcConfig::new(1 << 20).with_rsag_threshold(64 << 10);
-    let comms = CudaIpcCollective::group_on_device(&ctx, world, &config).expect("group");
+    let comms = cuda_ipc::group_on_device(&ctx, world, &config).expect("group");
     let steps = graph_steps(world);
     let r = run_ranks(&ctx, comms, |rank| {
         let me = rank.comm.rank();
@@ -199,7 +199,7 @@ fn randomized(world: usize, total: usize, capacity: usize) {
     let Some(ctx) = gpu() else { return };
     let _l = gpu_lock();
     let config = sequence::config(capacity);
-    let comms = CudaIpcCollective::group_on_device(&ctx, world, &config).expect("group");
+    let comms = cuda_ipc::group_on_device(&ctx, world, &config).expect("group");
     let host_inputs = sequence::inputs(world, capacity);
     let batch = 500;
     // Every rank a thread in `ctx`.
@@ -279,7 +279,7 @@ fn generations_wrap_without_corrupt_flags() {
     let world = 2;
     for start in [(1u32 << 31) + 5, u32::MAX - 3] {
         let config = CudaIpcConfig::new(1 << 20).with_rsag_threshold(16 << 10);
-        let comms = CudaIpcCollective::group_on_device(&ctx, world, &config).expect("group");
+        let comms = cuda_ipc::group_on_device(&ctx, world, &config).expect("group");
         for c in &comms {
             c.start_generation_for_test(start).expect("hook");
         }
@@ -333,7 +333,7 @@ fn mismatch(n0: usize, n1: usize) {
     let Some(ctx) = gpu() else { return };
     let _l = gpu_lock();
     let bound = Duration::from_secs(8);
-    let comms = CudaIpcCollective::group_on_device(&ctx, 2, &faults::config(bound)).expect("group");
+    let comms = cuda_ipc::group_on_device(&ctx, 2, &faults::config(bound)).expect("group");
     let r = run_ranks(&ctx, comms, |rank| {
         let me = rank.comm.rank();
         let s = rank.stream.clone();
@@ -380,7 +380,7 @@ fn mismatched_lane_splits_fail_with_signature_mismatch() {
     let Some(ctx) = gpu() else { return };
     let _l = gpu_lock();
     let bound = Duration::from_secs(8);
-    let comms = CudaIpcCollective::group_on_device(&ctx, 2, &faults::config(bound)).expect("group");
+    let comms = cuda_ipc::group_on_device(&ctx, 2, &faults::config(bound)).expect("group");
     let r = run_ranks(&ctx, comms, |rank| {
         let me = rank.comm.rank();
         let s = rank.stream.clone();
@@ -416,7 +416,7 @@ fn a_call_after_the_peer_closed_fails_at_once() {
     let Some(ctx) = gpu() else { return };
     let _l = gpu_lock();
     let bound = Duration::from_secs(20);
-    let comms = CudaIpcCollective::group_on_device(&ctx, 2, &faults::config(bound)).expect("group");
+    let comms = cuda_ipc::group_on_device(&ctx, 2, &faults::config(bound)).expect("group");
     let r = run_ranks(&ctx, comms, |rank| {
         let me = rank.comm.rank();
         let s = rank.stream.clone();
@@ -456,7 +456,7 @@ fn absent_rank_times_out_and_poisons() {
     let Some(ctx) = gpu() else { return };
     let _l = gpu_lock();
     let bound = Duration::from_millis(300);
-    let comms = CudaIpcCollective::group_on_device(&ctx, 2, &faults::config(bound)).expect("group");
+    let comms = cuda_ipc::group_on_device(&ctx, 2, &faults::config(bound)).expect("group");
     let r = run_ranks(&ctx, comms, |rank| {
         let me = rank.comm.rank();
         let s = rank.stream.clone();

@@ -1,8 +1,8 @@
 //! Checks that need no GPU and run in CI: the kernels compile with NVRTC for every target
 //! architecture and keep the arithmetic strict, and a missing driver is an error, not a panic.
 use collective_core::Error;
+use cuda_ipc::CudaIpcConfig;
 use cuda_ipc::kernels::{ImageKind, Variant, compile, compile_variant, ensure_nvrtc, load_nvrtc_from};
-use cuda_ipc::{CudaIpcCollective, CudaIpcConfig};
 use std::path::PathBuf;
 
 /// NVRTC from the loader's path, the usual toolkit places, or a pip wheel
@@ -93,7 +93,7 @@ fn missing_driver_is_an_error_not_a_panic() {
         collective_core::conformance::skip("libcuda is present, the missing-driver path cannot be exercised here");
         return;
     }
-    match CudaIpcCollective::group_on_ordinal(0, 2, &CudaIpcConfig::new(1 << 16)) {
+    match cuda_ipc::group_on_ordinal(0, 2, &CudaIpcConfig::new(1 << 16)) {
         Err(Error::LibraryMissing { library, .. }) => assert!(library.contains("libcuda")),
         other => panic!("expected LibraryMissing, got {other:?}"),
     }

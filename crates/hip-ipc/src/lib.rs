@@ -15,10 +15,9 @@
 //!   [`sys`]; missing is [`collective_core::Error::LibraryMissing`]) and its compile call;
 //! * [`build`]: the HIP kernel compile driver shared by `cargo xtask build` and the tests
 //!   (hipcc, else Debian's clang, else the clang bundled with zig);
-//! * [`HipIpcCollective`]: the collective (the HIP twin of `cuda-ipc`): ranks as threads
-//!   ([`HipIpcCollective::group`]) or one process per rank over a bootstrap
-//!   ([`HipIpcCollective::new`]), one `hipModuleLaunchKernel` per call running the shared
-//!   protocol of [`collective_core::protocol`] (parameter packing and error decoding included);
+//! * [`HipDevice`]: the engine's [`Device`] on this binding; [`HipIpcCollective`] is the shared
+//!   engine's collective on it ([`ipc_engine`]): ranks as threads ([`group`]) or one process
+//!   per rank over a bootstrap ([`new`]), one `hipModuleLaunchKernel` per call;
 //! * [`FusedTree`]: the fused tree kernel alone (W inputs -> 1 output), the device code of the
 //!   RCCL transport's local reduction (`ccl-transport`, feature `rocm`).
 //!
@@ -29,20 +28,30 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod build;
-mod collective;
+mod device;
+mod entry;
 mod group;
 pub mod kernels;
 pub mod result;
 pub mod rtc;
 pub mod runtime;
+mod staging;
 pub mod sys;
 mod tree;
 
 /// Backend name used in [`collective_core::Error::Backend`].
 pub const BACKEND: &str = "hip-ipc";
 
-pub use collective::HipIpcCollective;
 /// The configuration of a HIP IPC collective: the backend-neutral one `cuda-ipc` uses too.
 pub use collective_core::protocol::{DEFAULT_RSAG_THRESHOLD, IpcConfig as HipIpcConfig};
+pub use device::HipDevice;
+pub use group::{group, group_on_ordinal, new};
+pub use ipc_engine::{Device, IpcCollective, RawStream};
+pub use staging::{CONTROL_MEMORY_ENV, ControlMemory};
+
+/// One rank of a HIP IPC collective: the engine's collective on a [`HipDevice`].
+/// `Collective::Stream` is [`Stream`]; the engine's `enqueue*` methods take a [`RawStream`]
+/// (a `hipStream_t`).
+pub type HipIpcCollective = IpcCollective<HipDevice>;
 pub use runtime::{Event, Stream};
 pub use tree::{Arithmetic, FusedTree};

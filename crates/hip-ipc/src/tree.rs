@@ -8,7 +8,7 @@
 //! its reductions are the IPC route's bits by construction.
 //!
 //! Nothing of this file has run on an AMD GPU (none was available): see docs/rocm.md.
-use crate::collective::{Kernels, launch};
+use crate::entry::{Kernels, launch};
 use crate::runtime;
 use crate::sys::HipStream;
 use collective_core::protocol::params::{THREADS, TreeParams};
@@ -44,6 +44,11 @@ impl FusedTree {
             return Err(Error::InvalidConfig { detail: format!("HIP device {ordinal} does not exist ({n} visible)") });
         }
         Ok(FusedTree { kernels: Kernels::load(ordinal)?, device: ordinal })
+    }
+
+    /// Over a code object already loaded on device `ordinal` (a [`crate::HipDevice`]'s).
+    pub(crate) fn from_kernels(kernels: Arc<Kernels>, ordinal: usize) -> Self {
+        FusedTree { kernels, device: ordinal }
     }
 
     /// The device the kernel is loaded on.

@@ -5,7 +5,7 @@ mod common;
 
 use collective_core::conformance::TestBackend;
 use common::HipRank;
-use hip_ipc::{HipIpcCollective, HipIpcConfig};
+use hip_ipc::HipIpcConfig;
 use std::time::Duration;
 
 /// Worlds of ranks as threads on HIP device 0; a 32 KiB RS+AG threshold so both all_reduce
@@ -29,7 +29,7 @@ impl TestBackend for Threads {
         let mut config = HipIpcConfig::new(capacity).with_rsag_threshold(32 << 10);
         config.timeouts =
             Some(collective_core::protocol::Timeouts { peer: Duration::from_secs(20), ..Default::default() });
-        let comms = HipIpcCollective::group_on_ordinal(ordinal, world, &config).map_err(|e| e.to_string())?;
+        let comms = hip_ipc::group_on_ordinal(ordinal, world, &config).map_err(|e| e.to_string())?;
         common::run_ranks(comms, |rank| common::checked(rank, case))
     }
 }

@@ -8,7 +8,7 @@ use collective_core::Collective;
 use collective_core::conformance::{CHILD_ENV, TestBackend, run_processes};
 use common::HipRank;
 use hip_ipc::runtime::{self, DeviceMemory};
-use hip_ipc::{HipIpcCollective, HipIpcConfig, Stream};
+use hip_ipc::{HipIpcConfig, Stream};
 use std::time::Duration;
 
 struct Processes;
@@ -50,7 +50,7 @@ impl TestBackend for Processes {
                 // Memory first: no allocation once peers may have kernels in flight.
                 let region = DeviceMemory::new(ordinal, common::REGION_BYTES).map_err(|e| e.to_string())?;
                 let stream = Stream::new(ordinal).map_err(|e| e.to_string())?;
-                let comm = HipIpcCollective::new(boot, ordinal, &config).map_err(|e| e.to_string())?;
+                let comm = hip_ipc::new(boot, ordinal, &config).map_err(|e| e.to_string())?;
                 Ok(HipRank::owning(comm, stream, region))
             },
             &|rank: &mut HipRank| common::checked(rank, case),

@@ -17,7 +17,7 @@ use collective_core::protocol::params::TreeParams;
 use collective_core::{Collective, DType, Io, RawMut, RawRef};
 use common::{DevBuf, HipRank, gpu, gpu_lock, run_ranks};
 use hip_ipc::runtime::DeviceMemory;
-use hip_ipc::{Arithmetic, FusedTree, HipIpcCollective, HipIpcConfig, Stream};
+use hip_ipc::{Arithmetic, FusedTree, HipIpcConfig, Stream};
 use std::time::{Duration, Instant};
 
 /// A device copy of `data` in the rank's region.
@@ -46,7 +46,7 @@ fn randomized(world: usize, total: usize, capacity: usize) {
     let Some(ordinal) = gpu() else { return };
     let _l = gpu_lock();
     let config = sequence::config(capacity);
-    let comms = HipIpcCollective::group_on_ordinal(ordinal, world, &config).expect("group");
+    let comms = hip_ipc::group_on_ordinal(ordinal, world, &config).expect("group");
     let host_inputs = sequence::inputs(world, capacity);
     let batch = 500;
     // Every rank a thread on device `ordinal`, sharing its queues.
@@ -119,7 +119,7 @@ fn mismatch(n0: usize, n1: usize) {
     let Some(ordinal) = gpu() else { return };
     let _l = gpu_lock();
     let bound = Duration::from_secs(8);
-    let comms = HipIpcCollective::group_on_ordinal(ordinal, 2, &faults::config(bound)).expect("group");
+    let comms = hip_ipc::group_on_ordinal(ordinal, 2, &faults::config(bound)).expect("group");
     let r = run_ranks(comms, |rank| {
         let me = rank.comm.rank();
         let n = if me == 0 { n0 } else { n1 };
@@ -155,7 +155,7 @@ fn absent_rank_times_out_and_poisons() {
     let Some(ordinal) = gpu() else { return };
     let _l = gpu_lock();
     let bound = Duration::from_millis(300);
-    let comms = HipIpcCollective::group_on_ordinal(ordinal, 2, &faults::config(bound)).expect("group");
+    let comms = hip_ipc::group_on_ordinal(ordinal, 2, &faults::config(bound)).expect("group");
     let r = run_ranks(comms, |rank| {
         if rank.comm.rank() == 1 {
             // Never arrives; its own state stays healthy.
@@ -274,7 +274,7 @@ fn graph_capture_is_not_claimed() {
     let _l = gpu_lock();
     let config = HipIpcConfig::new(1 << 20);
     for world in [1, 2] {
-        let comms = HipIpcCollective::group_on_ordinal(ordinal, world, &config).expect("group");
+        let comms = hip_ipc::group_on_ordinal(ordinal, world, &config).expect("group");
         for c in &comms {
             let caps = c.capabilities();
             assert!(!caps.supports_graph_capture, "world {world} rank {}: graph capture claimed", c.rank());

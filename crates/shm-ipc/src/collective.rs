@@ -7,7 +7,8 @@ use collective_core::bootstrap::Bootstrap;
 use collective_core::protocol::close::CloseOnce;
 use collective_core::protocol::{Header, Layout, Plan, Timeouts};
 use collective_core::{
-    Capabilities, Collective, Error, Io, Op, Route, SUPPORTED_WORLD_SIZES, host_identity, validate, validate_many,
+    Capabilities, Collective, Error, Io, Op, Route, RouteSelect, SUPPORTED_WORLD_SIZES, host_identity, ipc_route_for,
+    validate, validate_many,
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -356,7 +357,8 @@ impl ShmCollective {
         if self.closed.load(Ordering::Acquire) { Err(Error::Closed) } else { Ok(()) }
     }
 
-    fn single(&self, op: Op, io: Io<'_>) -> Result<(), Error> {
+    /// One single-lane call by `route` (`None`: the configured RS+AG threshold decides).
+    fn single(&self, op: Op, io: Io<'_>, route: Option<Route>) -> Result<(), Error> {
         self.check_open()?;
         if let Some(e) = &self.engine {
             e.poison.check()?;
@@ -370,8 +372,25 @@ impl ShmCollective {
             }
             return Ok(());
         };
-        let plan = Plan::single(&call, self.rank, self.world, self.route(op, call.bytes_in()))?;
+        let route = match route {
+            None => self.route(op, call.bytes_in()),
+            Some(r @ (Route::IpcOneShot | Route::IpcReduceScatterAllGather)) if r == ipc_route_for(op, r) => r,
+            Some(r) => {
+                return Err(Error::InvalidConfig { detail: format!("{op} cannot take route {r:?} on the CPU twin") });
+            }
+        };
+        let plan = Plan::single(&call, self.rank, self.world, route)?;
         engine.execute(&plan)
+    }
+}
+
+impl RouteSelect for ShmCollective {
+    fn call_on_route(&self, op: Op, io: Io<'_>, route: Route, _: &()) -> Result<(), Error> {
+        if op == Op::ReduceScatterMany {
+            return Err(Error::InvalidConfig { detail: "reduce_scatter_many takes reduce_scatter_many's call".into() });
+        }
+        let route = if self.world == 1 { None } else { Some(route) };
+        self.single(op, io, route)
     }
 }
 
@@ -397,13 +416,13 @@ impl Collective for ShmCollective {
         }
     }
     fn all_reduce(&self, io: Io<'_>, _: &()) -> Result<(), Error> {
-        self.single(Op::AllReduce, io)
+        self.single(Op::AllReduce, io, None)
     }
     fn all_gather(&self, io: Io<'_>, _: &()) -> Result<(), Error> {
-        self.single(Op::AllGather, io)
+        self.single(Op::AllGather, io, None)
     }
     fn reduce_scatter(&self, io: Io<'_>, _: &()) -> Result<(), Error> {
-        self.single(Op::ReduceScatter, io)
+        self.single(Op::ReduceScatter, io, None)
     }
     fn reduce_scatter_many(&self, lanes: &[Io<'_>], _: &()) -> Result<(), Error> {
         self.check_open()?;

@@ -1,7 +1,7 @@
 //! NVIDIA GPUs as a bench backend.
 //!
 //! * Processes (the default): every rank builds what downstream crates get,
-//!   `collective_factory::nvidia_collective` (CUDA IPC routes, NCCL where the table says), on
+//!   `collective_factory::nvidia::from_bootstrap` (CUDA IPC routes, NCCL where the table says), on
 //!   GPU `local_rank % device count`; where every rank has its own GPU it also builds two plain
 //!   NCCL communicators for the native, NON-deterministic reference columns (library default,
 //!   and `NCCL_ALGO=Tree NCCL_PROTO=Simple`).
@@ -15,10 +15,11 @@ use super::args::BenchOp;
 use super::backend::{BenchBackend, NativeKind};
 use super::native::{self, Natives};
 use anyhow::Context;
-use ccl_transport::{CudaDevice, TransportCollective};
+use ccl_transport::TransportCollective;
 use collective_core::bootstrap::Bootstrap;
 use collective_core::{Collective, DType, Io, Op, RawMut, RawRef, Route};
-use collective_factory::{NvidiaConfig, Platform, Routing, nvidia_collective};
+use collective_factory::{Config, Platform, Routing, nvidia};
+use cuda_ipc::CudaDevice;
 use cuda_ipc::cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, sys};
 use cuda_ipc::{CudaIpcCollective, CudaIpcConfig};
 use std::sync::Arc;
@@ -84,7 +85,7 @@ pub fn process(
     // every rank of one host; NCCL refuses two ranks on one GPU).
     let own_gpu = boot.world_size() <= count;
     let natives = if own_gpu && native::wanted()? {
-        Natives::build(&*boot, capacity, |b, c| TransportCollective::new_cuda(&ctx, b, c))
+        Natives::build(&*boot, capacity, |b, c| TransportCollective::with_device(|| CudaDevice::new(&ctx), b, c))
     } else {
         if boot.rank() == 0 && native::wanted()? {
             eprintln!(
@@ -95,7 +96,8 @@ pub fn process(
         }
         Natives::none()
     };
-    let comm = nvidia_collective(boot, &NvidiaConfig::new(capacity)).context("building the NVIDIA collective")?;
+    let comm = nvidia::from_bootstrap(boot, &Config::new().with_capacity(capacity))
+        .context("building the NVIDIA collective")?;
     let stream = ctx.new_stream()?;
     Ok(CudaBackend { comm, name: NAME, ctx, stream, natives })
 }
@@ -113,7 +115,7 @@ pub fn group(world: usize, capacity: usize) -> anyhow::Result<Vec<CudaBackend<Cu
     );
     let ctxs = (0..world).map(|r| context(r % count)).collect::<anyhow::Result<Vec<_>>>()?;
     let config = CudaIpcConfig::new(capacity).with_rsag_threshold(rsag_threshold(world));
-    let comms = CudaIpcCollective::group(&ctxs, &config).context("building the CUDA IPC thread group")?;
+    let comms = cuda_ipc::group(&ctxs, &config).context("building the CUDA IPC thread group")?;
     comms
         .into_iter()
         .zip(ctxs)

@@ -1,7 +1,7 @@
 //! AMD GPUs (ROCm) as a bench backend.
 //!
 //! * Processes (the default): every rank builds what downstream crates get,
-//!   `collective_factory::rocm_collective` (HIP IPC routes, RCCL where the MI300X table says),
+//!   `collective_factory::rocm::from_bootstrap` (HIP IPC routes, RCCL where the MI300X table says),
 //!   on GPU `local_rank % device count`, plus the native (NOT deterministic) RCCL columns
 //!   from plain RCCL communicators (`super::native`), as on NVIDIA.
 //! * Threads (`--threads`): the HIP IPC twin as a thread group, rank r on GPU r % count.
@@ -17,10 +17,11 @@ use super::backend::{BenchBackend, NativeKind};
 use super::cuda::Retained;
 use super::native::{self, Natives};
 use anyhow::Context;
-use ccl_transport::{HipDevice, TransportCollective};
+use ccl_transport::TransportCollective;
 use collective_core::bootstrap::Bootstrap;
 use collective_core::{Collective, DType, Io, Op, RawMut, RawRef, Route};
-use collective_factory::{Platform, RocmCollective, Routing, rocm_collective};
+use collective_factory::{Config, Platform, RocmCollective, Routing, rocm};
+use hip_ipc::HipDevice;
 use hip_ipc::runtime::{DeviceMemory, Event};
 use hip_ipc::{HipIpcCollective, HipIpcConfig, Stream};
 use std::sync::Arc;
@@ -69,12 +70,13 @@ pub fn process(boot: Arc<dyn Bootstrap>, capacity: usize) -> anyhow::Result<HipB
     // One GPU per rank (checked above): RCCL communicators are possible. Built before the
     // factory's collective (see `Natives::build`).
     let natives = if native::wanted()? {
-        Natives::build(&*boot, capacity, |b, c| TransportCollective::open_hip(fallback, b, c))
+        Natives::build(&*boot, capacity, |b, c| TransportCollective::with_device(|| HipDevice::open(fallback), b, c))
     } else {
         Natives::none()
     };
-    let comm = rocm_collective(boot, capacity, None, None).context("building the ROCm collective")?;
-    let device = comm.ipc().map_or(fallback, HipIpcCollective::device);
+    let comm =
+        rocm::from_bootstrap(boot, &Config::new().with_capacity(capacity)).context("building the ROCm collective")?;
+    let device = comm.ipc().map_or(fallback, |c| c.device().ordinal());
     let stream = Stream::new(device).context("creating the bench stream")?;
     Ok(HipBackend { comm, name: NAME, stream, natives })
 }
@@ -94,11 +96,11 @@ pub fn group(world: usize, capacity: usize) -> anyhow::Result<Vec<HipBackend<Hip
         .first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather)
         .unwrap_or(usize::MAX);
     let config = HipIpcConfig::new(capacity).with_rsag_threshold(threshold);
-    let comms = HipIpcCollective::group(&ordinals, &config).context("building the HIP IPC thread group")?;
+    let comms = hip_ipc::group(&ordinals, &config).context("building the HIP IPC thread group")?;
     comms
         .into_iter()
         .map(|comm| {
-            let stream = Stream::new(comm.device()).context("creating the bench stream")?;
+            let stream = Stream::new(comm.device().ordinal()).context("creating the bench stream")?;
             Ok(HipBackend { comm, name: THREADS_NAME, stream, natives: Natives::none() })
         })
         .collect()

@@ -1,10 +1,11 @@
 //! The NVIDIA side of the shared test code: cudarc contexts, streams and buffers, and the
 //! transport over NCCL.
 use super::Gpu;
-use ccl_transport::cuda_ipc::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
-use ccl_transport::{CudaDevice, TransportCollective, TransportConfig};
+use ccl_transport::{TransportCollective, TransportConfig};
 use collective_core::Error;
 use collective_core::bootstrap::Bootstrap;
+use cuda_ipc::CudaDevice;
+use cuda_ipc::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use std::sync::{Arc, OnceLock};
 
 /// One CUDA device: its primary context, event tracking off (each buffer is used on one stream
@@ -23,10 +24,10 @@ impl Gpu for Cuda {
 
     fn device_count() -> usize {
         static N: OnceLock<usize> = OnceLock::new();
-        *N.get_or_init(|| ccl_transport::cuda_ipc::driver::device_count().unwrap_or(0))
+        *N.get_or_init(|| cuda_ipc::driver::device_count().unwrap_or(0))
     }
     fn open(ordinal: usize) -> Option<Self> {
-        let ctx = ccl_transport::cuda_ipc::driver::open_device(ordinal).ok()?;
+        let ctx = cuda_ipc::driver::open_device(ordinal).ok()?;
         // SAFETY: see the type's documentation.
         unsafe { ctx.disable_event_tracking() };
         Some(Cuda { ctx })
@@ -42,7 +43,7 @@ impl Gpu for Cuda {
         boot: &dyn Bootstrap,
         config: &TransportConfig,
     ) -> Result<TransportCollective<CudaDevice>, Error> {
-        TransportCollective::new_cuda(&self.ctx, boot, config)
+        TransportCollective::with_device(|| CudaDevice::new(&self.ctx), boot, config)
     }
 
     fn alloc(stream: &Arc<CudaStream>, bytes: usize) -> CudaSlice<u8> {

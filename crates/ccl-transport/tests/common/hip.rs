@@ -3,11 +3,12 @@
 //!
 //! Never executed on an AMD GPU (none was available): see docs/rocm.md.
 use super::Gpu;
-use ccl_transport::hip_ipc::Stream;
-use ccl_transport::hip_ipc::runtime::{self, DeviceMemory};
-use ccl_transport::{HipDevice, TransportCollective, TransportConfig};
+use ccl_transport::{TransportCollective, TransportConfig};
 use collective_core::Error;
 use collective_core::bootstrap::Bootstrap;
+use hip_ipc::HipDevice;
+use hip_ipc::Stream;
+use hip_ipc::runtime::{self, DeviceMemory};
 use std::sync::OnceLock;
 
 /// One HIP device, by ordinal.
@@ -43,7 +44,7 @@ impl Gpu for Hip {
     ) -> Result<TransportCollective<HipDevice>, Error> {
         // Loads the tree kernel inside the construction, so a rank whose code object does not
         // load still takes part in the agreement and every rank gets the error.
-        TransportCollective::open_hip(self.ordinal, boot, config)
+        TransportCollective::with_device(|| HipDevice::open(self.ordinal), boot, config)
     }
 
     fn alloc(stream: &Stream, bytes: usize) -> DeviceMemory {

@@ -16,9 +16,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 pub mod checks;
-#[cfg(feature = "cuda")]
 pub mod cuda;
-#[cfg(feature = "rocm")]
 pub mod hip;
 
 /// Bound on waiting for a test stream (a hung NCCL kernel aborts instead of hanging the test).

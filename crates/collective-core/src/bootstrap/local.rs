@@ -185,6 +185,9 @@ impl Bootstrap for LocalBootstrap {
     fn local_world_size(&self) -> usize {
         self.shared.world
     }
+    fn timeouts(&self) -> Option<(Duration, Duration)> {
+        Some((self.shared.timeout, self.shared.timeout))
+    }
     fn all_gather_bytes(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>, BootstrapError> {
         let mut me = self.mine.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(reason) = &me.failed {

@@ -15,6 +15,9 @@
 //! (`DETCOLL_JOB_TOKEN`, or one derived from the torchrun/launcher variables; see
 //! [`env`](mod@crate::env)) without sending it, and rank 0 silently drops every other connection.
 //!
+//! Groups inside a job (tensor-, data-parallel...): [`split`] makes one bootstrap per group from
+//! any bootstrap, like `ncclCommSplit`; groups then run independently of each other.
+//!
 //! Every operation is bounded in time. When a peer does not contribute, or dies, every rank
 //! gets an error that names the culprit ([`BootstrapError::culprit`]) instead of hanging.
 //! After a failed exchange a bootstrap is poisoned: later calls return
@@ -26,12 +29,14 @@ use std::time::Duration;
 
 pub mod env;
 mod local;
+mod split;
 mod tcp;
 mod token;
 mod wire;
 
 pub use env::TorchrunEnv;
 pub use local::LocalBootstrap;
+pub use split::{GroupTransport, SplitEntry, SplitOptions, SubBootstrap, group_members, split, split_with};
 pub use tcp::{HANDSHAKE_TIMEOUT, MAX_PENDING_HANDSHAKES, TcpBootstrap, TcpConfig};
 pub use token::MAX_TOKEN_LEN;
 
@@ -65,6 +70,19 @@ pub trait Bootstrap: Send + Sync + fmt::Debug {
     fn barrier(&self) -> Result<(), BootstrapError> {
         self.all_gather_bytes(&[]).map(|_| ())
     }
+    /// `(connect, exchange)` timeouts of this bootstrap, if it has them: [`split`] gives its
+    /// groups the same bounds. Default `None` ([`DEFAULT_CONNECT_TIMEOUT`],
+    /// [`DEFAULT_EXCHANGE_TIMEOUT`]).
+    fn timeouts(&self) -> Option<(Duration, Duration)> {
+        None
+    }
+    /// A host name or IP at which the other ranks of the job can reach a TCP listener of this
+    /// process, if known. [`split`] needs it only for a group that spans hosts: the group's
+    /// first member listens there. [`TcpBootstrap`] knows it (rank 0: `MASTER_ADDR`; the others:
+    /// their address on the connection to rank 0). Default `None`.
+    fn reachable_host(&self) -> Option<String> {
+        None
+    }
 }
 
 impl<B: Bootstrap + ?Sized> Bootstrap for Arc<B> {
@@ -86,6 +104,12 @@ impl<B: Bootstrap + ?Sized> Bootstrap for Arc<B> {
     fn barrier(&self) -> Result<(), BootstrapError> {
         (**self).barrier()
     }
+    fn timeouts(&self) -> Option<(Duration, Duration)> {
+        (**self).timeouts()
+    }
+    fn reachable_host(&self) -> Option<String> {
+        (**self).reachable_host()
+    }
 }
 
 impl<B: Bootstrap + ?Sized> Bootstrap for Box<B> {
@@ -106,6 +130,12 @@ impl<B: Bootstrap + ?Sized> Bootstrap for Box<B> {
     }
     fn barrier(&self) -> Result<(), BootstrapError> {
         (**self).barrier()
+    }
+    fn timeouts(&self) -> Option<(Duration, Duration)> {
+        (**self).timeouts()
+    }
+    fn reachable_host(&self) -> Option<String> {
+        (**self).reachable_host()
     }
 }
 
@@ -235,6 +265,15 @@ pub enum BootstrapError {
     /// A peer sent something that is not the detcoll bootstrap protocol.
     #[error("bootstrap protocol error: {0}")]
     Protocol(String),
+    /// [`split`]: rank `rank` (of the parent) could not take part in forming its group (its
+    /// host identity is invalid, or, as the group's first member, it could not listen).
+    #[error("bootstrap split: rank {rank} could not set up its group: {detail}")]
+    GroupSetup {
+        /// The parent rank at fault.
+        rank: usize,
+        /// What went wrong.
+        detail: String,
+    },
     /// The bootstrap is unusable because an earlier exchange failed.
     #[error("bootstrap is closed after an earlier failure: {reason}")]
     Closed {
@@ -252,7 +291,8 @@ impl BootstrapError {
             | Self::SequenceMismatch { rank, .. }
             | Self::WorldSizeMismatch { rank, .. }
             | Self::DuplicateRank { rank }
-            | Self::RankOutOfRange { rank, .. } => Some(*rank),
+            | Self::RankOutOfRange { rank, .. }
+            | Self::GroupSetup { rank, .. } => Some(*rank),
             Self::MissingRanks { ranks, .. } => ranks.first().copied(),
             Self::ConnectTimeout { .. } => Some(0),
             _ => None,

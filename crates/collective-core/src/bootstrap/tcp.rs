@@ -191,7 +191,11 @@ pub struct TcpBootstrap {
     local_rank: usize,
     local_world_size: usize,
     addr: String,
+    connect_timeout: Duration,
     exchange_timeout: Duration,
+    /// Where other ranks can reach a listener of this process (for `split`): rank 0's
+    /// `MASTER_ADDR`, another rank's address on its connection to rank 0.
+    reachable_host: Option<String>,
     inner: Mutex<Inner>,
 }
 
@@ -220,6 +224,16 @@ impl TcpBootstrap {
     /// Joins (or, on rank 0, serves) the rendezvous. Returns when every rank has connected, or
     /// with the error that made the group fail.
     pub fn new(cfg: TcpConfig) -> Result<Self, BootstrapError> {
+        Self::start(cfg, None)
+    }
+
+    /// Like [`TcpBootstrap::new`] on rank 0 of `cfg`, serving on an already bound `listener`
+    /// (`split` binds an ephemeral port before it can publish it). Other ranks ignore it.
+    pub(super) fn with_listener(cfg: TcpConfig, listener: TcpListener) -> Result<Self, BootstrapError> {
+        Self::start(cfg, Some(listener))
+    }
+
+    fn start(cfg: TcpConfig, listener: Option<TcpListener>) -> Result<Self, BootstrapError> {
         validate_layout(cfg.rank, cfg.world_size, cfg.local_rank, cfg.local_world_size)?;
         if cfg.master_port == 0 {
             return Err(BootstrapError::InvalidConfig {
@@ -235,9 +249,14 @@ impl TcpBootstrap {
         let role = if cfg.world_size == 1 {
             Role::Single
         } else if cfg.rank == 0 {
-            serve(&cfg)?
+            serve(&cfg, listener)?
         } else {
             join(&cfg)?
+        };
+        let reachable_host = match &role {
+            Role::Single => None,
+            Role::Root { .. } => Some(cfg.host().to_owned()),
+            Role::Client { stream } => stream.local_addr().ok().map(|a| a.ip().to_string()),
         };
         Ok(Self {
             rank: cfg.rank,
@@ -245,7 +264,9 @@ impl TcpBootstrap {
             local_rank: cfg.local_rank,
             local_world_size: cfg.local_world_size,
             addr: cfg.addr(),
+            connect_timeout: cfg.connect_timeout,
             exchange_timeout: cfg.exchange_timeout,
+            reachable_host,
             inner: Mutex::new(Inner { role, seq: 0, failed: None }),
         })
     }
@@ -385,6 +406,12 @@ impl Bootstrap for TcpBootstrap {
     fn local_world_size(&self) -> usize {
         self.local_world_size
     }
+    fn timeouts(&self) -> Option<(Duration, Duration)> {
+        Some((self.connect_timeout, self.exchange_timeout))
+    }
+    fn reachable_host(&self) -> Option<String> {
+        self.reachable_host.clone()
+    }
 
     fn all_gather_bytes(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>, BootstrapError> {
         let mut guard = self.lock();
@@ -456,7 +483,7 @@ fn read_failure(rank: usize, e: ReadError, waited: Duration, what: &'static str)
 // ---------------------------------------------------------------------------------------------
 // Rank 0
 
-fn bind_listener(cfg: &TcpConfig) -> Result<TcpListener, BootstrapError> {
+pub(super) fn bind_listener(cfg: &TcpConfig) -> Result<TcpListener, BootstrapError> {
     let addr = cfg.addr();
     let host = cfg.host();
     let port = cfg.master_port;
@@ -622,11 +649,14 @@ fn admit(rank: u64, world: u64, ours: usize, peers: &[Option<TcpStream>]) -> Res
     }
 }
 
-fn serve(cfg: &TcpConfig) -> Result<Role, BootstrapError> {
+fn serve(cfg: &TcpConfig, listener: Option<TcpListener>) -> Result<Role, BootstrapError> {
     let world = cfg.world_size;
     let token = cfg.job_token_or_default();
     let deadline = Instant::now() + cfg.connect_timeout;
-    let listener = bind_listener(cfg)?;
+    let listener = match listener {
+        Some(l) => l,
+        None => bind_listener(cfg)?,
+    };
     listener.set_nonblocking(true).map_err(|e| BootstrapError::io("rank 0: configuring the listener", e))?;
     let mut peers: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
     let mut connected = 0usize;

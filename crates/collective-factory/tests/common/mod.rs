@@ -40,7 +40,7 @@ const LANES: [&[usize]; 2] = [&[513, 1, 65_537], &[1024, 7]];
 /// buffers.
 pub trait Platform: 'static {
     /// The IPC backend.
-    type Ipc: Collective;
+    type Ipc: collective_core::RouteSelect;
     /// The transport's device side, on the IPC backend's stream type.
     type Dev: Device<Stream = <Self::Ipc as Collective>::Stream>;
     /// A stream the tests own; borrows as the collective's stream.
@@ -87,6 +87,20 @@ pub struct Build {
     pub routing: Option<Routing>,
     /// Bounds on waits.
     pub timeouts: Option<Timeouts>,
+}
+
+impl Build {
+    /// The factory configuration these values mean.
+    pub fn config(&self) -> collective_factory::Config {
+        let mut c = collective_factory::Config::new().with_capacity(self.capacity);
+        if let Some(r) = &self.routing {
+            c = c.with_routing(r.clone());
+        }
+        if let Some(t) = self.timeouts {
+            c = c.with_timeouts(t);
+        }
+        c
+    }
 }
 
 /// The factory's collective on platform `P`.

@@ -1,10 +1,10 @@
 //! The NVIDIA side of the shared factory tests: cudarc streams and buffers, the CUDA IPC twin
-//! and the NCCL transport composed by `nvidia_collective`.
+//! and the NCCL transport composed by `nvidia::from_bootstrap`.
 use super::{Build, Comm, Platform};
-use ccl_transport::CudaDevice;
 use collective_core::Error;
 use collective_core::bootstrap::Bootstrap;
-use collective_factory::{NvidiaConfig, nvidia_collective};
+use collective_factory::nvidia;
+use cuda_ipc::CudaDevice;
 use cuda_ipc::CudaIpcCollective;
 use cuda_ipc::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
@@ -41,7 +41,7 @@ impl Platform for Nvidia {
         }
     }
     fn build(boot: Arc<dyn Bootstrap>, c: Build) -> Result<Comm<Self>, Error> {
-        nvidia_collective(boot, &NvidiaConfig { capacity: c.capacity, routing: c.routing, timeouts: c.timeouts })
+        nvidia::from_bootstrap(boot, &c.config())
     }
     fn check_ipc(ipc: &CudaIpcCollective) -> Result<(), Error> {
         ipc.check()

@@ -1,12 +1,12 @@
 //! The AMD side of the shared factory tests: hip-ipc streams and `hipMalloc` buffers, the HIP
-//! IPC twin and the RCCL transport composed by `rocm_collective`.
+//! IPC twin and the RCCL transport composed by `rocm::from_bootstrap`.
 //!
 //! Never executed on an AMD GPU (none was available): see docs/rocm.md.
 use super::{Build, Comm, Platform};
-use ccl_transport::HipDevice;
 use collective_core::Error;
 use collective_core::bootstrap::Bootstrap;
-use collective_factory::rocm_collective;
+use collective_factory::rocm;
+use hip_ipc::HipDevice;
 use hip_ipc::runtime::{self, DeviceMemory};
 use hip_ipc::{HipIpcCollective, Stream};
 use std::sync::Arc;
@@ -32,7 +32,7 @@ impl Platform for Rocm {
         }
     }
     fn build(boot: Arc<dyn Bootstrap>, c: Build) -> Result<Comm<Self>, Error> {
-        rocm_collective(boot, c.capacity, c.routing, c.timeouts)
+        rocm::from_bootstrap(boot, &c.config())
     }
     fn check_ipc(ipc: &HipIpcCollective) -> Result<(), Error> {
         ipc.check()

@@ -280,7 +280,7 @@ pub fn run_thread_world(
     case: &(dyn Fn(&mut CudaRank) -> Result<(), String> + Sync),
 ) -> Result<(), String> {
     let config = suite_config(capacity, std::time::Duration::from_secs(20));
-    let comms = CudaIpcCollective::group(ctxs, &config).map_err(|e| e.to_string())?;
+    let comms = cuda_ipc::group(ctxs, &config).map_err(|e| e.to_string())?;
     run_ranks_with(ctxs, comms, REGION_BYTES, |rank| checked_case(rank, case))
 }
 

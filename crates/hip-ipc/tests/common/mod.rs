@@ -170,7 +170,7 @@ where
     F: Fn(&mut HipRank) -> Result<(), String> + Sync,
 {
     let world = comms.len();
-    let devices: Vec<usize> = comms.iter().map(HipIpcCollective::device).collect();
+    let devices: Vec<usize> = comms.iter().map(|c| c.device().ordinal()).collect();
     let regions = devices
         .iter()
         .map(|&d| DeviceMemory::new(d, REGION_BYTES).map_err(|e| e.to_string()))

@@ -1,9 +1,12 @@
 //! A downstream user's program: two ranks as threads, an f32 `all_reduce` through
-//! `collective_factory::cpu_collective`, bits checked on both ranks.
+//! `collective_factory::cpu::from_bootstrap` (each rank joins through a
+//! `LocalBootstrap`, as ranks of one process do), bits checked on both ranks.
 #![forbid(unsafe_code)]
 
-use collective_core::bootstrap::LocalBootstrap;
+use collective_core::bootstrap::{Bootstrap, LocalBootstrap};
 use collective_core::{Collective, Io};
+use collective_factory::Config;
+use std::sync::Arc;
 
 const N: usize = 4099; // not a multiple of any vector width
 
@@ -16,10 +19,12 @@ fn main() {
     let boots = LocalBootstrap::group(2);
     let results: Vec<Vec<f32>> = std::thread::scope(|s| {
         let handles: Vec<_> = boots
-            .iter()
+            .into_iter()
             .map(|boot| {
                 s.spawn(move || {
-                    let comm = collective_factory::cpu_collective(boot, 1 << 20).expect("cpu_collective");
+                    let boot: Arc<dyn Bootstrap> = Arc::new(boot);
+                    let config = Config::new().with_capacity(1 << 20);
+                    let comm = collective_factory::cpu::from_bootstrap(boot, &config).expect("cpu::from_bootstrap");
                     let x = input(comm.rank());
                     let mut out = vec![0f32; N];
                     comm.all_reduce(Io::host(&x, &mut out), &()).expect("all_reduce");

@@ -4,13 +4,13 @@
 
 use collective_core::Error;
 use collective_core::bootstrap::{Bootstrap, LocalBootstrap};
-use collective_factory::{NvidiaCollective, NvidiaConfig, nvidia_collective};
+use collective_factory::{Config, NvidiaCollective};
 use std::sync::Arc;
 
 /// One rank on its own (world 1), with 1 MiB of staging.
 pub fn single_rank() -> Result<NvidiaCollective, Error> {
     let boot: Arc<dyn Bootstrap> = Arc::new(LocalBootstrap::group(1).remove(0));
-    nvidia_collective(boot, &NvidiaConfig::new(1 << 20))
+    collective_factory::nvidia::from_bootstrap(boot, &Config::new().with_capacity(1 << 20))
 }
 
 #[cfg(feature = "candle")]

@@ -1,0 +1,107 @@
+//! [`Config`]: the one configuration of every platform's constructor.
+use crate::Routing;
+use collective_core::protocol::Timeouts;
+
+/// Staging bytes per rank when [`Config::with_capacity`] is not called: 16 MiB (two frames of
+/// it per rank, see [`Config::capacity`]).
+pub const DEFAULT_CAPACITY: usize = 16 << 20;
+
+/// Which GPU a rank of [`crate::nvidia::from_bootstrap`] / [`crate::rocm::from_bootstrap`]
+/// runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum DeviceSelect {
+    /// `LOCAL_RANK % device count` (torchrun's convention; the default).
+    #[default]
+    LocalRank,
+    /// This device ordinal.
+    Ordinal(usize),
+}
+
+/// How a collective is built, on every platform. Every rank passes the same values (checked
+/// by the agreement; a disagreement is `ConfigMismatch` on every rank).
+///
+/// ```
+/// use collective_factory::{Config, DeviceSelect};
+/// use std::time::Duration;
+/// let config = Config::new()
+///     .with_capacity(4 << 20)
+///     .with_timeout(Duration::from_secs(30))
+///     .with_device(DeviceSelect::Ordinal(0));
+/// assert_eq!(config.capacity(), 4 << 20);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Config {
+    capacity: usize,
+    routing: Option<Routing>,
+    timeouts: Option<Timeouts>,
+    device: DeviceSelect,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config { capacity: DEFAULT_CAPACITY, routing: None, timeouts: None, device: DeviceSelect::LocalRank }
+    }
+}
+
+impl Config {
+    /// The defaults: [`DEFAULT_CAPACITY`], the platform's routing table (or
+    /// `DETCOLL_ROUTING_TABLE`), timeouts from `DETCOLL_TIMEOUT_MS` (else 10 s), device
+    /// [`DeviceSelect::LocalRank`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Builder: staging bytes per rank — the most one rank contributes to one call. Each rank
+    /// keeps two frames of it (plus a few KiB of flags) on its device for the collective's
+    /// lifetime; the NCCL/RCCL transport, when built, grows a workspace of at most about
+    /// `world * capacity` bytes on first use.
+    pub fn with_capacity(mut self, bytes: usize) -> Self {
+        self.capacity = bytes;
+        self
+    }
+
+    /// Builder: a routing table instead of the platform's default (op × size → route).
+    pub fn with_routing(mut self, routing: Routing) -> Self {
+        self.routing = Some(routing);
+        self
+    }
+
+    /// Builder: explicit wait bounds (instead of `DETCOLL_TIMEOUT_MS`).
+    pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
+        self.timeouts = Some(timeouts);
+        self
+    }
+
+    /// Builder: one bound for every wait for a peer and for close.
+    pub fn with_timeout(self, timeout: std::time::Duration) -> Self {
+        self.with_timeouts(Timeouts { peer: timeout, close: timeout })
+    }
+
+    /// Builder: which GPU a process rank runs on.
+    pub fn with_device(mut self, device: DeviceSelect) -> Self {
+        self.device = device;
+        self
+    }
+
+    /// Staging bytes per rank.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The routing table asked for, if any.
+    pub fn routing(&self) -> Option<&Routing> {
+        self.routing.as_ref()
+    }
+
+    /// The wait bounds asked for (`None`: the environment's, read at construction).
+    pub fn timeouts(&self) -> Option<Timeouts> {
+        self.timeouts
+    }
+
+    /// The device selection.
+    pub fn device(&self) -> DeviceSelect {
+        self.device
+    }
+}

@@ -1,0 +1,194 @@
+//! Typed entry points of the NVIDIA collective for cudarc buffers, and raw ones for engines on
+//! another cudarc version (or none).
+//!
+//! Typed: the dtype comes from `T` (a mismatch cannot be written), no `unsafe`, and cudarc's
+//! ordering is kept — each buffer's `device_ptr`/`device_ptr_mut` on the call's stream makes the
+//! stream wait for the buffer's earlier writes, and the guards it returns record the buffer's
+//! read/write events right after the collective is enqueued, so later cudarc work on these
+//! buffers is ordered after it. Any `CudaSlice`, `CudaView` or `CudaViewMut` works (bf16/f16
+//! buffers need cudarc's `f16` feature in your crate, as candle enables it).
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use collective_factory::{Config, nvidia};
+//! let ranks = nvidia::thread_group(2, &Config::new())?;
+//! std::thread::scope(|s| {
+//!     for comm in &ranks {
+//!         s.spawn(move || {
+//!             let stream = comm.context().new_stream().unwrap();
+//!             let x = stream.memcpy_stod(&vec![1.5f32; 4096]).unwrap();
+//!             let mut y = stream.alloc_zeros::<f32>(4096).unwrap();
+//!             comm.all_reduce_into(&x, &mut y, &stream).unwrap(); // dtype from the buffers
+//!             let host = stream.memcpy_dtov(&y).unwrap();
+//!             assert_eq!(host[0].to_bits(), 3.0f32.to_bits());
+//!         });
+//!     }
+//! });
+//! # Ok(()) }
+//! ```
+//!
+//! Raw: `u64` device pointers, an element count, a [`DType`] and a `CUstream` as a plain
+//! pointer; the caller vouches for the memory and orders the buffers itself (unsafe).
+use crate::NvidiaCollective;
+use crate::routed::Via;
+use ccl_transport::TransportCollective;
+use collective_core::{Collective, DType, Error, Io, Op, Plain, RawMut, RawRef, Reducible, Route};
+use cuda_ipc::cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
+use cuda_ipc::{CudaDevice, CudaIpcCollective, RawStream};
+use std::ffi::c_void;
+use std::sync::Arc;
+
+impl NvidiaCollective {
+    /// The CUDA context this rank runs in (the caller's, with [`crate::nvidia::from_context`]).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        match (self.ipc(), self.transport()) {
+            (Some(i), _) => i.device().context(),
+            (None, Some(t)) => t.device().context(),
+            (None, None) => unreachable!("a composed collective has at least one backend"),
+        }
+    }
+
+    fn typed<T: Plain>(
+        &self,
+        op: Op,
+        input: Option<&dyn DevicePtr<T>>,
+        output: &mut dyn DevicePtrMut<T>,
+        stream: &CudaStream,
+    ) -> Result<(), Error> {
+        let out_len = output.len();
+        // Guards first (they order the stream after earlier writes), dropped after the enqueue
+        // (they record this call's read/write events).
+        let in_guard = input.map(|i| (i.len(), i.device_ptr(stream)));
+        let (out_ptr, out_guard) = output.device_ptr_mut(stream);
+        // SAFETY: the views cover exactly the cudarc buffers, borrowed for this call (shared for
+        // the input, exclusive for the output), which cudarc keeps alive and orders through the
+        // guards.
+        let io = unsafe {
+            let output = RawMut::from_raw(out_ptr, out_len, T::DTYPE);
+            match &in_guard {
+                Some((len, (ptr, _))) => Io::OutOfPlace { input: RawRef::from_raw(*ptr, *len, T::DTYPE), output },
+                None => Io::InPlace(output),
+            }
+        };
+        let r = match op {
+            Op::AllReduce => self.all_reduce(io, stream),
+            Op::AllGather => self.all_gather(io, stream),
+            _ => self.reduce_scatter(io, stream),
+        };
+        drop(out_guard);
+        drop(in_guard);
+        r
+    }
+
+    /// all_reduce of `input` into `output` (same length), in `T`'s own arithmetic.
+    pub fn all_reduce_into<T: Reducible>(
+        &self,
+        input: &impl DevicePtr<T>,
+        output: &mut impl DevicePtrMut<T>,
+        stream: &CudaStream,
+    ) -> Result<(), Error> {
+        self.typed(Op::AllReduce, Some(input), output, stream)
+    }
+    /// all_reduce in place.
+    pub fn all_reduce_in_place<T: Reducible>(
+        &self,
+        buf: &mut impl DevicePtrMut<T>,
+        stream: &CudaStream,
+    ) -> Result<(), Error> {
+        self.typed(Op::AllReduce, None, buf, stream)
+    }
+    /// all_gather of `input` into `output` (`world * input.len()`, rank-major).
+    pub fn all_gather_into<T: Plain>(
+        &self,
+        input: &impl DevicePtr<T>,
+        output: &mut impl DevicePtrMut<T>,
+        stream: &CudaStream,
+    ) -> Result<(), Error> {
+        self.typed(Op::AllGather, Some(input), output, stream)
+    }
+    /// all_gather in place (this rank's shard already at `rank * len / world`).
+    pub fn all_gather_in_place<T: Plain>(
+        &self,
+        buf: &mut impl DevicePtrMut<T>,
+        stream: &CudaStream,
+    ) -> Result<(), Error> {
+        self.typed(Op::AllGather, None, buf, stream)
+    }
+    /// reduce_scatter of `input` into `output` (`input.len() / world`: this rank's shard).
+    pub fn reduce_scatter_into<T: Reducible>(
+        &self,
+        input: &impl DevicePtr<T>,
+        output: &mut impl DevicePtrMut<T>,
+        stream: &CudaStream,
+    ) -> Result<(), Error> {
+        self.typed(Op::ReduceScatter, Some(input), output, stream)
+    }
+    /// reduce_scatter in place (the result lands in shard `rank`).
+    pub fn reduce_scatter_in_place<T: Reducible>(
+        &self,
+        buf: &mut impl DevicePtrMut<T>,
+        stream: &CudaStream,
+    ) -> Result<(), Error> {
+        self.typed(Op::ReduceScatter, None, buf, stream)
+    }
+
+    /// `op` (all_reduce, all_gather or reduce_scatter) on raw device memory, enqueued on a raw
+    /// `CUstream` (null: the legacy default stream): `input` holds `count` elements of `dtype`
+    /// (what this rank contributes), `output` what `op` writes (all_gather: `world * count`;
+    /// reduce_scatter: `count / world`); `input == output` is the in-place form.
+    ///
+    /// # Safety
+    /// Both ranges must be device memory of this rank's context, valid and otherwise untouched
+    /// until `stream` has executed the call; `stream` must be a live stream of this context.
+    pub unsafe fn enqueue_raw(
+        &self,
+        op: Op,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        stream: *mut c_void,
+    ) -> Result<(), Error> {
+        let world = self.world_size();
+        let out_len = match op {
+            Op::AllReduce => count,
+            Op::AllGather => {
+                count.checked_mul(world).ok_or(Error::SizeOverflow { op, argument: "input", len: count })?
+            }
+            Op::ReduceScatter => count / world,
+            Op::ReduceScatterMany => {
+                return Err(Error::InvalidConfig { detail: "use enqueue_many_raw for reduce_scatter_many".into() });
+            }
+        };
+        // SAFETY: the caller's contract; validation (in the backend) checks lengths, alignment
+        // and overlap before any work.
+        let io = unsafe {
+            if input == output {
+                let len = if op == Op::AllGather { out_len } else { count };
+                Io::InPlace(RawMut::from_raw(output, len, dtype))
+            } else {
+                Io::OutOfPlace {
+                    input: RawRef::from_raw(input, count, dtype),
+                    output: RawMut::from_raw(output, out_len, dtype),
+                }
+            }
+        };
+        self.dispatch(op, io, &Raw(RawStream(stream)))
+    }
+}
+
+/// The raw path: a `CUstream` handed in by the caller.
+struct Raw(RawStream);
+
+type Transport = TransportCollective<CudaDevice>;
+
+impl Via<CudaIpcCollective, Transport> for Raw {
+    fn ipc(&self, ipc: &CudaIpcCollective, op: Op, io: Io<'_>, route: Route) -> Result<(), Error> {
+        // SAFETY: `enqueue_raw`'s caller vouches for the memory and the stream.
+        unsafe { ipc.enqueue_routed(op, io, Some(route), self.0) }
+    }
+    fn transport(&self, transport: &Transport, op: Op, io: Io<'_>) -> Result<(), Error> {
+        // SAFETY: as above.
+        unsafe { transport.enqueue(op, io, self.0) }
+    }
+}

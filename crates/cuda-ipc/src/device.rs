@@ -1,0 +1,295 @@
+//! [`CudaDevice`]: the engine's [`Device`] on cudarc — one CUDA context, its kernels (loaded
+//! once, prebuilt or NVRTC), plain and IPC memory, the host-mapped error record, launches,
+//! streams and events. Everything above it (the IPC collective, the NCCL transport) is the
+//! shared engine's.
+use crate::driver::{self, BACKEND, check};
+use crate::kernels::Module;
+use crate::launch::{self, THREADS};
+use crate::memory::{self, ErrorRecord, IpcMapping, Staging};
+use crate::tree::FusedTree;
+use collective_core::protocol::params::{RankMemory, TreeParams};
+use collective_core::protocol::status::RECORD_WORDS;
+use collective_core::protocol::{Header, Layout};
+use collective_core::{DType, Error};
+use cudarc::driver::{CudaContext, CudaStream, sys};
+use ipc_engine::{Device, IpcDevice, Launch, RawStream, Vendor};
+use std::sync::{Arc, OnceLock};
+
+/// One CUDA context (one GPU) as the engine uses it. Cheap to clone: clones share the context
+/// and the loaded kernels.
+#[derive(Debug, Clone)]
+pub struct CudaDevice {
+    ctx: Arc<CudaContext>,
+    kernels: Arc<OnceLock<Arc<Module>>>,
+}
+
+impl CudaDevice {
+    /// The device of `ctx` (the engine's context: pass your own to share it). The kernels are
+    /// loaded on first use. A missing driver is [`Error::LibraryMissing`].
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, Error> {
+        driver::ensure_driver()?;
+        Ok(CudaDevice { ctx: ctx.clone(), kernels: Arc::default() })
+    }
+
+    /// The primary context of device `ordinal`.
+    pub fn open(ordinal: usize) -> Result<Self, Error> {
+        Self::new(&driver::open_device(ordinal)?)
+    }
+
+    /// The context every call runs in.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The fused tree kernel of this device (W inputs -> 1 output), sharing its kernels.
+    pub fn fused_tree(&self) -> Result<FusedTree, Error> {
+        Ok(FusedTree::from_module(&self.ctx, self.module()?))
+    }
+
+    fn module(&self) -> Result<Arc<Module>, Error> {
+        if let Some(m) = self.kernels.get() {
+            return Ok(m.clone());
+        }
+        let m = Module::load(&self.ctx)?;
+        Ok(self.kernels.get_or_init(|| m).clone())
+    }
+}
+
+fn ready(r: sys::CUresult, what: &str) -> Result<bool, Error> {
+    match r {
+        sys::CUresult::CUDA_SUCCESS => Ok(true),
+        sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        other => check(other, what).map(|()| false),
+    }
+}
+
+/// A `cuMemAlloc` allocation, freed on drop.
+#[derive(Debug)]
+pub struct CudaAllocation {
+    ctx: Arc<CudaContext>,
+    ptr: sys::CUdeviceptr,
+}
+
+impl Drop for CudaAllocation {
+    fn drop(&mut self) {
+        if driver::bind(&self.ctx).is_ok() {
+            // SAFETY: allocated by cuMemAlloc in this context; its user (the transport's
+            // workspace) frees it only after the event recorded after its last use completed.
+            let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
+        }
+    }
+}
+
+/// A CUDA event without timing, destroyed on drop.
+#[derive(Debug)]
+pub struct CudaEvent {
+    ctx: Arc<CudaContext>,
+    event: sys::CUevent,
+}
+
+// SAFETY: CUDA events may be recorded, waited on and queried from any thread.
+unsafe impl Send for CudaEvent {}
+// SAFETY: as above; users serialise record/wait on one event.
+unsafe impl Sync for CudaEvent {}
+
+impl Drop for CudaEvent {
+    fn drop(&mut self) {
+        if driver::bind(&self.ctx).is_ok() {
+            // SAFETY: created by cuEventCreate, destroyed once.
+            let _ = unsafe { sys::cuEventDestroy_v2(self.event) };
+        }
+    }
+}
+
+impl Device for CudaDevice {
+    type Stream = CudaStream;
+    type Allocation = CudaAllocation;
+    type Event = CudaEvent;
+    const VENDOR: Vendor = Vendor::Nvidia;
+    fn describe(&self) -> String {
+        let origin = self.kernels.get().map_or_else(|| "not loaded".to_string(), |m| m.origin().to_string());
+        format!("CUDA device {} (kernels: {origin})", self.ctx.ordinal())
+    }
+    fn bind(&self) -> Result<(), Error> {
+        driver::bind(&self.ctx)
+    }
+    fn raw_stream(&self, stream: &CudaStream) -> Result<RawStream, Error> {
+        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
+            return Err(Error::InvalidConfig {
+                detail: "the stream belongs to another CUDA context than this rank".into(),
+            });
+        }
+        Ok(RawStream(stream.cu_stream().cast()))
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<CudaAllocation, Error> {
+        driver::bind(&self.ctx)?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: out-pointer to a local; the context is current.
+        let r = unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes.max(1)) };
+        check(r, &format!("cuMemAlloc of {bytes} bytes"))?;
+        Ok(CudaAllocation { ctx: self.ctx.clone(), ptr })
+    }
+    fn address(&self, allocation: &CudaAllocation) -> u64 {
+        allocation.ptr
+    }
+    fn leak(&self, allocation: CudaAllocation) {
+        std::mem::forget(allocation);
+    }
+    unsafe fn copy(&self, dst: u64, src: u64, bytes: usize, stream: RawStream) -> Result<(), Error> {
+        // SAFETY: forwarded from the caller.
+        check(unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream.0.cast()) }, "cuMemcpyDtoDAsync")
+    }
+    unsafe fn tree(
+        &self,
+        inputs: &[u64],
+        out: u64,
+        count: usize,
+        dtype: DType,
+        stream: RawStream,
+    ) -> Result<(), Error> {
+        let p = TreeParams::pack(inputs, out, count, dtype)?;
+        let m = self.module()?;
+        driver::bind(&self.ctx)?;
+        // SAFETY: `detcoll_tree` takes `DcTreeParams`; addresses and stream: the caller's.
+        unsafe { launch::launch(m.tree, m.tree_grid, THREADS, &p, stream.0.cast()) }
+    }
+    fn event(&self) -> Result<CudaEvent, Error> {
+        driver::bind(&self.ctx)?;
+        let mut event: sys::CUevent = core::ptr::null_mut();
+        let flags = sys::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: out-pointer to a local; the context is current.
+        check(unsafe { sys::cuEventCreate(&mut event, flags) }, "cuEventCreate")?;
+        Ok(CudaEvent { ctx: self.ctx.clone(), event })
+    }
+    unsafe fn record(&self, event: &CudaEvent, stream: RawStream) -> Result<(), Error> {
+        // SAFETY: a live event of this context; `stream` is live (caller).
+        check(unsafe { sys::cuEventRecord(event.event, stream.0.cast()) }, "cuEventRecord")
+    }
+    unsafe fn wait_event(&self, stream: RawStream, event: &CudaEvent) -> Result<(), Error> {
+        // SAFETY: as above.
+        check(unsafe { sys::cuStreamWaitEvent(stream.0.cast(), event.event, 0) }, "cuStreamWaitEvent")
+    }
+    fn event_done(&self, event: &CudaEvent) -> Result<bool, Error> {
+        driver::bind(&self.ctx)?;
+        // SAFETY: a live event of this context.
+        ready(unsafe { sys::cuEventQuery(event.event) }, "cuEventQuery")
+    }
+    unsafe fn stream_done(&self, stream: RawStream) -> Result<bool, Error> {
+        driver::bind(&self.ctx)?;
+        // SAFETY: `stream` is live (caller).
+        ready(unsafe { sys::cuStreamQuery(stream.0.cast()) }, "cuStreamQuery")
+    }
+
+    fn load_tree(&self) -> Result<(), Error> {
+        self.module().map(drop)
+    }
+}
+
+impl IpcDevice for CudaDevice {
+    type Staging = Staging;
+    type PeerMapping = IpcMapping;
+    type Kernels = Module;
+    type Record = ErrorRecord;
+
+    const BACKEND: &'static str = BACKEND;
+    const GRAPH_CAPTURE: bool = true;
+
+    fn identity(&self) -> Result<[u8; 16], Error> {
+        driver::uuid(&self.ctx)
+    }
+    fn multiprocessors(&self) -> Result<usize, Error> {
+        driver::multiprocessors(&self.ctx)
+    }
+    fn same_device(&self, other: &Self) -> bool {
+        self.ctx.cu_ctx() == other.ctx.cu_ctx()
+    }
+    fn enable_peer_access(&self, to: &Self) -> Result<(), Error> {
+        if self.ctx.cu_device() == to.ctx.cu_device() {
+            return Ok(());
+        }
+        let mut can = 0i32;
+        // SAFETY: out-pointer to a local; valid device handles.
+        let r = unsafe { sys::cuDeviceCanAccessPeer(&mut can, self.ctx.cu_device(), to.ctx.cu_device()) };
+        check(r, "cuDeviceCanAccessPeer")?;
+        if can == 0 {
+            return Err(Error::InvalidConfig {
+                detail: format!(
+                    "device {} cannot access device {} (no peer access): in-process IPC needs it",
+                    self.ctx.ordinal(),
+                    to.ctx.ordinal()
+                ),
+            });
+        }
+        driver::bind(&self.ctx)?;
+        // SAFETY: `to` is a live context; flags must be 0.
+        let r = unsafe { sys::cuCtxEnablePeerAccess(to.ctx.cu_ctx(), 0) };
+        if r == sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+            return Ok(());
+        }
+        check(r, "cuCtxEnablePeerAccess")
+    }
+    fn synchronize(&self) -> Result<(), Error> {
+        driver::synchronize(&self.ctx)
+    }
+    fn kernels(&self) -> Result<Arc<Module>, Error> {
+        self.module()
+    }
+    fn kernel_origin(kernels: &Module) -> String {
+        kernels.origin().to_string()
+    }
+    fn grid_limit(kernels: &Module) -> u32 {
+        kernels.tree_grid
+    }
+    unsafe fn launch(&self, kernels: &Module, params: Launch<'_>, grid: u32, stream: RawStream) -> Result<(), Error> {
+        let s = stream.0.cast();
+        // SAFETY: each entry point takes exactly the parameter struct it is paired with here;
+        // addresses and stream are the caller's contract.
+        unsafe {
+            match params {
+                Launch::Single(p) => launch::launch(kernels.collective_single, grid, THREADS, p, s),
+                Launch::Many(p) => launch::launch(kernels.collective_many, grid, THREADS, p, s),
+                Launch::Copy(p) => launch::launch(kernels.copy, grid, THREADS, p, s),
+            }
+        }
+    }
+
+    fn alloc_staging(&self, layout: &Layout, header: &Header) -> Result<Staging, Error> {
+        Staging::new(&self.ctx, layout, header)
+    }
+    /// One allocation: CUDA's system-scope atomics are coherent on any device memory, so the
+    /// control block and the frames are not split.
+    fn staging_memory(staging: &Staging, layout: &Layout) -> RankMemory {
+        RankMemory::one_allocation(layout, staging.ptr())
+    }
+    fn leak_staging(mut staging: Staging) {
+        staging.leak();
+    }
+    fn export_staging(&self, staging: &Staging) -> Result<Vec<u8>, Error> {
+        Ok(staging.ipc_handle()?.to_vec())
+    }
+    fn import_staging(&self, _peer: usize, exported: &[u8]) -> Result<IpcMapping, Error> {
+        IpcMapping::open(&self.ctx, exported)
+    }
+    fn mapping_memory(mapping: &IpcMapping, layout: &Layout) -> RankMemory {
+        RankMemory::one_allocation(layout, mapping.ptr())
+    }
+    fn read_words(&self, src: u64, words: &mut [u64]) -> Result<(), Error> {
+        memory::read_words(&self.ctx, src, words)
+    }
+    fn write_word(&self, dst: u64, value: u64) -> Result<(), Error> {
+        memory::write_word(&self.ctx, dst, value)
+    }
+    fn error_record(&self) -> Result<ErrorRecord, Error> {
+        ErrorRecord::new(&self.ctx)
+    }
+    fn record_address(record: &ErrorRecord) -> u64 {
+        record.device_ptr()
+    }
+    fn record_words(record: &ErrorRecord) -> [u64; RECORD_WORDS] {
+        record.words()
+    }
+    fn record_code(record: &ErrorRecord) -> u64 {
+        record.code()
+    }
+}

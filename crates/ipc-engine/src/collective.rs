@@ -1,0 +1,321 @@
+//! The collective handle of one rank and its per-call path, for every GPU runtime.
+//!
+//! Per call: closed/poison check (one atomic load and one volatile load of the host-mapped
+//! error record), `validate`, `Plan`, parameter packing into a stack struct, one launch. No
+//! host synchronisation, no host allocation, no round trip.
+use crate::device::{IpcDevice, Launch, RawStream};
+use crate::state::{IpcState, Owner};
+use collective_core::protocol::close::{self, CloseOnce};
+use collective_core::protocol::params::{self, CopyParams, ParamsMany, ParamsSingle};
+use collective_core::protocol::status::{self, RECORD_WORDS};
+use collective_core::protocol::{CLOSE_ACK, IpcConfig, Plan, Poison};
+use collective_core::{Capabilities, Collective, Error, Io, Op, Route, RouteSelect, validate, validate_many};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// One rank of an IPC collective on device `D` (CUDA: `cuda_ipc::CudaIpcCollective`; HIP:
+/// `hip_ipc::HipIpcCollective`).
+///
+/// Ranks as threads of one process ([`IpcCollective::group`]) use peers' pointers directly;
+/// one process per rank ([`IpcCollective::new`]) exchanges IPC handles through a
+/// [`collective_core::bootstrap::Bootstrap`]. Every wait in the kernels is bounded; a
+/// timeout, a mismatching or closed peer, or corrupt state is written to host-mapped memory
+/// and poisons the collective ([`IpcCollective::check`]).
+///
+/// Views passed in an [`Io`] must be device memory this rank's device can address (its own
+/// allocations, or mapped pinned host memory): the kernel dereferences them.
+#[derive(Debug)]
+pub struct IpcCollective<D: IpcDevice> {
+    pub(crate) rank: usize,
+    pub(crate) world: usize,
+    pub(crate) device: D,
+    pub(crate) config: IpcConfig,
+    pub(crate) ipc: Option<IpcState<D>>,
+    /// World 1: the copy kernel; `None` when the kernels could not be loaded, then the
+    /// runtime's copy is used.
+    pub(crate) local_copy: Option<Arc<D::Kernels>>,
+    pub(crate) poison: Poison,
+    pub(crate) closed: AtomicBool,
+    pub(crate) close_once: CloseOnce,
+}
+
+impl<D: IpcDevice> IpcCollective<D> {
+    /// The device this rank's kernels run on.
+    pub fn device(&self) -> &D {
+        &self.device
+    }
+
+    /// The configuration this collective was built with (blocks and timeouts resolved).
+    pub fn config(&self) -> &IpcConfig {
+        &self.config
+    }
+
+    /// Where the kernels came from; `None` when none are loaded (world 1 without them).
+    pub fn kernel_origin(&self) -> Option<String> {
+        self.ipc.as_ref().map(|s| &s.kernels).or(self.local_copy.as_ref()).map(|k| D::kernel_origin(k))
+    }
+
+    /// Bytes of device staging (control lines and frames) this rank retains; 0 for world 1.
+    pub fn staging_bytes(&self) -> usize {
+        self.ipc.as_ref().map_or(0, |ipc| ipc.layout.total_bytes())
+    }
+
+    /// The raw device error record (`[code, peer, generation, observed flag word, our
+    /// signature, their signature]`, see `collective_core::protocol::status`), for diagnostics
+    /// beyond the typed error. `None` for world 1 (no protocol).
+    pub fn error_record(&self) -> Option<[u64; RECORD_WORDS]> {
+        self.ipc.as_ref().map(|ipc| D::record_words(&ipc.err))
+    }
+
+    /// Reports a failure a kernel of this rank recorded. Calls are asynchronous: synchronise
+    /// the stream first to learn whether the calls enqueued so far succeeded. The first report
+    /// of a failure is its typed error (`PeerTimeout`, `SignatureMismatch`, `PeerClosed`, ...);
+    /// from then on the collective is poisoned and every call returns [`Error::Poisoned`].
+    pub fn check(&self) -> Result<(), Error> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        self.poison.check()?;
+        if let Some(ipc) = &self.ipc {
+            if D::record_code(&ipc.err) != 0 {
+                let words = D::record_words(&ipc.err);
+                return Err(self.poison.record(status::decode(&words, self.config.timeouts().peer, D::BACKEND)));
+            }
+        }
+        Ok(())
+    }
+
+    /// The route a call of `op` staging `bytes` per rank takes when the caller does not choose
+    /// one: RS+AG for all_reduce from the configured threshold, one-shot otherwise.
+    pub fn default_route(&self, op: Op, bytes: usize) -> Route {
+        if self.world == 1 {
+            Route::Local
+        } else if op == Op::AllReduce && bytes > 0 && bytes >= self.config.rsag_threshold {
+            Route::IpcReduceScatterAllGather
+        } else {
+            Route::IpcOneShot
+        }
+    }
+
+    fn fail(&self, e: Error) -> Error {
+        self.poison.record(e)
+    }
+
+    /// Test hook: puts this rank's protocol state where `start` one-shot calls would have left
+    /// it — the device generation counter at `start` and every ready flag published at `start`
+    /// — and leaves the phase-2 flags as construction left them, so a test can cross the 2^31
+    /// and 2^32 generation boundaries in a few calls. Every rank of the world must call it
+    /// with the same `start`, all before any call and while none is in flight.
+    #[doc(hidden)]
+    pub fn start_generation_for_test(&self, start: u32) -> Result<(), Error> {
+        let Some(ipc) = &self.ipc else { return Ok(()) };
+        let own = ipc.mems[self.rank].control;
+        let word = u64::from(start) << 32;
+        for b in 0..ipc.layout.blocks() {
+            self.device.write_word(own + ipc.layout.ready(b) as u64, word)?;
+        }
+        // DC_ST_GEN, the second word of the status line.
+        self.device.write_word(own + ipc.layout.status() as u64 + 8, u64::from(start))
+    }
+
+    /// World 1, out of place: one copy.
+    fn copy_local(&self, dst: u64, src: u64, bytes: usize, stream: RawStream) -> Result<(), Error> {
+        if src == dst || bytes == 0 {
+            return Ok(());
+        }
+        let r = match &self.local_copy {
+            Some(k) => {
+                let p = CopyParams { dst, src, bytes: bytes as u64 };
+                let grid = params::copy_grid(bytes, D::grid_limit(k));
+                // SAFETY: `detcoll_copy` takes `DcCopyParams`; validated, non-overlapping device
+                // ranges of `bytes` bytes; the stream is the caller's (vouched for).
+                unsafe { self.device.launch(k, Launch::Copy(&p), grid, stream) }
+            }
+            // SAFETY: as above.
+            None => unsafe { self.device.copy(dst, src, bytes, stream) },
+        };
+        r.map_err(|e| self.fail(e))
+    }
+
+    /// Enqueues one single-lane call on a raw stream, by the route of
+    /// [`IpcCollective::default_route`].
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of this rank's device (or null for its default stream),
+    /// and the views in `io` must be device-addressable memory that stays valid and otherwise
+    /// untouched until the stream has executed the call.
+    pub unsafe fn enqueue(&self, op: Op, io: Io<'_>, stream: RawStream) -> Result<(), Error> {
+        // SAFETY: forwarded.
+        unsafe { self.enqueue_routed(op, io, None, stream) }
+    }
+
+    /// Enqueues one single-lane call on a raw stream by `route` (`None`: the default route).
+    /// The route is the caller's decision (the factory's routing table): an IPC route this op
+    /// cannot take (RS+AG for anything but all_reduce, a non-IPC route) is an error before
+    /// any device work.
+    ///
+    /// # Safety
+    /// As [`IpcCollective::enqueue`].
+    pub unsafe fn enqueue_routed(
+        &self,
+        op: Op,
+        io: Io<'_>,
+        route: Option<Route>,
+        stream: RawStream,
+    ) -> Result<(), Error> {
+        self.check()?;
+        let call = validate(op, &io, self.rank, self.world, self.config.capacity)?;
+        let route = match route {
+            None => self.default_route(op, call.bytes_in()),
+            Some(r) => self.check_route(op, r)?,
+        };
+        self.device.bind()?;
+        let Some(ipc) = &self.ipc else {
+            return self.copy_local(call.dst, call.src, call.bytes_out(), stream);
+        };
+        let plan = Plan::single(&call, self.rank, self.world, route)?;
+        let p: ParamsSingle = params::pack(&ipc.fixed, &plan, call.in_place && op == Op::AllGather, D::BACKEND)?;
+        // SAFETY: the single-lane kernel takes `DcParams<16>`; the addresses are the group's
+        // allocations (alive while `self` is) and the caller's validated views.
+        unsafe { self.device.launch(&ipc.kernels, Launch::Single(&p), p.h.grid, stream) }.map_err(|e| self.fail(e))
+    }
+
+    /// The route `op` takes when asked for `route`, or why it cannot.
+    fn check_route(&self, op: Op, route: Route) -> Result<Route, Error> {
+        match (self.world, route) {
+            (1, _) => Ok(Route::Local),
+            (_, Route::IpcOneShot) => Ok(route),
+            (_, Route::IpcReduceScatterAllGather) if op == Op::AllReduce => Ok(route),
+            _ => Err(Error::InvalidConfig {
+                detail: format!("{op} cannot take route {route:?} on the IPC backend (a routing table asked for it)"),
+            }),
+        }
+    }
+
+    /// Enqueues a `reduce_scatter_many` on a raw stream.
+    ///
+    /// # Safety
+    /// As [`IpcCollective::enqueue`], for every lane.
+    pub unsafe fn enqueue_many(&self, lanes: &[Io<'_>], stream: RawStream) -> Result<(), Error> {
+        self.check()?;
+        let (calls, sig) = validate_many(lanes, self.rank, self.world, self.config.capacity)?;
+        self.device.bind()?;
+        let Some(ipc) = &self.ipc else {
+            for l in &calls {
+                self.copy_local(l.call.dst, l.call.src, l.call.bytes_out(), stream)?;
+            }
+            return Ok(());
+        };
+        let plan = Plan::many(&calls, sig, self.rank);
+        let p: ParamsMany = params::pack(&ipc.fixed, &plan, false, D::BACKEND)?;
+        // SAFETY: the many-lane kernel takes `DcParams<32>`; addresses as in `enqueue`.
+        unsafe { self.device.launch(&ipc.kernels, Launch::Many(&p), p.h.grid, stream) }.map_err(|e| self.fail(e))
+    }
+
+    /// Close: synchronises this rank's device (no kernel of ours may still read a peer),
+    /// writes `CLOSE_ACK` into every peer's `ack[rank]` line, then
+    /// * one process per rank: waits (bounded by `timeouts.close`) for every peer's
+    ///   acknowledgement in its own block, unmaps the peers and frees its staging — or, on
+    ///   timeout, keeps the staging allocated (a peer may still read it) and returns
+    ///   `PeerTimeout`;
+    /// * in-process group: returns; the shared allocations are freed with the last rank.
+    fn close_now(&self) -> Result<(), Error> {
+        self.closed.store(true, Ordering::Release);
+        let Some(ipc) = &self.ipc else { return Ok(()) };
+        self.device.synchronize()?;
+        for q in (0..self.world).filter(|&q| q != self.rank) {
+            self.device.write_word(ipc.mems[q].control + ipc.layout.ack(self.rank) as u64, CLOSE_ACK)?;
+        }
+        self.wait_acks_and_free(ipc)
+    }
+
+    /// Close of a process-mode rank: wait (bounded) until every peer acknowledged, then free.
+    fn wait_acks_and_free(&self, ipc: &IpcState<D>) -> Result<(), Error> {
+        let Owner::Process { own, mappings, .. } = &ipc.owner else { return Ok(()) };
+        let base = ipc.mems[self.rank].control;
+        let bound = self.config.timeouts().close;
+        let missing = close::first_missing_ack(&ipc.layout, self.rank, self.world, bound, |off| {
+            let mut w = [0u64; 1];
+            self.device.read_words(base + off as u64, &mut w)?;
+            Ok(w[0])
+        })?;
+        // Our mappings of the peers' memory are no longer used by any kernel of ours.
+        if let Ok(mut m) = mappings.lock() {
+            m.clear();
+        }
+        let mut own =
+            own.lock().map_err(|_| Error::Backend { backend: D::BACKEND, detail: "staging lock poisoned".into() })?;
+        match (missing, own.take()) {
+            (None, _) => Ok(()),
+            (Some(peer), staging) => {
+                // A peer might still read our frames: keep them allocated rather than free
+                // memory under it.
+                if let Some(s) = staging {
+                    D::leak_staging(s);
+                }
+                Err(Error::PeerTimeout { peer, what: "acknowledge close", waited: bound })
+            }
+        }
+    }
+}
+
+impl<D: IpcDevice> Collective for IpcCollective<D> {
+    type Stream = D::Stream;
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.world
+    }
+    fn capabilities(&self) -> Capabilities {
+        // Generations live on the device; graph capture is claimed only where it was tested.
+        Capabilities::strict(self.config.capacity, D::GRAPH_CAPTURE)
+    }
+    fn route(&self, op: Op, bytes: usize) -> Route {
+        self.default_route(op, bytes)
+    }
+    fn all_reduce(&self, io: Io<'_>, stream: &D::Stream) -> Result<(), Error> {
+        let s = self.device.raw_stream(stream)?;
+        // SAFETY: the stream is this device's (checked); the views' validity is the contract
+        // of their (unsafe) constructors, documented on this type.
+        unsafe { self.enqueue(Op::AllReduce, io, s) }
+    }
+    fn all_gather(&self, io: Io<'_>, stream: &D::Stream) -> Result<(), Error> {
+        let s = self.device.raw_stream(stream)?;
+        // SAFETY: as in `all_reduce`.
+        unsafe { self.enqueue(Op::AllGather, io, s) }
+    }
+    fn reduce_scatter(&self, io: Io<'_>, stream: &D::Stream) -> Result<(), Error> {
+        let s = self.device.raw_stream(stream)?;
+        // SAFETY: as in `all_reduce`.
+        unsafe { self.enqueue(Op::ReduceScatter, io, s) }
+    }
+    fn reduce_scatter_many(&self, lanes: &[Io<'_>], stream: &D::Stream) -> Result<(), Error> {
+        let s = self.device.raw_stream(stream)?;
+        // SAFETY: as in `all_reduce`.
+        unsafe { self.enqueue_many(lanes, s) }
+    }
+    /// See `close_now` for what close waits for. A second close returns `Ok` after a
+    /// successful one and [`Error::CloseFailed`] after a failed one.
+    fn close(&self) -> Result<(), Error> {
+        self.close_once.run(|| self.close_now())
+    }
+}
+
+impl<D: IpcDevice> RouteSelect for IpcCollective<D> {
+    fn call_on_route(&self, op: Op, io: Io<'_>, route: Route, stream: &D::Stream) -> Result<(), Error> {
+        if op == Op::ReduceScatterMany {
+            return Err(Error::InvalidConfig { detail: "reduce_scatter_many takes reduce_scatter_many's call".into() });
+        }
+        let s = self.device.raw_stream(stream)?;
+        // SAFETY: as in `all_reduce`.
+        unsafe { self.enqueue_routed(op, io, Some(route), s) }
+    }
+}
+
+impl<D: IpcDevice> Drop for IpcCollective<D> {
+    fn drop(&mut self) {
+        let _ = self.close();
+    }
+}

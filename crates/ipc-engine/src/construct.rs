@@ -1,0 +1,203 @@
+//! Construction: N ranks as threads of one process (one GPU or several, peer pointers used
+//! directly), or one process per rank over a bootstrap (IPC handles exchanged once).
+use crate::collective::IpcCollective;
+use crate::device::IpcDevice;
+use crate::state::{IpcState, Owner};
+use collective_core::bootstrap::Bootstrap;
+use collective_core::protocol::params::{Fixed, RankMemory, THREADS};
+use collective_core::protocol::{Header, IpcConfig, Layout, Poison, close};
+use collective_core::{Error, SUPPORTED_WORLD_SIZES};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+fn check_world(world: usize) -> Result<(), Error> {
+    if SUPPORTED_WORLD_SIZES.contains(&world) { Ok(()) } else { Err(Error::UnsupportedWorldSize { world }) }
+}
+
+impl<D: IpcDevice> IpcCollective<D> {
+    fn assemble(rank: usize, world: usize, device: &D, config: &IpcConfig, ipc: Option<IpcState<D>>) -> Self {
+        // World 1: the copy kernel when the kernels load, the runtime's copy otherwise.
+        let local_copy = if ipc.is_none() { device.kernels().ok() } else { None };
+        IpcCollective {
+            rank,
+            world,
+            device: device.clone(),
+            config: config.clone(),
+            ipc,
+            local_copy,
+            poison: Poison::default(),
+            closed: AtomicBool::new(false),
+            close_once: Default::default(),
+        }
+    }
+
+    /// `world` ranks as threads sharing `device`.
+    ///
+    /// Ranks that are threads sharing one context must enqueue in call order: see
+    /// [`IpcCollective::group`].
+    pub fn group_on(device: &D, world: usize, config: &IpcConfig) -> Result<Vec<Self>, Error> {
+        Self::group(&vec![device.clone(); world], config)
+    }
+
+    /// One rank per entry of `devices` (rank `r` runs on `devices[r]`), all in this process.
+    /// Ranks on the same device share it; ranks on different devices get peer access enabled
+    /// (an error if the devices cannot reach each other). Peers' allocations are used directly,
+    /// never through IPC handles.
+    ///
+    /// Each returned rank is meant to be driven by its own thread with its own stream; all
+    /// ranks must make the same calls in the same order.
+    ///
+    /// Ranks sharing one GPU wait for each other inside their kernels, so their kernels must
+    /// run concurrently: give every rank its own stream (CUDA: set `CUDA_DEVICE_MAX_CONNECTIONS`
+    /// to at least the number of streams in use before the context is created; HIP: as many
+    /// `GPU_MAX_HW_QUEUES`), do not allocate/free device memory, instantiate graphs or load
+    /// modules while a peer may have a collective in flight (those calls can wait for the
+    /// device to go idle), and enqueue runtime copies only on a stream whose collectives have
+    /// completed. A violation shows as `PeerTimeout`, never as wrong data.
+    ///
+    /// Ranks that are threads sharing one context must enqueue in call order, e.g. call `k`
+    /// of ranks 0, 1, ..., world-1 before call `k + 1` of any rank, as one host thread driving
+    /// every rank would (or threads taking turns): with ranks enqueuing independently, one rank
+    /// two or more calls ahead of another can hold a peer's flag unpublished behind the
+    /// context's shared queues (measured with 8 ranks on an H200). One process per GPU, MPS
+    /// processes and threads on different GPUs have no such requirement.
+    pub fn group(devices: &[D], config: &IpcConfig) -> Result<Vec<Self>, Error> {
+        config.check()?;
+        let world = devices.len();
+        check_world(world)?;
+        if world == 1 {
+            return Ok(vec![Self::assemble(0, 1, &devices[0], config, None)]);
+        }
+        // Blocks: every rank's kernel must be resident at once on devices shared by ranks.
+        let blocks = match config.max_blocks {
+            Some(b) => b,
+            None => {
+                let mut b = usize::MAX;
+                for d in devices {
+                    let sharing = devices.iter().filter(|o| o.same_device(d)).count();
+                    b = b.min((d.multiprocessors()? / sharing).max(1));
+                }
+                b
+            }
+        };
+        let config =
+            IpcConfig { max_blocks: Some(blocks), timeouts: Some(config.resolved_timeouts()?), ..config.clone() };
+        let layout = Layout::new(config.capacity, blocks)?;
+        for a in devices {
+            for b in devices {
+                a.enable_peer_access(b)?;
+            }
+        }
+        let pid = u64::from(std::process::id());
+        let mut staging = Vec::with_capacity(world);
+        for (r, d) in devices.iter().enumerate() {
+            let header = Header {
+                world: world as u64,
+                rank: r as u64,
+                capacity: config.capacity as u64,
+                blocks: blocks as u64,
+                pid,
+            };
+            staging.push(d.alloc_staging(&layout, &header)?);
+        }
+        let mems: Vec<RankMemory> = staging.iter().map(|s| D::staging_memory(s, &layout)).collect();
+        let shared = Arc::new(staging);
+        let mut out = Vec::with_capacity(world);
+        for (r, d) in devices.iter().enumerate() {
+            let kernels = d.kernels()?;
+            let err = d.error_record()?;
+            let bound = d.wait_bound(config.timeouts().peer)?;
+            let fixed = Fixed::new(&layout, &mems, r, D::record_address(&err), bound, THREADS);
+            let state =
+                IpcState { kernels, layout, fixed, mems: mems.clone(), err, owner: Owner::Group(shared.clone()) };
+            out.push(Self::assemble(r, world, d, &config, Some(state)));
+        }
+        // Staging was zeroed with synchronous calls: every rank's first launch sees it.
+        Ok(out)
+    }
+
+    /// One rank of a group with one process per rank: allocations are exchanged as IPC
+    /// handles through `boot` and opened once. Every rank must pass the same `config`
+    /// (capacity, block count, RS+AG threshold, timeouts; checked: [`Error::ConfigMismatch`]).
+    /// With `max_blocks: None` the block count is the smallest of `multiprocessors / ranks
+    /// sharing that GPU` over the ranks (ranks tell their GPUs apart by
+    /// [`IpcDevice::identity`]). Ranks sharing a GPU need it to run their kernels concurrently
+    /// (CUDA: MPS, with a small `CUDA_DEVICE_MAX_CONNECTIONS` per process — 2 works for 8
+    /// processes on an H200; with 32, worlds of 4 or more fail at context creation with
+    /// `CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED`).
+    pub fn new(boot: Box<dyn Bootstrap>, device: D, config: &IpcConfig) -> Result<Self, Error> {
+        config.check()?;
+        let (rank, world) = (boot.rank(), boot.world_size());
+        check_world(world)?;
+        if world == 1 {
+            return Ok(Self::assemble(0, 1, &device, config, None));
+        }
+        // Exchange 1: what every rank must agree on, then its device facts.
+        let words = config.agreement_words();
+        let agreed = 8 * words.len();
+        let mut mine = Vec::with_capacity(agreed + 24);
+        for w in words {
+            mine.extend_from_slice(&w.to_le_bytes());
+        }
+        mine.extend_from_slice(&(device.multiprocessors()? as u64).to_le_bytes());
+        mine.extend_from_slice(&device.identity()?);
+        let all = boot.all_gather_bytes(&mine)?;
+        for (q, theirs) in all.iter().enumerate() {
+            if theirs.len() != mine.len() || theirs[..agreed] != mine[..agreed] {
+                return Err(Error::ConfigMismatch {
+                    detail: format!(
+                        "rank {q}'s configuration (capacity, max_blocks, rsag_threshold, timeouts) differs from rank {rank}'s"
+                    ),
+                });
+            }
+        }
+        let blocks = match config.max_blocks {
+            Some(b) => b,
+            None => {
+                let mut b = usize::MAX;
+                for theirs in &all {
+                    let sms = u64::from_le_bytes(theirs[agreed..agreed + 8].try_into().unwrap_or([0; 8])) as usize;
+                    let sharing = all.iter().filter(|o| o[agreed + 8..] == theirs[agreed + 8..]).count();
+                    b = b.min((sms / sharing.max(1)).max(1));
+                }
+                b
+            }
+        };
+        let config =
+            IpcConfig { max_blocks: Some(blocks), timeouts: Some(config.resolved_timeouts()?), ..config.clone() };
+        let layout = Layout::new(config.capacity, blocks)?;
+        let kernels = device.kernels()?;
+        let header = Header {
+            world: world as u64,
+            rank: rank as u64,
+            capacity: config.capacity as u64,
+            blocks: blocks as u64,
+            pid: u64::from(std::process::id()),
+        };
+        let own = device.alloc_staging(&layout, &header)?;
+        // Exchange 2: IPC handles, opened once.
+        let handles = boot.all_gather_bytes(&device.export_staging(&own)?)?;
+        let mut mappings = Vec::with_capacity(world - 1);
+        let mut mems = vec![D::staging_memory(&own, &layout); world];
+        for (q, h) in handles.iter().enumerate() {
+            if q == rank {
+                continue;
+            }
+            let m = device.import_staging(q, h)?;
+            mems[q] = D::mapping_memory(&m, &layout);
+            // The peer's header must describe the same layout.
+            let mut words = [0u64; 7];
+            device.read_words(mems[q].control + layout.header() as u64, &mut words)?;
+            close::check_peer_header(words, q, &header)?;
+            mappings.push(m);
+        }
+        let err = device.error_record()?;
+        let bound = device.wait_bound(config.timeouts().peer)?;
+        let fixed = Fixed::new(&layout, &mems, rank, D::record_address(&err), bound, THREADS);
+        // Nobody launches before everyone has opened (and zeroed) everything.
+        boot.barrier()?;
+        let owner = Owner::Process { own: Mutex::new(Some(own)), mappings: Mutex::new(mappings), boot };
+        let state = IpcState { kernels, layout, fixed, mems, err, owner };
+        Ok(Self::assemble(rank, world, &device, &config, Some(state)))
+    }
+}
