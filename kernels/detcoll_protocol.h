@@ -147,9 +147,10 @@ DC_DEV void dc_fail(const DcHeader& h, dc_u64* status, dc_u64 code, dc_u32 peer,
 // Waits until every peer's flag at `off` shows generation g with our digest (or g + 1).
 // Threads 0..world-1 each watch one peer. Returns false (uniformly) if the call must end.
 // Besides the bound, the slow path ends the wait early when the peer recorded a failure of its
-// own or has closed its handle (its close acknowledgement is in our control block): neither
-// will ever publish. A closing peer publishes its last flags before acknowledging, so the flag
-// is read once more after the acknowledgement is seen.
+// own, and a long wait (past 4096 polls, a few microseconds: never on the fast path) when the
+// peer has closed its handle (its close acknowledgement is in our control block): neither will
+// ever publish. A closing peer publishes its last flags before acknowledging, so the flag is
+// read once more (acquire) after the acknowledgement is seen.
 DC_DEV bool dc_wait(const DcHeader& h, dc_u64* status, dc_u32 off, dc_u32 g, dc_u64 timeout_code) {
     DC_SHARED volatile int s_fail;
     if (DC_TID == 0) s_fail = 0;
@@ -181,20 +182,23 @@ DC_DEV bool dc_wait(const DcHeader& h, dc_u64* status, dc_u32 off, dc_u32 g, dc_
                     s_fail = 1;
                     break;
                 }
-                if (dc_ld_acquire_sys(dc_at(h.ctl[h.rank], h.off_ack + (dc_u64)t * h.line)) == DC_CLOSE_ACK) {
-                    v = dc_ld_acquire_sys(flag);
-                    st = dc_flag_check(v, g, h.digest);
-                    if (st == DC_READY || st == DC_PASSED) break;
-                    dc_fail(h, status, DC_ERR_PEER_CLOSED, t, g, v);
-                    s_fail = 1;
-                    break;
-                }
                 if (dc_globaltimer() - start > h.timeout_ns) {
                     dc_fail(h, status, timeout_code, t, g, v);
                     s_fail = 1;
                     break;
                 }
-                if (iter > 4096u) dc_nanosleep(256);
+                if (iter > 4096u) {
+                    // A long wait only (the fast path pays nothing): has the peer closed?
+                    if (dc_ld_relaxed_sys(dc_at(h.ctl[h.rank], h.off_ack + (dc_u64)t * h.line)) == DC_CLOSE_ACK) {
+                        v = dc_ld_acquire_sys(flag);
+                        st = dc_flag_check(v, g, h.digest);
+                        if (st == DC_READY || st == DC_PASSED) break;
+                        dc_fail(h, status, DC_ERR_PEER_CLOSED, t, g, v);
+                        s_fail = 1;
+                        break;
+                    }
+                    dc_nanosleep(256);
+                }
             }
         }
     }

@@ -52,7 +52,7 @@ fn check_span(op: Op, argument: &'static str, addr: u64, len: usize, size: usize
         .and_then(|bytes| u64::try_from(bytes).ok())
         .and_then(|bytes| addr.checked_add(bytes))
         .map(|_| ())
-        .ok_or(Error::SizeOverflow { op, argument, len })
+        .ok_or_else(|| Error::SizeOverflow { op, argument, len })
 }
 
 fn overlaps(a: u64, a_bytes: usize, b: u64, b_bytes: usize) -> bool {
@@ -228,7 +228,7 @@ pub fn validate_many(
             });
         }
         out.push(LaneCall { call, staging_offset: offset });
-        offset = offset.checked_add(call.count_in).ok_or(Error::SizeOverflow {
+        offset = offset.checked_add(call.count_in).ok_or_else(|| Error::SizeOverflow {
             op,
             argument: "lanes",
             len: call.count_in,
@@ -245,7 +245,8 @@ pub fn validate_many(
             }
         }
     }
-    let needed = offset.checked_mul(dtype.size()).ok_or(Error::SizeOverflow { op, argument: "lanes", len: offset })?;
+    let needed =
+        offset.checked_mul(dtype.size()).ok_or_else(|| Error::SizeOverflow { op, argument: "lanes", len: offset })?;
     if needed > capacity {
         return Err(Error::CapacityExceeded { op, needed, capacity });
     }

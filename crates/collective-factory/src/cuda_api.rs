@@ -16,10 +16,10 @@
 //!     for comm in &ranks {
 //!         s.spawn(move || {
 //!             let stream = comm.context().new_stream().unwrap();
-//!             let x = stream.memcpy_stod(&vec![1.5f32; 4096]).unwrap();
+//!             let x = stream.clone_htod(&vec![1.5f32; 4096]).unwrap();
 //!             let mut y = stream.alloc_zeros::<f32>(4096).unwrap();
 //!             comm.all_reduce_into(&x, &mut y, &stream).unwrap(); // dtype from the buffers
-//!             let host = stream.memcpy_dtov(&y).unwrap();
+//!             let host = stream.clone_dtoh(&y).unwrap();
 //!             assert_eq!(host[0].to_bits(), 3.0f32.to_bits());
 //!         });
 //!     }

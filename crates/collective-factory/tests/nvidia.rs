@@ -41,15 +41,15 @@ fn thread_group_typed_and_raw_entry_points_are_bit_exact() {
             s.spawn(move || {
                 let r = comm.rank();
                 let stream = comm.context().new_stream().expect("stream");
-                let x = stream.memcpy_stod(&as_f32(&inputs[r])).expect("upload");
+                let x = stream.clone_htod(&as_f32(&inputs[r])).expect("upload");
                 let mut y = stream.alloc_zeros::<f32>(n).expect("alloc");
                 comm.all_reduce_into(&x, &mut y, &stream).expect("typed all_reduce");
-                let got: Vec<u32> = stream.memcpy_dtov(&y).expect("download").iter().map(|v| v.to_bits()).collect();
+                let got: Vec<u32> = stream.clone_dtoh(&y).expect("download").iter().map(|v| v.to_bits()).collect();
                 assert_eq!(&got, want_bits, "rank {r}: typed all_reduce");
                 // In place, then the raw entry on the same buffers.
-                let mut z = stream.memcpy_stod(&as_f32(&inputs[r])).expect("upload");
+                let mut z = stream.clone_htod(&as_f32(&inputs[r])).expect("upload");
                 comm.all_reduce_in_place(&mut z, &stream).expect("in place");
-                let got: Vec<u32> = stream.memcpy_dtov(&z).expect("download").iter().map(|v| v.to_bits()).collect();
+                let got: Vec<u32> = stream.clone_dtoh(&z).expect("download").iter().map(|v| v.to_bits()).collect();
                 assert_eq!(&got, want_bits, "rank {r}: in-place all_reduce");
                 let mut w = stream.alloc_zeros::<f32>(n).expect("alloc");
                 {
@@ -61,12 +61,12 @@ fn thread_group_typed_and_raw_entry_points_are_bit_exact() {
                     unsafe { comm.enqueue_raw(Op::AllReduce, xi, wo, n, DType::F32, stream.cu_stream().cast()) }
                         .expect("raw all_reduce");
                 }
-                let got: Vec<u32> = stream.memcpy_dtov(&w).expect("download").iter().map(|v| v.to_bits()).collect();
+                let got: Vec<u32> = stream.clone_dtoh(&w).expect("download").iter().map(|v| v.to_bits()).collect();
                 assert_eq!(&got, want_bits, "rank {r}: raw all_reduce");
                 // all_gather through the typed entry: rank-major.
                 let mut g = stream.alloc_zeros::<f32>(n * world).expect("alloc");
                 comm.all_gather_into(&x, &mut g, &stream).expect("typed all_gather");
-                let got: Vec<u32> = stream.memcpy_dtov(&g).expect("download").iter().map(|v| v.to_bits()).collect();
+                let got: Vec<u32> = stream.clone_dtoh(&g).expect("download").iter().map(|v| v.to_bits()).collect();
                 let gathered: Vec<u32> = inputs.iter().flat_map(|b| as_f32(b)).map(|v| v.to_bits()).collect();
                 assert_eq!(got, gathered, "rank {r}: typed all_gather");
                 comm.close().expect("close");

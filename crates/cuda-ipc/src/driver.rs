@@ -75,9 +75,9 @@ pub fn ensure_driver() -> Result<(), Error> {
     }
 }
 
-/// Maps a driver error of step `what` to [`Error::Backend`].
+/// Maps a driver error of step `what` to [`Error::Vendor`] (cudarc's error is the source).
 pub(crate) fn backend(what: &str, e: DriverError) -> Error {
-    Error::Backend { backend: BACKEND, detail: format!("{what}: {e}") }
+    Error::Vendor { backend: BACKEND, call: what.to_string(), source: Box::new(e) }
 }
 
 /// Checks a raw driver call's status.
