@@ -13,6 +13,18 @@ pub fn single_rank() -> Result<NvidiaCollective, Error> {
     collective_factory::nvidia::from_bootstrap(boot, &Config::new().with_capacity(1 << 20))
 }
 
+/// An all_reduce of cudarc buffers through the typed entry point, as an engine writes it: the
+/// dtype comes from the buffers, cudarc orders the stream, no `unsafe` anywhere. Returns the
+/// first element of the result.
+pub fn all_reduce_cudarc(comm: &NvidiaCollective, values: &[f32]) -> Result<f32, Box<dyn std::error::Error>> {
+    let stream = comm.context().new_stream()?;
+    let x = stream.clone_htod(values)?;
+    let mut y = stream.alloc_zeros::<f32>(values.len())?;
+    comm.all_reduce_into(&x, &mut y, &stream)?;
+    comm.all_reduce_in_place(&mut y, &stream)?;
+    Ok(stream.clone_dtoh(&y)?[0])
+}
+
 #[cfg(feature = "candle")]
 /// cudarc's own API is usable next to detcoll in the same build (candle's features).
 pub fn cudarc_version() -> u32 {

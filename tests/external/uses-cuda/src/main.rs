@@ -4,7 +4,11 @@
 
 fn main() {
     match uses_cuda::single_rank() {
-        Ok(_) => println!("uses-cuda: NVIDIA collective built (a GPU is present)"),
+        Ok(comm) => {
+            let got = uses_cuda::all_reduce_cudarc(&comm, &[1.5; 1024]).expect("all_reduce of cudarc buffers");
+            assert_eq!(got.to_bits(), 1.5f32.to_bits(), "world 1: the input itself");
+            println!("uses-cuda: NVIDIA collective built and used with cudarc buffers (a GPU is present)");
+        }
         Err(e) => println!("uses-cuda: no NVIDIA GPU here, typed error: {e}"),
     }
 }
