@@ -4,7 +4,7 @@
 //! fused tree kernel (hardware and software arithmetic) against `fixed-tree`.
 //!
 //! [`gpu_suite!`](crate::gpu_suite) expands to one `#[test]` per case for a vendor; each case
-//! prints "skipped: no <runtime> device (...)" and returns without a GPU. All ranks are threads
+//! prints "skipped: no `<runtime>` device (...)" and returns without a GPU. All ranks are threads
 //! on device 0.
 use crate::{DevBuf, GpuRank, TestGpu, TreeLaunch, gpu, gpu_lock, raw_stream, run_ranks};
 use collective_core::conformance::data::{compare, finite_values, reference_reduce, special_values};

@@ -114,7 +114,7 @@ pub fn device_count<G: TestGpu>() -> Result<usize, String> {
     G::device_count()
 }
 
-/// Device `ordinal` of `G`, or `None` after printing "skipped: no <runtime> device (why)".
+/// Device `ordinal` of `G`, or `None` after printing "skipped: no `<runtime>` device (why)".
 pub fn gpu_at<G: TestGpu>(ordinal: usize) -> Option<G::Device> {
     match G::device_count().and_then(|n| {
         if ordinal >= n {

@@ -25,11 +25,10 @@ pub fn open_context(ordinal: usize) -> Opened {
     if let Some((_, r)) = opened.iter().find(|(o, _)| *o == ordinal) {
         return r.clone();
     }
-    let r = cuda_ipc::driver::open_device(ordinal).map_err(|e| e.to_string()).map(|ctx| {
+    let r = cuda_ipc::driver::open_device(ordinal).map_err(|e| e.to_string()).inspect(|ctx| {
         // SAFETY: every buffer of these tests is used on one stream at a time, and graph
         // capture must not record cudarc's tracking events.
         unsafe { ctx.disable_event_tracking() };
-        ctx
     });
     opened.push((ordinal, r.clone()));
     r
