@@ -1,5 +1,5 @@
 //! [`HipDevice`]: the engine's [`Device`] on our runtime-loaded HIP binding — one HIP device,
-//! its code object (prebuilt or hiprtc, loaded once), fine-grained/uncached control memory and
+//! its code object (prebuilt or hiprtc, loaded once), uncached (default) or fine-grained control memory and
 //! plain frames, IPC handles, the host-mapped error record, launches, streams and events.
 //! Everything above it (the IPC collective, the RCCL transport) is the shared engine's.
 //!
