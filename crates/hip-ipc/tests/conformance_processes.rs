@@ -1,7 +1,8 @@
 //! The conformance suite with every rank its own process on HIP device 0, allocations exchanged
 //! as HIP IPC handles over the TCP bootstrap. Runs when `DETCOLL_HIP_PROCESS_TESTS=1` (ranks of
-//! a world share one GPU and must run concurrently); otherwise each test prints why it was
-//! skipped. Never executed on an AMD GPU (none was available).
+//! a world share one GPU and must run concurrently) and `DETCOLL_HIP_ALLOW_SHARED_GPU=1` (process
+//! ranks sharing a GPU are refused without it: `hip_ipc::check_shared_gpu`); otherwise each test
+//! prints why it was skipped. Never executed on an AMD GPU (none was available).
 mod common;
 
 use collective_core::Collective;
@@ -28,6 +29,12 @@ impl TestBackend for Processes {
         if std::env::var_os(CHILD_ENV).is_none() {
             if std::env::var("DETCOLL_HIP_PROCESS_TESTS").as_deref() != Ok("1") {
                 collective_core::conformance::skip("set DETCOLL_HIP_PROCESS_TESTS=1 (ranks share HIP device 0)");
+                return Ok(());
+            }
+            if std::env::var(hip_ipc::ALLOW_SHARED_GPU_ENV).as_deref() != Ok("1") {
+                collective_core::conformance::skip(
+                    "set DETCOLL_HIP_ALLOW_SHARED_GPU=1 too (the ranks share HIP device 0, refused by default)",
+                );
                 return Ok(());
             }
             if common::gpu().is_none() {
