@@ -72,7 +72,8 @@ fn the_documented_dependency_graph_is_the_real_one() {
     };
     let documented = documented();
     assert_eq!(
-        documented, actual,
+        documented,
+        actual,
         "docs/architecture.md's ```deps block differs from the workspace; the real graph is:\n{}",
         actual.iter().map(|(k, v)| format!("{k}: {}", v.join(", "))).collect::<Vec<_>>().join("\n")
     );
