@@ -32,11 +32,13 @@
 // fine-grained or uncached memory: hip-ipc puts the control block there
 // (hipExtMallocWithFlags(hipDeviceMallocFinegrained)); see docs/rocm.md.
 //
-// Bounded waits. `dc_globaltimer()` (detcoll_tree.h) is `wall_clock64() * 10`: wall_clock64 is
-// `s_memrealtime`, the constant "REFCLK" counter, which runs at 100 MHz on gfx9 parts (MI200,
-// MI300X gfx942, MI355X gfx950; hipDeviceAttributeWallClockRate reports it in kHz). On a part
-// with another rate the bounds scale by the ratio; they stay bounded either way. Spins sleep
-// with `s_sleep` (`__builtin_amdgcn_s_sleep`) after the first few thousand polls.
+// Bounded waits. `dc_globaltimer()` (detcoll_tree.h) is `wall_clock64()`, the raw ticks of
+// `s_memrealtime`, the constant "REFCLK" counter. Its rate differs between parts (100 MHz on
+// MI300X gfx942, 25 MHz on MI200, unpublished for MI355X gfx950), so the kernels assume none:
+// `DcHeader::timeout_ns` holds the bound in ticks, computed on the host from
+// hipDeviceAttributeWallClockRate (kHz; hip-ipc's HipDevice::wait_bound, 100 MHz assumed with a
+// warning when the attribute reads 0). Spins sleep with `s_sleep` (`__builtin_amdgcn_s_sleep`)
+// after the first few thousand polls.
 #if !defined(__HIP__)
 #error "detcoll_hip.hip must be compiled as HIP (-x hip)"
 #endif
@@ -44,7 +46,7 @@
 #error "detcoll_hip.hip must not be compiled with fast math: the reduction tree needs IEEE adds"
 #endif
 #if defined(__HIP_DEVICE_COMPILE__) && !defined(__GFX9__)
-#error "detcoll_hip.hip targets gfx9 parts (gfx90a, gfx942, gfx950): s_memrealtime at 100 MHz"
+#error "detcoll_hip.hip targets gfx9 parts (gfx90a, gfx942, gfx950): s_memrealtime, s_sleep, packed adds"
 #endif
 
 // ---------------------------------------------------------------------------------------------
@@ -54,7 +56,7 @@
 // HIP runtime headers and defines __HIPCC_RTC__, and those headers define every name below
 // (redefining the functions would be a compile error there, the macros a redefinition). HIP's
 // versions are the same operations: bit casts, one IEEE f32 add (round to nearest even), the
-// s_memrealtime counter (as `long long`; dc_globaltimer() converts it to 64 unsigned bits).
+// s_memrealtime counter (as `long long`; dc_globaltimer() returns it as 64 unsigned bits).
 // The 16-byte vectors are our own `dc_u32x4` (detcoll_tree.h), never HIP's `uint4`.
 // ---------------------------------------------------------------------------------------------
 // Contraction is off for this file (-ffp-contract=off and this pragma), in either build.
@@ -69,7 +71,7 @@ __device__ __forceinline__ float __uint_as_float(unsigned int u) { return __buil
 __device__ __forceinline__ unsigned int __float_as_uint(float f) { return __builtin_bit_cast(unsigned int, f); }
 // One IEEE f32 add, round to nearest even (a lone add has nothing to fuse with anyway).
 __device__ __forceinline__ float __fadd_rn(float a, float b) { return a + b; }
-// The constant 100 MHz counter (see the header comment).
+// The constant s_memrealtime counter, raw ticks (see the header comment).
 __device__ __forceinline__ unsigned long long wall_clock64() { return __builtin_amdgcn_s_memrealtime(); }
 #endif  // !__HIPCC_RTC__
 

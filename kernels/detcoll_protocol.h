@@ -77,7 +77,8 @@ struct DcHeader {
     dc_u64 ctl[DC_MAX_WORLD];   // every rank's control block, in rank order
     dc_u64 data[DC_MAX_WORLD];  // every rank's frame 0, in rank order
     dc_u64 err;                 // this rank's host-mapped error record (device address)
-    dc_u64 timeout_ns;          // bound on every wait
+    dc_u64 timeout_ns;          // bound on every wait, in the device clock's units (dc_globaltimer:
+                                // CUDA ns, HIP s_memrealtime ticks; see Device::wait_bound)
     dc_u64 sig[2];              // Signature::pack()
     dc_u64 frame[2];            // 0, Layout::frame_stride(): frame offsets from data[]
     dc_u32 off_status, off_sig0, off_sig1, off_ready, off_phase2, line;

@@ -409,7 +409,10 @@ DC_DEV dc_u64 dc_ld_acquire_sys(const dc_u64* p) {
 DC_DEV dc_u64 dc_ld_relaxed_sys(const dc_u64* p) {
     return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
 }
-DC_DEV dc_u64 dc_globaltimer() { return wall_clock64() * 10ull; }  // 100 MHz constant clock
+// Raw s_memrealtime ticks (100 MHz on gfx942, 25 MHz on MI200, unpublished for gfx950): the host
+// converts the wait bound into these ticks from hipDeviceAttributeWallClockRate (hip-ipc's
+// HipDevice::wait_bound), so nothing here assumes a rate.
+DC_DEV dc_u64 dc_globaltimer() { return (dc_u64)wall_clock64(); }
 DC_DEV void dc_nanosleep(dc_u32) { __builtin_amdgcn_s_sleep(2); }
 #endif
 

@@ -107,7 +107,8 @@ fn build(
         let threshold = d.routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
         let config = HipIpcConfig::new(capacity).with_rsag_threshold(threshold);
         let config = HipIpcConfig { timeouts, ..config };
-        Some(HipIpcCollective::new(Box::new(boot.clone()), device.clone(), &config)?)
+        // hip_ipc::new_on: ranks sharing a GPU are refused unless DETCOLL_HIP_ALLOW_SHARED_GPU=1.
+        Some(hip_ipc::new_on(Box::new(boot.clone()), device.clone(), &config)?)
     } else {
         None
     };

@@ -14,17 +14,27 @@
 //! link step (it looks for a separate lld executable):
 //!
 //! ```text
-//! cc -x hip --offload-arch=gfxNNN --offload-device-only -nogpulib -nogpuinc <strict flags> -S  -> detcoll_hip.gfxNNN.s
-//! cc -target amdgcn-amd-amdhsa -mcpu=gfxNNN -c .s                                             -> .o
+//! cc -x hip --offload-arch=gfxNNN --offload-device-only -nogpulib -nogpuinc <strict flags> -mcode-object-version=5 -S  -> .s
+//! cc -target amdgcn-amd-amdhsa -mcpu=gfxNNN -mcode-object-version=5 -c .s                                           -> .o
 //! ld.lld -shared .o                                                                           -> detcoll_hip.gfxNNN.co
 //! ```
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The code object version of every HIP build: v5. Upstream clang now emits v6 by default,
+/// which ROCm before 6.3 refuses at load (`HSA_STATUS_ERROR_INVALID_CODE_OBJECT`); every ROCm
+/// 6 loads v5. Passed to every compile (hipcc, a system clang, zig's clang), to the assembler
+/// step, and to hiprtc (through [`HIP_FLAGS`]); the compile test checks the ELF header's
+/// `EI_ABIVERSION` ([`ELFABIVERSION_AMDGPU_HSA_V5`]).
+pub const CODE_OBJECT_VERSION_FLAG: &str = "-mcode-object-version=5";
+
+/// `e_ident[EI_ABIVERSION]` of an AMDHSA code object v5 (LLVM's `ELFABIVERSION_AMDGPU_HSA_V5`).
+pub const ELFABIVERSION_AMDGPU_HSA_V5: u8 = 3;
+
 /// Flags of every HIP compile: strict IEEE arithmetic (no fast math, no denormal flushing, no
-/// contraction), device code only, no HIP headers or device libraries.
-pub const HIP_FLAGS: [&str; 10] = [
+/// contraction), device code only, no HIP headers or device libraries, code object v5.
+pub const HIP_FLAGS: [&str; 11] = [
     "-x",
     "hip",
     "--offload-device-only",
@@ -35,6 +45,7 @@ pub const HIP_FLAGS: [&str; 10] = [
     "-fno-fast-math",
     "-fno-gpu-flush-denormals-to-zero",
     "-ffp-contract=off",
+    CODE_OBJECT_VERSION_FLAG,
 ];
 
 /// One way to compile: the compiler, the assembler and the linker, each a program plus leading
@@ -165,6 +176,7 @@ pub fn compile_with(tc: &Toolchain, gfx: &str, out_dir: &Path) -> Result<Built, 
             "-target".into(),
             "amdgcn-amd-amdhsa".into(),
             mcpu.into(),
+            CODE_OBJECT_VERSION_FLAG.into(),
             "-c".into(),
             asm.clone().into(),
             "-o".into(),
@@ -198,6 +210,12 @@ pub fn compile(toolchains: &[Toolchain], gfx: &str, out_dir: &Path) -> Result<Bu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_compile_asks_for_code_object_v5() {
+        assert!(HIP_FLAGS.contains(&CODE_OBJECT_VERSION_FLAG));
+        assert_eq!(CODE_OBJECT_VERSION_FLAG, "-mcode-object-version=5");
+    }
 
     #[test]
     fn gfx_names() {

@@ -1,5 +1,5 @@
 //! [`HipDevice`]: the engine's [`Device`] on our runtime-loaded HIP binding — one HIP device,
-//! its code object (prebuilt or hiprtc, loaded once), fine-grained/uncached control memory and
+//! its code object (prebuilt or hiprtc, loaded once), uncached (default) or fine-grained control memory and
 //! plain frames, IPC handles, the host-mapped error record, launches, streams and events.
 //! Everything above it (the IPC collective, the RCCL transport) is the shared engine's.
 //!
@@ -15,7 +15,28 @@ use collective_core::protocol::status::RECORD_WORDS;
 use collective_core::protocol::{Header, Layout};
 use collective_core::{DType, Error};
 use ipc_engine::{Device, IpcDevice, Launch, RawStream, Vendor};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Once, OnceLock};
+use std::time::Duration;
+
+/// The `s_memrealtime` rate assumed when `hipDeviceAttributeWallClockRate` reads 0 (or less):
+/// 100 MHz, gfx942's rate (MI200's is 25 MHz; gfx950's is unpublished). It is the fastest
+/// rate we know of, so on a slower clock a wait lasts longer than asked (by 4x at 25 MHz)
+/// but stays bounded: never a spurious timeout.
+pub const FALLBACK_WALL_CLOCK_KHZ: u64 = 100_000;
+
+/// The kernels' wait bound for `timeout` on a device whose `s_memrealtime` ticks at
+/// `rate_khz` kHz (`hipDeviceAttributeWallClockRate`): `timeout` x rate, in ticks, saturating
+/// at `u64::MAX`. A rate of 0 or less (the attribute unset) takes
+/// [`FALLBACK_WALL_CLOCK_KHZ`]; the second value says whether it did.
+pub fn wait_ticks(timeout: Duration, rate_khz: i64) -> (u64, bool) {
+    let (khz, fallback) = match u64::try_from(rate_khz) {
+        Ok(k) if k > 0 => (k, false),
+        _ => (FALLBACK_WALL_CLOCK_KHZ, true),
+    };
+    // kHz = 1000 ticks per second = 1 tick per 10^6 ns.
+    let ticks = timeout.as_nanos().saturating_mul(u128::from(khz)) / 1_000_000;
+    (u64::try_from(ticks).unwrap_or(u64::MAX), fallback)
+}
 
 /// One HIP device as the engine uses it. Cheap to clone: clones share the loaded code object.
 #[derive(Debug, Clone)]
@@ -170,6 +191,24 @@ impl IpcDevice for HipDevice {
     fn enable_peer_access(&self, to: &Self) -> Result<(), Error> {
         runtime::enable_peer_access(self.ordinal, to.ordinal)
     }
+    /// `timeout` in ticks of this device's `s_memrealtime` (what the HIP kernels'
+    /// `dc_globaltimer()` returns), from `hipDeviceAttributeWallClockRate` ([`wait_ticks`]);
+    /// a rate of 0 takes [`FALLBACK_WALL_CLOCK_KHZ`] with a warning on stderr (once).
+    fn wait_bound(&self, timeout: Duration) -> Result<u64, Error> {
+        let rate = runtime::attribute(self.ordinal, sys::HIP_DEVICE_ATTRIBUTE_WALL_CLOCK_RATE)?;
+        let (ticks, fallback) = wait_ticks(timeout, i64::from(rate));
+        if fallback {
+            static WARN: Once = Once::new();
+            WARN.call_once(|| {
+                eprintln!(
+                    "detcoll hip-ipc: HIP device {} reports hipDeviceAttributeWallClockRate = {rate}; kernel wait \
+                     bounds assume {FALLBACK_WALL_CLOCK_KHZ} kHz (on a slower clock waits last longer than the timeout)",
+                    self.ordinal
+                )
+            });
+        }
+        Ok(ticks)
+    }
     fn synchronize(&self) -> Result<(), Error> {
         let api = api()?;
         runtime::set_device(self.ordinal)?;
@@ -245,5 +284,26 @@ impl IpcDevice for HipDevice {
     }
     fn record_code(record: &HostMapped) -> u64 {
         record.read(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_bounds_are_ticks_of_the_reported_clock_rate() {
+        let s = Duration::from_secs(1);
+        assert_eq!(wait_ticks(s, 100_000), (100_000_000, false)); // gfx942: 100 MHz
+        assert_eq!(wait_ticks(s, 25_000), (25_000_000, false)); // MI200: 25 MHz
+        assert_eq!(wait_ticks(Duration::from_millis(300), 100_000), (30_000_000, false));
+        assert_eq!(wait_ticks(Duration::from_nanos(10), 100_000), (1, false)); // one 10 ns tick
+        assert_eq!(wait_ticks(Duration::ZERO, 100_000), (0, false));
+        // Unset (0) or nonsense (negative): the documented 100 MHz default, reported.
+        assert_eq!(wait_ticks(s, 0), (100_000_000, true));
+        assert_eq!(wait_ticks(s, -5), (100_000_000, true));
+        // Overflow saturates instead of wrapping to a short bound.
+        assert_eq!(wait_ticks(Duration::MAX, 100_000), (u64::MAX, false));
+        assert_eq!(wait_ticks(Duration::from_secs(u64::MAX / 1000), i64::from(i32::MAX)), (u64::MAX, false));
     }
 }

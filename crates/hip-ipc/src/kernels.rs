@@ -225,6 +225,8 @@ mod tests {
             assert!(o.iter().any(|x| x == f) ^ OFFLINE_ONLY_FLAGS.contains(&f), "{f}");
         }
         assert_eq!(rtc_options("gfx950")[0], "--offload-arch=gfx950");
+        // Code object v5 for hiprtc too (ROCm before 6.3 refuses v6).
+        assert!(o.iter().any(|x| x == "-mcode-object-version=5"), "{o:?}");
     }
 
     #[test]

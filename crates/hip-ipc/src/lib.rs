@@ -44,10 +44,15 @@ pub const BACKEND: &str = "hip-ipc";
 
 /// The configuration of a HIP IPC collective: the backend-neutral one `cuda-ipc` uses too.
 pub use collective_core::protocol::{DEFAULT_RSAG_THRESHOLD, IpcConfig as HipIpcConfig};
-pub use device::HipDevice;
-pub use group::{group, group_on_ordinal, new};
+pub use device::{FALLBACK_WALL_CLOCK_KHZ, HipDevice, wait_ticks};
+pub use group::{
+    ALLOW_SHARED_GPU_ENV, DEFAULT_HW_QUEUES, HW_QUEUES_ENV, check_hw_queues, check_shared_gpu, group, group_on_ordinal,
+    new, new_on,
+};
 pub use ipc_engine::{Device, IpcCollective, RawStream};
-pub use staging::{CONTROL_MEMORY_ENV, ControlMemory};
+pub use staging::{
+    CONTROL_MEMORY_ENV, ControlMemory, EXPORT_GRANULE, allocation_sizes, check_control_attributes, export_size,
+};
 
 /// One rank of a HIP IPC collective: the engine's collective on a [`HipDevice`].
 /// `Collective::Stream` is [`Stream`]; the engine's `enqueue*` methods take a [`RawStream`]

@@ -443,6 +443,24 @@ impl Drop for DeviceMemory {
     }
 }
 
+/// What the runtime recorded for the allocation holding device address `ptr`
+/// (`hipPointerGetAttributes`): its memory type and the flags it was allocated with.
+pub fn pointer_attributes(ptr: u64) -> Result<sys::HipPointerAttribute, Error> {
+    let api = api()?;
+    let mut a = sys::HipPointerAttribute {
+        memory_type: 0,
+        device: -1,
+        device_pointer: core::ptr::null_mut(),
+        host_pointer: core::ptr::null_mut(),
+        is_managed: 0,
+        allocation_flags: 0,
+    };
+    // SAFETY: out-pointer to a local of the ROCm 6 layout (const-asserted in `sys`); the
+    // runtime only reads `ptr` as an address.
+    check(api, unsafe { (api.hipPointerGetAttributes)(&mut a, ptr as *const c_void) }, "hipPointerGetAttributes")?;
+    Ok(a)
+}
+
 /// A peer process's allocation opened through its IPC handle; closed on drop.
 #[derive(Debug)]
 pub struct IpcMapping {

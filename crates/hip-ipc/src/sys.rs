@@ -78,6 +78,35 @@ const _: () = assert!(align_of::<HipIpcMemHandle>() == 1);
 const _: () = assert!(size_of::<HipStream>() == 8 && size_of::<HipDevicePtr>() == 8);
 const _: () = assert!(size_of::<HipEvent>() == 8);
 
+/// `hipMemoryTypeDevice` (ROCm 6 numbering: Unregistered 0, Host 1, Device 2, Managed 3,
+/// Array 10, Unified 11; ROCm 5 numbered Host 0, Device 1).
+pub const HIP_MEMORY_TYPE_DEVICE: c_uint = 2;
+
+/// `hipPointerAttribute_t` of ROCm 6's `hip/hip_runtime_api.h`: `{ enum hipMemoryType type;
+/// int device; void* devicePointer; void* hostPointer; int isManaged; unsigned
+/// allocationFlags; }`. CLR's `hipExtMallocWithFlags` saves the flags it was given, and
+/// `hipPointerGetAttributes` reports them in `allocation_flags`: how the control block's kind
+/// is checked after allocating (see `staging::check_control_attributes`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HipPointerAttribute {
+    /// `hipMemoryType` (a C enum: 4 bytes).
+    pub memory_type: c_uint,
+    pub device: c_int,
+    pub device_pointer: *mut c_void,
+    pub host_pointer: *mut c_void,
+    pub is_managed: c_int,
+    pub allocation_flags: c_uint,
+}
+
+const _: () = assert!(size_of::<HipPointerAttribute>() == 32 && align_of::<HipPointerAttribute>() == 8);
+const _: () = assert!(core::mem::offset_of!(HipPointerAttribute, memory_type) == 0);
+const _: () = assert!(core::mem::offset_of!(HipPointerAttribute, device) == 4);
+const _: () = assert!(core::mem::offset_of!(HipPointerAttribute, device_pointer) == 8);
+const _: () = assert!(core::mem::offset_of!(HipPointerAttribute, host_pointer) == 16);
+const _: () = assert!(core::mem::offset_of!(HipPointerAttribute, is_managed) == 24);
+const _: () = assert!(core::mem::offset_of!(HipPointerAttribute, allocation_flags) == 28);
+
 /// Bytes we hand to `hipGetDeviceProperties`: more than any `hipDeviceProp_t` revision
 /// (R0600 is about 1.5 KiB), so the runtime never writes past it.
 pub const DEVICE_PROP_BYTES: usize = 8192;
@@ -97,6 +126,8 @@ pub struct Api {
     pub hipMalloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> HipError,
     pub hipExtMallocWithFlags: unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> HipError,
     pub hipFree: unsafe extern "C" fn(*mut c_void) -> HipError,
+    /// `(attributes, ptr)`: what the runtime recorded for the allocation holding `ptr`.
+    pub hipPointerGetAttributes: unsafe extern "C" fn(*mut HipPointerAttribute, *const c_void) -> HipError,
     pub hipHostMalloc: unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> HipError,
     pub hipHostFree: unsafe extern "C" fn(*mut c_void) -> HipError,
     pub hipHostGetDevicePointer: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, c_uint) -> HipError,
@@ -212,6 +243,7 @@ impl Api {
             hipMalloc: symbol(&lib, "hipMalloc")?,
             hipExtMallocWithFlags: symbol(&lib, "hipExtMallocWithFlags")?,
             hipFree: symbol(&lib, "hipFree")?,
+            hipPointerGetAttributes: symbol(&lib, "hipPointerGetAttributes")?,
             hipHostMalloc: symbol(&lib, "hipHostMalloc")?,
             hipHostFree: symbol(&lib, "hipHostFree")?,
             hipHostGetDevicePointer: symbol(&lib, "hipHostGetDevicePointer")?,

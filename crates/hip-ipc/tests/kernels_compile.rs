@@ -37,6 +37,67 @@ fn check_assembly(gfx: &str, s: &str) {
     }
 }
 
+/// The system-scope acquire loads of the assembly: a 64-bit load carrying `sc0 sc1` (system
+/// scope) whose next instruction, past `s_waitcnt`, is `buffer_inv sc0 sc1` (the acquire's
+/// invalidate) — what `__hip_atomic_load(ACQUIRE, SYSTEM)` compiles to on gfx94x/gfx950. In the
+/// kernels the only acquire loads are `dc_wait`'s (detcoll_protocol.h): the poll of the peer's
+/// flag and its re-read after a close acknowledgement. Returns the load lines found.
+///
+/// What this records, for docs/rocm.md ("Poll local memory"): the load is `flat_` (a generic
+/// pointer), and its address is `h.ctl[t] + off`, the PEER's control block: today's pull
+/// protocol polls remote memory. A change of the protocol (the push protocol polls its own
+/// block) or of the compiler's acquire sequence changes what this finds, and the test says so.
+fn acquire_loads(s: &str) -> Vec<String> {
+    let insns: Vec<&str> =
+        s.lines().map(str::trim).filter(|x| !x.is_empty() && !x.starts_with(';') && !x.ends_with(':')).collect();
+    let mut found = Vec::new();
+    for (i, l) in insns.iter().enumerate() {
+        let is_load =
+            (l.starts_with("flat_load_dwordx2") || l.starts_with("global_load_dwordx2")) && l.ends_with("sc0 sc1");
+        let next = insns[i + 1..].iter().find(|x| !x.starts_with("s_waitcnt"));
+        if is_load && next == Some(&"buffer_inv sc0 sc1") {
+            found.push(l.to_string());
+        }
+    }
+    found
+}
+
+/// 64-bit loads at system scope not followed by an invalidate: the relaxed loads (`dc_wait`'s
+/// peer-status and own-ack reads, the block-start status reads).
+fn relaxed_system_loads(s: &str) -> usize {
+    s.lines().map(str::trim).filter(|l| l.starts_with("flat_load_dwordx2") && l.ends_with("sc0 sc1")).count()
+        - acquire_loads(s).len()
+}
+
+fn check_polls(gfx: &str, s: &str) {
+    let polls = acquire_loads(s);
+    println!(
+        "{gfx}: {} system-scope acquire loads (load sc0 sc1, then buffer_inv sc0 sc1), {} relaxed system-scope 64-bit loads:",
+        polls.len(),
+        relaxed_system_loads(s)
+    );
+    for p in &polls {
+        println!("  {p}");
+    }
+    // Two waits (ready, phase 2) in each of detcoll_collective_s / _m, each polling with an
+    // acquire load.
+    assert!(polls.len() >= 4, "{gfx}: expected >= 4 acquire loads in the waits, found {polls:?}");
+    // Generic (flat) addresses: the kernels cannot tell the load's target; the source does
+    // (`h.ctl[t]`, the peer's block). A global_ load here would mean the compiler proved an
+    // address space: update docs/rocm.md.
+    assert!(polls.iter().all(|p| p.starts_with("flat_load_dwordx2")), "{gfx}: {polls:?}");
+}
+
+/// The code object's ELF header: ELFOSABI_AMDGPU_HSA (64) and code object v5
+/// (`e_ident[EI_ABIVERSION]` = ELFABIVERSION_AMDGPU_HSA_V5 = 3; v6 would be 4, which ROCm
+/// before 6.3 refuses).
+fn check_code_object_version(gfx: &str, co: &[u8], s: &str) {
+    assert!(co.len() > 16 && co.starts_with(b"\x7fELF"), "{gfx}: not an ELF code object");
+    assert_eq!(co[7], 64, "{gfx}: EI_OSABI is not ELFOSABI_AMDGPU_HSA");
+    assert_eq!(co[8], build::ELFABIVERSION_AMDGPU_HSA_V5, "{gfx}: EI_ABIVERSION {} is not code object v5 (3)", co[8]);
+    assert!(s.contains(".amdhsa_code_object_version 5"), "{gfx}: the assembly does not declare code object v5");
+}
+
 fn no_toolchain() -> bool {
     let none = build::toolchains().is_empty();
     if none {
@@ -56,8 +117,10 @@ fn compile_target(gfx: &str) {
         Ok(b) => {
             println!("{gfx}: built by {}", b.toolchain);
             let co = std::fs::read(&b.code_object).expect("code object");
-            assert!(co.starts_with(b"\x7fELF"), "{gfx}: not an ELF code object");
-            check_assembly(gfx, &std::fs::read_to_string(&b.assembly).expect("assembly"));
+            let s = std::fs::read_to_string(&b.assembly).expect("assembly");
+            check_code_object_version(gfx, &co, &s);
+            check_assembly(gfx, &s);
+            check_polls(gfx, &s);
             let _ = std::fs::remove_dir_all(&out);
         }
         Err(BuildError::Failed { attempts, .. }) if gfx == "gfx950" => {

@@ -6,8 +6,8 @@
 //!
 //! Two placements use this layout. The CPU and CUDA twins put everything in one allocation of
 //! [`Layout::total_bytes`]: the control block at offset 0, frame `p` at [`Layout::frame`]`(p)`.
-//! The HIP twin splits it: the control block ([`Layout::control_bytes`]) in fine-grained memory,
-//! where system-scope atomics are coherent across GPUs, and the frames
+//! The HIP twin splits it: the control block ([`Layout::control_bytes`]) in uncached (default)
+//! or fine-grained memory, where system-scope atomics are coherent across GPUs, and the frames
 //! ([`Layout::frames_bytes`]) in ordinary device memory, frame `p` at `p * frame_stride()`.
 //! Control offsets (header, status, flags, acks) are from the start of the control block.
 
