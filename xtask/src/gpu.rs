@@ -11,6 +11,7 @@
 use crate::util::{cargo, show, which, workspace_root};
 use anyhow::Context;
 use clap::{Args, ValueEnum};
+use detcoll_benches::harness::clock::{unix_now, utc_string};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -88,8 +89,8 @@ impl GpuPlatform {
     /// [`GpuPlatform::detected`] on this host (loads libcuda / libamdhip64 if present; never
     /// panics without them).
     pub fn detect() -> GpuPlatform {
-        let cuda = crate::bench::cuda::available();
-        GpuPlatform::detected(cuda, !cuda && crate::bench::hip::available())
+        let cuda = detcoll_benches::harness::cuda_available();
+        GpuPlatform::detected(cuda, !cuda && detcoll_benches::harness::hip_available())
     }
 }
 
@@ -424,7 +425,7 @@ pub fn bundle_main(args: BundleArgs) -> anyhow::Result<ExitCode> {
     let total: u64 = files.iter().map(|f| f.bytes).sum();
     let manifest = Manifest {
         schema_version: MANIFEST_VERSION,
-        created_utc: crate::util::utc_string(crate::util::unix_now()),
+        created_utc: utc_string(unix_now()),
         git_commit: git_commit(&root),
         gpu_packages: GPU_PACKAGES.iter().map(|s| s.to_string()).collect(),
         missing_packages: missing,
