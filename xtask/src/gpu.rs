@@ -682,12 +682,11 @@ static INTERRUPTED: AtomicI32 = AtomicI32::new(0);
 static RUNNING_GROUP: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn on_signal(sig: libc::c_int) {
-    // Only atomics and kill(2) here: both are async-signal-safe.
+    // Only atomics and kill(2) (all the launcher's helper does) here: both are async-signal-safe.
     INTERRUPTED.store(sig, Ordering::SeqCst);
     let group = RUNNING_GROUP.load(Ordering::SeqCst);
     if group > 0 {
-        // SAFETY: signals the running suite's own process group.
-        unsafe { libc::kill(-group, libc::SIGKILL) };
+        detcoll_launch::signal_process_group(group as u32, libc::SIGKILL);
     }
 }
 
@@ -730,10 +729,7 @@ struct SuiteResult {
 
 /// Kills the process group `pgid` (a suite and every process it started).
 fn kill_group(pgid: u32) {
-    // SAFETY: kill(2) with a negative pid signals the process group we created for the suite.
-    unsafe {
-        libc::kill(-(pgid as libc::pid_t), libc::SIGKILL);
-    }
+    detcoll_launch::signal_process_group(pgid, libc::SIGKILL);
 }
 
 fn run_suite(
