@@ -41,8 +41,29 @@ enum Command {
     GpuTest(gpu::GpuTestArgs),
 }
 
+/// Points the GPU backends of `bench` / `bench-rank` (run in this process and in the rank
+/// processes it starts, which inherit the variable) at the prebuilt kernels, since the
+/// libraries only look in `$DETCOLL_KERNEL_DIR` and next to the executable: `kernels/build/` of
+/// this checkout (what `cargo xtask build` writes), else a GPU bundle's `kernels/` (this binary
+/// is `<bundle>/bin/xtask`). A folder the caller chose is kept.
+fn default_kernel_dir() {
+    if std::env::var_os(gpu::KERNEL_DIR_ENV).is_some() {
+        return;
+    }
+    let checkout = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels/build");
+    let bundle = std::env::current_exe().ok().and_then(|e| Some(e.parent()?.parent()?.join("kernels")));
+    if let Some(dir) = [Some(checkout), bundle].into_iter().flatten().find(|d| d.is_dir()) {
+        let dir = dir.canonicalize().unwrap_or(dir);
+        // SAFETY: called first thing in `main`, before this process starts any thread.
+        unsafe { std::env::set_var(gpu::KERNEL_DIR_ENV, dir) };
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Bench(_) | Command::BenchRank(_)) {
+        default_kernel_dir();
+    }
     let result = match cli.command {
         Command::Bench(args) => bench::main(args),
         Command::BenchRank(args) => bench::rank_main(args),

@@ -41,6 +41,13 @@ impl From<NcclError> for collective_core::Error {
         match e {
             NcclError::LibraryMissing { library, detail } => collective_core::Error::LibraryMissing { library, detail },
             NcclError::InvalidArgument(detail) => collective_core::Error::InvalidConfig { detail },
+            call @ NcclError::Call { .. } => {
+                let name = match &call {
+                    NcclError::Call { call, .. } => (*call).to_string(),
+                    _ => unreachable!(),
+                };
+                collective_core::Error::Vendor { backend: BACKEND, call: name, source: Box::new(call) }
+            }
             other => collective_core::Error::Backend { backend: BACKEND, detail: other.to_string() },
         }
     }
@@ -49,6 +56,18 @@ impl From<NcclError> for collective_core::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_call_keeps_the_nccl_error_as_source() {
+        use std::error::Error as _;
+        let e: collective_core::Error =
+            NcclError::Call { call: "ncclAllGather", code: ncclResult_t::ncclUnhandledCudaError, message: "m".into() }
+                .into();
+        assert!(matches!(&e, collective_core::Error::Vendor { call, .. } if call == "ncclAllGather"), "{e:?}");
+        let src = e.source().expect("a source").downcast_ref::<NcclError>().expect("the NCCL error");
+        assert!(matches!(src, NcclError::Call { call: "ncclAllGather", .. }));
+        assert!(e.poisons());
+    }
 
     #[test]
     fn library_missing_maps_to_the_core_variant() {

@@ -64,6 +64,15 @@ pub enum Error {
     LibraryMissing { library: String, detail: String },
     #[error("{backend}: {detail}")]
     Backend { backend: &'static str, detail: String },
+    /// A GPU runtime or library call failed; the vendor's own error (cudarc's `DriverError`,
+    /// the HIP runtime's, NCCL/RCCL's) is the [`std::error::Error::source`].
+    #[error("{backend}: {call} failed: {source}")]
+    Vendor {
+        backend: &'static str,
+        call: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
     #[error(transparent)]
     Bootstrap(#[from] BootstrapError),
 }
@@ -78,6 +87,7 @@ impl Error {
                 | Error::PeerClosed { .. }
                 | Error::SignatureMismatch { .. }
                 | Error::Backend { .. }
+                | Error::Vendor { .. }
                 | Error::Bootstrap(_)
         )
     }

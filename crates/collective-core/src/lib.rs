@@ -8,7 +8,7 @@
 //! * [`Capabilities`], [`Route`], [`Op`] and [`Signature`];
 //! * [`Error`] and [`validate`]: fail-closed checks done before any device work;
 //! * [`bootstrap`]: rank rendezvous;
-//! * [`env`]: fail-closed parsing of the `DETCOLL_*` environment variables;
+//! * [`env`](mod@env): fail-closed parsing of the `DETCOLL_*` environment variables;
 //! * [`protocol`]: the backend-neutral IPC protocol (layout, generations, signatures, plans);
 //! * `conformance` (feature `conformance`): the suite every backend instantiates.
 #![deny(unsafe_op_in_unsafe_fn)]

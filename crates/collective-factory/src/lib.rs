@@ -11,6 +11,11 @@
 //! `rocm` (HIP IPC + RCCL). A build without a feature contains none of its code, and a rocm-only
 //! build contains no CUDA code (`tests/build_isolation.rs`).
 
+/// The README's examples, compiled and run as doctests (its GPU example needs `cuda`).
+#[cfg_attr(all(feature = "cpu", feature = "cuda"), doc = include_str!("../README.md"))]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 mod agree;
 mod config;
 mod platform;

@@ -83,7 +83,7 @@ pub fn from_context(
 /// GPU of its own. Hand one handle to each thread; give each its own stream.
 ///
 /// Ranks sharing one GPU must enqueue in call order (see
-/// [`ipc_engine::IpcCollective::group`]).
+/// `IpcCollective::group` of the ipc-engine crate).
 ///
 /// ```no_run
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -74,3 +74,76 @@ fn thread_group_typed_and_raw_entry_points_are_bit_exact() {
         }
     });
 }
+
+/// Groups inside a job, ranks as threads on the GPU: eight thread ranks split (collectively,
+/// `bootstrap::split`) into TP=4 groups (color rank / 4) and DP=2 groups (color rank % 4); each
+/// group gets its own NVIDIA collective (`nvidia::thread_group` of its size), and every rank
+/// runs its TP and its DP all_reduce from two threads at once, so collectives of different
+/// groups are in flight together on the GPU. Bits against fixed-tree per group.
+#[test]
+fn tp_and_dp_groups_of_thread_ranks_run_concurrently_bit_exact() {
+    use collective_core::bootstrap::{Bootstrap, LocalBootstrap, split};
+    use collective_core::conformance::data::{finite_values, reference_reduce};
+    use collective_core::{Collective, DType};
+    use collective_factory::{Config, NvidiaCollective, nvidia};
+    match cuda_ipc::driver::device_count() {
+        Ok(n) if n > 0 => {}
+        other => {
+            println!("skipped: no CUDA device ({other:?})");
+            return;
+        }
+    }
+    let world = 8;
+    let n = 2048;
+    // Which groups exist and who is in them: the split, done by the eight ranks together.
+    let boots = LocalBootstrap::group(world);
+    let members: Vec<(Vec<usize>, Vec<usize>)> = std::thread::scope(|s| {
+        let hs: Vec<_> = boots
+            .iter()
+            .map(|b| {
+                s.spawn(move || {
+                    let r = b.rank();
+                    let tp = split(b, Some((r / 4) as u32), r as u32).expect("tp split").expect("member");
+                    let dp = split(b, Some((r % 4) as u32), r as u32).expect("dp split").expect("member");
+                    (tp.parent_ranks().to_vec(), dp.parent_ranks().to_vec())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("split thread")).collect()
+    });
+    let mut groups: Vec<Vec<usize>> = members.iter().flat_map(|(t, d)| [t.clone(), d.clone()]).collect();
+    groups.sort();
+    groups.dedup();
+    assert_eq!(groups.len(), 2 + 4, "{groups:?}");
+    // One collective per group (ranks as threads, peer pointers), its ranks in group order.
+    let config = Config::new().with_capacity(1 << 20);
+    let mut built: Vec<(Vec<usize>, Vec<NvidiaCollective>)> = Vec::new();
+    for g in &groups {
+        built.push((g.clone(), nvidia::thread_group(g.len(), &config).expect("group collective")));
+    }
+    let inputs: Vec<Vec<u8>> = (0..world).map(|r| finite_values(DType::F32, n, 40 + r as u64)).collect();
+    let as_f32 =
+        |b: &[u8]| -> Vec<f32> { b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect() };
+    std::thread::scope(|s| {
+        for (g, comms) in &built {
+            let want = reference_reduce(&g.iter().map(|&r| inputs[r].clone()).collect::<Vec<_>>(), DType::F32);
+            let want_bits: Vec<u32> = as_f32(&want).iter().map(|x| x.to_bits()).collect();
+            for (k, comm) in comms.iter().enumerate() {
+                let parent = g[k];
+                let (input, want_bits) = (as_f32(&inputs[parent]), want_bits.clone());
+                s.spawn(move || {
+                    let stream = comm.context().new_stream().expect("stream");
+                    let x = stream.clone_htod(&input).expect("upload");
+                    let mut y = stream.alloc_zeros::<f32>(n).expect("alloc");
+                    for _ in 0..20 {
+                        comm.all_reduce_into(&x, &mut y, &stream).expect("all_reduce");
+                        stream.synchronize().expect("sync");
+                    }
+                    let got: Vec<u32> = stream.clone_dtoh(&y).expect("download").iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(got, want_bits, "parent rank {parent} in group {g:?}");
+                    comm.close().expect("close");
+                });
+            }
+        }
+    });
+}

@@ -1,8 +1,14 @@
 //! Loading the CUDA driver and mapping its errors.
 //!
-//! cudarc loads libcuda at run time and panics on first use when it is absent, so every public
-//! entry point of this crate calls [`ensure_driver`] before any cudarc call and turns a missing
-//! library into [`Error::LibraryMissing`].
+//! This crate asks cudarc for `fallback-dynamic-loading`: unless the application picks a
+//! linking mode of its own, cudarc loads libcuda (and NVRTC) at run time and panics on first use
+//! when it is absent, so every public entry point of this crate calls [`ensure_driver`] before
+//! any cudarc call and turns a missing library into [`Error::LibraryMissing`].
+//!
+//! When the application enables cudarc's `dynamic-linking` (candle does), libcuda and libnvrtc
+//! are linked into the executable instead: the process does not start without the NVIDIA
+//! driver (the dynamic loader refuses it before `main`), so [`Error::LibraryMissing`] cannot
+//! occur there. The probe below works in both modes (a linked library is found already loaded).
 use collective_core::Error;
 use cudarc::driver::{CudaContext, DriverError, sys};
 use std::sync::Arc;
@@ -12,8 +18,47 @@ pub(crate) const BACKEND: &str = "cuda-ipc";
 
 /// Whether libcuda can be loaded (never panics).
 pub fn driver_present() -> bool {
-    // SAFETY: only tries to dlopen the library by its usual names; no symbol is called.
-    unsafe { sys::is_culib_present() }
+    loadable(&["cuda", "nvcuda"])
+}
+
+/// The file names cudarc's dynamic loading tries for library `name` (`"cuda"`, `"nvrtc"`), in
+/// its order. Mirrors cudarc's `get_lib_name_candidates`, which (like `is_culib_present`) only
+/// exists under cudarc's `dynamic-loading`; the CUDA version is that of the bindings cudarc was
+/// built with, so a name found here is one cudarc's own loader finds too.
+pub(crate) fn lib_candidates(name: &str) -> Vec<String> {
+    use std::env::consts::{DLL_PREFIX as P, DLL_SUFFIX as S};
+    let w = usize::BITS;
+    let (major, minor) = (sys::CUDA_VERSION / 1000, (sys::CUDA_VERSION % 1000) / 10);
+    vec![
+        format!("{P}{name}{S}"),
+        format!("{P}{name}{w}{S}"),
+        format!("{P}{name}{w}_{major}{S}"),
+        format!("{P}{name}{w}_{major}{minor}{S}"),
+        format!("{P}{name}{w}_{major}{minor}_0{S}"),
+        format!("{P}{name}{w}_{major}0_{minor}{S}"),
+        format!("{P}{name}{w}_10{S}"),
+        format!("{P}{name}{w}_11{S}"),
+        format!("{P}{name}{w}_12{S}"),
+        format!("{P}{name}{w}_{major}0_0{S}"),
+        format!("{P}{name}{w}_9{S}"),
+        format!("{P}{name}{S}.{major}"),
+        format!("{P}{name}{S}.12"),
+        format!("{P}{name}{S}.11"),
+        format!("{P}{name}{S}.10"),
+        format!("{P}{name}{S}.9"),
+        format!("{P}{name}{S}.1"),
+    ]
+}
+
+/// Whether one of `names` (see [`lib_candidates`]) can be opened by the dynamic loader. Works
+/// whether cudarc loads the library at run time or the application linked it (then it is
+/// already loaded and opening it only takes a reference).
+pub(crate) fn loadable(names: &[&str]) -> bool {
+    names.iter().flat_map(|n| lib_candidates(n)).any(|c| {
+        // SAFETY: only opens the library (running its initialisers, as cudarc's own load
+        // would); no symbol is called, and the handle is closed again on drop.
+        unsafe { libloading::Library::new(&c) }.is_ok()
+    })
 }
 
 /// `Ok` when libcuda is loadable, [`Error::LibraryMissing`] otherwise.
@@ -30,9 +75,9 @@ pub fn ensure_driver() -> Result<(), Error> {
     }
 }
 
-/// Maps a driver error of step `what` to [`Error::Backend`].
+/// Maps a driver error of step `what` to [`Error::Vendor`] (cudarc's error is the source).
 pub(crate) fn backend(what: &str, e: DriverError) -> Error {
-    Error::Backend { backend: BACKEND, detail: format!("{what}: {e}") }
+    Error::Vendor { backend: BACKEND, call: what.to_string(), source: Box::new(e) }
 }
 
 /// Checks a raw driver call's status.

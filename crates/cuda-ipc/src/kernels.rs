@@ -1,9 +1,10 @@
 //! Getting the device code: a prebuilt cubin/PTX when one is present, otherwise the embedded
 //! source compiled with NVRTC (loaded at run time), once per process and GPU architecture.
 //!
-//! Prebuilt images are looked up in `$DETCOLL_KERNEL_DIR`, then `kernels/build/` of this
-//! workspace, as `detcoll_cuda.<sm_XY>.cubin`, `detcoll_cuda.<sm_XY>.ptx`, then
-//! `detcoll_cuda.ptx` (what `cargo xtask build --arch sm_XY` writes with nvcc). Every loaded
+//! Prebuilt images are looked up in [`detcoll_kernels::prebuilt_dirs`] (`$DETCOLL_KERNEL_DIR`,
+//! then the running executable's directory and its `kernels/` subdirectory), as
+//! `detcoll_cuda.<sm_XY>.cubin`, `detcoll_cuda.<sm_XY>.ptx`, then `detcoll_cuda.ptx` (what
+//! `cargo xtask build --arch sm_XY` writes into `kernels/build/`). Every loaded
 //! module is checked against the `detcoll_abi` table the kernels export (ABI version and the
 //! sizes of the parameter structs), so a stale prebuilt image is refused with an error instead
 //! of being misread.
@@ -18,13 +19,15 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// The CUDA entry file, embedded.
-pub const KERNEL_SOURCE: &str = include_str!("../../../kernels/detcoll_cuda.cu");
+const _: () = assert!(ABI_VERSION == detcoll_kernels::ABI_VERSION, "host and kernel ABI versions differ");
+
+/// The CUDA entry file, embedded (from the `detcoll-kernels` crate).
+pub const KERNEL_SOURCE: &str = detcoll_kernels::CUDA_ENTRY;
 /// The portable tree header the entry file includes, embedded (passed to NVRTC as a header).
-pub const TREE_HEADER: &str = include_str!("../../../kernels/detcoll_tree.h");
+pub const TREE_HEADER: &str = detcoll_kernels::TREE_HEADER;
 /// The portable kernel bodies (protocol, fused tree, copy) shared with the HIP entry, embedded
 /// (passed to NVRTC as a header).
-pub const PROTOCOL_HEADER: &str = include_str!("../../../kernels/detcoll_protocol.h");
+pub const PROTOCOL_HEADER: &str = detcoll_kernels::PROTOCOL_HEADER;
 
 /// NVRTC flags. The adds are explicit `.rn` PTX without `.ftz`, so these are a second line of
 /// defence: no flush to zero, no contraction into FMA, IEEE division and square root.
@@ -120,8 +123,9 @@ pub fn ensure_nvrtc() -> Result<(), Error> {
     if FOUND.load(Ordering::Acquire) {
         return Ok(());
     }
-    // SAFETY: only tries to dlopen by name.
-    let present = || unsafe { nvrtc::is_culib_present() };
+    // cudarc's own probe (`is_culib_present`) exists only under its `dynamic-loading`; this one
+    // also works when the application links NVRTC (`dynamic-linking`).
+    let present = || driver::loadable(&["nvrtc"]);
     if present() {
         FOUND.store(true, Ordering::Release);
         return Ok(());
@@ -244,32 +248,28 @@ fn program_log(prog: &Program) -> Option<String> {
     Some(CStr::from_bytes_until_nul(&buf).map(|c| c.to_string_lossy().into_owned()).unwrap_or_default())
 }
 
-/// Directories searched for prebuilt images.
-fn prebuilt_dirs() -> Vec<PathBuf> {
-    let mut v = Vec::new();
-    if let Some(d) = std::env::var_os("DETCOLL_KERNEL_DIR") {
-        v.push(PathBuf::from(d));
-    }
-    v.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels/build"));
-    v
+/// Directories searched for prebuilt images ([`detcoll_kernels::prebuilt_dirs`]); a
+/// `$DETCOLL_KERNEL_DIR` that is not a directory is [`Error::InvalidConfig`].
+pub fn prebuilt_dirs() -> Result<Vec<PathBuf>, Error> {
+    detcoll_kernels::prebuilt_dirs().map_err(|e| Error::InvalidConfig { detail: e.to_string() })
 }
 
 /// A prebuilt image of `variant` for `arch`, if one exists: `(path, bytes)`; PTX gets a
 /// trailing NUL.
-fn prebuilt(arch: &str, variant: Variant) -> Option<(PathBuf, Vec<u8>)> {
+fn prebuilt(arch: &str, variant: Variant) -> Result<Option<(PathBuf, Vec<u8>)>, Error> {
     let stem = variant.stem();
-    for dir in prebuilt_dirs() {
+    for dir in prebuilt_dirs()? {
         for name in [format!("{stem}.{arch}.cubin"), format!("{stem}.{arch}.ptx"), format!("{stem}.ptx")] {
             let p = dir.join(&name);
             if let Ok(mut bytes) = std::fs::read(&p) {
                 if name.ends_with(".ptx") && bytes.last() != Some(&0) {
                     bytes.push(0);
                 }
-                return Some((p, bytes));
+                return Ok(Some((p, bytes)));
             }
         }
     }
-    None
+    Ok(None)
 }
 
 /// The image of `variant` for `arch`: one compilation per process, variant and architecture.
@@ -310,7 +310,7 @@ impl RawModule {
     fn load(ctx: &Arc<CudaContext>, variant: Variant) -> Result<RawModule, Error> {
         driver::ensure_driver()?;
         let arch = driver::arch(ctx)?;
-        let pre = prebuilt(&arch, variant);
+        let pre = prebuilt(&arch, variant)?;
         let first = match &pre {
             Some((p, bytes)) => Self::load_image(ctx, bytes, p.display().to_string()),
             None => Self::load_image(ctx, &image_for(&arch, variant)?, format!("NVRTC {arch}")),

@@ -78,9 +78,10 @@ pub fn is_gfx(target: &str) -> bool {
     target.len() > 3 && target.starts_with("gfx") && target[3..].bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-/// kernels/ of this workspace (the HIP entry and the portable headers).
+/// The kernel sources (the HIP entry and the portable headers): the `detcoll-kernels` crate's
+/// folder ([`detcoll_kernels::source_dir`]), which also exists in a packaged build.
 pub fn kernels_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels")
+    detcoll_kernels::source_dir().to_path_buf()
 }
 
 /// `program` on `PATH`.

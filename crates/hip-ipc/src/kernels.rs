@@ -1,8 +1,9 @@
 //! Getting the HIP kernels for the device's `gfx` target: a prebuilt code object when one is
 //! present, otherwise the embedded source compiled with hiprtc at run time.
 //!
-//! 1. Prebuilt: looked up in `$DETCOLL_KERNEL_DIR`, then `kernels/build/` of this workspace, as
-//!    `detcoll_hip.<gfx>.co` (what `cargo xtask build --arch gfx942` writes).
+//! 1. Prebuilt: looked up in [`detcoll_kernels::prebuilt_dirs`] (`$DETCOLL_KERNEL_DIR`, then the
+//!    running executable's directory and its `kernels/` subdirectory), as `detcoll_hip.<gfx>.co`
+//!    (what `cargo xtask build --arch gfx942` writes into `kernels/build/`).
 //! 2. Otherwise hiprtc ([`crate::rtc`], `libhiprtc` loaded at run time): the embedded
 //!    kernels/detcoll_hip.hip and its two headers, compiled for the device's gfx with the strict
 //!    flags of the offline build ([`rtc_options`]), once per process and gfx.
@@ -21,40 +22,37 @@ use crate::sys::{HipFunction, HipModule};
 use collective_core::Error;
 use std::collections::HashMap;
 use std::ffi::CString;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// `DC_ABI_VERSION` of kernels/detcoll_protocol.h.
 pub const ABI_VERSION: u32 = collective_core::protocol::params::ABI_VERSION;
+const _: () = assert!(ABI_VERSION == detcoll_kernels::ABI_VERSION, "host and kernel ABI versions differ");
 
 /// Stem of the code objects: `detcoll_hip.<gfx>.co`.
 pub const STEM: &str = "detcoll_hip";
 
-/// Directories searched for code objects, in order.
-pub fn search_dirs() -> Vec<PathBuf> {
-    let mut v = Vec::new();
-    if let Some(d) = std::env::var_os("DETCOLL_KERNEL_DIR") {
-        v.push(PathBuf::from(d));
-    }
-    v.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels/build"));
-    v
+/// Directories searched for code objects, in order ([`detcoll_kernels::prebuilt_dirs`]); a
+/// `$DETCOLL_KERNEL_DIR` that is not a directory is [`Error::InvalidConfig`].
+pub fn search_dirs() -> Result<Vec<PathBuf>, Error> {
+    detcoll_kernels::prebuilt_dirs().map_err(|e| Error::InvalidConfig { detail: e.to_string() })
 }
 
 /// The code object for `gfx`, if one exists: `(path, bytes)`.
-pub fn find_code_object(gfx: &str) -> Option<(PathBuf, Vec<u8>)> {
-    search_dirs()
+pub fn find_code_object(gfx: &str) -> Result<Option<(PathBuf, Vec<u8>)>, Error> {
+    Ok(search_dirs()?
         .into_iter()
         .map(|d| d.join(format!("{STEM}.{gfx}.co")))
-        .find_map(|p| std::fs::read(&p).ok().map(|b| (p, b)))
+        .find_map(|p| std::fs::read(&p).ok().map(|b| (p, b))))
 }
 
 /// The HIP entry file, embedded (compiled with hiprtc when no code object exists).
-pub const KERNEL_SOURCE: &str = include_str!("../../../kernels/detcoll_hip.hip");
+pub const KERNEL_SOURCE: &str = detcoll_kernels::HIP_ENTRY;
 /// The portable tree header, embedded (passed to hiprtc as a header).
-pub const TREE_HEADER: &str = include_str!("../../../kernels/detcoll_tree.h");
+pub const TREE_HEADER: &str = detcoll_kernels::TREE_HEADER;
 /// The portable kernel bodies (protocol, fused tree, copy), embedded (passed to hiprtc as a
 /// header).
-pub const PROTOCOL_HEADER: &str = include_str!("../../../kernels/detcoll_protocol.h");
+pub const PROTOCOL_HEADER: &str = detcoll_kernels::PROTOCOL_HEADER;
 /// The headers handed to hiprtc, by the names the sources `#include`.
 pub const HEADERS: [(&str, &str); 2] = [("detcoll_tree.h", TREE_HEADER), ("detcoll_protocol.h", PROTOCOL_HEADER)];
 /// The entry's name in hiprtc's log.
@@ -107,7 +105,7 @@ pub fn rtc_image(gfx: &str) -> Result<Arc<Vec<u8>>, Error> {
 
 /// The code object for `gfx` and where it came from: prebuilt if present, else hiprtc.
 fn image_for(gfx: &str) -> Result<(String, Arc<Vec<u8>>), Error> {
-    if let Some((path, bytes)) = find_code_object(gfx) {
+    if let Some((path, bytes)) = find_code_object(gfx)? {
         return Ok((path.display().to_string(), Arc::new(bytes)));
     }
     match rtc_image(gfx) {
@@ -117,7 +115,7 @@ fn image_for(gfx: &str) -> Result<(String, Arc<Vec<u8>>), Error> {
             detail: format!(
                 "no HIP code object for {gfx}: looked for {STEM}.{gfx}.co in {:?}, and hiprtc could not be loaded to \
                  compile one ({detail}); run `cargo xtask build --arch {gfx}`, or install ROCm's hiprtc (libhiprtc.so)",
-                search_dirs()
+                search_dirs().unwrap_or_default()
             ),
         }),
         Err(e) => Err(e),

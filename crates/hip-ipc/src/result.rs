@@ -52,12 +52,28 @@ pub(crate) unsafe fn describe(text: *const c_char, code: c_int, type_name: &str)
     format!("{s} ({code})")
 }
 
-/// `Ok` on `hipSuccess`, [`Error::Backend`] naming the step otherwise.
+/// A failed HIP runtime call: its `hipError_t` and `hipGetErrorString` (the source of the
+/// [`Error::Vendor`] a failed call becomes).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct HipRuntimeError {
+    /// The `hipError_t`.
+    pub code: HipError,
+    /// `hipGetErrorString(code) (code)`.
+    pub message: String,
+}
+
+/// `Ok` on `hipSuccess`, [`Error::Vendor`] naming the step otherwise (the runtime's error as
+/// the source).
 pub fn check(api: &Api, code: HipError, what: &str) -> Result<(), Error> {
     if code == HIP_SUCCESS {
         Ok(())
     } else {
-        Err(Error::Backend { backend: BACKEND, detail: format!("{what}: {}", error_string(api, code)) })
+        Err(Error::Vendor {
+            backend: BACKEND,
+            call: what.to_string(),
+            source: Box::new(HipRuntimeError { code, message: error_string(api, code) }),
+        })
     }
 }
 

@@ -121,7 +121,7 @@ impl<D: IpcDevice> IpcCollective<D> {
     /// (capacity, block count, RS+AG threshold, timeouts; checked: [`Error::ConfigMismatch`]).
     /// With `max_blocks: None` the block count is the smallest of `multiprocessors / ranks
     /// sharing that GPU` over the ranks (ranks tell their GPUs apart by
-    /// [`Device::identity`]). Ranks sharing a GPU need it to run their kernels concurrently
+    /// [`IpcDevice::identity`]). Ranks sharing a GPU need it to run their kernels concurrently
     /// (CUDA: MPS, with a small `CUDA_DEVICE_MAX_CONNECTIONS` per process — 2 works for 8
     /// processes on an H200; with 32, worlds of 4 or more fail at context creation with
     /// `CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED`).

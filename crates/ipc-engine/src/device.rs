@@ -226,7 +226,7 @@ pub trait IpcDevice: Device + Clone {
     fn staging_memory(staging: &Self::Staging, layout: &Layout) -> RankMemory;
     /// Keeps `staging` allocated forever (a peer may still read it).
     fn leak_staging(staging: Self::Staging);
-    /// The bytes a peer process passes to [`Device::import_staging`].
+    /// The bytes a peer process passes to [`IpcDevice::import_staging`].
     fn export_staging(&self, staging: &Self::Staging) -> Result<Vec<u8>, Error>;
     /// Maps rank `peer`'s exported staging; malformed bytes are an error before any runtime
     /// call.

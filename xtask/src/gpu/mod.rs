@@ -29,6 +29,7 @@ pub use bundle::bundle_main;
 use mps::MpsMode;
 use platform::GpuPlatform;
 pub use run::test_main;
+pub use suites::KERNEL_DIR_ENV;
 pub(crate) use workspace::cargo_executables;
 
 /// `cargo xtask gpu-bundle` options.

@@ -12,8 +12,8 @@
 //! * Your own: implement [`Bootstrap`] over the process group your engine already has.
 //!
 //! The TCP rendezvous admits only ranks of the same job: they prove a job token
-//! (`DETCOLL_JOB_TOKEN`, or one derived from the torchrun/launcher variables; see [`env`]) without
-//! sending it, and rank 0 silently drops every other connection.
+//! (`DETCOLL_JOB_TOKEN`, or one derived from the torchrun/launcher variables; see
+//! [`env`](mod@crate::env)) without sending it, and rank 0 silently drops every other connection.
 //!
 //! Groups inside a job (tensor-, data-parallel...): [`split`] makes one bootstrap per group from
 //! any bootstrap, like `ncclCommSplit`; groups then run independently of each other.

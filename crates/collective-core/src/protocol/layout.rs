@@ -68,7 +68,7 @@ pub struct Layout {
 
 impl Layout {
     /// A layout for `capacity` staging bytes and `blocks` flag slots per phase (`1..=`
-    /// [`MAX_BLOCKS`]).
+    /// `MAX_BLOCKS`, 1024).
     ///
     /// [`Error::InvalidConfig`] when `blocks` is out of range or the allocation this layout
     /// describes ([`Layout::total_bytes`], control block and two page-aligned frames) would not
