@@ -1,7 +1,8 @@
 //! Project automation for detcoll, run as `cargo xtask <command>` (alias in `.cargo/config.toml`).
 //!
 //! * `build`: prebuilt kernel images (`--arch gfx942,gfx950,sm_90`) in `kernels/build/`;
-//! * `bench`: the deterministic-collective benchmark (CPU twin without GPUs);
+//! * `bench`: the deterministic-collective benchmark (CPU twin without GPUs), whose harness is the
+//!   `detcoll-benches` library (`benches/src/harness`);
 //! * `ci`: what CI runs (fmt, build, test, criterion in test mode), stopping at the first failure;
 //! * `gpu-bundle`: release test/bench binaries (+ prebuilt kernels) packed for a GPU host without Rust;
 //! * `gpu-test`: runs the GPU suites (from cargo, or from a bundle) and prints a summary.
@@ -88,5 +89,11 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn ranks_the_harness_launches_reach_bench_rank() {
+        let cli = Cli::parse_from(["cargo xtask", detcoll_benches::RANK_COMMAND, "--nproc", "2"]);
+        assert!(matches!(cli.command, Command::BenchRank(a) if a.nproc == 2));
     }
 }

@@ -580,17 +580,29 @@ fn signal_group(child: &mut Child, sig: Sig) {
         Sig::Term => libc::SIGTERM,
         Sig::Kill => libc::SIGKILL,
     };
-    if let Ok(pgid) = libc::pid_t::try_from(child.id()) {
-        // SAFETY: kill(2) has no memory-safety preconditions. The child was spawned with
-        // process_group(0), so its pid is its process group id; the group cannot be recycled
-        // while the child is unreaped, and after reaping a stale group id only yields ESRCH
-        // (a pid still in use as a group id is not reassigned).
+    // The child was spawned with process_group(0), so its pid is its process group id; the
+    // group cannot be recycled while the child is unreaped, and after reaping a stale group id
+    // only yields ESRCH (a pid still in use as a group id is not reassigned).
+    signal_process_group(child.id(), signo);
+    if matches!(sig, Sig::Kill) {
+        let _ = child.kill();
+    }
+}
+
+/// Sends `signo` to the process group `pgid` (a process spawned with `process_group(0)` and
+/// whatever it started). `pgid` 0 and 1 are ignored: kill(2) reads -0 as the caller's own group
+/// and -1 as every process it may signal (group 1 is init's, never a child's). Public so that other tools that run children in their own groups (xtask's
+/// `gpu-test`) kill them the same way. It makes one kill(2) call and nothing else, so a signal
+/// handler may call it (async-signal-safe).
+#[cfg(unix)]
+pub fn signal_process_group(pgid: u32, signo: libc::c_int) {
+    let Ok(pgid) = libc::pid_t::try_from(pgid) else { return };
+    if pgid > 1 {
+        // SAFETY: kill(2) has no memory-safety preconditions; a negative pid below -1
+        // addresses exactly that process group.
         unsafe {
             libc::kill(-pgid, signo);
         }
-    }
-    if matches!(sig, Sig::Kill) {
-        let _ = child.kill();
     }
 }
 

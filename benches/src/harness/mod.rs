@@ -1,6 +1,6 @@
-//! `cargo xtask bench`: the deterministic-collective benchmark.
+//! The deterministic-collective benchmark, run by `cargo xtask bench` and `detcoll-bench`.
 //!
-//! Ranks are processes by default: `bench` re-executes this binary as `bench-rank` under
+//! Ranks are processes by default: [`main`] re-executes this binary as [`RANK_COMMAND`] under
 //! `detcoll_launch::launch` (torchrun variables and a fresh random `DETCOLL_JOB_TOKEN` set), and
 //! each rank joins through `TcpBootstrap::from_env`. A process started by torchrun/mpirun (RANK
 //! and WORLD_SIZE set) acts as one rank directly. `--threads` runs the ranks as threads of one
@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 pub mod args;
 pub mod backend;
+pub mod clock;
 mod cpu_twin;
 pub(crate) mod cuda;
 pub(crate) mod hip;
@@ -29,7 +30,10 @@ pub mod stats;
 
 use args::BackendChoice;
 pub use args::BenchArgs;
+// xtask's `gpu-test` picks its platform with the same probes the bench backends use.
 use backend::{BenchBackend, HostBackend};
+pub use cuda::available as cuda_available;
+pub use hip::available as hip_available;
 use report::{CapabilityFlags, HostInfo, Report, Row, SCHEMA_VERSION};
 
 /// Exit status when every row ran but some row is not bitwise.
@@ -38,6 +42,25 @@ pub const EXIT_NOT_BITWISE: u8 = 2;
 const LAUNCH_ENV: &str = "DETCOLL_BENCH_LAUNCH";
 /// The line printed when no GPU backend can run.
 pub const NO_GPU_MESSAGE: &str = "no GPU backend available on this host; running the CPU twin";
+/// The hidden subcommand a launched rank is started with. Every binary that runs the harness
+/// (xtask, `detcoll-bench`) accepts it, so a rank re-executes whichever binary launched it.
+pub const RANK_COMMAND: &str = "bench-rank";
+
+/// The binary the harness runs in: what its reports call it, and how it re-runs itself
+/// optimised. The harness is a library, so a debug build of it only knows it is unoptimised;
+/// rebuilding in release is the binary's business (xtask knows cargo, `detcoll-bench` may run
+/// on a host without it).
+#[derive(Debug, Clone, Copy)]
+pub struct Frontend {
+    /// The report's `tool` field, e.g. `cargo xtask bench`.
+    pub tool: &'static str,
+    /// In a debug build without `--debug-build`: runs the same benchmark from a release build
+    /// and returns its exit status. `None`: measure this build (with a warning).
+    pub release: Option<fn(&BenchArgs) -> anyhow::Result<ExitCode>>,
+}
+
+/// `detcoll-bench`: no rebuild (build it with `--release`).
+pub const DETCOLL_BENCH: Frontend = Frontend { tool: "detcoll-bench", release: None };
 
 /// The backend that actually runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,25 +127,31 @@ fn launched_as_rank() -> bool {
     std::env::var_os("RANK").is_some() && std::env::var_os("WORLD_SIZE").is_some()
 }
 
-/// `cargo xtask bench`.
-pub fn main(args: BenchArgs) -> anyhow::Result<ExitCode> {
+/// The benchmark (`cargo xtask bench`, `detcoll-bench`): launches the ranks, or runs as one
+/// when a launcher started this process.
+pub fn main(args: BenchArgs, frontend: &Frontend) -> anyhow::Result<ExitCode> {
     if launched_as_rank() && !args.threads {
-        return rank_main(args);
+        return rank_main(args, frontend);
     }
     args.check_shapes(args.nproc)?;
     if cfg!(debug_assertions) && !args.debug_build {
-        return run_release(&args);
+        match frontend.release {
+            Some(release) => return release(&args),
+            None => {
+                eprintln!("[bench] warning: this is an unoptimised build; for real numbers build it with --release")
+            }
+        }
     }
     let resolved = resolve_backend(args.backend, true)?;
     if args.threads {
-        return run_threads(&args, resolved);
+        return run_threads(&args, resolved, frontend.tool);
     }
     anyhow::ensure!(resolved != Resolved::Memory, "--backend memory runs with --threads only");
     let exe = std::env::current_exe().context("locating this executable to start the ranks")?;
     let mut rank_args = args.clone();
     rank_args.backend = resolved.choice();
     let mut spec = detcoll_launch::LaunchSpec::new(args.nproc, exe)
-        .args(std::iter::once("bench-rank".to_owned()).chain(rank_args.to_cli_args()))
+        .args(std::iter::once(RANK_COMMAND.to_owned()).chain(rank_args.to_cli_args()))
         .env(LAUNCH_ENV, "processes");
     if resolved == Resolved::Cuda && args.nproc > cuda::device_count() {
         eprintln!(
@@ -151,27 +180,8 @@ pub fn main(args: BenchArgs) -> anyhow::Result<ExitCode> {
     anyhow::bail!("bench rank {rank} failed ({status}); the other ranks were stopped")
 }
 
-/// Builds the release xtask and runs `bench` with it: the collectives are measured optimised
-/// (the workspace's dev profile is barely optimised).
-fn run_release(args: &BenchArgs) -> anyhow::Result<ExitCode> {
-    let root = crate::util::workspace_root()?;
-    eprintln!("[bench] building the release xtask (benchmarks measure optimised code)");
-    let arts = crate::gpu::cargo_executables(&root, &["build", "--release", "-p", "xtask", "--bin", "xtask"])?;
-    let exe = arts.iter().find(|a| a.target == "xtask" && !a.test).context("cargo built no xtask binary")?;
-    let status = std::process::Command::new(&exe.path)
-        .arg("bench")
-        .args(args.to_cli_args())
-        .status()
-        .with_context(|| format!("running {}", exe.path.display()))?;
-    match status.code() {
-        Some(0) => Ok(ExitCode::SUCCESS),
-        Some(c) => Ok(ExitCode::from(u8::try_from(c).unwrap_or(1))),
-        None => anyhow::bail!("the release bench was killed ({status})"),
-    }
-}
-
 /// `bench-rank`: one rank of a process world (RANK, WORLD_SIZE, ... set by the launcher).
-pub fn rank_main(args: BenchArgs) -> anyhow::Result<ExitCode> {
+pub fn rank_main(args: BenchArgs, frontend: &Frontend) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(!args.threads, "--threads cannot be combined with a torchrun/mpirun launch");
     let boot = Arc::new(TcpBootstrap::from_env().context("joining the bench ranks (torchrun variables)")?);
     let (rank, world) = (boot.rank(), boot.world_size());
@@ -185,10 +195,10 @@ pub fn rank_main(args: BenchArgs) -> anyhow::Result<ExitCode> {
         }
         args.check_shapes(world)?;
         if rank == 0 && cfg!(debug_assertions) && std::env::var_os(LAUNCH_ENV).is_none() {
-            eprintln!("[bench] warning: this is an unoptimised build; for real numbers launch the release xtask");
+            eprintln!("[bench] warning: this is an unoptimised build; for real numbers launch a release build");
         }
         let resolved = resolve_backend(args.backend, rank == 0)?;
-        run_process_rank(&args, resolved, boot.clone())
+        run_process_rank(&args, resolved, boot.clone(), frontend.tool)
     })();
     match result {
         Ok(true) => Ok(ExitCode::SUCCESS),
@@ -197,8 +207,8 @@ pub fn rank_main(args: BenchArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn run_process_rank(args: &BenchArgs, resolved: Resolved, boot: Arc<TcpBootstrap>) -> anyhow::Result<bool> {
-    let launch = if std::env::var_os(LAUNCH_ENV).is_some() { "processes" } else { "external" };
+fn run_process_rank(args: &BenchArgs, resolved: Resolved, boot: Arc<TcpBootstrap>, tool: &str) -> anyhow::Result<bool> {
+    let launch = Launch { how: if std::env::var_os(LAUNCH_ENV).is_some() { "processes" } else { "external" }, tool };
     match resolved {
         Resolved::CpuTwin => {
             let cfg = cpu_twin::config(args.capacity());
@@ -255,22 +265,22 @@ fn env_vars(prefixes: &[&str]) -> serde_json::Value {
     serde_json::Value::Object(vars)
 }
 
-fn run_threads(args: &BenchArgs, resolved: Resolved) -> anyhow::Result<ExitCode> {
+fn run_threads(args: &BenchArgs, resolved: Resolved, tool: &str) -> anyhow::Result<ExitCode> {
     let world = args.nproc;
     let boots = LocalBootstrap::group(world);
     let results: Vec<anyhow::Result<bool>> = match resolved {
         Resolved::CpuTwin => {
             let cfg = cpu_twin::config(args.capacity());
             let ranks = cpu_twin::group(world, args.capacity())?;
-            run_thread_ranks(ranks, boots, args, &cpu_twin::config_json(&cfg))
+            run_thread_ranks(ranks, boots, args, tool, &cpu_twin::config_json(&cfg))
         }
         Resolved::Cuda => {
             let ranks = cuda::group(world, args.capacity())?;
-            run_thread_ranks(ranks, boots, args, &serde_json::json!({ "capacity_bytes": args.capacity() }))
+            run_thread_ranks(ranks, boots, args, tool, &serde_json::json!({ "capacity_bytes": args.capacity() }))
         }
         Resolved::Hip => {
             let ranks = hip::group(world, args.capacity())?;
-            run_thread_ranks(ranks, boots, args, &serde_json::json!({ "capacity_bytes": args.capacity() }))
+            run_thread_ranks(ranks, boots, args, tool, &serde_json::json!({ "capacity_bytes": args.capacity() }))
         }
         Resolved::Memory => {
             use collective_core::conformance::memory::{Flaw, MemoryCollective};
@@ -278,7 +288,7 @@ fn run_threads(args: &BenchArgs, resolved: Resolved) -> anyhow::Result<ExitCode>
                 .into_iter()
                 .map(|b| HostBackend::new(MemoryCollective::new(b, args.capacity(), Flaw::None), "memory-reference"))
                 .collect();
-            run_thread_ranks(ranks, boots, args, &serde_json::json!({ "capacity_bytes": args.capacity() }))
+            run_thread_ranks(ranks, boots, args, tool, &serde_json::json!({ "capacity_bytes": args.capacity() }))
         }
     };
     let mut all_ok = true;
@@ -299,6 +309,7 @@ fn run_thread_ranks<B>(
     ranks: Vec<B>,
     boots: Vec<LocalBootstrap>,
     args: &BenchArgs,
+    tool: &str,
     config: &serde_json::Value,
 ) -> Vec<anyhow::Result<bool>>
 where
@@ -310,7 +321,7 @@ where
             .zip(boots)
             .map(|(b, boot)| {
                 s.spawn(move || {
-                    let ok = run_rank(&b, &boot, args, "threads", config.clone())?;
+                    let ok = run_rank(&b, &boot, args, Launch { how: "threads", tool }, config.clone())?;
                     b.comm().close().context("closing the collective")?;
                     Ok(ok)
                 })
@@ -320,13 +331,21 @@ where
     })
 }
 
+/// How this rank was started, for its report: `how` is `processes`, `external` or `threads`;
+/// `tool` is [`Frontend::tool`].
+#[derive(Debug, Clone, Copy)]
+struct Launch<'a> {
+    how: &'a str,
+    tool: &'a str,
+}
+
 /// Runs every row on this rank; rank 0 writes the JSON report and the SVG plot and prints the
 /// markdown table. Returns whether every row is bitwise (same on every rank).
 fn run_rank<B: BenchBackend>(
     b: &B,
     boot: &dyn Bootstrap,
     args: &BenchArgs,
-    launch: &str,
+    launch: Launch<'_>,
     backend_config: serde_json::Value,
 ) -> anyhow::Result<bool> {
     let rows = run::run_rows(b, boot, args)?;
@@ -346,7 +365,7 @@ fn run_rank<B: BenchBackend>(
 fn build_report<B: BenchBackend>(
     b: &B,
     args: &BenchArgs,
-    launch: &str,
+    launch: Launch<'_>,
     backend_config: serde_json::Value,
     rows: Vec<Row>,
 ) -> Report {
@@ -380,14 +399,14 @@ fn build_report<B: BenchBackend>(
     if let Some(o) = args_value.as_object_mut() {
         o.insert("backend_config".to_owned(), backend_config);
     }
-    let now = crate::util::unix_now();
+    let now = clock::unix_now();
     Report {
         schema_version: SCHEMA_VERSION,
-        tool: "cargo xtask bench".to_owned(),
+        tool: launch.tool.to_owned(),
         backend: b.name().to_owned(),
         build_profile: if cfg!(debug_assertions) { "debug" } else { "release" }.to_owned(),
         world_size: world,
-        launch: launch.to_owned(),
+        launch: launch.how.to_owned(),
         dtype: args.dtype.dtype().name().to_owned(),
         reduction_order: collective_core::REDUCTION_ORDER.to_owned(),
         capabilities: CapabilityFlags::from(b.comm().capabilities()),
@@ -396,7 +415,7 @@ fn build_report<B: BenchBackend>(
         host,
         args: args_value,
         timestamp_unix: now,
-        timestamp_utc: crate::util::utc_string(now),
+        timestamp_utc: clock::utc_string(now),
         notes,
         all_bitwise: rows.iter().all(Row::bitwise),
         rows,
@@ -405,7 +424,7 @@ fn build_report<B: BenchBackend>(
 
 fn host_info() -> HostInfo {
     HostInfo {
-        hostname: crate::util::hostname(),
+        hostname: clock::hostname(),
         cpu_count: std::thread::available_parallelism().map_or(1, |n| n.get()),
         os: std::env::consts::OS.to_owned(),
         arch: std::env::consts::ARCH.to_owned(),
@@ -509,14 +528,14 @@ mod tests {
     }
 
     fn tmp(name: &str) -> PathBuf {
-        std::env::temp_dir().join(format!("detcoll-xtask-test-{}-{name}", std::process::id())).join("bench.json")
+        std::env::temp_dir().join(format!("detcoll-bench-test-{}-{name}", std::process::id())).join("bench.json")
     }
 
     #[test]
     fn threads_with_the_memory_reference_collective() {
         let out = tmp("memory");
         let a = small_args(&out, "memory", 2);
-        assert_eq!(run_threads(&a, Resolved::Memory).unwrap(), ExitCode::SUCCESS);
+        assert_eq!(run_threads(&a, Resolved::Memory, "test").unwrap(), ExitCode::SUCCESS);
         check_report(&out, 2, "memory-reference");
         let _ = std::fs::remove_dir_all(out.parent().unwrap());
     }
@@ -533,7 +552,7 @@ mod tests {
             assert_eq!(resolve_backend(BackendChoice::Auto, false).unwrap(), Resolved::CpuTwin);
         }
         let out = tmp("hip");
-        assert!(run_threads(&small_args(&out, "hip", 2), Resolved::Hip).is_err());
+        assert!(run_threads(&small_args(&out, "hip", 2), Resolved::Hip, "test").is_err());
         assert_eq!(Resolved::Hip.choice(), BackendChoice::Hip);
     }
 
@@ -542,7 +561,7 @@ mod tests {
         for world in [1, 4] {
             let out = tmp(&format!("cpu{world}"));
             let a = small_args(&out, "cpu", world);
-            assert_eq!(run_threads(&a, Resolved::CpuTwin).unwrap(), ExitCode::SUCCESS);
+            assert_eq!(run_threads(&a, Resolved::CpuTwin, "test").unwrap(), ExitCode::SUCCESS);
             check_report(&out, world, "cpu-twin");
             let _ = std::fs::remove_dir_all(out.parent().unwrap());
         }
