@@ -27,15 +27,10 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Raw: `u64` device pointers, an element count, a [`DType`] and a `CUstream` as a plain
-//! pointer; the caller vouches for the memory and orders the buffers itself (unsafe).
+//! Raw entry points (`u64` device pointers and a raw `CUstream`): [`crate::raw_api`].
 use crate::NvidiaCollective;
-use crate::routed::Via;
-use ccl_transport::TransportCollective;
-use collective_core::{Collective, DType, Error, Io, Op, Plain, RawMut, RawRef, Reducible, Route};
+use collective_core::{Collective, Error, Io, Op, Plain, RawMut, RawRef, Reducible};
 use cuda_ipc::cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
-use cuda_ipc::{CudaDevice, CudaIpcCollective, RawStream};
-use std::ffi::c_void;
 use std::sync::Arc;
 
 impl NvidiaCollective {
@@ -130,65 +125,5 @@ impl NvidiaCollective {
         stream: &CudaStream,
     ) -> Result<(), Error> {
         self.typed(Op::ReduceScatter, None, buf, stream)
-    }
-
-    /// `op` (all_reduce, all_gather or reduce_scatter) on raw device memory, enqueued on a raw
-    /// `CUstream` (null: the legacy default stream): `input` holds `count` elements of `dtype`
-    /// (what this rank contributes), `output` what `op` writes (all_gather: `world * count`;
-    /// reduce_scatter: `count / world`); `input == output` is the in-place form.
-    ///
-    /// # Safety
-    /// Both ranges must be device memory of this rank's context, valid and otherwise untouched
-    /// until `stream` has executed the call; `stream` must be a live stream of this context.
-    pub unsafe fn enqueue_raw(
-        &self,
-        op: Op,
-        input: u64,
-        output: u64,
-        count: usize,
-        dtype: DType,
-        stream: *mut c_void,
-    ) -> Result<(), Error> {
-        let world = self.world_size();
-        let out_len = match op {
-            Op::AllReduce => count,
-            Op::AllGather => {
-                count.checked_mul(world).ok_or(Error::SizeOverflow { op, argument: "input", len: count })?
-            }
-            Op::ReduceScatter => count / world,
-            Op::ReduceScatterMany => {
-                return Err(Error::InvalidConfig { detail: "use enqueue_many_raw for reduce_scatter_many".into() });
-            }
-        };
-        // SAFETY: the caller's contract; validation (in the backend) checks lengths, alignment
-        // and overlap before any work.
-        let io = unsafe {
-            if input == output {
-                let len = if op == Op::AllGather { out_len } else { count };
-                Io::InPlace(RawMut::from_raw(output, len, dtype))
-            } else {
-                Io::OutOfPlace {
-                    input: RawRef::from_raw(input, count, dtype),
-                    output: RawMut::from_raw(output, out_len, dtype),
-                }
-            }
-        };
-        self.dispatch(op, io, &Raw(RawStream(stream)))
-    }
-}
-
-/// The raw path: a `CUstream` handed in by the caller.
-struct Raw(RawStream);
-
-type Transport = TransportCollective<CudaDevice>;
-
-impl Via<CudaIpcCollective, Transport> for Raw {
-    fn ipc(&self, ipc: &CudaIpcCollective, op: Op, io: Io<'_>, route: Route) -> Result<(), Error> {
-        // SAFETY: `enqueue_raw`'s caller vouches for the memory and the stream.
-        unsafe { ipc.enqueue_routed(op, io, Some(route), self.0) }
-    }
-    fn transport(&self, transport: &Transport, op: Op, io: Io<'_>) -> Result<(), Error> {
-        // SAFETY: as above.
-        unsafe { transport.enqueue(op, io, self.0) }
     }
 }

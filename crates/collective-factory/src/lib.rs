@@ -39,6 +39,8 @@ pub use cpu::CpuCollective;
 pub mod cuda_api;
 #[cfg(feature = "cuda")]
 pub mod nvidia;
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+pub mod raw_api;
 #[cfg(feature = "cuda")]
 pub use nvidia::NvidiaCollective;
 #[cfg(feature = "rocm")]

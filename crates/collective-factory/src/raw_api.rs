@@ -1,0 +1,74 @@
+//! The raw entry point of the GPU collectives (NVIDIA and AMD): `u64` device pointers, an
+//! element count, a [`DType`] and a raw stream (`CUstream` / `hipStream_t`) as a plain pointer —
+//! for engines on another cudarc version, their own HIP binding, or C. The caller vouches for
+//! the memory and orders the buffers itself (unsafe); the call is validated and routed exactly
+//! as the safe ones (the same dispatch, [`crate::Routed`]).
+use crate::Routed;
+use crate::routed::Via;
+use ccl_transport::TransportCollective;
+use collective_core::{Collective, DType, Error, Io, Op, RawMut, RawRef, Route};
+use ipc_engine::{IpcCollective, IpcDevice, RawStream};
+use std::ffi::c_void;
+
+impl<D: IpcDevice> Routed<IpcCollective<D>, TransportCollective<D>> {
+    /// `op` (all_reduce, all_gather or reduce_scatter) on raw device memory, enqueued on a raw
+    /// stream (`CUstream` / `hipStream_t`; null: the default stream): `input` holds `count`
+    /// elements of `dtype` (what this rank contributes), `output` what `op` writes (all_gather:
+    /// `world * count`; reduce_scatter: `count / world`); `input == output` is the in-place
+    /// form.
+    ///
+    /// # Safety
+    /// Both ranges must be device memory of this rank's device, valid and otherwise untouched
+    /// until `stream` has executed the call; `stream` must be a live stream of this device.
+    pub unsafe fn enqueue_raw(
+        &self,
+        op: Op,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DType,
+        stream: *mut c_void,
+    ) -> Result<(), Error> {
+        let world = self.world_size();
+        let out_len = match op {
+            Op::AllReduce => count,
+            Op::AllGather => {
+                count.checked_mul(world).ok_or(Error::SizeOverflow { op, argument: "input", len: count })?
+            }
+            Op::ReduceScatter => count / world,
+            Op::ReduceScatterMany => {
+                return Err(Error::InvalidConfig {
+                    detail: "reduce_scatter_many has no raw entry: use Collective::reduce_scatter_many".into(),
+                });
+            }
+        };
+        // SAFETY: the caller's contract; validation (in the backend) checks lengths, alignment
+        // and overlap before any work.
+        let io = unsafe {
+            if input == output {
+                let len = if op == Op::AllGather { out_len } else { count };
+                Io::InPlace(RawMut::from_raw(output, len, dtype))
+            } else {
+                Io::OutOfPlace {
+                    input: RawRef::from_raw(input, count, dtype),
+                    output: RawMut::from_raw(output, out_len, dtype),
+                }
+            }
+        };
+        self.dispatch(op, io, &Raw(RawStream(stream)))
+    }
+}
+
+/// The raw path: a stream handed in by the caller.
+struct Raw(RawStream);
+
+impl<D: IpcDevice> Via<IpcCollective<D>, TransportCollective<D>> for Raw {
+    fn ipc(&self, ipc: &IpcCollective<D>, op: Op, io: Io<'_>, route: Route) -> Result<(), Error> {
+        // SAFETY: `enqueue_raw`'s caller vouches for the memory and the stream.
+        unsafe { ipc.enqueue_routed(op, io, Some(route), self.0) }
+    }
+    fn transport(&self, transport: &TransportCollective<D>, op: Op, io: Io<'_>) -> Result<(), Error> {
+        // SAFETY: as above.
+        unsafe { transport.enqueue(op, io, self.0) }
+    }
+}
