@@ -42,6 +42,23 @@ pub fn from_bootstrap(boot: Arc<dyn Bootstrap>, config: &Config) -> Result<RocmC
     build(boot, config.capacity(), config.routing().cloned(), config.timeouts(), ordinal)
 }
 
+/// This rank of the ROCm collective on `device`, the caller's own HIP device (the engine's
+/// ordinal; the collective loads its kernels on it). Collective over `boot`, like
+/// [`from_bootstrap`].
+///
+/// ```no_run
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use collective_core::bootstrap::TcpBootstrap;
+/// use collective_factory::{Config, rocm};
+/// use std::sync::Arc;
+/// let device = hip_ipc::HipDevice::open(0)?;
+/// let comm = rocm::from_device(Arc::new(TcpBootstrap::from_env()?), &device, &Config::new())?;
+/// # let _ = comm; Ok(()) }
+/// ```
+pub fn from_device(boot: Arc<dyn Bootstrap>, device: &HipDevice, config: &Config) -> Result<RocmCollective, Error> {
+    build(boot, config.capacity(), config.routing().cloned(), config.timeouts(), Ok(device.ordinal()))
+}
+
 /// `world` ranks as threads of this process, rank `r` on GPU `r % device count`, on the HIP
 /// IPC twin alone (peer pointers; RCCL is not built for thread ranks). Hand one handle to each
 /// thread; give each its own stream.
