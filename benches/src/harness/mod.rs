@@ -8,7 +8,7 @@
 //!
 //! Backends: NVIDIA (CUDA) when libcuda and a GPU are present, else AMD (HIP) when libamdhip64
 //! and a GPU are present, else the CPU twin (`shm-ipc`), so the command always does its job. A GPU backend plugs in by implementing
-//! [`backend::BenchBackend`] and adding a branch to [`resolve_backend`] and [`run_process_rank`].
+//! [`backend::BenchBackend`] and adding a branch to `resolve_backend` and `run_process_rank`.
 use anyhow::Context;
 use collective_core::Collective;
 use collective_core::bootstrap::{Bootstrap, LocalBootstrap, TcpBootstrap};

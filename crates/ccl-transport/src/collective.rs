@@ -124,6 +124,15 @@ impl<D: Device> TransportCollective<D> {
     /// version and configuration everywhere, or every rank fails with one error naming the
     /// culprits (never a silent per-rank fallback) — and create the NCCL communicator
     /// (rank 0's unique id shared through `boot`).
+    ///
+    /// ```no_run
+    /// use ccl_transport::{TransportCollective, TransportConfig};
+    /// use collective_core::bootstrap::TcpBootstrap;
+    /// let boot = TcpBootstrap::from_env().expect("rendezvous");
+    /// let config = TransportConfig::new(1 << 20);
+    /// let nccl = TransportCollective::with_device(|| cuda_ipc::CudaDevice::open(0), &boot, &config).expect("NCCL");
+    /// # let _ = nccl;
+    /// ```
     pub fn with_device(
         make_device: impl FnOnce() -> Result<D, Error>,
         boot: &dyn Bootstrap,

@@ -11,6 +11,12 @@ use std::sync::Arc;
 /// [`Error::LibraryMissing`] when there is no CUDA driver (instead of panicking). Ranks that
 /// are threads sharing one context must enqueue in call order: see
 /// [`ipc_engine::IpcCollective::group`].
+///
+/// ```no_run
+/// use collective_core::Collective;
+/// let ranks = cuda_ipc::group_on_ordinal(0, 2, &cuda_ipc::CudaIpcConfig::new(1 << 20)).expect("GPU 0");
+/// assert_eq!(ranks[1].rank(), 1);
+/// ```
 pub fn group_on_ordinal(ordinal: usize, world: usize, config: &CudaIpcConfig) -> Result<Vec<CudaIpcCollective>, Error> {
     CudaIpcCollective::group_on(&CudaDevice::open(ordinal)?, world, config)
 }
@@ -41,6 +47,14 @@ pub fn group(ctxs: &[Arc<CudaContext>], config: &CudaIpcConfig) -> Result<Vec<Cu
 
 /// One rank of a group with one process per rank, in `ctx` (see
 /// [`ipc_engine::IpcCollective::new`]).
+///
+/// ```no_run
+/// use collective_core::bootstrap::TcpBootstrap;
+/// let ctx = cuda_ipc::driver::open_device(0).expect("GPU 0");
+/// let boot = TcpBootstrap::from_env().expect("rendezvous");
+/// let comm = cuda_ipc::new(Box::new(boot), &ctx, &cuda_ipc::CudaIpcConfig::new(1 << 20)).expect("collective");
+/// # let _ = comm;
+/// ```
 pub fn new(
     boot: Box<dyn Bootstrap>,
     ctx: &Arc<CudaContext>,

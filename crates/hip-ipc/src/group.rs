@@ -110,6 +110,11 @@ pub fn check_shared_gpu(ranks: &[([u8; 16], u8)]) -> Result<(), Error> {
 /// when there is no HIP runtime (instead of panicking).
 /// More than `GPU_MAX_HW_QUEUES` ranks (4 when unset) is an [`Error::InvalidConfig`]
 /// ([`check_hw_queues`]).
+///
+/// ```no_run
+/// let ranks = hip_ipc::group_on_ordinal(0, 2, &hip_ipc::HipIpcConfig::new(1 << 20)).expect("HIP device 0");
+/// # let _ = ranks;
+/// ```
 pub fn group_on_ordinal(ordinal: usize, world: usize, config: &HipIpcConfig) -> Result<Vec<HipIpcCollective>, Error> {
     let device = HipDevice::open(ordinal)?;
     check_hw_queues(&vec![ordinal; world], collective_core::env::var(HW_QUEUES_ENV)?.as_deref())?;

@@ -190,6 +190,15 @@ impl ShmCollective {
     /// [`Error::ConfigMismatch`]. A failure on one rank (a full `/dev/shm`: [`Error::OutOfMemory`];
     /// a truncated peer object: [`Error::ConfigMismatch`]) is sent to the others in its place in
     /// the exchange, so every rank returns an error at once.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use collective_core::bootstrap::TcpBootstrap;
+    /// use shm_ipc::{ShmCollective, ShmConfig};
+    /// // In each process started by `detcoll-run --nproc 4 -- ...` or torchrun:
+    /// let comm = ShmCollective::new(&TcpBootstrap::from_env()?, ShmConfig::new(1 << 20))?;
+    /// # let _ = comm; Ok(()) }
+    /// ```
     pub fn new(boot: &dyn Bootstrap, config: ShmConfig) -> Result<Self, Error> {
         let (rank, world) = (boot.rank(), boot.world_size());
         check_world(world)?;
@@ -303,6 +312,17 @@ impl ShmCollective {
 
     /// A world of `world` ranks as threads of this process: regions are heap memory that every
     /// rank reads directly. Hand one handle to each thread.
+    ///
+    /// ```
+    /// use collective_core::{Collective, Io};
+    /// use shm_ipc::{ShmCollective, ShmConfig};
+    /// let ranks = ShmCollective::group(2, ShmConfig::new(1 << 16)).unwrap();
+    /// std::thread::scope(|s| for comm in &ranks { s.spawn(move || {
+    ///     let mut out = [0f32; 4];
+    ///     comm.all_reduce(Io::host(&[comm.rank() as f32 + 0.5; 4], &mut out), &()).unwrap();
+    ///     assert_eq!(out[0].to_bits(), (0.5f32 + 1.5).to_bits());
+    /// }); });
+    /// ```
     pub fn group(world: usize, config: ShmConfig) -> Result<Vec<ShmCollective>, Error> {
         Self::group_at_generation(world, config, 0)
     }

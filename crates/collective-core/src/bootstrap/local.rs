@@ -91,6 +91,15 @@ impl fmt::Debug for LocalBootstrap {
 impl LocalBootstrap {
     /// `world` bootstraps for `world` threads, rank `i` at index `i`, with the default
     /// per-exchange timeout [`DEFAULT_LOCAL_TIMEOUT`]. `world == 0` gives an empty vector.
+    ///
+    /// ```
+    /// use collective_core::bootstrap::{Bootstrap, LocalBootstrap};
+    /// let boots = LocalBootstrap::group(3);
+    /// std::thread::scope(|s| for b in &boots { s.spawn(move || {
+    ///     let all = b.all_gather_bytes(&[b.rank() as u8]).unwrap();
+    ///     assert_eq!(all, vec![vec![0], vec![1], vec![2]]);
+    /// }); });
+    /// ```
     pub fn group(world: usize) -> Vec<LocalBootstrap> {
         Self::group_with_timeout(world, DEFAULT_LOCAL_TIMEOUT)
     }

@@ -217,12 +217,27 @@ impl TcpBootstrap {
     /// `MASTER_ADDR`, `MASTER_PORT` (see [`TorchrunEnv`]). `DETCOLL_BOOTSTRAP_TIMEOUT_MS`, when
     /// set, is used for both the connect and the per-exchange timeout; defaults are 60 000 ms to
     /// connect and 30 000 ms per exchange.
+    ///
+    /// ```no_run
+    /// use collective_core::bootstrap::{Bootstrap, TcpBootstrap};
+    /// // Under torchrun, mpirun wrappers or `detcoll-run --nproc 2 -- ...`:
+    /// let boot = TcpBootstrap::from_env().expect("rendezvous");
+    /// let all = boot.all_gather_bytes(&[boot.rank() as u8]).expect("exchange");
+    /// assert_eq!(all.len(), boot.world_size());
+    /// ```
     pub fn from_env() -> Result<Self, BootstrapError> {
         Self::new(TorchrunEnv::from_env()?.tcp_config())
     }
 
     /// Joins (or, on rank 0, serves) the rendezvous. Returns when every rank has connected, or
     /// with the error that made the group fail.
+    ///
+    /// ```no_run
+    /// use collective_core::bootstrap::{TcpBootstrap, TcpConfig};
+    /// let cfg = TcpConfig::single_host(1, 2, "127.0.0.1", 29500).with_job_token("a secret");
+    /// let boot = TcpBootstrap::new(cfg).expect("rank 0 serves at 127.0.0.1:29500");
+    /// # let _ = boot;
+    /// ```
     pub fn new(cfg: TcpConfig) -> Result<Self, BootstrapError> {
         Self::start(cfg, None)
     }
