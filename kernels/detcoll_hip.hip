@@ -131,6 +131,15 @@ extern "C" __global__ void DC_HIP_BOUNDS detcoll_tree_soft(const DcTreeParams p)
 // An empty kernel: the launch-cost baseline of the latency bench.
 extern "C" __global__ void detcoll_noop() {}
 
+// One reading of the wait clock (s_memrealtime ticks) into host-mapped memory: the host
+// calibrates the clock's rate from two readings when hipDeviceAttributeWallClockRate reads 0.
+struct DcClockParams {
+    dc_u64 out;
+};
+extern "C" __global__ void detcoll_clock(const DcClockParams p) {
+    if (DC_TID == 0 && DC_BID == 0) *(volatile dc_u64*)p.out = dc_globaltimer();
+}
+
 // Byte copy over the whole grid (world 1 out of place).
 extern "C" __global__ void DC_HIP_BOUNDS detcoll_copy(const DcCopyParams p) {
     dc_copy_range((dc_u8*)p.dst, (const dc_u8*)p.src, p.bytes, DC_BID * DC_NTID + DC_TID, DC_NBLOCKS * DC_NTID);

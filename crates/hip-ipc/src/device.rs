@@ -38,6 +38,26 @@ pub fn wait_ticks(timeout: Duration, rate_khz: i64) -> (u64, bool) {
     (u64::try_from(ticks).unwrap_or(u64::MAX), fallback)
 }
 
+/// The rate of a clock that advanced `ticks` while the host clock advanced `elapsed`, in kHz;
+/// `None` for a reading no real clock gives (not advancing, or faster than 10 GHz).
+pub fn khz_from_samples(ticks: u64, elapsed: Duration) -> Option<u64> {
+    let ns = elapsed.as_nanos();
+    if ns == 0 || ticks == 0 {
+        return None;
+    }
+    // ticks per ms = kHz.
+    let khz = u128::from(ticks).saturating_mul(1_000_000) / ns;
+    (1..=10_000_000).contains(&khz).then_some(khz as u64)
+}
+
+/// `DcClockParams` (kernels/detcoll_hip.hip).
+#[repr(C)]
+struct ClockParams {
+    out: u64,
+}
+
+const _: () = assert!(size_of::<ClockParams>() == 8);
+
 /// One HIP device as the engine uses it. Cheap to clone: clones share the loaded code object.
 #[derive(Debug, Clone)]
 pub struct HipDevice {
@@ -73,6 +93,27 @@ impl HipDevice {
     /// The fused tree kernel of this device (W inputs -> 1 output), sharing its code object.
     pub fn fused_tree(&self) -> Result<crate::FusedTree, Error> {
         Ok(crate::FusedTree::from_kernels(self.loaded()?, self.ordinal))
+    }
+
+    /// The wait clock's rate measured against the host clock: two readings by the
+    /// `detcoll_clock` kernel about 20 ms apart. `None` when the code object has no clock
+    /// entry or the readings make no sense.
+    fn calibrated_khz(&self) -> Option<u64> {
+        let k = self.loaded().ok()?;
+        let f = k.clock?;
+        let out = HostMapped::new(1).ok()?;
+        let read = || -> Option<(u64, std::time::Instant)> {
+            let p = ClockParams { out: out.device_ptr() };
+            // SAFETY: `detcoll_clock` takes `DcClockParams`; `out` is host-mapped memory of
+            // this process that outlives the launch, which the synchronisation below completes.
+            unsafe { launch(f, 1, 64, &p, core::ptr::null_mut()) }.ok()?;
+            self.synchronize().ok()?;
+            Some((out.read(0), std::time::Instant::now()))
+        };
+        let (t0, h0) = read()?;
+        std::thread::sleep(Duration::from_millis(20));
+        let (t1, h1) = read()?;
+        khz_from_samples(t1.wrapping_sub(t0), h1 - h0)
     }
 
     fn loaded(&self) -> Result<Arc<Kernels>, Error> {
@@ -195,14 +236,18 @@ impl IpcDevice for HipDevice {
     /// `dc_globaltimer()` returns), from `hipDeviceAttributeWallClockRate` ([`wait_ticks`]);
     /// a rate of 0 takes [`FALLBACK_WALL_CLOCK_KHZ`] with a warning on stderr (once).
     fn wait_bound(&self, timeout: Duration) -> Result<u64, Error> {
-        let rate = runtime::attribute(self.ordinal, sys::HIP_DEVICE_ATTRIBUTE_WALL_CLOCK_RATE)?;
-        let (ticks, fallback) = wait_ticks(timeout, i64::from(rate));
+        let mut rate = i64::from(runtime::attribute(self.ordinal, sys::HIP_DEVICE_ATTRIBUTE_WALL_CLOCK_RATE)?);
+        if rate <= 0 {
+            // The attribute is unset on this part: measure the clock against the host's.
+            rate = self.calibrated_khz().map_or(0, |k| i64::try_from(k).unwrap_or(0));
+        }
+        let (ticks, fallback) = wait_ticks(timeout, rate);
         if fallback {
             static WARN: Once = Once::new();
             WARN.call_once(|| {
                 eprintln!(
-                    "detcoll hip-ipc: HIP device {} reports hipDeviceAttributeWallClockRate = {rate}; kernel wait \
-                     bounds assume {FALLBACK_WALL_CLOCK_KHZ} kHz (on a slower clock waits last longer than the timeout)",
+                    "detcoll hip-ipc: HIP device {} reports hipDeviceAttributeWallClockRate = 0 and its clock could not be \
+                     calibrated (rate {rate}); kernel wait bounds assume {FALLBACK_WALL_CLOCK_KHZ} kHz (on a slower clock waits last longer than the timeout)",
                     self.ordinal
                 )
             });
@@ -290,6 +335,15 @@ impl IpcDevice for HipDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clock_rates_from_two_readings() {
+        assert_eq!(khz_from_samples(2_000_000, Duration::from_millis(20)), Some(100_000)); // 100 MHz
+        assert_eq!(khz_from_samples(500_000, Duration::from_millis(20)), Some(25_000)); // 25 MHz
+        assert_eq!(khz_from_samples(0, Duration::from_millis(20)), None); // not advancing
+        assert_eq!(khz_from_samples(1, Duration::ZERO), None);
+        assert_eq!(khz_from_samples(u64::MAX, Duration::from_millis(1)), None); // > 10 GHz
+    }
 
     #[test]
     fn wait_bounds_are_ticks_of_the_reported_clock_rate() {

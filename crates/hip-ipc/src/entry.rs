@@ -23,6 +23,9 @@ pub struct Kernels {
     pub(crate) tree: HipFunction,
     /// The same tree in the software arithmetic (`detcoll_tree_soft`), for parity tests.
     pub(crate) tree_soft: HipFunction,
+    /// One reading of the wait clock (`detcoll_clock`), for calibrating its rate; `None` in a
+    /// code object built before the entry existed (then the documented default rate is used).
+    pub(crate) clock: Option<HipFunction>,
     /// Most blocks of the world-1 copy kernel and of the fused tree (both grid-stride): 4
     /// blocks of `THREADS` per compute unit.
     pub(crate) grid: u32,
@@ -44,6 +47,7 @@ impl Kernels {
             copy: module.function("detcoll_copy")?,
             tree: module.function("detcoll_tree")?,
             tree_soft: module.function("detcoll_tree_soft")?,
+            clock: module.function("detcoll_clock").ok(),
             grid: (runtime::multiprocessors(ordinal)? * 4) as u32,
             module,
         }))

@@ -13,6 +13,7 @@ fn check_assembly(gfx: &str, s: &str) {
         "detcoll_tree_soft",
         "detcoll_noop",
         "detcoll_copy",
+        "detcoll_clock",
     ] {
         assert!(s.contains(&format!(".name:           {k}")), "{gfx}: kernel {k} missing");
     }
