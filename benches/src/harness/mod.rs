@@ -27,6 +27,7 @@ pub mod plot;
 pub mod report;
 pub mod run;
 pub mod stats;
+pub mod table;
 
 use args::BackendChoice;
 pub use args::BenchArgs;
@@ -353,7 +354,7 @@ fn run_rank<B: BenchBackend>(
     if b.comm().rank() == 0 {
         let report = build_report(b, args, launch, backend_config, rows);
         let svg = write_report(&report, &args.output)?;
-        print!("{}", report::markdown(&report));
+        print!("{}", table::markdown(&report));
         eprintln!("[bench] wrote {} and {}", args.output.display(), svg.display());
         if !all_bitwise {
             eprintln!("[bench] some rows are NOT bitwise (see `mismatch` in the report)");

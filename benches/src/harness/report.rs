@@ -1,4 +1,4 @@
-//! The bench report: schema-versioned JSON and a markdown table.
+//! The bench report: schema-versioned JSON (the markdown table is [`super::table`]).
 use super::args::BenchArgs;
 use serde::{Deserialize, Serialize};
 
@@ -127,65 +127,4 @@ impl Report {
     pub fn args_value(args: &BenchArgs) -> serde_json::Value {
         serde_json::to_value(args).unwrap_or(serde_json::Value::Null)
     }
-}
-
-fn opt(v: Option<f64>, digits: usize) -> String {
-    v.map_or_else(|| "-".to_owned(), |x| format!("{x:.digits$}"))
-}
-
-fn human_bytes(b: usize) -> String {
-    if b >= 1 << 20 && b % (1 << 20) == 0 {
-        format!("{} MiB", b >> 20)
-    } else if b >= 1 << 10 && b % (1 << 10) == 0 {
-        format!("{} KiB", b >> 10)
-    } else {
-        format!("{b} B")
-    }
-}
-
-/// The markdown table printed on stdout.
-pub fn markdown(r: &Report) -> String {
-    let mut s = format!(
-        "### detcoll bench: {} x{} ({}, {}, {} build), {} ({}, {} CPUs)\n\n",
-        r.backend,
-        r.world_size,
-        r.launch,
-        r.dtype,
-        r.build_profile,
-        r.reduction_order,
-        r.host.hostname,
-        r.host.cpu_count
-    );
-    s.push_str("| operation | size | route | median us | min us | max us | GB/s | vs memcpy | vs memcpy (1 rank) | repeat bitwise | vs fixed tree | workspace | native us | vs native | native tree/simple us |\n");
-    s.push_str(
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | :---: | :---: | ---: | ---: | ---: | ---: |\n",
-    );
-    for row in &r.rows {
-        let yn = |b: bool| if b { "yes" } else { "**NO**" };
-        s.push_str(&format!(
-            "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.3} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-            row.operation,
-            human_bytes(row.size_bytes),
-            row.route,
-            row.median_us,
-            row.min_us,
-            row.max_us,
-            row.input_gbps,
-            opt(row.ratio_vs_memcpy, 2),
-            opt(row.ratio_vs_memcpy_one_rank, 2),
-            yn(row.repeat_bitwise),
-            row.bitwise_vs_fixed_tree.map_or("-", yn),
-            human_bytes(row.workspace_bytes),
-            opt(row.native_default_us, 2),
-            opt(row.ratio_vs_native, 2),
-            opt(row.native_tree_simple_us, 2),
-        ));
-    }
-    s.push_str(&format!(
-        "\nsizes are per-rank input bytes; latency = slowest rank per sample, median over {} samples of {} calls; all bitwise: {}\n",
-        r.args.get("samples").and_then(|v| v.as_u64()).unwrap_or(0),
-        r.args.get("iterations").and_then(|v| v.as_u64()).unwrap_or(0),
-        if r.all_bitwise { "yes" } else { "NO" }
-    ));
-    s
 }
