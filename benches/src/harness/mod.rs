@@ -24,6 +24,7 @@ pub(crate) mod cuda;
 pub(crate) mod hip;
 mod native;
 pub mod plot;
+pub mod progress;
 pub mod report;
 pub mod run;
 pub mod stats;
