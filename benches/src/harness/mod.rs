@@ -74,6 +74,11 @@ enum Resolved {
 }
 
 impl Resolved {
+    /// Whether it runs on GPUs (which picks the default sizes).
+    fn is_gpu(self) -> bool {
+        matches!(self, Resolved::Cuda | Resolved::Hip)
+    }
+
     /// What the launched ranks are told to run (they do not re-detect).
     fn choice(self) -> BackendChoice {
         match self {
@@ -135,7 +140,8 @@ pub fn main(args: BenchArgs, frontend: &Frontend) -> anyhow::Result<ExitCode> {
     if launched_as_rank() && !args.threads {
         return rank_main(args, frontend);
     }
-    args.check_shapes(args.nproc)?;
+    // The GPU defaults include the CPU ones: checked before the backend is known.
+    args.clone().or_default_sizes(true).check_shapes(args.nproc)?;
     if cfg!(debug_assertions) && !args.debug_build {
         match frontend.release {
             Some(release) => return release(&args),
@@ -145,6 +151,7 @@ pub fn main(args: BenchArgs, frontend: &Frontend) -> anyhow::Result<ExitCode> {
         }
     }
     let resolved = resolve_backend(args.backend, true)?;
+    let args = args.or_default_sizes(resolved.is_gpu());
     if args.threads {
         return run_threads(&args, resolved, frontend.tool);
     }
@@ -195,11 +202,12 @@ pub fn rank_main(args: BenchArgs, frontend: &Frontend) -> anyhow::Result<ExitCod
         if rank == 0 && args.nproc != world && std::env::var_os(LAUNCH_ENV).is_none() {
             eprintln!("[bench] WORLD_SIZE={world} from the launcher overrides --nproc {}", args.nproc);
         }
-        args.check_shapes(world)?;
         if rank == 0 && cfg!(debug_assertions) && std::env::var_os(LAUNCH_ENV).is_none() {
             eprintln!("[bench] warning: this is an unoptimised build; for real numbers launch a release build");
         }
         let resolved = resolve_backend(args.backend, rank == 0)?;
+        let args = args.or_default_sizes(resolved.is_gpu());
+        args.check_shapes(world)?;
         run_process_rank(&args, resolved, boot.clone(), frontend.tool)
     })();
     match result {
