@@ -28,6 +28,7 @@ pub mod progress;
 pub mod report;
 pub mod run;
 pub mod stats;
+pub mod svg;
 pub mod table;
 
 use args::BackendChoice;
