@@ -3,7 +3,7 @@
 //! * latency vs size, one color per operation, one marker shape per route (so a route switch,
 //!   e.g. all_reduce going to RS+AG above a threshold, shows), min..max as capped bars; the
 //!   y range comes from the operations, so a 40 ns host copy does not stretch it over decades
-//!   (copy points below it sit on the edge, hollow, with an arrow);
+//!   (copy points below it sit on the edge, hollow, and the panel says so);
 //! * bandwidth (GB/s = size / median) vs size, the copy as a dashed reference series and, on
 //!   GPUs, NVLink's nominal 900 GB/s as a dashed line;
 //! * on reports with a native NCCL/RCCL reference, our latency over native default and over
@@ -132,16 +132,16 @@ fn latency_panel(rows: &[&Row], routes: &[&str]) -> Panel {
     }
 }
 
-fn bandwidth_panel(rows: &[&Row], routes: &[&str], gpu: bool) -> Panel {
+fn bandwidth_panel(rows: &[&Row], routes: &[&str], nvlink: bool) -> Panel {
     let bw = |r: &Row| {
         let g = |us: f64| r.size_bytes as f64 / (us * 1e-6) / 1e9;
         (r.input_gbps.is_finite() && r.input_gbps > 0.0).then(|| (r.input_gbps, Some((g(r.max_us), g(r.min_us)))))
     };
     let mut values: Vec<f64> = rows.iter().filter_map(|r| bw(r).map(|b| b.0)).collect();
-    if gpu {
+    if nvlink {
         values.push(NVLINK_GBPS);
     }
-    let refs = if gpu { vec![RefLine { y: NVLINK_GBPS, label: "NVLink nominal 900 GB/s".into() }] } else { vec![] };
+    let refs = if nvlink { vec![RefLine { y: NVLINK_GBPS, label: "NVLink nominal 900 GB/s".into() }] } else { vec![] };
     Panel {
         title: "bandwidth: size / median (copy dashed)".into(),
         y_label: "GB/s".into(),
@@ -210,12 +210,7 @@ fn legend(out: &mut String, rows: &[&Row], routes: &[&str], x: f64, mut y: f64) 
     y += 26.0;
     let _ = writeln!(
         out,
-        r##"<text x="{x:.1}" y="{y:.1}" font-size="10" fill="#555">hollow: not bitwise, or off the axis</text>"##
-    );
-    let _ = writeln!(
-        out,
-        r##"<text x="{x:.1}" y="{:.1}" font-size="10" fill="#555">(arrow: value beyond the edge)</text>"##,
-        y + 14.0
+        r##"<text x="{x:.1}" y="{y:.1}" font-size="10" fill="#555">hollow: not bitwise, or beyond the axis</text>"##
     );
 }
 
@@ -223,8 +218,9 @@ fn legend(out: &mut String, rows: &[&Row], routes: &[&str], x: f64, mut y: f64) 
 pub fn svg(report: &Report) -> String {
     let rows = plottable(report);
     let routes = distinct(&rows, |r| &r.route);
-    let gpu = rows.iter().any(|r| r.native_default_us.is_some()) || report.backend.contains("cuda");
-    let mut panels = vec![latency_panel(&rows, &routes), bandwidth_panel(&rows, &routes, gpu)];
+    // NVLink's figure is an NVIDIA one: only CUDA backends get the line.
+    let nvlink = report.backend.contains("cuda");
+    let mut panels = vec![latency_panel(&rows, &routes), bandwidth_panel(&rows, &routes, nvlink)];
     panels.extend(native_panel(&rows, &routes));
     let h = HEADER + panels.len() as f64 * (PANEL_H + GAP);
     let mut out = String::new();

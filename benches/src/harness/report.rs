@@ -139,7 +139,8 @@ pub struct Report {
     /// [`reduction_order`] of `world_size`.
     pub reduction_order: String,
     /// `git rev-parse --short HEAD` where the bench ran (`-dirty` with local changes), or
-    /// `unknown` (no git, e.g. a GPU bundle).
+    /// `unknown` (no git, e.g. a GPU bundle; also what a schema-1 report reads back as).
+    #[serde(default = "unknown")]
     pub git_commit: String,
     pub capabilities: CapabilityFlags,
     pub size_convention: String,
@@ -152,6 +153,10 @@ pub struct Report {
     /// Every row passed every bitwise check.
     pub all_bitwise: bool,
     pub rows: Vec<Row>,
+}
+
+fn unknown() -> String {
+    "unknown".to_owned()
 }
 
 impl Report {

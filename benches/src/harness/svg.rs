@@ -44,7 +44,7 @@ pub struct Panel {
     pub log_y: bool,
     pub series: Vec<Series>,
     pub refs: Vec<RefLine>,
-    /// Points whose y falls outside are drawn on the edge, hollow, with an arrow.
+    /// Points whose y falls outside are drawn on the edge, hollow, and the panel says so.
     pub y_range: (f64, f64),
     pub y_fmt: fn(f64) -> String,
 }
@@ -211,6 +211,7 @@ pub fn panel(out: &mut String, area: Rect, x_range: (f64, f64), sizes: &[usize],
             esc(&r.label)
         );
     }
+    let mut clamped_any = false;
     for s in &p.series {
         let dash = if s.dashed { r#" stroke-dasharray="6 4""# } else { "" };
         let path: Vec<String> = s.points.iter().map(|q| format!("{:.1},{:.1}", px(q.size), py(q.y).0)).collect();
@@ -238,17 +239,16 @@ pub fn panel(out: &mut String, area: Rect, x_range: (f64, f64), sizes: &[usize],
             let fill = if q.hollow || clamped { "white" } else { s.color };
             let tip = if clamped { format!("{} (outside the axis)", q.tip) } else { q.tip.clone() };
             marker(out, q.shape, x, y, fill, s.color, &tip);
-            if clamped {
-                let d = if y > top + h / 2.0 { 1.0 } else { -1.0 };
-                let _ = writeln!(
-                    out,
-                    r#"<path d="M{x:.1},{:.1}l-4,{:.1}h8z" fill="{}"/>"#,
-                    y + d * 14.0,
-                    -d * 6.0,
-                    s.color
-                );
-            }
+            clamped_any |= clamped;
         }
+    }
+    if clamped_any {
+        let _ = writeln!(
+            out,
+            r##"<text x="{:.1}" y="{:.1}" font-size="10" fill="#555">hollow on the edge: beyond the axis (hover for the value)</text>"##,
+            left + 6.0,
+            top + 12.0
+        );
     }
 }
 
@@ -294,7 +294,7 @@ mod tests {
         };
         let mut s = String::new();
         panel(&mut s, Rect { x: 80.0, y: 40.0, w: 400.0, h: 200.0 }, (11.0, 14.0), &[4096, 8192], &p);
-        assert!(s.contains("low (outside the axis)"));
+        assert!(s.contains("low (outside the axis)") && s.contains("beyond the axis"));
         assert!(s.contains("<rect x=\"") && s.contains("<title>in</title>"));
         assert!(s.contains(">ref<") && !s.contains(">gone<"));
         // One min..max bar: the clamped point has none.
