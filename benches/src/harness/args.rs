@@ -4,8 +4,17 @@ use collective_core::{DType, Op};
 use serde::Serialize;
 use std::path::PathBuf;
 
-/// Default sizes: the seeds' benchmark table (4 KiB, 64 KiB, 1 MiB, 16 MiB).
-pub const DEFAULT_SIZES: [usize; 4] = [4096, 65536, 1 << 20, 16 << 20];
+/// Default sizes on a GPU: every power of two from 4 KiB to 64 MiB, so a plot shows where each
+/// route takes over (the seeds' 4 KiB, 64 KiB, 1 MiB, 16 MiB are among them).
+pub fn default_gpu_sizes() -> Vec<usize> {
+    (12..=26).map(|p| 1usize << p).collect()
+}
+
+/// Default sizes on the CPU twin: 4 KiB to 4 MiB by 4x, a subset of the GPU sizes, so that the
+/// default run (4 processes, often on 2 cores) stays under a minute.
+pub fn default_cpu_sizes() -> Vec<usize> {
+    (6..=11).map(|p| 1usize << (2 * p)).collect()
+}
 /// Default world size of a CPU-twin run (the twin is slow with many processes on few cores).
 pub const DEFAULT_NPROC: usize = 4;
 
@@ -102,9 +111,9 @@ pub struct BenchArgs {
           default_values_t = BenchOp::ALL.to_vec())]
     pub operations: Vec<BenchOp>,
 
-    /// Message sizes: per-rank input bytes (suffixes K/KiB, M/MiB, G/GiB accepted).
-    #[arg(long = "size-bytes", num_args = 1.., value_delimiter = ',', value_parser = parse_size,
-          default_values_t = DEFAULT_SIZES.to_vec())]
+    /// Message sizes: per-rank input bytes (suffixes K/KiB, M/MiB, G/GiB accepted). Default:
+    /// powers of two 4 KiB..64 MiB on GPUs, 4 KiB..4 MiB by 4x on the CPU twin.
+    #[arg(long = "size-bytes", num_args = 1.., value_delimiter = ',', value_parser = parse_size)]
     pub size_bytes: Vec<usize>,
 
     /// Untimed calls before the samples of each row.
@@ -153,8 +162,11 @@ impl BenchArgs {
             "--operations".to_owned(),
         ];
         a.extend(self.operations.iter().map(|o| o.name().to_owned()));
-        a.push("--size-bytes".to_owned());
-        a.extend(self.size_bytes.iter().map(|s| s.to_string()));
+        // No sizes: the backend's defaults, chosen by whoever resolves the backend.
+        if !self.size_bytes.is_empty() {
+            a.push("--size-bytes".to_owned());
+            a.extend(self.size_bytes.iter().map(|s| s.to_string()));
+        }
         a.extend([
             "--warmup".to_owned(),
             self.warmup.to_string(),
@@ -176,6 +188,14 @@ impl BenchArgs {
             a.push("--debug-build".to_owned());
         }
         a
+    }
+
+    /// `self`, with the default sizes for a GPU (`gpu`) or the CPU twin when none were given.
+    pub fn or_default_sizes(mut self, gpu: bool) -> Self {
+        if self.size_bytes.is_empty() {
+            self.size_bytes = if gpu { default_gpu_sizes() } else { default_cpu_sizes() };
+        }
+        self
     }
 
     /// Checks that every (operation, size) divides evenly for `world` ranks in this dtype.
@@ -283,7 +303,18 @@ mod tests {
         assert_eq!(a.nproc, DEFAULT_NPROC);
         assert_eq!(a.dtype, BenchDtype::Bf16);
         assert_eq!(a.operations, BenchOp::ALL.to_vec());
-        assert_eq!(a.size_bytes, vec![4096, 65536, 1048576, 16777216]);
+        assert!(a.size_bytes.is_empty(), "chosen per backend");
+        let cpu = a.clone().or_default_sizes(false).size_bytes;
+        assert_eq!(cpu, [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]);
+        let gpu = a.clone().or_default_sizes(true).size_bytes;
+        assert_eq!((gpu.len(), gpu[0], gpu[14]), (15, 4096, 64 << 20));
+        assert!(cpu.iter().all(|s| gpu.contains(s)), "CPU sizes are GPU sizes (shapes checked once)");
+        for s in [4096, 65536, 1 << 20, 16 << 20] {
+            assert!(gpu.contains(&s), "the seeds' size {s}");
+        }
+        assert_eq!(parse(&["--size-bytes", "8K"]).unwrap().or_default_sizes(true).size_bytes, [8192]);
+        assert!(!a.to_cli_args().contains(&"--size-bytes".to_owned()));
+        assert_eq!(parse(&a.to_cli_args().iter().map(String::as_str).collect::<Vec<_>>()).unwrap(), a);
         assert_eq!((a.warmup, a.iterations, a.samples), (10, 50, 5));
         assert_eq!(a.output, PathBuf::from("bench-out/bench.json"));
         assert_eq!(a.backend, BackendChoice::Auto);

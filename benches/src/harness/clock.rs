@@ -34,6 +34,20 @@ pub fn hostname() -> String {
         .unwrap_or_else(|| "unknown".to_owned())
 }
 
+/// `git rev-parse --short HEAD` of the working directory, `-dirty` appended when tracked files
+/// changed; `unknown` without git or outside a repository (a GPU bundle), so a plot always says
+/// which code it measured when it can.
+pub fn git_commit() -> String {
+    let git = |args: &[&str]| std::process::Command::new("git").args(args).stderr(std::process::Stdio::null()).output();
+    let Ok(out) = git(&["rev-parse", "--short", "HEAD"]) else { return "unknown".to_owned() };
+    let rev = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    if !out.status.success() || rev.is_empty() {
+        return "unknown".to_owned();
+    }
+    let dirty = git(&["diff", "--quiet", "HEAD"]).is_ok_and(|o| o.status.code() == Some(1));
+    if dirty { format!("{rev}-dirty") } else { rev }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,6 @@
 //! The CPU twin (`shm-ipc`) as a bench backend.
 use super::backend::{HostBackend, HostCollective};
 use collective_core::bootstrap::Bootstrap;
-use collective_core::protocol::Timeouts;
 use shm_ipc::{ShmCollective, ShmConfig};
 
 /// `backend` field of reports made with the CPU twin.
@@ -23,10 +22,7 @@ pub fn config_json(c: &ShmConfig) -> serde_json::Value {
     serde_json::json!({
         "capacity_bytes": c.capacity,
         "rs_ag_threshold_bytes": c.rs_ag_threshold,
-        "timeouts_ms": Timeouts::resolve(c.timeouts).ok().map(|t| serde_json::json!({
-            "peer": t.peer.as_secs_f64() * 1e3,
-            "close": t.close.as_secs_f64() * 1e3,
-        })),
+        "timeouts_ms": super::report::timeouts_ms(c.timeouts),
     })
 }
 

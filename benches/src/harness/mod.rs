@@ -24,9 +24,12 @@ pub(crate) mod cuda;
 pub(crate) mod hip;
 mod native;
 pub mod plot;
+pub mod progress;
 pub mod report;
 pub mod run;
 pub mod stats;
+pub mod svg;
+pub mod table;
 
 use args::BackendChoice;
 pub use args::BenchArgs;
@@ -72,6 +75,11 @@ enum Resolved {
 }
 
 impl Resolved {
+    /// Whether it runs on GPUs (which picks the default sizes).
+    fn is_gpu(self) -> bool {
+        matches!(self, Resolved::Cuda | Resolved::Hip)
+    }
+
     /// What the launched ranks are told to run (they do not re-detect).
     fn choice(self) -> BackendChoice {
         match self {
@@ -133,7 +141,8 @@ pub fn main(args: BenchArgs, frontend: &Frontend) -> anyhow::Result<ExitCode> {
     if launched_as_rank() && !args.threads {
         return rank_main(args, frontend);
     }
-    args.check_shapes(args.nproc)?;
+    // The GPU defaults include the CPU ones: checked before the backend is known.
+    args.clone().or_default_sizes(true).check_shapes(args.nproc)?;
     if cfg!(debug_assertions) && !args.debug_build {
         match frontend.release {
             Some(release) => return release(&args),
@@ -143,6 +152,7 @@ pub fn main(args: BenchArgs, frontend: &Frontend) -> anyhow::Result<ExitCode> {
         }
     }
     let resolved = resolve_backend(args.backend, true)?;
+    let args = args.or_default_sizes(resolved.is_gpu());
     if args.threads {
         return run_threads(&args, resolved, frontend.tool);
     }
@@ -193,11 +203,12 @@ pub fn rank_main(args: BenchArgs, frontend: &Frontend) -> anyhow::Result<ExitCod
         if rank == 0 && args.nproc != world && std::env::var_os(LAUNCH_ENV).is_none() {
             eprintln!("[bench] WORLD_SIZE={world} from the launcher overrides --nproc {}", args.nproc);
         }
-        args.check_shapes(world)?;
         if rank == 0 && cfg!(debug_assertions) && std::env::var_os(LAUNCH_ENV).is_none() {
             eprintln!("[bench] warning: this is an unoptimised build; for real numbers launch a release build");
         }
         let resolved = resolve_backend(args.backend, rank == 0)?;
+        let args = args.or_default_sizes(resolved.is_gpu());
+        args.check_shapes(world)?;
         run_process_rank(&args, resolved, boot.clone(), frontend.tool)
     })();
     match result {
@@ -248,7 +259,9 @@ fn gpu_config(
 ) -> serde_json::Value {
     serde_json::json!({
         "capacity_bytes": args.capacity(),
-        "routing": routing.canonical_json(),
+        // An object, not a string of JSON, so readers get typed fields.
+        "routing": serde_json::from_str::<serde_json::Value>(&routing.canonical_json()).unwrap_or_default(),
+        "timeouts_ms": report::timeouts_ms(None),
         "native_library": native_library,
         "native_tree_simple_env": "NCCL_ALGO=Tree NCCL_PROTO=Simple",
         "env": env_vars(env_prefixes),
@@ -353,7 +366,7 @@ fn run_rank<B: BenchBackend>(
     if b.comm().rank() == 0 {
         let report = build_report(b, args, launch, backend_config, rows);
         let svg = write_report(&report, &args.output)?;
-        print!("{}", report::markdown(&report));
+        print!("{}", table::markdown(&report));
         eprintln!("[bench] wrote {} and {}", args.output.display(), svg.display());
         if !all_bitwise {
             eprintln!("[bench] some rows are NOT bitwise (see `mismatch` in the report)");
@@ -408,7 +421,8 @@ fn build_report<B: BenchBackend>(
         world_size: world,
         launch: launch.how.to_owned(),
         dtype: args.dtype.dtype().name().to_owned(),
-        reduction_order: collective_core::REDUCTION_ORDER.to_owned(),
+        reduction_order: report::reduction_order(world),
+        git_commit: clock::git_commit(),
         capabilities: CapabilityFlags::from(b.comm().capabilities()),
         size_convention: report::SIZE_CONVENTION.to_owned(),
         latency_method: report::LATENCY_METHOD.to_owned(),
@@ -481,10 +495,11 @@ mod tests {
     fn check_report(path: &Path, world: usize, backend: &str) {
         let text = std::fs::read_to_string(path).unwrap();
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-        assert_eq!(v["schema_version"], 1);
+        assert_eq!(v["schema_version"], SCHEMA_VERSION);
+        assert_schema(&v);
         assert_eq!(v["world_size"], world);
         assert_eq!(v["backend"], backend);
-        assert_eq!(v["reduction_order"], collective_core::REDUCTION_ORDER);
+        assert_eq!(v["reduction_order"], report::reduction_order(world));
         assert_eq!(v["capabilities"]["supports_async_overlap"], false);
         assert_eq!(v["capabilities"]["supports_compute_communication_fusion"], false);
         assert_eq!(v["all_bitwise"], true);
@@ -525,6 +540,132 @@ mod tests {
         let svg = std::fs::read_to_string(path.with_extension("svg")).unwrap();
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert!(svg.contains("all_reduce") && svg.contains("memcpy (baseline)"));
+    }
+
+    /// JSON types a field may have: `s` string, `n` number, `b` bool, `o` object, `a` array,
+    /// `0` null.
+    fn assert_type(path: &str, v: &serde_json::Value, allowed: &str) {
+        let t = match v {
+            serde_json::Value::String(_) => 's',
+            serde_json::Value::Number(_) => 'n',
+            serde_json::Value::Bool(_) => 'b',
+            serde_json::Value::Object(_) => 'o',
+            serde_json::Value::Array(_) => 'a',
+            serde_json::Value::Null => '0',
+        };
+        assert!(allowed.contains(t), "{path}: {v} is not one of {allowed:?}");
+    }
+
+    /// Walks the whole report: every field has its documented type, and there is no field this
+    /// list does not know (a new field must be added here, with its type).
+    fn assert_schema(v: &serde_json::Value) {
+        let walk = |path: &str, v: &serde_json::Value, spec: &[(&str, &str)]| {
+            let o = v.as_object().unwrap_or_else(|| panic!("{path} is not an object: {v}"));
+            for (k, t) in spec {
+                assert_type(&format!("{path}.{k}"), o.get(*k).unwrap_or_else(|| panic!("{path} lacks {k}")), t);
+            }
+            for k in o.keys() {
+                assert!(spec.iter().any(|(s, _)| s == k), "{path}.{k}: a field the schema test does not know");
+            }
+        };
+        let top = [
+            ("schema_version", "n"),
+            ("tool", "s"),
+            ("backend", "s"),
+            ("build_profile", "s"),
+            ("world_size", "n"),
+            ("launch", "s"),
+            ("dtype", "s"),
+            ("reduction_order", "s"),
+            ("git_commit", "s"),
+            ("capabilities", "o"),
+            ("size_convention", "s"),
+            ("latency_method", "s"),
+            ("host", "o"),
+            ("args", "o"),
+            ("timestamp_unix", "n"),
+            ("timestamp_utc", "s"),
+            ("notes", "a"),
+            ("all_bitwise", "b"),
+            ("rows", "a"),
+        ];
+        walk("", v, &top);
+        let caps = [
+            ("strict_fixed_order", "b"),
+            ("supports_async_overlap", "b"),
+            ("supports_compute_communication_fusion", "b"),
+            ("supports_graph_capture", "b"),
+            ("capacity_bytes", "n"),
+        ];
+        walk("capabilities", &v["capabilities"], &caps);
+        walk("host", &v["host"], &[("hostname", "s"), ("cpu_count", "n"), ("os", "s"), ("arch", "s")]);
+        let args = [
+            ("nproc", "n"),
+            ("dtype", "s"),
+            ("operations", "a"),
+            ("size_bytes", "a"),
+            ("warmup", "n"),
+            ("iterations", "n"),
+            ("samples", "n"),
+            ("output", "s"),
+            ("backend", "s"),
+            ("threads", "b"),
+            ("debug_build", "b"),
+            ("seed", "n"),
+            ("backend_config", "o"),
+        ];
+        walk("args", &v["args"], &args);
+        let cfg = &v["args"]["backend_config"];
+        assert_type("args.backend_config.capacity_bytes", &cfg["capacity_bytes"], "n");
+        if let Some(t) = cfg.get("timeouts_ms") {
+            walk("args.backend_config.timeouts_ms", t, &[("peer", "n"), ("close", "n")]);
+        }
+        if let Some(r) = cfg.get("routing") {
+            assert_type("args.backend_config.routing", r, "o");
+        }
+        for n in v["notes"].as_array().unwrap() {
+            assert_type("notes[]", n, "s");
+        }
+        let row = [
+            ("operation", "s"),
+            ("dtype", "s"),
+            ("size_bytes", "n"),
+            ("input_bytes_per_rank", "n"),
+            ("output_bytes_per_rank", "n"),
+            ("lanes", "n"),
+            ("route", "s"),
+            ("median_us", "n"),
+            ("min_us", "n"),
+            ("max_us", "n"),
+            ("per_rank_median_us", "a"),
+            ("input_gbps", "n"),
+            ("memcpy_median_us", "n0"),
+            ("ratio_vs_memcpy", "n0"),
+            ("memcpy_one_rank_median_us", "n0"),
+            ("ratio_vs_memcpy_one_rank", "n0"),
+            ("repeat_bitwise", "b"),
+            ("bitwise_vs_fixed_tree", "b0"),
+            ("mismatch", "s0"),
+            ("workspace_bytes", "n"),
+            ("peak_temp_bytes", "n"),
+            ("native_default_us", "n0"),
+            ("native_tree_simple_us", "n0"),
+            ("ratio_vs_native", "n0"),
+            ("max_abs_diff_vs_native", "n0"),
+        ];
+        for (i, r) in v["rows"].as_array().unwrap().iter().enumerate() {
+            walk(&format!("rows[{i}]"), r, &row);
+            for m in r["per_rank_median_us"].as_array().unwrap() {
+                assert_type(&format!("rows[{i}].per_rank_median_us[]"), m, "n");
+            }
+        }
+    }
+
+    #[test]
+    fn the_schema_walk_catches_a_string_where_a_number_belongs() {
+        let r = std::panic::catch_unwind(|| assert_type("x", &serde_json::json!("10s"), "n"));
+        assert!(r.is_err());
+        assert_type("x", &serde_json::json!(10.0), "n0");
     }
 
     fn tmp(name: &str) -> PathBuf {

@@ -1,186 +1,258 @@
-//! A latency-vs-size plot of a report, as a hand-written SVG (log2 sizes, log10 latency).
+//! The report's picture, as SVG: what a reader should see at a glance.
+//!
+//! * latency vs size, one color per operation, one marker shape per route (so a route switch,
+//!   e.g. all_reduce going to RS+AG above a threshold, shows), min..max as capped bars; the
+//!   y range comes from the operations, so a 40 ns host copy does not stretch it over decades
+//!   (copy points below it sit on the edge, hollow, and the panel says so);
+//! * bandwidth (GB/s = size / median) vs size, the copy as a dashed reference series and, on
+//!   GPUs, NVLink's nominal 900 GB/s as a dashed line;
+//! * on reports with a native NCCL/RCCL reference, our latency over native default and over
+//!   native Tree/Simple, with 1.0 marked.
+//!
+//! The title names backend, world, dtype, commit, date and host.
 use super::report::{Report, Row};
+use super::svg::{self, Panel, Point, Rect, RefLine, Series, esc, log_range};
 use std::fmt::Write;
 
-const W: f64 = 820.0;
-const H: f64 = 500.0;
-const LEFT: f64 = 80.0;
-const RIGHT: f64 = 210.0;
-const TOP: f64 = 50.0;
-const BOTTOM: f64 = 60.0;
+const W: f64 = 1000.0;
+const LEFT: f64 = 90.0;
+const RIGHT: f64 = 240.0;
+const HEADER: f64 = 70.0;
+const PANEL_H: f64 = 300.0;
+const GAP: f64 = 70.0;
 const COLORS: [&str; 6] = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"];
+const COPY_COLOR: &str = "#777777";
+/// NVLink 4 (H100/H200) nominal bandwidth per GPU, for scale only.
+pub const NVLINK_GBPS: f64 = 900.0;
 
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
-}
-
-fn size_label(b: usize) -> String {
-    if b >= 1 << 30 && b % (1 << 30) == 0 {
-        format!("{}G", b >> 30)
-    } else if b >= 1 << 20 && b % (1 << 20) == 0 {
-        format!("{}M", b >> 20)
-    } else if b >= 1 << 10 && b % (1 << 10) == 0 {
-        format!("{}K", b >> 10)
-    } else {
-        format!("{b}")
-    }
-}
-
-/// Label of the grid line at 10^`decade` microseconds.
-fn decade_label(decade: i32) -> String {
-    let (unit, shift) = match decade {
-        i32::MIN..=-1 => ("ns", 3),
-        0..=2 => ("us", 0),
-        3..=5 => ("ms", -3),
-        _ => ("s", -6),
+/// Label of the latency tick `us`.
+fn latency_label(us: f64) -> String {
+    let (v, unit) = match us {
+        u if u < 1.0 => (u * 1e3, "ns"),
+        u if u < 1e3 => (u, "us"),
+        u if u < 1e6 => (u / 1e3, "ms"),
+        u => (u / 1e6, "s"),
     };
-    let e = decade + shift;
-    if e >= 0 { format!("{} {unit}", 10u64.pow(e as u32)) } else { format!("1e{e} {unit}") }
+    format!("{} {unit}", trim(v))
 }
 
-/// Series in first-appearance order: operations, then the copy baseline last.
-fn series(rows: &[Row]) -> Vec<(String, Vec<&Row>)> {
-    let mut names: Vec<String> = Vec::new();
+fn trim(v: f64) -> String {
+    let s = format!("{v:.3}");
+    s.trim_end_matches('0').trim_end_matches('.').to_owned()
+}
+
+fn plain_label(v: f64) -> String {
+    trim(v)
+}
+
+fn is_copy(r: &Row) -> bool {
+    r.operation == "memcpy"
+}
+
+/// Rows that can be plotted (a positive finite median).
+fn plottable(report: &Report) -> Vec<&Row> {
+    report.rows.iter().filter(|r| r.median_us.is_finite() && r.median_us > 0.0).collect()
+}
+
+/// Distinct values of `key` in first-appearance order.
+fn distinct<'a>(rows: &[&'a Row], key: fn(&'a Row) -> &'a str) -> Vec<&'a str> {
+    let mut v: Vec<&str> = Vec::new();
     for r in rows {
-        if !names.contains(&r.operation) {
-            names.push(r.operation.clone());
+        let k = key(r);
+        if !v.contains(&k) {
+            v.push(k);
         }
     }
-    names.sort_by_key(|n| n == "memcpy");
+    v
+}
+
+/// Operations (not the copy) in first-appearance order, with their color.
+fn operations<'a>(rows: &[&'a Row]) -> Vec<(&'a str, &'static str)> {
+    distinct(rows, |r| &r.operation)
+        .into_iter()
+        .filter(|o| *o != "memcpy")
+        .enumerate()
+        .map(|(i, o)| (o, COLORS[i % COLORS.len()]))
+        .collect()
+}
+
+/// One series per operation (then the copy), with `y` of a row (`None`: no point).
+fn series_of(
+    rows: &[&Row],
+    routes: &[&str],
+    with_copy: bool,
+    y: impl Fn(&Row) -> Option<(f64, Option<(f64, f64)>)>,
+) -> Vec<Series> {
+    let mut names: Vec<(&str, &'static str, bool)> = operations(rows).into_iter().map(|(o, c)| (o, c, false)).collect();
+    if with_copy {
+        names.push(("memcpy", COPY_COLOR, true));
+    }
     names
         .into_iter()
-        .map(|n| {
-            let mut pts: Vec<&Row> = rows.iter().filter(|r| r.operation == n).collect();
+        .map(|(name, color, dashed)| {
+            let mut pts: Vec<&Row> = rows.iter().copied().filter(|r| r.operation == name).collect();
             pts.sort_by_key(|r| r.size_bytes);
-            (n, pts)
+            let points = pts
+                .into_iter()
+                .filter_map(|r| {
+                    let (v, range) = y(r)?;
+                    Some(Point {
+                        size: r.size_bytes,
+                        y: v,
+                        range,
+                        shape: routes.iter().position(|x| *x == r.route).unwrap_or(0),
+                        hollow: !r.bitwise(),
+                        tip: format!("{name} {}: {} ({})", svg::size_label(r.size_bytes), trim(v), r.route),
+                    })
+                })
+                .collect();
+            Series { color, dashed, points }
         })
+        .filter(|s| !s.points.is_empty())
         .collect()
+}
+
+fn latency_panel(rows: &[&Row], routes: &[&str]) -> Panel {
+    let ops: Vec<&Row> = rows.iter().copied().filter(|r| !is_copy(r)).collect();
+    // The operations set the range; the copy shows where it fits (one decade of slack below).
+    let base = if ops.is_empty() { rows } else { &ops[..] };
+    let (mut lo, hi) = log_range(base.iter().flat_map(|r| [r.min_us, r.median_us, r.max_us]));
+    let copy_lo = rows.iter().filter(|r| is_copy(r)).map(|r| r.median_us).fold(f64::INFINITY, f64::min);
+    if copy_lo < lo && copy_lo >= lo / 10.0 {
+        lo /= 10.0;
+    }
+    Panel {
+        title: "latency per call (slowest rank; median, bars min..max)".into(),
+        y_label: "latency".into(),
+        log_y: true,
+        series: series_of(rows, routes, true, |r| Some((r.median_us, Some((r.min_us, r.max_us))))),
+        refs: vec![],
+        y_range: (lo, hi),
+        y_fmt: latency_label,
+    }
+}
+
+fn bandwidth_panel(rows: &[&Row], routes: &[&str], nvlink: bool) -> Panel {
+    let bw = |r: &Row| {
+        let g = |us: f64| r.size_bytes as f64 / (us * 1e-6) / 1e9;
+        (r.input_gbps.is_finite() && r.input_gbps > 0.0).then(|| (r.input_gbps, Some((g(r.max_us), g(r.min_us)))))
+    };
+    let mut values: Vec<f64> = rows.iter().filter_map(|r| bw(r).map(|b| b.0)).collect();
+    if nvlink {
+        values.push(NVLINK_GBPS);
+    }
+    let refs = if nvlink { vec![RefLine { y: NVLINK_GBPS, label: "NVLink nominal 900 GB/s".into() }] } else { vec![] };
+    Panel {
+        title: "bandwidth: size / median (copy dashed)".into(),
+        y_label: "GB/s".into(),
+        log_y: true,
+        series: series_of(rows, routes, true, bw),
+        refs,
+        y_range: log_range(values),
+        y_fmt: plain_label,
+    }
+}
+
+/// `None` when no row has a native reference (the CPU twin).
+fn native_panel(rows: &[&Row], routes: &[&str]) -> Option<Panel> {
+    let ratio = |n: Option<f64>, r: &Row| n.filter(|n| *n > 0.0).map(|n| (r.median_us / n, None));
+    let mut series = series_of(rows, routes, false, |r| ratio(r.native_default_us, r));
+    let tree = series_of(rows, routes, false, |r| ratio(r.native_tree_simple_us, r));
+    if series.is_empty() && tree.is_empty() {
+        return None;
+    }
+    series.extend(tree.into_iter().map(|s| Series { dashed: true, ..s }));
+    let hi = series.iter().flat_map(|s| s.points.iter().map(|p| p.y)).filter(|v| v.is_finite()).fold(1.0, f64::max);
+    Some(Panel {
+        title: "ours / native (solid: NCCL/RCCL default, dashed: Tree/Simple); below 1 is faster".into(),
+        y_label: "x of native".into(),
+        log_y: false,
+        series,
+        refs: vec![RefLine { y: 1.0, label: "= native".into() }],
+        y_range: (0.0, (hi * 1.1).ceil()),
+        y_fmt: plain_label,
+    })
+}
+
+/// The title line: what ran, which code, when, where.
+pub fn title(r: &Report) -> String {
+    format!(
+        "detcoll {} x{} {} ({}, {} build) | commit {} | {} | {}",
+        r.backend, r.world_size, r.dtype, r.launch, r.build_profile, r.git_commit, r.timestamp_utc, r.host.hostname
+    )
+}
+
+/// The legend: operations by color, the copy, routes by shape.
+fn legend(out: &mut String, rows: &[&Row], routes: &[&str], x: f64, mut y: f64) {
+    let line = |out: &mut String, y: f64, color: &str, dash: &str, label: &str| {
+        let _ = writeln!(
+            out,
+            r#"<line x1="{x:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{color}" stroke-width="2"{dash}/>"#,
+            x + 24.0
+        );
+        let _ = writeln!(out, r#"<text x="{:.1}" y="{:.1}">{}</text>"#, x + 30.0, y + 4.0, esc(label));
+    };
+    for (op, color) in operations(rows) {
+        line(out, y, color, "", op);
+        y += 18.0;
+    }
+    if rows.iter().any(|r| is_copy(r)) {
+        line(out, y, COPY_COLOR, r#" stroke-dasharray="6 4""#, "memcpy (baseline)");
+        y += 18.0;
+    }
+    y += 10.0;
+    let _ = writeln!(out, r#"<text x="{x:.1}" y="{y:.1}" font-weight="bold">route (marker)</text>"#);
+    for (i, route) in routes.iter().enumerate() {
+        y += 18.0;
+        svg::legend_marker(out, i, x + 12.0, y);
+        let _ = writeln!(out, r#"<text x="{:.1}" y="{:.1}">{}</text>"#, x + 30.0, y + 4.0, esc(route));
+    }
+    y += 26.0;
+    let _ = writeln!(
+        out,
+        r##"<text x="{x:.1}" y="{y:.1}" font-size="10" fill="#555">hollow: not bitwise, or beyond the axis</text>"##
+    );
 }
 
 /// The SVG document.
 pub fn svg(report: &Report) -> String {
-    let rows: Vec<&Row> = report.rows.iter().filter(|r| r.median_us.is_finite() && r.median_us > 0.0).collect();
+    let rows = plottable(report);
+    let routes = distinct(&rows, |r| &r.route);
+    // NVLink's figure is an NVIDIA one: only CUDA backends get the line.
+    let nvlink = report.backend.contains("cuda");
+    let mut panels = vec![latency_panel(&rows, &routes), bandwidth_panel(&rows, &routes, nvlink)];
+    panels.extend(native_panel(&rows, &routes));
+    let h = HEADER + panels.len() as f64 * (PANEL_H + GAP);
     let mut out = String::new();
     let _ = writeln!(
         out,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">"#
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="sans-serif" font-size="12">"#
     );
-    let _ = writeln!(out, r#"<rect x="0" y="0" width="{W}" height="{H}" fill="white"/>"#);
-    let title = format!(
-        "detcoll {} x{} ({}), {}: latency vs size (slowest rank, median; bars min..max)",
-        report.backend, report.world_size, report.launch, report.dtype
+    let _ = writeln!(out, r#"<rect x="0" y="0" width="{W}" height="{h}" fill="white"/>"#);
+    let _ = writeln!(out, r#"<text x="20" y="24" font-size="15" font-weight="bold">{}</text>"#, esc(&title(report)));
+    let _ = writeln!(
+        out,
+        r##"<text x="20" y="42" font-size="11" fill="#444">x: per-rank input bytes; reduction order {}; all bitwise: {}</text>"##,
+        esc(&report.reduction_order),
+        if report.all_bitwise { "yes" } else { "NO" }
     );
-    let _ = writeln!(out, r#"<text x="{}" y="24" font-size="14" font-weight="bold">{}</text>"#, LEFT, esc(&title));
     if rows.is_empty() {
-        let _ = writeln!(out, r#"<text x="{LEFT}" y="{}">no data</text></svg>"#, H / 2.0);
+        let _ = writeln!(out, r#"<text x="{LEFT}" y="{:.1}">no data</text>"#, HEADER + 40.0);
+        out.push_str("</svg>\n");
         return out;
-    }
-    let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
-    let lx = |b: usize| (b as f64).log2();
-    let (mut x0, mut x1) = rows
-        .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), r| (a.min(lx(r.size_bytes)), b.max(lx(r.size_bytes))));
-    // Half an octave of margin (a whole one around a single size) keeps markers off the frame.
-    let pad = if x1 - x0 < 1.0 { 1.0 } else { 0.5 };
-    x0 -= pad;
-    x1 += pad;
-    let ys = rows.iter().flat_map(|r| [r.min_us, r.median_us, r.max_us]).filter(|v| v.is_finite() && *v > 0.0);
-    let (lo, hi) = ys.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(v), b.max(v)));
-    let (y0, mut y1) = (lo.log10().floor(), hi.log10().ceil());
-    if y1 <= y0 {
-        y1 = y0 + 1.0;
-    }
-    let px = |b: usize| LEFT + (lx(b) - x0) / (x1 - x0) * pw;
-    let py = |us: f64| TOP + ph - (us.max(10f64.powf(y0)).log10() - y0) / (y1 - y0) * ph;
-
-    // Axes and grid.
-    let _ = writeln!(out, r##"<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>"##);
-    let mut d = y0 as i32;
-    while d as f64 <= y1 {
-        let us = 10f64.powi(d);
-        let y = py(us);
-        let _ = writeln!(out, r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/>"##, LEFT + pw);
-        let _ = writeln!(
-            out,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
-            LEFT - 6.0,
-            y + 4.0,
-            esc(&decade_label(d))
-        );
-        d += 1;
     }
     let mut sizes: Vec<usize> = rows.iter().map(|r| r.size_bytes).collect();
     sizes.sort_unstable();
     sizes.dedup();
-    for &s in &sizes {
-        let x = px(s);
-        let _ = writeln!(out, r##"<line x1="{x:.1}" y1="{TOP}" x2="{x:.1}" y2="{:.1}" stroke="#eee"/>"##, TOP + ph);
-        let _ = writeln!(
-            out,
-            r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-            TOP + ph + 18.0,
-            size_label(s)
-        );
+    let lx = |b: usize| (b.max(1) as f64).log2();
+    let (a, b) = (lx(sizes[0]), lx(sizes[sizes.len() - 1]));
+    let pad = if b - a < 1.0 { 1.0 } else { 0.5 };
+    let pw = W - LEFT - RIGHT;
+    for (i, p) in panels.iter().enumerate() {
+        let top = HEADER + 20.0 + i as f64 * (PANEL_H + GAP);
+        svg::panel(&mut out, Rect { x: LEFT, y: top, w: pw, h: PANEL_H }, (a - pad, b + pad), &sizes, p);
     }
-    let _ = writeln!(
-        out,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">size (per-rank input bytes)</text>"#,
-        LEFT + pw / 2.0,
-        H - 14.0
-    );
-    let _ = writeln!(
-        out,
-        r#"<text x="18" y="{:.1}" text-anchor="middle" transform="rotate(-90 18 {:.1})">latency per call</text>"#,
-        TOP + ph / 2.0,
-        TOP + ph / 2.0
-    );
-
-    // Series.
-    let all: Vec<Row> = rows.iter().map(|r| (*r).clone()).collect();
-    for (i, (name, pts)) in series(&all).iter().enumerate() {
-        let baseline = name == "memcpy";
-        let color = if baseline { "#777" } else { COLORS[i % COLORS.len()] };
-        let dash = if baseline { r#" stroke-dasharray="6 4""# } else { "" };
-        let path: Vec<String> = pts.iter().map(|r| format!("{:.1},{:.1}", px(r.size_bytes), py(r.median_us))).collect();
-        let _ = writeln!(
-            out,
-            r#"<polyline fill="none" stroke="{color}" stroke-width="2"{dash} points="{}"/>"#,
-            path.join(" ")
-        );
-        for r in pts {
-            let (x, y) = (px(r.size_bytes), py(r.median_us));
-            let _ = writeln!(
-                out,
-                r#"<line x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{:.1}" stroke="{color}"/>"#,
-                py(r.min_us),
-                py(r.max_us)
-            );
-            let fill = if r.bitwise() { color } else { "white" };
-            let _ = writeln!(
-                out,
-                r#"<circle cx="{x:.1}" cy="{y:.1}" r="3.5" fill="{fill}" stroke="{color}"><title>{} {} B: {:.2} us ({})</title></circle>"#,
-                esc(name),
-                r.size_bytes,
-                r.median_us,
-                esc(&r.route)
-            );
-        }
-        let ly = TOP + 10.0 + i as f64 * 20.0;
-        let lx0 = LEFT + pw + 16.0;
-        let _ = writeln!(
-            out,
-            r#"<line x1="{lx0:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="2"{dash}/>"#,
-            lx0 + 24.0
-        );
-        let label = if baseline { format!("{name} (baseline)") } else { name.clone() };
-        let _ = writeln!(out, r#"<text x="{:.1}" y="{:.1}">{}</text>"#, lx0 + 30.0, ly + 4.0, esc(&label));
-    }
-    let _ = writeln!(
-        out,
-        r##"<text x="{:.1}" y="{:.1}" font-size="10" fill="#555">hollow marker: not bitwise</text>"##,
-        LEFT + pw + 16.0,
-        TOP + ph
-    );
+    legend(&mut out, &rows, &routes, LEFT + pw + 20.0, HEADER + 30.0);
     out.push_str("</svg>\n");
     out
 }
@@ -188,17 +260,61 @@ pub fn svg(report: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::table::tests::{cpu_rows, row};
+
+    fn report(rows: Vec<Row>) -> Report {
+        let json = serde_json::json!({
+            "schema_version": 2, "tool": "t", "backend": "cpu-twin", "build_profile": "debug", "world_size": 4,
+            "launch": "processes", "dtype": "bf16", "reduction_order": "((r0+r1)+(r2+r3))", "git_commit": "abc1234",
+            "capabilities": {"strict_fixed_order": true, "supports_async_overlap": false,
+                "supports_compute_communication_fusion": false, "supports_graph_capture": false, "capacity_bytes": 1},
+            "size_convention": "", "latency_method": "", "host": {"hostname": "box", "cpu_count": 2, "os": "linux",
+                "arch": "x86_64"}, "args": {}, "timestamp_unix": 0, "timestamp_utc": "2026-12-01T00:00:00Z",
+            "notes": [], "all_bitwise": true, "rows": []
+        });
+        Report { rows, ..serde_json::from_value(json).unwrap() }
+    }
 
     #[test]
-    fn labels() {
-        assert_eq!(size_label(4096), "4K");
-        assert_eq!(size_label(16 << 20), "16M");
-        assert_eq!(size_label(1000), "1000");
-        assert_eq!(decade_label(-1), "100 ns");
-        assert_eq!(decade_label(-3), "1 ns");
-        assert_eq!(decade_label(1), "10 us");
-        assert_eq!(decade_label(4), "10 ms");
-        assert_eq!(decade_label(6), "1 s");
-        assert_eq!(esc("a<b & \"c\""), "a&lt;b &amp; &quot;c&quot;");
+    fn cpu_plot_marks_routes_names_the_commit_and_has_no_native_panel() {
+        let mut rows = cpu_rows();
+        rows[2].route = "ipc_rs_ag".into();
+        let s = svg(&report(rows));
+        assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
+        for t in ["abc1234", "box", "2026-12-01", "cpu-twin x4 bf16", "ipc_rs_ag", "ipc_one_shot", "memcpy (baseline)"]
+        {
+            assert!(s.contains(t), "{t} missing");
+        }
+        assert!(s.contains("bandwidth") && !s.contains("x of native") && !s.contains("NVLink"));
+        // The 40 ns copy is below the operations' range (16.76..1080 us): drawn on the edge.
+        assert!(s.contains("(outside the axis)"));
+        // Two routes: a circle and a square marker in the legend and the points.
+        assert!(s.contains("<rect x=") && s.contains("<circle"));
+    }
+
+    #[test]
+    fn gpu_plot_has_the_native_panel_and_nvlink() {
+        let mut rows = cpu_rows();
+        for r in rows.iter_mut().filter(|r| r.operation != "memcpy") {
+            r.native_default_us = Some(r.median_us / 2.0);
+            r.native_tree_simple_us = Some(r.median_us);
+        }
+        let mut rep = report(rows);
+        rep.backend = "cuda-ipc".into();
+        let s = svg(&rep);
+        assert!(s.contains("x of native") && s.contains("= native") && s.contains("NVLink nominal 900 GB/s"));
+    }
+
+    #[test]
+    fn odd_reports_do_not_panic() {
+        assert!(svg(&report(vec![])).contains("no data"));
+        let mut r = row("all_reduce", 4096, f64::NAN, None);
+        r.input_gbps = f64::NAN;
+        assert!(svg(&report(vec![r])).contains("no data"));
+        let only_copy = svg(&report(vec![row("memcpy", 1, 0.01, None)]));
+        assert!(only_copy.contains("memcpy (baseline)"));
+        assert_eq!(latency_label(0.04), "40 ns");
+        assert_eq!(latency_label(1500.0), "1.5 ms");
+        assert_eq!(latency_label(10.0), "10 us");
     }
 }

@@ -1,9 +1,36 @@
-//! The bench report: schema-versioned JSON and a markdown table.
+//! The bench report: schema-versioned JSON (the markdown table is [`super::table`]).
 use super::args::BenchArgs;
 use serde::{Deserialize, Serialize};
 
 /// Bumped whenever a field changes meaning or disappears (additions keep the version).
-pub const SCHEMA_VERSION: u32 = 1;
+/// 2: `reduction_order` is the tree of this world (was always the 8-rank tree);
+/// `args.backend_config.routing` is a JSON object (was a string of JSON); durations are numbers
+/// of milliseconds (`timeouts_ms`); `git_commit` added.
+pub const SCHEMA_VERSION: u32 = 2;
+
+/// The balanced tree every reduction of a `world`-rank run evaluates, per element, e.g.
+/// `((r0+r1)+(r2+r3))` for 4 ranks (the prefix of the 8-rank tree of
+/// `collective_core::REDUCTION_ORDER`; `r0` for one rank). Worlds that are not a power of two
+/// (refused by the harness) get the left-leaning split the same recursion gives.
+pub fn reduction_order(world: usize) -> String {
+    fn tree(lo: usize, n: usize) -> String {
+        if n <= 1 {
+            return format!("r{lo}");
+        }
+        let half = n.div_ceil(2);
+        format!("({}+{})", tree(lo, half), tree(lo + half, n - half))
+    }
+    tree(0, world.max(1))
+}
+
+/// Timeouts as numbers of milliseconds (`null` when the configured ones are invalid), the way
+/// every duration in the report is written.
+pub fn timeouts_ms(t: Option<collective_core::protocol::Timeouts>) -> serde_json::Value {
+    collective_core::protocol::Timeouts::resolve(t).ok().map_or(
+        serde_json::Value::Null,
+        |t| serde_json::json!({ "peer": t.peer.as_secs_f64() * 1e3, "close": t.close.as_secs_f64() * 1e3 }),
+    )
+}
 
 /// How `size_bytes` maps to buffers (the seeds' benchmark convention).
 pub const SIZE_CONVENTION: &str = "size_bytes is the per-rank INPUT of every operation: all_reduce and reduce_scatter \
@@ -109,7 +136,12 @@ pub struct Report {
     /// `processes` (launched by xtask), `external` (torchrun/mpirun), `threads`.
     pub launch: String,
     pub dtype: String,
+    /// [`reduction_order`] of `world_size`.
     pub reduction_order: String,
+    /// `git rev-parse --short HEAD` where the bench ran (`-dirty` with local changes), or
+    /// `unknown` (no git, e.g. a GPU bundle; also what a schema-1 report reads back as).
+    #[serde(default = "unknown")]
+    pub git_commit: String,
     pub capabilities: CapabilityFlags,
     pub size_convention: String,
     pub latency_method: String,
@@ -123,69 +155,36 @@ pub struct Report {
     pub rows: Vec<Row>,
 }
 
+fn unknown() -> String {
+    "unknown".to_owned()
+}
+
 impl Report {
     pub fn args_value(args: &BenchArgs) -> serde_json::Value {
         serde_json::to_value(args).unwrap_or(serde_json::Value::Null)
     }
 }
 
-fn opt(v: Option<f64>, digits: usize) -> String {
-    v.map_or_else(|| "-".to_owned(), |x| format!("{x:.digits$}"))
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-fn human_bytes(b: usize) -> String {
-    if b >= 1 << 20 && b % (1 << 20) == 0 {
-        format!("{} MiB", b >> 20)
-    } else if b >= 1 << 10 && b % (1 << 10) == 0 {
-        format!("{} KiB", b >> 10)
-    } else {
-        format!("{b} B")
+    #[test]
+    fn reduction_order_is_the_prefix_of_the_eight_rank_tree() {
+        assert_eq!(reduction_order(1), "r0");
+        assert_eq!(reduction_order(2), "(r0+r1)");
+        assert_eq!(reduction_order(4), "((r0+r1)+(r2+r3))");
+        assert_eq!(reduction_order(8), format!("({})", collective_core::REDUCTION_ORDER));
+        assert_eq!(reduction_order(0), "r0");
     }
-}
 
-/// The markdown table printed on stdout.
-pub fn markdown(r: &Report) -> String {
-    let mut s = format!(
-        "### detcoll bench: {} x{} ({}, {}, {} build), {} ({}, {} CPUs)\n\n",
-        r.backend,
-        r.world_size,
-        r.launch,
-        r.dtype,
-        r.build_profile,
-        r.reduction_order,
-        r.host.hostname,
-        r.host.cpu_count
-    );
-    s.push_str("| operation | size | route | median us | min us | max us | GB/s | vs memcpy | vs memcpy (1 rank) | repeat bitwise | vs fixed tree | workspace | native us | vs native | native tree/simple us |\n");
-    s.push_str(
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | :---: | :---: | ---: | ---: | ---: | ---: |\n",
-    );
-    for row in &r.rows {
-        let yn = |b: bool| if b { "yes" } else { "**NO**" };
-        s.push_str(&format!(
-            "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.3} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-            row.operation,
-            human_bytes(row.size_bytes),
-            row.route,
-            row.median_us,
-            row.min_us,
-            row.max_us,
-            row.input_gbps,
-            opt(row.ratio_vs_memcpy, 2),
-            opt(row.ratio_vs_memcpy_one_rank, 2),
-            yn(row.repeat_bitwise),
-            row.bitwise_vs_fixed_tree.map_or("-", yn),
-            human_bytes(row.workspace_bytes),
-            opt(row.native_default_us, 2),
-            opt(row.ratio_vs_native, 2),
-            opt(row.native_tree_simple_us, 2),
-        ));
+    #[test]
+    fn timeouts_are_milliseconds() {
+        use collective_core::protocol::Timeouts;
+        use std::time::Duration;
+        let t = Timeouts { peer: Duration::from_millis(1500), close: Duration::from_secs(2) };
+        let v = timeouts_ms(Some(t));
+        assert_eq!(v["peer"].as_f64(), Some(1500.0));
+        assert_eq!(v["close"].as_f64(), Some(2000.0));
     }
-    s.push_str(&format!(
-        "\nsizes are per-rank input bytes; latency = slowest rank per sample, median over {} samples of {} calls; all bitwise: {}\n",
-        r.args.get("samples").and_then(|v| v.as_u64()).unwrap_or(0),
-        r.args.get("iterations").and_then(|v| v.as_u64()).unwrap_or(0),
-        if r.all_bitwise { "yes" } else { "NO" }
-    ));
-    s
 }

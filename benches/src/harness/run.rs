@@ -8,6 +8,7 @@
 //! exchanged through the bootstrap, so every rank assembles the same rows.
 use super::args::{BenchArgs, BenchOp};
 use super::backend::{BenchBackend, NativeKind};
+use super::progress;
 use super::report::Row;
 use super::stats::{Summary, digest, gbps, slowest_rank};
 use anyhow::Context;
@@ -396,8 +397,8 @@ pub fn assemble(
     }
 }
 
-/// Runs every row on this rank; returns the rows (identical on every rank). Rank 0 prints one
-/// progress line per row to stderr.
+/// Runs every row on this rank; returns the rows (identical on every rank), by size with the
+/// copy baseline first. Rank 0 prints `[k/N] ... (eta ..)` per row and a summary to stderr.
 pub fn run_rows<B: BenchBackend>(b: &B, boot: &dyn Bootstrap, args: &BenchArgs) -> anyhow::Result<Vec<Row>> {
     let (rank, world) = (b.comm().rank(), b.comm().world_size());
     anyhow::ensure!(
@@ -406,38 +407,37 @@ pub fn run_rows<B: BenchBackend>(b: &B, boot: &dyn Bootstrap, args: &BenchArgs) 
         boot.rank(),
         boot.world_size()
     );
-    let mut rows = Vec::new();
+    let per_size = 1 + args.operations.len();
+    let total = args.size_bytes.len() * per_size;
+    let total_weight: f64 = args.size_bytes.iter().map(|&s| progress::weight(s) * per_size as f64).sum();
+    let start = std::time::Instant::now();
+    let mut done_weight = 0.0;
+    let mut rows: Vec<Row> = Vec::with_capacity(total);
+    let mut report = |rows: &mut Vec<Row>, row: Row| {
+        done_weight += progress::weight(row.size_bytes);
+        if rank == 0 {
+            let eta = (rows.len() + 1 < total)
+                .then(|| progress::eta_secs(start.elapsed().as_secs_f64(), done_weight, total_weight))
+                .flatten();
+            eprintln!("{}", progress::row_line(rows.len() + 1, total, &row, eta));
+        }
+        rows.push(row);
+    };
     for &size in &args.size_bytes {
         let mine = measure_copy(b, boot, args, size).with_context(|| format!("memcpy baseline of {size} bytes"))?;
         let copy_row = assemble(RowKind::Copy, size, args, world, b.copy_name(), &exchange(boot, &mine)?, None);
-        if rank == 0 {
-            eprintln!("{}", progress_line(&copy_row));
-        }
+        report(&mut rows, copy_row.clone());
         for &op in &args.operations {
             let mine = measure_op(b, boot, args, op, size).with_context(|| format!("{} of {size} bytes", op.name()))?;
             let route = b.comm().route(op.op(), size).name();
             let row = assemble(RowKind::Op(op), size, args, world, route, &exchange(boot, &mine)?, Some(&copy_row));
-            if rank == 0 {
-                eprintln!("{}", progress_line(&row));
-            }
-            rows.push(row);
+            report(&mut rows, row);
         }
-        rows.push(copy_row);
+    }
+    if rank == 0 {
+        eprintln!("{}", progress::summary(&rows, start.elapsed().as_secs_f64()));
     }
     Ok(rows)
-}
-
-/// `[bench] all_reduce bf16 4096 B: 12.3 us (min 11.0, max 15.2), 0.33 GB/s, ipc_one_shot, 1.80x memcpy, bitwise`
-pub fn progress_line(r: &Row) -> String {
-    let ratio = r.ratio_vs_memcpy.map(|x| format!(", {x:.2}x memcpy")).unwrap_or_default();
-    let verdict = match (r.repeat_bitwise, r.bitwise_vs_fixed_tree) {
-        (true, Some(true) | None) => "bitwise".to_owned(),
-        _ => format!("NOT BITWISE ({})", r.mismatch.as_deref().unwrap_or("?")),
-    };
-    format!(
-        "[bench] {} {} {} B: {:.2} us (min {:.2}, max {:.2}), {:.3} GB/s, {}{ratio}, {verdict}",
-        r.operation, r.dtype, r.size_bytes, r.median_us, r.min_us, r.max_us, r.input_gbps, r.route
-    )
 }
 
 #[cfg(test)]
@@ -544,7 +544,7 @@ mod tests {
         assert!(!r.repeat_bitwise);
         assert_eq!(r.bitwise_vs_fixed_tree, Some(false));
         assert_eq!(r.mismatch.as_deref(), Some("rank 1: element 0"));
-        assert!(progress_line(&r).contains("NOT BITWISE"));
+        assert!(progress::row_line(1, 1, &r, None).contains("NOT BITWISE"));
     }
 
     #[test]
