@@ -64,8 +64,7 @@ impl<D: Device> Natives<D> {
         capacity: usize,
         make: impl Fn(&dyn Bootstrap, &TransportConfig) -> Result<TransportCollective<D>, Error>,
     ) -> Self {
-        let config =
-            TransportConfig { blocking: Some(true), watchdog: Some(Watchdog::Off), ..TransportConfig::new(capacity) };
+        let config = TransportConfig::new(capacity).with_blocking(true).with_watchdog(Watchdog::Off);
         let tree = with_env(NativeKind::TreeSimple, || make(boot, &config));
         let default = with_env(NativeKind::Default, || make(boot, &config));
         match (default, tree) {

@@ -17,6 +17,7 @@ pub const BLOCKING_ENV: &str = "DETCOLL_NCCL_BLOCKING";
 
 /// How a transport collective is built.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TransportConfig {
     /// Most bytes one rank contributes to one reducing call (all_reduce, reduce_scatter,
     /// reduce_scatter_many: all lanes together). Bounds the workspace, which is at most about
@@ -56,6 +57,7 @@ pub struct TransportConfig {
 
 /// The transport watchdog's bound (see [`TransportConfig::watchdog`] and [`crate::watchdog`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Watchdog {
     /// No watchdog: no thread, no events, nothing per call. Then only the waits inside the
     /// transport's own calls and [`crate::TransportCollective::synchronize`] are bounded.

@@ -174,7 +174,9 @@ fn ipc_config(config: &Config, routing: &Routing) -> CudaIpcConfig {
     // direct users of the IPC collective's own `route()`.
     let threshold = routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
     let c = CudaIpcConfig::new(config.capacity()).with_rsag_threshold(threshold);
-    CudaIpcConfig { timeouts: config.timeouts(), ..c }
+    let mut c = c;
+    c.timeouts = config.timeouts();
+    c
 }
 
 fn transport(
@@ -186,7 +188,8 @@ fn transport(
     if !d.transport {
         return Ok(None);
     }
-    let t = TransportConfig { timeouts: config.timeouts(), ..TransportConfig::new(config.capacity()) };
+    let mut t = TransportConfig::new(config.capacity());
+    t.timeouts = config.timeouts();
     TransportCollective::with_device(|| Ok(device.clone()), boot, &t).map(Some)
 }
 

@@ -6,6 +6,7 @@ pub const PLATFORM_ENV: &str = "DETCOLL_PLATFORM";
 
 /// A platform: which device runtime the backends use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Platform {
     Nvidia,
     Rocm,

@@ -72,7 +72,8 @@ pub fn thread_group(world: usize, config: &Config) -> Result<Vec<HipIpcCollectiv
         None => Routing::from_env(Platform::Rocm)?,
     };
     let threshold = routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
-    let c = HipIpcConfig { timeouts: config.timeouts(), ..HipIpcConfig::new(config.capacity()) };
+    let mut c = HipIpcConfig::new(config.capacity());
+    c.timeouts = config.timeouts();
     let ordinals: Vec<usize> = (0..world).map(|r| r % count).collect();
     hip_ipc::group(&ordinals, &c.with_rsag_threshold(threshold))
 }
@@ -123,14 +124,16 @@ fn build(
     let ipc = if d.ipc || world == 1 {
         let threshold = d.routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
         let config = HipIpcConfig::new(capacity).with_rsag_threshold(threshold);
-        let config = HipIpcConfig { timeouts, ..config };
+        let mut config = config;
+        config.timeouts = timeouts;
         // hip_ipc::new_on: ranks sharing a GPU are refused unless DETCOLL_HIP_ALLOW_SHARED_GPU=1.
         Some(hip_ipc::new_on(Box::new(boot.clone()), device.clone(), &config)?)
     } else {
         None
     };
     let transport = if d.transport {
-        let t = TransportConfig { timeouts, ..TransportConfig::new(capacity) };
+        let mut t = TransportConfig::new(capacity);
+        t.timeouts = timeouts;
         Some(TransportCollective::with_device(|| Ok(device.clone()), &*boot, &t)?)
     } else {
         None

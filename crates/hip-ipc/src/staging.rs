@@ -55,6 +55,7 @@ pub fn allocation_sizes(layout: &Layout) -> Result<(usize, usize), Error> {
 /// AITER's signal buffers, RCCL's P2P buffers, mscclpp's semaphores (docs/rocm.md lists the
 /// files). Neither kind was tried here (no AMD GPU).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ControlMemory {
     /// `hipExtMallocWithFlags(hipDeviceMallocFinegrained)`.
     FineGrained,

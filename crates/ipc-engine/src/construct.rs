@@ -14,6 +14,14 @@ fn check_world(world: usize) -> Result<(), Error> {
     if SUPPORTED_WORLD_SIZES.contains(&world) { Ok(()) } else { Err(Error::UnsupportedWorldSize { world }) }
 }
 
+/// `config` with the block count and the timeouts every rank settled on.
+fn resolved(config: &IpcConfig, blocks: usize) -> Result<IpcConfig, Error> {
+    let mut c = config.clone();
+    c.max_blocks = Some(blocks);
+    c.timeouts = Some(config.resolved_timeouts()?);
+    Ok(c)
+}
+
 impl<D: IpcDevice> IpcCollective<D> {
     fn assemble(rank: usize, world: usize, device: &D, config: &IpcConfig, ipc: Option<IpcState<D>>) -> Self {
         // World 1: the copy kernel when the kernels load, the runtime's copy otherwise.
@@ -80,8 +88,7 @@ impl<D: IpcDevice> IpcCollective<D> {
                 b
             }
         };
-        let config =
-            IpcConfig { max_blocks: Some(blocks), timeouts: Some(config.resolved_timeouts()?), ..config.clone() };
+        let config = resolved(config, blocks)?;
         let layout = Layout::new(config.capacity, blocks)?;
         for a in devices {
             for b in devices {
@@ -163,8 +170,7 @@ impl<D: IpcDevice> IpcCollective<D> {
                 b
             }
         };
-        let config =
-            IpcConfig { max_blocks: Some(blocks), timeouts: Some(config.resolved_timeouts()?), ..config.clone() };
+        let config = resolved(config, blocks)?;
         let layout = Layout::new(config.capacity, blocks)?;
         let kernels = device.kernels()?;
         let header = Header {

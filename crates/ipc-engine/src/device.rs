@@ -31,6 +31,7 @@ impl RawStream {
 
 /// Which vendor a device is: NCCL drives CUDA streams, RCCL HIP streams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Vendor {
     /// NVIDIA (CUDA, `libnccl.so.2`).
     Nvidia,

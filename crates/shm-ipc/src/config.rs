@@ -3,6 +3,7 @@ use collective_core::protocol::Timeouts;
 
 /// How a CPU-twin collective is built. Every rank must pass the same values (checked).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ShmConfig {
     /// Staging bytes per frame: the most one rank contributes to one call.
     pub capacity: usize,

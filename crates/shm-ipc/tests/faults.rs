@@ -251,8 +251,12 @@ fn full_dev_shm_fails_construction_on_every_rank() {
             shm_ipc::testing::inject(&[shm_ipc::testing::Fault::FailAllocation]);
         }
         let t = Instant::now();
-        let err = ShmCollective::new(&boot, ShmConfig { capacity: TMPFS_CAPACITY, ..config() })
-            .expect_err("a region that does not fit /dev/shm must fail construction");
+        let err = ShmCollective::new(&boot, {
+            let mut c = config();
+            c.capacity = TMPFS_CAPACITY;
+            c
+        })
+        .expect_err("a region that does not fit /dev/shm must fail construction");
         let elapsed = t.elapsed();
         match &err {
             Error::OutOfMemory { what, bytes, .. } => {
@@ -380,9 +384,7 @@ fn a_zombie_peer_is_dead_at_once() {
     // A longer bound than the others: noticing the zombie only at the timeout must fail.
     let bound = Duration::from_secs(6);
     if let Some((rank, boot)) = child() {
-        let c =
-            ShmCollective::new(&boot, ShmConfig { timeouts: Some(Timeouts { peer: bound, close: bound }), ..config() })
-                .unwrap();
+        let c = ShmCollective::new(&boot, config().with_timeouts(Timeouts { peer: bound, close: bound })).unwrap();
         all_reduce(&c, 64).unwrap();
         if rank == 1 {
             // Exit without closing (no destructors run): the parent does not reap us yet.
@@ -467,7 +469,11 @@ fn huge_capacities_are_invalid_config_on_every_rank() {
     if let Some((rank, boot)) = child() {
         for capacity in [1usize << 63, usize::MAX] {
             let t = Instant::now();
-            match ShmCollective::new(&boot, ShmConfig { capacity, ..config() }) {
+            match ShmCollective::new(&boot, {
+                let mut c = config();
+                c.capacity = capacity;
+                c
+            }) {
                 Err(Error::InvalidConfig { .. }) => {}
                 other => panic!("capacity {capacity}: expected InvalidConfig, got {other:?}"),
             }

@@ -157,7 +157,7 @@ fn run<D: Device>(t: &TransportCollective<D>, s: &D::Stream, op: Op, io: Io<'_>)
 pub fn world1_single_lane_ops<G: Gpu>() {
     let Some((gpu, stream)) = setup::<G>() else { return };
     let _l = gpu_lock();
-    let blocking = TransportConfig { blocking: Some(true), ..TransportConfig::default() };
+    let blocking = TransportConfig::default().with_blocking(true);
     for config in [TransportConfig::default(), TransportConfig::default().with_all_to_all_threshold(0), blocking] {
         let t = world1(&gpu, &config);
         assert_eq!(t.route(Op::AllReduce, 1 << 20), collective_core::Route::Transport);
@@ -335,9 +335,7 @@ const WD_COUNT: usize = (1 << 16) + 3;
 /// from aborting; see `ccl_transport::watchdog`).
 fn watchdog_config() -> TransportConfig {
     let timeouts = Timeouts { peer: WATCHDOG_PEER_TIMEOUT, close: WATCHDOG_PEER_TIMEOUT };
-    TransportConfig { blocking: Some(false), ..TransportConfig::new(1 << 20) }
-        .with_timeouts(timeouts)
-        .with_watchdog(Watchdog::PeerTimeout)
+    TransportConfig::new(1 << 20).with_blocking(false).with_timeouts(timeouts).with_watchdog(Watchdog::PeerTimeout)
 }
 
 /// Both ranks' inputs (every rank computes them all, for the reference).

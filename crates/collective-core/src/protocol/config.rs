@@ -12,6 +12,7 @@ pub const DEFAULT_RSAG_THRESHOLD: usize = 512 << 10;
 
 /// How a GPU IPC collective (CUDA or HIP) is built.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct IpcConfig {
     /// Staging bytes per rank: the most one rank contributes to one call.
     pub capacity: usize,
