@@ -11,6 +11,11 @@
 //! * [`env`](mod@env): fail-closed parsing of the `DETCOLL_*` environment variables;
 //! * [`protocol`]: the backend-neutral IPC protocol (layout, generations, signatures, plans);
 //! * `conformance` (feature `conformance`): the suite every backend instantiates.
+//!
+//! Stability: the user-facing vocabulary (dtypes, views, `Collective`, `Error`, `bootstrap`,
+//! `env`) is the API. [`protocol`] (the staging layout, flag words, plans, the kernel parameter
+//! ABI and error record) and `conformance` exist for detcoll's own backend crates and tests;
+//! they change with the kernel ABI and are not covered by semver.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod bootstrap;

@@ -1,5 +1,8 @@
 //! The backend-neutral IPC protocol (design brief §4).
 //!
+//! **Unstable**: for detcoll's backend crates (the engine, the CPU twin); it changes with the
+//! kernel ABI and is not covered by semver.
+//!
 //! Every IPC backend — the CPU twin over host shared memory, CUDA IPC, HIP IPC — runs this one
 //! protocol; the CPU twin executes it on the host, the GPU twins inside one kernel. What they
 //! share lives here:
