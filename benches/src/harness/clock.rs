@@ -34,10 +34,15 @@ pub fn hostname() -> String {
         .unwrap_or_else(|| "unknown".to_owned())
 }
 
-/// `git rev-parse --short HEAD` of the working directory, `-dirty` appended when tracked files
-/// changed; `unknown` without git or outside a repository (a GPU bundle), so a plot always says
-/// which code it measured when it can.
+/// The commit the running binary was built from when it runs from a GPU bundle (the bundle's
+/// `manifest.json` beside `bin/` records it: the working directory there is not the source
+/// tree), else `git rev-parse --short HEAD` of the working directory with `-dirty` appended
+/// when tracked files changed; `unknown` without either, so a plot always says which code it
+/// measured when it can.
 pub fn git_commit() -> String {
+    if let Some(c) = bundle_commit() {
+        return c;
+    }
     let git = |args: &[&str]| std::process::Command::new("git").args(args).stderr(std::process::Stdio::null()).output();
     let Ok(out) = git(&["rev-parse", "--short", "HEAD"]) else { return "unknown".to_owned() };
     let rev = String::from_utf8_lossy(&out.stdout).trim().to_owned();
@@ -48,9 +53,32 @@ pub fn git_commit() -> String {
     if dirty { format!("{rev}-dirty") } else { rev }
 }
 
+/// `git_commit` of the bundle manifest one directory above the running executable, shortened.
+fn bundle_commit() -> Option<String> {
+    let exe = std::env::current_exe().ok()?;
+    let manifest = std::fs::read_to_string(exe.parent()?.parent()?.join("manifest.json")).ok()?;
+    commit_of_manifest(&manifest)
+}
+
+fn commit_of_manifest(manifest: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(manifest).ok()?;
+    let c = v.get("git_commit")?.as_str()?;
+    (!c.is_empty()).then(|| format!("{} (bundle)", &c[..c.len().min(7)]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bundle_manifests_name_their_commit() {
+        assert_eq!(
+            commit_of_manifest(r#"{"git_commit":"d658aa264dc77c1f","x":1}"#).as_deref(),
+            Some("d658aa2 (bundle)")
+        );
+        assert_eq!(commit_of_manifest(r#"{"git_commit":""}"#), None);
+        assert_eq!(commit_of_manifest("not json"), None);
+    }
 
     #[test]
     fn utc_formatting() {
