@@ -367,7 +367,7 @@ fn run_rank<B: BenchBackend>(
         let report = build_report(b, args, launch, backend_config, rows);
         let svg = write_report(&report, &args.output)?;
         print!("{}", table::markdown(&report));
-        eprintln!("[bench] wrote {} and {}", args.output.display(), svg.display());
+        eprintln!("[bench] wrote {}, {} and its .png", args.output.display(), svg.display());
         if !all_bitwise {
             eprintln!("[bench] some rows are NOT bitwise (see `mismatch` in the report)");
         }
@@ -453,7 +453,10 @@ fn write_report(report: &Report, path: &Path) -> anyhow::Result<PathBuf> {
     let json = serde_json::to_string_pretty(report)?;
     std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
     let svg = path.with_extension("svg");
-    std::fs::write(&svg, plot::svg(report)).with_context(|| format!("writing {}", svg.display()))?;
+    let text = plot::svg(report);
+    std::fs::write(&svg, &text).with_context(|| format!("writing {}", svg.display()))?;
+    let png = path.with_extension("png");
+    std::fs::write(&png, plot::png(&text)?).with_context(|| format!("writing {}", png.display()))?;
     Ok(svg)
 }
 

@@ -215,6 +215,32 @@ fn legend(out: &mut String, rows: &[&Row], routes: &[&str], x: f64, mut y: f64) 
 }
 
 /// The SVG document.
+/// `svg` rendered to PNG (pure Rust: resvg), with the system's fonts for the text; a host
+/// without fonts still gets the picture, without its labels.
+pub fn png(svg_text: &str) -> anyhow::Result<Vec<u8>> {
+    use resvg::{tiny_skia, usvg};
+    let mut options = usvg::Options::default();
+    let db = options.fontdb_mut();
+    db.load_system_fonts();
+    // The plot asks for `sans-serif`, which fontdb maps to Arial: use a sans face this host has.
+    let families: Vec<String> = db.faces().flat_map(|f| f.families.iter().map(|(name, _)| name.clone())).collect();
+    if let Some(sans) = ["Arial", "DejaVu Sans", "Liberation Sans", "Noto Sans", "FreeSans"]
+        .into_iter()
+        .find(|want| families.iter().any(|f| f == want))
+        .map(str::to_string)
+        .or_else(|| families.first().cloned())
+    {
+        db.set_sans_serif_family(sans);
+    }
+    let tree = usvg::Tree::from_str(svg_text, &options)?;
+    let size = tree.size().to_int_size();
+    let mut pixmap = tiny_skia::Pixmap::new(size.width(), size.height())
+        .ok_or_else(|| anyhow::anyhow!("a plot of {}x{} pixels", size.width(), size.height()))?;
+    pixmap.fill(tiny_skia::Color::WHITE);
+    resvg::render(&tree, tiny_skia::Transform::default(), &mut pixmap.as_mut());
+    Ok(pixmap.encode_png()?)
+}
+
 pub fn svg(report: &Report) -> String {
     let rows = plottable(report);
     let routes = distinct(&rows, |r| &r.route);
@@ -281,6 +307,8 @@ mod tests {
         rows[2].route = "ipc_rs_ag".into();
         let s = svg(&report(rows));
         assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
+        let png = png(&s).expect("the plot renders to PNG");
+        assert!(png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 1000, "{} bytes", png.len());
         for t in ["abc1234", "box", "2026-12-01", "cpu-twin x4 bf16", "ipc_rs_ag", "ipc_one_shot", "memcpy (baseline)"]
         {
             assert!(s.contains(t), "{t} missing");
