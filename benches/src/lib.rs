@@ -5,6 +5,7 @@
 use std::process::ExitCode;
 
 pub mod harness;
+pub mod host_path;
 
 pub use harness::args::BenchArgs;
 pub use harness::{DETCOLL_BENCH, Frontend, RANK_COMMAND};
