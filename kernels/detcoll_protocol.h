@@ -40,7 +40,7 @@
 
 // Bumped whenever the parameter layout or the protocol changes; checked by the host against
 // `detcoll_abi` so a stale prebuilt cubin is refused instead of misread.
-#define DC_ABI_VERSION 4u
+#define DC_ABI_VERSION 5u
 
 #define DC_MAX_WORLD 8
 #define DC_THREADS 512
@@ -48,6 +48,12 @@
 // Segment flags.
 #define DC_SEG_WRITE_BACK 1u  // reduce: also store the result into the own frame
 #define DC_SEG_GATHER 2u      // phase 1: copy the peer's frame range instead of reducing
+#define DC_SEG_SEND 4u        // push, send list: write src into this rank's slot of every peer
+#define DC_SEG_SCATTER 8u     // push, send list: write shard q (src + q * bytes) to peer q only
+
+// DcHeader::mode.
+#define DC_MODE_PULL 0u     // stage, publish ready flags, read the peers' frames
+#define DC_MODE_PUSH_LL 1u  // write LL lines into the peers' slots, poll the own slots
 
 // Error codes recorded in the host-mapped error record (mirrored in crates/collective-core/src/protocol/status.rs).
 #define DC_ERR_TIMEOUT_READY 1ull
@@ -62,8 +68,9 @@
 #define DC_CLOSE_ACK 0xC105EDACull
 
 struct DcSeg {
-    dc_u64 ptr;        // stage: caller source; reduce/gather: caller destination
-    dc_u64 frame_off;  // byte offset in the staging frame
+    dc_u64 ptr;        // stage/send: caller source; reduce/gather: caller destination
+    dc_u64 src;        // push: the own values (own leaf of a reduce, own shard of a gather)
+    dc_u64 frame_off;  // byte offset in the staging frame (push: payload offset in the slots)
     dc_u64 bytes;
     dc_u32 peer;       // gather: whose frame
     dc_u32 flags;
@@ -84,6 +91,11 @@ struct DcHeader {
     dc_u32 off_status, off_sig0, off_sig1, off_ready, off_phase2, line;
     dc_u32 digest, rank, world, layout_blocks, grid, dtype, tile_bytes, nstage, nphase1, nphase2;
     dc_u32 off_ack;  // ack[0] of the own control block (ack[q] at off_ack + q * line)
+    dc_u32 off_push; // push header of sender q, parity p: off_push + (p * DC_MAX_WORLD + q) * line
+    dc_u32 off_ll;   // LL area; slot (parity p, sender q) at off_ll + (p * world + q) * ll_slot
+    dc_u32 ll_slot;  // bytes of one LL slot (0: no LL area)
+    dc_u32 mode;     // DC_MODE_PULL or DC_MODE_PUSH_LL
+    dc_u32 _pad;
 };
 
 template <int N>
@@ -115,6 +127,12 @@ struct DcCopyParams {
 #define DC_ST_ABORT 0    // first error code, via compare-and-swap; peers may read it
 #define DC_ST_GEN 1      // last completed generation
 #define DC_ST_FINISHED 2 // blocks of the running call that finished (u32 in this word)
+#define DC_ST_REFRESH 3  // calls that still rewrite every LL line (set by a generation preset)
+
+// Every LL line of every slot is rewritten (flag g - 2, so it never matches) when g mod 2^30 is
+// 0 or 1: an LL line is then never more than 2^30 + 2 generations stale, far from the 2^32 at
+// which a stale flag would read as current.
+#define DC_LL_EPOCH_MASK 0x1FFFFFFFu
 
 // The ABI table, exported by every image and checked by the host (cuda-ipc, hip-ipc) so a stale
 // prebuilt image is refused. Defined here, at this point of the translation unit, rather than
@@ -152,13 +170,15 @@ DC_DEV void dc_fail(const DcHeader& h, dc_u64* status, dc_u64 code, dc_u32 peer,
 // peer has closed its handle (its close acknowledgement is in our control block): neither will
 // ever publish. A closing peer publishes its last flags before acknowledging, so the flag is
 // read once more (acquire) after the acknowledgement is seen.
-DC_DEV bool dc_wait(const DcHeader& h, dc_u64* status, dc_u32 off, dc_u32 g, dc_u64 timeout_code) {
+// `local`: the flags are this rank's own lines `off + peer * line` (the push headers that
+// senders write into the receiver), instead of line `off` of every peer's control block.
+DC_DEV bool dc_wait(const DcHeader& h, dc_u64* status, dc_u32 off, dc_u32 g, dc_u64 timeout_code, bool local) {
     DC_SHARED volatile int s_fail;
     if (DC_TID == 0) s_fail = 0;
     DC_SYNC_BLOCK();
     dc_u32 t = DC_TID;
     if (t < h.world && t != h.rank) {
-        const dc_u64* flag = dc_at(h.ctl[t], off);
+        const dc_u64* flag = local ? dc_at(h.ctl[h.rank], off + (dc_u64)t * h.line) : dc_at(h.ctl[t], off);
         const dc_u64* peer_status = dc_at(h.ctl[t], h.off_status);
         dc_u64 start = dc_globaltimer();
         dc_u32 iter = 0;
@@ -264,6 +284,159 @@ DC_DEV void dc_run_segment(const DcHeader& h, const DcSeg& s, dc_u64 frame, bool
     });
 }
 
+// ---------------------------------------------------------------------------------------------
+// The LL push route (DC_MODE_PUSH_LL). Rank r writes its values as LL lines into slot
+// (parity g % 2, sender r) of every peer's LL area (reduce_scatter: shard q to peer q only),
+// then polls only its own slots: a line whose four flags equal g holds the sender's payload of
+// call g. The tree runs over the own slots in rank order, with the own leaf read from the
+// caller's input. Slots are double-buffered by parity: a sender writes parity p again only in
+// call g + 2, which it starts after completing g + 1, which needed every receiver's g + 1 lines,
+// which a receiver sends only after completing call g — so no line is overwritten while it is
+// still to be read (docs/protocol.md has the whole argument).
+//
+// Chunks: payload offset o (16-byte aligned) of a slot is carried by thread (o / 16) % threads of
+// block (o / tile) % grid, in the send, the receive and the epoch refresh alike, so one thread
+// writes a line's refresh before its data (same address, program order), and an in-place call
+// reads its own input chunk (send) before it overwrites it (receive).
+// ---------------------------------------------------------------------------------------------
+
+DC_DEV dc_u8* dc_ll_slot(const DcHeader& h, dc_u32 owner, dc_u32 parity, dc_u32 sender) {
+    return (dc_u8*)(h.ctl[owner] + h.off_ll + ((dc_u64)parity * h.world + sender) * h.ll_slot);
+}
+
+// Calls body(o, n) for this thread's chunk of every tile of [seg_lo, seg_lo + bytes) that
+// belongs to this block: payload offset o of the slot, n (1..16) bytes from it.
+template <class F>
+DC_DEV void dc_for_chunks(const DcHeader& h, dc_u64 seg_lo, dc_u64 bytes, F body) {
+    const dc_u64 tile = h.tile_bytes;
+    dc_for_tiles(seg_lo, bytes, tile, h.grid, DC_BID, [&](dc_u64 lo, dc_u64 hi) {
+        dc_u64 o = (lo / tile) * tile + (dc_u64)DC_TID * 16u;
+        if (o >= lo && o < hi) body(o, hi - o < 16u ? hi - o : 16u);
+    });
+}
+
+// Polls one LL line of `peer` until it carries generation g. A bound, a failure of our own or
+// of the peer, and (in long waits) the peer's close end it with an error record (false).
+DC_DEV bool dc_ll_wait(const DcHeader& h, dc_u64* status, const dc_u8* line, dc_u32 g, dc_u32 peer, dc_u32x4& v) {
+    if (dc_ll_load(line, g, v)) return true;
+    const dc_u64 start = dc_globaltimer();
+    for (dc_u32 iter = 1;; ++iter) {
+        if (dc_ll_load(line, g, v)) return true;
+        if ((iter & 63u) != 0) continue;
+        if (dc_ld_relaxed_sys(&status[DC_ST_ABORT]) != 0) return false;
+        dc_u64 pa = dc_ld_relaxed_sys(&dc_at(h.ctl[peer], h.off_status)[DC_ST_ABORT]);
+        if (pa != 0) {
+            dc_fail(h, status, DC_ERR_PEER_FAILED, peer, g, pa);
+            return false;
+        }
+        if (dc_globaltimer() - start > h.timeout_ns) {
+            dc_fail(h, status, DC_ERR_TIMEOUT_READY, peer, g, (dc_u64)v.x);
+            return false;
+        }
+        if (iter > 4096u) {
+            if (dc_ld_relaxed_sys(dc_at(h.ctl[h.rank], h.off_ack + (dc_u64)peer * h.line)) == DC_CLOSE_ACK) {
+                if (dc_ll_load(line, g, v)) return true;
+                dc_fail(h, status, DC_ERR_PEER_CLOSED, peer, g, 0);
+                return false;
+            }
+            dc_nanosleep(128);
+        }
+    }
+}
+
+// Rewrites every line of this rank's slot of parity g % 2 in every peer with flag g - 2 (never
+// current: a receiver at g waits for g, at g + 2 for g + 2), before this call's data.
+DC_DEV void dc_ll_refresh(const DcHeader& h, dc_u32 g) {
+    dc_u32x4 zero;
+    zero.x = zero.y = zero.z = zero.w = 0u;
+    const dc_u64 payload = h.ll_slot / 2u;
+    dc_for_chunks(h, 0, payload, [&](dc_u64 o, dc_u64) {
+        for (dc_u32 q = 0; q < h.world; ++q)
+            if (q != h.rank) dc_ll_store(dc_ll_slot(h, q, g & 1u, h.rank) + 2u * o, zero, g - 2u);
+    });
+}
+
+DC_DEV void dc_push_send(const DcHeader& h, const DcSeg& s, dc_u32 g) {
+    const bool scatter = (s.flags & DC_SEG_SCATTER) != 0;
+    dc_for_chunks(h, s.frame_off, s.bytes, [&](dc_u64 o, dc_u64 n) {
+        const dc_u64 rel = o - s.frame_off;
+        dc_u32x4 v = dc_load16((const dc_u8*)(s.ptr + rel), n);
+        for (dc_u32 q = 0; q < h.world; ++q) {
+            if (q == h.rank) continue;
+            if (scatter) v = dc_load16((const dc_u8*)(s.ptr + (dc_u64)q * s.bytes + rel), n);
+            dc_ll_store(dc_ll_slot(h, q, g & 1u, h.rank) + 2u * o, v, g);
+        }
+    });
+}
+
+template <int W, int DT>
+DC_DEV bool dc_push_reduce(const DcHeader& h, dc_u64* status, const DcSeg& s, dc_u32 g) {
+    bool ok = true;
+    dc_for_chunks(h, s.frame_off, s.bytes, [&](dc_u64 o, dc_u64 n) {
+        if (!ok) return;
+        const dc_u64 rel = o - s.frame_off;
+        dc_u32x4 v[W];
+#pragma unroll
+        for (int q = 0; q < W; ++q) {
+            if ((dc_u32)q == h.rank) {
+                v[q] = dc_load16((const dc_u8*)(s.src + rel), n);
+            } else if (!dc_ll_wait(h, status, dc_ll_slot(h, h.rank, g & 1u, q) + 2u * o, g, q, v[q])) {
+                ok = false;
+                return;
+            }
+        }
+        dc_store16((dc_u8*)(s.ptr + rel), dc_tree_vec<W, DT, false>(v), n);
+    });
+    return ok;
+}
+
+template <int DT>
+DC_DEV bool dc_push_reduce_w(const DcHeader& h, dc_u64* status, const DcSeg& s, dc_u32 g) {
+    switch (h.world) {
+        case 2: return dc_push_reduce<2, DT>(h, status, s, g);
+        case 4: return dc_push_reduce<4, DT>(h, status, s, g);
+        default: return dc_push_reduce<8, DT>(h, status, s, g);
+    }
+}
+
+DC_DEV bool dc_push_gather(const DcHeader& h, dc_u64* status, const DcSeg& s, dc_u32 g) {
+    bool ok = true;
+    dc_for_chunks(h, s.frame_off, s.bytes, [&](dc_u64 o, dc_u64 n) {
+        if (!ok) return;
+        const dc_u64 rel = o - s.frame_off;
+        dc_u32x4 v;
+        if (s.peer == h.rank) {
+            v = dc_load16((const dc_u8*)(s.src + rel), n);
+        } else if (!dc_ll_wait(h, status, dc_ll_slot(h, h.rank, g & 1u, s.peer) + 2u * o, g, s.peer, v)) {
+            ok = false;
+            return;
+        }
+        dc_store16((dc_u8*)(s.ptr + rel), v, n);
+    });
+    return ok;
+}
+
+DC_DEV void dc_push_ll(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u32 g) {
+    for (dc_u32 i = 0; i < h.nstage; ++i) dc_push_send(h, seg[i], g);
+    // Every block learns from the push headers in its own memory that every sender makes this
+    // call (a mismatching sender's lines are never read) before it consumes any line.
+    if (!dc_wait(h, status, h.off_push + (g & 1u) * DC_MAX_WORLD * h.line, g, DC_ERR_TIMEOUT_READY, true)) return;
+    for (dc_u32 i = 0; i < h.nphase1; ++i) {
+        const DcSeg& s = seg[h.nstage + i];
+        bool ok;
+        if (s.flags & DC_SEG_GATHER) {
+            ok = dc_push_gather(h, status, s, g);
+        } else {
+            switch (h.dtype) {
+                case DC_F32: ok = dc_push_reduce_w<DC_F32>(h, status, s, g); break;
+                case DC_F16: ok = dc_push_reduce_w<DC_F16>(h, status, s, g); break;
+                default: ok = dc_push_reduce_w<DC_BF16>(h, status, s, g); break;
+            }
+        }
+        if (!ok) return;
+    }
+}
+
 // One body for both parameter sizes (compiled once): `h` and `seg` point into the kernel's
 // parameter space (CUDA: __grid_constant__; HIP: the kernarg segment), no copy.
 DC_DEV_NOINLINE void dc_collective(const DcHeader& h, const DcSeg* seg) {
@@ -273,67 +446,91 @@ DC_DEV_NOINLINE void dc_collective(const DcHeader& h, const DcSeg* seg) {
     dc_u64* status = dc_at(own, h.off_status);
     DC_SHARED dc_u32 s_g;
     DC_SHARED int s_abort;
+    DC_SHARED int s_refresh;
     if (DC_TID == 0) {
         s_abort = dc_ld_relaxed_sys(&status[DC_ST_ABORT]) != 0;
         s_g = (dc_u32)dc_ld_relaxed_sys(&status[DC_ST_GEN]) + 1u;
+        s_refresh = h.ll_slot != 0u &&
+                    (((s_g >> 1) & DC_LL_EPOCH_MASK) == 0u || dc_ld_relaxed_sys(&status[DC_ST_REFRESH]) != 0);
     }
     DC_SYNC_BLOCK();
     if (s_abort) return;  // poisoned: later calls (e.g. already enqueued) touch nothing
     const dc_u32 g = s_g;
+    const bool push = h.mode == DC_MODE_PUSH_LL;
     const dc_u64 frame = h.frame[g & 1u];
     const dc_u64 word = dc_flag_word(g, h.digest);
 
-    // Stage this block's tiles of the input into the own frame.
-    for (dc_u32 i = 0; i < h.nstage; ++i) {
-        const DcSeg& s = seg[i];
-        dc_for_tiles(s.frame_off, s.bytes, h.tile_bytes, h.grid, b, [&](dc_u64 lo, dc_u64 hi) {
-            dc_copy_range((dc_u8*)(own_data + frame + lo), (const dc_u8*)(s.ptr + (lo - s.frame_off)), hi - lo,
-                          DC_TID, DC_NTID);
-        });
-    }
-    DC_SYNC_BLOCK();
-    if (DC_TID == 0) {
-        // The full signature first, so a peer that sees a mismatching digest can report it.
+    if (s_refresh) dc_ll_refresh(h, g);
+    if (b == 0 && DC_TID == 0) {
+        // The full signature first, so a peer that sees a mismatching digest can report it;
+        // then the push headers (release: after the signature), which a push call's receivers
+        // wait on and every other call keeps fresh.
         dc_u64* sig = dc_at(own, (g & 1u) ? h.off_sig1 : h.off_sig0);
         sig[0] = h.sig[0];
         sig[1] = h.sig[1];
-        // Release: cumulative over the block's staging stores, ordered before it by the barrier.
-        dc_st_release_sys(dc_at(own, h.off_ready + (dc_u64)b * h.line), word);
+        for (dc_u32 q = 0; q < h.world; ++q)
+            if (q != h.rank)
+                dc_st_release_sys(dc_at(h.ctl[q], h.off_push + ((g & 1u) * DC_MAX_WORLD + h.rank) * h.line), word);
     }
     if (b == 0) {
-        // Refresh the flags this call does not use, so no flag ever falls more than one
+        // Refresh the pull flags this call does not use, so no flag ever falls more than one
         // generation behind (a flag 2^31 generations stale would read as Corrupt after wrap).
         // Safe: a peer making this same call never waits on them, and one making another call
         // sees our digest and reports a mismatch.
-        for (dc_u32 k = h.grid + DC_TID; k < h.layout_blocks; k += DC_NTID)
+        const dc_u32 used = push ? 0u : h.grid;
+        for (dc_u32 k = used + DC_TID; k < h.layout_blocks; k += DC_NTID)
             dc_st_relaxed_sys(dc_at(own, h.off_ready + (dc_u64)k * h.line), word);
-        for (dc_u32 k = (h.nphase2 ? h.grid : 0u) + DC_TID; k < h.layout_blocks; k += DC_NTID)
+        for (dc_u32 k = (h.nphase2 && !push ? h.grid : 0u) + DC_TID; k < h.layout_blocks; k += DC_NTID)
             dc_st_relaxed_sys(dc_at(own, h.off_phase2 + (dc_u64)k * h.line), word);
     }
 
-    bool ok = dc_wait(h, status, h.off_ready + b * h.line, g, DC_ERR_TIMEOUT_READY);
-    if (ok) {
-        for (dc_u32 i = 0; i < h.nphase1; ++i) {
-            const DcSeg& s = seg[h.nstage + i];
-            dc_run_segment(h, s, frame, (s.flags & DC_SEG_GATHER) != 0);
+    if (push) {
+        dc_push_ll(h, seg, status, g);
+    } else {
+        // Stage this block's tiles of the input into the own frame.
+        for (dc_u32 i = 0; i < h.nstage; ++i) {
+            const DcSeg& s = seg[i];
+            dc_for_tiles(s.frame_off, s.bytes, h.tile_bytes, h.grid, b, [&](dc_u64 lo, dc_u64 hi) {
+                dc_copy_range((dc_u8*)(own_data + frame + lo), (const dc_u8*)(s.ptr + (lo - s.frame_off)), hi - lo,
+                              DC_TID, DC_NTID);
+            });
         }
-        if (h.nphase2) {
-            DC_SYNC_BLOCK();
-            if (DC_TID == 0) dc_st_release_sys(dc_at(own, h.off_phase2 + (dc_u64)b * h.line), word);
-            ok = dc_wait(h, status, h.off_phase2 + b * h.line, g, DC_ERR_TIMEOUT_PHASE2);
-            if (ok) {
-                for (dc_u32 i = 0; i < h.nphase2; ++i) dc_run_segment(h, seg[h.nstage + h.nphase1 + i], frame, true);
+        DC_SYNC_BLOCK();
+        if (DC_TID == 0) {
+            dc_u64* sig = dc_at(own, (g & 1u) ? h.off_sig1 : h.off_sig0);
+            sig[0] = h.sig[0];
+            sig[1] = h.sig[1];
+            // Release: cumulative over the block's staging stores, ordered before it by the barrier.
+            dc_st_release_sys(dc_at(own, h.off_ready + (dc_u64)b * h.line), word);
+        }
+        bool ok = dc_wait(h, status, h.off_ready + b * h.line, g, DC_ERR_TIMEOUT_READY, false);
+        if (ok) {
+            for (dc_u32 i = 0; i < h.nphase1; ++i) {
+                const DcSeg& s = seg[h.nstage + i];
+                dc_run_segment(h, s, frame, (s.flags & DC_SEG_GATHER) != 0);
+            }
+            if (h.nphase2) {
+                DC_SYNC_BLOCK();
+                if (DC_TID == 0) dc_st_release_sys(dc_at(own, h.off_phase2 + (dc_u64)b * h.line), word);
+                ok = dc_wait(h, status, h.off_phase2 + b * h.line, g, DC_ERR_TIMEOUT_PHASE2, false);
+                if (ok) {
+                    for (dc_u32 i = 0; i < h.nphase2; ++i)
+                        dc_run_segment(h, seg[h.nstage + h.nphase1 + i], frame, true);
+                }
             }
         }
     }
 
-    // The last block to finish advances the generation (next launch on this stream sees it).
+    // The last block to finish advances the generation (next launch on this stream sees it)
+    // and counts down a requested LL refresh.
     DC_SYNC_BLOCK();
     if (DC_TID == 0) {
         DC_FENCE_DEVICE();
         dc_u32 prev = DC_ATOMIC_ADD_U32(&status[DC_ST_FINISHED], 1u);
         if (prev == h.grid - 1u) {
             *(volatile dc_u32*)&status[DC_ST_FINISHED] = 0u;
+            volatile dc_u64* refresh = (volatile dc_u64*)&status[DC_ST_REFRESH];
+            if (*refresh != 0u) *refresh = *refresh - 1u;
             *(volatile dc_u64*)&status[DC_ST_GEN] = (dc_u64)g;
             DC_FENCE_DEVICE();
         }

@@ -416,6 +416,83 @@ DC_DEV dc_u64 dc_globaltimer() { return (dc_u64)wall_clock64(); }
 DC_DEV void dc_nanosleep(dc_u32) { __builtin_amdgcn_s_sleep(2); }
 #endif
 
+// ---------------------------------------------------------------------------------------------
+// LL lines (the push route): 16 payload bytes travel as four 8-byte LL words, each a payload
+// word in the low half and the arrival flag (the generation) in the high half. One naturally
+// aligned 8-byte store carries a word and its flag, so a receiver that sees the flag has the
+// payload: no separate flag, no fence. Every payload bit pattern is carried unchanged (the flag
+// is beside the data, never a value sentinel). What the hardware must give: single-copy
+// atomicity of aligned 8-byte stores to peer memory (NVLink/PCIe P2P on NVIDIA; xGMI to
+// fine-grained memory on AMD), which both memory models guarantee for 8-byte atomics — the HIP
+// path uses exactly those, the CUDA path 8-byte elements of a vector access.
+// ---------------------------------------------------------------------------------------------
+
+#if defined(DC_CUDA)
+DC_DEV void dc_ll_store(dc_u8* line, dc_u32x4 v, dc_u32 flag) {
+    dc_u64 f = (dc_u64)flag << 32;
+    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(line), "l"(f | v.x), "l"(f | v.y) : "memory");
+    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(line + 16), "l"(f | v.z), "l"(f | v.w) : "memory");
+}
+// Whether all four words of the line carry `flag`; their payload in `v` if so.
+DC_DEV bool dc_ll_load(const dc_u8* line, dc_u32 flag, dc_u32x4& v) {
+    dc_u64 a, b, c, d;
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(line) : "memory");
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(c), "=l"(d) : "l"(line + 16) : "memory");
+    v.x = (dc_u32)a;
+    v.y = (dc_u32)b;
+    v.z = (dc_u32)c;
+    v.w = (dc_u32)d;
+    return (dc_u32)(a >> 32) == flag && (dc_u32)(b >> 32) == flag && (dc_u32)(c >> 32) == flag &&
+           (dc_u32)(d >> 32) == flag;
+}
+#else
+DC_DEV void dc_ll_store(dc_u8* line, dc_u32x4 v, dc_u32 flag) {
+    dc_u64 f = (dc_u64)flag << 32;
+    dc_u64* w = (dc_u64*)line;
+    __hip_atomic_store(w + 0, f | v.x, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+    __hip_atomic_store(w + 1, f | v.y, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+    __hip_atomic_store(w + 2, f | v.z, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+    __hip_atomic_store(w + 3, f | v.w, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+}
+DC_DEV bool dc_ll_load(const dc_u8* line, dc_u32 flag, dc_u32x4& v) {
+    const dc_u64* w = (const dc_u64*)line;
+    dc_u64 a = __hip_atomic_load(w + 0, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+    dc_u64 b = __hip_atomic_load(w + 1, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+    dc_u64 c = __hip_atomic_load(w + 2, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+    dc_u64 d = __hip_atomic_load(w + 3, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+    v.x = (dc_u32)a;
+    v.y = (dc_u32)b;
+    v.z = (dc_u32)c;
+    v.w = (dc_u32)d;
+    return (dc_u32)(a >> 32) == flag && (dc_u32)(b >> 32) == flag && (dc_u32)(c >> 32) == flag &&
+           (dc_u32)(d >> 32) == flag;
+}
+#endif
+
+// Up to 16 bytes at any address: one vector load when 16 bytes are there and aligned, bytes
+// otherwise (unaligned views and the tail of a range; never reads past `n`).
+DC_DEV dc_u32x4 dc_load16(const dc_u8* p, dc_u64 n) {
+    if (n == 16u && ((dc_u64)p & 15u) == 0) return *(const dc_u32x4*)p;
+    dc_u32 w[4] = {0u, 0u, 0u, 0u};
+    for (dc_u64 i = 0; i < n; ++i) w[i >> 2] |= (dc_u32)p[i] << (8u * (i & 3u));
+    dc_u32x4 v;
+    v.x = w[0];
+    v.y = w[1];
+    v.z = w[2];
+    v.w = w[3];
+    return v;
+}
+
+// The first `n` (<= 16) bytes of `v` to any address, as dc_load16.
+DC_DEV void dc_store16(dc_u8* p, dc_u32x4 v, dc_u64 n) {
+    if (n == 16u && ((dc_u64)p & 15u) == 0) {
+        *(dc_u32x4*)p = v;
+        return;
+    }
+    dc_u32 w[4] = {v.x, v.y, v.z, v.w};
+    for (dc_u64 i = 0; i < n; ++i) p[i] = (dc_u8)(w[i >> 2] >> (8u * (i & 3u)));
+}
+
 // The waiter's classification of one observed flag word, as collective_core::FlagState.
 #define DC_BEHIND 0
 #define DC_READY 1

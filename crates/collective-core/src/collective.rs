@@ -14,24 +14,43 @@ pub enum Route {
     Transport,
     /// IPC reduce_scatter, then transport all_gather of the reduced shards.
     IpcReduceScatterTransportAllGather,
+    /// Every rank pushes its input (reduce_scatter: each shard to its owner) into a receive slot
+    /// of every peer, as LL words that carry their arrival flag, and evaluates the tree over its
+    /// own slots in rank order. One launch, no staging copy, no flag round trip.
+    IpcPushLl,
 }
 
 impl Route {
     /// Every route.
-    pub const ALL: [Route; 5] = [
+    pub const ALL: [Route; 6] = [
         Route::Local,
         Route::IpcOneShot,
         Route::IpcReduceScatterAllGather,
         Route::Transport,
         Route::IpcReduceScatterTransportAllGather,
+        Route::IpcPushLl,
     ];
+    /// A small code of the route (its index in [`Route::ALL`]), carried in signatures.
+    pub const fn code(self) -> u8 {
+        self as u8
+    }
+    /// Inverse of [`Route::code`].
+    pub const fn from_code(code: u8) -> Option<Route> {
+        if (code as usize) < Route::ALL.len() { Some(Route::ALL[code as usize]) } else { None }
+    }
     /// Parses [`Route::name`].
     pub fn parse(s: &str) -> Option<Route> {
         Route::ALL.into_iter().find(|r| r.name() == s)
     }
     /// Whether the route needs same-host IPC between all ranks.
     pub const fn needs_ipc(self) -> bool {
-        matches!(self, Route::IpcOneShot | Route::IpcReduceScatterAllGather | Route::IpcReduceScatterTransportAllGather)
+        matches!(
+            self,
+            Route::IpcOneShot
+                | Route::IpcReduceScatterAllGather
+                | Route::IpcReduceScatterTransportAllGather
+                | Route::IpcPushLl
+        )
     }
     /// Whether the route needs the transport.
     pub const fn needs_transport(self) -> bool {
@@ -46,6 +65,7 @@ impl Route {
             Route::IpcReduceScatterAllGather => "ipc_rs_ag",
             Route::Transport => "transport",
             Route::IpcReduceScatterTransportAllGather => "ipc_rs_transport_ag",
+            Route::IpcPushLl => "ipc_push_ll",
         }
     }
 }
@@ -94,16 +114,25 @@ pub trait RouteSelect: Collective {
     /// work. `op` is a single-lane op (`reduce_scatter_many` goes through
     /// [`Collective::reduce_scatter_many`], which has one IPC route).
     fn call_on_route(&self, op: Op, io: Io<'_>, route: Route, stream: &Self::Stream) -> Result<(), Error>;
+
+    /// `reduce_scatter_many` by `route`: a backend with an LL push route takes it for
+    /// `IpcPushLl`; every other route (and a backend without one) is the backend's
+    /// [`Collective::reduce_scatter_many`].
+    fn reduce_scatter_many_on_route(&self, lanes: &[Io<'_>], route: Route, stream: &Self::Stream) -> Result<(), Error> {
+        let _ = route;
+        self.reduce_scatter_many(lanes, stream)
+    }
 }
 
 /// The route an IPC backend takes for `op` when a table names `route`: RS+AG is an all_reduce
 /// route only (a reduce_scatter or all_gather has nothing to split), so other ops take the
-/// one-shot route; `Local` stays local. Shared by every backend's [`RouteSelect`] and the
+/// one-shot route; the LL push route serves every op; `Local` stays local. Shared by every backend's [`RouteSelect`] and the
 /// factory's route reporting.
 pub const fn ipc_route_for(op: Op, route: Route) -> Route {
     match (op, route) {
         (_, Route::Local) => Route::Local,
         (Op::AllReduce, Route::IpcReduceScatterAllGather) => Route::IpcReduceScatterAllGather,
+        (_, Route::IpcPushLl) => Route::IpcPushLl,
         _ => Route::IpcOneShot,
     }
 }

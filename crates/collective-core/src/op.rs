@@ -1,5 +1,5 @@
 //! Operations and the call signature ranks publish with every generation.
-use crate::DType;
+use crate::{DType, Route};
 
 /// A collective operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -66,6 +66,11 @@ pub struct Signature {
     /// order; 0 for single-lane calls. Without it, lanes `[4, 8]` on one rank and `[8, 4]` on
     /// another had equal signatures and their trees were silently mixed.
     pub split: u32,
+    /// The IPC route the call runs by (validation fills in `IpcOneShot`, the plan the route it
+    /// takes). Part of the digest: two ranks taking different protocols for the same call
+    /// (a direct user forcing routes differently) get a mismatch, never one rank reading a
+    /// frame or flag the other wrote for another protocol.
+    pub route: Route,
 }
 
 const SIG_MAGIC: u64 = 0xD7;
@@ -84,14 +89,15 @@ impl Signature {
         if h == 0 { 1 } else { h }
     }
 
-    /// Two words: `[magic:8 | op:8 | dtype:8 | lanes:8 | split:32, count]`, as stored in a
-    /// control block (the kernels copy them verbatim).
+    /// Two words: `[magic:8 | op:8 | dtype:8 | route:3 lanes:5 | split:32, count]`, as stored
+    /// in a control block (the kernels copy them verbatim).
     pub const fn pack(&self) -> [u64; 2] {
         [
             SIG_MAGIC << 56
                 | (self.op as u64) << 48
                 | (self.dtype as u64) << 40
-                | ((self.lanes & 0xff) as u64) << 32
+                | (self.route.code() as u64) << 37
+                | ((self.lanes & 0x1f) as u64) << 32
                 | self.split as u64,
             self.count,
         ]
@@ -103,7 +109,8 @@ impl Signature {
         }
         let Some(op) = Op::from_code((w[0] >> 48) as u8) else { return None };
         let Some(dtype) = DType::from_code((w[0] >> 40) as u8) else { return None };
-        Some(Signature { op, dtype, count: w[1], lanes: ((w[0] >> 32) & 0xff) as u16, split: w[0] as u32 })
+        let Some(route) = Route::from_code(((w[0] >> 37) & 7) as u8) else { return None };
+        Some(Signature { op, dtype, count: w[1], lanes: ((w[0] >> 32) & 0x1f) as u16, split: w[0] as u32, route })
     }
     /// A 32-bit digest carried in the same word as the generation, so one acquire load sees
     /// both. FNV-1a over the packed words; never zero (zero means "nothing published").
@@ -126,6 +133,6 @@ impl core::fmt::Display for Signature {
         if self.lanes != 1 || self.split != 0 {
             write!(f, " in {} lanes (split {:#010x})", self.lanes, self.split)?;
         }
-        Ok(())
+        write!(f, " via {}", self.route.name())
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! [`validate`] turns a call's [`Io`] into a [`Call`] — addresses and element counts the
 //! protocol needs — or an [`Error`] naming the offending argument. Nothing is written on error.
-use crate::{DType, Error, Io, MAX_LANES, Op, Signature};
+use crate::{DType, Error, Io, MAX_LANES, Op, Route, Signature};
 
 /// A validated single-lane call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -251,14 +251,21 @@ pub fn validate_many(
         return Err(Error::CapacityExceeded { op, needed, capacity });
     }
     let split = Signature::lane_split(out.iter().map(|l| l.call.count_in as u64));
-    let sig = Signature { op, dtype, count: offset as u64, lanes: lanes.len() as u16, split };
+    let sig = Signature { op, dtype, count: offset as u64, lanes: lanes.len() as u16, split, route: Route::IpcOneShot };
     Ok((out, sig))
 }
 
 impl Call {
     /// The signature every rank publishes for this call.
     pub const fn signature(&self) -> Signature {
-        Signature { op: self.op, dtype: self.dtype, count: self.count_in as u64, lanes: 1, split: 0 }
+        Signature {
+            op: self.op,
+            dtype: self.dtype,
+            count: self.count_in as u64,
+            lanes: 1,
+            split: 0,
+            route: Route::IpcOneShot,
+        }
     }
 }
 

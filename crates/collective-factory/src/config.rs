@@ -1,6 +1,6 @@
 //! [`Config`]: the one configuration of every platform's constructor.
 use crate::Routing;
-use collective_core::protocol::Timeouts;
+use collective_core::protocol::{DEFAULT_LL_CAPACITY, Timeouts};
 
 /// Staging bytes per rank when [`Config::with_capacity`] is not called: 16 MiB (two frames of
 /// it per rank, see [`Config::capacity`]).
@@ -34,6 +34,7 @@ pub enum DeviceSelect {
 #[non_exhaustive]
 pub struct Config {
     capacity: usize,
+    ll_capacity: usize,
     routing: Option<Routing>,
     timeouts: Option<Timeouts>,
     device: DeviceSelect,
@@ -41,7 +42,13 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        Config { capacity: DEFAULT_CAPACITY, routing: None, timeouts: None, device: DeviceSelect::LocalRank }
+        Config {
+            capacity: DEFAULT_CAPACITY,
+            ll_capacity: DEFAULT_LL_CAPACITY,
+            routing: None,
+            timeouts: None,
+            device: DeviceSelect::LocalRank,
+        }
     }
 }
 
@@ -59,6 +66,15 @@ impl Config {
     /// `world * capacity` bytes on first use.
     pub fn with_capacity(mut self, bytes: usize) -> Self {
         self.capacity = bytes;
+        self
+    }
+
+    /// Builder: payload bytes per rank one call may send on the LL push route
+    /// (`ipc_push_ll`, default 512 KiB). Each rank keeps `4 * world * ll_capacity` bytes of LL
+    /// receive slots — only when the routing table uses that route. Calls routed there that
+    /// send more take the one-shot pull route (same bits).
+    pub fn with_ll_capacity(mut self, bytes: usize) -> Self {
+        self.ll_capacity = bytes;
         self
     }
 
@@ -88,6 +104,11 @@ impl Config {
     /// Staging bytes per rank.
     pub fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    /// LL push payload bytes per rank ([`Config::with_ll_capacity`]).
+    pub fn ll_capacity(&self) -> usize {
+        self.ll_capacity
     }
 
     /// The routing table asked for, if any.

@@ -109,7 +109,7 @@ pub fn with_transport<T: Collective<Stream = ()>>(
     }
     let world = boot.world_size();
     let ipc = if d.ipc || world == 1 {
-        let mut shm = ShmConfig::new(capacity);
+        let mut shm = ShmConfig::new(capacity).with_ll_capacity(d.routing.ll_capacity(config.ll_capacity()));
         shm.timeouts = config.timeouts();
         shm.rs_ag_threshold =
             d.routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);

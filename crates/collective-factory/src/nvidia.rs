@@ -173,7 +173,9 @@ fn ipc_config(config: &Config, routing: &Routing) -> CudaIpcConfig {
     // The routing table decides every call's route (`Routed`); the threshold only serves
     // direct users of the IPC collective's own `route()`.
     let threshold = routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
-    let c = CudaIpcConfig::new(config.capacity()).with_rsag_threshold(threshold);
+    let c = CudaIpcConfig::new(config.capacity())
+        .with_rsag_threshold(threshold)
+        .with_ll_capacity(routing.ll_capacity(config.ll_capacity()));
     let mut c = c;
     c.timeouts = config.timeouts();
     c

@@ -39,7 +39,7 @@ pub fn from_bootstrap(boot: Arc<dyn Bootstrap>, config: &Config) -> Result<RocmC
         DeviceSelect::Ordinal(o) => Ok(o),
         _ => ordinal(boot.local_rank()),
     };
-    build(boot, config.capacity(), config.routing().cloned(), config.timeouts(), ordinal)
+    build(boot, config, ordinal)
 }
 
 /// This rank of the ROCm collective on `device`, the caller's own HIP device (the engine's
@@ -56,7 +56,7 @@ pub fn from_bootstrap(boot: Arc<dyn Bootstrap>, config: &Config) -> Result<RocmC
 /// # let _ = comm; Ok(()) }
 /// ```
 pub fn from_device(boot: Arc<dyn Bootstrap>, device: &HipDevice, config: &Config) -> Result<RocmCollective, Error> {
-    build(boot, config.capacity(), config.routing().cloned(), config.timeouts(), Ok(device.ordinal()))
+    build(boot, config, Ok(device.ordinal()))
 }
 
 /// `world` ranks as threads of this process, rank `r` on GPU `r % device count`, on the HIP
@@ -72,19 +72,14 @@ pub fn thread_group(world: usize, config: &Config) -> Result<Vec<HipIpcCollectiv
         None => Routing::from_env(Platform::Rocm)?,
     };
     let threshold = routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
-    let mut c = HipIpcConfig::new(config.capacity());
+    let mut c = HipIpcConfig::new(config.capacity()).with_ll_capacity(routing.ll_capacity(config.ll_capacity()));
     c.timeouts = config.timeouts();
     let ordinals: Vec<usize> = (0..world).map(|r| r % count).collect();
     hip_ipc::group(&ordinals, &c.with_rsag_threshold(threshold))
 }
 
-fn build(
-    boot: Arc<dyn Bootstrap>,
-    capacity: usize,
-    routing: Option<Routing>,
-    timeouts: Option<Timeouts>,
-    ordinal: Result<usize, Error>,
-) -> Result<RocmCollective, Error> {
+fn build(boot: Arc<dyn Bootstrap>, config: &Config, ordinal: Result<usize, Error>) -> Result<RocmCollective, Error> {
+    let (capacity, routing, timeouts) = (config.capacity(), config.routing().cloned(), config.timeouts());
     let mut errors = Vec::new();
     let routing = match routing {
         Some(r) => r,
@@ -123,7 +118,8 @@ fn build(
     let world = boot.world_size();
     let ipc = if d.ipc || world == 1 {
         let threshold = d.routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
-        let config = HipIpcConfig::new(capacity).with_rsag_threshold(threshold);
+        let ll = d.routing.ll_capacity(config.ll_capacity());
+        let config = HipIpcConfig::new(capacity).with_rsag_threshold(threshold).with_ll_capacity(ll);
         let mut config = config;
         config.timeouts = timeouts;
         // hip_ipc::new_on: ranks sharing a GPU are refused unless DETCOLL_HIP_ALLOW_SHARED_GPU=1.

@@ -197,6 +197,11 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I,
     fn reduce_scatter_many(&self, lanes: &[Io<'_>], stream: &Self::Stream) -> Result<(), Error> {
         let bytes = lanes.iter().map(|io| contributed_bytes(Op::ReduceScatterMany, io, self.world)).sum();
         match self.route(Op::ReduceScatterMany, bytes) {
+            Route::IpcPushLl => self
+                .ipc
+                .as_ref()
+                .ok_or(Error::InvalidConfig { detail: "no IPC backend".into() })?
+                .reduce_scatter_many_on_route(lanes, Route::IpcPushLl, stream),
             Route::Local
             | Route::IpcOneShot
             | Route::IpcReduceScatterAllGather

@@ -180,6 +180,12 @@ impl Routing {
         self.mapped("no IPC: transport everywhere", |_, _| Route::Transport)
     }
 
+    /// The LL push capacity a backend needs under this table: `requested` when some rule takes
+    /// `ipc_push_ll`, else 0 (no LL receive slots are allocated).
+    pub fn ll_capacity(&self, requested: usize) -> usize {
+        if self.routes().any(|r| r == Route::IpcPushLl) { requested } else { 0 }
+    }
+
     /// The smallest all_reduce size routed to `route`, if any (IPC backends take their RS+AG
     /// threshold from it).
     pub fn first_bytes(&self, op: Op, route: Route) -> Option<usize> {

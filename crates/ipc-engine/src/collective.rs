@@ -8,7 +8,7 @@ use crate::state::{IpcState, Owner};
 use collective_core::protocol::close::{self, CloseOnce};
 use collective_core::protocol::params::{self, CopyParams, ParamsMany, ParamsSingle};
 use collective_core::protocol::status::{self, RECORD_WORDS};
-use collective_core::protocol::{CLOSE_ACK, IpcConfig, Plan, Poison};
+use collective_core::protocol::{CLOSE_ACK, IpcConfig, Layout, Plan, Poison};
 use collective_core::{Capabilities, Collective, Error, Io, Op, Route, RouteSelect, validate, validate_many};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -102,10 +102,13 @@ impl<D: IpcDevice> IpcCollective<D> {
     }
 
     /// Test hook: puts this rank's protocol state where `start` one-shot calls would have left
-    /// it — the device generation counter at `start` and every ready flag published at `start`
-    /// — and leaves the phase-2 flags as construction left them, so a test can cross the 2^31
-    /// and 2^32 generation boundaries in a few calls. Every rank of the world must call it
-    /// with the same `start`, all before any call and while none is in flight.
+    /// it — the device generation counter at `start`, every ready flag and every push header
+    /// in this rank's memory published at `start` — and leaves the phase-2 flags as
+    /// construction left them, so a test can cross the 2^31 and 2^32 generation boundaries in
+    /// a few calls. The LL lines still hold construction's flag 0, which generation 0 would
+    /// read as current: the next two calls rewrite every line first (the epoch refresh, asked
+    /// for through the status line). Every rank of the world must call it with the same
+    /// `start`, all before any call and while none is in flight.
     #[doc(hidden)]
     pub fn start_generation_for_test(&self, start: u32) -> Result<(), Error> {
         let Some(ipc) = &self.ipc else { return Ok(()) };
@@ -114,8 +117,16 @@ impl<D: IpcDevice> IpcCollective<D> {
         for b in 0..ipc.layout.blocks() {
             self.device.write_word(own + ipc.layout.ready(b) as u64, word)?;
         }
+        for parity in 0..2 {
+            for q in 0..self.world {
+                self.device.write_word(own + ipc.layout.push_header(parity, q) as u64, word)?;
+            }
+        }
+        let status = own + ipc.layout.status() as u64;
+        // DC_ST_REFRESH (word 3): the next two calls (one per parity) refresh every LL line.
+        self.device.write_word(status + 24, 2)?;
         // DC_ST_GEN, the second word of the status line.
-        self.device.write_word(own + ipc.layout.status() as u64 + 8, u64::from(start))
+        self.device.write_word(status + 8, u64::from(start))
     }
 
     /// World 1, out of place: one copy.
@@ -173,18 +184,31 @@ impl<D: IpcDevice> IpcCollective<D> {
         let Some(ipc) = &self.ipc else {
             return self.copy_local(call.dst, call.src, call.bytes_out(), stream);
         };
-        let plan = Plan::single(&call, self.rank, self.world, route)?;
+        let plan = self.plan_single(&call, route, &ipc.layout)?;
         let p: ParamsSingle = params::pack(&ipc.fixed, &plan, call.in_place && op == Op::AllGather, D::BACKEND)?;
         // SAFETY: the single-lane kernel takes `DcParams<16>`; the addresses are the group's
         // allocations (alive while `self` is) and the caller's validated views.
         unsafe { self.device.launch(&ipc.kernels, Launch::Single(&p), p.h.grid, stream) }.map_err(|e| self.fail(e))
     }
 
+    /// The plan of one single-lane call by `route`: the LL push route when its payload fits
+    /// the LL slots, the one-shot pull route otherwise (same bits).
+    fn plan_single(&self, call: &collective_core::Call, route: Route, layout: &Layout) -> Result<Plan, Error> {
+        if route == Route::IpcPushLl {
+            let plan = Plan::single(call, self.rank, self.world, route)?;
+            if plan.push_payload_bytes() <= layout.ll_capacity() {
+                return Ok(plan);
+            }
+            return Plan::single(call, self.rank, self.world, Route::IpcOneShot);
+        }
+        Plan::single(call, self.rank, self.world, route)
+    }
+
     /// The route `op` takes when asked for `route`, or why it cannot.
     fn check_route(&self, op: Op, route: Route) -> Result<Route, Error> {
         match (self.world, route) {
             (1, _) => Ok(Route::Local),
-            (_, Route::IpcOneShot) => Ok(route),
+            (_, Route::IpcOneShot | Route::IpcPushLl) => Ok(route),
             (_, Route::IpcReduceScatterAllGather) if op == Op::AllReduce => Ok(route),
             _ => Err(Error::InvalidConfig {
                 detail: format!("{op} cannot take route {route:?} on the IPC backend (a routing table asked for it)"),
@@ -192,11 +216,21 @@ impl<D: IpcDevice> IpcCollective<D> {
         }
     }
 
-    /// Enqueues a `reduce_scatter_many` on a raw stream.
+    /// Enqueues a `reduce_scatter_many` on a raw stream (one-shot pull route).
     ///
     /// # Safety
     /// As [`IpcCollective::enqueue`], for every lane.
     pub unsafe fn enqueue_many(&self, lanes: &[Io<'_>], stream: RawStream) -> Result<(), Error> {
+        // SAFETY: forwarded.
+        unsafe { self.enqueue_many_routed(lanes, Route::IpcOneShot, stream) }
+    }
+
+    /// Enqueues a `reduce_scatter_many` on a raw stream by `route`: `IpcPushLl` when the lanes'
+    /// shards fit the LL slots, the one-shot pull route otherwise (and for any other route).
+    ///
+    /// # Safety
+    /// As [`IpcCollective::enqueue`], for every lane.
+    pub unsafe fn enqueue_many_routed(&self, lanes: &[Io<'_>], route: Route, stream: RawStream) -> Result<(), Error> {
         self.check()?;
         let (calls, sig) = validate_many(lanes, self.rank, self.world, self.config.capacity)?;
         self.device.bind()?;
@@ -206,7 +240,12 @@ impl<D: IpcDevice> IpcCollective<D> {
             }
             return Ok(());
         };
-        let plan = Plan::many(&calls, sig, self.rank);
+        let push = Plan::many_push(&calls, sig, self.rank);
+        let plan = if route == Route::IpcPushLl && push.push_payload_bytes() <= ipc.layout.ll_capacity() {
+            push
+        } else {
+            Plan::many(&calls, sig, self.rank)
+        };
         let p: ParamsMany = params::pack(&ipc.fixed, &plan, false, D::BACKEND)?;
         // SAFETY: the many-lane kernel takes `DcParams<32>`; addresses as in `enqueue`.
         unsafe { self.device.launch(&ipc.kernels, Launch::Many(&p), p.h.grid, stream) }.map_err(|e| self.fail(e))
@@ -311,6 +350,11 @@ impl<D: IpcDevice> RouteSelect for IpcCollective<D> {
         let s = self.device.raw_stream(stream)?;
         // SAFETY: as in `all_reduce`.
         unsafe { self.enqueue_routed(op, io, Some(route), s) }
+    }
+    fn reduce_scatter_many_on_route(&self, lanes: &[Io<'_>], route: Route, stream: &D::Stream) -> Result<(), Error> {
+        let s = self.device.raw_stream(stream)?;
+        // SAFETY: as in `all_reduce`.
+        unsafe { self.enqueue_many_routed(lanes, route, s) }
     }
 }
 

@@ -5,7 +5,7 @@ use crate::device::IpcDevice;
 use crate::state::{IpcState, Owner};
 use collective_core::bootstrap::Bootstrap;
 use collective_core::protocol::params::{Fixed, RankMemory, THREADS};
-use collective_core::protocol::{Header, IpcConfig, Layout, Poison, close};
+use collective_core::protocol::{HEADER_WORDS, Header, IpcConfig, Layout, Poison, close};
 use collective_core::{Error, SUPPORTED_WORLD_SIZES};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -89,7 +89,7 @@ impl<D: IpcDevice> IpcCollective<D> {
             }
         };
         let config = resolved(config, blocks)?;
-        let layout = Layout::new(config.capacity, blocks)?;
+        let layout = Layout::with_ll(config.capacity, blocks, world, config.ll_capacity)?;
         for a in devices {
             for b in devices {
                 a.enable_peer_access(b)?;
@@ -104,6 +104,7 @@ impl<D: IpcDevice> IpcCollective<D> {
                 capacity: config.capacity as u64,
                 blocks: blocks as u64,
                 pid,
+                ll_capacity: layout.ll_capacity() as u64,
             };
             staging.push(d.alloc_staging(&layout, &header)?);
         }
@@ -125,7 +126,8 @@ impl<D: IpcDevice> IpcCollective<D> {
 
     /// One rank of a group with one process per rank: allocations are exchanged as IPC
     /// handles through `boot` and opened once. Every rank must pass the same `config`
-    /// (capacity, block count, RS+AG threshold, timeouts; checked: [`Error::ConfigMismatch`]).
+    /// (capacity, block count, RS+AG threshold, timeouts, LL capacity; checked:
+    /// [`Error::ConfigMismatch`]).
     /// With `max_blocks: None` the block count is the smallest of `multiprocessors / ranks
     /// sharing that GPU` over the ranks (ranks tell their GPUs apart by
     /// [`IpcDevice::identity`]). Ranks sharing a GPU need it to run their kernels concurrently
@@ -153,7 +155,7 @@ impl<D: IpcDevice> IpcCollective<D> {
             if theirs.len() != mine.len() || theirs[..agreed] != mine[..agreed] {
                 return Err(Error::ConfigMismatch {
                     detail: format!(
-                        "rank {q}'s configuration (capacity, max_blocks, rsag_threshold, timeouts) differs from rank {rank}'s"
+                        "rank {q}'s configuration (capacity, max_blocks, rsag_threshold, timeouts, ll_capacity) differs from rank {rank}'s"
                     ),
                 });
             }
@@ -171,7 +173,7 @@ impl<D: IpcDevice> IpcCollective<D> {
             }
         };
         let config = resolved(config, blocks)?;
-        let layout = Layout::new(config.capacity, blocks)?;
+        let layout = Layout::with_ll(config.capacity, blocks, world, config.ll_capacity)?;
         let kernels = device.kernels()?;
         let header = Header {
             world: world as u64,
@@ -179,6 +181,7 @@ impl<D: IpcDevice> IpcCollective<D> {
             capacity: config.capacity as u64,
             blocks: blocks as u64,
             pid: u64::from(std::process::id()),
+            ll_capacity: layout.ll_capacity() as u64,
         };
         let own = device.alloc_staging(&layout, &header)?;
         // Exchange 2: IPC handles, opened once.
@@ -192,7 +195,7 @@ impl<D: IpcDevice> IpcCollective<D> {
             let m = device.import_staging(q, h)?;
             mems[q] = D::mapping_memory(&m, &layout);
             // The peer's header must describe the same layout.
-            let mut words = [0u64; 7];
+            let mut words = [0u64; HEADER_WORDS];
             device.read_words(mems[q].control + layout.header() as u64, &mut words)?;
             close::check_peer_header(words, q, &header)?;
             mappings.push(m);

@@ -5,7 +5,7 @@ use crate::region::{Handle, Region, Share};
 use crate::wait::Peer;
 use collective_core::bootstrap::Bootstrap;
 use collective_core::protocol::close::CloseOnce;
-use collective_core::protocol::{Header, Layout, Plan, Timeouts};
+use collective_core::protocol::{HEADER_WORDS, Header, Layout, Plan, Timeouts};
 use collective_core::{
     Capabilities, Collective, Error, Io, Op, Route, RouteSelect, SUPPORTED_WORLD_SIZES, host_identity, ipc_route_for,
     validate, validate_many,
@@ -40,7 +40,7 @@ fn write_header(region: &Region, layout: &Layout, h: Header) {
 }
 
 fn read_header(region: &Region, layout: &Layout) -> Option<Header> {
-    let mut w = [0u64; 7];
+    let mut w = [0u64; HEADER_WORDS];
     for (i, x) in w.iter_mut().enumerate() {
         // SAFETY: in bounds; written by the owner before the bootstrap exchange that told us its name.
         *x = unsafe { region.base().add(layout.header() + 8 * i).cast::<u64>().read_volatile() };
@@ -53,13 +53,14 @@ struct Hello {
     handle: Handle,
     capacity: usize,
     rs_ag_threshold: usize,
+    ll_capacity: usize,
     timeouts: Timeouts,
     pid: u32,
     host: String,
 }
 
 /// First line of every construction message of this version.
-const VERSION: &str = "shm-ipc/3";
+const VERSION: &str = "shm-ipc/4";
 /// Second line of a message reporting success; a failure has [`FAILED`] there.
 const OK: &str = "ok";
 const FAILED: &str = "failed";
@@ -68,10 +69,11 @@ impl Hello {
     fn encode(&self) -> Vec<u8> {
         let [peer, close] = self.timeouts.agreement_words();
         format!(
-            "{VERSION}\n{OK}\n{}\n{}\n{}\n{peer}\n{close}\n{}\n{}",
+            "{VERSION}\n{OK}\n{}\n{}\n{}\n{}\n{peer}\n{close}\n{}\n{}",
             self.handle.encode(),
             self.capacity,
             self.rs_ag_threshold,
+            self.ll_capacity,
             self.pid,
             self.host
         )
@@ -87,6 +89,7 @@ impl Hello {
             handle: Handle::decode(it.next()?)?,
             capacity: it.next()?.parse().ok()?,
             rs_ag_threshold: it.next()?.parse().ok()?,
+            ll_capacity: it.next()?.parse().ok()?,
             timeouts: Timeouts {
                 peer: std::time::Duration::from_nanos(it.next()?.parse().ok()?),
                 close: std::time::Duration::from_nanos(it.next()?.parse().ok()?),
@@ -155,7 +158,7 @@ impl Own {
     fn prepare(rank: usize, world: usize, config: ShmConfig) -> Result<Own, Error> {
         let timeouts = Timeouts::resolve(config.timeouts)?;
         let config = ShmConfig { timeouts: Some(timeouts), ..config };
-        let layout = Layout::new(config.capacity, 1)?;
+        let layout = Layout::with_ll(config.capacity, 1, world, config.ll_capacity)?;
         let pid = std::process::id();
         let nonce =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
@@ -169,12 +172,14 @@ impl Own {
                 capacity: config.capacity as u64,
                 blocks: 1,
                 pid: pid.into(),
+                ll_capacity: layout.ll_capacity() as u64,
             },
         );
         let hello = Hello {
             handle: share.handle.clone(),
             capacity: config.capacity,
             rs_ag_threshold: config.rs_ag_threshold,
+            ll_capacity: config.ll_capacity,
             timeouts,
             pid,
             host: host_identity()?,
@@ -263,11 +268,19 @@ impl ShmCollective {
             })
             .collect::<Result<_, _>>()?;
         for (q, h) in hellos.iter().enumerate() {
-            if h.capacity != hello.capacity || h.rs_ag_threshold != hello.rs_ag_threshold {
+            if h.capacity != hello.capacity
+                || h.rs_ag_threshold != hello.rs_ag_threshold
+                || h.ll_capacity != hello.ll_capacity
+            {
                 return Err(Error::ConfigMismatch {
                     detail: format!(
-                        "rank {q} has capacity {} and RS+AG threshold {}, rank {rank} has {} and {}",
-                        h.capacity, h.rs_ag_threshold, hello.capacity, hello.rs_ag_threshold
+                        "rank {q} has capacity {}, RS+AG threshold {} and LL capacity {}, rank {rank} has {}, {} and {}",
+                        h.capacity,
+                        h.rs_ag_threshold,
+                        h.ll_capacity,
+                        hello.capacity,
+                        hello.rs_ag_threshold,
+                        hello.ll_capacity
                     ),
                 });
             }
@@ -298,8 +311,10 @@ impl ShmCollective {
             let r = Region::open_shared(q, &h.handle, layout.total_bytes())?;
             match read_header(&r, layout) {
                 Some(hd)
-                    if hd.rank == q as u64 && hd.world == world as u64 && hd.capacity == own.config.capacity as u64 => {
-                }
+                    if hd.rank == q as u64
+                        && hd.world == world as u64
+                        && hd.capacity == own.config.capacity as u64
+                        && hd.ll_capacity == layout.ll_capacity() as u64 => {}
                 other => {
                     return Err(Error::ConfigMismatch { detail: format!("rank {q}'s region header is {other:?}") });
                 }
@@ -328,8 +343,9 @@ impl ShmCollective {
     }
 
     /// [`ShmCollective::group`] in the state reached after `start` one-shot calls (test
-    /// support for generation wrap-around): every rank's generation counter and ready flag at
-    /// `start` (digest 0), phase-2 flags 0 as after construction.
+    /// support for generation wrap-around): every rank's generation counter, ready flag and
+    /// push headers at `start` (digest 0), every LL word with flag `start`, phase-2 flags 0 as
+    /// after construction.
     #[doc(hidden)]
     pub fn group_at_generation(world: usize, config: ShmConfig, start: u32) -> Result<Vec<ShmCollective>, Error> {
         check_world(world)?;
@@ -338,7 +354,7 @@ impl ShmCollective {
         }
         let timeouts = Timeouts::resolve(config.timeouts)?;
         let config = ShmConfig { timeouts: Some(timeouts), ..config };
-        let layout = Layout::new(config.capacity, 1)?;
+        let layout = Layout::with_ll(config.capacity, 1, world, config.ll_capacity)?;
         let regions: Vec<Arc<Region>> =
             (0..world).map(|_| Region::heap(layout.total_bytes()).map(Arc::new)).collect::<Result<_, _>>()?;
         for r in &regions {
@@ -394,12 +410,20 @@ impl ShmCollective {
         };
         let route = match route {
             None => self.route(op, call.bytes_in()),
-            Some(r @ (Route::IpcOneShot | Route::IpcReduceScatterAllGather)) if r == ipc_route_for(op, r) => r,
+            Some(r @ (Route::IpcOneShot | Route::IpcReduceScatterAllGather | Route::IpcPushLl))
+                if r == ipc_route_for(op, r) =>
+            {
+                r
+            }
             Some(r) => {
                 return Err(Error::InvalidConfig { detail: format!("{op} cannot take route {r:?} on the CPU twin") });
             }
         };
-        let plan = Plan::single(&call, self.rank, self.world, route)?;
+        let mut plan = Plan::single(&call, self.rank, self.world, route)?;
+        if route == Route::IpcPushLl && plan.push_payload_bytes() > engine.layout.ll_capacity() {
+            // Beyond the LL slots: the one-shot pull route, same bits.
+            plan = Plan::single(&call, self.rank, self.world, Route::IpcOneShot)?;
+        }
         engine.execute(&plan)
     }
 }
@@ -411,6 +435,9 @@ impl RouteSelect for ShmCollective {
         }
         let route = if self.world == 1 { None } else { Some(route) };
         self.single(op, io, route)
+    }
+    fn reduce_scatter_many_on_route(&self, lanes: &[Io<'_>], route: Route, _: &()) -> Result<(), Error> {
+        self.many(lanes, route)
     }
 }
 
@@ -445,6 +472,23 @@ impl Collective for ShmCollective {
         self.single(Op::ReduceScatter, io, None)
     }
     fn reduce_scatter_many(&self, lanes: &[Io<'_>], _: &()) -> Result<(), Error> {
+        self.many(lanes, Route::IpcOneShot)
+    }
+    fn close(&self) -> Result<(), Error> {
+        self.close_once.run(|| {
+            self.closed.store(true, Ordering::Release);
+            match &self.engine {
+                Some(e) => e.close(),
+                None => Ok(()),
+            }
+        })
+    }
+}
+
+impl ShmCollective {
+    /// `reduce_scatter_many` by `route`: the LL push route when it is asked for and the lanes'
+    /// shards fit the LL slots, the one-shot pull route otherwise.
+    fn many(&self, lanes: &[Io<'_>], route: Route) -> Result<(), Error> {
         self.check_open()?;
         if let Some(e) = &self.engine {
             e.poison.check()?;
@@ -459,16 +503,11 @@ impl Collective for ShmCollective {
             }
             return Ok(());
         };
+        let push = Plan::many_push(&calls, sig, self.rank);
+        if route == Route::IpcPushLl && push.push_payload_bytes() <= engine.layout.ll_capacity() {
+            return engine.execute(&push);
+        }
         engine.execute(&Plan::many(&calls, sig, self.rank))
-    }
-    fn close(&self) -> Result<(), Error> {
-        self.close_once.run(|| {
-            self.closed.store(true, Ordering::Release);
-            match &self.engine {
-                Some(e) => e.close(),
-                None => Ok(()),
-            }
-        })
     }
 }
 

@@ -1,5 +1,5 @@
 //! Construction parameters of the CPU twin.
-use collective_core::protocol::Timeouts;
+use collective_core::protocol::{DEFAULT_LL_CAPACITY, Timeouts};
 
 /// How a CPU-twin collective is built. Every rank must pass the same values (checked).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -13,13 +13,23 @@ pub struct ShmConfig {
     pub timeouts: Option<Timeouts>,
     /// all_reduce calls of at least this many bytes take IPC reduce_scatter + all_gather.
     pub rs_ag_threshold: usize,
+    /// Payload bytes per rank one call may send on the LL push route (`ipc_push_ll`); the
+    /// receive area takes `4 * world * ll_capacity` bytes per rank. Larger calls routed there,
+    /// and every call when it is 0, take the one-shot pull route (same bits).
+    pub ll_capacity: usize,
 }
 
 impl ShmConfig {
     /// `capacity` bytes of staging, timeouts from the environment (`DETCOLL_TIMEOUT_MS`, read
-    /// at construction), and RS+AG from 256 KiB.
+    /// at construction), RS+AG from 256 KiB, and the default LL push capacity (512 KiB).
     pub fn new(capacity: usize) -> Self {
-        ShmConfig { capacity, timeouts: None, rs_ag_threshold: 256 << 10 }
+        ShmConfig { capacity, timeouts: None, rs_ag_threshold: 256 << 10, ll_capacity: DEFAULT_LL_CAPACITY }
+    }
+
+    /// Builder: the LL push capacity in payload bytes per rank (0: no LL route).
+    pub fn with_ll_capacity(mut self, bytes: usize) -> Self {
+        self.ll_capacity = bytes;
+        self
     }
 
     /// Builder: explicit wait bounds (instead of `DETCOLL_TIMEOUT_MS`).

@@ -1,8 +1,8 @@
 //! The host executor of the shared protocol: runs a [`Plan`] over every rank's region.
 use crate::region::Region;
-use crate::wait::{Peer, wait_flag, wait_value};
+use crate::wait::{Peer, wait_flag, wait_ll, wait_value};
 use collective_core::protocol::{CLOSE_ACK, FlagState, FlagWord, Layout, Phase, Plan, Poison, Segment, Timeouts};
-use collective_core::{DType, Error, Signature};
+use collective_core::{DType, Error, Route, Signature};
 use half::{bf16, f16};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -55,10 +55,24 @@ impl Engine {
     /// in [`Engine::run`]). Test support: call before any engine uses the region.
     pub(crate) fn preset_generation(layout: &Layout, region: &Region, start: u32) {
         let word = u64::from(start) << 32;
+        // SAFETY (every line below): in bounds and 8-aligned; no rank uses the region yet.
+        let at = |off: usize| unsafe { &*region.base().add(off).cast::<AtomicU64>() };
         for b in 0..layout.blocks() {
-            // SAFETY: the ready line is in bounds and 8-aligned; no rank uses the region yet.
-            let w = unsafe { &*region.base().add(layout.ready(b)).cast::<AtomicU64>() };
-            w.store(word, Ordering::Release);
+            at(layout.ready(b)).store(word, Ordering::Release);
+        }
+        // Push headers as published at `start`, and every LL word carrying flag `start` (what
+        // the epoch refresh would have left; construction's 0 would read as current at
+        // generation 0).
+        for parity in 0..2 {
+            for q in 0..8 {
+                at(layout.push_header(parity, q)).store(word, Ordering::Release);
+            }
+        }
+        if layout.ll_capacity() > 0 {
+            let (lo, hi) = (layout.ll_area(), layout.control_bytes());
+            for off in (lo..hi).step_by(8) {
+                at(off).store(word, Ordering::Relaxed);
+            }
         }
     }
 
@@ -78,7 +92,141 @@ impl Engine {
         Ok(())
     }
 
+    /// The LL word `index` (payload bytes `4 * index ..`) of `sender`'s slot of `parity` in
+    /// `owner`'s region.
+    fn ll_word(&self, owner: usize, parity: usize, sender: usize, index: usize) -> &AtomicU64 {
+        self.word(owner, self.layout.ll_slot(parity, sender) + 8 * index)
+    }
+
+    /// The duties every call has towards the routes it does not take, so that no flag or LL
+    /// word ever falls far behind (the GPU kernels do the same): the push headers in every
+    /// peer (a push call's receivers wait on them), and once per 2^30 generations (g mod 2^30
+    /// in {0, 1}, one call per parity) every LL word of this rank's slot in every peer,
+    /// rewritten with flag g - 2, which no receiver waits for. Called before the call's own
+    /// sends, so in the same thread a refreshed word is always overwritten by this call's data.
+    fn keep_fresh(&self, parity: usize, g: u32, word: u64) {
+        for q in (0..self.world).filter(|&q| q != self.rank) {
+            self.word(q, self.layout.push_header(parity, self.rank)).store(word, Ordering::Release);
+        }
+        if self.layout.ll_capacity() > 0 && (g >> 1) & LL_EPOCH_MASK == 0 {
+            let stale = u64::from(g.wrapping_sub(2)) << 32;
+            for q in (0..self.world).filter(|&q| q != self.rank) {
+                for i in 0..self.layout.ll_slot_bytes() / 8 {
+                    self.ll_word(q, parity, self.rank, i).store(stale, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// The LL push route: write this rank's values into its slot of every peer (reduce_scatter:
+    /// shard `q` to peer `q`), wait for every sender's push header (same call?), then read the
+    /// own slots — each LL word is waited for by its own flag — and reduce or gather.
+    fn run_push(&self, plan: &Plan, g: u32) -> Result<(), Error> {
+        let parity = (g & 1) as usize;
+        let size = plan.sig.dtype.size();
+        let sig_words = plan.sig.pack();
+        let slot = self.layout.sig_slot(parity);
+        self.word(self.rank, slot).store(sig_words[0], Ordering::Relaxed);
+        self.word(self.rank, slot + 8).store(sig_words[1], Ordering::Relaxed);
+        let flag = FlagWord::publish(g, &plan.sig).0;
+        // The pull flags this call does not use (it uses none).
+        self.word(self.rank, self.layout.ready(0)).store(flag, Ordering::Release);
+        self.word(self.rank, self.layout.phase2(0)).store(flag, Ordering::Release);
+        self.keep_fresh(parity, g, flag);
+        let high = u64::from(g) << 32;
+        for s in plan.stage.as_slice() {
+            let first = s.frame_offset * size / 4;
+            let bytes = s.count * size;
+            for q in (0..self.world).filter(|&q| q != self.rank) {
+                let src = match s.phase {
+                    Phase::Scatter => s.src + (q * bytes) as u64,
+                    _ => s.src,
+                };
+                for i in 0..bytes.div_ceil(4) {
+                    let n = (bytes - 4 * i).min(4);
+                    let mut w = [0u8; 4];
+                    // SAFETY: `src` is a validated caller view of `bytes` bytes; `4 * i + n <= bytes`.
+                    unsafe { core::ptr::copy_nonoverlapping((src as *const u8).add(4 * i), w.as_mut_ptr(), n) };
+                    self.ll_word(q, parity, self.rank, first + i)
+                        .store(high | u64::from(u32::from_le_bytes(w)), Ordering::Relaxed);
+                }
+            }
+        }
+        let header = |q: usize| self.word(self.rank, self.layout.push_header(parity, q));
+        self.wait_all_at(&header, g, &plan.sig, parity, "push its input")?;
+        for s in plan.phase1.as_slice() {
+            self.push_segment(s, plan.sig.dtype, parity, g)?;
+        }
+        Ok(())
+    }
+
+    /// `count` elements of `peer`'s slot from payload offset `frame_offset` into `out` (whole
+    /// words), each word waited for by its flag.
+    fn read_slot(&self, peer: usize, parity: usize, g: u32, s: &Segment, size: usize, out: &mut [u64]) -> Result<(), Error> {
+        let first = s.frame_offset * size / 4;
+        let words = (s.count * size).div_ceil(4);
+        let closed = self.word(self.rank, self.layout.ack(peer));
+        let p = self.peers[peer];
+        for i in 0..words {
+            let v = wait_ll(self.ll_word(self.rank, parity, peer, first + i), closed, g, p, self.timeouts.peer)?;
+            // Two payload words per u64 of scratch, little-endian: the bytes in order.
+            let shift = 32 * (i & 1);
+            out[i / 2] = (out[i / 2] & !(0xFFFF_FFFFu64 << shift)) | (u64::from(v) << shift);
+        }
+        Ok(())
+    }
+
+    /// One receive segment of the push route.
+    fn push_segment(&self, s: &Segment, dtype: DType, parity: usize, g: u32) -> Result<(), Error> {
+        let size = dtype.size();
+        let bytes = s.count * size;
+        let words = bytes.div_ceil(8);
+        match s.phase {
+            Phase::Gather if s.peer == self.rank => {
+                if s.src != s.dst {
+                    // SAFETY: validated caller views of `bytes` bytes that do not overlap
+                    // (out of place: validated; in place: src == dst, skipped).
+                    unsafe { core::ptr::copy_nonoverlapping(s.src as *const u8, s.dst as *mut u8, bytes) };
+                }
+            }
+            Phase::Gather => {
+                let mut tmp = vec![0u64; words];
+                self.read_slot(s.peer, parity, g, s, size, &mut tmp)?;
+                // SAFETY: `dst` is a validated caller view of `bytes` bytes; `tmp` holds at least as many.
+                unsafe { core::ptr::copy_nonoverlapping(tmp.as_ptr().cast::<u8>(), s.dst as *mut u8, bytes) };
+            }
+            Phase::Reduce => {
+                // Every leaf in scratch (the own one copied too: in place, `dst` is `src`).
+                let mut leaves = vec![0u64; words * self.world];
+                for (q, leaf) in leaves.chunks_mut(words.max(1)).enumerate().take(self.world) {
+                    if q == self.rank {
+                        // SAFETY: `src` is a validated caller view of `bytes` bytes.
+                        unsafe { core::ptr::copy_nonoverlapping(s.src as *const u8, leaf.as_mut_ptr().cast::<u8>(), bytes) };
+                    } else {
+                        self.read_slot(q, parity, g, s, size, leaf)?;
+                    }
+                }
+                let mut frames = [core::ptr::null::<u8>(); 8];
+                for (q, f) in frames.iter_mut().enumerate().take(self.world) {
+                    *f = leaves[q * words..].as_ptr().cast::<u8>();
+                }
+                let frames = &frames[..self.world];
+                match dtype {
+                    DType::F32 => reduce::<f32>(frames, s.dst, s.count),
+                    DType::F16 => reduce::<f16>(frames, s.dst, s.count),
+                    DType::BF16 => reduce::<bf16>(frames, s.dst, s.count),
+                    _ => unreachable!("validation admits only reducible dtypes to Reduce"),
+                }
+            }
+            Phase::Stage | Phase::Send | Phase::Scatter => {}
+        }
+        Ok(())
+    }
+
     fn run(&self, plan: &Plan, g: u32) -> Result<(), Error> {
+        if plan.route == Route::IpcPushLl {
+            return self.run_push(plan, g);
+        }
         let parity = (g & 1) as usize;
         let size = plan.sig.dtype.size();
         let own = self.frame(self.rank, parity);
@@ -94,6 +242,7 @@ impl Engine {
         self.word(self.rank, slot).store(sig_words[0], Ordering::Relaxed);
         self.word(self.rank, slot + 8).store(sig_words[1], Ordering::Relaxed);
         let flag = FlagWord::publish(g, &plan.sig).0;
+        self.keep_fresh(parity, g, flag);
         let two_phase = !plan.phase2.as_slice().is_empty();
         if !two_phase {
             // Refresh the phase-2 flag this call does not use (as the GPU kernels do), so it
@@ -126,18 +275,29 @@ impl Engine {
     }
 
     fn wait_all(&self, offset: usize, g: u32, sig: &Signature, parity: usize, what: &'static str) -> Result<(), Error> {
+        self.wait_all_at(&|q| self.word(q, offset), g, sig, parity, what)
+    }
+
+    /// Waits for every peer's flag `flag_of(peer)` to show generation `g` with `sig`'s digest.
+    fn wait_all_at<'a>(
+        &'a self,
+        flag_of: &dyn Fn(usize) -> &'a AtomicU64,
+        g: u32,
+        sig: &Signature,
+        parity: usize,
+        what: &'static str,
+    ) -> Result<(), Error> {
         let digest = sig.digest();
         for peer in self.peers.iter().filter(|p| p.rank != self.rank) {
             let closed = self.word(self.rank, self.layout.ack(peer.rank));
             let state =
-                match wait_flag(self.word(peer.rank, offset), closed, g, digest, *peer, self.timeouts.peer, what) {
+                match wait_flag(flag_of(peer.rank), closed, g, digest, *peer, self.timeouts.peer, what) {
                     Ok(state) => state,
                     Err(e @ (Error::PeerClosed { .. } | Error::PeerDied { .. })) => {
                         // A peer that saw a mismatched call fails and may close or exit before this
                         // rank looked at the culprit: report the mismatch, the cause, when one shows.
                         let culprit = self.peers.iter().filter(|p| p.rank != self.rank).find(|p| {
-                            FlagWord(self.word(p.rank, offset).load(Ordering::Acquire)).check(g, digest)
-                                == FlagState::Mismatch
+                            FlagWord(flag_of(p.rank).load(Ordering::Acquire)).check(g, digest) == FlagState::Mismatch
                         });
                         return Err(culprit.map_or(e, |p| self.mismatch(p.rank, sig, parity)));
                     }
@@ -180,7 +340,7 @@ impl Engine {
             unsafe { self.frame(rank, parity).add(s.frame_offset * size) }
         };
         match s.phase {
-            Phase::Stage => {}
+            Phase::Stage | Phase::Send | Phase::Scatter => {}
             Phase::Gather => {
                 // SAFETY: the peer published this range (acquire) and does not rewrite it before
                 // it has seen our next generation's flag; `dst` is a validated caller view.
@@ -229,6 +389,11 @@ impl Engine {
         Ok(())
     }
 }
+
+/// `(g >> 1) & LL_EPOCH_MASK == 0` picks the generations (g mod 2^30 in {0, 1}) that rewrite
+/// every LL word: no word is then ever more than 2^30 + 2 generations stale, so a stale flag can
+/// never equal a current generation (that needs 2^32). The kernels' `DC_LL_EPOCH_MASK`.
+const LL_EPOCH_MASK: u32 = 0x1FFF_FFFF;
 
 /// The fixed tree over `frames` (one per rank, in rank order), `count` elements, into `dst`.
 fn reduce<T: fixed_tree::Element>(frames: &[*const u8], dst: u64, count: usize) {

@@ -50,26 +50,64 @@ pub(crate) fn wait_flag(
     timeout: Duration,
     what: &'static str,
 ) -> Result<FlagState, Error> {
-    let check = |v| FlagWord(v).check(g, digest);
-    let state = check(flag.load(Ordering::Acquire));
-    if state != FlagState::Behind {
-        return Ok(state);
-    }
-    for _ in 0..256 {
-        core::hint::spin_loop();
-        let state = check(flag.load(Ordering::Acquire));
-        if state != FlagState::Behind {
-            return Ok(state);
+    wait_for(
+        || {
+            let state = FlagWord(flag.load(Ordering::Acquire)).check(g, digest);
+            (state != FlagState::Behind).then_some(state)
+        },
+        closed,
+        peer,
+        timeout,
+        what,
+    )
+}
+
+/// Waits, bounded like [`wait_flag`], until the LL word `word` carries generation `g` in its
+/// high half, and returns its payload (the low half). Payload and flag travel in one atomic
+/// word, so no ordering beyond the word itself is needed.
+pub(crate) fn wait_ll(
+    word: &AtomicU64,
+    closed: &AtomicU64,
+    g: u32,
+    peer: Peer,
+    timeout: Duration,
+) -> Result<u32, Error> {
+    wait_for(
+        || {
+            let v = word.load(Ordering::Relaxed);
+            ((v >> 32) as u32 == g).then_some(v as u32)
+        },
+        closed,
+        peer,
+        timeout,
+        "push its input",
+    )
+}
+
+/// Polls `probe` until it returns a value: spins, then yields, then sleeps; fails with
+/// [`Error::PeerTimeout`] after `timeout`, [`Error::PeerDied`] / [`Error::PeerClosed`] as soon as
+/// the peer is gone (probing once more first: what a peer published before closing or dying is
+/// visible, and then nothing is wrong).
+fn wait_for<T>(
+    mut probe: impl FnMut() -> Option<T>,
+    closed: &AtomicU64,
+    peer: Peer,
+    timeout: Duration,
+    what: &'static str,
+) -> Result<T, Error> {
+    for _ in 0..257 {
+        if let Some(v) = probe() {
+            return Ok(v);
         }
+        core::hint::spin_loop();
     }
     let start = Instant::now();
     let mut next_check = Duration::ZERO;
     let mut polls = 0u32;
     loop {
         std::thread::yield_now();
-        let state = check(flag.load(Ordering::Acquire));
-        if state != FlagState::Behind {
-            return Ok(state);
+        if let Some(v) = probe() {
+            return Ok(v);
         }
         polls = polls.wrapping_add(1);
         if polls % 64 == 0 {
@@ -86,10 +124,8 @@ pub(crate) fn wait_flag(
                 };
                 if let Some(err) = gone {
                     // A peer acknowledges close (release) only after its last call published
-                    // everything, and exits only after that too: a flag it did publish before
-                    // closing or dying is visible to this load, and then nothing is wrong.
-                    let state = check(flag.load(Ordering::Acquire));
-                    return if state != FlagState::Behind { Ok(state) } else { Err(err) };
+                    // everything, and exits only after that too.
+                    return probe().ok_or(err);
                 }
             }
             if waited >= timeout {

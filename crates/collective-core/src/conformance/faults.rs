@@ -111,10 +111,10 @@ pub fn expect_timeout(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{DType, Op, Signature};
+    use crate::{DType, Op, Route, Signature};
 
     fn sig(count: u64) -> Signature {
-        Signature { op: Op::AllReduce, dtype: DType::F32, count, lanes: 1, split: 0 }
+        Signature { op: Op::AllReduce, dtype: DType::F32, count, lanes: 1, split: 0, route: Route::IpcOneShot }
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The backend-neutral halves of construction and close that device twins run on the host.
-use super::{CLOSE_ACK, Header, Layout};
+use super::{CLOSE_ACK, HEADER_WORDS, Header, Layout};
 use crate::Error;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -61,7 +61,7 @@ pub fn first_missing_ack(
 
 /// Checks that the header words read from rank `q`'s allocation describe the same layout as
 /// this rank's `header` (everything but rank and pid must match).
-pub fn check_peer_header(words: [u64; 7], q: usize, header: &Header) -> Result<(), Error> {
+pub fn check_peer_header(words: [u64; HEADER_WORDS], q: usize, header: &Header) -> Result<(), Error> {
     let expect = Header { rank: q as u64, pid: words[6], ..*header };
     if Header::from_words(words) == Some(expect) {
         Ok(())
@@ -101,7 +101,7 @@ mod tests {
 
     #[test]
     fn peer_headers_must_match_but_rank_and_pid() {
-        let h = Header { world: 4, rank: 0, capacity: 64, blocks: 2, pid: 10 };
+        let h = Header { world: 4, rank: 0, capacity: 64, blocks: 2, pid: 10, ll_capacity: 0 };
         let peer = Header { rank: 3, pid: 99, ..h };
         check_peer_header(peer.to_words(), 3, &h).unwrap();
         assert!(check_peer_header(peer.to_words(), 2, &h).is_err());

@@ -10,6 +10,11 @@ use crate::Error;
 /// per rank, RS+AG reads 2: above a few hundred KiB the halved traffic wins.
 pub const DEFAULT_RSAG_THRESHOLD: usize = 512 << 10;
 
+/// Default payload bytes per rank a call may send on the LL push route (`ipc_push_ll`): the LL
+/// receive area then takes `4 * world * 512 KiB` per rank (4 MiB at world 2, 16 MiB at world 8).
+/// Larger calls routed there take the one-shot pull route instead (same bits).
+pub const DEFAULT_LL_CAPACITY: usize = 512 << 10;
+
 /// How a GPU IPC collective (CUDA or HIP) is built.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -27,13 +32,29 @@ pub struct IpcConfig {
     pub timeouts: Option<Timeouts>,
     /// `all_reduce` of at least this many bytes per rank takes the RS+AG route.
     pub rsag_threshold: usize,
+    /// Payload bytes per rank one call may send on the LL push route; the receive area takes
+    /// `2 * world * 2 * ll_capacity` bytes per rank (0: no LL route, calls routed there take
+    /// the one-shot pull route).
+    pub ll_capacity: usize,
 }
 
 impl IpcConfig {
     /// `capacity` bytes of staging, automatic block count, timeouts from `DETCOLL_TIMEOUT_MS`
     /// (default 10 s), the default RS+AG threshold.
     pub fn new(capacity: usize) -> Self {
-        IpcConfig { capacity, max_blocks: None, timeouts: None, rsag_threshold: DEFAULT_RSAG_THRESHOLD }
+        IpcConfig {
+            capacity,
+            max_blocks: None,
+            timeouts: None,
+            rsag_threshold: DEFAULT_RSAG_THRESHOLD,
+            ll_capacity: DEFAULT_LL_CAPACITY,
+        }
+    }
+
+    /// Builder: LL push capacity in payload bytes per rank (0 turns the LL route off).
+    pub fn with_ll_capacity(mut self, bytes: usize) -> Self {
+        self.ll_capacity = bytes;
+        self
     }
 
     /// Builder: a fixed block count.
@@ -63,7 +84,7 @@ impl IpcConfig {
         }
         // The staging layout must fit before anything is allocated (a capacity near usize::MAX
         // used to wrap to a tiny allocation).
-        super::Layout::new(self.capacity, self.max_blocks.unwrap_or(1))?;
+        super::Layout::with_ll(self.capacity, self.max_blocks.unwrap_or(1), 8, self.ll_capacity)?;
         self.resolved_timeouts().map(|_| ())
     }
 
@@ -79,11 +100,18 @@ impl IpcConfig {
     }
 
     /// Words every rank must agree on: `[capacity, max_blocks (0 = auto), rsag_threshold,
-    /// peer timeout (ns), close timeout (ns)]` (timeouts as resolved; the defaults when invalid,
-    /// which [`IpcConfig::check`] reports first).
-    pub fn agreement_words(&self) -> [u64; 5] {
+    /// peer timeout (ns), close timeout (ns), ll_capacity]` (timeouts as resolved; the defaults
+    /// when invalid, which [`IpcConfig::check`] reports first).
+    pub fn agreement_words(&self) -> [u64; 6] {
         let [peer, close] = self.resolved_timeouts().unwrap_or_default().agreement_words();
-        [self.capacity as u64, self.max_blocks.unwrap_or(0) as u64, self.rsag_threshold as u64, peer, close]
+        [
+            self.capacity as u64,
+            self.max_blocks.unwrap_or(0) as u64,
+            self.rsag_threshold as u64,
+            peer,
+            close,
+            self.ll_capacity as u64,
+        ]
     }
 }
 
@@ -107,6 +135,7 @@ mod tests {
     fn agreement_words_carry_the_timeouts() {
         let t = Timeouts { peer: Duration::from_millis(3), close: Duration::from_millis(4) };
         let w = IpcConfig::new(1 << 20).with_timeouts(t).agreement_words();
-        assert_eq!(&w[3..], &[3_000_000, 4_000_000]);
+        assert_eq!(&w[3..5], &[3_000_000, 4_000_000]);
+        assert_eq!(w[5], DEFAULT_LL_CAPACITY as u64);
     }
 }

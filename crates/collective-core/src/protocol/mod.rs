@@ -42,8 +42,10 @@ mod plan;
 mod poison;
 pub mod status;
 
-pub use config::{DEFAULT_RSAG_THRESHOLD, IpcConfig};
+pub use config::{DEFAULT_LL_CAPACITY, DEFAULT_RSAG_THRESHOLD, IpcConfig};
 pub use flag::{FlagState, FlagWord};
-pub use layout::{CLOSE_ACK, HEADER_MAGIC, Header, LINE, Layout, PROTOCOL_VERSION};
+pub use layout::{
+    CLOSE_ACK, HEADER_MAGIC, HEADER_WORDS, Header, LINE, LL_EXPANSION, Layout, MAX_LL_CAPACITY, PROTOCOL_VERSION,
+};
 pub use plan::{Phase, Plan, Segment};
 pub use poison::{MAX_TIMEOUT, Poison, TIMEOUT_ENV, Timeouts};

@@ -5,10 +5,10 @@
 //! Moved verbatim from `crates/cuda-ipc/src/launch.rs` (only the backend name of the
 //! "too many segments" error became a parameter of [`pack`]).
 use super::{Layout, Phase, Plan};
-use crate::{DType, Error, Op, SUPPORTED_WORLD_SIZES};
+use crate::{DType, Error, Op, Route, SUPPORTED_WORLD_SIZES};
 
 /// Must equal `DC_ABI_VERSION` in the kernels (checked when a module is loaded).
-pub const ABI_VERSION: u32 = 4;
+pub const ABI_VERSION: u32 = 5;
 /// Threads per block (the kernels' `__launch_bounds__`).
 pub const THREADS: u32 = 512;
 /// Frame bytes per tile: tile `t` belongs to block `t % grid` in every phase on every rank.
@@ -19,12 +19,24 @@ pub const MAX_WORLD: usize = 8;
 
 pub const SEG_WRITE_BACK: u32 = 1;
 pub const SEG_GATHER: u32 = 2;
+/// Push route, send list: write `src` into this rank's slot of every peer.
+pub const SEG_SEND: u32 = 4;
+/// Push route, send list: write shard `q` (`src + q * bytes`) into this rank's slot of peer `q`.
+pub const SEG_SCATTER: u32 = 8;
+
+/// `DcHeader::mode`: the pull protocol (stage, flags, read peers' frames).
+pub const MODE_PULL: u32 = 0;
+/// `DcHeader::mode`: the LL push protocol (write peers' slots, poll own slots).
+pub const MODE_PUSH_LL: u32 = 1;
 
 /// One contiguous piece of work (`DcSeg`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Seg {
     pub ptr: u64,
+    /// Push route: this rank's own values (send source, or the own leaf of a reduce / the
+    /// own shard of a gather); 0 on the pull routes.
+    pub src: u64,
     pub frame_off: u64,
     pub bytes: u64,
     pub peer: u32,
@@ -61,6 +73,17 @@ pub struct Header {
     pub nphase2: u32,
     /// `ack[0]` of the own control block: a peer's close acknowledgement ends a wait on it.
     pub off_ack: u32,
+    /// Push header of sender 0, parity 0 (`Layout::push_header`); sender `q` of parity `p` at
+    /// `off_push + (p * 8 + q) * line`.
+    pub off_push: u32,
+    /// Start of the LL area in every control block (`Layout::ll_area`).
+    pub off_ll: u32,
+    /// Bytes of one LL slot (`Layout::ll_slot_bytes`); slot `(p, q)` at `off_ll + (p * world +
+    /// q) * ll_slot`.
+    pub ll_slot: u32,
+    /// [`MODE_PULL`] or [`MODE_PUSH_LL`].
+    pub mode: u32,
+    pub _pad: u32,
 }
 
 /// `DcParams<N>`.
@@ -128,9 +151,9 @@ pub fn copy_grid(bytes: usize, max_grid: u32) -> u32 {
     (bytes.div_ceil(TILE_BYTES as usize) as u64).clamp(1, u64::from(max_grid.max(1))) as u32
 }
 
-const _: () = assert!(size_of::<Seg>() == 32);
-const _: () = assert!(size_of::<Header>() == 248);
-const _: () = assert!(size_of::<ParamsSingle>() == 248 + 16 * 32);
+const _: () = assert!(size_of::<Seg>() == 40);
+const _: () = assert!(size_of::<Header>() == 264);
+const _: () = assert!(size_of::<ParamsSingle>() == 264 + 16 * 40);
 const _: () = assert!(size_of::<TreeParams>() == 88);
 
 /// Where one rank's protocol memory is, as the kernels address it (see [`Layout`] for the two
@@ -191,6 +214,11 @@ impl Fixed {
             nphase1: 0,
             nphase2: 0,
             off_ack: layout.ack(0) as u32,
+            off_push: layout.push_header(0, 0) as u32,
+            off_ll: layout.ll_area() as u32,
+            ll_slot: layout.ll_slot_bytes() as u32,
+            mode: MODE_PULL,
+            _pad: 0,
         };
         Fixed { header, max_grid: layout.blocks() as u32, threads }
     }
@@ -231,15 +259,22 @@ pub fn pack<const N: usize>(
         n += 1;
         Ok(())
     };
+    let push_route = plan.route == Route::IpcPushLl;
     let mut nstage = 0u32;
     for s in plan.stage.as_slice() {
+        let flags = match s.phase {
+            Phase::Send => SEG_SEND,
+            Phase::Scatter => SEG_SCATTER,
+            _ => 0,
+        };
         push(
             Seg {
                 ptr: s.src,
+                src: s.src,
                 frame_off: s.frame_offset as u64 * size,
                 bytes: s.count as u64 * size,
                 peer: 0,
-                flags: 0,
+                flags,
             },
             "stage",
         )?;
@@ -263,6 +298,7 @@ pub fn pack<const N: usize>(
         push(
             Seg {
                 ptr: s.dst,
+                src: if push_route { s.src } else { 0 },
                 frame_off: s.frame_offset as u64 * size,
                 bytes: s.count as u64 * size,
                 peer: s.peer as u32,
@@ -277,6 +313,7 @@ pub fn pack<const N: usize>(
         push(
             Seg {
                 ptr: s.dst,
+                src: 0,
                 frame_off: s.frame_offset as u64 * size,
                 bytes: s.count as u64 * size,
                 peer: s.peer as u32,
@@ -290,7 +327,9 @@ pub fn pack<const N: usize>(
     p.h.sig = [w0, w1];
     p.h.digest = plan.sig.digest();
     p.h.dtype = plan.sig.dtype as u32;
-    p.h.grid = fixed.grid(plan.sig.count * size);
+    // Push route: blocks by the payload one peer receives (reduce_scatter sends shards).
+    p.h.grid = if push_route { fixed.grid(plan.push_payload_bytes() as u64) } else { fixed.grid(plan.sig.count * size) };
+    p.h.mode = if push_route { MODE_PUSH_LL } else { MODE_PULL };
     p.h.nstage = nstage;
     p.h.nphase1 = nphase1;
     // Nonzero exactly on the RS+AG route (world >= 2 there, so every rank gathers from at
@@ -321,18 +360,22 @@ mod tests {
 
     // Mirrored by hand from kernels/detcoll_protocol.h (`DcSeg`, `DcHeader`, `DcParams<N>`,
     // `DcTreeParams`, `DcCopyParams`, natural C alignment): byte offsets of every field.
-    const DC_ABI_VERSION: u32 = 4;
+    const DC_ABI_VERSION: u32 = 5;
     const DC_MAX_WORLD: usize = 8;
     const DC_THREADS: u32 = 512;
     const DC_SEGS_SINGLE: usize = 16;
     const DC_SEGS_MANY: usize = 32;
     const DC_SEG_WRITE_BACK: u32 = 1;
     const DC_SEG_GATHER: u32 = 2;
-    const SEG_OFFSETS: [usize; 5] = [0, 8, 16, 24, 28];
-    const SEG_SIZE: usize = 32;
+    const DC_SEG_SEND: u32 = 4;
+    const DC_SEG_SCATTER: u32 = 8;
+    const DC_MODE_PULL: u32 = 0;
+    const DC_MODE_PUSH_LL: u32 = 1;
+    const SEG_OFFSETS: [usize; 6] = [0, 8, 16, 24, 32, 36];
+    const SEG_SIZE: usize = 40;
     const HEADER_U64_OFFSETS: [usize; 7] = [0, 64, 128, 136, 144, 160, 176]; // ctl, data, err, timeout_ns, sig, frame, end
-    const HEADER_U32_FIRST: usize = 176; // off_status .. off_ack: 17 u32 in declaration order
-    const HEADER_SIZE: usize = 248;
+    const HEADER_U32_FIRST: usize = 176; // off_status .. _pad: 22 u32 in declaration order
+    const HEADER_SIZE: usize = 264;
     const TREE_OFFSETS: [usize; 4] = [64, 72, 80, 84]; // out, count, world, dtype
     const TREE_SIZE: usize = 88;
     const COPY_SIZE: usize = 24;
@@ -341,9 +384,11 @@ mod tests {
     fn layouts_match_the_kernel_header() {
         assert_eq!((ABI_VERSION, MAX_WORLD, THREADS), (DC_ABI_VERSION, DC_MAX_WORLD, DC_THREADS));
         assert_eq!((SEG_WRITE_BACK, SEG_GATHER), (DC_SEG_WRITE_BACK, DC_SEG_GATHER));
+        assert_eq!((SEG_SEND, SEG_SCATTER, MODE_PULL, MODE_PUSH_LL), (DC_SEG_SEND, DC_SEG_SCATTER, DC_MODE_PULL, DC_MODE_PUSH_LL));
         assert_eq!(
             [
                 offset_of!(Seg, ptr),
+                offset_of!(Seg, src),
                 offset_of!(Seg, frame_off),
                 offset_of!(Seg, bytes),
                 offset_of!(Seg, peer),
@@ -382,6 +427,11 @@ mod tests {
             offset_of!(Header, nphase1),
             offset_of!(Header, nphase2),
             offset_of!(Header, off_ack),
+            offset_of!(Header, off_push),
+            offset_of!(Header, off_ll),
+            offset_of!(Header, ll_slot),
+            offset_of!(Header, mode),
+            offset_of!(Header, _pad),
         ];
         for (i, o) in u32s.iter().enumerate() {
             assert_eq!(*o, HEADER_U32_FIRST + 4 * i, "u32 field {i} of DcHeader");

@@ -9,21 +9,33 @@ use crate::{Call, Error, LaneCall, MAX_LANES, Op, Route, Signature};
 const MAX_SEGMENTS: usize = if MAX_LANES > 8 { MAX_LANES } else { 8 };
 
 /// Where a segment's values come from.
+///
+/// On the pull routes `frame_offset` is in every rank's staging frame; on the LL push route
+/// ([`Route::IpcPushLl`]) it is the payload offset in the LL slots, and `Send`/`Scatter` take
+/// the place of `Stage`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
     /// Copy this rank's input into its own frame (`src` → frame).
     Stage,
-    /// Evaluate the fixed tree over every rank's frame, in rank order (frames → `dst`).
+    /// Evaluate the fixed tree over every rank's frame, in rank order (frames → `dst`). On the
+    /// push route: over this rank's slots, with this rank's own values read from `src`.
     Reduce,
-    /// Copy a single peer's frame range (frame of `peer` → `dst`).
+    /// Copy a single peer's frame range (frame of `peer` → `dst`). On the push route: from
+    /// this rank's slot of `peer`, or from `src` when `peer` is this rank.
     Gather,
+    /// Push route: write `count` elements from `src` into this rank's slot of every peer.
+    Send,
+    /// Push route: write shard `q` (`count` elements at `src + q * count`) into this rank's
+    /// slot of peer `q`, for every peer `q` (reduce_scatter: each shard goes to its owner).
+    Scatter,
 }
 
 /// One contiguous piece of work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Segment {
     pub phase: Phase,
-    /// Caller address read by `Stage`, unused otherwise.
+    /// Caller address read by `Stage`, `Send` and `Scatter`, and by the push route's `Reduce`
+    /// and own-rank `Gather` (this rank's own values); unused otherwise.
     pub src: u64,
     /// Caller address written by `Reduce`/`Gather` (for `Stage`: unused).
     pub dst: u64,
@@ -84,6 +96,19 @@ pub const fn shard_bounds(n: usize, world: usize, q: usize, align: usize) -> (us
 }
 
 impl Plan {
+    /// Payload bytes this plan sends to one peer on the push route: the end of its furthest
+    /// slot range (0 on the pull routes).
+    pub fn push_payload_bytes(&self) -> usize {
+        let size = self.sig.dtype.size();
+        self.stage
+            .as_slice()
+            .iter()
+            .filter(|s| matches!(s.phase, Phase::Send | Phase::Scatter))
+            .map(|s| (s.frame_offset + s.count) * size)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// The plan of a single-lane call on `rank` of `world`, taking `route`.
     ///
     /// `route` must be an IPC route (or `Local` for world 1); the plan of a `Local` call
@@ -92,7 +117,7 @@ impl Plan {
         let size = call.dtype.size() as u64;
         let n = call.count_in;
         let mut p = Plan {
-            sig: call.signature(),
+            sig: Signature { route, ..call.signature() },
             route,
             stage: Segments::new(),
             phase1: Segments::new(),
@@ -107,6 +132,9 @@ impl Plan {
             peer,
             write_back: false,
         };
+        if route == Route::IpcPushLl {
+            return Ok(Self::single_push(call, rank, world, p));
+        }
         p.stage.push(seg(Phase::Stage, 0, 0, n, rank));
         match (call.op, route) {
             (Op::AllReduce, Route::IpcOneShot) => p.phase1.push(seg(Phase::Reduce, call.dst, 0, n, rank)),
@@ -138,6 +166,79 @@ impl Plan {
             }
         }
         Ok(p)
+    }
+
+    /// The LL push plan of a single-lane call: send the input (reduce_scatter: each shard to its
+    /// owner) into slot offset 0 of every peer, then reduce or gather from the own slots.
+    fn single_push(call: &Call, rank: usize, world: usize, mut p: Plan) -> Plan {
+        let size = call.dtype.size() as u64;
+        let n = call.count_in;
+        let seg = |phase, src, dst, count, peer| Segment {
+            phase,
+            src,
+            dst,
+            frame_offset: 0,
+            count,
+            peer,
+            write_back: false,
+        };
+        match call.op {
+            Op::AllGather => {
+                p.stage.push(seg(Phase::Send, call.src, 0, n, rank));
+                for q in 0..world {
+                    p.phase1.push(seg(Phase::Gather, call.src, call.dst + (q * n) as u64 * size, n, q));
+                }
+            }
+            Op::ReduceScatter | Op::ReduceScatterMany => {
+                let shard = call.count_out;
+                p.stage.push(seg(Phase::Scatter, call.src, 0, shard, rank));
+                let own = call.src + (rank * shard) as u64 * size;
+                p.phase1.push(seg(Phase::Reduce, own, call.dst, shard, rank));
+            }
+            Op::AllReduce => {
+                p.stage.push(seg(Phase::Send, call.src, 0, n, rank));
+                p.phase1.push(seg(Phase::Reduce, call.src, call.dst, n, rank));
+            }
+        }
+        p
+    }
+
+    /// The LL push plan of `reduce_scatter_many`: every lane's shards scattered to their owners
+    /// into disjoint slot ranges (each starting on a 16-byte boundary, so no two lanes share an
+    /// LL line), one tree per lane over the own slots.
+    pub fn many_push(lanes: &[LaneCall], sig: Signature, rank: usize) -> Plan {
+        let mut p = Plan {
+            sig: Signature { route: Route::IpcPushLl, ..sig },
+            route: Route::IpcPushLl,
+            stage: Segments::new(),
+            phase1: Segments::new(),
+            phase2: Segments::new(),
+        };
+        let size = sig.dtype.size();
+        let align = 16 / size;
+        let mut offset = 0usize;
+        for l in lanes {
+            let c = &l.call;
+            let shard = c.count_out;
+            let base = Segment {
+                phase: Phase::Scatter,
+                src: c.src,
+                dst: 0,
+                frame_offset: offset,
+                count: shard,
+                peer: rank,
+                write_back: false,
+            };
+            p.stage.push(base);
+            p.phase1.push(Segment {
+                phase: Phase::Reduce,
+                src: c.src + (rank * shard * size) as u64,
+                dst: c.dst,
+                ..base
+            });
+            offset += shard.div_ceil(align) * align;
+        }
+        p
     }
 
     /// The plan of `reduce_scatter_many`: every lane staged into its disjoint range of one frame
