@@ -30,12 +30,12 @@ struct Step {
 
 fn graph_steps(world: usize) -> Vec<Step> {
     vec![
-        Step { op: Op::AllReduce, dtype: DType::BF16, lanes: vec![4096] }, // one-shot
+        Step { op: Op::AllReduce, dtype: DType::BF16, lanes: vec![4096] }, // one-shot (8 KiB)
         Step { op: Op::AllReduce, dtype: DType::F32, lanes: vec![65536 + 3] }, // RS+AG (> 64 KiB)
-        Step { op: Op::AllGather, dtype: DType::F16, lanes: vec![1001] },
-        Step { op: Op::ReduceScatter, dtype: DType::F32, lanes: vec![1024 * world] },
-        Step { op: Op::ReduceScatterMany, dtype: DType::BF16, lanes: vec![16 * world, 300 * world, world] },
-        Step { op: Op::AllReduce, dtype: DType::F16, lanes: vec![7] },
+        Step { op: Op::AllGather, dtype: DType::F16, lanes: vec![1001] },  // LL push (<= 6 KiB)
+        Step { op: Op::ReduceScatter, dtype: DType::F32, lanes: vec![1024 * world] }, // one-shot
+        Step { op: Op::ReduceScatterMany, dtype: DType::BF16, lanes: vec![16 * world, 300 * world, world] }, // push
+        Step { op: Op::AllReduce, dtype: DType::F16, lanes: vec![7] },     // LL push
     ]
 }
 
@@ -97,7 +97,8 @@ fn check_steps(rank: &CudaRank, steps: &[Step], bufs: &[StepBufs], what: &str) -
 }
 
 /// CUDA claims graph capture (`IpcDevice::GRAPH_CAPTURE`): eight ranks capture a mixed
-/// sequence (both all_reduce routes, all_gather, reduce_scatter, reduce_scatter_many) and
+/// sequence (the LL push route and both all_reduce pull routes, all_gather, reduce_scatter,
+/// reduce_scatter_many) and
 /// replay it 100 times, outputs cleared before each replay and bit-exact after it, with eager
 /// calls before and after (the generations continue on the device through the replays).
 #[test]
@@ -105,7 +106,7 @@ fn graph_capture_of_mixed_ops_replays_bitwise() {
     let Some(device) = gpu::<Cuda>() else { return };
     let _l = gpu_lock();
     let world = 8;
-    let config = CudaIpcConfig::new(1 << 20).with_rsag_threshold(64 << 10);
+    let config = CudaIpcConfig::new(1 << 20).with_rsag_threshold(64 << 10).with_push_threshold(6 << 10);
     let comms = IpcCollective::group_on(&device, world, &config).expect("group");
     let steps = graph_steps(world);
     let r = run_ranks::<Cuda, _>(comms, Cuda::REGION_BYTES, |rank: &mut CudaRank| {

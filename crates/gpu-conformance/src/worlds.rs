@@ -8,11 +8,11 @@ use ipc_engine::{Device, IpcCollective};
 use std::marker::PhantomData;
 use std::time::Duration;
 
-/// The conformance suites' configuration: `capacity` bytes of staging, a 32 KiB RS+AG
-/// threshold so both all_reduce routes run (the suite's sizes go up to its 256 KiB capacity),
-/// and `peer` as the bound on every wait for a peer.
+/// The conformance suites' configuration: `capacity` bytes of staging, the LL push route up to
+/// 8 KiB per rank, one-shot above, RS+AG from 32 KiB, so every route runs (the suite's sizes go
+/// up to its 256 KiB capacity), and `peer` as the bound on every wait for a peer.
 pub fn suite_config(capacity: usize, peer: Duration) -> IpcConfig {
-    let mut config = IpcConfig::new(capacity).with_rsag_threshold(32 << 10);
+    let mut config = IpcConfig::new(capacity).with_rsag_threshold(32 << 10).with_push_threshold(8 << 10);
     config.timeouts = Some(Timeouts { peer, ..Default::default() });
     config
 }

@@ -229,11 +229,18 @@ mod tests {
                 assert_eq!(asked % EXPORT_GRANULE, 0, "capacity {capacity}, blocks {blocks}: {asked}");
                 assert!(asked >= needed && asked - needed < EXPORT_GRANULE, "{asked} for {needed}");
             }
-            // The control block of the formula, (4 + 2 * blocks + 8) lines of 128 bytes.
-            assert_eq!(layout.control_bytes(), (4 + 2 * blocks + 8) * 128);
+            // The control block without an LL area: header, status, two signature slots, ready and
+            // phase-2 per block, 8 acks and 2 x 8 push headers, lines of 128 bytes.
+            assert_eq!(layout.control_bytes(), (4 + 2 * blocks + 3 * 8) * 128);
             // Every offset the kernels use lies inside what the layout needs, so inside the allocation.
             assert!(layout.ack(7) + 128 <= layout.control_bytes());
             assert!(layout.phase2(blocks - 1) < layout.ack(0));
+            // With LL slots (in the control block: fine-grained / uncached like the flags) the
+            // control allocation grows by them and stays whole 2 MiB units.
+            let ll = Layout::with_ll(capacity, blocks, 8, 512 << 10).unwrap();
+            let (control, _) = allocation_sizes(&ll).unwrap();
+            assert!(control % EXPORT_GRANULE == 0 && control >= ll.control_bytes());
+            assert_eq!(ll.ll_slot(1, 7) + ll.ll_slot_bytes(), ll.control_bytes());
         }
     }
 

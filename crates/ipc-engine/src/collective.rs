@@ -85,11 +85,14 @@ impl<D: IpcDevice> IpcCollective<D> {
         Ok(())
     }
 
-    /// The route a call of `op` staging `bytes` per rank takes when the caller does not choose
-    /// one: RS+AG for all_reduce from the configured threshold, one-shot otherwise.
+    /// The route a call of `op` moving `bytes` per rank takes when the caller does not choose
+    /// one: the LL push route up to the configured push threshold, RS+AG for all_reduce from
+    /// the RS+AG threshold, one-shot otherwise.
     pub fn default_route(&self, op: Op, bytes: usize) -> Route {
         if self.world == 1 {
             Route::Local
+        } else if bytes <= self.config.push_threshold && self.config.ll_capacity > 0 {
+            Route::IpcPushLl
         } else if op == Op::AllReduce && bytes > 0 && bytes >= self.config.rsag_threshold {
             Route::IpcReduceScatterAllGather
         } else {
@@ -216,23 +219,32 @@ impl<D: IpcDevice> IpcCollective<D> {
         }
     }
 
-    /// Enqueues a `reduce_scatter_many` on a raw stream (one-shot pull route).
+    /// Enqueues a `reduce_scatter_many` on a raw stream, by the route of
+    /// [`IpcCollective::default_route`] for its total bytes.
     ///
     /// # Safety
     /// As [`IpcCollective::enqueue`], for every lane.
     pub unsafe fn enqueue_many(&self, lanes: &[Io<'_>], stream: RawStream) -> Result<(), Error> {
         // SAFETY: forwarded.
-        unsafe { self.enqueue_many_routed(lanes, Route::IpcOneShot, stream) }
+        unsafe { self.enqueue_many_routed(lanes, None, stream) }
     }
 
-    /// Enqueues a `reduce_scatter_many` on a raw stream by `route`: `IpcPushLl` when the lanes'
-    /// shards fit the LL slots, the one-shot pull route otherwise (and for any other route).
+    /// Enqueues a `reduce_scatter_many` on a raw stream by `route` (`None`: the default
+    /// route): `IpcPushLl` when the lanes' shards fit the LL slots, the one-shot pull route
+    /// otherwise (and for any other route).
     ///
     /// # Safety
     /// As [`IpcCollective::enqueue`], for every lane.
-    pub unsafe fn enqueue_many_routed(&self, lanes: &[Io<'_>], route: Route, stream: RawStream) -> Result<(), Error> {
+    pub unsafe fn enqueue_many_routed(
+        &self,
+        lanes: &[Io<'_>],
+        route: Option<Route>,
+        stream: RawStream,
+    ) -> Result<(), Error> {
         self.check()?;
         let (calls, sig) = validate_many(lanes, self.rank, self.world, self.config.capacity)?;
+        let route =
+            route.unwrap_or_else(|| self.default_route(Op::ReduceScatterMany, sig.count as usize * sig.dtype.size()));
         self.device.bind()?;
         let Some(ipc) = &self.ipc else {
             for l in &calls {
@@ -354,7 +366,7 @@ impl<D: IpcDevice> RouteSelect for IpcCollective<D> {
     fn reduce_scatter_many_on_route(&self, lanes: &[Io<'_>], route: Route, stream: &D::Stream) -> Result<(), Error> {
         let s = self.device.raw_stream(stream)?;
         // SAFETY: as in `all_reduce`.
-        unsafe { self.enqueue_many_routed(lanes, route, s) }
+        unsafe { self.enqueue_many_routed(lanes, Some(route), s) }
     }
 }
 

@@ -162,7 +162,15 @@ impl Engine {
 
     /// `count` elements of `peer`'s slot from payload offset `frame_offset` into `out` (whole
     /// words), each word waited for by its flag.
-    fn read_slot(&self, peer: usize, parity: usize, g: u32, s: &Segment, size: usize, out: &mut [u64]) -> Result<(), Error> {
+    fn read_slot(
+        &self,
+        peer: usize,
+        parity: usize,
+        g: u32,
+        s: &Segment,
+        size: usize,
+        out: &mut [u64],
+    ) -> Result<(), Error> {
         let first = s.frame_offset * size / 4;
         let words = (s.count * size).div_ceil(4);
         let closed = self.word(self.rank, self.layout.ack(peer));
@@ -201,7 +209,9 @@ impl Engine {
                 for (q, leaf) in leaves.chunks_mut(words.max(1)).enumerate().take(self.world) {
                     if q == self.rank {
                         // SAFETY: `src` is a validated caller view of `bytes` bytes.
-                        unsafe { core::ptr::copy_nonoverlapping(s.src as *const u8, leaf.as_mut_ptr().cast::<u8>(), bytes) };
+                        unsafe {
+                            core::ptr::copy_nonoverlapping(s.src as *const u8, leaf.as_mut_ptr().cast::<u8>(), bytes)
+                        };
                     } else {
                         self.read_slot(q, parity, g, s, size, leaf)?;
                     }
@@ -290,19 +300,18 @@ impl Engine {
         let digest = sig.digest();
         for peer in self.peers.iter().filter(|p| p.rank != self.rank) {
             let closed = self.word(self.rank, self.layout.ack(peer.rank));
-            let state =
-                match wait_flag(flag_of(peer.rank), closed, g, digest, *peer, self.timeouts.peer, what) {
-                    Ok(state) => state,
-                    Err(e @ (Error::PeerClosed { .. } | Error::PeerDied { .. })) => {
-                        // A peer that saw a mismatched call fails and may close or exit before this
-                        // rank looked at the culprit: report the mismatch, the cause, when one shows.
-                        let culprit = self.peers.iter().filter(|p| p.rank != self.rank).find(|p| {
-                            FlagWord(flag_of(p.rank).load(Ordering::Acquire)).check(g, digest) == FlagState::Mismatch
-                        });
-                        return Err(culprit.map_or(e, |p| self.mismatch(p.rank, sig, parity)));
-                    }
-                    Err(e) => return Err(e),
-                };
+            let state = match wait_flag(flag_of(peer.rank), closed, g, digest, *peer, self.timeouts.peer, what) {
+                Ok(state) => state,
+                Err(e @ (Error::PeerClosed { .. } | Error::PeerDied { .. })) => {
+                    // A peer that saw a mismatched call fails and may close or exit before this
+                    // rank looked at the culprit: report the mismatch, the cause, when one shows.
+                    let culprit = self.peers.iter().filter(|p| p.rank != self.rank).find(|p| {
+                        FlagWord(flag_of(p.rank).load(Ordering::Acquire)).check(g, digest) == FlagState::Mismatch
+                    });
+                    return Err(culprit.map_or(e, |p| self.mismatch(p.rank, sig, parity)));
+                }
+                Err(e) => return Err(e),
+            };
             match state {
                 FlagState::Ready | FlagState::Passed => {}
                 FlagState::Mismatch => return Err(self.mismatch(peer.rank, sig, parity)),

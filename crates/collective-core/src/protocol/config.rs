@@ -36,6 +36,10 @@ pub struct IpcConfig {
     /// `2 * world * 2 * ll_capacity` bytes per rank (0: no LL route, calls routed there take
     /// the one-shot pull route).
     pub ll_capacity: usize,
+    /// Calls moving at most this many bytes per rank take the LL push route by default (when
+    /// the caller, e.g. a routing table, does not choose the route; 0: never). Default 0 until
+    /// crossovers are measured on several GPUs; the factory's tables choose routes themselves.
+    pub push_threshold: usize,
 }
 
 impl IpcConfig {
@@ -48,7 +52,14 @@ impl IpcConfig {
             timeouts: None,
             rsag_threshold: DEFAULT_RSAG_THRESHOLD,
             ll_capacity: DEFAULT_LL_CAPACITY,
+            push_threshold: 0,
         }
+    }
+
+    /// Builder: calls of at most `bytes` per rank take the LL push route by default.
+    pub fn with_push_threshold(mut self, bytes: usize) -> Self {
+        self.push_threshold = bytes;
+        self
     }
 
     /// Builder: LL push capacity in payload bytes per rank (0 turns the LL route off).
@@ -100,9 +111,9 @@ impl IpcConfig {
     }
 
     /// Words every rank must agree on: `[capacity, max_blocks (0 = auto), rsag_threshold,
-    /// peer timeout (ns), close timeout (ns), ll_capacity]` (timeouts as resolved; the defaults
-    /// when invalid, which [`IpcConfig::check`] reports first).
-    pub fn agreement_words(&self) -> [u64; 6] {
+    /// peer timeout (ns), close timeout (ns), ll_capacity, push_threshold]` (timeouts as
+    /// resolved; the defaults when invalid, which [`IpcConfig::check`] reports first).
+    pub fn agreement_words(&self) -> [u64; 7] {
         let [peer, close] = self.resolved_timeouts().unwrap_or_default().agreement_words();
         [
             self.capacity as u64,
@@ -111,6 +122,7 @@ impl IpcConfig {
             peer,
             close,
             self.ll_capacity as u64,
+            self.push_threshold as u64,
         ]
     }
 }

@@ -60,7 +60,14 @@ mod tests {
 
     #[test]
     fn flag_states() {
-        let a = Signature { op: Op::AllReduce, dtype: DType::F16, count: 10, lanes: 1, split: 0, route: crate::Route::IpcOneShot };
+        let a = Signature {
+            op: Op::AllReduce,
+            dtype: DType::F16,
+            count: 10,
+            lanes: 1,
+            split: 0,
+            route: crate::Route::IpcOneShot,
+        };
         let b = Signature { count: 11, ..a };
         let f = FlagWord::publish(7, &a);
         assert_eq!(f.check(7, a.digest()), FlagState::Ready);

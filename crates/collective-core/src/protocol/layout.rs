@@ -275,7 +275,8 @@ mod tests {
         let l = Layout::with_ll(1 << 20, 8, 4, 1000).unwrap();
         assert_eq!(l.ll_slot_bytes(), 2048);
         assert!(l.ll_area() >= l.push_header(1, 7) + LINE && l.ll_area() % 4096 == 0);
-        let mut slots: Vec<usize> = (0..2).flat_map(|p| (0..4).map(move |q| (p, q))).map(|(p, q)| l.ll_slot(p, q)).collect();
+        let mut slots: Vec<usize> =
+            (0..2).flat_map(|p| (0..4).map(move |q| (p, q))).map(|(p, q)| l.ll_slot(p, q)).collect();
         slots.sort();
         assert!(slots.windows(2).all(|w| w[1] - w[0] == l.ll_slot_bytes()));
         assert_eq!(slots[7] + l.ll_slot_bytes(), l.control_bytes());

@@ -328,7 +328,8 @@ pub fn pack<const N: usize>(
     p.h.digest = plan.sig.digest();
     p.h.dtype = plan.sig.dtype as u32;
     // Push route: blocks by the payload one peer receives (reduce_scatter sends shards).
-    p.h.grid = if push_route { fixed.grid(plan.push_payload_bytes() as u64) } else { fixed.grid(plan.sig.count * size) };
+    p.h.grid =
+        if push_route { fixed.grid(plan.push_payload_bytes() as u64) } else { fixed.grid(plan.sig.count * size) };
     p.h.mode = if push_route { MODE_PUSH_LL } else { MODE_PULL };
     p.h.nstage = nstage;
     p.h.nphase1 = nphase1;
@@ -384,7 +385,10 @@ mod tests {
     fn layouts_match_the_kernel_header() {
         assert_eq!((ABI_VERSION, MAX_WORLD, THREADS), (DC_ABI_VERSION, DC_MAX_WORLD, DC_THREADS));
         assert_eq!((SEG_WRITE_BACK, SEG_GATHER), (DC_SEG_WRITE_BACK, DC_SEG_GATHER));
-        assert_eq!((SEG_SEND, SEG_SCATTER, MODE_PULL, MODE_PUSH_LL), (DC_SEG_SEND, DC_SEG_SCATTER, DC_MODE_PULL, DC_MODE_PUSH_LL));
+        assert_eq!(
+            (SEG_SEND, SEG_SCATTER, MODE_PULL, MODE_PUSH_LL),
+            (DC_SEG_SEND, DC_SEG_SCATTER, DC_MODE_PULL, DC_MODE_PUSH_LL)
+        );
         assert_eq!(
             [
                 offset_of!(Seg, ptr),

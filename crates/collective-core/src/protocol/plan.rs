@@ -173,15 +173,8 @@ impl Plan {
     fn single_push(call: &Call, rank: usize, world: usize, mut p: Plan) -> Plan {
         let size = call.dtype.size() as u64;
         let n = call.count_in;
-        let seg = |phase, src, dst, count, peer| Segment {
-            phase,
-            src,
-            dst,
-            frame_offset: 0,
-            count,
-            peer,
-            write_back: false,
-        };
+        let seg =
+            |phase, src, dst, count, peer| Segment { phase, src, dst, frame_offset: 0, count, peer, write_back: false };
         match call.op {
             Op::AllGather => {
                 p.stage.push(seg(Phase::Send, call.src, 0, n, rank));
