@@ -50,10 +50,13 @@
 #define DC_SEG_GATHER 2u      // phase 1: copy the peer's frame range instead of reducing
 #define DC_SEG_SEND 4u        // push, send list: write src into this rank's slot of every peer
 #define DC_SEG_SCATTER 8u     // push, send list: write shard q (src + q * bytes) to peer q only
+#define DC_SEG_SEND_TO 16u    // bulk push, send list: write src into peer `peer`'s frame at frame_off
+#define DC_SEG_AG 32u         // bulk push, send list: gathered data (signalled by the phase-1 flag)
 
 // DcHeader::mode.
 #define DC_MODE_PULL 0u     // stage, publish ready flags, read the peers' frames
 #define DC_MODE_PUSH_LL 1u  // write LL lines into the peers' slots, poll the own slots
+#define DC_MODE_PUSH 2u     // write the peers' frames, one released flag per block and phase
 
 // Error codes recorded in the host-mapped error record (mirrored in crates/collective-core/src/protocol/status.rs).
 #define DC_ERR_TIMEOUT_READY 1ull
@@ -94,8 +97,10 @@ struct DcHeader {
     dc_u32 off_push; // push header of sender q, parity p: off_push + (p * DC_MAX_WORLD + q) * line
     dc_u32 off_ll;   // LL area; slot (parity p, sender q) at off_ll + (p * world + q) * ll_slot
     dc_u32 ll_slot;  // bytes of one LL slot (0: no LL area)
-    dc_u32 mode;     // DC_MODE_PULL or DC_MODE_PUSH_LL
-    dc_u32 _pad;
+    dc_u32 mode;     // DC_MODE_PULL, DC_MODE_PUSH_LL or DC_MODE_PUSH
+    dc_u32 off_pflag;  // bulk push flag (phase k, block b, sender q) at off_pflag + ((k * layout_blocks + b) * 8 + q) * line
+    dc_u64 push_stride;  // bulk push: bytes between two senders' slots in a frame
+    dc_u64 push_ag;      // bulk push: frame offset of the reduced-shard slots
 };
 
 template <int N>
@@ -437,6 +442,113 @@ DC_DEV void dc_push_ll(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The bulk push route (DC_MODE_PUSH), for large messages. Rank r copies each slice of its input
+// straight into its owner's frame (slot r of the receiving rank, frame g % 2), then block b
+// releases its flag (phase 0, b, r) in that peer: the block's stores are ordered before it by
+// the barrier and the release's cumulativity, as in the pull route's staging. The owner waits
+// for its own flags (local polls), reduces its shard over [own input, slot 0, slot 1, ...] in
+// rank order into the output and, for all_reduce, writes the reduced tile into every peer's
+// frame (reduced-shard slot r) and releases (phase 1, b, r); then it copies every peer's reduced
+// shard from its own frame. all_gather is the second half alone (its input into every peer's
+// slot, phase-1 flags). Tiles are counted from each slot's start, so block b of every rank
+// writes, waits for and reads the same tiles. Frames are double-buffered by parity as in the
+// pull route: a sender writes frame g % 2 of a peer again only in call g + 2, after it completed
+// g + 1, which needed that peer's flags of g + 1, published after the peer finished g.
+// ---------------------------------------------------------------------------------------------
+
+DC_DEV dc_u64* dc_pflag(const DcHeader& h, dc_u32 owner, dc_u32 phase, dc_u32 block, dc_u32 sender) {
+    return dc_at(h.ctl[owner],
+                 h.off_pflag + (((dc_u64)phase * h.layout_blocks + block) * DC_MAX_WORLD + sender) * h.line);
+}
+
+// This block's flag of `phase` into every peer, after every thread's stores of the block.
+DC_DEV void dc_bulk_signal(const DcHeader& h, dc_u32 phase, dc_u64 word) {
+    DC_SYNC_BLOCK();
+    if (DC_TID == 0)
+        for (dc_u32 q = 0; q < h.world; ++q)
+            if (q != h.rank) dc_st_release_sys(dc_pflag(h, q, phase, DC_BID, h.rank), word);
+}
+
+DC_DEV bool dc_bulk_wait(const DcHeader& h, dc_u64* status, dc_u32 phase, dc_u32 g, dc_u64 code) {
+    dc_u32 off = h.off_pflag + ((phase * h.layout_blocks + DC_BID) * DC_MAX_WORLD) * h.line;
+    return dc_wait(h, status, off, g, code, true);
+}
+
+template <int W, int DT>
+DC_DEV void dc_bulk_reduce(const DcHeader& h, const DcSeg& s, dc_u64 frame) {
+    const dc_u64 own = h.data[h.rank] + frame;
+    const bool push = (s.flags & DC_SEG_WRITE_BACK) != 0;
+    // The first peer's reduced-shard slot is written by the reduction itself (write-back); the
+    // others are copies of the output after a barrier.
+    const dc_u32 first = h.rank == 0u ? 1u : 0u;
+    dc_for_tiles(0, s.bytes, h.tile_bytes, h.grid, DC_BID, [&](dc_u64 lo, dc_u64 hi) {
+        const dc_u8* src[W];
+#pragma unroll
+        for (int q = 0; q < W; ++q)
+            src[q] = (dc_u32)q == h.rank ? (const dc_u8*)(s.src + lo)
+                                         : (const dc_u8*)(own + s.frame_off + (dc_u64)q * h.push_stride + lo);
+        dc_u8* dst = (dc_u8*)(s.ptr + lo);
+        dc_u8* wb = push ? (dc_u8*)(h.data[first] + frame + h.push_ag + (dc_u64)h.rank * h.push_stride + lo) : (dc_u8*)0;
+        dc_reduce_range<W, DT, false>(src, dst, wb, hi - lo, DC_TID, DC_NTID);
+        if (push && W > 2) {
+            DC_SYNC_BLOCK();
+            for (dc_u32 t = first + 1u; t < (dc_u32)W; ++t)
+                if (t != h.rank)
+                    dc_copy_range((dc_u8*)(h.data[t] + frame + h.push_ag + (dc_u64)h.rank * h.push_stride + lo), dst,
+                                  hi - lo, DC_TID, DC_NTID);
+        }
+    });
+}
+
+template <int DT>
+DC_DEV void dc_bulk_reduce_w(const DcHeader& h, const DcSeg& s, dc_u64 frame) {
+    switch (h.world) {
+        case 2: dc_bulk_reduce<2, DT>(h, s, frame); break;
+        case 4: dc_bulk_reduce<4, DT>(h, s, frame); break;
+        default: dc_bulk_reduce<8, DT>(h, s, frame); break;
+    }
+}
+
+// Copies a peer's slot of the own frame (or, for this rank, its own input) to the output.
+DC_DEV void dc_bulk_gather(const DcHeader& h, const DcSeg& s, dc_u64 frame) {
+    const dc_u8* from = s.peer == h.rank ? (const dc_u8*)s.src : (const dc_u8*)(h.data[h.rank] + frame + s.frame_off);
+    dc_for_tiles(0, s.bytes, h.tile_bytes, h.grid, DC_BID, [&](dc_u64 lo, dc_u64 hi) {
+        dc_copy_range((dc_u8*)(s.ptr + lo), from + lo, hi - lo, DC_TID, DC_NTID);
+    });
+}
+
+DC_DEV void dc_push_bulk(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u32 g, dc_u64 word) {
+    const dc_u64 frame = h.frame[g & 1u];
+    const dc_u32 first_phase = (h.nstage > 0u && (seg[0].flags & DC_SEG_AG)) ? 1u : 0u;
+    for (dc_u32 i = 0; i < h.nstage; ++i) {
+        const DcSeg& s = seg[i];
+        dc_u8* to = (dc_u8*)(h.data[s.peer] + frame + s.frame_off);
+        dc_for_tiles(0, s.bytes, h.tile_bytes, h.grid, DC_BID, [&](dc_u64 lo, dc_u64 hi) {
+            dc_copy_range(to + lo, (const dc_u8*)(s.ptr + lo), hi - lo, DC_TID, DC_NTID);
+        });
+    }
+    dc_bulk_signal(h, first_phase, word);
+    if (!dc_bulk_wait(h, status, first_phase, g, DC_ERR_TIMEOUT_READY)) return;
+    for (dc_u32 i = 0; i < h.nphase1; ++i) {
+        const DcSeg& s = seg[h.nstage + i];
+        if (s.flags & DC_SEG_GATHER) {
+            dc_bulk_gather(h, s, frame);
+        } else {
+            switch (h.dtype) {
+                case DC_F32: dc_bulk_reduce_w<DC_F32>(h, s, frame); break;
+                case DC_F16: dc_bulk_reduce_w<DC_F16>(h, s, frame); break;
+                default: dc_bulk_reduce_w<DC_BF16>(h, s, frame); break;
+            }
+        }
+    }
+    if (h.nphase2) {
+        dc_bulk_signal(h, 1u, word);
+        if (!dc_bulk_wait(h, status, 1u, g, DC_ERR_TIMEOUT_PHASE2)) return;
+        for (dc_u32 i = 0; i < h.nphase2; ++i) dc_bulk_gather(h, seg[h.nstage + h.nphase1 + i], frame);
+    }
+}
+
 // One body for both parameter sizes (compiled once): `h` and `seg` point into the kernel's
 // parameter space (CUDA: __grid_constant__; HIP: the kernarg segment), no copy.
 DC_DEV_NOINLINE void dc_collective(const DcHeader& h, const DcSeg* seg) {
@@ -450,17 +562,16 @@ DC_DEV_NOINLINE void dc_collective(const DcHeader& h, const DcSeg* seg) {
     if (DC_TID == 0) {
         s_abort = dc_ld_relaxed_sys(&status[DC_ST_ABORT]) != 0;
         s_g = (dc_u32)dc_ld_relaxed_sys(&status[DC_ST_GEN]) + 1u;
-        s_refresh = h.ll_slot != 0u &&
-                    (((s_g >> 1) & DC_LL_EPOCH_MASK) == 0u || dc_ld_relaxed_sys(&status[DC_ST_REFRESH]) != 0);
+        s_refresh = ((s_g >> 1) & DC_LL_EPOCH_MASK) == 0u || dc_ld_relaxed_sys(&status[DC_ST_REFRESH]) != 0;
     }
     DC_SYNC_BLOCK();
     if (s_abort) return;  // poisoned: later calls (e.g. already enqueued) touch nothing
     const dc_u32 g = s_g;
-    const bool push = h.mode == DC_MODE_PUSH_LL;
+    const bool push = h.mode != DC_MODE_PULL;
     const dc_u64 frame = h.frame[g & 1u];
     const dc_u64 word = dc_flag_word(g, h.digest);
 
-    if (s_refresh) dc_ll_refresh(h, g);
+    if (s_refresh && h.ll_slot != 0u) dc_ll_refresh(h, g);
     if (b == 0 && DC_TID == 0) {
         // The full signature first, so a peer that sees a mismatching digest can report it;
         // then the push headers (release: after the signature), which a push call's receivers
@@ -482,10 +593,27 @@ DC_DEV_NOINLINE void dc_collective(const DcHeader& h, const DcSeg* seg) {
             dc_st_relaxed_sys(dc_at(own, h.off_ready + (dc_u64)k * h.line), word);
         for (dc_u32 k = (h.nphase2 && !push ? h.grid : 0u) + DC_TID; k < h.layout_blocks; k += DC_NTID)
             dc_st_relaxed_sys(dc_at(own, h.off_phase2 + (dc_u64)k * h.line), word);
+        if (s_refresh) {
+            // The bulk push flags this call does not use, in every peer (they are the senders'
+            // to write): once per 2^30 generations keeps them within 2^31 of the current one.
+            // Safe like the pull refresh: a peer making this call waits on none of them, one
+            // still at g - 1 reads g as "passed" (our g - 1 data is intact in the other frame),
+            // one making another call reads our digest as a mismatch.
+            const bool bulk = h.mode == DC_MODE_PUSH;
+            const bool gathered = bulk && h.nstage > 0u && (seg[0].flags & DC_SEG_AG);
+            for (dc_u32 k = 0; k < 2u; ++k) {
+                const bool used = bulk && (k == 0u ? !gathered : (gathered || h.nphase2 > 0u));
+                for (dc_u32 blk = (used ? h.grid : 0u) + DC_TID; blk < h.layout_blocks; blk += DC_NTID)
+                    for (dc_u32 q = 0; q < h.world; ++q)
+                        if (q != h.rank) dc_st_relaxed_sys(dc_pflag(h, q, k, blk, h.rank), word);
+            }
+        }
     }
 
-    if (push) {
+    if (h.mode == DC_MODE_PUSH_LL) {
         dc_push_ll(h, seg, status, g);
+    } else if (h.mode == DC_MODE_PUSH) {
+        dc_push_bulk(h, seg, status, g, word);
     } else {
         // Stage this block's tiles of the input into the own frame.
         for (dc_u32 i = 0; i < h.nstage; ++i) {

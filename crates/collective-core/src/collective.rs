@@ -18,17 +18,24 @@ pub enum Route {
     /// of every peer, as LL words that carry their arrival flag, and evaluates the tree over its
     /// own slots in rank order. One launch, no staging copy, no flag round trip.
     IpcPushLl,
+    /// Bulk push for large messages: every rank writes each slice of its input straight into
+    /// its owner's frame (plain stores, one released flag per block), the owner reduces its
+    /// shard from its own memory in rank order, then (all_reduce) pushes the reduced shard into
+    /// every peer's frame. reduce_scatter is the first half, all_gather the second; no staging
+    /// copy, no remote poll.
+    IpcPush,
 }
 
 impl Route {
     /// Every route.
-    pub const ALL: [Route; 6] = [
+    pub const ALL: [Route; 7] = [
         Route::Local,
         Route::IpcOneShot,
         Route::IpcReduceScatterAllGather,
         Route::Transport,
         Route::IpcReduceScatterTransportAllGather,
         Route::IpcPushLl,
+        Route::IpcPush,
     ];
     /// A small code of the route (its index in [`Route::ALL`]), carried in signatures.
     pub const fn code(self) -> u8 {
@@ -50,6 +57,7 @@ impl Route {
                 | Route::IpcReduceScatterAllGather
                 | Route::IpcReduceScatterTransportAllGather
                 | Route::IpcPushLl
+                | Route::IpcPush
         )
     }
     /// Whether the route needs the transport.
@@ -66,6 +74,7 @@ impl Route {
             Route::Transport => "transport",
             Route::IpcReduceScatterTransportAllGather => "ipc_rs_transport_ag",
             Route::IpcPushLl => "ipc_push_ll",
+            Route::IpcPush => "ipc_push",
         }
     }
 }
@@ -133,6 +142,7 @@ pub const fn ipc_route_for(op: Op, route: Route) -> Route {
         (_, Route::Local) => Route::Local,
         (Op::AllReduce, Route::IpcReduceScatterAllGather) => Route::IpcReduceScatterAllGather,
         (_, Route::IpcPushLl) => Route::IpcPushLl,
+        (_, Route::IpcPush) => Route::IpcPush,
         _ => Route::IpcOneShot,
     }
 }

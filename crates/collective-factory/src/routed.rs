@@ -202,7 +202,9 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I,
                 .as_ref()
                 .ok_or(Error::InvalidConfig { detail: "no IPC backend".into() })?
                 .reduce_scatter_many_on_route(lanes, Route::IpcPushLl, stream),
+            // reduce_scatter_many has no bulk push plan: the IPC backend's own route.
             Route::Local
+            | Route::IpcPush
             | Route::IpcOneShot
             | Route::IpcReduceScatterAllGather
             | Route::IpcReduceScatterTransportAllGather => self

@@ -1,6 +1,6 @@
 //! The conformance suite through the factory's routing, with a table that sends each op through
-//! every route at some size: IPC LL push, IPC one-shot, IPC RS+AG, transport, and the IPC RS +
-//! transport AG hybrid must all give the reference's bits. (reduce_scatter routed to the hybrid takes its IPC
+//! every route at some size: IPC LL push, IPC one-shot, IPC bulk push, IPC RS+AG, transport,
+//! and the IPC RS + transport AG hybrid must all give the reference's bits. (reduce_scatter routed to the hybrid takes its IPC
 //! half alone; that range is here so a reduce_scatter never runs the hybrid all_reduce again.)
 #![cfg(feature = "cpu")]
 use collective_core::bootstrap::LocalBootstrap;
@@ -16,14 +16,17 @@ pub const EVERY_ROUTE: &str = r#"{"platform":"cpu","source":"test: every route",
   {"op":"all_reduce","min_bytes":0,"max_bytes":2048,"route":"ipc_push_ll"},
   {"op":"all_reduce","min_bytes":2048,"max_bytes":4096,"route":"ipc_one_shot"},
   {"op":"all_reduce","min_bytes":4096,"max_bytes":16384,"route":"transport"},
-  {"op":"all_reduce","min_bytes":16384,"max_bytes":65536,"route":"ipc_rs_ag"},
+  {"op":"all_reduce","min_bytes":16384,"max_bytes":32768,"route":"ipc_push"},
+  {"op":"all_reduce","min_bytes":32768,"max_bytes":65536,"route":"ipc_rs_ag"},
   {"op":"all_reduce","min_bytes":65536,"max_bytes":null,"route":"ipc_rs_transport_ag"},
   {"op":"all_gather","min_bytes":0,"max_bytes":512,"route":"ipc_push_ll"},
   {"op":"all_gather","min_bytes":512,"max_bytes":1024,"route":"ipc_one_shot"},
-  {"op":"all_gather","min_bytes":1024,"max_bytes":null,"route":"transport"},
+  {"op":"all_gather","min_bytes":1024,"max_bytes":4096,"route":"ipc_push"},
+  {"op":"all_gather","min_bytes":4096,"max_bytes":null,"route":"transport"},
   {"op":"reduce_scatter","min_bytes":0,"max_bytes":4096,"route":"ipc_push_ll"},
   {"op":"reduce_scatter","min_bytes":4096,"max_bytes":8192,"route":"ipc_one_shot"},
-  {"op":"reduce_scatter","min_bytes":8192,"max_bytes":65536,"route":"transport"},
+  {"op":"reduce_scatter","min_bytes":8192,"max_bytes":16384,"route":"ipc_push"},
+  {"op":"reduce_scatter","min_bytes":16384,"max_bytes":65536,"route":"transport"},
   {"op":"reduce_scatter","min_bytes":65536,"max_bytes":null,"route":"ipc_rs_transport_ag"},
   {"op":"reduce_scatter_many","min_bytes":0,"max_bytes":4096,"route":"ipc_push_ll"},
   {"op":"reduce_scatter_many","min_bytes":4096,"max_bytes":8192,"route":"ipc_one_shot"},

@@ -36,6 +36,8 @@ fn graph_steps(world: usize) -> Vec<Step> {
         Step { op: Op::ReduceScatter, dtype: DType::F32, lanes: vec![1024 * world] }, // one-shot
         Step { op: Op::ReduceScatterMany, dtype: DType::BF16, lanes: vec![16 * world, 300 * world, world] }, // push
         Step { op: Op::AllReduce, dtype: DType::F16, lanes: vec![7] },     // LL push
+        Step { op: Op::AllReduce, dtype: DType::BF16, lanes: vec![300_001] }, // bulk push (>= 512 KiB)
+        Step { op: Op::AllGather, dtype: DType::F32, lanes: vec![150_000] }, // bulk push (600 KB)
     ]
 }
 
@@ -97,8 +99,8 @@ fn check_steps(rank: &CudaRank, steps: &[Step], bufs: &[StepBufs], what: &str) -
 }
 
 /// CUDA claims graph capture (`IpcDevice::GRAPH_CAPTURE`): eight ranks capture a mixed
-/// sequence (the LL push route and both all_reduce pull routes, all_gather, reduce_scatter,
-/// reduce_scatter_many) and
+/// sequence (the LL and bulk push routes and both all_reduce pull routes, all_gather,
+/// reduce_scatter, reduce_scatter_many) and
 /// replay it 100 times, outputs cleared before each replay and bit-exact after it, with eager
 /// calls before and after (the generations continue on the device through the replays).
 #[test]
@@ -106,7 +108,10 @@ fn graph_capture_of_mixed_ops_replays_bitwise() {
     let Some(device) = gpu::<Cuda>() else { return };
     let _l = gpu_lock();
     let world = 8;
-    let config = CudaIpcConfig::new(1 << 20).with_rsag_threshold(64 << 10).with_push_threshold(6 << 10);
+    let config = CudaIpcConfig::new(8 << 20)
+        .with_rsag_threshold(64 << 10)
+        .with_push_threshold(6 << 10)
+        .with_bulk_threshold(512 << 10);
     let comms = IpcCollective::group_on(&device, world, &config).expect("group");
     let steps = graph_steps(world);
     let r = run_ranks::<Cuda, _>(comms, Cuda::REGION_BYTES, |rank: &mut CudaRank| {

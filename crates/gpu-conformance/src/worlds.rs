@@ -9,10 +9,14 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 /// The conformance suites' configuration: `capacity` bytes of staging, the LL push route up to
-/// 8 KiB per rank, one-shot above, RS+AG from 32 KiB, so every route runs (the suite's sizes go
-/// up to its 256 KiB capacity), and `peer` as the bound on every wait for a peer.
+/// 8 KiB per rank, one-shot above, RS+AG (all_reduce) from 32 KiB, the bulk push route from 64
+/// KiB (calls that do not fit its frame slots take one-shot), so every route runs (the suite's
+/// sizes go up to its 256 KiB capacity), and `peer` as the bound on every wait for a peer.
 pub fn suite_config(capacity: usize, peer: Duration) -> IpcConfig {
-    let mut config = IpcConfig::new(capacity).with_rsag_threshold(32 << 10).with_push_threshold(8 << 10);
+    let mut config = IpcConfig::new(capacity)
+        .with_rsag_threshold(32 << 10)
+        .with_push_threshold(8 << 10)
+        .with_bulk_threshold(64 << 10);
     config.timeouts = Some(Timeouts { peer, ..Default::default() });
     config
 }

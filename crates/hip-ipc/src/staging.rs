@@ -230,8 +230,9 @@ mod tests {
                 assert!(asked >= needed && asked - needed < EXPORT_GRANULE, "{asked} for {needed}");
             }
             // The control block without an LL area: header, status, two signature slots, ready and
-            // phase-2 per block, 8 acks and 2 x 8 push headers, lines of 128 bytes.
-            assert_eq!(layout.control_bytes(), (4 + 2 * blocks + 3 * 8) * 128);
+            // phase-2 per block, 8 acks, 2 x 8 push headers and 2 x blocks x 8 bulk push flags,
+            // lines of 128 bytes.
+            assert_eq!(layout.control_bytes(), (4 + 2 * blocks + 3 * 8 + 16 * blocks) * 128);
             // Every offset the kernels use lies inside what the layout needs, so inside the allocation.
             assert!(layout.ack(7) + 128 <= layout.control_bytes());
             assert!(layout.phase2(blocks - 1) < layout.ack(0));

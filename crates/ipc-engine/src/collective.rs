@@ -86,13 +86,16 @@ impl<D: IpcDevice> IpcCollective<D> {
     }
 
     /// The route a call of `op` moving `bytes` per rank takes when the caller does not choose
-    /// one: the LL push route up to the configured push threshold, RS+AG for all_reduce from
-    /// the RS+AG threshold, one-shot otherwise.
+    /// one: the LL push route up to the configured push threshold, the bulk push route from the
+    /// bulk threshold (not reduce_scatter_many), RS+AG for all_reduce from the RS+AG threshold,
+    /// one-shot otherwise. Push calls that do not fit their slots take one-shot (same bits).
     pub fn default_route(&self, op: Op, bytes: usize) -> Route {
         if self.world == 1 {
             Route::Local
         } else if bytes <= self.config.push_threshold && self.config.ll_capacity > 0 {
             Route::IpcPushLl
+        } else if bytes >= self.config.bulk_threshold && op != Op::ReduceScatterMany {
+            Route::IpcPush
         } else if op == Op::AllReduce && bytes > 0 && bytes >= self.config.rsag_threshold {
             Route::IpcReduceScatterAllGather
         } else {
@@ -123,6 +126,13 @@ impl<D: IpcDevice> IpcCollective<D> {
         for parity in 0..2 {
             for q in 0..self.world {
                 self.device.write_word(own + ipc.layout.push_header(parity, q) as u64, word)?;
+            }
+        }
+        for phase in 0..2 {
+            for b in 0..ipc.layout.blocks() {
+                for q in 0..self.world {
+                    self.device.write_word(own + ipc.layout.push_flag(phase, b, q) as u64, word)?;
+                }
             }
         }
         let status = own + ipc.layout.status() as u64;
@@ -194,24 +204,17 @@ impl<D: IpcDevice> IpcCollective<D> {
         unsafe { self.device.launch(&ipc.kernels, Launch::Single(&p), p.h.grid, stream) }.map_err(|e| self.fail(e))
     }
 
-    /// The plan of one single-lane call by `route`: the LL push route when its payload fits
-    /// the LL slots, the one-shot pull route otherwise (same bits).
+    /// The plan of one single-lane call by `route`: a push route when its payload fits its
+    /// slots, the one-shot pull route otherwise (same bits).
     fn plan_single(&self, call: &collective_core::Call, route: Route, layout: &Layout) -> Result<Plan, Error> {
-        if route == Route::IpcPushLl {
-            let plan = Plan::single(call, self.rank, self.world, route)?;
-            if plan.push_payload_bytes() <= layout.ll_capacity() {
-                return Ok(plan);
-            }
-            return Plan::single(call, self.rank, self.world, Route::IpcOneShot);
-        }
-        Plan::single(call, self.rank, self.world, route)
+        Plan::single_fitted(call, self.rank, self.world, route, layout.capacity(), layout.ll_capacity())
     }
 
     /// The route `op` takes when asked for `route`, or why it cannot.
     fn check_route(&self, op: Op, route: Route) -> Result<Route, Error> {
         match (self.world, route) {
             (1, _) => Ok(Route::Local),
-            (_, Route::IpcOneShot | Route::IpcPushLl) => Ok(route),
+            (_, Route::IpcOneShot | Route::IpcPushLl | Route::IpcPush) => Ok(route),
             (_, Route::IpcReduceScatterAllGather) if op == Op::AllReduce => Ok(route),
             _ => Err(Error::InvalidConfig {
                 detail: format!("{op} cannot take route {route:?} on the IPC backend (a routing table asked for it)"),

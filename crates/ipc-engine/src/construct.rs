@@ -155,7 +155,7 @@ impl<D: IpcDevice> IpcCollective<D> {
             if theirs.len() != mine.len() || theirs[..agreed] != mine[..agreed] {
                 return Err(Error::ConfigMismatch {
                     detail: format!(
-                        "rank {q}'s configuration (capacity, max_blocks, rsag_threshold, timeouts, ll_capacity, push_threshold) differs from rank {rank}'s"
+                        "rank {q}'s configuration (capacity, max_blocks, rsag_threshold, timeouts, ll_capacity, push_threshold, bulk_threshold) differs from rank {rank}'s"
                     ),
                 });
             }

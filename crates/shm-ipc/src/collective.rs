@@ -410,7 +410,7 @@ impl ShmCollective {
         };
         let route = match route {
             None => self.route(op, call.bytes_in()),
-            Some(r @ (Route::IpcOneShot | Route::IpcReduceScatterAllGather | Route::IpcPushLl))
+            Some(r @ (Route::IpcOneShot | Route::IpcReduceScatterAllGather | Route::IpcPushLl | Route::IpcPush))
                 if r == ipc_route_for(op, r) =>
             {
                 r
@@ -419,11 +419,15 @@ impl ShmCollective {
                 return Err(Error::InvalidConfig { detail: format!("{op} cannot take route {r:?} on the CPU twin") });
             }
         };
-        let mut plan = Plan::single(&call, self.rank, self.world, route)?;
-        if route == Route::IpcPushLl && plan.push_payload_bytes() > engine.layout.ll_capacity() {
-            // Beyond the LL slots: the one-shot pull route, same bits.
-            plan = Plan::single(&call, self.rank, self.world, Route::IpcOneShot)?;
-        }
+        // A push call beyond its slots takes the one-shot pull route, same bits.
+        let plan = Plan::single_fitted(
+            &call,
+            self.rank,
+            self.world,
+            route,
+            engine.layout.capacity(),
+            engine.layout.ll_capacity(),
+        )?;
         engine.execute(&plan)
     }
 }

@@ -66,6 +66,7 @@ impl Engine {
         for parity in 0..2 {
             for q in 0..8 {
                 at(layout.push_header(parity, q)).store(word, Ordering::Release);
+                at(layout.push_flag(parity, 0, q)).store(word, Ordering::Release);
             }
         }
         if layout.ll_capacity() > 0 {
@@ -104,9 +105,20 @@ impl Engine {
     /// in {0, 1}, one call per parity) every LL word of this rank's slot in every peer,
     /// rewritten with flag g - 2, which no receiver waits for. Called before the call's own
     /// sends, so in the same thread a refreshed word is always overwritten by this call's data.
-    fn keep_fresh(&self, parity: usize, g: u32, word: u64) {
+    fn keep_fresh(&self, plan: &Plan, parity: usize, g: u32, word: u64) {
         for q in (0..self.world).filter(|&q| q != self.rank) {
             self.word(q, self.layout.push_header(parity, self.rank)).store(word, Ordering::Release);
+        }
+        if (g >> 1) & LL_EPOCH_MASK == 0 {
+            // The bulk push flags this call does not use (the GPU kernels' rule).
+            let (uses0, uses1) = bulk_phases(plan);
+            for (phase, used) in [(0, uses0), (1, uses1)] {
+                if !used {
+                    for q in (0..self.world).filter(|&q| q != self.rank) {
+                        self.word(q, self.layout.push_flag(phase, 0, self.rank)).store(word, Ordering::Release);
+                    }
+                }
+            }
         }
         if self.layout.ll_capacity() > 0 && (g >> 1) & LL_EPOCH_MASK == 0 {
             let stale = u64::from(g.wrapping_sub(2)) << 32;
@@ -132,7 +144,7 @@ impl Engine {
         // The pull flags this call does not use (it uses none).
         self.word(self.rank, self.layout.ready(0)).store(flag, Ordering::Release);
         self.word(self.rank, self.layout.phase2(0)).store(flag, Ordering::Release);
-        self.keep_fresh(parity, g, flag);
+        self.keep_fresh(plan, parity, g, flag);
         let high = u64::from(g) << 32;
         for s in plan.stage.as_slice() {
             let first = s.frame_offset * size / 4;
@@ -228,14 +240,120 @@ impl Engine {
                     _ => unreachable!("validation admits only reducible dtypes to Reduce"),
                 }
             }
-            Phase::Stage | Phase::Send | Phase::Scatter => {}
+            Phase::Stage | Phase::Send | Phase::Scatter | Phase::SendTo => {}
         }
         Ok(())
+    }
+
+    /// The bulk push route: copy each slice into its owner's frame (slot of this rank), flag
+    /// it (phase 0; all_gather: phase 1), wait for the own flags, reduce the own shard over the
+    /// own input and the slots in rank order — all_reduce: also into every peer's reduced-shard
+    /// slot, flagged in phase 1 — then copy the gathered slots out.
+    fn run_bulk(&self, plan: &Plan, g: u32) -> Result<(), Error> {
+        let parity = (g & 1) as usize;
+        let size = plan.sig.dtype.size();
+        let sig_words = plan.sig.pack();
+        let slot = self.layout.sig_slot(parity);
+        self.word(self.rank, slot).store(sig_words[0], Ordering::Relaxed);
+        self.word(self.rank, slot + 8).store(sig_words[1], Ordering::Relaxed);
+        let flag = FlagWord::publish(g, &plan.sig).0;
+        self.word(self.rank, self.layout.ready(0)).store(flag, Ordering::Release);
+        self.word(self.rank, self.layout.phase2(0)).store(flag, Ordering::Release);
+        self.keep_fresh(plan, parity, g, flag);
+        for s in plan.stage.as_slice() {
+            // SAFETY: `src` is a validated caller view of `count` elements; the slot lies in the
+            // peer's frame (the plan fits the capacity) and the peer reads it only after our flag.
+            unsafe {
+                core::ptr::copy_nonoverlapping(
+                    s.src as *const u8,
+                    self.frame(s.peer, parity).add(s.frame_offset * size),
+                    s.count * size,
+                )
+            };
+        }
+        let (uses0, _) = bulk_phases(plan);
+        let first = if uses0 { 0 } else { 1 };
+        self.bulk_round(plan, first, parity, g, flag)?;
+        for s in plan.phase1.as_slice() {
+            self.bulk_segment(plan, s, parity);
+        }
+        if !plan.phase2.as_slice().is_empty() {
+            self.bulk_round(plan, 1, parity, g, flag)?;
+            for s in plan.phase2.as_slice() {
+                self.bulk_segment(plan, s, parity);
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes this rank's flag of `phase` in every peer, then waits for every peer's in the
+    /// own control block.
+    fn bulk_round(&self, plan: &Plan, phase: usize, parity: usize, g: u32, flag: u64) -> Result<(), Error> {
+        for q in (0..self.world).filter(|&q| q != self.rank) {
+            self.word(q, self.layout.push_flag(phase, 0, self.rank)).store(flag, Ordering::Release);
+        }
+        let at = |q: usize| self.word(self.rank, self.layout.push_flag(phase, 0, q));
+        self.wait_all_at(&at, g, &plan.sig, parity, if phase == 0 { "push its slices" } else { "push its shard" })
+    }
+
+    /// One receive segment of the bulk push route.
+    fn bulk_segment(&self, plan: &Plan, s: &Segment, parity: usize) {
+        let size = plan.sig.dtype.size();
+        let bytes = s.count * size;
+        let own = self.frame(self.rank, parity);
+        match s.phase {
+            Phase::Gather if s.peer == self.rank => {
+                if s.src != s.dst {
+                    // SAFETY: validated caller views that do not overlap (out of place).
+                    unsafe { core::ptr::copy_nonoverlapping(s.src as *const u8, s.dst as *mut u8, bytes) };
+                }
+            }
+            Phase::Gather => {
+                // SAFETY: the peer's slot of the own frame, published (acquire); `dst` a validated view.
+                unsafe { core::ptr::copy_nonoverlapping(own.add(s.frame_offset * size), s.dst as *mut u8, bytes) };
+            }
+            Phase::Reduce => {
+                // The own leaf in scratch: in place, `dst` is `src`.
+                let mut mine = vec![0u64; bytes.div_ceil(8)];
+                // SAFETY: `src` is a validated caller view of `bytes` bytes.
+                unsafe { core::ptr::copy_nonoverlapping(s.src as *const u8, mine.as_mut_ptr().cast::<u8>(), bytes) };
+                let mut frames = [core::ptr::null::<u8>(); 8];
+                for (q, f) in frames.iter_mut().enumerate().take(self.world) {
+                    *f = if q == self.rank {
+                        mine.as_ptr().cast::<u8>()
+                    } else {
+                        // SAFETY: sender q's slot of the own frame (inside the plan's frame use).
+                        unsafe { own.add((s.frame_offset + q * plan.slot_stride) * size).cast_const() }
+                    };
+                }
+                let frames = &frames[..self.world];
+                match plan.sig.dtype {
+                    DType::F32 => reduce::<f32>(frames, s.dst, s.count),
+                    DType::F16 => reduce::<f16>(frames, s.dst, s.count),
+                    DType::BF16 => reduce::<bf16>(frames, s.dst, s.count),
+                    _ => unreachable!("validation admits only reducible dtypes to Reduce"),
+                }
+                if s.write_back {
+                    let slot = (plan.ag_base + self.rank * plan.slot_stride) * size;
+                    for q in (0..self.world).filter(|&q| q != self.rank) {
+                        // SAFETY: our reduced-shard slot in peer q's frame; q reads it only
+                        // after our phase-1 flag.
+                        unsafe {
+                            core::ptr::copy_nonoverlapping(s.dst as *const u8, self.frame(q, parity).add(slot), bytes)
+                        };
+                    }
+                }
+            }
+            Phase::Stage | Phase::Send | Phase::Scatter | Phase::SendTo => {}
+        }
     }
 
     fn run(&self, plan: &Plan, g: u32) -> Result<(), Error> {
         if plan.route == Route::IpcPushLl {
             return self.run_push(plan, g);
+        }
+        if plan.route == Route::IpcPush {
+            return self.run_bulk(plan, g);
         }
         let parity = (g & 1) as usize;
         let size = plan.sig.dtype.size();
@@ -252,7 +370,7 @@ impl Engine {
         self.word(self.rank, slot).store(sig_words[0], Ordering::Relaxed);
         self.word(self.rank, slot + 8).store(sig_words[1], Ordering::Relaxed);
         let flag = FlagWord::publish(g, &plan.sig).0;
-        self.keep_fresh(parity, g, flag);
+        self.keep_fresh(plan, parity, g, flag);
         let two_phase = !plan.phase2.as_slice().is_empty();
         if !two_phase {
             // Refresh the phase-2 flag this call does not use (as the GPU kernels do), so it
@@ -349,7 +467,7 @@ impl Engine {
             unsafe { self.frame(rank, parity).add(s.frame_offset * size) }
         };
         match s.phase {
-            Phase::Stage | Phase::Send | Phase::Scatter => {}
+            Phase::Stage | Phase::Send | Phase::Scatter | Phase::SendTo => {}
             Phase::Gather => {
                 // SAFETY: the peer published this range (acquire) and does not rewrite it before
                 // it has seen our next generation's flag; `dst` is a validated caller view.
@@ -397,6 +515,16 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// Which bulk push flag phases `plan` waits on: (phase 0: slices for the own shard, phase 1:
+/// gathered data — all_gather's inputs, all_reduce's reduced shards).
+fn bulk_phases(plan: &Plan) -> (bool, bool) {
+    if plan.route != Route::IpcPush {
+        return (false, false);
+    }
+    let gathered = plan.sig.op == collective_core::Op::AllGather;
+    (!gathered, gathered || !plan.phase2.as_slice().is_empty())
 }
 
 /// `(g >> 1) & LL_EPOCH_MASK == 0` picks the generations (g mod 2^30 in {0, 1}) that rewrite

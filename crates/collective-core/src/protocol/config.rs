@@ -40,6 +40,10 @@ pub struct IpcConfig {
     /// the caller, e.g. a routing table, does not choose the route; 0: never). Default 0 until
     /// crossovers are measured on several GPUs; the factory's tables choose routes themselves.
     pub push_threshold: usize,
+    /// Calls moving at least this many bytes per rank take the bulk push route by default
+    /// (`usize::MAX`: never, the default until measured on several GPUs). Checked after the
+    /// push threshold and before the RS+AG threshold.
+    pub bulk_threshold: usize,
 }
 
 impl IpcConfig {
@@ -53,7 +57,14 @@ impl IpcConfig {
             rsag_threshold: DEFAULT_RSAG_THRESHOLD,
             ll_capacity: DEFAULT_LL_CAPACITY,
             push_threshold: 0,
+            bulk_threshold: usize::MAX,
         }
+    }
+
+    /// Builder: calls of at least `bytes` per rank take the bulk push route by default.
+    pub fn with_bulk_threshold(mut self, bytes: usize) -> Self {
+        self.bulk_threshold = bytes;
+        self
     }
 
     /// Builder: calls of at most `bytes` per rank take the LL push route by default.
@@ -111,9 +122,10 @@ impl IpcConfig {
     }
 
     /// Words every rank must agree on: `[capacity, max_blocks (0 = auto), rsag_threshold,
-    /// peer timeout (ns), close timeout (ns), ll_capacity, push_threshold]` (timeouts as
-    /// resolved; the defaults when invalid, which [`IpcConfig::check`] reports first).
-    pub fn agreement_words(&self) -> [u64; 7] {
+    /// peer timeout (ns), close timeout (ns), ll_capacity, push_threshold, bulk_threshold]`
+    /// (timeouts as resolved; the defaults when invalid, which [`IpcConfig::check`] reports
+    /// first).
+    pub fn agreement_words(&self) -> [u64; 8] {
         let [peer, close] = self.resolved_timeouts().unwrap_or_default().agreement_words();
         [
             self.capacity as u64,
@@ -123,6 +135,7 @@ impl IpcConfig {
             close,
             self.ll_capacity as u64,
             self.push_threshold as u64,
+            self.bulk_threshold as u64,
         ]
     }
 }

@@ -157,6 +157,13 @@ impl Layout {
         (4 + 2 * self.blocks + MAX_WORLD + (parity & 1) * MAX_WORLD + sender) * LINE
     }
 
+    /// Bulk push flag of `sender` for `block` (`phase` 0: its slices for this rank's shard have
+    /// landed in this rank's frame; 1: its reduced shard has), written by the sender (release)
+    /// into the receiver's control block.
+    pub const fn push_flag(&self, phase: usize, block: usize, sender: usize) -> usize {
+        (4 + 2 * self.blocks + 3 * MAX_WORLD + ((phase & 1) * self.blocks + block) * MAX_WORLD + sender) * LINE
+    }
+
     /// Bytes of one LL slot: [`LL_EXPANSION`] times the payload capacity, rounded to 256.
     pub const fn ll_slot_bytes(&self) -> usize {
         Self::slot_for(self.ll_capacity)
@@ -172,15 +179,21 @@ impl Layout {
 
     /// Start of the LL area in the control block (page-aligned).
     pub const fn ll_area(&self) -> usize {
-        round_up((4 + 2 * self.blocks + 3 * MAX_WORLD) * LINE, FRAME_ALIGN)
+        round_up(Self::lines(self.blocks) * LINE, FRAME_ALIGN)
     }
 
     const fn slot_for(ll_capacity: usize) -> usize {
         round_up(ll_capacity * LL_EXPANSION, 256)
     }
 
+    /// Lines of the control block before the LL area: header, status, 2 signature slots, ready
+    /// and phase-2 per block, acks, 2 x 8 push headers, 2 x blocks x 8 bulk push flags.
+    const fn lines(blocks: usize) -> usize {
+        4 + 2 * blocks + 3 * MAX_WORLD + 2 * blocks * MAX_WORLD
+    }
+
     const fn control_for(blocks: usize, world: usize, ll_capacity: usize) -> usize {
-        let lines = (4 + 2 * blocks + 3 * MAX_WORLD) * LINE;
+        let lines = Self::lines(blocks) * LINE;
         if world == 0 { lines } else { round_up(lines, FRAME_ALIGN) + 2 * world * Self::slot_for(ll_capacity) }
     }
 
@@ -251,6 +264,7 @@ mod tests {
         offs.extend((0..4).map(|b| l.phase2(b)));
         offs.extend((0..8).map(|p| l.ack(p)));
         offs.extend((0..16).map(|i| l.push_header(i / 8, i % 8)));
+        offs.extend((0..64).map(|i| l.push_flag(i / 32, (i / 8) % 4, i % 8)));
         let mut sorted = offs.clone();
         sorted.sort();
         sorted.dedup();

@@ -28,6 +28,12 @@ pub const SEG_SCATTER: u32 = 8;
 pub const MODE_PULL: u32 = 0;
 /// `DcHeader::mode`: the LL push protocol (write peers' slots, poll own slots).
 pub const MODE_PUSH_LL: u32 = 1;
+/// `DcHeader::mode`: the bulk push protocol (write peers' frames, one released flag per block).
+pub const MODE_PUSH: u32 = 2;
+/// Bulk push, send list: write `src` into peer `peer`'s frame at `frame_off`.
+pub const SEG_SEND_TO: u32 = 16;
+/// Bulk push, send list: the data is gathered (all_gather), signalled by the phase-1 AG flag.
+pub const SEG_AG: u32 = 32;
 
 /// One contiguous piece of work (`DcSeg`).
 #[repr(C)]
@@ -81,9 +87,15 @@ pub struct Header {
     /// Bytes of one LL slot (`Layout::ll_slot_bytes`); slot `(p, q)` at `off_ll + (p * world +
     /// q) * ll_slot`.
     pub ll_slot: u32,
-    /// [`MODE_PULL`] or [`MODE_PUSH_LL`].
+    /// [`MODE_PULL`], [`MODE_PUSH_LL`] or [`MODE_PUSH`].
     pub mode: u32,
-    pub _pad: u32,
+    /// Bulk push flag of phase 0, block 0, sender 0 (`Layout::push_flag`); phase `k`, block
+    /// `b`, sender `q` at `off_pflag + ((k * layout_blocks + b) * 8 + q) * line`.
+    pub off_pflag: u32,
+    /// Bulk push: bytes between two senders' slots in a frame.
+    pub push_stride: u64,
+    /// Bulk push: frame offset of the reduced-shard slots.
+    pub push_ag: u64,
 }
 
 /// `DcParams<N>`.
@@ -152,8 +164,8 @@ pub fn copy_grid(bytes: usize, max_grid: u32) -> u32 {
 }
 
 const _: () = assert!(size_of::<Seg>() == 40);
-const _: () = assert!(size_of::<Header>() == 264);
-const _: () = assert!(size_of::<ParamsSingle>() == 264 + 16 * 40);
+const _: () = assert!(size_of::<Header>() == 280);
+const _: () = assert!(size_of::<ParamsSingle>() == 280 + 16 * 40);
 const _: () = assert!(size_of::<TreeParams>() == 88);
 
 /// Where one rank's protocol memory is, as the kernels address it (see [`Layout`] for the two
@@ -218,7 +230,9 @@ impl Fixed {
             off_ll: layout.ll_area() as u32,
             ll_slot: layout.ll_slot_bytes() as u32,
             mode: MODE_PULL,
-            _pad: 0,
+            off_pflag: layout.push_flag(0, 0, 0) as u32,
+            push_stride: 0,
+            push_ag: 0,
         };
         Fixed { header, max_grid: layout.blocks() as u32, threads }
     }
@@ -259,13 +273,15 @@ pub fn pack<const N: usize>(
         n += 1;
         Ok(())
     };
-    let push_route = plan.route == Route::IpcPushLl;
+    let push_route = matches!(plan.route, Route::IpcPushLl | Route::IpcPush);
+    let gathered = if plan.sig.op == Op::AllGather { SEG_AG } else { 0 };
     let mut nstage = 0u32;
     for s in plan.stage.as_slice() {
-        let flags = match s.phase {
-            Phase::Send => SEG_SEND,
-            Phase::Scatter => SEG_SCATTER,
-            _ => 0,
+        let (flags, peer) = match s.phase {
+            Phase::Send => (SEG_SEND, 0),
+            Phase::Scatter => (SEG_SCATTER, 0),
+            Phase::SendTo => (SEG_SEND_TO | gathered, s.peer as u32),
+            _ => (0, 0),
         };
         push(
             Seg {
@@ -273,7 +289,7 @@ pub fn pack<const N: usize>(
                 src: s.src,
                 frame_off: s.frame_offset as u64 * size,
                 bytes: s.count as u64 * size,
-                peer: 0,
+                peer,
                 flags,
             },
             "stage",
@@ -327,10 +343,15 @@ pub fn pack<const N: usize>(
     p.h.sig = [w0, w1];
     p.h.digest = plan.sig.digest();
     p.h.dtype = plan.sig.dtype as u32;
-    // Push route: blocks by the payload one peer receives (reduce_scatter sends shards).
-    p.h.grid =
-        if push_route { fixed.grid(plan.push_payload_bytes() as u64) } else { fixed.grid(plan.sig.count * size) };
-    p.h.mode = if push_route { MODE_PUSH_LL } else { MODE_PULL };
+    // Push routes: blocks by the payload one peer receives (LL; reduce_scatter sends shards)
+    // or by the slot (bulk: a shard, all_gather's input).
+    (p.h.grid, p.h.mode) = match plan.route {
+        Route::IpcPushLl => (fixed.grid(plan.push_payload_bytes() as u64), MODE_PUSH_LL),
+        Route::IpcPush => (fixed.grid(plan.slot_stride as u64 * size), MODE_PUSH),
+        _ => (fixed.grid(plan.sig.count * size), MODE_PULL),
+    };
+    p.h.push_stride = plan.slot_stride as u64 * size;
+    p.h.push_ag = plan.ag_base as u64 * size;
     p.h.nstage = nstage;
     p.h.nphase1 = nphase1;
     // Nonzero exactly on the RS+AG route (world >= 2 there, so every rank gathers from at
@@ -372,11 +393,15 @@ mod tests {
     const DC_SEG_SCATTER: u32 = 8;
     const DC_MODE_PULL: u32 = 0;
     const DC_MODE_PUSH_LL: u32 = 1;
+    const DC_MODE_PUSH: u32 = 2;
+    const DC_SEG_SEND_TO: u32 = 16;
+    const DC_SEG_AG: u32 = 32;
     const SEG_OFFSETS: [usize; 6] = [0, 8, 16, 24, 32, 36];
     const SEG_SIZE: usize = 40;
     const HEADER_U64_OFFSETS: [usize; 7] = [0, 64, 128, 136, 144, 160, 176]; // ctl, data, err, timeout_ns, sig, frame, end
-    const HEADER_U32_FIRST: usize = 176; // off_status .. _pad: 22 u32 in declaration order
-    const HEADER_SIZE: usize = 264;
+    const HEADER_U32_FIRST: usize = 176; // off_status .. off_pflag: 22 u32 in declaration order
+    const HEADER_TAIL_U64: [usize; 2] = [264, 272]; // push_stride, push_ag
+    const HEADER_SIZE: usize = 280;
     const TREE_OFFSETS: [usize; 4] = [64, 72, 80, 84]; // out, count, world, dtype
     const TREE_SIZE: usize = 88;
     const COPY_SIZE: usize = 24;
@@ -435,11 +460,13 @@ mod tests {
             offset_of!(Header, off_ll),
             offset_of!(Header, ll_slot),
             offset_of!(Header, mode),
-            offset_of!(Header, _pad),
+            offset_of!(Header, off_pflag),
         ];
         for (i, o) in u32s.iter().enumerate() {
             assert_eq!(*o, HEADER_U32_FIRST + 4 * i, "u32 field {i} of DcHeader");
         }
+        assert_eq!([offset_of!(Header, push_stride), offset_of!(Header, push_ag)], HEADER_TAIL_U64);
+        assert_eq!((MODE_PUSH, SEG_SEND_TO, SEG_AG), (DC_MODE_PUSH, DC_SEG_SEND_TO, DC_SEG_AG));
         assert_eq!(size_of::<Header>(), HEADER_SIZE);
         assert_eq!(offset_of!(ParamsSingle, seg), HEADER_SIZE);
         assert_eq!(size_of::<ParamsSingle>(), HEADER_SIZE + DC_SEGS_SINGLE * SEG_SIZE);

@@ -28,6 +28,9 @@ pub enum Phase {
     /// Push route: write shard `q` (`count` elements at `src + q * count`) into this rank's
     /// slot of peer `q`, for every peer `q` (reduce_scatter: each shard goes to its owner).
     Scatter,
+    /// Bulk push route ([`Route::IpcPush`]): write `count` elements from `src` into peer
+    /// `peer`'s frame at `frame_offset`.
+    SendTo,
 }
 
 /// One contiguous piece of work.
@@ -84,6 +87,14 @@ pub struct Plan {
     pub phase1: Segments,
     /// Work after every peer's `phase2` flag is seen (RS+AG route only; empty otherwise).
     pub phase2: Segments,
+    /// Bulk push route: elements between two senders' slots in a frame (a `Reduce` reads
+    /// sender `s` at `frame_offset + s * slot_stride`); 0 on other routes.
+    pub slot_stride: usize,
+    /// Bulk push route: frame offset (elements) of the reduced-shard slots; a `Reduce` with
+    /// `write_back` pushes its result into every peer's frame at `ag_base + rank * slot_stride`.
+    pub ag_base: usize,
+    /// Bulk push route: elements of each frame the plan uses (must fit the capacity).
+    pub frame_elems: usize,
 }
 
 /// Element bounds of shard `q` when `n` elements are split over `world` ranks for the RS+AG
@@ -109,6 +120,26 @@ impl Plan {
             .unwrap_or(0)
     }
 
+    /// The plan of a single-lane call by `route` as an IPC backend with this staging `capacity`
+    /// and LL capacity runs it: a push route whose payload does not fit its slots (the LL slots,
+    /// or the frame for the bulk route) takes the one-shot pull route instead — same bits.
+    pub fn single_fitted(
+        call: &Call,
+        rank: usize,
+        world: usize,
+        route: Route,
+        capacity: usize,
+        ll_capacity: usize,
+    ) -> Result<Plan, Error> {
+        let plan = Plan::single(call, rank, world, route)?;
+        let fits = match route {
+            Route::IpcPushLl => plan.push_payload_bytes() <= ll_capacity,
+            Route::IpcPush => plan.frame_elems * call.dtype.size() <= capacity,
+            _ => true,
+        };
+        if fits { Ok(plan) } else { Plan::single(call, rank, world, Route::IpcOneShot) }
+    }
+
     /// The plan of a single-lane call on `rank` of `world`, taking `route`.
     ///
     /// `route` must be an IPC route (or `Local` for world 1); the plan of a `Local` call
@@ -122,6 +153,9 @@ impl Plan {
             stage: Segments::new(),
             phase1: Segments::new(),
             phase2: Segments::new(),
+            slot_stride: 0,
+            ag_base: 0,
+            frame_elems: 0,
         };
         let seg = |phase, dst, frame_offset, count, peer| Segment {
             phase,
@@ -134,6 +168,9 @@ impl Plan {
         };
         if route == Route::IpcPushLl {
             return Ok(Self::single_push(call, rank, world, p));
+        }
+        if route == Route::IpcPush {
+            return Ok(Self::single_bulk(call, rank, world, p));
         }
         p.stage.push(seg(Phase::Stage, 0, 0, n, rank));
         match (call.op, route) {
@@ -196,6 +233,68 @@ impl Plan {
         p
     }
 
+    /// The bulk push plan of a single-lane call (reduce_scatter_many has none: it takes the
+    /// one-shot route). Frame layout of every receiver: reduce ops first hold one slot per
+    /// sender for the receiver's shard (`[s * C, (s + 1) * C)`), all_reduce then one slot per
+    /// owner for the reduced shards (`ag_base + q * C`); all_gather holds one slot per sender
+    /// for its input. `C` is the largest shard (all_gather: the input) in whole 16 bytes.
+    fn single_bulk(call: &Call, rank: usize, world: usize, mut p: Plan) -> Plan {
+        let size = call.dtype.size();
+        let align = 16 / size;
+        let round = |n: usize| n.div_ceil(align) * align;
+        let at = |base: u64, el: usize| base + (el * size) as u64;
+        let seg = |phase, src, dst, frame_offset, count, peer| Segment {
+            phase,
+            src,
+            dst,
+            frame_offset,
+            count,
+            peer,
+            write_back: false,
+        };
+        match call.op {
+            Op::AllReduce => {
+                let n = call.count_in;
+                let c = round(n.div_ceil(world));
+                for q in (0..world).filter(|&q| q != rank) {
+                    let (lo, hi) = shard_bounds(n, world, q, align);
+                    p.stage.push(seg(Phase::SendTo, at(call.src, lo), 0, rank * c, hi - lo, q));
+                }
+                let (lo, hi) = shard_bounds(n, world, rank, align);
+                p.phase1.push(Segment {
+                    write_back: true,
+                    ..seg(Phase::Reduce, at(call.src, lo), at(call.dst, lo), 0, hi - lo, rank)
+                });
+                for q in (0..world).filter(|&q| q != rank) {
+                    let (lo, hi) = shard_bounds(n, world, q, align);
+                    p.phase2.push(seg(Phase::Gather, 0, at(call.dst, lo), world * c + q * c, hi - lo, q));
+                }
+                (p.slot_stride, p.ag_base, p.frame_elems) = (c, world * c, 2 * world * c);
+            }
+            Op::AllGather => {
+                let n = call.count_in;
+                let c = round(n);
+                for q in (0..world).filter(|&q| q != rank) {
+                    p.stage.push(seg(Phase::SendTo, call.src, 0, rank * c, n, q));
+                }
+                for q in 0..world {
+                    p.phase1.push(seg(Phase::Gather, call.src, at(call.dst, q * n), q * c, n, q));
+                }
+                (p.slot_stride, p.ag_base, p.frame_elems) = (c, 0, world * c);
+            }
+            Op::ReduceScatter | Op::ReduceScatterMany => {
+                let m = call.count_out;
+                let c = round(m);
+                for q in (0..world).filter(|&q| q != rank) {
+                    p.stage.push(seg(Phase::SendTo, at(call.src, q * m), 0, rank * c, m, q));
+                }
+                p.phase1.push(seg(Phase::Reduce, at(call.src, rank * m), call.dst, 0, m, rank));
+                (p.slot_stride, p.ag_base, p.frame_elems) = (c, 0, world * c);
+            }
+        }
+        p
+    }
+
     /// The LL push plan of `reduce_scatter_many`: every lane's shards scattered to their owners
     /// into disjoint slot ranges (each starting on a 16-byte boundary, so no two lanes share an
     /// LL line), one tree per lane over the own slots.
@@ -206,6 +305,9 @@ impl Plan {
             stage: Segments::new(),
             phase1: Segments::new(),
             phase2: Segments::new(),
+            slot_stride: 0,
+            ag_base: 0,
+            frame_elems: 0,
         };
         let size = sig.dtype.size();
         let align = 16 / size;
@@ -243,6 +345,9 @@ impl Plan {
             stage: Segments::new(),
             phase1: Segments::new(),
             phase2: Segments::new(),
+            slot_stride: 0,
+            ag_base: 0,
+            frame_elems: 0,
         };
         for l in lanes {
             let c = &l.call;

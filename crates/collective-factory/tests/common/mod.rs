@@ -438,14 +438,15 @@ pub fn check_routes<P: Platform>(test: &str, route_of: fn(Op) -> Route) {
 }
 
 /// One `#[test]` per forced routing on platform `$platform`, at the test binary's root: every
-/// op through IPC one-shot; the IPC LL push route; IPC reduce_scatter + all_gather; the
-/// transport; the hybrid.
+/// op through IPC one-shot; the IPC LL push and bulk push routes; IPC reduce_scatter +
+/// all_gather; the transport; the hybrid.
 #[allow(unused_macros)]
 macro_rules! route_tests {
     ($platform:ty) => {
         common::route_tests! {@tests $platform;
             every_op_through_ipc_one_shot_is_bit_exact: |_| collective_core::Route::IpcOneShot;
             every_op_through_ipc_push_ll_is_bit_exact: |_| collective_core::Route::IpcPushLl;
+            every_op_through_ipc_push_is_bit_exact: |_| collective_core::Route::IpcPush;
             every_op_through_ipc_rs_ag_is_bit_exact: |_| collective_core::Route::IpcReduceScatterAllGather;
             every_op_through_the_transport_is_bit_exact: |_| collective_core::Route::Transport;
             // all_gather reduces nothing, so it cannot take the hybrid: it takes the transport

@@ -1,8 +1,8 @@
-//! The LL push route (`ipc_push_ll`) on the CPU twin, ranks as threads: every bit pattern
-//! travels unchanged, every op gives the fixed tree's bits, mismatches (another call, or the same
-//! call by another route) are errors before any output is written, calls above the LL capacity
-//! take the pull route with the same bits, and push and pull calls mix across the generation
-//! wrap.
+//! The push routes on the CPU twin — LL (`ipc_push_ll`) and bulk (`ipc_push`) — ranks as
+//! threads: every bit pattern travels unchanged, every op gives the fixed tree's bits,
+//! mismatches (another call, or the same call by another route) are errors before any output is
+//! written, calls above a push route's slots take the pull route with the same bits, and push
+//! and pull calls mix across the generation wrap.
 use collective_core::protocol::Timeouts;
 use collective_core::{Collective, Error, Io, Op, Plain, Route, RouteSelect};
 use half::{bf16, f16};
@@ -10,6 +10,8 @@ use shm_ipc::{ShmCollective, ShmConfig};
 use std::time::{Duration, Instant};
 
 const BOUND: Duration = Duration::from_secs(3);
+/// Both push routes.
+const PUSH: [Route; 2] = [Route::IpcPushLl, Route::IpcPush];
 const SENTINEL: u32 = 0x7fc0_dead;
 
 fn config() -> ShmConfig {
@@ -45,6 +47,12 @@ fn push_call<T: Plain>(c: &ShmCollective, op: Op, input: &[T], out: &mut [T], ro
 
 #[test]
 fn all_gather_carries_every_bit_pattern_of_every_element_type() {
+    for route in PUSH {
+        all_gather_bits(route);
+    }
+}
+
+fn all_gather_bits(route: Route) {
     for world in [2, 4, 8] {
         let comms = ShmCollective::group(world, config()).unwrap();
         for n in [1usize, 3, 5, 17, 1000] {
@@ -52,18 +60,18 @@ fn all_gather_carries_every_bit_pattern_of_every_element_type() {
             let inputs: Vec<Vec<f32>> = (0..world).map(|r| special_f32(r, n)).collect();
             let outs = on_all(&comms, |c, r| {
                 let mut out = vec![f32::from_bits(SENTINEL); n * world];
-                push_call(c, Op::AllGather, &inputs[r], &mut out, Route::IpcPushLl).map(|()| out)
+                push_call(c, Op::AllGather, &inputs[r], &mut out, route).map(|()| out)
             });
             let want: Vec<u32> = inputs.concat().iter().map(|x| x.to_bits()).collect();
             for (r, out) in outs.into_iter().enumerate() {
                 let got: Vec<u32> = out.unwrap().iter().map(|x| x.to_bits()).collect();
-                assert_eq!(got, want, "f32 world {world} n {n} rank {r}");
+                assert_eq!(got, want, "{route:?} f32 world {world} n {n} rank {r}");
             }
             // Bytes (odd lengths: partial LL words) and 8-byte integers.
             let bytes: Vec<Vec<u8>> = (0..world).map(|r| (0..n).map(|i| (i * 31 + r * 7) as u8).collect()).collect();
             let outs = on_all(&comms, |c, r| {
                 let mut out = vec![0xAAu8; n * world];
-                push_call(c, Op::AllGather, &bytes[r], &mut out, Route::IpcPushLl).map(|()| out)
+                push_call(c, Op::AllGather, &bytes[r], &mut out, route).map(|()| out)
             });
             for out in outs {
                 assert_eq!(out.unwrap(), bytes.concat(), "u8 world {world} n {n}");
@@ -72,7 +80,7 @@ fn all_gather_carries_every_bit_pattern_of_every_element_type() {
                 (0..world).map(|r| (0..n).map(|i| -((i as i64) << 40) ^ (r as i64 * 0x0101)).collect()).collect();
             let outs = on_all(&comms, |c, r| {
                 let mut out = vec![0i64; n * world];
-                push_call(c, Op::AllGather, &longs[r], &mut out, Route::IpcPushLl).map(|()| out)
+                push_call(c, Op::AllGather, &longs[r], &mut out, route).map(|()| out)
             });
             for out in outs {
                 assert_eq!(out.unwrap(), longs.concat(), "i64 world {world} n {n}");
@@ -81,8 +89,9 @@ fn all_gather_carries_every_bit_pattern_of_every_element_type() {
     }
 }
 
-/// Every reducing op over `T` on the push route, in place and out of place, against the tree.
+/// Every reducing op over `T` on a push route, in place and out of place, against the tree.
 fn reduce_ops_match_the_tree<T: Plain + fixed_tree::Element + Copy + Send + Sync>(
+    route: Route,
     make: impl Fn(f32) -> T + Sync,
     bits: impl Fn(T) -> u64,
 ) {
@@ -100,20 +109,20 @@ fn reduce_ops_match_the_tree<T: Plain + fixed_tree::Element + Copy + Send + Sync
                         let m = if op == Op::AllReduce { n } else { n / world };
                         if in_place {
                             let mut buf = inputs[r].clone();
-                            c.call_on_route(op, Io::host_in_place(&mut buf), Route::IpcPushLl, &()).map(|()| {
+                            c.call_on_route(op, Io::host_in_place(&mut buf), route, &()).map(|()| {
                                 let at = if op == Op::AllReduce { 0 } else { r * m };
                                 buf[at..at + m].to_vec()
                             })
                         } else {
                             let mut out = vec![make(0.0); m];
-                            push_call(c, op, &inputs[r], &mut out, Route::IpcPushLl).map(|()| out)
+                            push_call(c, op, &inputs[r], &mut out, route).map(|()| out)
                         }
                     });
                     for (r, out) in outs.into_iter().enumerate() {
                         let got: Vec<u64> = out.unwrap().into_iter().map(&bits).collect();
                         let want =
                             if op == Op::AllReduce { &tree[..] } else { &tree[r * n / world..(r + 1) * n / world] };
-                        assert_eq!(got, want, "{op} world {world} n {n} in place {in_place} rank {r}");
+                        assert_eq!(got, want, "{route:?} {op} world {world} n {n} in place {in_place} rank {r}");
                     }
                 }
             }
@@ -123,9 +132,11 @@ fn reduce_ops_match_the_tree<T: Plain + fixed_tree::Element + Copy + Send + Sync
 
 #[test]
 fn all_reduce_and_reduce_scatter_give_the_tree_bits_in_every_dtype() {
-    reduce_ops_match_the_tree(|x| x, |x: f32| u64::from(x.to_bits()));
-    reduce_ops_match_the_tree(f16::from_f32, |x: f16| u64::from(x.to_bits()));
-    reduce_ops_match_the_tree(bf16::from_f32, |x: bf16| u64::from(x.to_bits()));
+    for route in PUSH {
+        reduce_ops_match_the_tree(route, |x| x, |x: f32| u64::from(x.to_bits()));
+        reduce_ops_match_the_tree(route, f16::from_f32, |x: f16| u64::from(x.to_bits()));
+        reduce_ops_match_the_tree(route, bf16::from_f32, |x: bf16| u64::from(x.to_bits()));
+    }
 }
 
 #[test]
@@ -162,6 +173,9 @@ fn another_call_or_another_route_is_a_mismatch_and_writes_nothing() {
         ((64usize, Route::IpcPushLl), (65usize, Route::IpcPushLl)),
         ((64, Route::IpcPushLl), (64, Route::IpcOneShot)),
         ((64, Route::IpcOneShot), (64, Route::IpcPushLl)),
+        ((64, Route::IpcPush), (66, Route::IpcPush)),
+        ((64, Route::IpcPush), (64, Route::IpcPushLl)),
+        ((64, Route::IpcReduceScatterAllGather), (64, Route::IpcPush)),
     ];
     for ((n0, r0), (n1, r1)) in cases {
         let comms = ShmCollective::group(2, config()).unwrap();
@@ -188,34 +202,44 @@ fn another_call_or_another_route_is_a_mismatch_and_writes_nothing() {
 }
 
 #[test]
-fn calls_above_the_ll_capacity_take_the_pull_route_with_the_same_bits() {
+fn calls_above_a_push_routes_slots_take_the_pull_route_with_the_same_bits() {
+    // LL slots of 1 KiB; the bulk route needs 2 x the all_reduce in a 64 KiB frame.
     let world = 2;
     let comms = ShmCollective::group(world, config().with_ll_capacity(1024)).unwrap();
-    for n in [200usize, 256, 257, 4096] {
+    for (route, n) in [
+        (Route::IpcPushLl, 200usize),
+        (Route::IpcPushLl, 256),
+        (Route::IpcPushLl, 257),
+        (Route::IpcPushLl, 4096),
+        (Route::IpcPush, 8192),
+        (Route::IpcPush, 8193),
+        (Route::IpcPush, 16384),
+    ] {
         let inputs: Vec<Vec<f32>> = (0..world).map(|r| special_f32(r, n)).collect();
         let views: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
         let mut tree = vec![0f32; n];
         fixed_tree::reduce(&views, &mut tree).unwrap();
         let outs = on_all(&comms, |c, r| {
             let mut out = vec![0f32; n];
-            push_call(c, Op::AllReduce, &inputs[r], &mut out, Route::IpcPushLl).map(|()| out)
+            push_call(c, Op::AllReduce, &inputs[r], &mut out, route).map(|()| out)
         });
         for out in outs {
             let got: Vec<u32> = out.unwrap().iter().map(|x| x.to_bits()).collect();
-            assert_eq!(got, tree.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "n {n}");
+            assert_eq!(got, tree.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "{route:?} n {n}");
         }
     }
 }
 
 #[test]
 fn push_and_pull_calls_mix_across_the_generation_wrap() {
-    let routes = [Route::IpcPushLl, Route::IpcOneShot, Route::IpcPushLl, Route::IpcReduceScatterAllGather];
+    let routes =
+        [Route::IpcPushLl, Route::IpcOneShot, Route::IpcPush, Route::IpcPushLl, Route::IpcReduceScatterAllGather];
     for start in [(1u32 << 31) + 5, u32::MAX - 3] {
         for world in [2, 4] {
             let comms = ShmCollective::group_at_generation(world, config(), start).unwrap();
-            for call in 0..10 {
+            for call in 0..12 {
                 let route = routes[call % routes.len()];
-                let n = [64usize, 2048, 8, 1000][call % 4];
+                let n = [64usize, 2048, 8, 1000, 3][call % 5];
                 let inputs: Vec<Vec<f32>> = (0..world).map(|r| special_f32(r + call, n)).collect();
                 let views: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
                 let mut tree = vec![0f32; n];
@@ -237,14 +261,16 @@ fn push_and_pull_calls_mix_across_the_generation_wrap() {
 
 #[test]
 fn a_closed_peer_ends_a_push_wait_at_once() {
-    let comms = ShmCollective::group(2, config()).unwrap();
-    comms[1].close().unwrap_err(); // rank 0 never acknowledges: close reports its timeout
-    let t = Instant::now();
-    let input = special_f32(0, 64);
-    let mut out = vec![0f32; 64];
-    match push_call(&comms[0], Op::AllReduce, &input, &mut out, Route::IpcPushLl) {
-        Err(Error::PeerClosed { peer: 1, .. }) => {}
-        other => panic!("expected PeerClosed, got {other:?}"),
+    for route in PUSH {
+        let comms = ShmCollective::group(2, config()).unwrap();
+        comms[1].close().unwrap_err(); // rank 0 never acknowledges: close reports its timeout
+        let t = Instant::now();
+        let input = special_f32(0, 64);
+        let mut out = vec![0f32; 64];
+        match push_call(&comms[0], Op::AllReduce, &input, &mut out, route) {
+            Err(Error::PeerClosed { peer: 1, .. }) => {}
+            other => panic!("{route:?}: expected PeerClosed, got {other:?}"),
+        }
+        assert!(t.elapsed() < BOUND, "{:?}", t.elapsed());
     }
-    assert!(t.elapsed() < BOUND, "{:?}", t.elapsed());
 }
