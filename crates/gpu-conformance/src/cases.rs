@@ -180,8 +180,8 @@ pub fn randomized<G: TestGpu>(world: usize, total: usize, capacity: usize) {
 
 /// The device generation counter started just below 2^31 + a few and just below 2^32 (the
 /// hook leaves the phase-2 flags at their construction value, as a protocol that never
-/// refreshed them would after that many one-shot calls): eight calls alternating the one-shot
-/// and RS+AG all_reduce routes with an all_gather in between, every output bit-exact, nothing
+/// refreshed them would after that many one-shot calls): ten calls cycling through the
+/// one-shot, RS+AG, LL push (an all_gather) and bulk push routes, every output bit-exact, nothing
 /// recorded (a stale phase-2 flag would read as Corrupt after 2^31 calls without the kernels'
 /// refresh of the flags a call does not use).
 pub fn generations_wrap<G: TestGpu>() {
@@ -189,17 +189,22 @@ pub fn generations_wrap<G: TestGpu>() {
     let _l = gpu_lock();
     let world = 2;
     for start in [(1u32 << 31) + 5, u32::MAX - 3] {
-        let config = IpcConfig::new(1 << 20).with_rsag_threshold(16 << 10);
+        let config = IpcConfig::new(1 << 20)
+            .with_rsag_threshold(16 << 10)
+            .with_push_threshold(2 << 10)
+            .with_bulk_threshold(128 << 10);
         let comms = group::<G>(&device, world, &config);
         for c in &comms {
             c.start_generation_for_test(start).expect("hook");
         }
-        // (op, elements per rank): 4 KiB one-shot, 64 KiB RS+AG, 2 KiB all_gather.
-        let calls: Vec<(Op, usize)> = (0..8)
-            .map(|i| match i % 3 {
+        // (op, elements per rank): 4 KiB one-shot, 64 KiB RS+AG, 2 KiB all_gather (LL push),
+        // 256 KiB bulk push.
+        let calls: Vec<(Op, usize)> = (0..10)
+            .map(|i| match i % 4 {
                 0 => (Op::AllReduce, 1024),
                 1 => (Op::AllReduce, 16 << 10),
-                _ => (Op::AllGather, 512),
+                2 => (Op::AllGather, 512),
+                _ => (Op::AllReduce, 64 << 10),
             })
             .collect();
         let inputs: Vec<Vec<Vec<u8>>> = calls

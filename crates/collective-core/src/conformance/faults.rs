@@ -5,10 +5,11 @@ use crate::Error;
 use crate::protocol::{IpcConfig, Timeouts};
 use std::time::Duration;
 
-/// The IPC twins' configuration of the fault tests: 1 MiB of staging, `peer` as the bound on
-/// every wait for a peer, close bounded by 5 s.
+/// The IPC twins' configuration of the fault tests: 1 MiB of staging, calls up to 4 KiB per rank
+/// on the LL push route (the pull routes above, so both protocols fail closed), `peer` as the
+/// bound on every wait for a peer, close bounded by 5 s.
 pub fn config(peer: Duration) -> IpcConfig {
-    IpcConfig::new(1 << 20).with_timeouts(Timeouts { peer, close: Duration::from_secs(5) })
+    IpcConfig::new(1 << 20).with_push_threshold(4 << 10).with_timeouts(Timeouts { peer, close: Duration::from_secs(5) })
 }
 
 /// Rank `me` of two reduced `counts[me]` elements while its peer reduced `counts[1 - me]`. The

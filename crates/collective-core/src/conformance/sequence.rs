@@ -289,11 +289,16 @@ fn knob(name: &str, min: u64, max: u64) -> Option<usize> {
     parsed.unwrap_or_else(|e| panic!("{e}")).map(|v| v as usize)
 }
 
-/// The IPC twins' configuration of a randomized run: `capacity` bytes of staging, a 16 KiB
-/// RS+AG threshold (both all_reduce routes run), and DETCOLL_RANDOM_BLOCKS blocks per rank when
-/// set (else the backend's default: compute units / ranks sharing the GPU).
+/// The IPC twins' configuration of a randomized run: `capacity` bytes of staging, the LL push
+/// route up to 4 KiB, one-shot above, RS+AG (all_reduce) from 16 KiB, the bulk push route from
+/// `capacity / 4` (so every route runs; bulk calls that do not fit its frame slots take
+/// one-shot), and DETCOLL_RANDOM_BLOCKS blocks per rank when set (else the backend's default:
+/// compute units / ranks sharing the GPU).
 pub fn config(capacity: usize) -> IpcConfig {
-    let config = IpcConfig::new(capacity).with_rsag_threshold(16 << 10);
+    let config = IpcConfig::new(capacity)
+        .with_rsag_threshold(16 << 10)
+        .with_push_threshold(4 << 10)
+        .with_bulk_threshold((capacity / 4).max(16 << 10));
     match knob("DETCOLL_RANDOM_BLOCKS", 1, 1024) {
         Some(b) => config.with_max_blocks(b),
         None => config,
