@@ -8,9 +8,10 @@
 //!   to a bare `cuLaunchKernel` of an empty kernel on the same stream, same run, in batches of
 //!   16, 64 and 500 calls (a stream sync between batches, not timed), so the ratio shows what
 //!   detcoll adds to the driver's own launch cost;
-//! * `latency`: world 8 as threads on one GPU, all_reduce of 4 KiB (and 64 KiB, 1 MiB),
-//!   per-call time of back-to-back calls (eager and CUDA graph), next to 8 empty kernels on 8
-//!   streams in the same run.
+//! * `latency`: worlds 2 and 8 as threads on one GPU, all_reduce of 4 KiB .. 64 MiB by every IPC
+//!   route (pull one-shot and RS+AG, push LL and bulk), per-call time of back-to-back calls
+//!   (eager and CUDA graph), next to a device copy of the same bytes on every rank's stream and
+//!   `world` empty kernels on `world` streams in the same run.
 //!
 //! `cargo run --release -p cuda-ipc --example cuda_bench`. Prints `{"skipped": ...}` without a GPU.
 use collective_core::{Collective, DType, Io, RawMut, RawRef};
@@ -271,58 +272,105 @@ fn enqueue_cost(ctx: &Arc<CudaContext>) -> Res<()> {
     Ok(())
 }
 
-fn latency(ctx: &Arc<CudaContext>) -> Res<()> {
-    let world = 8;
-    let iters = 1000;
-    // Baseline: 8 empty kernels on 8 streams, back to back.
-    let tree = FusedTree::new(ctx)?;
+/// Per-call microseconds of `f` on every rank's stream at once (slowest rank): eager, back to
+/// back, and replayed from a CUDA graph of 100 calls captured on each rank's stream.
+fn eager_and_graph(
+    ctx: &Arc<CudaContext>,
+    comms: Vec<CudaIpcCollective>,
+    iters: usize,
+    f: impl Fn(&CudaIpcCollective, &Arc<CudaStream>, u64, u64) -> Res<()> + Sync,
+    bytes: usize,
+) -> Res<(f64, f64)> {
+    let world = comms.len();
     let barrier = Barrier::new(world);
-    let noop: Vec<f64> = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..world)
-            .map(|_| {
-                let (tree, barrier) = (&tree, &barrier);
-                sc.spawn(move || -> Res<f64> {
-                    let s = ctx.new_stream()?;
-                    barrier.wait();
-                    // SAFETY: the empty kernel on this context's stream.
-                    time_ms(ctx, &s, 100, iters, || Ok(unsafe { tree.launch_noop(s.cu_stream()) }?))
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("panicked".into()))).collect::<Res<Vec<f64>>>()
+    let per_rank = on_ranks(ctx, comms, |_, c, s| {
+        let (i, o) = (ones(s, bytes / 2)?, ones(s, bytes / 2 * world)?);
+        let (ip, op) = (addr(&i, s), addr(&o, s));
+        s.synchronize()?;
+        barrier.wait();
+        let eager = time_ms(ctx, s, 20, iters, || f(c, s, ip, op))?;
+        let per_graph = 100;
+        s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        let mut r = Ok(());
+        for _ in 0..per_graph {
+            r = r.and(f(c, s, ip, op));
+        }
+        let g = s.end_capture(sys::CUgraphInstantiate_flags_enum(0))?;
+        r?;
+        let g = g.ok_or("empty graph")?;
+        g.upload()?;
+        // Instantiation may synchronise the device: nobody replays before every rank is done.
+        s.synchronize()?;
+        barrier.wait();
+        let graph = time_ms(ctx, s, 1, (iters / per_graph).max(3), || Ok(g.launch()?))? / per_graph as f64;
+        Ok((eager, graph))
     })?;
-    let noop_us = noop.iter().cloned().fold(0f64, f64::max) * 1e3;
-    for bytes in [4usize << 10, 64 << 10, 1 << 20] {
-        let n = bytes / 2;
-        let config = CudaIpcConfig::new(4 << 20);
-        let comms = cuda_ipc::group_on_device(ctx, world, &config)?;
-        let route = comms[0].route(collective_core::Op::AllReduce, bytes).name();
+    let max = |k: fn(&(f64, f64)) -> f64| per_rank.iter().map(k).fold(0f64, f64::max) * 1e3;
+    Ok((max(|p| p.0), max(|p| p.1)))
+}
+
+/// Worlds 2 and 8 as threads on one GPU: all_reduce (bf16) by each IPC route — the pull routes
+/// (one-shot, RS+AG) and the push routes (LL, bulk) — eager and CUDA-graph replay, next to a
+/// device-to-device copy of the same bytes on every rank's stream and `world` empty kernels on
+/// `world` streams, all in the same run. One JSON line per measurement.
+fn latency(ctx: &Arc<CudaContext>) -> Res<()> {
+    let tree = FusedTree::new(ctx)?;
+    for world in [2usize, 8] {
         let barrier = Barrier::new(world);
-        let per_rank = on_ranks(ctx, comms, |_, c, s| {
-            let (i, o) = (ones(s, n)?, ones(s, n)?);
-            let (ip, op) = (addr(&i, s), addr(&o, s));
-            barrier.wait();
-            let eager = time_ms(ctx, s, 100, iters, || all_reduce(c, s, ip, op, n))?;
-            // The same calls captured in a graph: no launch overhead per call.
-            let per_graph = 100;
-            s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-            let mut r = Ok(());
-            for _ in 0..per_graph {
-                r = r.and(all_reduce(c, s, ip, op, n));
-            }
-            let g = s.end_capture(sys::CUgraphInstantiate_flags_enum(0))?;
-            r?;
-            let g = g.ok_or("empty graph")?;
-            g.upload()?;
-            barrier.wait();
-            let graph = time_ms(ctx, s, 2, 10, || Ok(g.launch()?))? / per_graph as f64;
-            Ok((eager, graph))
+        let noop: Vec<f64> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..world)
+                .map(|_| {
+                    let (tree, barrier) = (&tree, &barrier);
+                    sc.spawn(move || -> Res<f64> {
+                        let s = ctx.new_stream()?;
+                        barrier.wait();
+                        // SAFETY: the empty kernel on this context's stream.
+                        time_ms(ctx, &s, 100, 1000, || Ok(unsafe { tree.launch_noop(s.cu_stream()) }?))
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("panicked".into()))).collect::<Res<Vec<f64>>>()
         })?;
-        let eager = per_rank.iter().map(|p| p.0).fold(0f64, f64::max) * 1e3;
-        let graph = per_rank.iter().map(|p| p.1).fold(0f64, f64::max) * 1e3;
-        println!(
-            "{{\"bench\":\"latency\",\"op\":\"all_reduce\",\"dtype\":\"bf16\",\"world\":{world},\"placement\":\"threads_one_gpu\",\"bytes\":{bytes},\"route\":\"{route}\",\"eager_us_per_call\":{eager:.2},\"graph_us_per_call\":{graph:.2},\"empty_kernel_8_streams_us\":{noop_us:.2}}}"
-        );
+        let noop_us = noop.iter().cloned().fold(0f64, f64::max) * 1e3;
+        println!("{{\"bench\":\"latency\",\"op\":\"empty_kernel\",\"world\":{world},\"eager_us_per_call\":{noop_us:.2}}}");
+        let sizes: &[usize] =
+            if world == 2 { &[4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20] } else { &[4 << 10, 64 << 10, 1 << 20, 16 << 20] };
+        for &bytes in sizes {
+            let iters = if bytes >= 16 << 20 { 100 } else { 1000 };
+            // The copy baseline: every rank copies `bytes` on its own stream at once.
+            let copy_comms = cuda_ipc::group_on_device(ctx, world, &CudaIpcConfig::new(4096))?;
+            let (ce, cg) = eager_and_graph(
+                ctx,
+                copy_comms,
+                iters,
+                |_, s, i, o| {
+                    // SAFETY: both buffers hold at least `bytes` bytes.
+                    Ok(unsafe { sys::cuMemcpyDtoDAsync_v2(o, i, bytes, s.cu_stream()) }.result()?)
+                },
+                bytes,
+            )?;
+            println!(
+                "{{\"bench\":\"latency\",\"op\":\"memcpy\",\"world\":{world},\"bytes\":{bytes},\"eager_us_per_call\":{ce:.2},\"graph_us_per_call\":{cg:.2},\"empty_kernels_us\":{noop_us:.2}}}"
+            );
+            let capacity = (2 * bytes + (1 << 20)).max(4 << 20);
+            let base = CudaIpcConfig::new(capacity).with_rsag_threshold(usize::MAX);
+            let mut routes = vec![("ipc_one_shot", base.clone()), ("ipc_rs_ag", base.clone().with_rsag_threshold(0))];
+            if bytes <= 1 << 20 {
+                routes.push(("ipc_push_ll", base.clone().with_ll_capacity(bytes).with_push_threshold(usize::MAX)));
+            }
+            routes.push(("ipc_push", base.clone().with_bulk_threshold(0)));
+            for (name, config) in routes {
+                let comms = cuda_ipc::group_on_device(ctx, world, &config)?;
+                let route = comms[0].route(collective_core::Op::AllReduce, bytes).name();
+                let (e, g) = eager_and_graph(ctx, comms, iters, |c, s, i, o| all_reduce(c, s, i, o, bytes / 2), bytes)?;
+                println!(
+                    "{{\"bench\":\"latency\",\"op\":\"all_reduce\",\"dtype\":\"bf16\",\"world\":{world},\"placement\":\"threads_one_gpu\",\"bytes\":{bytes},\"asked\":\"{name}\",\"route\":\"{route}\",\"eager_us_per_call\":{e:.2},\"graph_us_per_call\":{g:.2},\"eager_vs_memcpy\":{:.3},\"graph_vs_memcpy\":{:.3},\"graph_vs_empty_kernels\":{:.3}}}",
+                    e / ce,
+                    g / cg,
+                    g / noop_us
+                );
+            }
+        }
     }
     Ok(())
 }
