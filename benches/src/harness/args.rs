@@ -148,6 +148,19 @@ pub struct BenchArgs {
     /// Seed of the deterministic inputs (every rank rebuilds every rank's input from it).
     #[arg(long, default_value_t = 0x5EED)]
     pub seed: u64,
+
+    /// Force every call of the run onto this route (ipc_push_ll, ipc_one_shot, ipc_rs_ag,
+    /// transport, ipc_rs_transport_ag): a routing table with one rule per op replaces the
+    /// built-in one and DETCOLL_ROUTING_TABLE, in thread and process runs alike (see
+    /// `harness::routes::forced_table`). Rows report the route each call runs.
+    #[arg(long, value_parser = super::routes::parse_route)]
+    pub route: Option<String>,
+
+    /// CUDA only: each rank captures `iterations` back-to-back calls into one CUDA graph, every
+    /// rank instantiates before any replays, and each sample times one replay (per call = replay
+    /// time / iterations; warm-up = one untimed replay; no native reference columns).
+    #[arg(long)]
+    pub graph: bool,
 }
 
 impl BenchArgs {
@@ -186,6 +199,12 @@ impl BenchArgs {
         }
         if self.debug_build {
             a.push("--debug-build".to_owned());
+        }
+        if let Some(r) = &self.route {
+            a.extend(["--route".to_owned(), r.clone()]);
+        }
+        if self.graph {
+            a.push("--graph".to_owned());
         }
         a
     }
@@ -366,6 +385,29 @@ mod tests {
         assert!(parse(&["--size-bytes", "12X"]).is_err());
         assert!(parse(&["--iterations", "0"]).is_err());
         assert!(parse(&["--samples", "0"]).is_err());
+        assert!(parse(&["--route", "local"]).is_err());
+        assert!(parse(&["--route", "push"]).is_err());
+        assert!(parse(&["--route"]).is_err());
+        assert!(parse(&["--graph", "yes"]).is_err());
+    }
+
+    #[test]
+    fn route_and_graph_parse_and_reach_the_ranks() {
+        let d = parse(&[]).unwrap();
+        assert_eq!((d.route.as_deref(), d.graph), (None, false));
+        assert!(!d.to_cli_args().iter().any(|a| a == "--route" || a == "--graph"));
+        for route in ["ipc_push_ll", "ipc_one_shot", "ipc_rs_ag", "transport", "ipc_rs_transport_ag"] {
+            let a = parse(&["--route", route, "--graph"]).unwrap();
+            assert_eq!((a.route.as_deref(), a.graph), (Some(route), true));
+            let args = a.to_cli_args();
+            assert!(args.windows(2).any(|w| w[0] == "--route" && w[1] == route), "{args:?}");
+            assert!(args.iter().any(|x| x == "--graph"), "{args:?}");
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            assert_eq!(parse(&refs).unwrap(), a);
+        }
+        // The report's args carry both.
+        let v = serde_json::to_value(parse(&["--route", "ipc_rs_ag"]).unwrap()).unwrap();
+        assert_eq!((v["route"].as_str(), v["graph"].as_bool()), (Some("ipc_rs_ag"), Some(false)));
     }
 
     #[test]
@@ -393,8 +435,12 @@ mod tests {
             "--seed",
             "7",
             "--debug-build",
+            "--route",
+            "ipc_push_ll",
+            "--graph",
         ])
         .unwrap();
+        assert_eq!((a.route.as_deref(), a.graph), (Some("ipc_push_ll"), true));
         let args = a.to_cli_args();
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         assert_eq!(parse(&refs).unwrap(), a);

@@ -18,6 +18,8 @@ pub trait BenchBackend {
     type Buf;
     /// A timing mark ([`BenchBackend::start_timer`]).
     type Mark;
+    /// A captured, instantiated sequence of calls ([`BenchBackend::capture`]; a CUDA graph).
+    type Graph;
 
     /// `backend` field of the report, e.g. `cpu-twin`, `cuda-ipc`.
     fn name(&self) -> &'static str;
@@ -50,6 +52,43 @@ pub trait BenchBackend {
     fn workspace_bytes(&self) -> usize;
     /// Peak temporary (per-call) device memory; 0 where calls allocate nothing.
     fn peak_temp_bytes(&self) -> usize;
+
+    /// Waits until everything enqueued on the stream has completed.
+    fn drain(&self) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    /// Whether [`BenchBackend::capture`] works (`--graph`).
+    fn supports_graph(&self) -> bool {
+        false
+    }
+    /// Captures `calls` back-to-back runs of `enqueue` on the stream into one graph and
+    /// instantiates it, the stream drained before and after (instantiation may wait for the
+    /// device). Nothing runs until [`BenchBackend::replay`].
+    fn capture(&self, calls: usize, enqueue: &mut dyn FnMut() -> anyhow::Result<()>) -> anyhow::Result<Self::Graph> {
+        let _ = (calls, enqueue);
+        anyhow::bail!("{} cannot capture graphs (--graph needs the CUDA backend)", self.name())
+    }
+    /// Enqueues one replay of `graph` on the stream.
+    fn replay(&self, graph: &Self::Graph) -> anyhow::Result<()> {
+        let _ = graph;
+        anyhow::bail!("{} cannot replay graphs", self.name())
+    }
+
+    /// Whether [`BenchBackend::empty_kernel`] exists (the launch-floor baseline row).
+    fn has_empty_kernel(&self) -> bool {
+        false
+    }
+    /// Enqueues one empty kernel (`detcoll_noop`) on the stream.
+    fn empty_kernel(&self) -> anyhow::Result<()> {
+        anyhow::bail!("{} has no empty kernel", self.name())
+    }
+
+    /// The LL push capacity of the collective's IPC backend (payload bytes per rank; push calls
+    /// that send more take the one-shot route), when the backend knows it.
+    fn ll_capacity(&self) -> Option<usize> {
+        None
+    }
 
     /// Whether the native library (NCCL/RCCL, NOT deterministic) can run `op` as `kind`.
     fn has_native(&self, _kind: NativeKind, _op: BenchOp) -> bool {
@@ -93,11 +132,18 @@ impl HostCollective for collective_core::conformance::memory::MemoryCollective {
 pub struct HostBackend<C> {
     comm: C,
     name: &'static str,
+    ll_capacity: Option<usize>,
 }
 
 impl<C: HostCollective> HostBackend<C> {
     pub fn new(comm: C, name: &'static str) -> Self {
-        HostBackend { comm, name }
+        HostBackend { comm, name, ll_capacity: None }
+    }
+
+    /// Builder: the LL push capacity the collective was built with ([`BenchBackend::ll_capacity`]).
+    pub fn with_ll_capacity(mut self, bytes: usize) -> Self {
+        self.ll_capacity = Some(bytes);
+        self
     }
 }
 
@@ -105,6 +151,7 @@ impl<C: HostCollective> BenchBackend for HostBackend<C> {
     type Comm = C;
     type Buf = HostBuf;
     type Mark = Instant;
+    type Graph = std::convert::Infallible;
 
     fn name(&self) -> &'static str {
         self.name
@@ -154,5 +201,8 @@ impl<C: HostCollective> BenchBackend for HostBackend<C> {
     fn peak_temp_bytes(&self) -> usize {
         // Host calls allocate nothing per call: staging is retained (workspace_bytes).
         0
+    }
+    fn ll_capacity(&self) -> Option<usize> {
+        self.ll_capacity
     }
 }

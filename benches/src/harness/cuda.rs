@@ -5,30 +5,42 @@
 //!   GPU `local_rank % device count`; where every rank has its own GPU it also builds two plain
 //!   NCCL communicators for the native, NON-deterministic reference columns (library default,
 //!   and `NCCL_ALGO=Tree NCCL_PROTO=Simple`).
-//! * Threads (`--threads`): the CUDA IPC twin as a thread group, rank r on GPU r % count (no
-//!   NCCL: it refuses two ranks of one process on one GPU, and the factory's IPC exchange needs
-//!   processes).
+//! * Threads (`--threads`): the CUDA IPC twin as a thread group, rank r on GPU r % count,
+//!   each rank wrapped in `collective_factory::Routed` with the run's routing table (the
+//!   `--route` table, else `DETCOLL_ROUTING_TABLE`, else the built-in table for the world), so
+//!   thread runs route every call as process runs do. No NCCL: it refuses two ranks of one
+//!   process on one GPU, and the factory's IPC exchange needs processes; a table with a
+//!   transport route is an error.
 //!
 //! Buffers are plain device allocations, the baseline is a device-to-device copy of the same
-//! bytes, and time is CUDA events on the rank's stream (device time, not host time).
+//! bytes, the launch floor is the empty kernel `detcoll_noop` (the IPC device's `FusedTree`),
+//! and time is CUDA events on the rank's stream (device time, not host time). `--graph`
+//! captures calls on the rank's stream (thread-local capture mode, so ranks capturing at once
+//! on different threads do not interfere) into a CUDA graph, instantiates and uploads it, and
+//! times replays.
 use super::args::BenchOp;
 use super::backend::{BenchBackend, NativeKind};
 use super::native::{self, Natives};
 use anyhow::Context;
 use ccl_transport::TransportCollective;
 use collective_core::bootstrap::Bootstrap;
+use collective_core::protocol::DEFAULT_LL_CAPACITY;
 use collective_core::{Collective, DType, Io, Op, RawMut, RawRef, Route};
-use collective_factory::{Config, Platform, Routing, nvidia};
-use cuda_ipc::CudaDevice;
-use cuda_ipc::cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, sys};
+use collective_factory::{Config, Routing, nvidia};
+use collective_factory::{NoTransport, Routed};
+use cuda_ipc::cudarc::driver::{CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, DevicePtr, sys};
+use cuda_ipc::{CudaDevice, FusedTree};
 use cuda_ipc::{CudaIpcCollective, CudaIpcConfig};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// `backend` of process runs (the factory's composition).
 pub const NAME: &str = "cuda";
-/// `backend` of thread runs (the IPC twin alone).
+/// `backend` of thread runs (the IPC twin alone, routed by the table).
 pub const THREADS_NAME: &str = "cuda-ipc-threads";
+
+/// A thread rank's collective: the IPC twin routed by the run's table, no transport.
+pub type ThreadCollective = Routed<CudaIpcCollective, NoTransport<CudaStream>>;
 
 /// Whether this process can drive an NVIDIA GPU (libcuda loadable, a device present). Never
 /// panics without libcuda.
@@ -49,6 +61,20 @@ pub struct CudaBackend<C> {
     stream: Arc<CudaStream>,
     /// Native references in [`NativeKind::ALL`] order (None: not available on this world).
     natives: Natives<CudaDevice>,
+    /// The IPC device's kernels, for the empty-kernel row (None: no IPC backend was built).
+    noop: Option<FusedTree>,
+    /// The IPC backend's LL push capacity (None: no IPC backend).
+    ll_capacity: Option<usize>,
+}
+
+/// The empty kernel and LL capacity of an IPC backend.
+fn ipc_extras(ipc: Option<&CudaIpcCollective>) -> anyhow::Result<(Option<FusedTree>, Option<usize>)> {
+    match ipc {
+        Some(i) => {
+            Ok((Some(i.device().fused_tree().context("loading the empty kernel")?), Some(i.config().ll_capacity)))
+        }
+        None => Ok((None, None)),
+    }
 }
 
 /// A device buffer and its address.
@@ -65,18 +91,23 @@ fn context(ordinal: usize) -> anyhow::Result<Arc<CudaContext>> {
     Ok(ctx)
 }
 
-/// The all_reduce RS+AG threshold of the built-in NVIDIA table for `world` (thread runs).
-fn rsag_threshold(world: usize) -> usize {
-    Routing::default_for_world(Platform::Nvidia, world)
-        .first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather)
-        .unwrap_or(usize::MAX)
+/// The IPC configuration of a thread run under `routing`: the RS+AG threshold and the LL push
+/// capacity from the table, as the factory's NVIDIA constructors set them.
+fn thread_ipc_config(capacity: usize, routing: &Routing) -> CudaIpcConfig {
+    let threshold = routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
+    CudaIpcConfig::new(capacity)
+        .with_rsag_threshold(threshold)
+        .with_ll_capacity(routing.ll_capacity(DEFAULT_LL_CAPACITY))
 }
 
 /// One rank of a process world: the factory's collective on GPU `local_rank % count`, plus the
-/// native references when every rank has its own GPU. Collective: every rank calls it.
+/// native references when every rank has its own GPU. `routing`: the `--route` table (every
+/// rank builds the same one from the same arguments), else the factory's own choice
+/// (`DETCOLL_ROUTING_TABLE`, else the built-in table). Collective: every rank calls it.
 pub fn process(
     boot: Arc<dyn Bootstrap>,
     capacity: usize,
+    routing: Option<Routing>,
 ) -> anyhow::Result<CudaBackend<collective_factory::NvidiaCollective>> {
     let count = cuda_ipc::driver::device_count()?;
     anyhow::ensure!(count > 0, "no CUDA device");
@@ -96,14 +127,24 @@ pub fn process(
         }
         Natives::none()
     };
-    let comm = nvidia::from_bootstrap(boot, &Config::new().with_capacity(capacity))
-        .context("building the NVIDIA collective")?;
+    let mut config = Config::new().with_capacity(capacity);
+    if let Some(r) = routing {
+        config = config.with_routing(r);
+    }
+    let comm = nvidia::from_bootstrap(boot, &config).context("building the NVIDIA collective")?;
     let stream = ctx.new_stream()?;
-    Ok(CudaBackend { comm, name: NAME, ctx, stream, natives })
+    let (mut noop, ll_capacity) = ipc_extras(comm.ipc())?;
+    if noop.is_none() {
+        // A transport-only table builds no IPC backend: the kernels are loaded here.
+        noop = Some(CudaDevice::new(&ctx).and_then(|d| d.fused_tree()).context("loading the empty kernel")?);
+    }
+    Ok(CudaBackend { comm, name: NAME, ctx, stream, natives, noop, ll_capacity })
 }
 
-/// A world of `world` ranks as threads, rank r on GPU r % count (the IPC twin only).
-pub fn group(world: usize, capacity: usize) -> anyhow::Result<Vec<CudaBackend<CudaIpcCollective>>> {
+/// A world of `world` ranks as threads, rank r on GPU r % count: the IPC twin routed by
+/// `routing` (which must take no transport route).
+pub fn group(world: usize, capacity: usize, routing: &Routing) -> anyhow::Result<Vec<CudaBackend<ThreadCollective>>> {
+    super::routes::check_no_transport(routing, "a --threads run")?;
     let count = cuda_ipc::driver::device_count()?;
     anyhow::ensure!(count > 0, "no CUDA device");
     let per_gpu = world.div_ceil(count);
@@ -114,14 +155,18 @@ pub fn group(world: usize, capacity: usize) -> anyhow::Result<Vec<CudaBackend<Cu
          Run without --threads (one process per rank; under MPS when ranks share a GPU)"
     );
     let ctxs = (0..world).map(|r| context(r % count)).collect::<anyhow::Result<Vec<_>>>()?;
-    let config = CudaIpcConfig::new(capacity).with_rsag_threshold(rsag_threshold(world));
+    let config = thread_ipc_config(capacity, routing);
     let comms = cuda_ipc::group(&ctxs, &config).context("building the CUDA IPC thread group")?;
     comms
         .into_iter()
         .zip(ctxs)
-        .map(|(comm, ctx)| {
+        .map(|(ipc, ctx)| {
             let stream = ctx.new_stream()?;
-            Ok(CudaBackend { comm, name: THREADS_NAME, ctx, stream, natives: Natives::none() })
+            let (noop, ll_capacity) = ipc_extras(Some(&ipc))?;
+            let rank = ipc.rank();
+            let comm = Routed::new(rank, world, capacity, routing.clone(), Some(ipc), None::<NoTransport<CudaStream>>)
+                .context("routing the CUDA IPC thread group")?;
+            Ok(CudaBackend { comm, name: THREADS_NAME, ctx, stream, natives: Natives::none(), noop, ll_capacity })
         })
         .collect()
 }
@@ -134,6 +179,13 @@ pub trait Retained {
 impl Retained for CudaIpcCollective {
     fn retained_bytes(&self) -> usize {
         self.staging_bytes()
+    }
+}
+
+impl Retained for ThreadCollective {
+    /// IPC staging (no transport).
+    fn retained_bytes(&self) -> usize {
+        self.ipc().map_or(0, CudaIpcCollective::staging_bytes)
     }
 }
 
@@ -164,6 +216,7 @@ impl<C: Collective<Stream = CudaStream> + Retained> BenchBackend for CudaBackend
     type Comm = C;
     type Buf = DevBuf;
     type Mark = CudaEvent;
+    type Graph = CudaGraph;
 
     fn name(&self) -> &'static str {
         self.name
@@ -237,6 +290,49 @@ impl<C: Collective<Stream = CudaStream> + Retained> BenchBackend for CudaBackend
     }
     fn peak_temp_bytes(&self) -> usize {
         0
+    }
+    fn drain(&self) -> anyhow::Result<()> {
+        self.sync()
+    }
+    fn supports_graph(&self) -> bool {
+        self.comm.capabilities().supports_graph_capture
+    }
+    fn capture(&self, calls: usize, enqueue: &mut dyn FnMut() -> anyhow::Result<()>) -> anyhow::Result<CudaGraph> {
+        self.sync()?;
+        // Thread-local: only this thread's unsafe calls break its capture, so ranks capturing
+        // at once on other threads (or querying their own streams) do not interfere.
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        self.stream.begin_capture(mode).context("cuStreamBeginCapture")?;
+        let mut enqueued = Ok(());
+        for _ in 0..calls {
+            enqueued = enqueue();
+            if enqueued.is_err() {
+                break;
+            }
+        }
+        // The capture is always ended (also after a failed call), so the stream is usable.
+        let graph = self.stream.end_capture(sys::CUgraphInstantiate_flags_enum(0));
+        enqueued.context("a call during stream capture")?;
+        let graph =
+            graph.context("cuStreamEndCapture / cuGraphInstantiate")?.context("the capture recorded no work")?;
+        graph.upload().context("cuGraphUpload")?;
+        self.sync()?;
+        Ok(graph)
+    }
+    fn replay(&self, graph: &CudaGraph) -> anyhow::Result<()> {
+        graph.launch().context("cuGraphLaunch")
+    }
+    fn has_empty_kernel(&self) -> bool {
+        self.noop.is_some()
+    }
+    fn empty_kernel(&self) -> anyhow::Result<()> {
+        let tree = self.noop.as_ref().context("no empty kernel (no IPC backend)")?;
+        // SAFETY: the bench stream belongs to this device's (primary) context, as the
+        // collective's own launches on it do.
+        unsafe { tree.launch_noop(self.stream.cu_stream()) }.context("launching the empty kernel")
+    }
+    fn ll_capacity(&self) -> Option<usize> {
+        self.ll_capacity
     }
     fn has_native(&self, kind: NativeKind, op: BenchOp) -> bool {
         self.natives.has(kind, op)

@@ -4,7 +4,12 @@
 //!   `collective_factory::rocm::from_bootstrap` (HIP IPC routes, RCCL where the MI300X table says),
 //!   on GPU `local_rank % device count`, plus the native (NOT deterministic) RCCL columns
 //!   from plain RCCL communicators (`super::native`), as on NVIDIA.
-//! * Threads (`--threads`): the HIP IPC twin as a thread group, rank r on GPU r % count.
+//! * Threads (`--threads`): the HIP IPC twin as a thread group, rank r on GPU r % count, each
+//!   rank wrapped in `collective_factory::Routed` with the run's routing table (as on NVIDIA;
+//!   a transport route is an error).
+//!
+//! No `--graph` and no empty-kernel row here: hip-ipc exposes no graph capture to the bench
+//! and no empty kernel.
 //!
 //! Buffers are plain `hipMalloc` allocations, the baseline is a device-to-device
 //! `hipMemcpyAsync` of the same bytes, and time is HIP events on the rank's stream (device
@@ -19,8 +24,9 @@ use super::native::{self, Natives};
 use anyhow::Context;
 use ccl_transport::TransportCollective;
 use collective_core::bootstrap::Bootstrap;
+use collective_core::protocol::DEFAULT_LL_CAPACITY;
 use collective_core::{Collective, DType, Io, Op, RawMut, RawRef, Route};
-use collective_factory::{Config, Platform, RocmCollective, Routing, rocm};
+use collective_factory::{Config, NoTransport, RocmCollective, Routed, Routing, rocm};
 use hip_ipc::HipDevice;
 use hip_ipc::runtime::{DeviceMemory, Event};
 use hip_ipc::{HipIpcCollective, HipIpcConfig, Stream};
@@ -29,8 +35,11 @@ use std::time::Duration;
 
 /// `backend` of process runs (the factory's composition).
 pub const NAME: &str = "hip";
-/// `backend` of thread runs (the IPC twin alone).
+/// `backend` of thread runs (the IPC twin alone, routed by the table).
 pub const THREADS_NAME: &str = "hip-ipc-threads";
+
+/// A thread rank's collective: the HIP IPC twin routed by the run's table, no transport.
+pub type ThreadCollective = Routed<HipIpcCollective, NoTransport<Stream>>;
 
 /// Whether this process can drive an AMD GPU (libamdhip64 loadable, a device present). Never
 /// panics without libamdhip64.
@@ -60,9 +69,14 @@ pub fn check_processes(nproc: usize) -> anyhow::Result<()> {
     check_one_rank_per_gpu(nproc, device_count())
 }
 
-/// One rank of a process world: the factory's collective on GPU `local_rank % count`.
-/// Collective: every rank calls it.
-pub fn process(boot: Arc<dyn Bootstrap>, capacity: usize) -> anyhow::Result<HipBackend<RocmCollective>> {
+/// One rank of a process world: the factory's collective on GPU `local_rank % count`;
+/// `routing`: the `--route` table, else the factory's own choice. Collective: every rank
+/// calls it.
+pub fn process(
+    boot: Arc<dyn Bootstrap>,
+    capacity: usize,
+    routing: Option<Routing>,
+) -> anyhow::Result<HipBackend<RocmCollective>> {
     let count = hip_ipc::runtime::device_count()?;
     anyhow::ensure!(count > 0, "no HIP device");
     check_one_rank_per_gpu(boot.local_world_size(), count)?;
@@ -74,15 +88,21 @@ pub fn process(boot: Arc<dyn Bootstrap>, capacity: usize) -> anyhow::Result<HipB
     } else {
         Natives::none()
     };
-    let comm =
-        rocm::from_bootstrap(boot, &Config::new().with_capacity(capacity)).context("building the ROCm collective")?;
+    let mut config = Config::new().with_capacity(capacity);
+    if let Some(r) = routing {
+        config = config.with_routing(r);
+    }
+    let comm = rocm::from_bootstrap(boot, &config).context("building the ROCm collective")?;
     let device = comm.ipc().map_or(fallback, |c| c.device().ordinal());
     let stream = Stream::new(device).context("creating the bench stream")?;
-    Ok(HipBackend { comm, name: NAME, stream, natives })
+    let ll_capacity = comm.ipc().map(|c| c.config().ll_capacity);
+    Ok(HipBackend { comm, name: NAME, stream, natives, ll_capacity })
 }
 
-/// A world of `world` ranks as threads, rank r on GPU r % count (the IPC twin only).
-pub fn group(world: usize, capacity: usize) -> anyhow::Result<Vec<HipBackend<HipIpcCollective>>> {
+/// A world of `world` ranks as threads, rank r on GPU r % count: the IPC twin routed by
+/// `routing` (which must take no transport route).
+pub fn group(world: usize, capacity: usize, routing: &Routing) -> anyhow::Result<Vec<HipBackend<ThreadCollective>>> {
+    super::routes::check_no_transport(routing, "a --threads run")?;
     let count = hip_ipc::runtime::device_count()?;
     anyhow::ensure!(count > 0, "no HIP device");
     let per_gpu = world.div_ceil(count);
@@ -92,16 +112,19 @@ pub fn group(world: usize, capacity: usize) -> anyhow::Result<Vec<HipBackend<Hip
          threads enqueue independently, which the HIP IPC group supports for at most two ranks per GPU"
     );
     let ordinals: Vec<usize> = (0..world).map(|r| r % count).collect();
-    let threshold = Routing::default_for_world(Platform::Rocm, world)
-        .first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather)
-        .unwrap_or(usize::MAX);
-    let config = HipIpcConfig::new(capacity).with_rsag_threshold(threshold);
+    let threshold = routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
+    let config = HipIpcConfig::new(capacity)
+        .with_rsag_threshold(threshold)
+        .with_ll_capacity(routing.ll_capacity(DEFAULT_LL_CAPACITY));
     let comms = hip_ipc::group(&ordinals, &config).context("building the HIP IPC thread group")?;
     comms
         .into_iter()
-        .map(|comm| {
-            let stream = Stream::new(comm.device().ordinal()).context("creating the bench stream")?;
-            Ok(HipBackend { comm, name: THREADS_NAME, stream, natives: Natives::none() })
+        .map(|ipc| {
+            let stream = Stream::new(ipc.device().ordinal()).context("creating the bench stream")?;
+            let (rank, ll_capacity) = (ipc.rank(), Some(ipc.config().ll_capacity));
+            let comm = Routed::new(rank, world, capacity, routing.clone(), Some(ipc), None::<NoTransport<Stream>>)
+                .context("routing the HIP IPC thread group")?;
+            Ok(HipBackend { comm, name: THREADS_NAME, stream, natives: Natives::none(), ll_capacity })
         })
         .collect()
 }
@@ -110,6 +133,13 @@ pub fn group(world: usize, capacity: usize) -> anyhow::Result<Vec<HipBackend<Hip
 impl Retained for HipIpcCollective {
     fn retained_bytes(&self) -> usize {
         self.staging_bytes()
+    }
+}
+
+impl Retained for ThreadCollective {
+    /// IPC staging (no transport).
+    fn retained_bytes(&self) -> usize {
+        self.ipc().map_or(0, HipIpcCollective::staging_bytes)
     }
 }
 
@@ -126,6 +156,8 @@ pub struct HipBackend<C> {
     name: &'static str,
     stream: Stream,
     natives: Natives<HipDevice>,
+    /// The IPC backend's LL push capacity (None: no IPC backend).
+    ll_capacity: Option<usize>,
 }
 
 impl<C> HipBackend<C> {
@@ -149,6 +181,7 @@ impl<C: Collective<Stream = Stream> + Retained> BenchBackend for HipBackend<C> {
     type Comm = C;
     type Buf = DeviceMemory;
     type Mark = Event;
+    type Graph = std::convert::Infallible;
 
     fn name(&self) -> &'static str {
         self.name
@@ -205,6 +238,12 @@ impl<C: Collective<Stream = Stream> + Retained> BenchBackend for HipBackend<C> {
     fn peak_temp_bytes(&self) -> usize {
         0
     }
+    fn drain(&self) -> anyhow::Result<()> {
+        self.sync()
+    }
+    fn ll_capacity(&self) -> Option<usize> {
+        self.ll_capacity
+    }
     fn has_native(&self, kind: NativeKind, op: BenchOp) -> bool {
         self.natives.has(kind, op)
     }
@@ -225,7 +264,7 @@ mod tests {
         }
         assert!(!available());
         assert_eq!(device_count(), 0);
-        assert!(group(2, 1 << 16).is_err());
+        assert!(group(2, 1 << 16, &Routing::default_for(collective_factory::Platform::Rocm)).is_err());
         assert!(check_processes(1).is_err());
     }
 

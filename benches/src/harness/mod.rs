@@ -9,6 +9,25 @@
 //! Backends: NVIDIA (CUDA) when libcuda and a GPU are present, else AMD (HIP) when libamdhip64
 //! and a GPU are present, else the CPU twin (`shm-ipc`), so the command always does its job. A GPU backend plugs in by implementing
 //! [`backend::BenchBackend`] and adding a branch to `resolve_backend` and `run_process_rank`.
+//!
+//! Routing: every backend routes each call by one table ([`routes`]): process runs through the
+//! factory, thread runs and the CPU twin through `collective_factory::Routed` over their IPC
+//! collective. `--route NAME` forces one route for every op and size (the ranks a run launches
+//! get `--route` too and build the same table); rows report the route each call runs.
+//!
+//! `--graph` (CUDA only): each sample replays one CUDA graph of `iterations` captured calls
+//! instead of making `iterations` eager calls ([`run`] says how ranks are kept apart while
+//! capturing). Per size the rows are the copy baseline (`memcpy`), the launch floor
+//! (`empty_kernel`, GPU backends with the kernel) and the operations, each measured the same
+//! way (eager or replayed).
+//!
+//! ```text
+//! # world 2 as threads, every call forced onto the LL push route, eager then graph replay:
+//! cargo xtask bench --backend cuda --threads --nproc 2 --route ipc_push_ll --output bench-out/t2-push-eager.json
+//! cargo xtask bench --backend cuda --threads --nproc 2 --route ipc_push_ll --graph --output bench-out/t2-push-graph.json
+//! # world 4 as processes sharing one GPU (start MPS first: nvidia-cuda-mps-control -d):
+//! cargo xtask bench --backend cuda --nproc 4 --route ipc_push_ll --output bench-out/p4-push-eager.json
+//! ```
 use anyhow::Context;
 use collective_core::Collective;
 use collective_core::bootstrap::{Bootstrap, LocalBootstrap, TcpBootstrap};
@@ -26,6 +45,7 @@ mod native;
 pub mod plot;
 pub mod progress;
 pub mod report;
+pub mod routes;
 pub mod run;
 pub mod stats;
 pub mod svg;
@@ -33,6 +53,7 @@ pub mod table;
 
 use args::BackendChoice;
 pub use args::BenchArgs;
+use collective_factory::Platform;
 // xtask's `gpu-test` picks its platform with the same probes the bench backends use.
 use backend::{BenchBackend, HostBackend};
 pub use cuda::available as cuda_available;
@@ -130,6 +151,27 @@ fn resolve_backend(choice: BackendChoice, announce: bool) -> anyhow::Result<Reso
     }
 }
 
+/// `--graph` needs CUDA graphs: only the CUDA backend has them.
+fn check_graph(args: &BenchArgs, resolved: Resolved) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !args.graph || resolved == Resolved::Cuda,
+        "--graph captures CUDA graphs and needs the CUDA backend; this run uses the {} backend",
+        match resolved {
+            Resolved::CpuTwin => "cpu",
+            Resolved::Cuda => "cuda",
+            Resolved::Hip => "hip",
+            Resolved::Memory => "memory",
+        }
+    );
+    Ok(())
+}
+
+/// The `--route` table for the factory's `Config::with_routing` (process runs; `None`: the
+/// factory's own choice).
+fn forced(args: &BenchArgs, platform: Platform) -> anyhow::Result<Option<collective_factory::Routing>> {
+    args.route.as_deref().map(|r| routes::forced_routing(r, platform)).transpose()
+}
+
 /// Whether this process was started as one rank by a launcher (torchrun, mpirun, detcoll-run).
 fn launched_as_rank() -> bool {
     std::env::var_os("RANK").is_some() && std::env::var_os("WORLD_SIZE").is_some()
@@ -152,6 +194,7 @@ pub fn main(args: BenchArgs, frontend: &Frontend) -> anyhow::Result<ExitCode> {
         }
     }
     let resolved = resolve_backend(args.backend, true)?;
+    check_graph(&args, resolved)?;
     let args = args.or_default_sizes(resolved.is_gpu());
     if args.threads {
         return run_threads(&args, resolved, frontend.tool);
@@ -207,6 +250,7 @@ pub fn rank_main(args: BenchArgs, frontend: &Frontend) -> anyhow::Result<ExitCod
             eprintln!("[bench] warning: this is an unoptimised build; for real numbers launch a release build");
         }
         let resolved = resolve_backend(args.backend, rank == 0)?;
+        check_graph(&args, resolved)?;
         let args = args.or_default_sizes(resolved.is_gpu());
         args.check_shapes(world)?;
         run_process_rank(&args, resolved, boot.clone(), frontend.tool)
@@ -222,14 +266,15 @@ fn run_process_rank(args: &BenchArgs, resolved: Resolved, boot: Arc<TcpBootstrap
     let launch = Launch { how: if std::env::var_os(LAUNCH_ENV).is_some() { "processes" } else { "external" }, tool };
     match resolved {
         Resolved::CpuTwin => {
-            let cfg = cpu_twin::config(args.capacity());
-            let b = cpu_twin::process(&*boot, args.capacity())?;
-            let ok = run_rank(&b, &*boot, args, launch, cpu_twin::config_json(&cfg))?;
+            let routing = routes::run_routing(args.route.as_deref(), Platform::Cpu, boot.world_size())?;
+            let cfg = cpu_twin::config(args.capacity(), &routing);
+            let b = cpu_twin::process(&*boot, args.capacity(), &routing)?;
+            let ok = run_rank(&b, &*boot, args, launch, cpu_twin::config_json(&cfg, &routing))?;
             b.comm().close().context("closing the collective")?;
             Ok(ok)
         }
         Resolved::Cuda => {
-            let b = cuda::process(boot.clone(), args.capacity())?;
+            let b = cuda::process(boot.clone(), args.capacity(), forced(args, Platform::Nvidia)?)?;
             let config = gpu_config(args, b.comm().routing(), b.natives().library(), &["NCCL_", "CUDA_"]);
             let ok = run_rank(&b, &*boot, args, launch, config)?;
             b.natives().close()?;
@@ -237,7 +282,7 @@ fn run_process_rank(args: &BenchArgs, resolved: Resolved, boot: Arc<TcpBootstrap
             Ok(ok)
         }
         Resolved::Hip => {
-            let b = hip::process(boot.clone(), args.capacity())?;
+            let b = hip::process(boot.clone(), args.capacity(), forced(args, Platform::Rocm)?)?;
             let env = ["HIP_", "ROCR_", "HSA_", "NCCL_", "RCCL_", "DETCOLL_"];
             let config = gpu_config(args, b.comm().routing(), b.natives().library(), &env);
             let ok = run_rank(&b, &*boot, args, launch, config)?;
@@ -268,6 +313,16 @@ fn gpu_config(
     })
 }
 
+/// What a GPU thread run's report records: capacity, the routing table every rank uses, and
+/// the LL push capacity it gives.
+fn thread_config(args: &BenchArgs, routing: &collective_factory::Routing) -> serde_json::Value {
+    serde_json::json!({
+        "capacity_bytes": args.capacity(),
+        "routing": serde_json::from_str::<serde_json::Value>(&routing.canonical_json()).unwrap_or_default(),
+        "ll_capacity_bytes": routing.ll_capacity(collective_core::protocol::DEFAULT_LL_CAPACITY),
+    })
+}
+
 /// The variables of this process whose names start with one of `prefixes` (NCCL_*, CUDA_*,
 /// HIP_*, ...: they change what a GPU run measures).
 fn env_vars(prefixes: &[&str]) -> serde_json::Value {
@@ -283,19 +338,23 @@ fn run_threads(args: &BenchArgs, resolved: Resolved, tool: &str) -> anyhow::Resu
     let boots = LocalBootstrap::group(world);
     let results: Vec<anyhow::Result<bool>> = match resolved {
         Resolved::CpuTwin => {
-            let cfg = cpu_twin::config(args.capacity());
-            let ranks = cpu_twin::group(world, args.capacity())?;
-            run_thread_ranks(ranks, boots, args, tool, &cpu_twin::config_json(&cfg))
+            let routing = routes::run_routing(args.route.as_deref(), Platform::Cpu, world)?;
+            let cfg = cpu_twin::config(args.capacity(), &routing);
+            let ranks = cpu_twin::group(world, args.capacity(), &routing)?;
+            run_thread_ranks(ranks, boots, args, tool, &cpu_twin::config_json(&cfg, &routing))
         }
         Resolved::Cuda => {
-            let ranks = cuda::group(world, args.capacity())?;
-            run_thread_ranks(ranks, boots, args, tool, &serde_json::json!({ "capacity_bytes": args.capacity() }))
+            let routing = routes::run_routing(args.route.as_deref(), Platform::Nvidia, world)?;
+            let ranks = cuda::group(world, args.capacity(), &routing)?;
+            run_thread_ranks(ranks, boots, args, tool, &thread_config(args, &routing))
         }
         Resolved::Hip => {
-            let ranks = hip::group(world, args.capacity())?;
-            run_thread_ranks(ranks, boots, args, tool, &serde_json::json!({ "capacity_bytes": args.capacity() }))
+            let routing = routes::run_routing(args.route.as_deref(), Platform::Rocm, world)?;
+            let ranks = hip::group(world, args.capacity(), &routing)?;
+            run_thread_ranks(ranks, boots, args, tool, &thread_config(args, &routing))
         }
         Resolved::Memory => {
+            anyhow::ensure!(args.route.is_none(), "--route: the memory reference collective has no routes");
             use collective_core::conformance::memory::{Flaw, MemoryCollective};
             let ranks = LocalBootstrap::group(world)
                 .into_iter()
@@ -402,6 +461,29 @@ fn build_report<B: BenchBackend>(
          at once, memcpy_one_rank_median_us with rank 0 alone"
             .to_owned(),
     ];
+    if rows.iter().any(|r| r.operation == run::EMPTY_KERNEL) {
+        notes.push(
+            "empty_kernel rows: the empty kernel detcoll_noop launched once per iteration on every rank's stream at once \
+             (the launch floor), measured per size next to the copy; ratio_vs_empty_kernel = median_us / \
+             empty_kernel_median_us"
+                .to_owned(),
+        );
+    }
+    if args.graph {
+        notes.push(
+            "graph: each rank captured `iterations` calls into one CUDA graph (every rank instantiated before any \
+             replayed); a sample is one replay timed with events, per call = replay time / iterations; warm-up = one \
+             untimed replay; no native reference under --graph"
+                .to_owned(),
+        );
+    }
+    if let Some(r) = &args.route {
+        notes.push(format!(
+            "forced route: every call was routed to {r} (--route; a table with one rule per op); `route` is what each \
+             call ran (ipc_push_ll calls whose payload exceeds the LL capacity run ipc_one_shot, ops that cannot take \
+             ipc_rs_ag run ipc_one_shot, all_gather under ipc_rs_transport_ag runs transport)"
+        ));
+    }
     if host.cpu_count < world {
         notes.push(format!(
             "{world} ranks share {} CPUs: ranks time-share cores, so latencies include scheduling delays",
@@ -426,6 +508,8 @@ fn build_report<B: BenchBackend>(
         capabilities: CapabilityFlags::from(b.comm().capabilities()),
         size_convention: report::SIZE_CONVENTION.to_owned(),
         latency_method: report::LATENCY_METHOD.to_owned(),
+        graph: args.graph,
+        forced_route: args.route.clone(),
         host,
         args: args_value,
         timestamp_unix: now,
@@ -584,6 +668,8 @@ mod tests {
             ("capabilities", "o"),
             ("size_convention", "s"),
             ("latency_method", "s"),
+            ("graph", "b"),
+            ("forced_route", "s0"),
             ("host", "o"),
             ("args", "o"),
             ("timestamp_unix", "n"),
@@ -615,6 +701,8 @@ mod tests {
             ("threads", "b"),
             ("debug_build", "b"),
             ("seed", "n"),
+            ("route", "s0"),
+            ("graph", "b"),
             ("backend_config", "o"),
         ];
         walk("args", &v["args"], &args);
@@ -637,6 +725,7 @@ mod tests {
             ("output_bytes_per_rank", "n"),
             ("lanes", "n"),
             ("route", "s"),
+            ("graph", "b"),
             ("median_us", "n"),
             ("min_us", "n"),
             ("max_us", "n"),
@@ -646,6 +735,8 @@ mod tests {
             ("ratio_vs_memcpy", "n0"),
             ("memcpy_one_rank_median_us", "n0"),
             ("ratio_vs_memcpy_one_rank", "n0"),
+            ("empty_kernel_median_us", "n0"),
+            ("ratio_vs_empty_kernel", "n0"),
             ("repeat_bitwise", "b"),
             ("bitwise_vs_fixed_tree", "b0"),
             ("mismatch", "s0"),
@@ -698,6 +789,85 @@ mod tests {
         let out = tmp("hip");
         assert!(run_threads(&small_args(&out, "hip", 2), Resolved::Hip, "test").is_err());
         assert_eq!(Resolved::Hip.choice(), BackendChoice::Hip);
+    }
+
+    fn rows_of(path: &Path) -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn threads_with_a_forced_route_route_every_op_there() {
+        for world in [2, 4] {
+            let out = tmp(&format!("push{world}"));
+            let mut a = small_args(&out, "cpu", world);
+            a.size_bytes = vec![4096, 1 << 20];
+            a.route = Some("ipc_push_ll".to_owned());
+            assert_eq!(run_threads(&a, Resolved::CpuTwin, "test").unwrap(), ExitCode::SUCCESS);
+            let v = rows_of(&out);
+            assert_schema(&v);
+            assert_eq!((v["forced_route"].as_str(), v["graph"].as_bool()), (Some("ipc_push_ll"), Some(false)));
+            assert_eq!(v["args"]["route"], "ipc_push_ll");
+            assert_eq!(v["all_bitwise"], true);
+            let rules = v["args"]["backend_config"]["routing"]["rules"].as_array().unwrap();
+            assert_eq!(rules.len(), 4);
+            assert!(rules.iter().all(|r| r["route"] == "ipc_push_ll"), "{rules:?}");
+            assert!(v["args"]["backend_config"]["ll_capacity_bytes"].as_u64().unwrap() > 0);
+            assert!(v["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("forced route")));
+            for r in v["rows"].as_array().unwrap() {
+                let (op, size) = (r["operation"].as_str().unwrap(), r["size_bytes"].as_u64().unwrap());
+                // The push payload of a 1 MiB all_reduce or all_gather exceeds the 512 KiB LL
+                // capacity: those calls run (and report) the one-shot pull route.
+                let want = match (op, size) {
+                    ("memcpy", _) => "host_memcpy",
+                    ("all_reduce" | "all_gather", s) if s > 512 << 10 => "ipc_one_shot",
+                    _ => "ipc_push_ll",
+                };
+                assert_eq!(r["route"], want, "{op} {size} at world {world}");
+                assert_eq!(r["graph"], false);
+            }
+            let md = table::markdown(&serde_json::from_value(v).unwrap());
+            assert!(md.contains("eager, route ipc_push_ll forced)"), "{md}");
+            let _ = std::fs::remove_dir_all(out.parent().unwrap());
+        }
+    }
+
+    #[test]
+    fn a_forced_rs_ag_route_applies_to_all_reduce_only() {
+        let out = tmp("rsag");
+        let mut a = small_args(&out, "cpu", 2);
+        a.route = Some("ipc_rs_ag".to_owned());
+        assert_eq!(run_threads(&a, Resolved::CpuTwin, "test").unwrap(), ExitCode::SUCCESS);
+        for r in rows_of(&out)["rows"].as_array().unwrap() {
+            let want = match r["operation"].as_str().unwrap() {
+                "memcpy" => "host_memcpy",
+                "all_reduce" => "ipc_rs_ag",
+                _ => "ipc_one_shot",
+            };
+            assert_eq!(r["route"], want, "{r}");
+        }
+        let _ = std::fs::remove_dir_all(out.parent().unwrap());
+    }
+
+    #[test]
+    fn routes_and_graphs_a_backend_cannot_take_are_errors() {
+        let out = tmp("refused");
+        let mut a = small_args(&out, "cpu", 2);
+        a.route = Some("transport".to_owned());
+        let e = run_threads(&a, Resolved::CpuTwin, "test").unwrap_err().to_string();
+        assert!(e.contains("transport") && e.contains("has none"), "{e}");
+        a.route = Some("ipc_push_ll".to_owned());
+        assert!(run_threads(&a, Resolved::Memory, "test").unwrap_err().to_string().contains("--route"));
+        a.route = None;
+        a.graph = true;
+        for r in [Resolved::CpuTwin, Resolved::Hip, Resolved::Memory] {
+            let e = check_graph(&a, r).unwrap_err().to_string();
+            assert!(e.contains("--graph") && e.contains("CUDA"), "{e}");
+        }
+        check_graph(&a, Resolved::Cuda).unwrap();
+        // Past the front door the harness refuses too (the CPU twin captures no graphs).
+        let e = run_threads(&a, Resolved::CpuTwin, "test").unwrap_err().to_string();
+        assert!(e.contains("--graph"), "{e}");
+        assert!(!out.exists());
     }
 
     #[test]

@@ -42,21 +42,29 @@ input_gbps = size_bytes / median latency.";
 pub const LATENCY_METHOD: &str = "each sample: a bootstrap barrier, then `iterations` back-to-back calls timed on each rank \
 (host clock around synchronous calls on the CPU twin); latency = sample time / iterations. For every sample the slowest \
 rank's latency is taken; median_us/min_us/max_us are over those per-sample maxima (the seeds' 'median of the slowest-rank \
-latency'). per_rank_median_us is each rank's own median.";
+latency'). per_rank_median_us is each rank's own median. With --graph (`graph: true`) a sample is one replay of a CUDA \
+graph of `iterations` captured calls, timed with events on each rank's stream; latency = replay time / iterations.";
 
 /// One (operation, size) row. Native NCCL/RCCL fields are null unless a native reference ran
 /// (never on the CPU twin); they are a non-strict performance reference only.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Row {
-    /// `all_reduce`, `all_gather`, `reduce_scatter`, `reduce_scatter_many`, or `memcpy` (baseline).
+    /// `all_reduce`, `all_gather`, `reduce_scatter`, `reduce_scatter_many`, or a baseline:
+    /// `memcpy` (the copy) or `empty_kernel` (the launch floor).
     pub operation: String,
     pub dtype: String,
     pub size_bytes: usize,
     pub input_bytes_per_rank: usize,
     pub output_bytes_per_rank: usize,
     pub lanes: usize,
-    /// `Collective::route(op, bytes).name()`; for the baseline the copy's name (`host_memcpy`).
+    /// The route the calls ran: `Collective::route(op, bytes).name()` (under `--route`, the
+    /// forced route as the backend takes it), with an `ipc_push_ll` call whose payload exceeds
+    /// the LL capacity reported as the `ipc_one_shot` it falls back to; for the baselines the
+    /// copy's name (`host_memcpy`, `device_copy`) or the kernel's (`detcoll_noop`).
     pub route: String,
+    /// Measured by replaying a captured CUDA graph (`--graph`), not by eager calls.
+    #[serde(default)]
+    pub graph: bool,
     pub median_us: f64,
     pub min_us: f64,
     pub max_us: f64,
@@ -68,6 +76,12 @@ pub struct Row {
     /// The copy baseline with only rank 0 copying (the others idle).
     pub memcpy_one_rank_median_us: Option<f64>,
     pub ratio_vs_memcpy_one_rank: Option<f64>,
+    /// The empty-kernel row of the same size group (every rank launching `detcoll_noop` at
+    /// once, measured the same way), where the backend has one.
+    #[serde(default)]
+    pub empty_kernel_median_us: Option<f64>,
+    #[serde(default)]
+    pub ratio_vs_empty_kernel: Option<f64>,
     /// On every rank the first and last call's outputs are identical bit for bit, and
     /// replicated outputs (all_reduce, all_gather) are identical across ranks.
     pub repeat_bitwise: bool,
@@ -145,6 +159,12 @@ pub struct Report {
     pub capabilities: CapabilityFlags,
     pub size_convention: String,
     pub latency_method: String,
+    /// Every row was measured by CUDA-graph replay (`--graph`).
+    #[serde(default)]
+    pub graph: bool,
+    /// The route `--route` forced onto every call, if any.
+    #[serde(default)]
+    pub forced_route: Option<String>,
     pub host: HostInfo,
     pub args: serde_json::Value,
     pub timestamp_unix: u64,

@@ -1,15 +1,27 @@
 //! The measurement loop every rank runs, generic over [`BenchBackend`].
 //!
-//! Per size: one copy-baseline row (all ranks copy their input concurrently; rank 0 also alone),
-//! then one row per operation. A row: allocate and fill, barrier, one first call (its output is
-//! checked against the fixed tree rebuilt from every rank's deterministic input, and hashed),
-//! `warmup` untimed calls, then `samples` x (barrier, `iterations` back-to-back timed calls);
-//! the output of the last call is hashed again. Each rank's latencies, hashes and verdicts are
-//! exchanged through the bootstrap, so every rank assembles the same rows.
+//! Per size: where the backend has one, an empty-kernel row (every rank launches the empty
+//! kernel at once: the launch floor); one copy-baseline row (all ranks copy their input
+//! concurrently; rank 0 also alone); then one row per operation. A row: allocate and fill,
+//! barrier, one first call (its output is checked against the fixed tree rebuilt from every
+//! rank's deterministic input, and hashed), `warmup` untimed calls, then `samples` x (barrier,
+//! `iterations` back-to-back timed calls); the output of the last call is hashed again. Each
+//! rank's latencies, hashes and verdicts are exchanged through the bootstrap, so every rank
+//! assembles the same rows.
+//!
+//! `--graph`: after the first (checked) eager call, every rank drains its stream and meets the
+//! others at a barrier, captures `iterations` calls into one graph and instantiates and uploads
+//! it; the ranks then agree that every rank captured (an all-gather, which is also the barrier
+//! between "every rank instantiated" and the first replay: ranks sharing a GPU wait for each
+//! other inside kernels, and instantiation can wait for the device to go idle). Warm-up is one
+//! untimed replay; each sample is a barrier and one timed replay (per call = replay time /
+//! iterations), with nothing else enqueued between replays. The graph is destroyed after a
+//! barrier that follows every rank's last replay.
 use super::args::{BenchArgs, BenchOp};
 use super::backend::{BenchBackend, NativeKind};
 use super::progress;
 use super::report::Row;
+use super::routes;
 use super::stats::{Summary, digest, gbps, slowest_rank};
 use anyhow::Context;
 use collective_core::bootstrap::Bootstrap;
@@ -17,11 +29,18 @@ use collective_core::conformance::data::{compare, finite_values, reference_reduc
 use collective_core::{Collective, DType, Io};
 use serde::{Deserialize, Serialize};
 
+/// `operation` of the empty-kernel rows.
+pub const EMPTY_KERNEL: &str = "empty_kernel";
+/// `route` of the empty-kernel rows: the kernel's name.
+pub const EMPTY_KERNEL_ROUTE: &str = "detcoll_noop";
+
 /// What a row measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RowKind {
     /// The plain copy baseline.
     Copy,
+    /// The launch floor: one empty kernel per call.
+    EmptyKernel,
     /// A collective.
     Op(BenchOp),
 }
@@ -177,12 +196,19 @@ fn read_outs<B: BenchBackend>(b: &B, outs: &[B::Buf], lens: &[usize], dtype: DTy
 }
 
 /// Times `samples` x `iterations` calls of `f`, a barrier before each sample; seconds per call.
+/// With `--graph`, the calls are captured once and each sample replays them.
 fn sample<B: BenchBackend>(
     b: &B,
     boot: &dyn Bootstrap,
     args: &BenchArgs,
     mut f: impl FnMut() -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<f64>> {
+    if args.graph {
+        let graph = capture_all(b, boot, args, &mut f)?;
+        let lat = replay_samples(b, boot, args, &graph, true)?;
+        release(b, boot, graph)?;
+        return Ok(lat);
+    }
     let mut lat = Vec::with_capacity(args.samples);
     for _ in 0..args.samples {
         boot.barrier().context("barrier before a sample")?;
@@ -193,6 +219,82 @@ fn sample<B: BenchBackend>(
         lat.push(b.elapsed(mark)?.as_secs_f64() / args.iterations as f64);
     }
     Ok(lat)
+}
+
+/// `--graph`: captures `iterations` calls of `f` into one graph on every rank and replays it
+/// once untimed (the warm-up). Every rank drains its stream and meets the others before
+/// capturing (no rank instantiates while a peer's eager call still waits for it), and every
+/// rank has instantiated before any replays (the all-gather of the verdicts); a rank that
+/// failed to capture makes every rank fail.
+fn capture_all<B: BenchBackend>(
+    b: &B,
+    boot: &dyn Bootstrap,
+    args: &BenchArgs,
+    f: &mut dyn FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<B::Graph> {
+    b.drain()?;
+    boot.barrier().context("barrier before the graph capture")?;
+    let captured = b.capture(args.iterations, f);
+    let verdicts = boot.all_gather_bytes(&[u8::from(captured.is_ok())]).context("agreeing on the graph capture")?;
+    let graph = captured.context("capturing the graph")?;
+    if let Some(q) = verdicts.iter().position(|v| v.first() != Some(&1)) {
+        anyhow::bail!("rank {q} could not capture its graph");
+    }
+    b.replay(&graph).context("the warm-up replay")?;
+    Ok(graph)
+}
+
+/// `samples` x (barrier, one replay of `graph`), timed where `timed`; seconds per call.
+fn replay_samples<B: BenchBackend>(
+    b: &B,
+    boot: &dyn Bootstrap,
+    args: &BenchArgs,
+    graph: &B::Graph,
+    timed: bool,
+) -> anyhow::Result<Vec<f64>> {
+    let mut lat = Vec::with_capacity(args.samples);
+    for _ in 0..args.samples {
+        boot.barrier().context("barrier before a sample")?;
+        if timed {
+            let mark = b.start_timer()?;
+            b.replay(graph)?;
+            lat.push(b.elapsed(mark)?.as_secs_f64() / args.iterations as f64);
+        }
+    }
+    Ok(lat)
+}
+
+/// Destroys `graph` once every rank's replays have completed.
+fn release<B: BenchBackend>(b: &B, boot: &dyn Bootstrap, graph: B::Graph) -> anyhow::Result<()> {
+    b.drain()?;
+    boot.barrier().context("barrier after the replays")?;
+    drop(graph);
+    Ok(())
+}
+
+/// Measures the empty-kernel row on this rank: every rank launching the empty kernel at once.
+pub fn measure_empty<B: BenchBackend>(b: &B, boot: &dyn Bootstrap, args: &BenchArgs) -> anyhow::Result<RankRow> {
+    boot.barrier().context("barrier before the first empty kernel")?;
+    b.empty_kernel()?;
+    b.drain()?;
+    if !args.graph {
+        for _ in 0..args.warmup {
+            b.empty_kernel()?;
+        }
+    }
+    let latencies = sample(b, boot, args, || b.empty_kernel())?;
+    Ok(RankRow {
+        latencies,
+        alone: Vec::new(),
+        first: 0,
+        last: 0,
+        reference_ok: true,
+        mismatch: None,
+        workspace_bytes: 0,
+        peak_temp_bytes: 0,
+        native: Vec::new(),
+        native_max_abs_diff: None,
+    })
 }
 
 /// Measures one op row on this rank.
@@ -220,18 +322,22 @@ pub fn measure_op<B: BenchBackend>(
     let first = digest(&got);
     drop(got);
 
-    for _ in 0..args.warmup {
-        call(b, op, dtype, n, &mut bufs)?;
+    // Under --graph the warm-up is the graph's untimed replay.
+    if !args.graph {
+        for _ in 0..args.warmup {
+            call(b, op, dtype, n, &mut bufs)?;
+        }
     }
     let latencies = sample(b, boot, args, || call(b, op, dtype, n, &mut bufs))?;
     let last = digest(&read_outs(b, &bufs.outs, &out_lens, dtype)?);
 
     // The native library's reference on the same buffers (after the strict output was read).
     // `has_native` is the same on every rank: what it depends on was agreed at construction.
+    // No native reference under --graph (it would not be measured the same way).
     let mut native = Vec::new();
     let mut native_max_abs_diff = None;
     for kind in NativeKind::ALL {
-        if !b.has_native(kind, op) {
+        if args.graph || !b.has_native(kind, op) {
             native.push(Vec::new());
             continue;
         }
@@ -278,21 +384,32 @@ pub fn measure_copy<B: BenchBackend>(
     let got = b.read(&dst, size)?;
     let ok = got == data;
     let first = digest(&got);
-    for _ in 0..args.warmup {
-        b.copy(&mut dst, &src, size)?;
-    }
-    let latencies = sample(b, boot, args, || b.copy(&mut dst, &src, size))?;
-    let mut alone = Vec::new();
-    for _ in 0..args.samples {
-        boot.barrier().context("barrier before a one-rank copy sample")?;
-        if rank == 0 {
-            let mark = b.start_timer()?;
-            for _ in 0..args.iterations {
-                b.copy(&mut dst, &src, size)?;
-            }
-            alone.push(b.elapsed(mark)?.as_secs_f64() / args.iterations as f64);
+    let (latencies, alone) = if args.graph {
+        // One graph of copies, replayed by every rank at once, then by rank 0 alone.
+        let mut copy = || b.copy(&mut dst, &src, size);
+        let graph = capture_all(b, boot, args, &mut copy)?;
+        let all = replay_samples(b, boot, args, &graph, true)?;
+        let alone = replay_samples(b, boot, args, &graph, rank == 0)?;
+        release(b, boot, graph)?;
+        (all, alone)
+    } else {
+        for _ in 0..args.warmup {
+            b.copy(&mut dst, &src, size)?;
         }
-    }
+        let all = sample(b, boot, args, || b.copy(&mut dst, &src, size))?;
+        let mut alone = Vec::new();
+        for _ in 0..args.samples {
+            boot.barrier().context("barrier before a one-rank copy sample")?;
+            if rank == 0 {
+                let mark = b.start_timer()?;
+                for _ in 0..args.iterations {
+                    b.copy(&mut dst, &src, size)?;
+                }
+                alone.push(b.elapsed(mark)?.as_secs_f64() / args.iterations as f64);
+            }
+        }
+        (all, alone)
+    };
     boot.barrier().context("barrier after the one-rank copy samples")?;
     let last = digest(&b.read(&dst, size)?);
     Ok(RankRow {
@@ -319,7 +436,9 @@ pub fn exchange(boot: &dyn Bootstrap, mine: &RankRow) -> anyhow::Result<Vec<Rank
         .collect()
 }
 
-/// Builds the report row of `kind` from every rank's measurements (same result on every rank).
+/// Builds the report row of `kind` from every rank's measurements (same result on every rank);
+/// `copy` and `empty` are the baseline rows of the same size, when measured.
+#[allow(clippy::too_many_arguments)]
 pub fn assemble(
     kind: RowKind,
     size: usize,
@@ -328,6 +447,7 @@ pub fn assemble(
     route: &str,
     ranks: &[RankRow],
     copy: Option<&Row>,
+    empty: Option<&Row>,
 ) -> Row {
     let dtype = args.dtype.dtype();
     let per_rank: Vec<Vec<f64>> = ranks.iter().map(|r| r.latencies.clone()).collect();
@@ -338,6 +458,7 @@ pub fn assemble(
     let n = size / dtype.size();
     let (operation, lanes, out_bytes, replicated) = match kind {
         RowKind::Copy => ("memcpy", 1, size, false),
+        RowKind::EmptyKernel => (EMPTY_KERNEL, 1, 0, false),
         RowKind::Op(op) => {
             let out: usize = output_lens(op, n, world).iter().sum::<usize>() * dtype.size();
             (op.name(), op.lanes(), out, matches!(op, BenchOp::AllReduce | BenchOp::AllGather))
@@ -348,9 +469,15 @@ pub fn assemble(
     let alone = ranks.first().and_then(|r| Summary::of(&r.alone)).map(|s| us(s.median));
     let (copy_us, copy_alone_us) = match (kind, copy) {
         (RowKind::Copy, _) => (Some(us(s.median)), alone),
+        (RowKind::EmptyKernel, _) => (None, None),
         (_, Some(c)) => (Some(c.median_us), c.memcpy_one_rank_median_us),
         _ => (None, None),
     };
+    let empty_us = match kind {
+        RowKind::EmptyKernel => None,
+        _ => empty.map(|e| e.median_us),
+    };
+    let in_bytes = if kind == RowKind::EmptyKernel { 0 } else { size };
     let ratio = |base: Option<f64>| base.filter(|b| *b > 0.0).map(|b| us(s.median) / b);
     // A native reference counts only when every rank ran it.
     let native_us = |k: usize| {
@@ -365,22 +492,26 @@ pub fn assemble(
         operation: operation.to_owned(),
         dtype: dtype.name().to_owned(),
         size_bytes: size,
-        input_bytes_per_rank: size,
+        input_bytes_per_rank: in_bytes,
         output_bytes_per_rank: out_bytes,
         lanes,
         route: route.to_owned(),
+        graph: args.graph,
         median_us: us(s.median),
         min_us: us(s.min),
         max_us: us(s.max),
         per_rank_median_us: medians.into_iter().map(us).collect(),
-        input_gbps: gbps(size, s.median),
+        // The empty kernel moves no bytes (0, not NaN: NaN does not survive JSON).
+        input_gbps: if in_bytes == 0 { 0.0 } else { gbps(size, s.median) },
         memcpy_median_us: copy_us,
         ratio_vs_memcpy: ratio(copy_us),
         memcpy_one_rank_median_us: copy_alone_us,
         ratio_vs_memcpy_one_rank: ratio(copy_alone_us),
+        empty_kernel_median_us: empty_us,
+        ratio_vs_empty_kernel: ratio(empty_us),
         repeat_bitwise: repeat_each && same_across,
         bitwise_vs_fixed_tree: match kind {
-            RowKind::Copy => None,
+            RowKind::Copy | RowKind::EmptyKernel => None,
             RowKind::Op(_) => Some(ranks.iter().all(|r| r.reference_ok)),
         },
         mismatch: ranks
@@ -407,7 +538,17 @@ pub fn run_rows<B: BenchBackend>(b: &B, boot: &dyn Bootstrap, args: &BenchArgs) 
         boot.rank(),
         boot.world_size()
     );
-    let per_size = 1 + args.operations.len();
+    if args.graph {
+        anyhow::ensure!(
+            b.supports_graph(),
+            "--graph: the {} collective does not support CUDA graph capture (capabilities().supports_graph_capture)",
+            b.name()
+        );
+    }
+    // The same on every rank (what it depends on was agreed at construction).
+    let with_empty = b.has_empty_kernel();
+    let dtype = args.dtype.dtype();
+    let per_size = 1 + usize::from(with_empty) + args.operations.len();
     let total = args.size_bytes.len() * per_size;
     let total_weight: f64 = args.size_bytes.iter().map(|&s| progress::weight(s) * per_size as f64).sum();
     let start = std::time::Instant::now();
@@ -424,13 +565,25 @@ pub fn run_rows<B: BenchBackend>(b: &B, boot: &dyn Bootstrap, args: &BenchArgs) 
         rows.push(row);
     };
     for &size in &args.size_bytes {
+        let empty_row = if with_empty {
+            let mine = measure_empty(b, boot, args).with_context(|| format!("empty kernel (size group {size})"))?;
+            let all = exchange(boot, &mine)?;
+            let row = assemble(RowKind::EmptyKernel, size, args, world, EMPTY_KERNEL_ROUTE, &all, None, None);
+            report(&mut rows, row.clone());
+            Some(row)
+        } else {
+            None
+        };
         let mine = measure_copy(b, boot, args, size).with_context(|| format!("memcpy baseline of {size} bytes"))?;
-        let copy_row = assemble(RowKind::Copy, size, args, world, b.copy_name(), &exchange(boot, &mine)?, None);
+        let all = exchange(boot, &mine)?;
+        let copy_row = assemble(RowKind::Copy, size, args, world, b.copy_name(), &all, None, empty_row.as_ref());
         report(&mut rows, copy_row.clone());
         for &op in &args.operations {
             let mine = measure_op(b, boot, args, op, size).with_context(|| format!("{} of {size} bytes", op.name()))?;
-            let route = b.comm().route(op.op(), size).name();
-            let row = assemble(RowKind::Op(op), size, args, world, route, &exchange(boot, &mine)?, Some(&copy_row));
+            let asked = b.comm().route(op.op(), size);
+            let route = routes::effective_route(asked, op, size, dtype, world, b.ll_capacity()).name();
+            let all = exchange(boot, &mine)?;
+            let row = assemble(RowKind::Op(op), size, args, world, route, &all, Some(&copy_row), empty_row.as_ref());
             report(&mut rows, row);
         }
     }
@@ -506,7 +659,7 @@ mod tests {
         let a = args();
         let mut copy_ranks = vec![rank_row(&[1e-6, 2e-6], 5, 5, true), rank_row(&[1e-6, 1e-6], 6, 6, true)];
         copy_ranks[0].alone = vec![0.5e-6, 0.5e-6];
-        let copy = assemble(RowKind::Copy, 4096, &a, 2, "host_memcpy", &copy_ranks, None);
+        let copy = assemble(RowKind::Copy, 4096, &a, 2, "host_memcpy", &copy_ranks, None, None);
         assert_eq!(copy.operation, "memcpy");
         assert!((copy.median_us - 1.5).abs() < 1e-9);
         assert_eq!(copy.memcpy_one_rank_median_us, Some(0.5));
@@ -514,7 +667,7 @@ mod tests {
         assert_eq!(copy.bitwise_vs_fixed_tree, None);
 
         let ranks = vec![rank_row(&[3e-6, 6e-6], 9, 9, true), rank_row(&[4e-6, 2e-6], 9, 9, true)];
-        let row = assemble(RowKind::Op(BenchOp::AllReduce), 4096, &a, 2, "ipc_one_shot", &ranks, Some(&copy));
+        let row = assemble(RowKind::Op(BenchOp::AllReduce), 4096, &a, 2, "ipc_one_shot", &ranks, Some(&copy), None);
         // Slowest per sample: [4, 6] us.
         assert!((row.median_us - 5.0).abs() < 1e-9);
         assert!((row.min_us - 4.0).abs() < 1e-9 && (row.max_us - 6.0).abs() < 1e-9);
@@ -532,19 +685,170 @@ mod tests {
 
         // Ranks disagreeing on a replicated output: not repeat-bitwise.
         let bad = vec![rank_row(&[1e-6], 9, 9, true), rank_row(&[1e-6], 8, 8, true)];
-        let r = assemble(RowKind::Op(BenchOp::AllGather), 4096, &a, 2, "x", &bad, None);
+        let r = assemble(RowKind::Op(BenchOp::AllGather), 4096, &a, 2, "x", &bad, None, None);
         assert!(!r.repeat_bitwise);
         assert_eq!(r.output_bytes_per_rank, 8192);
         // ...but reduce_scatter shards differ by design.
-        let r = assemble(RowKind::Op(BenchOp::ReduceScatter), 4096, &a, 2, "x", &bad, None);
+        let r = assemble(RowKind::Op(BenchOp::ReduceScatter), 4096, &a, 2, "x", &bad, None, None);
         assert!(r.repeat_bitwise);
         // A run whose last output differs from its first, or a wrong result.
         let drift = vec![rank_row(&[1e-6], 1, 2, true), rank_row(&[1e-6], 1, 1, false)];
-        let r = assemble(RowKind::Op(BenchOp::ReduceScatterMany), 4096, &a, 2, "x", &drift, None);
+        let r = assemble(RowKind::Op(BenchOp::ReduceScatterMany), 4096, &a, 2, "x", &drift, None, None);
         assert!(!r.repeat_bitwise);
         assert_eq!(r.bitwise_vs_fixed_tree, Some(false));
         assert_eq!(r.mismatch.as_deref(), Some("rank 1: element 0"));
         assert!(progress::row_line(1, 1, &r, None).contains("NOT BITWISE"));
+    }
+
+    /// The in-memory reference collective with a pretend graph: `capture` runs the calls once
+    /// (so outputs are real) and counts them, `replay` counts replays; the empty kernel counts
+    /// launches. Checks the order of the `--graph` flow without a GPU.
+    struct Counting {
+        inner: super::super::backend::HostBackend<collective_core::conformance::memory::MemoryCollective>,
+        captures: std::cell::Cell<usize>,
+        captured_calls: std::cell::Cell<usize>,
+        replays: std::cell::Cell<usize>,
+        empties: std::cell::Cell<usize>,
+    }
+
+    impl BenchBackend for Counting {
+        type Comm = collective_core::conformance::memory::MemoryCollective;
+        type Buf = collective_core::conformance::HostBuf;
+        type Mark = std::time::Instant;
+        type Graph = usize;
+        fn name(&self) -> &'static str {
+            "counting"
+        }
+        fn copy_name(&self) -> &'static str {
+            self.inner.copy_name()
+        }
+        fn comm(&self) -> &Self::Comm {
+            self.inner.comm()
+        }
+        fn stream(&self) -> &() {
+            &()
+        }
+        fn alloc(&self, bytes: usize) -> anyhow::Result<Self::Buf> {
+            self.inner.alloc(bytes)
+        }
+        fn write(&self, buf: &mut Self::Buf, data: &[u8]) -> anyhow::Result<()> {
+            self.inner.write(buf, data)
+        }
+        fn read(&self, buf: &Self::Buf, bytes: usize) -> anyhow::Result<Vec<u8>> {
+            self.inner.read(buf, bytes)
+        }
+        fn view<'b>(&self, buf: &'b Self::Buf, o: usize, len: usize, dtype: DType) -> collective_core::RawRef<'b> {
+            self.inner.view(buf, o, len, dtype)
+        }
+        fn view_mut<'b>(&self, buf: &'b mut Self::Buf, o: usize, len: usize, d: DType) -> collective_core::RawMut<'b> {
+            self.inner.view_mut(buf, o, len, d)
+        }
+        fn copy(&self, dst: &mut Self::Buf, src: &Self::Buf, bytes: usize) -> anyhow::Result<()> {
+            self.inner.copy(dst, src, bytes)
+        }
+        fn start_timer(&self) -> anyhow::Result<Self::Mark> {
+            self.inner.start_timer()
+        }
+        fn elapsed(&self, mark: Self::Mark) -> anyhow::Result<std::time::Duration> {
+            // Never zero, so medians are positive.
+            Ok(self.inner.elapsed(mark)? + std::time::Duration::from_nanos(1))
+        }
+        fn workspace_bytes(&self) -> usize {
+            0
+        }
+        fn peak_temp_bytes(&self) -> usize {
+            0
+        }
+        fn supports_graph(&self) -> bool {
+            true
+        }
+        fn capture(&self, calls: usize, f: &mut dyn FnMut() -> anyhow::Result<()>) -> anyhow::Result<usize> {
+            self.captures.set(self.captures.get() + 1);
+            for _ in 0..calls {
+                f()?;
+            }
+            self.captured_calls.set(self.captured_calls.get() + calls);
+            Ok(calls)
+        }
+        fn replay(&self, graph: &usize) -> anyhow::Result<()> {
+            assert!(*graph > 0);
+            self.replays.set(self.replays.get() + 1);
+            Ok(())
+        }
+        fn has_empty_kernel(&self) -> bool {
+            true
+        }
+        fn empty_kernel(&self) -> anyhow::Result<()> {
+            self.empties.set(self.empties.get() + 1);
+            Ok(())
+        }
+    }
+
+    fn counting_run(graph: bool) -> (Vec<Row>, [usize; 4]) {
+        use collective_core::bootstrap::LocalBootstrap;
+        use collective_core::conformance::memory::{Flaw, MemoryCollective};
+        let mut a = args();
+        a.size_bytes = vec![4096];
+        a.operations = vec![BenchOp::AllReduce, BenchOp::ReduceScatter];
+        (a.warmup, a.iterations, a.samples, a.graph) = (3, 4, 2, graph);
+        let world = 2;
+        let results: Vec<(Vec<Row>, [usize; 4])> = std::thread::scope(|s| {
+            let hs: Vec<_> = LocalBootstrap::group(world)
+                .into_iter()
+                .zip(LocalBootstrap::group(world))
+                .map(|(cb, boot)| {
+                    let a = &a;
+                    s.spawn(move || {
+                        let b = Counting {
+                            inner: super::super::backend::HostBackend::new(
+                                MemoryCollective::new(cb, 4096, Flaw::None),
+                                "memory-reference",
+                            ),
+                            captures: Default::default(),
+                            captured_calls: Default::default(),
+                            replays: Default::default(),
+                            empties: Default::default(),
+                        };
+                        let rows = run_rows(&b, &boot, a).unwrap();
+                        (rows, [b.captures.get(), b.captured_calls.get(), b.replays.get(), b.empties.get()])
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(results[0].0, results[1].0, "every rank assembles the same rows");
+        results.into_iter().next().unwrap()
+    }
+
+    #[test]
+    fn graph_runs_capture_once_per_row_and_replay_each_sample() {
+        let (rows, [captures, captured, replays, empties]) = counting_run(true);
+        let ops: Vec<&str> = rows.iter().map(|r| r.operation.as_str()).collect();
+        assert_eq!(ops, [EMPTY_KERNEL, "memcpy", "all_reduce", "reduce_scatter"]);
+        assert!(rows.iter().all(|r| r.graph && r.bitwise()), "{rows:?}");
+        // One graph per row (empty kernel, copy, two ops), 4 calls each.
+        assert_eq!((captures, captured), (4, 16));
+        // Per row one warm-up replay and one per sample; the copy's graph also replays for
+        // the one-rank samples (on rank 0).
+        assert_eq!(replays, 4 * (1 + 2) + 2);
+        // Empty kernels: the first (checked) launch, then the captured ones; no eager warm-up.
+        assert_eq!(empties, 1 + 4);
+        let (e, c, ar) = (&rows[0], &rows[1], &rows[2]);
+        assert_eq!((e.route.as_str(), e.input_bytes_per_rank, e.input_gbps), (EMPTY_KERNEL_ROUTE, 0, 0.0));
+        assert_eq!((e.empty_kernel_median_us, e.memcpy_median_us, e.bitwise_vs_fixed_tree), (None, None, None));
+        assert_eq!(c.empty_kernel_median_us, Some(e.median_us));
+        assert_eq!(ar.empty_kernel_median_us, Some(e.median_us));
+        assert!((ar.ratio_vs_empty_kernel.unwrap() - ar.median_us / e.median_us).abs() < 1e-9);
+        assert_eq!(ar.memcpy_median_us, Some(c.median_us));
+    }
+
+    #[test]
+    fn eager_runs_never_capture() {
+        let (rows, [captures, captured, replays, empties]) = counting_run(false);
+        assert_eq!((captures, captured, replays), (0, 0, 0));
+        assert!(rows.iter().all(|r| !r.graph && r.bitwise()));
+        // First launch, 3 warm-up, 2 samples x 4.
+        assert_eq!(empties, 1 + 3 + 8);
     }
 
     #[test]

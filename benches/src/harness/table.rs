@@ -1,8 +1,10 @@
 //! The markdown table printed on stdout: what a reader compares, in the order they compare it.
 //!
 //! Columns appear only when some row has a value for them (the CPU twin has no native NCCL/RCCL
-//! columns), and rows are grouped by size with the copy baseline first, so each operation reads
-//! against the reference just above it. Everything else (per-rank medians, workspace, the
+//! columns, nor an empty kernel), and rows are grouped by size with the baselines first (the
+//! copy, then the empty kernel), so each operation reads against the references just above it:
+//! "x of memcpy" and "x of empty kernel" are its ratios to them. The title says whether the
+//! rows are eager calls or graph replays, and the route `--route` forced, if any. Everything else (per-rank medians, workspace, the
 //! one-rank copy) stays in the JSON.
 use super::report::{Report, Row};
 
@@ -22,6 +24,21 @@ fn is_copy(r: &Row) -> bool {
     r.operation == "memcpy"
 }
 
+fn is_empty_kernel(r: &Row) -> bool {
+    r.operation == super::run::EMPTY_KERNEL
+}
+
+/// Reading order within a size: the copy, the empty kernel, the operations.
+fn kind_order(r: &Row) -> u8 {
+    if is_copy(r) {
+        0
+    } else if is_empty_kernel(r) {
+        1
+    } else {
+        2
+    }
+}
+
 fn us(x: f64) -> String {
     if x >= 100.0 { format!("{x:.0}") } else { format!("{x:.2}") }
 }
@@ -37,7 +54,7 @@ fn ratio(ours: f64, reference: Option<f64>) -> Option<String> {
 
 /// The copy reference of an operation row, when it is large enough to mean something.
 fn meaningful_memcpy(r: &Row) -> Option<f64> {
-    r.memcpy_median_us.filter(|m| !is_copy(r) && *m >= MEANINGFUL_MEMCPY_US)
+    r.memcpy_median_us.filter(|m| kind_order(r) == 2 && *m >= MEANINGFUL_MEMCPY_US)
 }
 
 /// Every column, in reading order.
@@ -53,6 +70,8 @@ fn columns() -> Vec<Column> {
         },
         Column { header: "memcpy us", align: "---:", cell: |r| r.memcpy_median_us.filter(|_| !is_copy(r)).map(us) },
         Column { header: "x of memcpy", align: "---:", cell: |r| ratio(r.median_us, meaningful_memcpy(r)) },
+        Column { header: "empty kernel us", align: "---:", cell: |r| r.empty_kernel_median_us.map(us) },
+        Column { header: "x of empty kernel", align: "---:", cell: |r| ratio(r.median_us, r.empty_kernel_median_us) },
         Column { header: "native us", align: "---:", cell: |r| r.native_default_us.map(us) },
         Column { header: "x of native", align: "---:", cell: |r| ratio(r.median_us, r.native_default_us) },
         Column { header: "native tree/simple us", align: "---:", cell: |r| r.native_tree_simple_us.map(us) },
@@ -60,7 +79,7 @@ fn columns() -> Vec<Column> {
         Column {
             header: "GB/s",
             align: "---:",
-            cell: |r| r.input_gbps.is_finite().then(|| format!("{:.2}", r.input_gbps)),
+            cell: |r| (r.input_gbps.is_finite() && !is_empty_kernel(r)).then(|| format!("{:.2}", r.input_gbps)),
         },
         Column { header: "repeat bitwise", align: ":---:", cell: |r| Some(yes_no(r.repeat_bitwise)) },
         Column { header: "= fixed tree", align: ":---:", cell: |r| r.bitwise_vs_fixed_tree.map(yes_no) },
@@ -78,11 +97,11 @@ pub fn human_bytes(b: usize) -> String {
     }
 }
 
-/// The rows in reading order: by size, the copy baseline first, then the operations in the
+/// The rows in reading order: by size, the copy baseline first, then the empty kernel, then the operations in the
 /// order they ran (a stable sort keeps it).
 pub fn ordered(rows: &[Row]) -> Vec<&Row> {
     let mut v: Vec<&Row> = rows.iter().collect();
-    v.sort_by_key(|r| (r.size_bytes, !is_copy(r)));
+    v.sort_by_key(|r| (r.size_bytes, kind_order(r)));
     v
 }
 
@@ -104,8 +123,10 @@ pub fn table(rows: &[Row]) -> String {
 
 /// The markdown printed on stdout: title, table, and how to read it.
 pub fn markdown(r: &Report) -> String {
+    let mode = if r.graph { "graph replay" } else { "eager" };
+    let forced = r.forced_route.as_ref().map(|f| format!(", route {f} forced")).unwrap_or_default();
     let mut s = format!(
-        "### detcoll bench: {} x{} ({}, {}, {} build), {} ({}, {} CPUs)\n\n",
+        "### detcoll bench: {} x{} ({}, {}, {} build, {mode}{forced}), {} ({}, {} CPUs)\n\n",
         r.backend,
         r.world_size,
         r.launch,
@@ -117,11 +138,12 @@ pub fn markdown(r: &Report) -> String {
     );
     s.push_str(&table(&r.rows));
     s.push_str(&format!(
-        "\nsizes are per-rank input bytes; latency = slowest rank per sample, median over {} samples of {} calls; \
+        "\nsizes are per-rank input bytes; latency = slowest rank per sample, median over {} samples of {} calls{}; \
          GB/s = size / median; \"x of memcpy\" only where the copy takes at least {MEANINGFUL_MEMCPY_US} us; \
          per-rank medians, workspace and the one-rank copy are in the JSON; all bitwise: {}\n",
         r.args.get("samples").and_then(|v| v.as_u64()).unwrap_or(0),
         r.args.get("iterations").and_then(|v| v.as_u64()).unwrap_or(0),
+        if r.graph { " (one graph replay / iterations)" } else { "" },
         if r.all_bitwise { "yes" } else { "NO" }
     ));
     s
@@ -141,6 +163,7 @@ pub(crate) mod tests {
             output_bytes_per_rank: size,
             lanes: 1,
             route: if op == "memcpy" { "host_memcpy" } else { "ipc_one_shot" }.to_owned(),
+            graph: false,
             median_us: median,
             min_us: median * 0.9,
             max_us: median * 1.2,
@@ -150,6 +173,8 @@ pub(crate) mod tests {
             ratio_vs_memcpy: memcpy.map(|m| median / m),
             memcpy_one_rank_median_us: memcpy,
             ratio_vs_memcpy_one_rank: memcpy.map(|m| median / m),
+            empty_kernel_median_us: None,
+            ratio_vs_empty_kernel: None,
             repeat_bitwise: true,
             bitwise_vs_fixed_tree: (op != "memcpy").then_some(true),
             mismatch: None,
@@ -230,6 +255,54 @@ pub(crate) mod tests {
         assert_eq!(b[0][i], "-", "the copy has no native reference");
         let rb = h.iter().position(|x| x == "repeat bitwise").unwrap();
         assert_eq!(b[1][rb], "**NO**");
+    }
+
+    #[test]
+    fn gpu_table_has_the_empty_kernel_and_its_ratio() {
+        let mut rows = cpu_rows();
+        let mut empty = row(crate::harness::run::EMPTY_KERNEL, 4096, 2.0, None);
+        empty.input_gbps = 0.0;
+        empty.bitwise_vs_fixed_tree = None;
+        rows.push(empty);
+        for r in rows.iter_mut().filter(|r| r.size_bytes == 4096 && r.operation != "empty_kernel") {
+            r.empty_kernel_median_us = Some(2.0);
+        }
+        let t = table(&rows);
+        let h = header(&t);
+        let (e, x) = (
+            h.iter().position(|c| c == "empty kernel us").unwrap(),
+            h.iter().position(|c| c == "x of empty kernel").unwrap(),
+        );
+        let gb = h.iter().position(|c| c == "GB/s").unwrap();
+        let b = body(&t);
+        let ops: Vec<&str> = b.iter().map(|r| r[1].as_str()).collect();
+        assert_eq!(ops, ["memcpy", "empty_kernel", "all_reduce", "memcpy", "all_reduce"]);
+        // 16.76 us all_reduce over a 2 us empty kernel.
+        assert_eq!((b[2][e].as_str(), b[2][x].as_str()), ("2.00", "8.38x"));
+        assert_eq!((b[1][e].as_str(), b[1][x].as_str(), b[1][gb].as_str()), ("-", "-", "-"));
+        assert_eq!(b[4][x], "-", "no empty kernel at 4 MiB");
+    }
+
+    #[test]
+    fn the_title_says_graph_and_the_forced_route() {
+        let v = serde_json::json!({
+            "schema_version": 2, "tool": "t", "backend": "cuda-ipc-threads", "build_profile": "release",
+            "world_size": 2, "launch": "threads", "dtype": "bf16", "reduction_order": "(r0+r1)",
+            "git_commit": "abc", "capabilities": { "strict_fixed_order": true, "supports_async_overlap": false,
+            "supports_compute_communication_fusion": false, "supports_graph_capture": true, "capacity_bytes": 4096 },
+            "size_convention": "", "latency_method": "", "host": { "hostname": "h", "cpu_count": 2, "os": "linux",
+            "arch": "x86_64" }, "args": { "samples": 5, "iterations": 50 }, "timestamp_unix": 0, "timestamp_utc": "",
+            "notes": [], "all_bitwise": true, "rows": []
+        });
+        // A report without the fields (written before them) reads as eager and unforced.
+        let mut r: Report = serde_json::from_value(v).unwrap();
+        assert!(!r.graph && r.forced_route.is_none());
+        assert!(markdown(&r).contains("release build, eager), "), "{}", markdown(&r));
+        r.graph = true;
+        r.forced_route = Some("ipc_push_ll".to_owned());
+        let m = markdown(&r);
+        assert!(m.contains("release build, graph replay, route ipc_push_ll forced), "), "{m}");
+        assert!(m.contains("(one graph replay / iterations)"), "{m}");
     }
 
     #[test]
