@@ -14,6 +14,7 @@
 #define DC_SYNC_BLOCK() __syncthreads()
 #define DC_FENCE_DEVICE() __threadfence()
 #define DC_FENCE_SYSTEM() __threadfence_system()
+#define DC_FENCE_RELEASE_SYSTEM() asm volatile("fence.acq_rel.sys;" ::: "memory")
 #define DC_ATOMIC_CAS_U64(p, cmp, val) atomicCAS((unsigned long long*)(p), (cmp), (unsigned long long)(val))
 #define DC_ATOMIC_ADD_U32(p, v) atomicAdd((dc_u32*)(p), (v))
 #define DC_SHARED __shared__

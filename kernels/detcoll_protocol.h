@@ -27,6 +27,8 @@
 //   DC_TID, DC_BID, DC_NTID, DC_NBLOCKS   thread/block index, threads per block, blocks
 //   DC_SYNC_BLOCK()                        block barrier with block-scope memory ordering
 //   DC_FENCE_DEVICE(), DC_FENCE_SYSTEM()   sequentially consistent fences, device/system scope
+//   DC_FENCE_RELEASE_SYSTEM()              release fence, system scope (a release pattern with
+//                                          relaxed stores after it)
 //   DC_ATOMIC_CAS_U64(p, cmp, val)         device-scope CAS on a dc_u64, returns the old value
 //   DC_ATOMIC_ADD_U32(p, v)                device-scope add on the dc_u32 at p, returns the old
 //   DC_SHARED, DC_DEV_NOINLINE             block-shared storage; an out-of-line device function
@@ -148,6 +150,17 @@ extern "C" __device__ const dc_u32 detcoll_abi[6] = {
 
 DC_DEV dc_u64* dc_at(dc_u64 base, dc_u64 off) { return (dc_u64*)(base + off); }
 
+// Signature::digest of the two packed signature words: FNV-1a over their 16 little-endian
+// bytes, never 0.
+DC_DEV dc_u32 dc_sig_digest(dc_u64 w0, dc_u64 w1) {
+    dc_u32 h = 0x811c9dc5u;
+    for (int i = 0; i < 16; ++i) {
+        dc_u32 byte = (dc_u32)(((i < 8 ? w0 : w1) >> ((i % 8) * 8)) & 0xffu);
+        h = (h ^ byte) * 0x01000193u;
+    }
+    return h == 0u ? 1u : h;
+}
+
 // Records the first failure of this rank: the status word decides the winner (device scope is
 // enough, only this rank's blocks write it); the winner fills the host record, code last.
 DC_DEV void dc_fail(const DcHeader& h, dc_u64* status, dc_u64 code, dc_u32 peer, dc_u32 g, dc_u64 observed) {
@@ -159,9 +172,18 @@ DC_DEV void dc_fail(const DcHeader& h, dc_u64* status, dc_u64 code, dc_u32 peer,
     e[4] = h.sig[0];
     e[5] = h.sig[1];
     if (code == DC_ERR_MISMATCH) {
+        // The peer stores its signature before the flag word we saw, but on the push routes
+        // without a fence between them: read until the signature's digest is the flag's
+        // (bounded), so the record names what the peer really called.
         const volatile dc_u64* theirs = (const volatile dc_u64*)(h.ctl[peer] + ((g & 1u) ? h.off_sig1 : h.off_sig0));
-        e[6] = theirs[0];
-        e[7] = theirs[1];
+        dc_u64 a = theirs[0], b = theirs[1];
+        const dc_u64 start = dc_globaltimer();
+        while (dc_sig_digest(a, b) != (dc_u32)observed && dc_globaltimer() - start < h.timeout_ns) {
+            a = theirs[0];
+            b = theirs[1];
+        }
+        e[6] = a;
+        e[7] = b;
     }
     DC_FENCE_SYSTEM();
     e[0] = code;
@@ -462,12 +484,16 @@ DC_DEV dc_u64* dc_pflag(const DcHeader& h, dc_u32 owner, dc_u32 phase, dc_u32 bl
                  h.off_pflag + (((dc_u64)phase * h.layout_blocks + block) * DC_MAX_WORLD + sender) * h.line);
 }
 
-// This block's flag of `phase` into every peer, after every thread's stores of the block.
+// This block's flag of `phase` into every peer, after every thread's stores of the block: one
+// system-scope release fence (cumulative over the block's stores, ordered before it by the
+// barrier), then relaxed stores — a release pattern without a fence per peer.
 DC_DEV void dc_bulk_signal(const DcHeader& h, dc_u32 phase, dc_u64 word) {
     DC_SYNC_BLOCK();
-    if (DC_TID == 0)
+    if (DC_TID == 0) {
+        DC_FENCE_RELEASE_SYSTEM();
         for (dc_u32 q = 0; q < h.world; ++q)
-            if (q != h.rank) dc_st_release_sys(dc_pflag(h, q, phase, DC_BID, h.rank), word);
+            if (q != h.rank) dc_st_relaxed_sys(dc_pflag(h, q, phase, DC_BID, h.rank), word);
+    }
 }
 
 DC_DEV bool dc_bulk_wait(const DcHeader& h, dc_u64* status, dc_u32 phase, dc_u32 g, dc_u64 code) {
@@ -573,15 +599,19 @@ DC_DEV_NOINLINE void dc_collective(const DcHeader& h, const DcSeg* seg) {
 
     if (s_refresh && h.ll_slot != 0u) dc_ll_refresh(h, g);
     if (b == 0 && DC_TID == 0) {
-        // The full signature first, so a peer that sees a mismatching digest can report it;
-        // then the push headers (release: after the signature), which a push call's receivers
-        // wait on and every other call keeps fresh.
+        // The full signature first, so a peer that sees a mismatching digest can report it
+        // (dc_fail re-reads it until its digest is the flag's: no fence needed here); then the
+        // push headers, which an LL call's receivers wait on (other calls keep them fresh once
+        // per epoch: a push rank facing a pull peer then learns of the mismatch from the pull
+        // peer's failure, the pull peer from our ready flags).
         dc_u64* sig = dc_at(own, (g & 1u) ? h.off_sig1 : h.off_sig0);
         sig[0] = h.sig[0];
         sig[1] = h.sig[1];
-        for (dc_u32 q = 0; q < h.world; ++q)
-            if (q != h.rank)
-                dc_st_release_sys(dc_at(h.ctl[q], h.off_push + ((g & 1u) * DC_MAX_WORLD + h.rank) * h.line), word);
+        if (h.mode == DC_MODE_PUSH_LL || s_refresh)
+            for (dc_u32 q = 0; q < h.world; ++q)
+                if (q != h.rank)
+                    dc_st_relaxed_sys(dc_at(h.ctl[q], h.off_push + ((g & 1u) * DC_MAX_WORLD + h.rank) * h.line),
+                                      word);
     }
     if (b == 0) {
         // Refresh the pull flags this call does not use, so no flag ever falls more than one

@@ -253,9 +253,10 @@ impl BenchArgs {
         Ok(())
     }
 
-    /// Staging bytes one rank needs: the largest per-rank input.
+    /// Staging bytes per rank: twice the largest per-rank input, so the bulk push route's
+    /// receive slots (about twice the message for all_reduce) fit its frame at every size.
     pub fn capacity(&self) -> usize {
-        self.size_bytes.iter().copied().max().unwrap_or(0)
+        self.size_bytes.iter().copied().max().unwrap_or(0).saturating_mul(2)
     }
 }
 

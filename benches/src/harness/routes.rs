@@ -103,19 +103,41 @@ pub fn push_payload_bytes(op: BenchOp, size: usize, dtype: DType, world: usize) 
     }
 }
 
+/// Frame bytes the bulk push route (`ipc_push`) needs on each receiver for a call of `op` on
+/// `size` per-rank input bytes (`collective_core::protocol::Plan::frame_elems`): one slot per
+/// sender of the largest shard (all_gather: the input) in whole 16 bytes, twice for all_reduce
+/// (the reduced shards). `None` for reduce_scatter_many, which has no bulk plan.
+pub fn bulk_frame_bytes(op: BenchOp, size: usize, dtype: DType, world: usize) -> Option<usize> {
+    let esize = dtype.size();
+    let world = world.max(1);
+    let round = |bytes: usize| bytes.div_ceil(16) * 16;
+    let n = size / esize;
+    match op {
+        BenchOp::AllReduce => Some(2 * world * round(n.div_ceil(world) * esize)),
+        BenchOp::AllGather => Some(world * round(size)),
+        BenchOp::ReduceScatter => Some(world * round(n / world * esize)),
+        BenchOp::ReduceScatterMany => None,
+    }
+}
+
 /// The route a call runs: `route` as the collective reports it (`Collective::route`), except
-/// that an `ipc_push_ll` call whose push payload exceeds the LL capacity (`ll_capacity`, when
-/// the backend says) takes the one-shot pull route, as the IPC engine does (same bits).
+/// that a push call that does not fit its slots takes the one-shot pull route, as the IPC engine
+/// does (same bits): `ipc_push_ll` over the LL capacity (`ll_capacity`, when the backend says),
+/// `ipc_push` over the frame (`capacity`) or for reduce_scatter_many.
 pub fn effective_route(
     route: Route,
     op: BenchOp,
     size: usize,
     dtype: DType,
     world: usize,
+    capacity: usize,
     ll_capacity: Option<usize>,
 ) -> Route {
     match (route, ll_capacity) {
         (Route::IpcPushLl, Some(cap)) if push_payload_bytes(op, size, dtype, world) > cap => Route::IpcOneShot,
+        (Route::IpcPush, _) if bulk_frame_bytes(op, size, dtype, world).is_none_or(|b| b > capacity) => {
+            Route::IpcOneShot
+        }
         _ => route,
     }
 }
@@ -132,7 +154,7 @@ mod tests {
                 r => assert_eq!(parse_route(r.name()).unwrap(), r.name()),
             }
         }
-        let e = parse_route("ipc_push").unwrap_err();
+        let e = parse_route("ipc_pull").unwrap_err();
         assert!(e.contains("ipc_push_ll") && e.contains("ipc_one_shot") && !e.contains("local"), "{e}");
     }
 
@@ -186,7 +208,7 @@ mod tests {
     #[test]
     fn push_calls_over_the_ll_capacity_report_one_shot() {
         let cap = Some(512 << 10);
-        let push = |op, size, world| effective_route(Route::IpcPushLl, op, size, DType::BF16, world, cap);
+        let push = |op, size, world| effective_route(Route::IpcPushLl, op, size, DType::BF16, world, 1 << 30, cap);
         assert_eq!(push(BenchOp::AllReduce, 512 << 10, 2), Route::IpcPushLl);
         assert_eq!(push(BenchOp::AllReduce, 1 << 20, 2), Route::IpcOneShot);
         assert_eq!(push(BenchOp::AllGather, 1 << 20, 8), Route::IpcOneShot);
@@ -199,12 +221,50 @@ mod tests {
         assert_eq!(push_payload_bytes(BenchOp::ReduceScatterMany, 64, DType::BF16, 8), 20);
         // Other routes, and backends that do not say their LL capacity, are left alone.
         assert_eq!(
-            effective_route(Route::IpcOneShot, BenchOp::AllReduce, 64 << 20, DType::BF16, 2, cap),
+            effective_route(Route::IpcOneShot, BenchOp::AllReduce, 64 << 20, DType::BF16, 2, 1 << 30, cap),
             Route::IpcOneShot
         );
         assert_eq!(
-            effective_route(Route::IpcPushLl, BenchOp::AllReduce, 64 << 20, DType::BF16, 2, None),
+            effective_route(Route::IpcPushLl, BenchOp::AllReduce, 64 << 20, DType::BF16, 2, 1 << 30, None),
             Route::IpcPushLl
+        );
+    }
+
+    /// The bench's mirror of the engine's rule agrees with the real plans
+    /// (`Plan::single_fitted`) for sizes around every boundary.
+    #[test]
+    fn bulk_fit_matches_the_engine_plans() {
+        use collective_core::protocol::Plan;
+        use collective_core::{Io, RawMut, RawRef, validate};
+        for world in [2usize, 4, 8] {
+            for op in [BenchOp::AllReduce, BenchOp::AllGather, BenchOp::ReduceScatter] {
+                for elems in [world, 7 * world, 1000 * world, 4096 * world + 8 * world] {
+                    let size = elems * 2;
+                    let frame = bulk_frame_bytes(op, size, DType::BF16, world).unwrap();
+                    for capacity in [frame - 1, frame, frame + 1] {
+                        let out = match op {
+                            BenchOp::AllGather => elems * world,
+                            BenchOp::ReduceScatter => elems / world,
+                            _ => elems,
+                        };
+                        // SAFETY: never dereferenced: only addresses and lengths are planned.
+                        let io = unsafe {
+                            Io::OutOfPlace {
+                                input: RawRef::from_raw(0x10_0000, elems, DType::BF16),
+                                output: RawMut::from_raw(0x4000_0000, out, DType::BF16),
+                            }
+                        };
+                        let call = validate(op.op(), &io, 0, world, usize::MAX).unwrap();
+                        let plan = Plan::single_fitted(&call, 0, world, Route::IpcPush, capacity, 0).unwrap();
+                        let mirrored = effective_route(Route::IpcPush, op, size, DType::BF16, world, capacity, None);
+                        assert_eq!(plan.route, mirrored, "{op:?} world {world} elems {elems} capacity {capacity}");
+                    }
+                }
+            }
+        }
+        assert_eq!(
+            effective_route(Route::IpcPush, BenchOp::ReduceScatterMany, 4096, DType::BF16, 2, 1 << 30, None),
+            Route::IpcOneShot
         );
     }
 }

@@ -34,22 +34,39 @@ fn thread_group_typed_and_raw_entry_points_are_bit_exact() {
         |b: &[u8]| -> Vec<f32> { b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect() };
     let want_bits: Vec<u32> = as_f32(&want).iter().map(|x| x.to_bits()).collect();
     println!("world {world} on {count} GPU(s): route {:?}", ranks[0].route(Op::AllReduce, n * 4));
+    // Ranks that are threads sharing one CUDA context must enqueue in call order (docs of
+    // `IpcCollective::group`): every rank enqueues call k before any enqueues call k + 1.
+    let order = std::sync::Barrier::new(world);
     std::thread::scope(|s| {
         for comm in &ranks {
             let inputs = &inputs;
             let want_bits = &want_bits;
+            let order = &order;
             s.spawn(move || {
                 let r = comm.rank();
+                // A failed call reports its typed error, not wrong bits.
+                let check = |what: &str| {
+                    if let Some(ipc) = comm.ipc() {
+                        stream_sync(ipc);
+                        if let Err(e) = ipc.check() {
+                            panic!("rank {r}: {what}: {e}");
+                        }
+                    }
+                };
                 let stream = comm.context().new_stream().expect("stream");
                 let x = stream.clone_htod(&as_f32(&inputs[r])).expect("upload");
                 let mut y = stream.alloc_zeros::<f32>(n).expect("alloc");
                 comm.all_reduce_into(&x, &mut y, &stream).expect("typed all_reduce");
+                order.wait();
                 let got: Vec<u32> = stream.clone_dtoh(&y).expect("download").iter().map(|v| v.to_bits()).collect();
+                check("typed all_reduce");
                 assert_eq!(&got, want_bits, "rank {r}: typed all_reduce");
                 // In place, then the raw entry on the same buffers.
                 let mut z = stream.clone_htod(&as_f32(&inputs[r])).expect("upload");
                 comm.all_reduce_in_place(&mut z, &stream).expect("in place");
+                order.wait();
                 let got: Vec<u32> = stream.clone_dtoh(&z).expect("download").iter().map(|v| v.to_bits()).collect();
+                check("in-place all_reduce");
                 assert_eq!(&got, want_bits, "rank {r}: in-place all_reduce");
                 let mut w = stream.alloc_zeros::<f32>(n).expect("alloc");
                 {
@@ -61,12 +78,16 @@ fn thread_group_typed_and_raw_entry_points_are_bit_exact() {
                     unsafe { comm.enqueue_raw(Op::AllReduce, xi, wo, n, DType::F32, stream.cu_stream().cast()) }
                         .expect("raw all_reduce");
                 }
+                order.wait();
                 let got: Vec<u32> = stream.clone_dtoh(&w).expect("download").iter().map(|v| v.to_bits()).collect();
+                check("raw all_reduce");
                 assert_eq!(&got, want_bits, "rank {r}: raw all_reduce");
                 // all_gather through the typed entry: rank-major.
                 let mut g = stream.alloc_zeros::<f32>(n * world).expect("alloc");
                 comm.all_gather_into(&x, &mut g, &stream).expect("typed all_gather");
+                order.wait();
                 let got: Vec<u32> = stream.clone_dtoh(&g).expect("download").iter().map(|v| v.to_bits()).collect();
+                check("typed all_gather");
                 let gathered: Vec<u32> = inputs.iter().flat_map(|b| as_f32(b)).map(|v| v.to_bits()).collect();
                 assert_eq!(got, gathered, "rank {r}: typed all_gather");
                 comm.close().expect("close");
@@ -146,4 +167,10 @@ fn tp_and_dp_groups_of_thread_ranks_run_concurrently_bit_exact() {
             }
         }
     });
+}
+
+/// Waits for every call enqueued so far on the rank's device (the check reads what they wrote).
+fn stream_sync(ipc: &cuda_ipc::CudaIpcCollective) {
+    use ipc_engine::IpcDevice;
+    ipc.device().synchronize().expect("synchronize");
 }

@@ -30,9 +30,10 @@ pub const TREE_HEADER: &str = detcoll_kernels::TREE_HEADER;
 pub const PROTOCOL_HEADER: &str = detcoll_kernels::PROTOCOL_HEADER;
 
 /// NVRTC flags. The adds are explicit `.rn` PTX without `.ftz`, so these are a second line of
-/// defence: no flush to zero, no contraction into FMA, IEEE division and square root.
-pub const NVRTC_FLAGS: [&str; 5] =
-    ["--ftz=false", "--prec-div=true", "--prec-sqrt=true", "--fmad=false", "--std=c++17"];
+/// defence: no flush to zero, no contraction into FMA, IEEE division and square root. Line
+/// information (no effect on the code) lets compute-sanitizer and profilers name source lines.
+pub const NVRTC_FLAGS: [&str; 6] =
+    ["--ftz=false", "--prec-div=true", "--prec-sqrt=true", "--fmad=false", "--std=c++17", "--generate-line-info"];
 
 /// Which module of the entry file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -49,14 +49,18 @@ impl Engine {
         unsafe { &*self.regions[rank].base().add(offset).cast::<AtomicU64>() }
     }
 
-    /// Presets `region`'s ready flag as if its owner had completed generation `start` (digest
-    /// 0), so peers read it as behind for the next call; phase-2 flags stay 0, as after
-    /// construction (the state after `start` one-shot calls of an engine without the refresh
-    /// in [`Engine::run`]). Test support: call before any engine uses the region.
+    /// Presets `region`'s ready flag, push headers and bulk push flags as if its owner had
+    /// completed generation `start` (digest 0), so peers read them as behind for the next call,
+    /// and every LL word with flag `start`; phase-2 flags stay 0, as after construction (the
+    /// state after `start` one-shot calls of an engine without the refresh in [`Engine::run`]).
+    /// Test support: call before any engine uses the region.
     pub(crate) fn preset_generation(layout: &Layout, region: &Region, start: u32) {
         let word = u64::from(start) << 32;
-        // SAFETY (every line below): in bounds and 8-aligned; no rank uses the region yet.
-        let at = |off: usize| unsafe { &*region.base().add(off).cast::<AtomicU64>() };
+        let at = |off: usize| {
+            // SAFETY: every offset below is a control word of the layout (in bounds, 8-aligned);
+            // no rank uses the region yet.
+            unsafe { &*region.base().add(off).cast::<AtomicU64>() }
+        };
         for b in 0..layout.blocks() {
             at(layout.ready(b)).store(word, Ordering::Release);
         }
