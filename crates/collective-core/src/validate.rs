@@ -282,6 +282,7 @@ mod tests {
     // SAFETY (every view below): never dereferenced; validation only reads addresses and
     // lengths, and must refuse these before anything could touch them.
     fn raw(addr: u64, len: usize, dtype: DType) -> (RawRef<'static>, RawMut<'static>) {
+        // SAFETY: as above.
         unsafe { (RawRef::from_raw(addr, len, dtype), RawMut::from_raw(addr.wrapping_add(1 << 40), len, dtype)) }
     }
 

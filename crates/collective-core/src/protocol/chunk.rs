@@ -250,8 +250,8 @@ mod tests {
     use crate::{DType, Io, RawMut, validate, validate_many};
 
     fn call(op: Op, n: usize, world: usize, dtype: DType) -> Call {
-        // SAFETY: never dereferenced; planning reads addresses only.
         let len = if op == Op::AllGather { n * world } else { n };
+        // SAFETY: never dereferenced; planning reads addresses only.
         let buf = unsafe { RawMut::from_raw(0x10_0000, len, dtype) };
         validate(op, &Io::InPlace(buf), 1, world, usize::MAX).unwrap()
     }
