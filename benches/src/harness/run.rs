@@ -581,8 +581,7 @@ pub fn run_rows<B: BenchBackend>(b: &B, boot: &dyn Bootstrap, args: &BenchArgs) 
         for &op in &args.operations {
             let mine = measure_op(b, boot, args, op, size).with_context(|| format!("{} of {size} bytes", op.name()))?;
             let asked = b.comm().route(op.op(), size);
-            let route =
-                routes::effective_route(asked, op, size, dtype, world, args.capacity(), b.ll_capacity()).name();
+            let route = routes::effective_route(asked, op, size, dtype, world, args.capacity(), b.ll_capacity()).name();
             let all = exchange(boot, &mine)?;
             let row = assemble(RowKind::Op(op), size, args, world, route, &all, Some(&copy_row), empty_row.as_ref());
             report(&mut rows, row);

@@ -15,12 +15,18 @@ pub struct Capabilities {
     pub supports_compute_communication_fusion: bool,
     /// Calls may be captured into a CUDA/HIP graph and replayed.
     pub supports_graph_capture: bool,
-    /// Bytes one rank may contribute to one call (staging capacity).
+    /// Staging bytes per frame: on the IPC backends a performance and memory knob (larger
+    /// calls run in chunks of it), on a backend that cannot chunk the largest call too.
     pub capacity_bytes: usize,
+    /// The most bytes one rank may contribute to one call without `Error::CapacityExceeded`;
+    /// `usize::MAX`: any size. Backends may accept some larger calls (the transport's
+    /// `all_gather`), but only calls up to this size are promised.
+    pub max_call_bytes: usize,
 }
 
 impl Capabilities {
-    /// Capabilities of a strict collective with `capacity_bytes` of staging.
+    /// Capabilities of a strict collective with `capacity_bytes` of staging, which also bounds
+    /// its calls (`max_call_bytes`; see [`Capabilities::with_max_call_bytes`]).
     pub const fn strict(capacity_bytes: usize, supports_graph_capture: bool) -> Self {
         Capabilities {
             strict_fixed_order: true,
@@ -28,6 +34,13 @@ impl Capabilities {
             supports_compute_communication_fusion: false,
             supports_graph_capture,
             capacity_bytes,
+            max_call_bytes: capacity_bytes,
         }
+    }
+
+    /// These capabilities with calls of up to `bytes` per rank (`usize::MAX`: any size, for
+    /// backends that chunk calls through their staging).
+    pub const fn with_max_call_bytes(self, bytes: usize) -> Self {
+        Capabilities { max_call_bytes: bytes, ..self }
     }
 }

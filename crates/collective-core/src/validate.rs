@@ -60,6 +60,11 @@ fn overlaps(a: u64, a_bytes: usize, b: u64, b_bytes: usize) -> bool {
 }
 
 /// Validates one call of `op` by `rank` of `world` against `capacity` staging bytes.
+///
+/// `capacity` is the most bytes one rank may contribute (`CapacityExceeded` above it). The IPC
+/// backends pass `usize::MAX`: they run a larger call in chunks of their staging
+/// (`protocol::Chunks`), so their staging capacity bounds no call; a backend with a hard
+/// limit (the transport, the conformance memory backend) passes its own.
 pub fn validate(op: Op, io: &Io<'_>, rank: usize, world: usize, capacity: usize) -> Result<Call, Error> {
     if !crate::SUPPORTED_WORLD_SIZES.contains(&world) {
         return Err(Error::UnsupportedWorldSize { world });
@@ -199,7 +204,7 @@ impl core::ops::Deref for LaneCalls {
 }
 
 /// Validates a `reduce_scatter_many` call: every lane as a reduce_scatter, one dtype for all,
-/// and the lanes' payloads together within `capacity`. Returns the lanes with their staging
+/// and the lanes' payloads together within `capacity` (`usize::MAX`: no limit, see [`validate`]). Returns the lanes with their staging
 /// offsets (disjoint ranges of one frame) and the call's signature.
 pub fn validate_many(
     lanes: &[Io<'_>],
@@ -277,6 +282,7 @@ mod tests {
     // SAFETY (every view below): never dereferenced; validation only reads addresses and
     // lengths, and must refuse these before anything could touch them.
     fn raw(addr: u64, len: usize, dtype: DType) -> (RawRef<'static>, RawMut<'static>) {
+        // SAFETY: as above.
         unsafe { (RawRef::from_raw(addr, len, dtype), RawMut::from_raw(addr.wrapping_add(1 << 40), len, dtype)) }
     }
 

@@ -332,9 +332,14 @@ fn latency(ctx: &Arc<CudaContext>) -> Res<()> {
             hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("panicked".into()))).collect::<Res<Vec<f64>>>()
         })?;
         let noop_us = noop.iter().cloned().fold(0f64, f64::max) * 1e3;
-        println!("{{\"bench\":\"latency\",\"op\":\"empty_kernel\",\"world\":{world},\"eager_us_per_call\":{noop_us:.2}}}");
-        let sizes: &[usize] =
-            if world == 2 { &[4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20] } else { &[4 << 10, 64 << 10, 1 << 20, 16 << 20] };
+        println!(
+            "{{\"bench\":\"latency\",\"op\":\"empty_kernel\",\"world\":{world},\"eager_us_per_call\":{noop_us:.2}}}"
+        );
+        let sizes: &[usize] = if world == 2 {
+            &[4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
+        } else {
+            &[4 << 10, 64 << 10, 1 << 20, 16 << 20]
+        };
         for &bytes in sizes {
             let iters = if bytes >= 16 << 20 { 100 } else { 1000 };
             // The copy baseline: every rank copies `bytes` on its own stream at once.

@@ -1,14 +1,15 @@
 //! The collective handle of one rank and its per-call path, for every GPU runtime.
 //!
 //! Per call: closed/poison check (one atomic load and one volatile load of the host-mapped
-//! error record), `validate`, `Plan`, parameter packing into a stack struct, one launch. No
+//! error record), `validate`, `Plan`, parameter packing into a stack struct, one launch (a
+//! call above the staging capacity: one `Plan` and launch per chunk, see `Chunks`). No
 //! host synchronisation, no host allocation, no round trip.
 use crate::device::{IpcDevice, Launch, RawStream};
 use crate::state::{IpcState, Owner};
 use collective_core::protocol::close::{self, CloseOnce};
 use collective_core::protocol::params::{self, CopyParams, ParamsMany, ParamsSingle};
 use collective_core::protocol::status::{self, RECORD_WORDS};
-use collective_core::protocol::{CLOSE_ACK, IpcConfig, Layout, Plan, Poison};
+use collective_core::protocol::{CLOSE_ACK, Chunks, IpcConfig, Poison};
 use collective_core::{Capabilities, Collective, Error, Io, Op, Route, RouteSelect, validate, validate_many};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -188,7 +189,8 @@ impl<D: IpcDevice> IpcCollective<D> {
         stream: RawStream,
     ) -> Result<(), Error> {
         self.check()?;
-        let call = validate(op, &io, self.rank, self.world, self.config.capacity)?;
+        // No capacity limit: a call above the staging capacity runs in chunks (`Chunks`).
+        let call = validate(op, &io, self.rank, self.world, usize::MAX)?;
         let route = match route {
             None => self.default_route(op, call.bytes_in()),
             Some(r) => self.check_route(op, r)?,
@@ -197,17 +199,19 @@ impl<D: IpcDevice> IpcCollective<D> {
         let Some(ipc) = &self.ipc else {
             return self.copy_local(call.dst, call.src, call.bytes_out(), stream);
         };
-        let plan = self.plan_single(&call, route, &ipc.layout)?;
-        let p: ParamsSingle = params::pack(&ipc.fixed, &plan, call.in_place && op == Op::AllGather, D::BACKEND)?;
-        // SAFETY: the single-lane kernel takes `DcParams<16>`; the addresses are the group's
-        // allocations (alive while `self` is) and the caller's validated views.
-        unsafe { self.device.launch(&ipc.kernels, Launch::Single(&p), p.h.grid, stream) }.map_err(|e| self.fail(e))
-    }
-
-    /// The plan of one single-lane call by `route`: a push route when its payload fits its
-    /// slots, the one-shot pull route otherwise (same bits).
-    fn plan_single(&self, call: &collective_core::Call, route: Route, layout: &Layout) -> Result<Plan, Error> {
-        Plan::single_fitted(call, self.rank, self.world, route, layout.capacity(), layout.ll_capacity())
+        // The LL push route when the payload fits the LL slots, the one-shot pull route
+        // otherwise (same bits); above the staging capacity, chunks: consecutive launches on
+        // this stream, one generation each (the double-buffered frames pipeline them).
+        let chunks =
+            Chunks::single(&call, self.rank, self.world, route, self.config.capacity, ipc.layout.ll_capacity())?;
+        for plan in chunks {
+            let p: ParamsSingle = params::pack(&ipc.fixed, &plan?, call.in_place && op == Op::AllGather, D::BACKEND)?;
+            // SAFETY: the single-lane kernel takes `DcParams<16>`; the addresses are the group's
+            // allocations (alive while `self` is) and the caller's validated views.
+            unsafe { self.device.launch(&ipc.kernels, Launch::Single(&p), p.h.grid, stream) }
+                .map_err(|e| self.fail(e))?;
+        }
+        Ok(())
     }
 
     /// The route `op` takes when asked for `route`, or why it cannot.
@@ -234,7 +238,8 @@ impl<D: IpcDevice> IpcCollective<D> {
 
     /// Enqueues a `reduce_scatter_many` on a raw stream by `route` (`None`: the default
     /// route): `IpcPushLl` when the lanes' shards fit the LL slots, the one-shot pull route
-    /// otherwise (and for any other route).
+    /// otherwise (and for any other route), in groups of lanes and chunks of lanes above the
+    /// staging capacity (consecutive launches, as in `enqueue_routed`).
     ///
     /// # Safety
     /// As [`IpcCollective::enqueue`], for every lane.
@@ -245,7 +250,7 @@ impl<D: IpcDevice> IpcCollective<D> {
         stream: RawStream,
     ) -> Result<(), Error> {
         self.check()?;
-        let (calls, sig) = validate_many(lanes, self.rank, self.world, self.config.capacity)?;
+        let (calls, sig) = validate_many(lanes, self.rank, self.world, usize::MAX)?;
         let route =
             route.unwrap_or_else(|| self.default_route(Op::ReduceScatterMany, sig.count as usize * sig.dtype.size()));
         self.device.bind()?;
@@ -255,15 +260,14 @@ impl<D: IpcDevice> IpcCollective<D> {
             }
             return Ok(());
         };
-        let push = Plan::many_push(&calls, sig, self.rank);
-        let plan = if route == Route::IpcPushLl && push.push_payload_bytes() <= ipc.layout.ll_capacity() {
-            push
-        } else {
-            Plan::many(&calls, sig, self.rank)
-        };
-        let p: ParamsMany = params::pack(&ipc.fixed, &plan, false, D::BACKEND)?;
-        // SAFETY: the many-lane kernel takes `DcParams<32>`; addresses as in `enqueue`.
-        unsafe { self.device.launch(&ipc.kernels, Launch::Many(&p), p.h.grid, stream) }.map_err(|e| self.fail(e))
+        let (capacity, ll) = (self.config.capacity, ipc.layout.ll_capacity());
+        for plan in Chunks::many(&calls, sig, self.rank, self.world, route, capacity, ll) {
+            let p: ParamsMany = params::pack(&ipc.fixed, &plan?, false, D::BACKEND)?;
+            // SAFETY: the many-lane kernel takes `DcParams<32>`; addresses as in `enqueue`.
+            unsafe { self.device.launch(&ipc.kernels, Launch::Many(&p), p.h.grid, stream) }
+                .map_err(|e| self.fail(e))?;
+        }
+        Ok(())
     }
 
     /// Close: synchronises this rank's device (no kernel of ours may still read a peer),
@@ -324,7 +328,8 @@ impl<D: IpcDevice> Collective for IpcCollective<D> {
     }
     fn capabilities(&self) -> Capabilities {
         // Generations live on the device; graph capture is claimed only where it was tested.
-        Capabilities::strict(self.config.capacity, D::GRAPH_CAPTURE)
+        // Calls of any size: above the staging capacity they run in chunks.
+        Capabilities::strict(self.config.capacity, D::GRAPH_CAPTURE).with_max_call_bytes(usize::MAX)
     }
     fn route(&self, op: Op, bytes: usize) -> Route {
         self.default_route(op, bytes)

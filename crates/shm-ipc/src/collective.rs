@@ -5,7 +5,7 @@ use crate::region::{Handle, Region, Share};
 use crate::wait::Peer;
 use collective_core::bootstrap::Bootstrap;
 use collective_core::protocol::close::CloseOnce;
-use collective_core::protocol::{HEADER_WORDS, Header, Layout, Plan, Timeouts};
+use collective_core::protocol::{Chunks, HEADER_WORDS, Header, Layout, Timeouts};
 use collective_core::{
     Capabilities, Collective, Error, Io, Op, Route, RouteSelect, SUPPORTED_WORLD_SIZES, host_identity, ipc_route_for,
     validate, validate_many,
@@ -399,7 +399,8 @@ impl ShmCollective {
         if let Some(e) = &self.engine {
             e.poison.check()?;
         }
-        let call = validate(op, &io, self.rank, self.world, self.config.capacity)?;
+        // No capacity limit: a call above the staging capacity runs in chunks (`Chunks`).
+        let call = validate(op, &io, self.rank, self.world, usize::MAX)?;
         let Some(engine) = &self.engine else {
             // World 1: a copy, or nothing in place.
             if !call.in_place {
@@ -419,16 +420,19 @@ impl ShmCollective {
                 return Err(Error::InvalidConfig { detail: format!("{op} cannot take route {r:?} on the CPU twin") });
             }
         };
-        // A push call beyond its slots takes the one-shot pull route, same bits.
-        let plan = Plan::single_fitted(
-            &call,
-            self.rank,
-            self.world,
-            route,
-            engine.layout.capacity(),
-            engine.layout.ll_capacity(),
-        )?;
-        engine.execute(&plan)
+        // A push call beyond its slots: the one-shot pull route, same bits; beyond the frame:
+        // chunks of it, one generation each, with the same bits as one call.
+        let chunks =
+            Chunks::single(&call, self.rank, self.world, route, self.config.capacity, engine.layout.ll_capacity())?;
+        Self::execute_all(engine, chunks)
+    }
+
+    /// Executes the plans of one call in order.
+    fn execute_all(engine: &Engine, chunks: Chunks) -> Result<(), Error> {
+        for plan in chunks {
+            engine.execute(&plan?)?;
+        }
+        Ok(())
     }
 }
 
@@ -455,7 +459,8 @@ impl Collective for ShmCollective {
         self.world
     }
     fn capabilities(&self) -> Capabilities {
-        Capabilities::strict(self.config.capacity, false)
+        // Calls of any size: above the staging capacity they run in chunks.
+        Capabilities::strict(self.config.capacity, false).with_max_call_bytes(usize::MAX)
     }
     fn route(&self, op: Op, bytes: usize) -> Route {
         if self.world == 1 {
@@ -491,13 +496,14 @@ impl Collective for ShmCollective {
 
 impl ShmCollective {
     /// `reduce_scatter_many` by `route`: the LL push route when it is asked for and the lanes'
-    /// shards fit the LL slots, the one-shot pull route otherwise.
+    /// shards fit the LL slots, the one-shot pull route otherwise (in groups of lanes and
+    /// chunks of lanes when they exceed the staging capacity).
     fn many(&self, lanes: &[Io<'_>], route: Route) -> Result<(), Error> {
         self.check_open()?;
         if let Some(e) = &self.engine {
             e.poison.check()?;
         }
-        let (calls, sig) = validate_many(lanes, self.rank, self.world, self.config.capacity)?;
+        let (calls, sig) = validate_many(lanes, self.rank, self.world, usize::MAX)?;
         let Some(engine) = &self.engine else {
             for l in calls.iter().filter(|l| !l.call.in_place) {
                 // SAFETY: validated, non-overlapping caller views.
@@ -507,11 +513,8 @@ impl ShmCollective {
             }
             return Ok(());
         };
-        let push = Plan::many_push(&calls, sig, self.rank);
-        if route == Route::IpcPushLl && push.push_payload_bytes() <= engine.layout.ll_capacity() {
-            return engine.execute(&push);
-        }
-        engine.execute(&Plan::many(&calls, sig, self.rank))
+        let (capacity, ll) = (self.config.capacity, engine.layout.ll_capacity());
+        Self::execute_all(engine, Chunks::many(&calls, sig, self.rank, self.world, route, capacity, ll))
     }
 }
 

@@ -24,6 +24,7 @@ pub fn run_case<B: TestBackend>(backend: &B, case: &str, world: usize, test: &st
         "repeats" => repeats::<B::Rank>,
         "randomized_sequence" => randomized_sequence::<B::Rank>,
         "validation" => validation::<B::Rank>,
+        "above_capacity" => above_capacity::<B::Rank>,
         other => panic!("unknown conformance case {other}"),
     };
     if let Err(e) = backend.run(world, SUITE_CAPACITY, test, &f) {
@@ -186,59 +187,13 @@ fn reduce_scatter<R: RankEnv>(env: &mut R) -> Result<(), String> {
 }
 
 fn reduce_scatter_many<R: RankEnv>(env: &mut R) -> Result<(), String> {
-    let rank = env.comm().rank();
     let world = env.comm().world_size();
     let mut fails = Failures::default();
     for dtype in DType::REDUCIBLE {
-        let size = dtype.size();
         for (k, lane_sizes) in
             [vec![world], vec![16 * world, 3 * world], vec![world, 1000 * world, 7 * world]].into_iter().enumerate()
         {
-            let lanes_in: Vec<Vec<Vec<u8>>> = lane_sizes
-                .iter()
-                .enumerate()
-                .map(|(l, &n)| random_inputs(dtype, n, world, (k * 16 + l) as u64 ^ 0xABC))
-                .collect();
-            // Lane 0 in place when there are several lanes; the rest out of place.
-            let mut bufs = Vec::new();
-            for (l, lane) in lanes_in.iter().enumerate() {
-                let n = lane[rank].len() / size;
-                let in_place = l == 0 && lane_sizes.len() > 1;
-                let mut input = env.alloc(lane[rank].len());
-                env.write(&mut input, &lane[rank]);
-                let out_len = if in_place { 0 } else { GUARD * 2 + n / world * size };
-                let mut output = env.alloc(out_len);
-                env.write(&mut output, &vec![GUARD_BYTE; out_len]);
-                bufs.push((input, output, in_place, n));
-            }
-            let mut ios = Vec::new();
-            for (input, output, in_place, n) in bufs.iter_mut() {
-                ios.push(if *in_place {
-                    Io::InPlace(env.view_mut(input, 0, *n, dtype))
-                } else {
-                    Io::OutOfPlace {
-                        input: env.view(input, 0, *n, dtype),
-                        output: env.view_mut(output, GUARD, *n / world, dtype),
-                    }
-                });
-            }
-            env.comm()
-                .reduce_scatter_many(&ios, env.stream())
-                .map_err(|e| format!("reduce_scatter_many {lane_sizes:?}: {e}"))?;
-            drop(ios);
-            for (l, (input, output, in_place, n)) in bufs.iter().enumerate() {
-                let want = expected(Op::ReduceScatter, &lanes_in[l], dtype, rank);
-                let label = || format!("reduce_scatter_many {dtype} lanes {lane_sizes:?} lane {l}");
-                let shard = n / world * size;
-                let got = if *in_place {
-                    env.read(input)[rank * shard..(rank + 1) * shard].to_vec()
-                } else {
-                    let all = env.read(output);
-                    fails.check(label, check_guards(&all, GUARD, GUARD + shard));
-                    all[GUARD..GUARD + shard].to_vec()
-                };
-                fails.check(label, compare(&got, &want, dtype));
-            }
+            run_many(env, dtype, &lane_sizes, (k * 16) as u64 ^ 0xABC, &mut fails)?;
         }
         // No lanes at all is a valid, empty call.
         env.comm()
@@ -246,6 +201,62 @@ fn reduce_scatter_many<R: RankEnv>(env: &mut R) -> Result<(), String> {
             .map_err(|e| format!("reduce_scatter_many of no lanes: {e}"))?;
     }
     fails.finish()
+}
+
+/// One `reduce_scatter_many` of lanes of `lane_sizes` elements (lane 0 in place when there are
+/// several lanes, the rest out of place), every lane's shard checked into `fails`.
+fn run_many<R: RankEnv>(
+    env: &mut R,
+    dtype: DType,
+    lane_sizes: &[usize],
+    seed: u64,
+    fails: &mut Failures,
+) -> Result<(), String> {
+    let rank = env.comm().rank();
+    let world = env.comm().world_size();
+    let size = dtype.size();
+    let lanes_in: Vec<Vec<Vec<u8>>> =
+        lane_sizes.iter().enumerate().map(|(l, &n)| random_inputs(dtype, n, world, l as u64 + seed)).collect();
+    let mut bufs = Vec::new();
+    for (l, lane) in lanes_in.iter().enumerate() {
+        let n = lane[rank].len() / size;
+        let in_place = l == 0 && lane_sizes.len() > 1;
+        let mut input = env.alloc(lane[rank].len());
+        env.write(&mut input, &lane[rank]);
+        let out_len = if in_place { 0 } else { GUARD * 2 + n / world * size };
+        let mut output = env.alloc(out_len);
+        env.write(&mut output, &vec![GUARD_BYTE; out_len]);
+        bufs.push((input, output, in_place, n));
+    }
+    let mut ios = Vec::new();
+    for (input, output, in_place, n) in bufs.iter_mut() {
+        ios.push(if *in_place {
+            Io::InPlace(env.view_mut(input, 0, *n, dtype))
+        } else {
+            Io::OutOfPlace {
+                input: env.view(input, 0, *n, dtype),
+                output: env.view_mut(output, GUARD, *n / world, dtype),
+            }
+        });
+    }
+    env.comm()
+        .reduce_scatter_many(&ios, env.stream())
+        .map_err(|e| format!("reduce_scatter_many {lane_sizes:?}: {e}"))?;
+    drop(ios);
+    for (l, (input, output, in_place, n)) in bufs.iter().enumerate() {
+        let want = expected(Op::ReduceScatter, &lanes_in[l], dtype, rank);
+        let label = || format!("reduce_scatter_many {dtype} lanes {lane_sizes:?} lane {l}");
+        let shard = n / world * size;
+        let got = if *in_place {
+            env.read(input)[rank * shard..(rank + 1) * shard].to_vec()
+        } else {
+            let all = env.read(output);
+            fails.check(label, check_guards(&all, GUARD, GUARD + shard));
+            all[GUARD..GUARD + shard].to_vec()
+        };
+        fails.check(label, compare(&got, &want, dtype));
+    }
+    Ok(())
 }
 
 fn unaligned_views<R: RankEnv>(env: &mut R) -> Result<(), String> {
@@ -386,9 +397,6 @@ fn validation<R: RankEnv>(env: &mut R) -> Result<(), String> {
         ("scatter output length", Op::ReduceScatter, 8 * world, 9, f32_, f32_, 0, |e| {
             matches!(e, Error::LengthMismatch { .. })
         }),
-        ("over capacity", Op::AllReduce, cap / 4 + 1, cap / 4 + 1, f32_, f32_, 0, |e| {
-            matches!(e, Error::CapacityExceeded { .. })
-        }),
         ("misaligned output", Op::AllReduce, 10, 10, f32_, f32_, 2, |e| {
             matches!(e, Error::Misaligned { argument: "output", .. })
         }),
@@ -408,6 +416,7 @@ fn validation<R: RankEnv>(env: &mut R) -> Result<(), String> {
             },
         );
     }
+    over_capacity(env, &mut fails)?;
     // Overlapping input and output.
     let base = env.view_mut(&mut b, 0, 128, f32_).addr();
     // SAFETY: both views lie inside `b`, which outlives the call; the call must reject them.
@@ -450,5 +459,83 @@ fn validation<R: RankEnv>(env: &mut R) -> Result<(), String> {
     // The collective still works.
     let inputs = random_inputs(f32_, 64 * world, world, 3);
     run_op(env, Spec { op: Op::AllReduce, dtype: f32_, in_place: false, in_off: 0, out_off: 0 }, &inputs, &mut fails)?;
+    fails.finish()
+}
+
+/// A call just above capacity on a backend that does not promise it
+/// ([`crate::Capabilities::max_call_bytes`]): refused with `CapacityExceeded` and nothing
+/// written, or (a backend may accept more than it promises) the right bits. Backends that
+/// promise it are checked by `above_capacity`.
+fn over_capacity<R: RankEnv>(env: &mut R, fails: &mut Failures) -> Result<(), String> {
+    let (rank, world) = (env.comm().rank(), env.comm().world_size());
+    let (dtype, n) = (DType::F32, SUITE_CAPACITY / 4 + 1);
+    if env.comm().capabilities().max_call_bytes >= n * 4 {
+        return Ok(());
+    }
+    let inputs = random_inputs(dtype, n, world, 0x0C);
+    let mut input = env.alloc(n * 4);
+    env.write(&mut input, &inputs[rank]);
+    let mut output = env.alloc(n * 4);
+    env.write(&mut output, &vec![GUARD_BYTE; n * 4]);
+    let io = Io::OutOfPlace { input: env.view(&input, 0, n, dtype), output: env.view_mut(&mut output, 0, n, dtype) };
+    let r = env.comm().all_reduce(io, env.stream());
+    let got = env.read(&output);
+    let label = || "over capacity".to_string();
+    match r {
+        Err(Error::CapacityExceeded { .. }) => fails.check(
+            label,
+            if got.iter().all(|&x| x == GUARD_BYTE) { Ok(()) } else { Err("a refused call wrote".into()) },
+        ),
+        Err(e) => fails.check(label, Err(format!("wrong error: {e}"))),
+        Ok(()) => fails.check(label, compare(&got, &expected(Op::AllReduce, &inputs, dtype, rank), dtype)),
+    }
+    Ok(())
+}
+
+/// Calls above the suite's staging capacity (just above, and 3.25x with an unaligned tail and
+/// unaligned views), and `reduce_scatter_many` with a lane above capacity and with lanes that
+/// fit only one by one: the bits of one call. Only sizes the backend promises
+/// ([`crate::Capabilities::max_call_bytes`]) are made; the IPC backends promise every size and
+/// run these in chunks of their staging.
+fn above_capacity<R: RankEnv>(env: &mut R) -> Result<(), String> {
+    let world = env.comm().world_size();
+    let max = env.comm().capabilities().max_call_bytes;
+    let mut fails = Failures::default();
+    let cases: [(Op, &[DType]); 3] = [
+        (Op::AllReduce, &DType::REDUCIBLE),
+        (Op::AllGather, &[DType::F32, DType::U8, DType::F64]),
+        (Op::ReduceScatter, &DType::REDUCIBLE),
+    ];
+    for (op, dtypes) in cases {
+        for &dtype in dtypes {
+            let size = dtype.size();
+            for (k, n) in [SUITE_CAPACITY / size + 1, SUITE_CAPACITY * 13 / 4 / size + 7].into_iter().enumerate() {
+                let n = if op == Op::ReduceScatter { n.div_ceil(world) * world } else { n };
+                if n * size > max {
+                    continue;
+                }
+                for in_place in [false, true] {
+                    let inputs = random_inputs(dtype, n, world, (k as u64) << 12 | dtype as u64 | (op as u64) << 8);
+                    let spec = Spec { op, dtype, in_place, in_off: k, out_off: 3 * k };
+                    run_op(env, spec, &inputs, &mut fails)?;
+                }
+            }
+        }
+    }
+    for dtype in DType::REDUCIBLE {
+        let per_frame = SUITE_CAPACITY / dtype.size() / world;
+        for (k, lane_sizes) in [
+            vec![16 * world, (per_frame + 3) * world, 5 * world],
+            vec![per_frame / 2 * world, (per_frame * 2 / 3) * world, per_frame / 2 * world],
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            if lane_sizes.iter().sum::<usize>() * dtype.size() > max {
+                continue;
+            }
+            run_many(env, dtype, &lane_sizes, (k * 16) as u64 ^ 0xCAB, &mut fails)?;
+        }
+    }
     fails.finish()
 }

@@ -8,7 +8,8 @@
 //! bytes around every output view are untouched.
 //!
 //! Cases: ops × dtypes × in-place/caller output × sizes up to capacity, unaligned offset
-//! views, empty all_gather, special values, cross-TP, repeats, and fail-closed validation.
+//! views, empty all_gather, special values, cross-TP, repeats, fail-closed validation, and
+//! calls above capacity (those the backend's `Capabilities::max_call_bytes` promises).
 //! [`memory::MemoryBackend`] is a trivial in-memory backend that passes; its deliberately
 //! wrong flavours must fail (tested in this crate), which keeps the suite honest.
 
@@ -37,7 +38,7 @@ macro_rules! conformance_suite {
     ($backend:expr) => {
         $crate::conformance_suite!(@cases $backend;
             all_reduce, all_gather, reduce_scatter, reduce_scatter_many, unaligned_views,
-            empty_and_tiny, special_values, cross_tp, repeats, randomized_sequence, validation);
+            empty_and_tiny, special_values, cross_tp, repeats, randomized_sequence, validation, above_capacity);
     };
     (@cases $backend:expr; $($case:ident),*) => {
         $(

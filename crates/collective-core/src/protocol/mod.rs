@@ -10,6 +10,7 @@
 //! * [`Layout`]: where the flags and staging frames sit in each rank's one allocation;
 //! * [`FlagWord`]: the published `generation | signature digest` word and how a waiter reads it;
 //! * [`Plan`]: what one call stages, reduces and gathers, per route;
+//! * [`Chunks`]: the plans of a call above the staging capacity, one generation per chunk;
 //! * [`Poison`]: the sticky failure state every later call reports;
 //! * [`Timeouts`]: the bounds on every wait;
 //! * [`params`]: the GPU kernels' parameter structs and the packing of a [`Plan`] into them;
@@ -33,6 +34,7 @@
 //! `g` only after it saw every peer's ready flag of call `g-1`, which every peer publishes only
 //! after it finished reading call `g-2`'s frame — the frame call `g` overwrites.
 
+mod chunk;
 pub mod close;
 mod config;
 mod flag;
@@ -42,6 +44,7 @@ mod plan;
 mod poison;
 pub mod status;
 
+pub use chunk::{Chunks, chunk_elements};
 pub use config::{DEFAULT_LL_CAPACITY, DEFAULT_RSAG_THRESHOLD, IpcConfig};
 pub use flag::{FlagState, FlagWord};
 pub use layout::{

@@ -63,10 +63,10 @@ pub struct Segments {
 impl Segments {
     const EMPTY: Segment =
         Segment { phase: Phase::Stage, src: 0, dst: 0, frame_offset: 0, count: 0, peer: 0, write_back: false };
-    const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         Segments { items: [Self::EMPTY; MAX_SEGMENTS], len: 0 }
     }
-    fn push(&mut self, s: Segment) {
+    pub(crate) fn push(&mut self, s: Segment) {
         self.items[self.len] = s;
         self.len += 1;
     }

@@ -1,0 +1,316 @@
+//! Calls above the staging capacity: the plans of consecutive chunks, one generation each.
+//!
+//! A call whose staged bytes fit the frame (`capacity` bytes) is one plan, exactly
+//! [`Plan::single`] / [`Plan::many`] (or their push forms). A larger call is cut into chunks
+//! that each fit: every element still goes through the same fixed tree over the same ranks, so
+//! the bits are those of one call; only the number of generations changes.
+//!
+//! * all_reduce (one-shot and RS+AG): input and output elements `[lo, hi)`, each chunk an
+//!   ordinary all_reduce plan of its route;
+//! * all_gather: input elements `[lo, hi)`; rank `q`'s piece lands at element `q * n + lo` of
+//!   the output, so the whole output is exactly the concatenation;
+//! * reduce_scatter: shard elements `[lo, hi)` of every shard: the rank stages the `world`
+//!   pieces `q * m + lo .. q * m + hi` side by side and reduces its own into `dst + lo`;
+//! * reduce_scatter_many: consecutive lanes grouped while they fit one frame (one
+//!   [`Plan::many`] per group); a lane that alone does not fit runs as reduce_scatter chunks.
+//!
+//! Chunk boundaries are multiples of 16 bytes (when at least 16 bytes of elements fit), and a
+//! function of the call's signature, the world and the agreed capacity only, so equal on every
+//! rank. Every chunk's plan carries the **whole call's** signature: two ranks making different
+//! calls mismatch at the first chunk, whatever the chunks have in common.
+//!
+//! A push route is taken, as one plan, only when the whole call fits its slots (the LL slots;
+//! for the bulk route, the frame); otherwise the call takes the one-shot pull route (same
+//! bits), chunked as above. (Chunking the push routes themselves is left for later: a call above
+//! them pays the pull route's staging copy.)
+use super::plan::{Phase, Plan, Segment, Segments};
+use crate::{Call, Error, LaneCall, LaneCalls, MAX_LANES, Op, Route, Signature};
+
+/// Elements per chunk when `pieces` pieces of that many elements of `size` bytes are staged
+/// side by side in `capacity` bytes: the most that fit, rounded down to a multiple of 16 bytes
+/// when at least 16 bytes fit. 0 when not even one element per piece fits.
+pub const fn chunk_elements(capacity: usize, size: usize, pieces: usize) -> usize {
+    let fit = capacity / size / pieces;
+    let align = if size >= 16 { 1 } else { 16 / size };
+    if fit >= align { fit / align * align } else { fit }
+}
+
+/// The plans of one call, chunk by chunk (see the module docs); no heap allocation.
+///
+/// Yields at least one plan (a zero-length call: one empty plan, one generation). Executors
+/// run the plans in order, one generation each.
+#[derive(Debug, Clone)]
+pub struct Chunks {
+    work: Work,
+    sig: Signature,
+    /// Route of the chunk plans (the pull route a push call above the LL slots falls back to).
+    route: Route,
+    rank: usize,
+    world: usize,
+    capacity: usize,
+}
+
+// The plan is kept inline on purpose: no heap allocation on the per-call path.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+enum Work {
+    /// The call fits: one plan (`None` once yielded).
+    Whole(Option<Plan>),
+    /// A single-lane call in chunks of `step` elements (reduce_scatter: shard elements).
+    Single { call: Call, step: usize, lo: usize, total: usize },
+    /// reduce_scatter_many: lane `next` on, from shard element `lo` of it.
+    Many { lanes: LaneCalls, next: usize, lo: usize },
+    /// Finished (or failed).
+    Done,
+}
+
+const fn scatters(op: Op) -> bool {
+    matches!(op, Op::ReduceScatter | Op::ReduceScatterMany)
+}
+
+impl Chunks {
+    /// The plans of the single-lane `call` by `route` with frames of `capacity` bytes and LL
+    /// slots of `ll_capacity` payload bytes: a push route only when the whole call fits its
+    /// slots, the one-shot route otherwise.
+    pub fn single(
+        call: &Call,
+        rank: usize,
+        world: usize,
+        route: Route,
+        capacity: usize,
+        ll_capacity: usize,
+    ) -> Result<Chunks, Error> {
+        // A push route when the whole call fits its slots (LL slots, or the frame for the bulk
+        // route), else the one-shot pull route, chunked below when the call exceeds the frame.
+        let whole = Plan::single_fitted(call, rank, world, route, capacity, ll_capacity)?;
+        let route = whole.route;
+        if matches!(route, Route::IpcPushLl | Route::IpcPush) || call.bytes_in() <= capacity {
+            return Ok(Self::whole(whole, rank, world, capacity));
+        }
+        let size = call.dtype.size();
+        let pieces = if scatters(call.op) { world } else { 1 };
+        let step = chunk_elements(capacity, size, pieces);
+        if step == 0 {
+            return Err(Error::CapacityExceeded { op: call.op, needed: pieces * size, capacity });
+        }
+        let total = if scatters(call.op) { call.count_out } else { call.count_in };
+        Ok(Chunks {
+            work: Work::Single { call: *call, step, lo: 0, total },
+            sig: whole.sig,
+            route,
+            rank,
+            world,
+            capacity,
+        })
+    }
+
+    /// The plans of a `reduce_scatter_many` (lanes and signature from `validate_many`) by
+    /// `route`: the push route only when every lane fits the LL slots; otherwise groups of
+    /// lanes that fit one frame, and any lane that does not fit alone in reduce_scatter chunks.
+    pub fn many(
+        lanes: &LaneCalls,
+        sig: Signature,
+        rank: usize,
+        world: usize,
+        route: Route,
+        capacity: usize,
+        ll_capacity: usize,
+    ) -> Chunks {
+        if route == Route::IpcPushLl {
+            let push = Plan::many_push(lanes, sig, rank);
+            if push.push_payload_bytes() <= ll_capacity {
+                return Self::whole(push, rank, world, capacity);
+            }
+        }
+        let whole = Plan::many(lanes, sig, rank);
+        let fits = (sig.count as usize).checked_mul(sig.dtype.size()).is_some_and(|b| b <= capacity);
+        if fits {
+            return Self::whole(whole, rank, world, capacity);
+        }
+        Chunks { work: Work::Many { lanes: *lanes, next: 0, lo: 0 }, sig, route: whole.route, rank, world, capacity }
+    }
+
+    fn whole(plan: Plan, rank: usize, world: usize, capacity: usize) -> Chunks {
+        Chunks { sig: plan.sig, route: plan.route, work: Work::Whole(Some(plan)), rank, world, capacity }
+    }
+
+    /// The plan of elements `[lo, hi)` of `call` (reduce_scatter: of every shard).
+    fn chunk(&self, call: &Call, lo: usize, hi: usize) -> Result<Plan, Error> {
+        let size = call.dtype.size();
+        let at = |addr: u64, element: usize| addr + (element * size) as u64;
+        let c = hi - lo;
+        let (rank, world) = (self.rank, self.world);
+        let seg = |phase, src, dst, frame_offset, peer| Segment {
+            phase,
+            src,
+            dst,
+            frame_offset,
+            count: c,
+            peer,
+            write_back: false,
+        };
+        let mut p = Plan {
+            sig: self.sig,
+            route: self.route,
+            stage: Segments::new(),
+            phase1: Segments::new(),
+            phase2: Segments::new(),
+            slot_stride: 0,
+            ag_base: 0,
+            frame_elems: 0,
+        };
+        match call.op {
+            Op::AllReduce => {
+                let sub = Call { src: at(call.src, lo), dst: at(call.dst, lo), count_in: c, count_out: c, ..*call };
+                p = Plan { sig: self.sig, ..Plan::single(&sub, rank, world, self.route)? };
+            }
+            Op::AllGather => {
+                let n = call.count_in;
+                p.stage.push(seg(Phase::Stage, at(call.src, lo), 0, 0, rank));
+                for q in 0..world {
+                    p.phase1.push(seg(Phase::Gather, call.src, at(call.dst, q * n + lo), 0, q));
+                }
+            }
+            Op::ReduceScatter | Op::ReduceScatterMany => {
+                let m = call.count_out;
+                for q in 0..world {
+                    p.stage.push(seg(Phase::Stage, at(call.src, q * m + lo), 0, q * c, rank));
+                }
+                p.phase1.push(seg(Phase::Reduce, 0, at(call.dst, lo), rank * c, rank));
+            }
+        }
+        Ok(p)
+    }
+
+    /// The next group of `lanes` from `next` (each fitting alone, all together one frame).
+    fn group(&self, lanes: &LaneCalls, next: usize) -> (Plan, usize) {
+        let size = self.sig.dtype.size();
+        let base = lanes[next].staging_offset;
+        let mut group = [lanes[next]; MAX_LANES];
+        let mut end = next;
+        while end < lanes.len() {
+            let l = lanes[end];
+            if (l.staging_offset - base + l.call.count_in) * size > self.capacity {
+                break;
+            }
+            group[end - next] = LaneCall { staging_offset: l.staging_offset - base, ..l };
+            end += 1;
+        }
+        (Plan::many(&group[..end - next], self.sig, self.rank), end)
+    }
+}
+
+impl Iterator for Chunks {
+    type Item = Result<Plan, Error>;
+
+    fn next(&mut self) -> Option<Result<Plan, Error>> {
+        let (plan, work) = match core::mem::replace(&mut self.work, Work::Done) {
+            Work::Done => return None,
+            Work::Whole(plan) => (plan.map(Ok), Work::Done),
+            Work::Single { call, step, lo, total } => {
+                let hi = total.min(lo + step);
+                let work = if hi < total { Work::Single { call, step, lo: hi, total } } else { Work::Done };
+                (Some(self.chunk(&call, lo, hi)), work)
+            }
+            Work::Many { lanes, next, lo } => {
+                if next >= lanes.len() {
+                    (None, Work::Done)
+                } else if lanes[next].call.bytes_in() > self.capacity {
+                    let call = lanes[next].call;
+                    let step = chunk_elements(self.capacity, self.sig.dtype.size(), self.world);
+                    if step == 0 {
+                        let needed = self.world * self.sig.dtype.size();
+                        (
+                            Some(Err(Error::CapacityExceeded { op: call.op, needed, capacity: self.capacity })),
+                            Work::Done,
+                        )
+                    } else {
+                        let hi = call.count_out.min(lo + step);
+                        let work = if hi < call.count_out {
+                            Work::Many { lanes, next, lo: hi }
+                        } else {
+                            Work::Many { lanes, next: next + 1, lo: 0 }
+                        };
+                        (Some(self.chunk(&call, lo, hi)), work)
+                    }
+                } else {
+                    let (plan, end) = self.group(&lanes, next);
+                    (Some(Ok(plan)), Work::Many { lanes, next: end, lo: 0 })
+                }
+            }
+        };
+        self.work = if matches!(plan, Some(Err(_))) { Work::Done } else { work };
+        plan
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{DType, Io, RawMut, validate, validate_many};
+
+    fn call(op: Op, n: usize, world: usize, dtype: DType) -> Call {
+        let len = if op == Op::AllGather { n * world } else { n };
+        // SAFETY: never dereferenced; planning reads addresses only.
+        let buf = unsafe { RawMut::from_raw(0x10_0000, len, dtype) };
+        validate(op, &Io::InPlace(buf), 1, world, usize::MAX).unwrap()
+    }
+
+    #[test]
+    fn chunks_cover_every_element_once_within_capacity_and_aligned() {
+        let cap = 4096;
+        for world in [2usize, 4, 8] {
+            for dtype in [DType::F32, DType::BF16, DType::U8, DType::F64] {
+                for op in [Op::AllReduce, Op::AllGather, Op::ReduceScatter] {
+                    if op.reduces() && !dtype.is_reducible() {
+                        continue;
+                    }
+                    let size = dtype.size();
+                    for n in [0usize, 1, cap / size, cap / size + 1, 7 * cap / 2 / size + 3, 10 * cap / size] {
+                        let n = if op == Op::ReduceScatter { n.div_ceil(world) * world } else { n };
+                        let c = call(op, n, world, dtype);
+                        let plans: Vec<Plan> = Chunks::single(&c, 1, world, Route::IpcOneShot, cap, 0)
+                            .unwrap()
+                            .map(Result::unwrap)
+                            .collect();
+                        // A call that fits (an empty one too) is one plan: one generation.
+                        assert_eq!(plans.len() == 1, c.bytes_in() <= cap, "{op} n {n}");
+                        let mut next = 0;
+                        for p in &plans {
+                            assert_eq!(p.sig, Signature { route: Route::IpcOneShot, ..c.signature() });
+                            let staged: usize =
+                                p.stage.as_slice().iter().map(|s| s.frame_offset + s.count).max().unwrap();
+                            assert!(staged * size <= cap, "{op} n {n}: stages {staged} elements");
+                            let out = p.phase1.as_slice().iter().find(|s| s.peer == 1).unwrap();
+                            let first = ((out.dst - c.dst) as usize / size) - if op == Op::AllGather { n } else { 0 };
+                            assert_eq!(first, next, "{op} n {n} world {world}");
+                            assert_eq!(first * size % 16, 0);
+                            next += out.count;
+                        }
+                        assert_eq!(next, if op == Op::AllGather { n } else { c.count_out }, "{op} n {n}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn lanes_are_grouped_and_big_lanes_chunked() {
+        // SAFETY: as above.
+        let lane = |addr: u64, n: usize| unsafe { Io::InPlace(RawMut::from_raw(addr, n, DType::F32)) };
+        let (calls, sig) = validate_many(
+            &[lane(0x10000, 200), lane(0x20000, 600), lane(0x30000, 4000), lane(0x40000, 8)],
+            0,
+            2,
+            usize::MAX,
+        )
+        .unwrap();
+        let plans: Vec<Plan> =
+            Chunks::many(&calls, sig, 0, 2, Route::IpcOneShot, 4096, 0).map(Result::unwrap).collect();
+        // [200, 600] in one frame, 4000 in 16000 / 4096 = 4 chunks of 1024 elements, [8].
+        assert_eq!(plans.len(), 1 + 4 + 1);
+        assert!(plans.iter().all(|p| p.sig == sig));
+        assert_eq!(plans[0].phase1.as_slice().len(), 2);
+        assert_eq!(plans[5].stage.as_slice()[0].frame_offset, 0);
+    }
+}
