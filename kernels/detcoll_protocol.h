@@ -201,6 +201,10 @@ DC_DEV void dc_fail(const DcHeader& h, dc_u64* status, dc_u64 code, dc_u32 peer,
 // senders write into the receiver), instead of line `off` of every peer's control block.
 DC_DEV bool dc_wait(const DcHeader& h, dc_u64* status, dc_u32 off, dc_u32 g, dc_u64 timeout_code, bool local) {
     DC_SHARED volatile int s_fail;
+    // Every thread is done with the block's earlier shared words (the prologue's, a previous
+    // wait's result) before thread 0 reuses any: compute-sanitizer's racecheck found thread 0's
+    // store below racing with another thread's read of the prologue's words.
+    DC_SYNC_BLOCK();
     if (DC_TID == 0) s_fail = 0;
     DC_SYNC_BLOCK();
     dc_u32 t = DC_TID;
@@ -396,6 +400,26 @@ DC_DEV void dc_push_send(const DcHeader& h, const DcSeg& s, dc_u32 g) {
     });
 }
 
+// The lines at payload offset `o` of every peer's slot into v[q] (v[rank] is left alone): every
+// pending line is loaded in each round before any is checked, so the W - 1 loads are in flight
+// together instead of one peer's latency after another's. Bounded like dc_ll_wait, which takes
+// over (naming the peer) for the first line still missing after a short spin.
+template <int W>
+DC_DEV bool dc_ll_poll_all(const DcHeader& h, dc_u64* status, dc_u64 o, dc_u32 g, dc_u32x4 (&v)[W]) {
+    dc_u32 pending = ((1u << W) - 1u) & ~(1u << h.rank);
+    for (int round = 0; round < 64 && pending; ++round) {
+#pragma unroll
+        for (int q = 0; q < W; ++q)
+            if ((pending >> q) & 1u)
+                if (dc_ll_load(dc_ll_slot(h, h.rank, g & 1u, q) + 2u * o, g, v[q])) pending &= ~(1u << q);
+    }
+#pragma unroll
+    for (int q = 0; q < W; ++q)
+        if ((pending >> q) & 1u)
+            if (!dc_ll_wait(h, status, dc_ll_slot(h, h.rank, g & 1u, q) + 2u * o, g, q, v[q])) return false;
+    return true;
+}
+
 template <int W, int DT>
 DC_DEV bool dc_push_reduce(const DcHeader& h, dc_u64* status, const DcSeg& s, dc_u32 g) {
     bool ok = true;
@@ -404,13 +428,11 @@ DC_DEV bool dc_push_reduce(const DcHeader& h, dc_u64* status, const DcSeg& s, dc
         const dc_u64 rel = o - s.frame_off;
         dc_u32x4 v[W];
 #pragma unroll
-        for (int q = 0; q < W; ++q) {
-            if ((dc_u32)q == h.rank) {
-                v[q] = dc_load16((const dc_u8*)(s.src + rel), n);
-            } else if (!dc_ll_wait(h, status, dc_ll_slot(h, h.rank, g & 1u, q) + 2u * o, g, q, v[q])) {
-                ok = false;
-                return;
-            }
+        for (int q = 0; q < W; ++q)
+            if ((dc_u32)q == h.rank) v[q] = dc_load16((const dc_u8*)(s.src + rel), n);
+        if (!dc_ll_poll_all<W>(h, status, o, g, v)) {
+            ok = false;
+            return;
         }
         dc_store16((dc_u8*)(s.ptr + rel), dc_tree_vec<W, DT, false>(v), n);
     });
@@ -591,13 +613,16 @@ DC_DEV_NOINLINE void dc_collective(const DcHeader& h, const DcSeg* seg) {
         s_refresh = ((s_g >> 1) & DC_LL_EPOCH_MASK) == 0u || dc_ld_relaxed_sys(&status[DC_ST_REFRESH]) != 0;
     }
     DC_SYNC_BLOCK();
-    if (s_abort) return;  // poisoned: later calls (e.g. already enqueued) touch nothing
+    // Into registers at once: nothing below reads the shared words again.
+    const bool poisoned = s_abort != 0;
+    const bool refresh = s_refresh != 0;
     const dc_u32 g = s_g;
+    if (poisoned) return;  // later calls (e.g. already enqueued) touch nothing
     const bool push = h.mode != DC_MODE_PULL;
     const dc_u64 frame = h.frame[g & 1u];
     const dc_u64 word = dc_flag_word(g, h.digest);
 
-    if (s_refresh && h.ll_slot != 0u) dc_ll_refresh(h, g);
+    if (refresh && h.ll_slot != 0u) dc_ll_refresh(h, g);
     if (b == 0 && DC_TID == 0) {
         // The full signature first, so a peer that sees a mismatching digest can report it
         // (dc_fail re-reads it until its digest is the flag's: no fence needed here); then the
@@ -607,7 +632,7 @@ DC_DEV_NOINLINE void dc_collective(const DcHeader& h, const DcSeg* seg) {
         dc_u64* sig = dc_at(own, (g & 1u) ? h.off_sig1 : h.off_sig0);
         sig[0] = h.sig[0];
         sig[1] = h.sig[1];
-        if (h.mode == DC_MODE_PUSH_LL || s_refresh)
+        if (h.mode == DC_MODE_PUSH_LL || refresh)
             for (dc_u32 q = 0; q < h.world; ++q)
                 if (q != h.rank)
                     dc_st_relaxed_sys(dc_at(h.ctl[q], h.off_push + ((g & 1u) * DC_MAX_WORLD + h.rank) * h.line),
@@ -623,7 +648,7 @@ DC_DEV_NOINLINE void dc_collective(const DcHeader& h, const DcSeg* seg) {
             dc_st_relaxed_sys(dc_at(own, h.off_ready + (dc_u64)k * h.line), word);
         for (dc_u32 k = (h.nphase2 && !push ? h.grid : 0u) + DC_TID; k < h.layout_blocks; k += DC_NTID)
             dc_st_relaxed_sys(dc_at(own, h.off_phase2 + (dc_u64)k * h.line), word);
-        if (s_refresh) {
+        if (refresh) {
             // The bulk push flags this call does not use, in every peer (they are the senders'
             // to write): once per 2^30 generations keeps them within 2^31 of the current one.
             // Safe like the pull refresh: a peer making this call waits on none of them, one
