@@ -608,9 +608,14 @@ DC_DEV_NOINLINE void dc_collective(const DcHeader& h, const DcSeg* seg) {
     DC_SHARED int s_abort;
     DC_SHARED int s_refresh;
     if (DC_TID == 0) {
-        s_abort = dc_ld_relaxed_sys(&status[DC_ST_ABORT]) != 0;
-        s_g = (dc_u32)dc_ld_relaxed_sys(&status[DC_ST_GEN]) + 1u;
-        s_refresh = ((s_g >> 1) & DC_LL_EPOCH_MASK) == 0u || dc_ld_relaxed_sys(&status[DC_ST_REFRESH]) != 0;
+        // Three independent loads, issued together (a load that waited for the generation
+        // before it was issued cost a round trip per call).
+        const dc_u64 abort_word = dc_ld_relaxed_sys(&status[DC_ST_ABORT]);
+        const dc_u64 gen_word = dc_ld_relaxed_sys(&status[DC_ST_GEN]);
+        const dc_u64 refresh_word = dc_ld_relaxed_sys(&status[DC_ST_REFRESH]);
+        s_abort = abort_word != 0;
+        s_g = (dc_u32)gen_word + 1u;
+        s_refresh = (((dc_u32)gen_word + 1u) >> 1 & DC_LL_EPOCH_MASK) == 0u || refresh_word != 0;
     }
     DC_SYNC_BLOCK();
     // Into registers at once: nothing below reads the shared words again.

@@ -38,15 +38,32 @@ fn nvidia_default_starts_at_256_kib() {
 }
 
 #[test]
-fn nvidia_worlds_of_two_take_the_measured_one_shot_table() {
+fn nvidia_worlds_of_two_take_the_measured_push_and_pull_table() {
     for world in [1, 2] {
         let r = Routing::default_for_world(Platform::Nvidia, world);
         assert!(r.table().source.contains("measured"), "{}", r.table().source);
-        for op in Op::ALL {
-            for bytes in [0, 4 * KIB, 256 * KIB + 1, 1 << 30] {
-                assert_eq!(r.route(op, bytes), Route::IpcOneShot, "{op} {bytes} at world {world}");
-            }
+        // LL push for small calls (up to the default LL capacity), bulk push for large
+        // all_reduce and reduce_scatter, one-shot between and for large all_gather.
+        let expect = [
+            (Op::AllReduce, 4 * KIB, Route::IpcPushLl),
+            (Op::AllReduce, 512 * KIB, Route::IpcPushLl),
+            (Op::AllReduce, 512 * KIB + 1, Route::IpcOneShot),
+            (Op::AllReduce, 4 << 20, Route::IpcPush),
+            (Op::AllReduce, 1 << 30, Route::IpcPush),
+            (Op::AllGather, 512 * KIB, Route::IpcPushLl),
+            (Op::AllGather, 1 << 30, Route::IpcOneShot),
+            (Op::ReduceScatter, 64 * KIB, Route::IpcPushLl),
+            (Op::ReduceScatter, 64 * KIB + 1, Route::IpcPush),
+            (Op::ReduceScatterMany, 4 * KIB, Route::IpcOneShot),
+            (Op::ReduceScatterMany, 1 << 30, Route::IpcOneShot),
+        ];
+        for (op, bytes, route) in expect {
+            assert_eq!(r.route(op, bytes), route, "{op} {bytes} at world {world}");
         }
+        // The LL ranges stay within the default LL capacity, so no call the table sends there
+        // falls back for lack of LL slots.
+        assert!(r.route(Op::AllReduce, collective_core::protocol::DEFAULT_LL_CAPACITY) == Route::IpcPushLl);
+        assert!(r.route(Op::AllReduce, collective_core::protocol::DEFAULT_LL_CAPACITY + 1) != Route::IpcPushLl);
     }
     for world in [4, 8] {
         assert_eq!(Routing::default_for_world(Platform::Nvidia, world), Routing::default_for(Platform::Nvidia));
