@@ -166,4 +166,3 @@ fn tp_and_dp_groups_of_thread_ranks_run_concurrently_bit_exact() {
         }
     });
 }
-
