@@ -314,7 +314,7 @@ mod tests {
             assert!(matches!(Layout::new(4096, blocks), Err(Error::InvalidConfig { .. })), "{blocks}");
         }
         // The largest capacities that fit still give consistent, non-wrapping offsets.
-        let l = Layout::new((isize::MAX as usize) / 2 - (1 << 20), MAX_BLOCKS).unwrap();
+        let l = Layout::new((isize::MAX as usize) / 2 - (16 << 20), MAX_BLOCKS).unwrap();
         assert!(l.total_bytes() > l.frame(1) && l.frame(1) > l.frame(0) && l.frame(0) >= l.control_bytes());
         assert_eq!(Layout::new(0, 1).unwrap().frames_bytes(), 0);
     }
