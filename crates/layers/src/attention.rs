@@ -25,7 +25,7 @@
 //! so nothing in it depends on how the keys were split. After the all_gather every rank holds
 //! the same `k`, `v` and positions in the same (global) order at every CP size, and query `i`'s
 //! result is a function of `q[i]`, `positions[i]` and those alone, so it has the same bits on
-//! whichever rank of whichever CP size owns token `i`. [`reference`] computes all tokens in one
+//! whichever rank of whichever CP size owns token `i`. [`reference()`] computes all tokens in one
 //! process. (A blocked GPU kernel is CP-invariant in the same way when its key blocks are a
 //! fixed size walked in global order, but it is a different order from this one.)
 use crate::Scalar;
@@ -59,7 +59,7 @@ impl AttentionShape {
 }
 
 /// One rank's token block: `q`, `k`, `v` are `n × heads × head_dim` and `positions` has `n`
-/// entries (`n = tokens / cp`; all tokens for [`reference`]).
+/// entries (`n = tokens / cp`; all tokens for [`reference()`]).
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionInput<'a, T> {
     /// Queries.

@@ -29,7 +29,7 @@
 //!    all 8 leaves bit for bit, because the TP=k tree is the top `log2 k` levels of the TP=8
 //!    tree: `((P0+P1)+(P2+P3))+((P4+P5)+(P6+P7))`, every add in `T`.
 //!
-//! So the output is `tree8(P_0..P_7)` at every TP; [`reference`] computes it in one process.
+//! So the output is `tree8(P_0..P_7)` at every TP; [`reference()`] computes it in one process.
 //!
 //! [`FfnShard::forward_naive`] is the usual layer for comparison: one GEMM over the rank's
 //! whole `F/k` shard, then the reduce_scatter. Its f32 accumulation runs over `F/k` terms and
