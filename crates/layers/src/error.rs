@@ -1,0 +1,59 @@
+//! One error type for the layers: a shape the layer cannot take, or what a collective or the
+//! tree reported.
+use std::fmt;
+
+/// What a layer call can fail with. Shapes are checked before any collective call, so a shape
+/// error on one rank is a shape error on every rank that was given the same shapes.
+#[derive(Debug)]
+pub enum Error {
+    /// The sizes given do not fit together (the message says which).
+    Shape(String),
+    /// A collective call failed.
+    Collective(collective_core::Error),
+    /// The local fold of the fixed tree failed (a world size or length it does not take).
+    Tree(fixed_tree::Error),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Shape(detail) => write!(f, "shape: {detail}"),
+            Error::Collective(_) => f.write_str("a collective call failed"),
+            Error::Tree(_) => f.write_str("the local fixed-tree fold failed"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Shape(_) => None,
+            Error::Collective(e) => Some(e),
+            Error::Tree(e) => Some(e),
+        }
+    }
+}
+
+impl From<collective_core::Error> for Error {
+    fn from(e: collective_core::Error) -> Self {
+        Error::Collective(e)
+    }
+}
+
+impl From<fixed_tree::Error> for Error {
+    fn from(e: fixed_tree::Error) -> Self {
+        Error::Tree(e)
+    }
+}
+
+/// `Err(Error::Shape(..))` unless `ok`.
+pub(crate) fn require(ok: bool, detail: impl FnOnce() -> String) -> Result<(), Error> {
+    if ok { Ok(()) } else { Err(Error::Shape(detail())) }
+}
+
+/// `a * b`, or a shape error naming `what` when it overflows.
+pub(crate) fn product(what: &str, dims: &[usize]) -> Result<usize, Error> {
+    dims.iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| Error::Shape(format!("{what}: {dims:?} overflows usize")))
+}

@@ -1,0 +1,66 @@
+//! Reference layers over detcoll whose output bits do not depend on the parallel size: a
+//! sequence-parallel FFN that is bit-identical at TP = 1, 2, 4 and 8, and a causal
+//! context-parallel attention that is bit-identical at CP = 1, 2, 4 and 8.
+//!
+//! Everything here is plain Rust on host slices with a fixed evaluation order, over any host
+//! [`collective_core::Collective`] (the CPU twin, `shm_ipc::ShmCollective`, or the factory's
+//! `collective_factory::cpu` collective), so CI checks the TP/CP invariance of the whole
+//! pipeline on every commit. The GEMM sits behind the [`Gemm`] trait so that a GPU backend can
+//! replace [`ReferenceGemm`]; the GPU path (cuBLAS through cudarc's dynamic loading) and timing
+//! come in later steps and are not part of this crate yet.
+//!
+//! * [`gemm`]: the reference GEMM (f32 accumulation, fixed contraction order, one rounding).
+//! * [`activation`]: SiLU in f32, no fast math.
+//! * [`ffn`]: `AllGather(x) -> GEMM(W1) -> SiLU -> GEMM(W2) -> ReduceScatter`, with the FFN
+//!   width split into 8 fixed leaves (TP-invariant), and the naive split for comparison.
+//! * [`attention`]: `AllGather(K, V, positions)`, then each rank's own queries over all keys in
+//!   global key order (CP-invariant).
+//! * [`data`]: a seeded generator for test and example inputs.
+//!
+//! ```
+//! use collective_core::Collective;
+//! use collective_factory::{Config, cpu};
+//! use detcoll_layers::{FfnShape, FfnShard, ReferenceGemm, data::SplitMix64};
+//! use half::bf16;
+//!
+//! let shape = FfnShape { tokens: 16, hidden: 8, ffn: 32 };
+//! let mut rng = SplitMix64::new(7);
+//! let x: Vec<bf16> = rng.values(shape.tokens * shape.hidden, 1.0);
+//! let w1: Vec<bf16> = rng.values(shape.hidden * shape.ffn, 0.3);
+//! let w2: Vec<bf16> = rng.values(shape.ffn * shape.hidden, 0.2);
+//! let want = detcoll_layers::ffn::reference(&ReferenceGemm, shape, &x, &w1, &w2)?;
+//!
+//! let ranks = cpu::thread_group(2, &Config::new().with_capacity(1 << 16))?;
+//! let rows = shape.tokens / 2 * shape.hidden;
+//! let outs = std::thread::scope(|s| {
+//!     let hs: Vec<_> = ranks.iter().map(|comm| {
+//!         let (x, w1, w2) = (&x, &w1, &w2);
+//!         s.spawn(move || {
+//!             let r = comm.rank();
+//!             let shard = FfnShard::from_full(shape, w1, w2, 2, r)?;
+//!             let mut out = vec![bf16::ZERO; rows];
+//!             shard.forward(comm, &ReferenceGemm, &x[r * rows..(r + 1) * rows], &mut out)?;
+//!             Ok::<_, detcoll_layers::Error>(out)
+//!         })
+//!     }).collect();
+//!     hs.into_iter().map(|h| h.join().unwrap()).collect::<Result<Vec<_>, _>>()
+//! })?;
+//! let got: Vec<u16> = outs.concat().iter().map(|v| v.to_bits()).collect();
+//! assert_eq!(got, want.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![forbid(unsafe_code)]
+
+pub mod activation;
+pub mod attention;
+pub mod data;
+mod error;
+pub mod ffn;
+pub mod gemm;
+mod scalar;
+
+pub use attention::{AttentionInput, AttentionOutput, AttentionShape};
+pub use error::Error;
+pub use ffn::{FfnShape, FfnShard, LEAVES};
+pub use gemm::{Gemm, ReferenceGemm};
+pub use scalar::Scalar;
