@@ -597,9 +597,12 @@ DC_DEV void dc_push_bulk(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc
     }
 }
 
-// One body for both parameter sizes (compiled once): `h` and `seg` point into the kernel's
-// parameter space (CUDA: __grid_constant__; HIP: the kernarg segment), no copy.
-DC_DEV_NOINLINE void dc_collective(const DcHeader& h, const DcSeg* seg) {
+// One body per protocol mode for both parameter sizes (each compiled once): `h` and `seg` point
+// into the kernel's parameter space (CUDA: __grid_constant__; HIP: the kernarg segment), no copy.
+// The mode is a template parameter so that a call runs a function holding only its own
+// protocol's code (a smaller instruction footprint per launch), not one body with all three.
+template <dc_u32 MODE>
+DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg) {
     const dc_u32 b = DC_BID;
     const dc_u64 own = h.ctl[h.rank];
     const dc_u64 own_data = h.data[h.rank];
@@ -623,7 +626,7 @@ DC_DEV_NOINLINE void dc_collective(const DcHeader& h, const DcSeg* seg) {
     const bool refresh = s_refresh != 0;
     const dc_u32 g = s_g;
     if (poisoned) return;  // later calls (e.g. already enqueued) touch nothing
-    const bool push = h.mode != DC_MODE_PULL;
+    const bool push = MODE != DC_MODE_PULL;
     const dc_u64 frame = h.frame[g & 1u];
     const dc_u64 word = dc_flag_word(g, h.digest);
 
@@ -637,7 +640,7 @@ DC_DEV_NOINLINE void dc_collective(const DcHeader& h, const DcSeg* seg) {
         dc_u64* sig = dc_at(own, (g & 1u) ? h.off_sig1 : h.off_sig0);
         sig[0] = h.sig[0];
         sig[1] = h.sig[1];
-        if (h.mode == DC_MODE_PUSH_LL || refresh)
+        if (MODE == DC_MODE_PUSH_LL || refresh)
             for (dc_u32 q = 0; q < h.world; ++q)
                 if (q != h.rank)
                     dc_st_relaxed_sys(dc_at(h.ctl[q], h.off_push + ((g & 1u) * DC_MAX_WORLD + h.rank) * h.line),
@@ -659,7 +662,7 @@ DC_DEV_NOINLINE void dc_collective(const DcHeader& h, const DcSeg* seg) {
             // Safe like the pull refresh: a peer making this call waits on none of them, one
             // still at g - 1 reads g as "passed" (our g - 1 data is intact in the other frame),
             // one making another call reads our digest as a mismatch.
-            const bool bulk = h.mode == DC_MODE_PUSH;
+            const bool bulk = MODE == DC_MODE_PUSH;
             const bool gathered = bulk && h.nstage > 0u && (seg[0].flags & DC_SEG_AG);
             for (dc_u32 k = 0; k < 2u; ++k) {
                 const bool used = bulk && (k == 0u ? !gathered : (gathered || h.nphase2 > 0u));
@@ -670,9 +673,9 @@ DC_DEV_NOINLINE void dc_collective(const DcHeader& h, const DcSeg* seg) {
         }
     }
 
-    if (h.mode == DC_MODE_PUSH_LL) {
+    if (MODE == DC_MODE_PUSH_LL) {
         dc_push_ll(h, seg, status, g);
-    } else if (h.mode == DC_MODE_PUSH) {
+    } else if (MODE == DC_MODE_PUSH) {
         dc_push_bulk(h, seg, status, g, word);
     } else {
         // Stage this block's tiles of the input into the own frame.
@@ -722,6 +725,15 @@ DC_DEV_NOINLINE void dc_collective(const DcHeader& h, const DcSeg* seg) {
             *(volatile dc_u64*)&status[DC_ST_GEN] = (dc_u64)g;
             DC_FENCE_DEVICE();
         }
+    }
+}
+
+// The launch's entry: the body of the call's protocol mode.
+DC_DEV void dc_collective(const DcHeader& h, const DcSeg* seg) {
+    switch (h.mode) {
+        case DC_MODE_PUSH_LL: dc_collective_mode<DC_MODE_PUSH_LL>(h, seg); break;
+        case DC_MODE_PUSH: dc_collective_mode<DC_MODE_PUSH>(h, seg); break;
+        default: dc_collective_mode<DC_MODE_PULL>(h, seg); break;
     }
 }
 
