@@ -134,7 +134,7 @@ impl Plan {
         let plan = Plan::single(call, rank, world, route)?;
         let fits = match route {
             Route::IpcPushLl => plan.push_payload_bytes() <= ll_capacity,
-            Route::IpcPush => plan.frame_elems * call.dtype.size() <= capacity,
+            Route::IpcPush => plan.frame_elems.checked_mul(call.dtype.size()).is_some_and(|b| b <= capacity),
             _ => true,
         };
         if fits { Ok(plan) } else { Plan::single(call, rank, world, Route::IpcOneShot) }
@@ -252,10 +252,22 @@ impl Plan {
             peer,
             write_back: false,
         };
+        // The frame this plan needs, in checked arithmetic: a call too large for any frame gets
+        // an empty plan that no frame fits (`Plan::single_fitted` then takes one-shot), and
+        // every offset below stays under `frame_elems`.
+        let (c, slots) = match call.op {
+            Op::AllReduce => (round(call.count_in.div_ceil(world)), 2 * world),
+            Op::AllGather => (round(call.count_in), world),
+            Op::ReduceScatter | Op::ReduceScatterMany => (round(call.count_out), world),
+        };
+        let Some(frame) = c.checked_mul(slots) else {
+            p.frame_elems = usize::MAX;
+            return p;
+        };
+        p.frame_elems = frame;
         match call.op {
             Op::AllReduce => {
                 let n = call.count_in;
-                let c = round(n.div_ceil(world));
                 for q in (0..world).filter(|&q| q != rank) {
                     let (lo, hi) = shard_bounds(n, world, q, align);
                     p.stage.push(seg(Phase::SendTo, at(call.src, lo), 0, rank * c, hi - lo, q));
@@ -269,27 +281,25 @@ impl Plan {
                     let (lo, hi) = shard_bounds(n, world, q, align);
                     p.phase2.push(seg(Phase::Gather, 0, at(call.dst, lo), world * c + q * c, hi - lo, q));
                 }
-                (p.slot_stride, p.ag_base, p.frame_elems) = (c, world * c, 2 * world * c);
+                (p.slot_stride, p.ag_base) = (c, world * c);
             }
             Op::AllGather => {
                 let n = call.count_in;
-                let c = round(n);
                 for q in (0..world).filter(|&q| q != rank) {
                     p.stage.push(seg(Phase::SendTo, call.src, 0, rank * c, n, q));
                 }
                 for q in 0..world {
                     p.phase1.push(seg(Phase::Gather, call.src, at(call.dst, q * n), q * c, n, q));
                 }
-                (p.slot_stride, p.ag_base, p.frame_elems) = (c, 0, world * c);
+                (p.slot_stride, p.ag_base) = (c, 0);
             }
             Op::ReduceScatter | Op::ReduceScatterMany => {
                 let m = call.count_out;
-                let c = round(m);
                 for q in (0..world).filter(|&q| q != rank) {
                     p.stage.push(seg(Phase::SendTo, at(call.src, q * m), 0, rank * c, m, q));
                 }
                 p.phase1.push(seg(Phase::Reduce, at(call.src, rank * m), call.dst, 0, m, rank));
-                (p.slot_stride, p.ag_base, p.frame_elems) = (c, 0, world * c);
+                (p.slot_stride, p.ag_base) = (c, 0);
             }
         }
         p
@@ -394,5 +404,28 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A bulk push call whose receive slots cannot even be counted (validation keeps real calls
+    /// far from this, so the call is made by hand) gets no plan the frame fits, and takes
+    /// one-shot: no overflow, no panic.
+    #[test]
+    fn bulk_slots_of_huge_calls_are_checked_arithmetic() {
+        use crate::DType;
+        let n = usize::MAX / 8; // 8 slots of n rounded up to 16 bytes: 2^64, one past usize
+        let call = Call {
+            op: Op::AllGather,
+            dtype: DType::U8,
+            src: 0,
+            dst: 0,
+            count_in: n,
+            count_out: 8 * n,
+            in_place: false,
+        };
+        let bulk = Plan::single(&call, 0, 8, Route::IpcPush).unwrap();
+        assert_eq!(bulk.frame_elems, usize::MAX);
+        assert!(bulk.stage.as_slice().is_empty() && bulk.phase1.as_slice().is_empty());
+        let plan = Plan::single_fitted(&call, 0, 8, Route::IpcPush, usize::MAX - 1, 0).unwrap();
+        assert_eq!(plan.route, Route::IpcOneShot);
     }
 }
