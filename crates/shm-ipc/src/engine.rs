@@ -134,21 +134,28 @@ impl Engine {
         }
     }
 
+    /// What both push routes do first: the call's signature in the own slot of `parity`, the
+    /// pull flags the call does not use (a push call uses none) rewritten with its word, and
+    /// [`Engine::keep_fresh`]. Returns the call's flag word.
+    fn push_prologue(&self, plan: &Plan, parity: usize, g: u32) -> u64 {
+        let sig_words = plan.sig.pack();
+        let slot = self.layout.sig_slot(parity);
+        self.word(self.rank, slot).store(sig_words[0], Ordering::Relaxed);
+        self.word(self.rank, slot + 8).store(sig_words[1], Ordering::Relaxed);
+        let flag = FlagWord::publish(g, &plan.sig).0;
+        self.word(self.rank, self.layout.ready(0)).store(flag, Ordering::Release);
+        self.word(self.rank, self.layout.phase2(0)).store(flag, Ordering::Release);
+        self.keep_fresh(plan, parity, g, flag);
+        flag
+    }
+
     /// The LL push route: write this rank's values into its slot of every peer (reduce_scatter:
     /// shard `q` to peer `q`), wait for every sender's push header (same call?), then read the
     /// own slots — each LL word is waited for by its own flag — and reduce or gather.
     fn run_push(&self, plan: &Plan, g: u32) -> Result<(), Error> {
         let parity = (g & 1) as usize;
         let size = plan.sig.dtype.size();
-        let sig_words = plan.sig.pack();
-        let slot = self.layout.sig_slot(parity);
-        self.word(self.rank, slot).store(sig_words[0], Ordering::Relaxed);
-        self.word(self.rank, slot + 8).store(sig_words[1], Ordering::Relaxed);
-        let flag = FlagWord::publish(g, &plan.sig).0;
-        // The pull flags this call does not use (it uses none).
-        self.word(self.rank, self.layout.ready(0)).store(flag, Ordering::Release);
-        self.word(self.rank, self.layout.phase2(0)).store(flag, Ordering::Release);
-        self.keep_fresh(plan, parity, g, flag);
+        self.push_prologue(plan, parity, g);
         let high = u64::from(g) << 32;
         for s in plan.stage.as_slice() {
             let first = s.frame_offset * size / 4;
@@ -256,14 +263,7 @@ impl Engine {
     fn run_bulk(&self, plan: &Plan, g: u32) -> Result<(), Error> {
         let parity = (g & 1) as usize;
         let size = plan.sig.dtype.size();
-        let sig_words = plan.sig.pack();
-        let slot = self.layout.sig_slot(parity);
-        self.word(self.rank, slot).store(sig_words[0], Ordering::Relaxed);
-        self.word(self.rank, slot + 8).store(sig_words[1], Ordering::Relaxed);
-        let flag = FlagWord::publish(g, &plan.sig).0;
-        self.word(self.rank, self.layout.ready(0)).store(flag, Ordering::Release);
-        self.word(self.rank, self.layout.phase2(0)).store(flag, Ordering::Release);
-        self.keep_fresh(plan, parity, g, flag);
+        let flag = self.push_prologue(plan, parity, g);
         for s in plan.stage.as_slice() {
             // SAFETY: `src` is a validated caller view of `count` elements; the slot lies in the
             // peer's frame (the plan fits the capacity) and the peer reads it only after our flag.

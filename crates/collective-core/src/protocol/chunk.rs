@@ -23,7 +23,7 @@
 //! for the bulk route, the frame); otherwise the call takes the one-shot pull route (same
 //! bits), chunked as above. (Chunking the push routes themselves is left for later: a call above
 //! them pays the pull route's staging copy.)
-use super::plan::{Phase, Plan, Segment, Segments};
+use super::plan::{Phase, Plan, Segment};
 use crate::{Call, Error, LaneCall, LaneCalls, MAX_LANES, Op, Route, Signature};
 
 /// Elements per chunk when `pieces` pieces of that many elements of `size` bytes are staged
@@ -149,16 +149,7 @@ impl Chunks {
             peer,
             write_back: false,
         };
-        let mut p = Plan {
-            sig: self.sig,
-            route: self.route,
-            stage: Segments::new(),
-            phase1: Segments::new(),
-            phase2: Segments::new(),
-            slot_stride: 0,
-            ag_base: 0,
-            frame_elems: 0,
-        };
+        let mut p = Plan::empty(self.sig, self.route);
         match call.op {
             Op::AllReduce => {
                 let sub = Call { src: at(call.src, lo), dst: at(call.dst, lo), count_in: c, count_out: c, ..*call };

@@ -107,6 +107,20 @@ pub const fn shard_bounds(n: usize, world: usize, q: usize, align: usize) -> (us
 }
 
 impl Plan {
+    /// A plan of `sig` by `route` with no work yet (the constructors below fill it).
+    pub(crate) const fn empty(sig: Signature, route: Route) -> Plan {
+        Plan {
+            sig,
+            route,
+            stage: Segments::new(),
+            phase1: Segments::new(),
+            phase2: Segments::new(),
+            slot_stride: 0,
+            ag_base: 0,
+            frame_elems: 0,
+        }
+    }
+
     /// Payload bytes this plan sends to one peer on the push route: the end of its furthest
     /// slot range (0 on the pull routes).
     pub fn push_payload_bytes(&self) -> usize {
@@ -147,16 +161,7 @@ impl Plan {
     pub fn single(call: &Call, rank: usize, world: usize, route: Route) -> Result<Plan, Error> {
         let size = call.dtype.size() as u64;
         let n = call.count_in;
-        let mut p = Plan {
-            sig: Signature { route, ..call.signature() },
-            route,
-            stage: Segments::new(),
-            phase1: Segments::new(),
-            phase2: Segments::new(),
-            slot_stride: 0,
-            ag_base: 0,
-            frame_elems: 0,
-        };
+        let mut p = Plan::empty(Signature { route, ..call.signature() }, route);
         let seg = |phase, dst, frame_offset, count, peer| Segment {
             phase,
             src: call.src,
@@ -309,16 +314,7 @@ impl Plan {
     /// into disjoint slot ranges (each starting on a 16-byte boundary, so no two lanes share an
     /// LL line), one tree per lane over the own slots.
     pub fn many_push(lanes: &[LaneCall], sig: Signature, rank: usize) -> Plan {
-        let mut p = Plan {
-            sig: Signature { route: Route::IpcPushLl, ..sig },
-            route: Route::IpcPushLl,
-            stage: Segments::new(),
-            phase1: Segments::new(),
-            phase2: Segments::new(),
-            slot_stride: 0,
-            ag_base: 0,
-            frame_elems: 0,
-        };
+        let mut p = Plan::empty(Signature { route: Route::IpcPushLl, ..sig }, Route::IpcPushLl);
         let size = sig.dtype.size();
         let align = 16 / size;
         let mut offset = 0usize;
@@ -349,16 +345,7 @@ impl Plan {
     /// The plan of `reduce_scatter_many`: every lane staged into its disjoint range of one frame
     /// under one generation, and one tree per lane over its own range.
     pub fn many(lanes: &[LaneCall], sig: Signature, rank: usize) -> Plan {
-        let mut p = Plan {
-            sig,
-            route: Route::IpcOneShot,
-            stage: Segments::new(),
-            phase1: Segments::new(),
-            phase2: Segments::new(),
-            slot_stride: 0,
-            ag_base: 0,
-            frame_elems: 0,
-        };
+        let mut p = Plan::empty(sig, Route::IpcOneShot);
         for l in lanes {
             let c = &l.call;
             p.stage.push(Segment {
