@@ -8,7 +8,7 @@
 //!   to a bare `cuLaunchKernel` of an empty kernel on the same stream, same run, in batches of
 //!   16, 64 and 500 calls (a stream sync between batches, not timed), so the ratio shows what
 //!   detcoll adds to the driver's own launch cost;
-//! * `latency`: worlds 2 and 8 as threads on one GPU, all_reduce of 4 KiB .. 64 MiB by every IPC
+//! * `latency`: worlds 2, 4 and 8 as threads on one GPU, all_reduce of 4 KiB .. 64 MiB by every IPC
 //!   route (pull one-shot and RS+AG, push LL and bulk), per-call time of back-to-back calls
 //!   (eager and CUDA graph), next to a device copy of the same bytes on every rank's stream and
 //!   `world` empty kernels on `world` streams in the same run.
@@ -309,31 +309,26 @@ fn eager_and_graph(
     Ok((max(|p| p.0), max(|p| p.1)))
 }
 
-/// Worlds 2 and 8 as threads on one GPU: all_reduce (bf16) by each IPC route — the pull routes
+/// Worlds 2, 4 and 8 as threads on one GPU: all_reduce (bf16) by each IPC route — the pull routes
 /// (one-shot, RS+AG) and the push routes (LL, bulk) — eager and CUDA-graph replay, next to a
 /// device-to-device copy of the same bytes on every rank's stream and `world` empty kernels on
 /// `world` streams, all in the same run. One JSON line per measurement.
 fn latency(ctx: &Arc<CudaContext>) -> Res<()> {
     let tree = FusedTree::new(ctx)?;
-    for world in [2usize, 8] {
-        let barrier = Barrier::new(world);
-        let noop: Vec<f64> = std::thread::scope(|sc| {
-            let hs: Vec<_> = (0..world)
-                .map(|_| {
-                    let (tree, barrier) = (&tree, &barrier);
-                    sc.spawn(move || -> Res<f64> {
-                        let s = ctx.new_stream()?;
-                        barrier.wait();
-                        // SAFETY: the empty kernel on this context's stream.
-                        time_ms(ctx, &s, 100, 1000, || Ok(unsafe { tree.launch_noop(s.cu_stream()) }?))
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("panicked".into()))).collect::<Res<Vec<f64>>>()
-        })?;
-        let noop_us = noop.iter().cloned().fold(0f64, f64::max) * 1e3;
+    for world in [2usize, 4, 8] {
+        // The launch floor: one empty kernel per rank stream per call, eager and replayed.
+        let noop_comms = cuda_ipc::group_on_device(ctx, world, &CudaIpcConfig::new(4096))?;
+        let tree_ref = &tree;
+        let (noop_us, noop_graph_us) = eager_and_graph(
+            ctx,
+            noop_comms,
+            1000,
+            // SAFETY: the empty kernel on this rank's stream of this context.
+            |_, s, _, _| Ok(unsafe { tree_ref.launch_noop(s.cu_stream()) }?),
+            4096,
+        )?;
         println!(
-            "{{\"bench\":\"latency\",\"op\":\"empty_kernel\",\"world\":{world},\"eager_us_per_call\":{noop_us:.2}}}"
+            "{{\"bench\":\"latency\",\"op\":\"empty_kernel\",\"world\":{world},\"eager_us_per_call\":{noop_us:.2},\"graph_us_per_call\":{noop_graph_us:.2}}}"
         );
         let sizes: &[usize] = if world == 2 {
             &[4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
@@ -369,10 +364,11 @@ fn latency(ctx: &Arc<CudaContext>) -> Res<()> {
                 let route = comms[0].route(collective_core::Op::AllReduce, bytes).name();
                 let (e, g) = eager_and_graph(ctx, comms, iters, |c, s, i, o| all_reduce(c, s, i, o, bytes / 2), bytes)?;
                 println!(
-                    "{{\"bench\":\"latency\",\"op\":\"all_reduce\",\"dtype\":\"bf16\",\"world\":{world},\"placement\":\"threads_one_gpu\",\"bytes\":{bytes},\"asked\":\"{name}\",\"route\":\"{route}\",\"eager_us_per_call\":{e:.2},\"graph_us_per_call\":{g:.2},\"eager_vs_memcpy\":{:.3},\"graph_vs_memcpy\":{:.3},\"graph_vs_empty_kernels\":{:.3}}}",
+                    "{{\"bench\":\"latency\",\"op\":\"all_reduce\",\"dtype\":\"bf16\",\"world\":{world},\"placement\":\"threads_one_gpu\",\"bytes\":{bytes},\"asked\":\"{name}\",\"route\":\"{route}\",\"eager_us_per_call\":{e:.2},\"graph_us_per_call\":{g:.2},\"eager_vs_memcpy\":{:.3},\"graph_vs_memcpy\":{:.3},\"graph_vs_empty_kernels\":{:.3},\"graph_vs_empty_kernels_graph\":{:.3}}}",
                     e / ce,
                     g / cg,
-                    g / noop_us
+                    g / noop_us,
+                    g / noop_graph_us
                 );
             }
         }
