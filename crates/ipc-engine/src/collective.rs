@@ -89,7 +89,8 @@ impl<D: IpcDevice> IpcCollective<D> {
     /// The route a call of `op` moving `bytes` per rank takes when the caller does not choose
     /// one: the LL push route up to the configured push threshold, the bulk push route from the
     /// bulk threshold (not reduce_scatter_many), RS+AG for all_reduce from the RS+AG threshold,
-    /// one-shot otherwise. Push calls that do not fit their slots take one-shot (same bits).
+    /// one-shot otherwise. Push calls that do not fit their slots take one-shot (same bits),
+    /// except bulk all_reduce, which runs as bulk chunks (`protocol::Chunks`).
     pub fn default_route(&self, op: Op, bytes: usize) -> Route {
         if self.world == 1 {
             Route::Local

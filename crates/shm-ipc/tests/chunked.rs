@@ -56,7 +56,7 @@ fn counts(op: Op, size: usize, world: usize) -> Vec<usize> {
 
 fn routes(op: Op) -> &'static [Route] {
     match op {
-        Op::AllReduce => &[Route::IpcOneShot, Route::IpcReduceScatterAllGather, Route::IpcPushLl],
+        Op::AllReduce => &[Route::IpcOneShot, Route::IpcReduceScatterAllGather, Route::IpcPushLl, Route::IpcPush],
         _ => &[Route::IpcOneShot, Route::IpcPushLl],
     }
 }

@@ -19,10 +19,11 @@
 //! rank. Every chunk's plan carries the **whole call's** signature: two ranks making different
 //! calls mismatch at the first chunk, whatever the chunks have in common.
 //!
-//! A push route is taken, as one plan, only when the whole call fits its slots (the LL slots;
-//! for the bulk route, the frame); otherwise the call takes the one-shot pull route (same
-//! bits), chunked as above. (Chunking the push routes themselves is left for later: a call above
-//! them pays the pull route's staging copy.)
+//! A push route is taken, as one plan, when the whole call fits its slots (the LL slots; for
+//! the bulk route, the frame). An all_reduce by the bulk push route that does not fit runs as
+//! bulk push chunks (elements `[lo, hi)`, each chunk's frame within the capacity: no staging
+//! copy at any size). Any other call above a push route's slots takes the one-shot pull route
+//! (same bits), chunked as above.
 use super::plan::{Phase, Plan, Segment};
 use crate::{Call, Error, LaneCall, LaneCalls, MAX_LANES, Op, Route, Signature};
 
@@ -33,6 +34,16 @@ pub const fn chunk_elements(capacity: usize, size: usize, pieces: usize) -> usiz
     let fit = capacity / size / pieces;
     let align = if size >= 16 { 1 } else { 16 / size };
     if fit >= align { fit / align * align } else { fit }
+}
+
+/// Elements per chunk of a bulk push all_reduce in frames of `capacity` bytes: the most whose
+/// frame fits (`world` reduced-shard slots and `world` slice slots, each a multiple of 16
+/// bytes: `2 * world * shard` elements), so every rank's shard of every chunk starts 16-byte
+/// aligned. 0 when not even one 16-byte shard fits.
+pub const fn bulk_all_reduce_elements(capacity: usize, size: usize, world: usize) -> usize {
+    let align = if size >= 16 { 1 } else { 16 / size };
+    let shard = capacity / size / (2 * world) / align * align;
+    shard * world
 }
 
 /// The plans of one call, chunk by chunk (see the module docs); no heap allocation.
@@ -83,11 +94,24 @@ impl Chunks {
         // A push route when the whole call fits its slots (LL slots, or the frame for the bulk
         // route), else the one-shot pull route, chunked below when the call exceeds the frame.
         let whole = Plan::single_fitted(call, rank, world, route, capacity, ll_capacity)?;
+        let size = call.dtype.size();
+        if route == Route::IpcPush && whole.route != Route::IpcPush && call.op == Op::AllReduce {
+            let step = bulk_all_reduce_elements(capacity, size, world);
+            if step > 0 {
+                return Ok(Chunks {
+                    work: Work::Single { call: *call, step, lo: 0, total: call.count_in },
+                    sig: Signature { route, ..call.signature() },
+                    route,
+                    rank,
+                    world,
+                    capacity,
+                });
+            }
+        }
         let route = whole.route;
         if matches!(route, Route::IpcPushLl | Route::IpcPush) || call.bytes_in() <= capacity {
             return Ok(Self::whole(whole, rank, world, capacity));
         }
-        let size = call.dtype.size();
         let pieces = if scatters(call.op) { world } else { 1 };
         let step = chunk_elements(capacity, size, pieces);
         if step == 0 {
@@ -283,6 +307,45 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn bulk_push_all_reduce_above_its_frame_runs_as_bulk_chunks() {
+        let cap = 4096;
+        for world in [2usize, 4, 8] {
+            for dtype in [DType::F32, DType::BF16] {
+                let size = dtype.size();
+                let step = bulk_all_reduce_elements(cap, size, world);
+                assert!(step > 0 && 2 * step * size <= cap && (step / world * size) % 16 == 0, "{world} {dtype}");
+                // Above the frame a bulk route fits (half the capacity), up to 10x the capacity.
+                for n in [cap / size / 2 + 1, cap / size, 7 * cap / 2 / size + 3, 10 * cap / size] {
+                    let c = call(Op::AllReduce, n, world, dtype);
+                    let plans: Vec<Plan> =
+                        Chunks::single(&c, 1, world, Route::IpcPush, cap, 0).unwrap().map(Result::unwrap).collect();
+                    assert_eq!(plans.len(), n.div_ceil(step), "world {world} {dtype} n {n}");
+                    let mut next = 0;
+                    for p in &plans {
+                        assert_eq!(p.route, Route::IpcPush);
+                        assert_eq!(p.sig, Signature { route: Route::IpcPush, ..c.signature() });
+                        assert!(p.frame_elems * size <= cap, "frame of {} elements", p.frame_elems);
+                        // Rank 1 reduces its shard of the chunk straight into the output.
+                        let own = p.phase1.as_slice().iter().find(|s| s.peer == 1).unwrap();
+                        if own.count > 0 {
+                            assert_eq!((own.dst - c.dst) % 16, 0, "shards start 16-byte aligned");
+                        }
+                        let gathered: usize = p.phase2.as_slice().iter().map(|s| s.count).sum::<usize>() + own.count;
+                        next += gathered;
+                    }
+                    assert_eq!(next, n, "world {world} {dtype} n {n}: every element once");
+                }
+            }
+        }
+        // A frame too small for one 16-byte shard per slot: one-shot chunks, as before.
+        let c = call(Op::AllReduce, 64, 8, DType::F32);
+        assert_eq!(bulk_all_reduce_elements(128, 4, 8), 0);
+        let routes: Vec<Route> =
+            Chunks::single(&c, 1, 8, Route::IpcPush, 128, 0).unwrap().map(|p| p.unwrap().route).collect();
+        assert!(routes.iter().all(|&r| r == Route::IpcOneShot), "{routes:?}");
     }
 
     #[test]
