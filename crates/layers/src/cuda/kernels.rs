@@ -24,7 +24,8 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// Queries (one warp each) per block of the attention kernel (`ATT_WARPS` in `layers.cu`).
 const ATTENTION_WARPS: u32 = 8;
 
-const ENTRIES: [&str; 6] = [
+/// The kernels of the module: SiLU, the leaf fold and attention, each for f32 and bf16.
+pub const ENTRIES: [&str; 6] = [
     "detcoll_layers_silu_f32",
     "detcoll_layers_silu_bf16",
     "detcoll_layers_leaf_fold_f32",

@@ -58,6 +58,17 @@ pub trait StageHook {
 /// No hook.
 impl StageHook for () {}
 
+/// A borrowed hook (so that a pair can combine hooks the caller keeps, e.g.
+/// `&mut (&mut lockstep, &mut events)`).
+impl<H: StageHook + ?Sized> StageHook for &mut H {
+    fn before(&mut self, s: Stage, stream: &Arc<CudaStream>) -> Result<(), Error> {
+        (**self).before(s, stream)
+    }
+    fn after(&mut self, s: Stage, stream: &Arc<CudaStream>) -> Result<(), Error> {
+        (**self).after(s, stream)
+    }
+}
+
 /// Both hooks, `A` first (in `before` and in `after`).
 impl<A: StageHook, B: StageHook> StageHook for (A, B) {
     fn before(&mut self, s: Stage, stream: &Arc<CudaStream>) -> Result<(), Error> {
