@@ -65,6 +65,11 @@ impl Layout {
         let (s, h, f) = (shape.tokens, shape.hidden, shape.ffn);
         require(s > 0 && h > 0 && f > 0, || format!("every FFN dimension must be at least 1: {shape:?}"))?;
         require(s % tp == 0, || format!("{s} tokens do not split over {tp} ranks"))?;
+        // cuBLAS takes `int` dimensions: checked here, so no GEMM of a forward can refuse them
+        // after the forward's first collective was enqueued.
+        require([s, h, f].iter().all(|&d| i32::try_from(d).is_ok()), || {
+            format!("FFN dimensions {shape:?} must each fit cuBLAS's int")
+        })?;
         let width = f / LEAVES;
         let leaves = LEAVES / tp;
         let layout = Layout {
