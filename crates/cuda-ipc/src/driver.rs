@@ -50,10 +50,10 @@ pub(crate) fn lib_candidates(name: &str) -> Vec<String> {
     ]
 }
 
-/// Whether one of `names` (see [`lib_candidates`]) can be opened by the dynamic loader. Works
+/// Whether one of `names` (`"cublas"`, `"nvrtc"`: tried under the names cudarc's loader tries) can be opened by the dynamic loader. Works
 /// whether cudarc loads the library at run time or the application linked it (then it is
 /// already loaded and opening it only takes a reference).
-pub(crate) fn loadable(names: &[&str]) -> bool {
+pub fn loadable(names: &[&str]) -> bool {
     names.iter().flat_map(|n| lib_candidates(n)).any(|c| {
         // SAFETY: only opens the library (running its initialisers, as cudarc's own load
         // would); no symbol is called, and the handle is closed again on drop.

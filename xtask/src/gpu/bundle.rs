@@ -1,7 +1,7 @@
 //! `cargo xtask gpu-bundle`: builds the suites and binaries, copies them (stripped) with the
 //! prebuilt kernels into one directory, and writes `run.sh` and `manifest.json`.
 use super::BundleArgs;
-use super::platform::GpuPlatform;
+use super::platform::{GpuPlatform, suite_features};
 use super::workspace::{GPU_PACKAGES, Suite, build_suites, cargo_executables, workspace_packages};
 use crate::util::{which, workspace_root};
 use anyhow::Context;
@@ -127,7 +127,10 @@ pub fn bundle_main(args: BundleArgs) -> anyhow::Result<ExitCode> {
         std::fs::copy(&a.path, out.join("bin").join(name))?;
     }
     for p in packages.iter().filter(|p| GPU_PACKAGES.contains(&p.name.as_str()) && p.has_examples) {
-        let arts = cargo_executables(&root, &["build", "--release", "--examples", "-p", &p.name])?;
+        // The suites' features (e.g. detcoll-layers' `cuda`), so feature-gated examples build too.
+        let mut build = vec!["build", "--release", "--examples", "-p", &p.name];
+        build.extend(suite_features(&p.name, args.platform));
+        let arts = cargo_executables(&root, &build)?;
         let dir = out.join("examples");
         std::fs::create_dir_all(&dir)?;
         for a in arts.iter().filter(|a| a.kind == "example") {

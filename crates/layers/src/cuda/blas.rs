@@ -58,10 +58,12 @@ fn blas_err(call: &str) -> impl FnOnce(cublas::CublasError) -> Error + '_ {
     move |e| Error::cuda(call, e)
 }
 
-/// `Ok` when libcublas can be loaded (cudarc would panic on first use otherwise).
+/// `Ok` when libcublas can be loaded (cudarc would panic on first use otherwise). The probe is
+/// cuda-ipc's (the names cudarc's loader tries), not cudarc's `is_culib_present`, which exists
+/// only under cudarc's `dynamic-loading`: an application that links CUDA itself (candle's
+/// `dynamic-linking`) builds this crate too.
 pub fn ensure_cublas() -> Result<(), Error> {
-    // SAFETY: only tries to open the library (running its initialisers), calls nothing in it.
-    if unsafe { sys::is_culib_present() } {
+    if cuda_ipc::driver::loadable(&["cublas"]) {
         Ok(())
     } else {
         Err(Error::cuda(
