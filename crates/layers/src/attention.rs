@@ -50,7 +50,7 @@ impl AttentionShape {
         self.heads * self.head_dim
     }
 
-    fn check(&self, cp: usize) -> Result<(), Error> {
+    pub(crate) fn check(&self, cp: usize) -> Result<(), Error> {
         require(SUPPORTED_WORLD_SIZES.contains(&cp), || format!("CP size {cp} is not 1, 2, 4 or 8"))?;
         require(self.tokens % cp == 0, || format!("{} tokens do not split over {cp} ranks", self.tokens))?;
         product("tokens x heads x head_dim", &[self.tokens, self.heads, self.head_dim])?;

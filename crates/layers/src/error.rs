@@ -1,5 +1,5 @@
-//! One error type for the layers: a shape the layer cannot take, or what a collective or the
-//! tree reported.
+//! One error type for the layers: a shape the layer cannot take, or what a collective, the
+//! tree or the GPU (driver, cuBLAS, NVRTC) reported.
 use std::fmt;
 
 /// What a layer call can fail with. Shapes are checked before any collective call, so a shape
@@ -12,6 +12,16 @@ pub enum Error {
     Collective(collective_core::Error),
     /// The local fold of the fixed tree failed (a world size or length it does not take).
     Tree(fixed_tree::Error),
+    /// A GPU call failed (the GPU path, feature `cuda`): `call` names it, `source` is the
+    /// vendor's error (cudarc's `DriverError`, `CublasError` or `CompileError`), or a
+    /// `collective_core::Error::LibraryMissing` when libcublas or libnvrtc cannot be loaded.
+    /// The variant exists without the feature too, so that matches do not depend on it.
+    Cuda {
+        /// The call or step that failed (`"cublasGemmEx"`, `"loading libcublas"`, ...).
+        call: String,
+        /// The vendor's error.
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
 }
 
 impl fmt::Display for Error {
@@ -20,6 +30,7 @@ impl fmt::Display for Error {
             Error::Shape(detail) => write!(f, "shape: {detail}"),
             Error::Collective(_) => f.write_str("a collective call failed"),
             Error::Tree(_) => f.write_str("the local fixed-tree fold failed"),
+            Error::Cuda { call, .. } => write!(f, "GPU call `{call}` failed"),
         }
     }
 }
@@ -30,6 +41,7 @@ impl std::error::Error for Error {
             Error::Shape(_) => None,
             Error::Collective(e) => Some(e),
             Error::Tree(e) => Some(e),
+            Error::Cuda { source, .. } => Some(&**source),
         }
     }
 }
@@ -43,6 +55,13 @@ impl From<collective_core::Error> for Error {
 impl From<fixed_tree::Error> for Error {
     fn from(e: fixed_tree::Error) -> Self {
         Error::Tree(e)
+    }
+}
+
+impl Error {
+    /// An [`Error::Cuda`] for step `call` with the vendor's error `source`.
+    pub fn cuda(call: impl Into<String>, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Error::Cuda { call: call.into(), source: Box::new(source) }
     }
 }
 

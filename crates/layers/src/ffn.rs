@@ -65,7 +65,7 @@ impl FfnShape {
         self.tokens / tp * self.hidden
     }
 
-    fn check(&self, tp: usize) -> Result<(), Error> {
+    pub(crate) fn check(&self, tp: usize) -> Result<(), Error> {
         require(SUPPORTED_WORLD_SIZES.contains(&tp), || format!("TP size {tp} is not 1, 2, 4 or 8"))?;
         require(self.ffn % LEAVES == 0, || format!("ffn {} is not a multiple of {LEAVES} leaves", self.ffn))?;
         product("tokens x hidden", &[self.tokens, self.hidden])?;

@@ -49,10 +49,13 @@
 //! assert_eq!(got, want.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod activation;
 pub mod attention;
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+pub mod cuda;
 pub mod data;
 mod error;
 pub mod ffn;

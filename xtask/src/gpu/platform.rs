@@ -46,6 +46,8 @@ pub fn suite_features(package: &str, platform: GpuPlatform) -> &'static [&'stati
     match (platform, package) {
         (GpuPlatform::Nvidia, "collective-factory") => &["--features", "cuda"],
         (GpuPlatform::Rocm, "collective-factory") => &["--features", "rocm"],
+        // The layers' GPU path is NVIDIA only (its ROCm suites are the CPU ones).
+        (GpuPlatform::Nvidia, "detcoll-layers") => &["--features", "cuda"],
         _ => &[],
     }
 }
@@ -75,6 +77,8 @@ mod tests {
         let f = |p, pl| suite_features(p, pl).join(" ");
         assert_eq!(f("collective-factory", Nvidia), "--features cuda");
         assert_eq!(f("collective-factory", Rocm), "--features rocm");
+        assert_eq!(f("detcoll-layers", Nvidia), "--features cuda");
+        assert!(suite_features("detcoll-layers", Rocm).is_empty());
         // ccl-transport has no vendor features (its GPU suites run both vendors' devices).
         for p in ["ccl-transport", "cuda-ipc", "hip-ipc", "unknown"] {
             assert!(suite_features(p, Nvidia).is_empty() && suite_features(p, Rocm).is_empty(), "{p}");

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 /// Packages whose test binaries are GPU suites (absent packages are skipped).
-pub const GPU_PACKAGES: &[&str] = &["cuda-ipc", "ccl-transport", "hip-ipc", "collective-factory"];
+pub const GPU_PACKAGES: &[&str] = &["cuda-ipc", "ccl-transport", "hip-ipc", "collective-factory", "detcoll-layers"];
 
 /// A suite whose target name contains one of these starts several processes on one GPU, so
 /// `gpu-test` runs it under MPS.

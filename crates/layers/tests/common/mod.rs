@@ -3,6 +3,9 @@
 use fixed_tree::Element;
 use shm_ipc::{ShmCollective, ShmConfig};
 
+#[cfg(feature = "cuda")]
+pub mod gpu;
+
 /// The TP/CP sizes the fixed tree supports.
 pub const SIZES: [usize; 4] = [1, 2, 4, 8];
 

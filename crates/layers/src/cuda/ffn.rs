@@ -1,0 +1,422 @@
+//! The sequence-parallel FFN on the GPU: [`CudaFfnShard`] holds one rank's leaves of `W1` and
+//! `W2` on the device, [`FfnWorkspace`] every buffer a forward needs.
+//!
+//! The TP-invariant forward is [`crate::ffn`]'s, stage by stage:
+//! `AllGather(x)` → `Gemm1` (one `S × H × F/8` GEMM per leaf of the rank) → `Activation`
+//! (SiLU in f32 over every leaf's activations) → `Gemm2` (one `S × F/8 × H` GEMM per leaf, the
+//! leaf product `P_l`) → `LeafFold` (the balanced tree over the rank's `8/tp` products, in `T`:
+//! 1 = copy, 2 = `P0+P1`, 4 = `(P0+P1)+(P2+P3)`) → `ReduceScatter` (the balanced tree over the
+//! ranks, the top levels of the same 8-leaf tree).
+//!
+//! # Layout: the same GEMM at every TP
+//!
+//! cuBLAS may pick its kernel by `m`, `n`, `k`, the leading dimensions and the pointers'
+//! alignment, so every GEMM that feeds the output is given the same ones at every TP: each
+//! leaf's `W1` block (`H × F/8`), `W2` block (`F/8 × H`), activations (`S × F/8`) and product
+//! (`S × H`) is its own contiguous row-major matrix, and consecutive blocks start
+//! [`ALIGN_BYTES`] apart at least (each block is padded to a multiple of it), so a leaf's block
+//! has the same alignment whichever position it has in a rank's buffer. Leaf `l`'s GEMMs are
+//! then the same calls on the same bits at TP = 1, 2, 4 and 8.
+//!
+//! The naive layer ([`CudaFfnShard::forward_naive`]) keeps its own row-major copies of the
+//! rank's shards (`H × F/tp` and `F/tp × H`): one GEMM1 over the whole shard, SiLU, one GEMM2
+//! `S × F/tp × H` into the partial sums, the reduce_scatter. Its bits change with TP.
+use super::kernels::elementwise;
+use super::{CudaGemm, CudaKernels, CudaScalar, Stage, StageHook};
+use crate::error::{product, require};
+use crate::{Error, FfnShape, LEAVES};
+use collective_factory::NvidiaCollective;
+use cudarc::driver::{CudaSlice, CudaStream, PushKernelArg};
+use std::ops::Range;
+use std::sync::Arc;
+
+/// Every leaf block (weights, activations, products) starts at a multiple of this many bytes
+/// from its buffer's start (cudarc's allocations are at least this aligned).
+pub const ALIGN_BYTES: usize = 256;
+
+/// `len` elements of `T` rounded up to a multiple of [`ALIGN_BYTES`].
+fn padded<T>(what: &str, len: usize) -> Result<usize, Error> {
+    let per = (ALIGN_BYTES / size_of::<T>()).max(1);
+    len.checked_next_multiple_of(per).ok_or_else(|| Error::Shape(format!("{what}: {len} elements overflow usize")))
+}
+
+/// The sizes of one rank's buffers, all checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Layout {
+    shape: FfnShape,
+    tp: usize,
+    /// Leaves of the rank (`8 / tp`).
+    leaves: usize,
+    /// `F / 8`.
+    width: usize,
+    /// Distance in elements between consecutive `W1` leaf blocks (`H × F/8`, padded).
+    w1_stride: usize,
+    /// Between `W2` leaf blocks (`F/8 × H`, padded).
+    w2_stride: usize,
+    /// Between activation blocks (`S × F/8`, padded).
+    act_stride: usize,
+    /// Between leaf products (`S × H`, padded).
+    prod_stride: usize,
+}
+
+impl Layout {
+    fn new<T>(shape: FfnShape, tp: usize) -> Result<Self, Error> {
+        shape.check(tp)?;
+        let (s, h, f) = (shape.tokens, shape.hidden, shape.ffn);
+        require(s > 0 && h > 0 && f > 0, || format!("every FFN dimension must be at least 1: {shape:?}"))?;
+        require(s % tp == 0, || format!("{s} tokens do not split over {tp} ranks"))?;
+        let width = f / LEAVES;
+        let leaves = LEAVES / tp;
+        let layout = Layout {
+            shape,
+            tp,
+            leaves,
+            width,
+            w1_stride: padded::<T>("W1 leaf", product("hidden x ffn/8", &[h, width])?)?,
+            w2_stride: padded::<T>("W2 leaf", product("ffn/8 x hidden", &[width, h])?)?,
+            act_stride: padded::<T>("activation leaf", product("tokens x ffn/8", &[s, width])?)?,
+            prod_stride: padded::<T>("leaf product", product("tokens x hidden", &[s, h])?)?,
+        };
+        // Every buffer's total length, checked once here so later products cannot overflow.
+        for (what, stride) in [
+            ("W1 leaves", layout.w1_stride),
+            ("W2 leaves", layout.w2_stride),
+            ("activations", layout.act_stride),
+            ("leaf products", layout.prod_stride),
+        ] {
+            product(what, &[stride, leaves])?;
+        }
+        Ok(layout)
+    }
+
+    /// Columns of `W1` (rows of `W2`) of this rank: `rank·F/tp .. (rank+1)·F/tp`.
+    fn cols(&self, rank: usize) -> Range<usize> {
+        let per = self.shape.ffn / self.tp;
+        rank * per..(rank + 1) * per
+    }
+}
+
+/// One rank's weights of a TP=`tp` FFN on the device: its leaves of `W1` and `W2` in the
+/// layout of the module docs, and row-major copies of its shards for the naive layer.
+#[derive(Debug)]
+pub struct CudaFfnShard<T> {
+    layout: Layout,
+    rank: usize,
+    /// `[leaf][H][F/8]`, leaf blocks `w1_stride` apart.
+    w1: CudaSlice<T>,
+    /// `[leaf][F/8][H]`, leaf blocks `w2_stride` apart.
+    w2: CudaSlice<T>,
+    /// `H × F/tp`, row-major (the naive layer).
+    w1_naive: CudaSlice<T>,
+    /// `F/tp × H`, row-major (the naive layer).
+    w2_naive: CudaSlice<T>,
+}
+
+/// Every buffer a forward of one [`CudaFfnShard`] needs, allocated up front
+/// ([`CudaFfnShard::workspace`]), so a forward allocates nothing.
+#[derive(Debug)]
+pub struct FfnWorkspace<T> {
+    layout: Layout,
+    /// All tokens, `S × H`.
+    x: CudaSlice<T>,
+    /// `[leaf][S][F/8]` (the naive layer: `S × F/tp` from the start).
+    act: CudaSlice<T>,
+    /// `[leaf][S][H]`.
+    products: CudaSlice<T>,
+    /// This rank's partial sums, `S × H`.
+    partial: CudaSlice<T>,
+}
+
+impl<T: CudaScalar> CudaFfnShard<T> {
+    /// Rank `rank`'s shard of the full weights `w1` (`hidden × ffn`, row-major) and `w2`
+    /// (`ffn × hidden`, row-major) at TP = `tp`, uploaded on `stream`. Allocates: create it
+    /// before any peer sharing the GPU has a collective in flight.
+    pub fn from_full(
+        stream: &Arc<CudaStream>,
+        shape: FfnShape,
+        w1: &[T],
+        w2: &[T],
+        tp: usize,
+        rank: usize,
+    ) -> Result<Self, Error> {
+        let layout = Layout::new::<T>(shape, tp)?;
+        require(rank < tp, || format!("rank {rank} is outside a TP group of {tp}"))?;
+        let (h, f, w) = (shape.hidden, shape.ffn, layout.width);
+        let full = product("hidden x ffn", &[h, f])?;
+        require(w1.len() == full, || format!("w1 has {} elements, expected {h} x {f}", w1.len()))?;
+        require(w2.len() == full, || format!("w2 has {} elements, expected {f} x {h}", w2.len()))?;
+        let cols = layout.cols(rank);
+        let zero = T::from_f32(0.0);
+        let mut w1_leaves = vec![zero; layout.w1_stride * layout.leaves];
+        let mut w2_leaves = vec![zero; layout.w2_stride * layout.leaves];
+        for j in 0..layout.leaves {
+            let c0 = cols.start + j * w;
+            let block = &mut w1_leaves[j * layout.w1_stride..][..h * w];
+            for (dst, row) in block.chunks_exact_mut(w).zip(w1.chunks_exact(f)) {
+                dst.copy_from_slice(&row[c0..c0 + w]);
+            }
+            w2_leaves[j * layout.w2_stride..][..w * h].copy_from_slice(&w2[c0 * h..(c0 + w) * h]);
+        }
+        let w1_naive: Vec<T> = w1.chunks_exact(f).flat_map(|row| &row[cols.clone()]).copied().collect();
+        let w2_naive = &w2[cols.start * h..cols.end * h];
+        let up = |v: &[T]| stream.clone_htod(v).map_err(super::driver("uploading FFN weights"));
+        Ok(CudaFfnShard {
+            layout,
+            rank,
+            w1: up(&w1_leaves)?,
+            w2: up(&w2_leaves)?,
+            w1_naive: up(&w1_naive)?,
+            w2_naive: up(w2_naive)?,
+        })
+    }
+
+    /// The global sizes.
+    pub fn shape(&self) -> FfnShape {
+        self.layout.shape
+    }
+
+    /// The TP size this shard belongs to.
+    pub fn tp(&self) -> usize {
+        self.layout.tp
+    }
+
+    /// The rank in the TP group this shard belongs to.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The leaves this rank owns: `rank·8/tp .. (rank+1)·8/tp`.
+    pub fn leaves(&self) -> Range<usize> {
+        self.rank * self.layout.leaves..(self.rank + 1) * self.layout.leaves
+    }
+
+    /// Elements of this rank's token block, `x_local` and `out_local` (`S/tp × H`).
+    pub fn local_len(&self) -> usize {
+        self.layout.shape.local_len(self.layout.tp)
+    }
+
+    /// Every buffer [`CudaFfnShard::forward`] and [`CudaFfnShard::forward_naive`] need,
+    /// allocated (zeroed) on `stream`. Allocates: create it before any peer sharing the GPU has
+    /// a collective in flight.
+    pub fn workspace(&self, stream: &Arc<CudaStream>) -> Result<FfnWorkspace<T>, Error> {
+        let l = self.layout;
+        let (s, h) = (l.shape.tokens, l.shape.hidden);
+        let alloc = |n: usize| stream.alloc_zeros::<T>(n).map_err(super::driver("allocating the FFN workspace"));
+        // The naive layer's activations (`S × F/tp`) fit in the leaves' (`leaves × S × F/8`).
+        Ok(FfnWorkspace {
+            layout: l,
+            x: alloc(s * h)?,
+            act: alloc(l.act_stride * l.leaves)?,
+            products: alloc(l.prod_stride * l.leaves)?,
+            partial: alloc(s * h)?,
+        })
+    }
+
+    /// The TP-invariant layer (module docs): `x_local` is this rank's token block
+    /// (`S/tp × H`), `out_local` receives the output of the same tokens. Collective: every rank
+    /// of `comm` calls it with its own shard. Enqueues on `stream` only (no allocation, no
+    /// synchronisation: graph capture works); `gemm` must be bound to `stream` and `kernels`
+    /// loaded in its context. Shapes are checked before anything is enqueued.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        comm: &NvidiaCollective,
+        gemm: &CudaGemm,
+        kernels: &CudaKernels,
+        ws: &mut FfnWorkspace<T>,
+        x_local: &CudaSlice<T>,
+        out_local: &mut CudaSlice<T>,
+        stream: &Arc<CudaStream>,
+        hook: &mut dyn StageHook,
+    ) -> Result<(), Error> {
+        self.check_call(comm, gemm, kernels, ws, x_local, out_local, stream)?;
+        let l = self.layout;
+        let (s, h, w) = (l.shape.tokens, l.shape.hidden, l.width);
+        gather(comm, x_local, ws, stream, hook)?;
+
+        hook.before(Stage::Gemm1, stream)?;
+        for j in 0..l.leaves {
+            let b = self.w1.slice(j * l.w1_stride..j * l.w1_stride + h * w);
+            let mut c = ws.act.slice_mut(j * l.act_stride..j * l.act_stride + s * w);
+            gemm.gemm(&ws.x, &b, s, h, w, &mut c)?;
+        }
+        hook.after(Stage::Gemm1, stream)?;
+
+        silu(kernels, &mut ws.act, l.act_stride * l.leaves, stream, hook)?;
+
+        hook.before(Stage::Gemm2, stream)?;
+        for j in 0..l.leaves {
+            let a = ws.act.slice(j * l.act_stride..j * l.act_stride + s * w);
+            let b = self.w2.slice(j * l.w2_stride..j * l.w2_stride + w * h);
+            let mut c = ws.products.slice_mut(j * l.prod_stride..j * l.prod_stride + s * h);
+            gemm.gemm(&a, &b, s, w, h, &mut c)?;
+        }
+        hook.after(Stage::Gemm2, stream)?;
+
+        hook.before(Stage::LeafFold, stream)?;
+        leaf_fold(kernels, ws, stream)?;
+        hook.after(Stage::LeafFold, stream)?;
+
+        scatter(comm, ws, out_local, stream, hook)
+    }
+
+    /// The naive layer, for comparison: one GEMM1 over the rank's whole `F/tp` shard, SiLU,
+    /// one GEMM2 `S × F/tp × H` into the partial sums, the reduce_scatter. Deterministic at a
+    /// given TP, but its bits change with TP. Same arguments and rules as
+    /// [`CudaFfnShard::forward`] (its stages: no `LeafFold`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_naive(
+        &self,
+        comm: &NvidiaCollective,
+        gemm: &CudaGemm,
+        kernels: &CudaKernels,
+        ws: &mut FfnWorkspace<T>,
+        x_local: &CudaSlice<T>,
+        out_local: &mut CudaSlice<T>,
+        stream: &Arc<CudaStream>,
+        hook: &mut dyn StageHook,
+    ) -> Result<(), Error> {
+        self.check_call(comm, gemm, kernels, ws, x_local, out_local, stream)?;
+        gather(comm, x_local, ws, stream, hook)?;
+        self.naive_gemms(gemm, kernels, ws, stream, hook)?;
+        scatter(comm, ws, out_local, stream, hook)
+    }
+
+    /// `SiLU(x · W1_shard) · W2_shard` into `ws.partial`.
+    fn naive_gemms(
+        &self,
+        gemm: &CudaGemm,
+        kernels: &CudaKernels,
+        ws: &mut FfnWorkspace<T>,
+        stream: &Arc<CudaStream>,
+        hook: &mut dyn StageHook,
+    ) -> Result<(), Error> {
+        let l = self.layout;
+        let (s, h, fk) = (l.shape.tokens, l.shape.hidden, l.shape.ffn / l.tp);
+        hook.before(Stage::Gemm1, stream)?;
+        gemm.gemm(&ws.x, &self.w1_naive, s, h, fk, &mut ws.act.slice_mut(..s * fk))?;
+        hook.after(Stage::Gemm1, stream)?;
+        silu(kernels, &mut ws.act, s * fk, stream, hook)?;
+        hook.before(Stage::Gemm2, stream)?;
+        gemm.gemm(&ws.act.slice(..s * fk), &self.w2_naive, s, fk, h, &mut ws.partial)?;
+        hook.after(Stage::Gemm2, stream)
+    }
+
+    /// Runs every non-collective kernel of both layers once on `ws` (whatever its tokens hold)
+    /// and waits for them: cuBLAS loads its kernels lazily on first use, which may wait for the
+    /// device to go idle, so ranks that are threads sharing one GPU call this before the first
+    /// collective of any rank. Synchronises `stream`.
+    pub fn warm_up(
+        &self,
+        gemm: &CudaGemm,
+        kernels: &CudaKernels,
+        ws: &mut FfnWorkspace<T>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<(), Error> {
+        self.check_handles(gemm, kernels, ws, stream)?;
+        let l = self.layout;
+        let (s, h, w) = (l.shape.tokens, l.shape.hidden, l.width);
+        let hook = &mut ();
+        self.naive_gemms(gemm, kernels, ws, stream, hook)?;
+        let b = self.w1.slice(..h * w);
+        gemm.gemm(&ws.x, &b, s, h, w, &mut ws.act.slice_mut(..s * w))?;
+        let b = self.w2.slice(..w * h);
+        gemm.gemm(&ws.act.slice(..s * w), &b, s, w, h, &mut ws.products.slice_mut(..s * h))?;
+        leaf_fold(kernels, ws, stream)?;
+        stream.synchronize().map_err(super::driver("cuStreamSynchronize"))
+    }
+
+    fn check_handles(
+        &self,
+        gemm: &CudaGemm,
+        kernels: &CudaKernels,
+        ws: &FfnWorkspace<T>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<(), Error> {
+        require(ws.layout == self.layout, || "the workspace was made for another shard shape or TP".into())?;
+        require(gemm.stream().cu_stream() == stream.cu_stream(), || "the CudaGemm is bound to another stream".into())?;
+        require(kernels.context().cu_ctx() == stream.context().cu_ctx(), || {
+            "the kernels are loaded in another context than the stream's".into()
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn check_call(
+        &self,
+        comm: &NvidiaCollective,
+        gemm: &CudaGemm,
+        kernels: &CudaKernels,
+        ws: &FfnWorkspace<T>,
+        x_local: &CudaSlice<T>,
+        out_local: &CudaSlice<T>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<(), Error> {
+        super::check_member(comm, "FFN shard", "TP", self.layout.tp, self.rank, stream)?;
+        self.check_handles(gemm, kernels, ws, stream)?;
+        let want = self.local_len();
+        require(x_local.len() == want, || format!("x_local has {} elements, expected {want}", x_local.len()))?;
+        require(out_local.len() == want, || format!("out_local has {} elements, expected {want}", out_local.len()))
+    }
+}
+
+/// `AllGather(x_local)` into the workspace's tokens (rank order is token order).
+fn gather<T: CudaScalar>(
+    comm: &NvidiaCollective,
+    x_local: &CudaSlice<T>,
+    ws: &mut FfnWorkspace<T>,
+    stream: &Arc<CudaStream>,
+    hook: &mut dyn StageHook,
+) -> Result<(), Error> {
+    hook.before(Stage::AllGather, stream)?;
+    comm.all_gather_into(x_local, &mut ws.x, stream)?;
+    hook.after(Stage::AllGather, stream)
+}
+
+/// `ReduceScatter` of the workspace's partial sums into this rank's tokens.
+fn scatter<T: CudaScalar>(
+    comm: &NvidiaCollective,
+    ws: &FfnWorkspace<T>,
+    out_local: &mut CudaSlice<T>,
+    stream: &Arc<CudaStream>,
+    hook: &mut dyn StageHook,
+) -> Result<(), Error> {
+    hook.before(Stage::ReduceScatter, stream)?;
+    comm.reduce_scatter_into(&ws.partial, out_local, stream)?;
+    hook.after(Stage::ReduceScatter, stream)
+}
+
+/// `partial` = the balanced tree over the workspace's leaf products (the `LeafFold` stage).
+fn leaf_fold<T: CudaScalar>(
+    kernels: &CudaKernels,
+    ws: &mut FfnWorkspace<T>,
+    stream: &Arc<CudaStream>,
+) -> Result<(), Error> {
+    let l = ws.layout;
+    let n = l.shape.tokens * l.shape.hidden;
+    let (leaves, count, stride) = (l.leaves as u32, n as u64, l.prod_stride as u64);
+    let mut launch = stream.launch_builder(kernels.leaf_fold::<T>());
+    launch.arg(&ws.products).arg(&mut ws.partial).arg(&leaves).arg(&count).arg(&stride);
+    // SAFETY: `leaf_fold(p, out, leaves, n, stride)` reads `leaves` products of `n` elements
+    // `stride` apart from `products` (`leaves × prod_stride` long, `n <= prod_stride`) and
+    // writes `n` elements of `partial` (`S × H` long); the argument types match the kernel's
+    // (`T*`, `T*`, `u32`, `u64`, `u64`).
+    unsafe { launch.launch(elementwise(n)) }.map(drop).map_err(super::driver("launching leaf_fold"))
+}
+
+/// SiLU in place over the first `n` elements of `act` (the `Activation` stage).
+fn silu<T: CudaScalar>(
+    kernels: &CudaKernels,
+    act: &mut CudaSlice<T>,
+    n: usize,
+    stream: &Arc<CudaStream>,
+    hook: &mut dyn StageHook,
+) -> Result<(), Error> {
+    hook.before(Stage::Activation, stream)?;
+    let count = n as u64;
+    let mut launch = stream.launch_builder(kernels.silu::<T>());
+    launch.arg(act).arg(&count);
+    // SAFETY: `silu(x, n)` rewrites `n` elements of `x`; `n <= act.len()` (the callers pass the
+    // workspace's own sizes) and the argument types match (`T*`, `u64`).
+    unsafe { launch.launch(elementwise(n)) }.map(drop).map_err(super::driver("launching silu"))?;
+    hook.after(Stage::Activation, stream)
+}

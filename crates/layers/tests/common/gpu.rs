@@ -1,0 +1,72 @@
+//! What the GPU tests share: a thread group of the NVIDIA collective on this host's GPUs (all
+//! ranks on GPU 0 of a one-GPU host), one host thread and one stream per rank, and uploads.
+use collective_factory::{Config, NvidiaCollective, nvidia};
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
+use std::sync::{Arc, Barrier};
+
+/// One rank's view in [`on_ranks`]: its collective, its own stream and the group's barrier
+/// (one party per rank; also what [`detcoll_layers::cuda::Lockstep`] waits on).
+pub struct Rank<'a> {
+    pub comm: &'a NvidiaCollective,
+    pub stream: Arc<CudaStream>,
+    pub barrier: &'a Barrier,
+}
+
+/// A `world`-rank thread group with `capacity` staging bytes, or `None` (a skip line printed)
+/// without a CUDA device or cuBLAS. cudarc's event tracking is disabled on the ranks' contexts:
+/// each rank uses its buffers on its one stream, and graph capture must not record cudarc's
+/// tracking events.
+pub fn group(world: usize, capacity: usize) -> Option<Vec<NvidiaCollective>> {
+    available()?;
+    let ranks = nvidia::thread_group(world, &Config::new().with_capacity(capacity)).expect("a thread group");
+    for r in &ranks {
+        // SAFETY: every buffer of these tests is used on its rank's one stream only.
+        unsafe { r.context().disable_event_tracking() };
+    }
+    Some(ranks)
+}
+
+/// `Some(())` when a CUDA device and cuBLAS are there, else `None` with a skip line printed.
+pub fn available() -> Option<()> {
+    match cuda_ipc::driver::device_count() {
+        Ok(n) if n > 0 => {}
+        other => {
+            println!("skipped: no CUDA device ({other:?})");
+            return None;
+        }
+    }
+    if let Err(e) = detcoll_layers::cuda::blas::ensure_cublas() {
+        println!("skipped: no cuBLAS ({e})");
+        return None;
+    }
+    Some(())
+}
+
+/// Runs `f` on every rank, one host thread each with a stream of its own; results in rank
+/// order.
+pub fn on_ranks<R: Send>(ranks: &[NvidiaCollective], f: impl Fn(Rank<'_>) -> R + Sync) -> Vec<R> {
+    let barrier = Barrier::new(ranks.len());
+    std::thread::scope(|s| {
+        let (f, barrier) = (&f, &barrier);
+        let hs: Vec<_> = ranks
+            .iter()
+            .map(|comm| {
+                s.spawn(move || {
+                    let stream = comm.context().new_stream().expect("a stream");
+                    f(Rank { comm, stream, barrier })
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("a rank panicked")).collect()
+    })
+}
+
+/// `host` on the device.
+pub fn upload<T: DeviceRepr>(stream: &Arc<CudaStream>, host: &[T]) -> CudaSlice<T> {
+    stream.clone_htod(host).expect("an upload")
+}
+
+/// `dev` on the host (synchronises the stream).
+pub fn download<T: DeviceRepr>(stream: &Arc<CudaStream>, dev: &CudaSlice<T>) -> Vec<T> {
+    stream.clone_dtoh(dev).expect("a download")
+}

@@ -1,0 +1,190 @@
+//! The GPU FFN on one host (all ranks on GPU 0 of a one-GPU host, one thread and stream each):
+//! the TP-invariant layer has the same output bits at TP = 1, 2, 4 and 8 and run to run, the
+//! naive layer does not, a captured CUDA graph replays the same bits as the eager forward, and
+//! wrong sizes are typed errors that leave the output untouched. Skips, saying so, without a
+//! GPU.
+#![cfg(feature = "cuda")]
+mod common;
+
+use common::gpu::{Rank, download, group, on_ranks, upload};
+use common::{bits, differing};
+use cudarc::driver::sys;
+use detcoll_layers::cuda::{CudaFfnShard, CudaGemm, CudaKernels, CudaScalar, Lockstep, StageEvents, StageHook};
+use detcoll_layers::data::SplitMix64;
+use detcoll_layers::{Error, FfnShape};
+use half::bf16;
+
+const SHAPE: FfnShape = FfnShape { tokens: 256, hidden: 512, ffn: 1024 };
+const CAPACITY: usize = 4 << 20;
+
+struct Inputs<T> {
+    x: Vec<T>,
+    w1: Vec<T>,
+    w2: Vec<T>,
+}
+
+fn inputs<T: CudaScalar>(shape: FfnShape, seed: u64) -> Inputs<T> {
+    let mut rng = SplitMix64::new(seed);
+    Inputs {
+        x: rng.values(shape.tokens * shape.hidden, 1.0),
+        w1: rng.values(shape.hidden * shape.ffn, 1.0 / (shape.hidden as f32).sqrt()),
+        w2: rng.values(shape.ffn * shape.hidden, 1.0 / (shape.ffn as f32).sqrt()),
+    }
+}
+
+/// What one TP size gave: the invariant layer twice, the naive layer, and (when `graph`) the
+/// invariant layer captured into a graph and replayed; each over all tokens in rank order.
+struct Outputs<T> {
+    tree: Vec<T>,
+    again: Vec<T>,
+    naive: Vec<T>,
+    replayed: Option<Vec<T>>,
+}
+
+/// Rank `r`'s part of [`run`]: every allocation, handle and warm-up before the barrier, then
+/// the forwards in lockstep.
+fn rank_run<T: CudaScalar>(rank: Rank<'_>, tp: usize, inp: &Inputs<T>, graph: bool) -> Result<Outputs<T>, Error> {
+    use collective_core::Collective;
+    let (comm, s) = (rank.comm, &rank.stream);
+    let r = comm.rank();
+    let n = SHAPE.local_len(tp);
+    let shard = CudaFfnShard::from_full(s, SHAPE, &inp.w1, &inp.w2, tp, r)?;
+    let mut ws = shard.workspace(s)?;
+    let gemm = CudaGemm::new(s)?;
+    let kernels = CudaKernels::new(comm.context())?;
+    let x = upload(s, &inp.x[r * n..(r + 1) * n]);
+    let mut out = upload(s, &vec![T::from_f32(0.0); n]);
+    let mut events = StageEvents::new(comm.context(), 16)?;
+    shard.warm_up(&gemm, &kernels, &mut ws, s)?;
+    rank.barrier.wait();
+
+    let mut lock = Lockstep { barrier: rank.barrier };
+    let mut forward = |naive: bool, out: &mut _, hook: &mut dyn StageHook| {
+        if naive {
+            shard.forward_naive(comm, &gemm, &kernels, &mut ws, &x, out, s, hook)
+        } else {
+            shard.forward(comm, &gemm, &kernels, &mut ws, &x, out, s, hook)
+        }
+    };
+    forward(false, &mut out, &mut (&mut lock, &mut events))?;
+    let tree = download(s, &out);
+    if r == 0 {
+        let stages: Vec<String> =
+            events.totals_ms()?.iter().map(|(st, ms)| format!("{} {ms:.3} ms", st.name())).collect();
+        println!("  TP={tp} rank 0 stages: {}", stages.join(", "));
+    }
+    events.reset();
+    forward(false, &mut out, &mut (&mut lock, &mut events))?;
+    let again = download(s, &out);
+    events.reset();
+    forward(true, &mut out, &mut (&mut lock, &mut events))?;
+    let naive = download(s, &out);
+    let mut replayed = None;
+    if graph {
+        s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| Error::cuda("cuStreamBeginCapture", e))?;
+        // Lockstep only: the timing events are for eager runs.
+        let enq = forward(false, &mut out, &mut lock);
+        let g =
+            s.end_capture(sys::CUgraphInstantiate_flags_enum(0)).map_err(|e| Error::cuda("cuStreamEndCapture", e))?;
+        enq?;
+        let g = g.ok_or_else(|| Error::Shape("an empty graph".into()))?;
+        g.upload().map_err(|e| Error::cuda("cuGraphUpload", e))?;
+        // Instantiation and upload may synchronise the device: nobody replays before every
+        // rank has finished them. Outputs cleared (on a drained stream) so a replay that did
+        // nothing cannot pass.
+        s.synchronize().map_err(|e| Error::cuda("cuStreamSynchronize", e))?;
+        s.memset_zeros(&mut out).map_err(|e| Error::cuda("cuMemsetD8Async", e))?;
+        s.synchronize().map_err(|e| Error::cuda("cuStreamSynchronize", e))?;
+        rank.barrier.wait();
+        g.launch().map_err(|e| Error::cuda("cuGraphLaunch", e))?;
+        rank.barrier.wait();
+        replayed = Some(download(s, &out));
+    }
+    if let Some(Err(e)) = comm.ipc().map(|i| i.check()) {
+        return Err(e.into());
+    }
+    Ok(Outputs { tree, again, naive, replayed })
+}
+
+fn run<T: CudaScalar>(tp: usize, inp: &Inputs<T>, graph: bool) -> Option<Outputs<T>> {
+    let ranks = group(tp, CAPACITY)?;
+    let outs = on_ranks(&ranks, |rank| rank_run(rank, tp, inp, graph).expect("a rank's forwards"));
+    let cat = |f: &dyn Fn(&Outputs<T>) -> Vec<T>| outs.iter().flat_map(f).collect::<Vec<T>>();
+    Some(Outputs {
+        tree: cat(&|o| o.tree.clone()),
+        again: cat(&|o| o.again.clone()),
+        naive: cat(&|o| o.naive.clone()),
+        replayed: graph.then(|| cat(&|o| o.replayed.clone().unwrap_or_default())),
+    })
+}
+
+fn tp_invariance<T: CudaScalar>(name: &str) {
+    let inp = inputs::<T>(SHAPE, 7);
+    println!("{name} FFN, {} tokens, hidden {}, ffn {}:", SHAPE.tokens, SHAPE.hidden, SHAPE.ffn);
+    let Some(one) = run(1, &inp, true) else { return };
+    assert_eq!(bits(&one.tree), bits(&one.again), "TP=1 run to run");
+    assert_eq!(bits(&one.tree), bits(one.replayed.as_deref().unwrap_or(&[])), "TP=1 graph replay vs eager");
+    for tp in [2, 4, 8] {
+        let o = run(tp, &inp, tp == 8).expect("the device was there for TP=1");
+        assert_eq!(
+            bits(&o.tree),
+            bits(&one.tree),
+            "TP={tp} vs TP=1: {} elements differ",
+            differing(&o.tree, &one.tree)
+        );
+        assert_eq!(bits(&o.tree), bits(&o.again), "TP={tp} run to run");
+        if let Some(rep) = &o.replayed {
+            assert_eq!(bits(rep), bits(&o.tree), "TP={tp} graph replay vs eager");
+        }
+        let d = differing(&o.naive, &one.tree);
+        println!("  TP={tp}: invariant layer matches TP=1; naive layer: {d} of {} elements differ", o.tree.len());
+        assert!(d > 0, "TP={tp}: the naive layer gave the invariant bits (the test would not see a TP dependence)");
+    }
+}
+
+#[test]
+fn bf16_ffn_bits_are_the_same_at_every_tp_and_in_a_graph() {
+    tp_invariance::<bf16>("bf16");
+}
+
+#[test]
+fn f32_ffn_bits_are_the_same_at_every_tp_and_in_a_graph() {
+    tp_invariance::<f32>("f32");
+}
+
+#[test]
+fn wrong_sizes_are_typed_errors_and_leave_the_output_untouched() {
+    let Some(ranks) = group(1, CAPACITY) else { return };
+    let inp = inputs::<bf16>(SHAPE, 3);
+    on_ranks(&ranks, |rank| {
+        let s = &rank.stream;
+        // Construction: weights of the wrong length, a TP size the tree does not take.
+        let short = &inp.w1[..inp.w1.len() - 1];
+        assert!(matches!(CudaFfnShard::from_full(s, SHAPE, short, &inp.w2, 1, 0), Err(Error::Shape(_))));
+        assert!(matches!(CudaFfnShard::from_full(s, SHAPE, &inp.w1, &inp.w2, 3, 0), Err(Error::Shape(_))));
+        let odd = FfnShape { ffn: 1020, ..SHAPE };
+        assert!(matches!(CudaFfnShard::<bf16>::from_full(s, odd, &[], &[], 1, 0), Err(Error::Shape(_))));
+        let shard = CudaFfnShard::from_full(s, SHAPE, &inp.w1, &inp.w2, 1, 0).expect("a shard");
+        let mut ws = shard.workspace(s).expect("a workspace");
+        let gemm = CudaGemm::new(s).expect("cuBLAS");
+        let kernels = CudaKernels::new(rank.comm.context()).expect("kernels");
+        let n = shard.local_len();
+        let pattern: Vec<bf16> = (0..n).map(|i| bf16::from_f32(i as f32)).collect();
+        let mut out = upload(s, &pattern);
+        let x_short = upload(s, &inp.x[..n - 1]);
+        let e = shard.forward(rank.comm, &gemm, &kernels, &mut ws, &x_short, &mut out, s, &mut ());
+        assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
+        let x = upload(s, &inp.x[..n]);
+        let mut out_short = upload(s, &pattern[..n - 1]);
+        let e = shard.forward_naive(rank.comm, &gemm, &kernels, &mut ws, &x, &mut out_short, s, &mut ());
+        assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
+        // A workspace of another shard is refused too.
+        let other = CudaFfnShard::from_full(s, FfnShape { tokens: 128, ..SHAPE }, &inp.w1, &inp.w2, 1, 0).unwrap();
+        let mut other_ws = other.workspace(s).unwrap();
+        let e = shard.forward(rank.comm, &gemm, &kernels, &mut other_ws, &x, &mut out, s, &mut ());
+        assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
+        assert_eq!(bits(&download(s, &out)), bits(&pattern), "out was written");
+        println!("wrong sizes: typed shape errors, out untouched");
+    });
+}
