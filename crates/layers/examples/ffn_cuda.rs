@@ -1,2 +1,80 @@
-//! Placeholder (filled in next).
-fn main() {}
+//! The TP-invariant FFN on the GPU at TP = 1, 2, 4 and 8, ranks as threads through
+//! `collective_factory::nvidia::thread_group` (on a one-GPU host every rank shares GPU 0),
+//! cudarc buffers, one stream per rank; prints whether the bits agree, and the stage times of
+//! rank 0. Prints a skip line and exits 0 without a GPU.
+//!
+//! `CUDA_DEVICE_MAX_CONNECTIONS=32 cargo run --release -p detcoll-layers --features cuda --example ffn_cuda`
+use collective_core::Collective;
+use collective_factory::{Config, nvidia};
+use detcoll_layers::FfnShape;
+use detcoll_layers::cuda::{CudaFfnShard, CudaGemm, CudaKernels, Lockstep, StageEvents};
+use detcoll_layers::data::SplitMix64;
+use half::bf16;
+use std::sync::Barrier;
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// The output over all tokens at TP = `tp` (each rank's block, in rank order), and rank 0's
+/// stage times.
+fn run(tp: usize, shape: FfnShape, x: &[bf16], w1: &[bf16], w2: &[bf16]) -> Result<(Vec<bf16>, String)> {
+    let ranks = nvidia::thread_group(tp, &Config::new().with_capacity(shape.tokens * shape.hidden * 2))?;
+    let barrier = Barrier::new(tp);
+    let n = shape.local_len(tp);
+    let outs = std::thread::scope(|s| {
+        let hs: Vec<_> = ranks
+            .iter()
+            .map(|comm| {
+                let barrier = &barrier;
+                s.spawn(move || -> Result<(Vec<bf16>, String)> {
+                    let r = comm.rank();
+                    // Everything that allocates or loads before any rank's first collective.
+                    let stream = comm.context().new_stream()?;
+                    let shard = CudaFfnShard::from_full(&stream, shape, w1, w2, tp, r)?;
+                    let mut ws = shard.workspace(&stream)?;
+                    let gemm = CudaGemm::new(&stream)?;
+                    let kernels = CudaKernels::new(comm.context())?;
+                    let x_local = stream.clone_htod(&x[r * n..(r + 1) * n])?;
+                    let mut out = stream.alloc_zeros::<bf16>(n)?;
+                    let mut events = StageEvents::new(comm.context(), 8)?;
+                    shard.warm_up(&gemm, &kernels, &mut ws, &stream)?;
+                    barrier.wait();
+                    let hook = &mut (Lockstep { barrier }, &mut events);
+                    shard.forward(comm, &gemm, &kernels, &mut ws, &x_local, &mut out, &stream, hook)?;
+                    let host = stream.clone_dtoh(&out)?;
+                    let times = events.totals_ms()?.into_iter().map(|(st, ms)| format!("{} {ms:.3}", st.name()));
+                    let times = times.collect::<Vec<_>>().join(", ");
+                    Ok((host, times))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("a rank panicked")).collect::<Result<Vec<_>>>()
+    })?;
+    let times = outs[0].1.clone();
+    Ok((outs.into_iter().flat_map(|(o, _)| o).collect(), times))
+}
+
+fn main() -> Result<()> {
+    if let Err(e) = detcoll_layers::cuda::require_device() {
+        println!("skipped: no CUDA device ({e}: {:?})", std::error::Error::source(&e));
+        return Ok(());
+    }
+    let shape = FfnShape { tokens: 256, hidden: 512, ffn: 1024 };
+    let mut rng = SplitMix64::new(42);
+    let x: Vec<bf16> = rng.values(shape.tokens * shape.hidden, 1.0);
+    let w1: Vec<bf16> = rng.values(shape.hidden * shape.ffn, 1.0 / (shape.hidden as f32).sqrt());
+    let w2: Vec<bf16> = rng.values(shape.ffn * shape.hidden, 1.0 / (shape.ffn as f32).sqrt());
+    println!("bf16 FFN on the GPU, {} tokens, hidden {}, ffn {}:", shape.tokens, shape.hidden, shape.ffn);
+    let bits = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let mut first: Option<Vec<u16>> = None;
+    let mut all_agree = true;
+    for tp in [1, 2, 4, 8] {
+        let (out, times) = run(tp, shape, &x, &w1, &w2)?;
+        let b = bits(&out);
+        let same = first.as_ref().is_none_or(|f| *f == b);
+        all_agree &= same;
+        println!("  TP={tp}: {} (rank 0 stages, ms: {times})", if same { "bits match TP=1" } else { "bits DIFFER" });
+        first.get_or_insert(b);
+    }
+    println!("{}", if all_agree { "bits agree across TP sizes" } else { "bits DIFFER across TP sizes" });
+    std::process::exit(if all_agree { 0 } else { 1 });
+}

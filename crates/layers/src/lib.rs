@@ -5,9 +5,17 @@
 //! Everything here is plain Rust on host slices with a fixed evaluation order, over any host
 //! [`collective_core::Collective`] (the CPU twin, `shm_ipc::ShmCollective`, or the factory's
 //! `collective_factory::cpu` collective), so CI checks the TP/CP invariance of the whole
-//! pipeline on every commit. The GEMM sits behind the [`Gemm`] trait so that a GPU backend can
-//! replace [`ReferenceGemm`]; the GPU path (cuBLAS through cudarc's dynamic loading) and timing
-//! come in later steps and are not part of this crate yet.
+//! pipeline on every commit. The GEMM sits behind the [`Gemm`] trait.
+//!
+//! The GPU path is the module `cuda` (feature `cuda`, off by default): the same two layers on
+//! an NVIDIA GPU through `collective_factory::NvidiaCollective`, cuBLAS GEMMs and NVRTC-compiled
+//! kernels, everything loaded at run time through cudarc (nothing linked at build time; a
+//! missing driver, cuBLAS or NVRTC is an [`Error`], never a panic). Its promise: on one GPU
+//! model, driver, toolkit and cuBLAS version, the FFN output bits are the same at TP = 1, 2, 4
+//! and 8 and the attention output and log-sum-exp bits are the same at CP = 1, 2, 4 and 8, run
+//! to run and in a captured CUDA graph. Not promised: the GPU bits equal the CPU bits, or
+//! stay the same across GPU architectures or cuBLAS/toolkit versions. A stage hook (`cuda::StageHook`)
+//! times each stage with CUDA events.
 //!
 //! * [`gemm`]: the reference GEMM (f32 accumulation, fixed contraction order, one rounding).
 //! * [`activation`]: SiLU in f32, no fast math.
@@ -16,6 +24,8 @@
 //! * [`attention`]: `AllGather(K, V, positions)`, then each rank's own queries over all keys in
 //!   global key order (CP-invariant).
 //! * [`data`]: a seeded generator for test and example inputs.
+//! * `cuda` (feature `cuda`): the GPU path: `CudaGemm`, `CudaKernels`, `CudaFfnShard`,
+//!   `CudaAttention`, the stage hooks.
 //!
 //! ```
 //! use collective_core::Collective;

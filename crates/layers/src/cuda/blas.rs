@@ -34,6 +34,10 @@ pub const WORKSPACE_BYTES: usize = 32 << 20;
 
 /// One cuBLAS handle on one stream with the settings of the module docs, and its workspace.
 /// Used from one thread at a time (it is `Send`, not `Sync`).
+///
+/// Creating and dropping one synchronise the device (`cublasCreate` allocates, `cublasDestroy`
+/// implicitly calls `cudaDeviceSynchronize`): ranks that are threads sharing one GPU create
+/// their handles before, and drop them after, their collectives.
 #[derive(Debug)]
 pub struct CudaGemm {
     handle: sys::cublasHandle_t,

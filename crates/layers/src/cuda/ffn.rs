@@ -65,6 +65,11 @@ impl Layout {
         let (s, h, f) = (shape.tokens, shape.hidden, shape.ffn);
         require(s > 0 && h > 0 && f > 0, || format!("every FFN dimension must be at least 1: {shape:?}"))?;
         require(s % tp == 0, || format!("{s} tokens do not split over {tp} ranks"))?;
+        // cuBLAS takes `int` dimensions: checked here, so no GEMM of a forward can refuse them
+        // after the forward's first collective was enqueued.
+        require([s, h, f].iter().all(|&d| i32::try_from(d).is_ok()), || {
+            format!("FFN dimensions {shape:?} must each fit cuBLAS's int")
+        })?;
         let width = f / LEAVES;
         let leaves = LEAVES / tp;
         let layout = Layout {
@@ -93,6 +98,47 @@ impl Layout {
     fn cols(&self, rank: usize) -> Range<usize> {
         let per = self.shape.ffn / self.tp;
         rank * per..(rank + 1) * per
+    }
+}
+
+/// One rank's weights in the device layout, on the host (what [`CudaFfnShard::from_full`]
+/// uploads).
+#[derive(Debug)]
+struct HostWeights<T> {
+    w1: Vec<T>,
+    w2: Vec<T>,
+    w1_naive: Vec<T>,
+    w2_naive: Vec<T>,
+}
+
+impl<T: crate::Scalar> HostWeights<T> {
+    /// Rank `rank`'s leaves of the full row-major `w1` (`H × F`) and `w2` (`F × H`), each leaf
+    /// block at `j * stride` (padding zero), and its row-major shards for the naive layer.
+    fn pack(layout: Layout, w1: &[T], w2: &[T], rank: usize) -> Result<Self, Error> {
+        let tp = layout.tp;
+        require(rank < tp, || format!("rank {rank} is outside a TP group of {tp}"))?;
+        let (h, f, w) = (layout.shape.hidden, layout.shape.ffn, layout.width);
+        let full = product("hidden x ffn", &[h, f])?;
+        require(w1.len() == full, || format!("w1 has {} elements, expected {h} x {f}", w1.len()))?;
+        require(w2.len() == full, || format!("w2 has {} elements, expected {f} x {h}", w2.len()))?;
+        let cols = layout.cols(rank);
+        let zero = T::from_f32(0.0);
+        let mut w1_leaves = vec![zero; layout.w1_stride * layout.leaves];
+        let mut w2_leaves = vec![zero; layout.w2_stride * layout.leaves];
+        for j in 0..layout.leaves {
+            let c0 = cols.start + j * w;
+            let block = &mut w1_leaves[j * layout.w1_stride..][..h * w];
+            for (dst, row) in block.chunks_exact_mut(w).zip(w1.chunks_exact(f)) {
+                dst.copy_from_slice(&row[c0..c0 + w]);
+            }
+            w2_leaves[j * layout.w2_stride..][..w * h].copy_from_slice(&w2[c0 * h..(c0 + w) * h]);
+        }
+        Ok(HostWeights {
+            w1: w1_leaves,
+            w2: w2_leaves,
+            w1_naive: w1.chunks_exact(f).flat_map(|row| &row[cols.clone()]).copied().collect(),
+            w2_naive: w2[cols.start * h..cols.end * h].to_vec(),
+        })
     }
 }
 
@@ -140,33 +186,15 @@ impl<T: CudaScalar> CudaFfnShard<T> {
         rank: usize,
     ) -> Result<Self, Error> {
         let layout = Layout::new::<T>(shape, tp)?;
-        require(rank < tp, || format!("rank {rank} is outside a TP group of {tp}"))?;
-        let (h, f, w) = (shape.hidden, shape.ffn, layout.width);
-        let full = product("hidden x ffn", &[h, f])?;
-        require(w1.len() == full, || format!("w1 has {} elements, expected {h} x {f}", w1.len()))?;
-        require(w2.len() == full, || format!("w2 has {} elements, expected {f} x {h}", w2.len()))?;
-        let cols = layout.cols(rank);
-        let zero = T::from_f32(0.0);
-        let mut w1_leaves = vec![zero; layout.w1_stride * layout.leaves];
-        let mut w2_leaves = vec![zero; layout.w2_stride * layout.leaves];
-        for j in 0..layout.leaves {
-            let c0 = cols.start + j * w;
-            let block = &mut w1_leaves[j * layout.w1_stride..][..h * w];
-            for (dst, row) in block.chunks_exact_mut(w).zip(w1.chunks_exact(f)) {
-                dst.copy_from_slice(&row[c0..c0 + w]);
-            }
-            w2_leaves[j * layout.w2_stride..][..w * h].copy_from_slice(&w2[c0 * h..(c0 + w) * h]);
-        }
-        let w1_naive: Vec<T> = w1.chunks_exact(f).flat_map(|row| &row[cols.clone()]).copied().collect();
-        let w2_naive = &w2[cols.start * h..cols.end * h];
+        let host = HostWeights::pack(layout, w1, w2, rank)?;
         let up = |v: &[T]| stream.clone_htod(v).map_err(super::driver("uploading FFN weights"));
         Ok(CudaFfnShard {
             layout,
             rank,
-            w1: up(&w1_leaves)?,
-            w2: up(&w2_leaves)?,
-            w1_naive: up(&w1_naive)?,
-            w2_naive: up(w2_naive)?,
+            w1: up(&host.w1)?,
+            w2: up(&host.w2)?,
+            w1_naive: up(&host.w1_naive)?,
+            w2_naive: up(&host.w2_naive)?,
         })
     }
 
@@ -419,4 +447,47 @@ fn silu<T: CudaScalar>(
     // workspace's own sizes) and the argument types match (`T*`, `u64`).
     unsafe { launch.launch(elementwise(n)) }.map(drop).map_err(super::driver("launching silu"))?;
     hook.after(Stage::Activation, stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The packed leaves are the CPU shard's columns of `W1` and rows of `W2`, leaf by leaf, at
+    /// 256-byte-aligned offsets, at every TP; the naive shards are the row-major shards.
+    #[test]
+    fn leaves_are_packed_aligned_and_hold_the_shards_columns() {
+        let shape = FfnShape { tokens: 8, hidden: 6, ffn: 40 }; // leaf width 5: blocks get padded
+        let w1: Vec<f32> = (0..6 * 40).map(|i| i as f32).collect();
+        let w2: Vec<f32> = (0..40 * 6).map(|i| -(i as f32)).collect();
+        for tp in [1, 2, 4, 8] {
+            let l = Layout::new::<f32>(shape, tp).unwrap();
+            assert_eq!((l.w1_stride * 4) % ALIGN_BYTES, 0);
+            assert_eq!((l.act_stride * 4) % ALIGN_BYTES, 0);
+            assert_eq!((l.prod_stride * 4) % ALIGN_BYTES, 0);
+            for rank in 0..tp {
+                let p = HostWeights::pack(l, &w1, &w2, rank).unwrap();
+                for j in 0..l.leaves {
+                    let leaf = rank * l.leaves + j;
+                    for r in 0..6 {
+                        for c in 0..5 {
+                            assert_eq!(p.w1[j * l.w1_stride + r * 5 + c], w1[r * 40 + leaf * 5 + c], "tp {tp}");
+                            assert_eq!(p.w2[j * l.w2_stride + c * 6 + r], w2[(leaf * 5 + c) * 6 + r], "tp {tp}");
+                        }
+                    }
+                }
+                // The naive shards: columns rank·F/tp.. of W1 (row-major), rows of W2.
+                let fk = 40 / tp;
+                let want: Vec<f32> =
+                    (0..6).flat_map(|r| (0..fk).map(move |c| (r * 40 + rank * fk + c) as f32)).collect();
+                assert_eq!(p.w1_naive, want, "tp {tp}");
+                assert_eq!(p.w2_naive, w2[rank * fk * 6..(rank + 1) * fk * 6]);
+            }
+        }
+        let l = Layout::new::<f32>(shape, 2).unwrap();
+        assert!(matches!(HostWeights::pack(l, &w1[1..], &w2, 0), Err(Error::Shape(_))));
+        assert!(matches!(HostWeights::pack(l, &w1, &w2, 2), Err(Error::Shape(_))));
+        assert!(matches!(Layout::new::<f32>(shape, 3), Err(Error::Shape(_))));
+        assert!(matches!(Layout::new::<f32>(FfnShape { tokens: 7, ..shape }, 2), Err(Error::Shape(_))));
+    }
 }

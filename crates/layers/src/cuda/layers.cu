@@ -161,17 +161,26 @@ __device__ void attention(const typename E::T* q, const typename E::T* k, const 
                     s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, off));
                 }
                 s = __fmul_rn(s, scale);
-                float m_new = fmaxf(m, s);
-                float c = expf(__fadd_rn(m, -m_new));
-                float p = expf(__fadd_rn(s, -m_new));
-                l = __fadd_rn(__fmul_rn(l, c), p);
+                // The update of the header comment, split on which of m, s is larger (warp-
+                // uniform: every lane holds the same s). Bit for bit the same: when s > m,
+                // p = exp(0) = 1 exactly and p*v = v; otherwise m' = m, c = exp(0) = 1 exactly
+                // and l*1, acc*1 are exact. One exp per key instead of two.
+                if (s > m) {
+                    const float c = expf(__fadd_rn(m, -s));
+                    m = s;
+                    l = __fadd_rn(__fmul_rn(l, c), 1.0f);
 #pragma unroll
-                for (unsigned int t = 0; t < ATT_MAX_PER; ++t) {
-                    if (t < per) {
-                        acc[t] = __fadd_rn(__fmul_rn(acc[t], c), __fmul_rn(p, E::load(vs[kk * head_dim + t * 32u + lane])));
+                    for (unsigned int t = 0; t < ATT_MAX_PER; ++t) {
+                        if (t < per) acc[t] = __fadd_rn(__fmul_rn(acc[t], c), E::load(vs[kk * head_dim + t * 32u + lane]));
+                    }
+                } else {
+                    const float p = expf(__fadd_rn(s, -m));
+                    l = __fadd_rn(l, p);
+#pragma unroll
+                    for (unsigned int t = 0; t < ATT_MAX_PER; ++t) {
+                        if (t < per) acc[t] = __fadd_rn(acc[t], __fmul_rn(p, E::load(vs[kk * head_dim + t * 32u + lane])));
                     }
                 }
-                m = m_new;
             }
         }
         __syncthreads();

@@ -83,6 +83,19 @@ impl CudaScalar for half::bf16 {
     const KERNEL_SUFFIX: &'static str = "bf16";
 }
 
+/// How many CUDA devices this process sees, or why it sees none: no driver
+/// ([`Error::Collective`] with `LibraryMissing`) or no device ([`Error::Cuda`]). Never panics;
+/// examples and tests use it to print a skip line.
+pub fn require_device() -> Result<usize, Error> {
+    match cuda_ipc::driver::device_count()? {
+        0 => Err(Error::cuda(
+            "cuDeviceGetCount",
+            collective_core::Error::InvalidConfig { detail: "no CUDA device is visible".into() },
+        )),
+        n => Ok(n),
+    }
+}
+
 /// A shape error unless `comm` is rank `rank` of a world of `size` (the `what` was made for
 /// that rank) and `stream` belongs to `comm`'s context.
 pub(crate) fn check_member(

@@ -28,12 +28,9 @@ pub fn group(world: usize, capacity: usize) -> Option<Vec<NvidiaCollective>> {
 
 /// `Some(())` when a CUDA device and cuBLAS are there, else `None` with a skip line printed.
 pub fn available() -> Option<()> {
-    match cuda_ipc::driver::device_count() {
-        Ok(n) if n > 0 => {}
-        other => {
-            println!("skipped: no CUDA device ({other:?})");
-            return None;
-        }
+    if let Err(e) = detcoll_layers::cuda::require_device() {
+        println!("skipped: no CUDA device ({e}: {:?})", std::error::Error::source(&e));
+        return None;
     }
     if let Err(e) = detcoll_layers::cuda::blas::ensure_cublas() {
         println!("skipped: no cuBLAS ({e})");
