@@ -31,24 +31,24 @@ public pieces (its output checked bit for bit against forward/forward_naive), pe
 pub const ATTENTION_STAGES: &str = "all_gather: host clock around standalone all_gathers of k, v and positions of the \
 same sizes; attention: whole layer minus that (derived: the CPU API has no attention-only function); slowest rank";
 
-/// What one rank measured for one variant.
+/// What one rank measured for one variant (and mode); both backends fill it.
 #[derive(Debug, Default)]
-struct RankRun {
+pub(super) struct RankRun {
     /// Whole-layer time of every timed call, ms.
-    whole: Vec<f64>,
+    pub(super) whole: Vec<f64>,
     /// Per-stage totals over the timed calls, ms, in pipeline order.
-    stages: Vec<(&'static str, f64)>,
+    pub(super) stages: Vec<(&'static str, f64)>,
     /// The last call's output bits (attention: `out`).
-    bits: Vec<u32>,
+    pub(super) bits: Vec<u32>,
     /// Attention: the last call's `lse` bits.
-    lse_bits: Vec<u32>,
+    pub(super) lse_bits: Vec<u32>,
     /// The first timed call's output bits (all of them), for `repeat_bitwise`.
     first: Option<Vec<u32>>,
-    repeat_bitwise: bool,
+    pub(super) repeat_bitwise: bool,
 }
 
 impl RankRun {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         RankRun { repeat_bitwise: true, ..RankRun::default() }
     }
 
@@ -61,7 +61,7 @@ impl RankRun {
         }
     }
 
-    fn add_stage(&mut self, stage: &'static str, ms: f64) {
+    pub(super) fn add_stage(&mut self, stage: &'static str, ms: f64) {
         match self.stages.iter_mut().find(|(s, _)| *s == stage) {
             Some((_, total)) => *total += ms,
             None => self.stages.push((stage, ms)),
@@ -69,7 +69,7 @@ impl RankRun {
     }
 }
 
-fn bits<T: Scalar>(v: &[T]) -> Vec<u32> {
+pub(super) fn bits<T: Scalar>(v: &[T]) -> Vec<u32> {
     // Widening to f32 is exact and injective, so equal f32 bits are equal `T` bits.
     v.iter().map(|x| x.to_f32().to_bits()).collect()
 }
@@ -88,10 +88,29 @@ pub fn run(plan: &Plan) -> anyhow::Result<Vec<E2eRow>> {
 }
 
 fn run_typed<T: Scalar + Send + Sync>(plan: &Plan) -> anyhow::Result<Vec<E2eRow>> {
+    let method = if plan.layer == E2eLayer::Ffn { FFN_STAGES } else { ATTENTION_STAGES };
+    sweep(plan, |tokens, tp, inputs: &Inputs<T>| {
+        let runs = match plan.layer {
+            E2eLayer::Ffn => ffn_group(plan, plan.ffn_shape(tokens), tp, inputs)?,
+            E2eLayer::Attention => attention_group(plan, tokens, tp, inputs)?,
+        };
+        Ok(runs.into_iter().map(|(variant, ranks)| ((variant, "eager"), ranks, method)).collect())
+    })
+}
+
+/// What one group of ranks gave: per (variant, mode) every rank's run and how its stages
+/// were timed.
+pub(super) type GroupRuns = Vec<((&'static str, &'static str), Vec<RankRun>, &'static str)>;
+
+/// Every token count and size of `plan` through `group` (one group of ranks per token count
+/// and size), with a progress line per group; the rows in run order.
+pub(super) fn sweep<T: Scalar>(
+    plan: &Plan,
+    mut group: impl FnMut(usize, usize, &Inputs<T>) -> anyhow::Result<GroupRuns>,
+) -> anyhow::Result<Vec<E2eRow>> {
     let started = Instant::now();
     let total = plan.tokens.len() * plan.tps.len();
-    let weight = |tokens: usize| tokens as f64;
-    let total_weight: f64 = plan.tokens.iter().map(|&t| weight(t) * plan.tps.len() as f64).sum();
+    let total_weight: f64 = plan.tokens.iter().map(|&t| t as f64 * plan.tps.len() as f64).sum();
     let mut done_weight = 0.0;
     let mut rows = Vec::new();
     let mut k = 0;
@@ -99,16 +118,12 @@ fn run_typed<T: Scalar + Send + Sync>(plan: &Plan) -> anyhow::Result<Vec<E2eRow>
         let mut reference: Vec<(&'static str, Vec<u32>)> = Vec::new();
         let inputs = Inputs::<T>::new(plan, tokens);
         for &tp in &plan.tps {
-            let runs = match plan.layer {
-                E2eLayer::Ffn => ffn_group(plan, plan.ffn_shape(tokens), tp, &inputs)?,
-                E2eLayer::Attention => attention_group(plan, tokens, tp, &inputs)?,
-            };
             let here = rows.len();
-            for (variant, ranks) in runs {
-                rows.push(assemble(plan, tokens, tp, variant, &ranks, &mut reference));
-            }
             k += 1;
-            done_weight += weight(tokens);
+            for (key, ranks, method) in group(tokens, tp, &inputs)? {
+                rows.push(assemble(plan, (tokens, tp), key, &ranks, method, &mut reference));
+            }
+            done_weight += tokens as f64;
             let eta = progress::eta_secs(started.elapsed().as_secs_f64(), done_weight, total_weight);
             eprintln!("{}", progress_line(k, total, &rows[here..], eta));
         }
@@ -140,11 +155,11 @@ pub(super) fn progress_line(k: usize, n: usize, rows: &[E2eRow], eta: Option<f64
 
 /// A row from every rank's run of one variant; the first size of the run is the bitwise
 /// reference of each variant.
-pub(super) fn assemble_row(
+fn assemble_row(
     plan: &Plan,
     tokens: usize,
     tp: usize,
-    variant: &'static str,
+    (variant, mode): (&'static str, &str),
     whole_per_rank: &[Vec<f64>],
     stages: Vec<StageMs>,
     stage_method: &str,
@@ -164,7 +179,7 @@ pub(super) fn assemble_row(
         heads: (!ffn).then_some(plan.heads),
         head_dim: (!ffn).then_some(plan.head_dim),
         tp,
-        mode: if plan.graph { "graph" } else { "eager" }.to_owned(),
+        mode: mode.to_owned(),
         iterations: plan.iterations,
         stages,
         stage_method: stage_method.to_owned(),
@@ -201,12 +216,14 @@ pub(super) fn compare_with_reference(
     }
 }
 
-fn assemble(
+/// The row of one (variant, mode) from every rank's run; `method` says how its stages were
+/// timed.
+pub(super) fn assemble(
     plan: &Plan,
-    tokens: usize,
-    tp: usize,
-    variant: &'static str,
+    (tokens, tp): (usize, usize),
+    (variant, mode): (&'static str, &str),
     ranks: &[RankRun],
+    method: &str,
     reference: &mut Vec<(&'static str, Vec<u32>)>,
 ) -> E2eRow {
     let whole: Vec<Vec<f64>> = ranks.iter().map(|r| r.whole.clone()).collect();
@@ -223,8 +240,7 @@ fn assemble(
                 .fold(0.0, f64::max),
         })
         .collect();
-    let method = if plan.layer == E2eLayer::Ffn { FFN_STAGES } else { ATTENTION_STAGES };
-    let mut row = assemble_row(plan, tokens, tp, variant, &whole, stages, method);
+    let mut row = assemble_row(plan, tokens, tp, (variant, mode), &whole, stages, method);
     // Rank order is token order: the concatenation is the whole output.
     let mut all: Vec<u32> = ranks.iter().flat_map(|r| r.bits.iter().copied()).collect();
     all.extend(ranks.iter().flat_map(|r| r.lse_bits.iter().copied()));
@@ -233,18 +249,18 @@ fn assemble(
     row
 }
 
-/// The seeded inputs of one token count (every size slices the same tensors).
-struct Inputs<T> {
-    x: Vec<T>,
-    w1: Vec<T>,
-    w2: Vec<T>,
-    q: Vec<T>,
-    k: Vec<T>,
-    v: Vec<T>,
+/// The seeded inputs of one token count (every size slices the same tensors; both backends).
+pub(super) struct Inputs<T> {
+    pub(super) x: Vec<T>,
+    pub(super) w1: Vec<T>,
+    pub(super) w2: Vec<T>,
+    pub(super) q: Vec<T>,
+    pub(super) k: Vec<T>,
+    pub(super) v: Vec<T>,
 }
 
 impl<T: Scalar> Inputs<T> {
-    fn new(plan: &Plan, tokens: usize) -> Self {
+    pub(super) fn new(plan: &Plan, tokens: usize) -> Self {
         let mut rng = SplitMix64::new(plan.seed ^ tokens as u64);
         match plan.layer {
             E2eLayer::Ffn => {
@@ -420,8 +436,8 @@ fn ffn_group<T: Scalar + Send + Sync>(
 }
 
 /// Per rank `[(variant, run)]` into per variant `[run of rank 0, rank 1, ...]`.
-fn transpose(per_rank: Vec<Vec<(&'static str, RankRun)>>) -> anyhow::Result<Vec<(&'static str, Vec<RankRun>)>> {
-    let mut out: Vec<(&'static str, Vec<RankRun>)> = Vec::new();
+pub(super) fn transpose<K: PartialEq, R>(per_rank: Vec<Vec<(K, R)>>) -> anyhow::Result<Vec<(K, Vec<R>)>> {
+    let mut out: Vec<(K, Vec<R>)> = Vec::new();
     for runs in per_rank {
         for (variant, run) in runs {
             match out.iter_mut().find(|(v, _)| *v == variant) {

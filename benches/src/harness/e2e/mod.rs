@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 pub mod cpu;
+pub mod cuda;
 pub mod report;
 pub mod shapes;
 
@@ -33,8 +34,9 @@ pub enum E2eBackend {
     Cuda,
 }
 
-/// Whether this build has the CUDA backend of `--e2e`.
-pub const CUDA_BUILT: bool = false;
+/// Whether this build has the CUDA backend of `--e2e` (it always does: the layers' GPU path
+/// loads CUDA at run time, so it builds without a toolkit).
+pub const CUDA_BUILT: bool = true;
 
 /// `--backend` for `--e2e`: auto takes the GPU when there is one and this build has the CUDA
 /// layers, else the CPU.
@@ -84,11 +86,11 @@ pub fn main(args: &BenchArgs, tool: &str) -> anyhow::Result<ExitCode> {
     let plan = Plan::new(args, backend == E2eBackend::Cuda)?;
     let (rows, device, notes) = match backend {
         E2eBackend::Cpu => (cpu::run(&plan)?, format!("host CPU, {}", std::env::consts::ARCH), cpu_notes(&plan)),
-        E2eBackend::Cuda => anyhow::bail!("the CUDA backend of --e2e is not built"),
+        E2eBackend::Cuda => (cuda::run(&plan)?, cuda::device(), cuda_notes(&plan)),
     };
     let name = match backend {
         E2eBackend::Cpu => cpu::NAME,
-        E2eBackend::Cuda => "cuda-threads",
+        E2eBackend::Cuda => cuda::NAME,
     };
     let report = build_report(&plan, args, tool, name, device, notes, rows);
     let path = output_path(args, &plan);
@@ -116,6 +118,39 @@ fn cpu_notes(plan: &Plan) -> Vec<String> {
     });
     if let Some(&most) = plan.tps.last().filter(|&&t| t > cpus) {
         notes.push(format!("{most} ranks share {cpus} CPUs: ranks time-share cores, so times include scheduling"));
+    }
+    notes
+}
+
+fn cuda_notes(plan: &Plan) -> Vec<String> {
+    let gpus = super::cuda::device_count();
+    let mut notes = vec![format!(
+        "CUDA backend: detcoll_layers::cuda (cuBLAS GEMMs with reproducible settings, NVRTC kernels) over \
+         collective_factory::nvidia::thread_group with {} MiB staging per rank (larger calls are chunked), one host \
+         thread and one stream per rank, rank r on GPU r % {gpus}; each rank's code touches only its own context and \
+         stream (what one process per GPU runs)",
+        cuda::CAPACITY >> 20
+    )];
+    if plan.tps.iter().any(|&t| t > gpus) {
+        notes.push(format!(
+            "ranks share GPUs ({gpus} GPU(s), up to {} ranks): ranks sharing a GPU share its SMs and memory \
+             bandwidth, so a TP/CP size above the GPU count measures the pipeline's cost, not its speed-up",
+            plan.tps.iter().max().copied().unwrap_or(1)
+        ));
+    }
+    notes.push(
+        "eager: every collective is followed by a host barrier of the ranks (Lockstep: ranks that are threads \
+         sharing a context must enqueue collectives in call order); stage ms from CUDA events around each stage \
+         (StageEvents), whole layer from an event pair around each forward"
+            .to_owned(),
+    );
+    if plan.graph {
+        notes.push(
+            "graph rows: each rank captured one forward (thread-local capture), instantiated and uploaded it, all \
+             ranks met at a barrier, then one untimed and `iterations` timed replays (a barrier before each launch); \
+             whole layer only (no stage times inside a graph); bits compared with the eager reference"
+                .to_owned(),
+        );
     }
     notes
 }
@@ -266,5 +301,10 @@ mod tests {
         }
         assert_eq!(resolve(BackendChoice::Cpu).unwrap(), E2eBackend::Cpu);
         assert!(resolve(BackendChoice::Hip).is_err());
+        if !crate::harness::cuda::available() {
+            let e = resolve(BackendChoice::Cuda).unwrap_err().to_string();
+            assert!(e.contains("--backend cuda") && e.contains("no CUDA"), "{e}");
+            assert_eq!(resolve(BackendChoice::Auto).unwrap(), E2eBackend::Cpu);
+        }
     }
 }
