@@ -17,6 +17,8 @@ pub fn default_cpu_sizes() -> Vec<usize> {
 }
 /// Default `--output` (an `--e2e` run left at it writes `bench-out/e2e-<layer>.json` instead).
 pub const DEFAULT_OUTPUT: &str = "bench-out/bench.json";
+/// Default `--samples`.
+pub const DEFAULT_SAMPLES: usize = 5;
 /// Default world size of a CPU-twin run (the twin is slow with many processes on few cores).
 pub const DEFAULT_NPROC: usize = 4;
 
@@ -146,7 +148,7 @@ pub struct BenchArgs {
     pub iterations: usize,
 
     /// Samples per row (the row reports median/min/max over samples).
-    #[arg(long, default_value_t = 5, value_parser = parse_positive)]
+    #[arg(long, default_value_t = DEFAULT_SAMPLES, value_parser = parse_positive)]
     pub samples: usize,
 
     /// JSON report (the SVG plot is written next to it, same name with `.svg`).

@@ -7,7 +7,7 @@
 //! workspace, cuBLAS handle, kernels, inputs, timing events and the cuBLAS warm-up are all
 //! created before a barrier, so nothing is allocated while a peer may have a collective in
 //! flight; then `warmup` untimed and `iterations` timed eager forwards with the hook
-//! `(Lockstep, StageEvents)` (the lockstep keeps ranks sharing a context in call order), an event
+//! `(StageEvents, Lockstep)` (the lockstep keeps ranks sharing a context in call order), an event
 //! pair on the rank's stream around each forward. With `--graph` each rank then captures one
 //! forward (thread-local capture mode), instantiates and uploads it, waits for every rank at a
 //! barrier, and times `iterations` replays with the same event pairs (whole layer only). Each
@@ -151,7 +151,9 @@ fn time_variant(
     clocks.stages.reset();
     for i in 0..plan.iterations {
         clocks.starts[i].record(stream)?;
-        forward(&mut (&mut lock, &mut clocks.stages))?;
+        // Events first: a stage's end event is enqueued right after its last enqueue, before
+        // the lockstep's host barrier (which would otherwise land in the stage's time).
+        forward(&mut (&mut clocks.stages, &mut lock))?;
         clocks.ends[i].record(stream)?;
     }
     sync()?;

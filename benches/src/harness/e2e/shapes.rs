@@ -1,6 +1,6 @@
 //! What an `--e2e` run times: the layer, its shapes per token count, the TP/CP sizes, and the
 //! checks that refuse flags the end-to-end bench has no use for.
-use crate::harness::args::{BackendChoice, BenchArgs, BenchDtype, BenchOp, DEFAULT_NPROC, E2eLayer};
+use crate::harness::args::{BackendChoice, BenchArgs, BenchDtype, BenchOp, DEFAULT_NPROC, DEFAULT_SAMPLES, E2eLayer};
 use detcoll_layers::{AttentionShape, FfnShape, LEAVES};
 
 /// Default TP/CP sizes: every size the layers take.
@@ -157,6 +157,7 @@ pub fn check_flags(args: &BenchArgs) -> anyhow::Result<()> {
         ("--operations", args.operations != BenchOp::ALL, "the layer's stages are fixed"),
         ("--route", args.route.is_some(), "the layers call the collectives through the built-in routing"),
         ("--nproc", args.nproc != DEFAULT_NPROC, "--e2e sweeps TP/CP sizes: use --tp 1,2,4,8"),
+        ("--samples", args.samples != DEFAULT_SAMPLES, "--e2e times every call: use --iterations"),
     ];
     if let Some((flag, _, why)) = refused.iter().find(|(_, given, _)| *given) {
         anyhow::bail!("{flag} does not apply to --e2e {}: {why}", layer.name());
@@ -232,6 +233,7 @@ mod tests {
         refused(&["--e2e", "ffn", "--operations", "all_reduce"], "--operations");
         refused(&["--e2e", "ffn", "--route", "ipc_push_ll"], "--route");
         refused(&["--e2e", "ffn", "--nproc", "8"], "--tp");
+        refused(&["--e2e", "ffn", "--samples", "3"], "--iterations");
         refused(&["--e2e", "ffn", "--heads", "8"], "--heads");
         refused(&["--e2e", "attention", "--ffn", "64"], "--ffn");
         refused(&["--e2e", "ffn", "--backend", "hip"], "hip");
