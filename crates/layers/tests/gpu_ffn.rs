@@ -1,8 +1,10 @@
 //! The GPU FFN on one host (all ranks on GPU 0 of a one-GPU host, one thread and stream each):
-//! the TP-invariant layer has the same output bits at TP = 1, 2, 4 and 8 and run to run, the
-//! naive layer does not, a captured CUDA graph replays the same bits as the eager forward, and
-//! wrong sizes are typed errors that leave the output untouched. Skips, saying so, without a
-//! GPU.
+//! the TP-invariant layer has the same output bits at TP = 1, 2, 4 and 8 and run to run; the
+//! naive layer's bits change with TP (and differ from the invariant layer's at TP = 1, 2, 4; at
+//! TP = 8 it makes the invariant layer's very calls); a captured CUDA graph replays the same
+//! bits as the eager forward; wrong sizes are typed errors that leave the output untouched.
+//! Skips, saying so, without a GPU. Run with `CUDA_DEVICE_MAX_CONNECTIONS=32` (what
+//! `cargo xtask gpu-test` sets).
 #![cfg(feature = "cuda")]
 mod common;
 
@@ -137,10 +139,24 @@ fn tp_invariance<T: CudaScalar>(name: &str) {
         if let Some(rep) = &o.replayed {
             assert_eq!(bits(rep), bits(&o.tree), "TP={tp} graph replay vs eager");
         }
-        let d = differing(&o.naive, &one.tree);
-        println!("  TP={tp}: invariant layer matches TP=1; naive layer: {d} of {} elements differ", o.tree.len());
-        assert!(d > 0, "TP={tp}: the naive layer gave the invariant bits (the test would not see a TP dependence)");
+        let (d, dn) = (differing(&o.naive, &one.tree), differing(&o.naive, &one.naive));
+        let n = o.tree.len();
+        println!(
+            "  TP={tp}: invariant layer matches TP=1; naive layer: {d} of {n} differ from it, {dn} from naive TP=1"
+        );
+        // The naive layer's bits change with TP ...
+        assert!(dn > 0, "TP={tp}: the naive layer gave its TP=1 bits (the test would not see a TP dependence)");
+        // ... and differ from the invariant layer's, except at TP=8, where each rank's shard is
+        // one leaf and the naive layer makes exactly the invariant layer's calls.
+        if tp == 8 {
+            assert_eq!(d, 0, "TP=8: the naive layer makes the same GEMM calls as the invariant one");
+        } else {
+            assert!(d > 0, "TP={tp}: the naive layer gave the invariant bits");
+        }
     }
+    let d1 = differing(&one.naive, &one.tree);
+    println!("  TP=1: naive layer: {d1} of {} elements differ from the invariant layer", one.tree.len());
+    assert!(d1 > 0, "TP=1: the naive layer gave the invariant bits");
 }
 
 #[test]

@@ -9,8 +9,12 @@
 //! log-sum-exp have the same bits on whichever rank of whichever CP size owns it. The order is
 //! not the CPU path's (online instead of two-pass softmax): the GPU bits are not the CPU bits.
 //!
+//! Speed: plain CUDA cores (no tensor cores), one warp per query and head, keys staged 16 at a
+//! time in shared memory, key tiles that no query of a block sees skipped; not tuned (it has not
+//! been timed on a GPU yet: `examples/attention_cuda.rs` prints the kernel time).
+//!
 //! Supported: `head_dim` a multiple of 32 from 32 to [`MAX_HEAD_DIM`] (each lane of a warp
-//! holds `head_dim / 32` dims), at most 65535 heads, at most `u32::MAX` tokens; anything else
+//! holds `head_dim / 32` dims), at most 65535 heads, at most `i32::MAX` tokens; anything else
 //! is a shape error. Positions are `i32` (query `i` sees key `j` when
 //! `positions[j] <= positions[i]`).
 use super::kernels::{MAX_HEAD_DIM, attention_grid};
@@ -44,8 +48,8 @@ impl<T: CudaScalar> CudaAttention<T> {
             format!("head_dim {d} is not a multiple of 32 in 32..={MAX_HEAD_DIM}")
         })?;
         require(shape.heads > 0 && shape.heads <= 65535, || format!("{} heads: 1 to 65535 supported", shape.heads))?;
-        require(shape.tokens > 0 && u32::try_from(shape.tokens).is_ok(), || {
-            format!("{} tokens: 1 to u32::MAX supported", shape.tokens)
+        require(shape.tokens > 0 && i32::try_from(shape.tokens).is_ok(), || {
+            format!("{} tokens: 1 to i32::MAX supported", shape.tokens)
         })?;
         let n = product("tokens x heads x head_dim", &[shape.tokens, shape.heads, d])?;
         attention_grid(shape.tokens / cp, shape.heads)?;
@@ -128,7 +132,7 @@ impl<T: CudaScalar> CudaAttention<T> {
         hook.after(Stage::AllGather, stream)?;
 
         hook.before(Stage::Attention, stream)?;
-        // The sizes fit u32 (checked in `new`).
+        // The sizes fit u32 (tokens at most i32::MAX, checked in `new`).
         let (n_q, n_k) = (n_q as u32, self.shape.tokens as u32);
         let (heads, head_dim) = (self.shape.heads as u32, self.shape.head_dim as u32);
         let scale = 1.0 / (self.shape.head_dim as f32).sqrt();

@@ -17,6 +17,10 @@
 //! * every GEMM is `cublasGemmEx` with `A`, `B`, `C` in the element type,
 //!   `CUBLAS_COMPUTE_32F` and `CUBLAS_GEMM_DEFAULT`.
 //!
+//! One handle per stream with its own workspace is also what cuBLAS's reproducibility notes
+//! ask for when several streams run GEMMs (the `CUBLAS_WORKSPACE_CONFIG` case arises only for
+//! the default workspace pool shared across streams, which these handles do not use).
+//!
 //! Row-major `C = A · B` (`A` is `m × k`, `B` is `k × n`) is the column-major
 //! `Cᵀ = Bᵀ · Aᵀ`: `gemm(N, N, n, m, k, B, ldb = n, A, lda = k, C, ldc = n)`. Callers that need a
 //! GEMM's bits not to depend on the parallel size must also give it the same `m`, `n`, `k` and

@@ -2,7 +2,11 @@
 //! attention), compiled with NVRTC for the context's GPU and loaded once per context.
 //!
 //! Compiled without fast math ([`NVRTC_FLAGS`]); [`compile_ptx`] builds the same PTX for any
-//! architecture with no GPU present (the CI check).
+//! architecture with no GPU present (the CI check). The module is PTX for `compute_XY` of the
+//! context's GPU, JIT-compiled by the driver at load: the NVRTC found must not be newer than
+//! the driver (else loading fails with `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`, an
+//! [`Error::Cuda`]). The PTX's instructions carry their rounding explicitly (`.rn`, no `.ftz`),
+//! so the JIT cannot change the arithmetic.
 use super::CudaScalar;
 use crate::Error;
 use crate::error::require;

@@ -2,7 +2,7 @@
 //! ranks on GPU 0 of a one-GPU host), one host thread and one stream per rank, and uploads.
 use collective_factory::{Config, NvidiaCollective, nvidia};
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, Mutex, MutexGuard};
 
 /// One rank's view in [`on_ranks`]: its collective, its own stream and the group's barrier
 /// (one party per rank; also what [`detcoll_layers::cuda::Lockstep`] waits on).
@@ -16,14 +16,33 @@ pub struct Rank<'a> {
 /// without a CUDA device or cuBLAS. cudarc's event tracking is disabled on the ranks' contexts:
 /// each rank uses its buffers on its one stream, and graph capture must not record cudarc's
 /// tracking events.
-pub fn group(world: usize, capacity: usize) -> Option<Vec<NvidiaCollective>> {
+///
+/// The group holds the process's GPU lock: tests of one binary run in parallel threads, and
+/// ranks sharing a GPU must not see another group allocate while their collectives are in
+/// flight, so one group at a time uses the GPU.
+pub fn group(world: usize, capacity: usize) -> Option<Group> {
     available()?;
+    static GPU: Mutex<()> = Mutex::new(());
+    let lock = GPU.lock().unwrap_or_else(|p| p.into_inner());
     let ranks = nvidia::thread_group(world, &Config::new().with_capacity(capacity)).expect("a thread group");
     for r in &ranks {
         // SAFETY: every buffer of these tests is used on its rank's one stream only.
         unsafe { r.context().disable_event_tracking() };
     }
-    Some(ranks)
+    Some(Group { ranks, _lock: lock })
+}
+
+/// The ranks of a thread group, and the GPU lock while they live (dropped after them).
+pub struct Group {
+    ranks: Vec<NvidiaCollective>,
+    _lock: MutexGuard<'static, ()>,
+}
+
+impl std::ops::Deref for Group {
+    type Target = [NvidiaCollective];
+    fn deref(&self) -> &[NvidiaCollective] {
+        &self.ranks
+    }
 }
 
 /// `Some(())` when a CUDA device and cuBLAS are there, else `None` with a skip line printed.
@@ -35,6 +54,12 @@ pub fn available() -> Option<()> {
     if let Err(e) = detcoll_layers::cuda::blas::ensure_cublas() {
         println!("skipped: no cuBLAS ({e})");
         return None;
+    }
+    if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+        // Up to 8 ranks share one GPU, each with its own stream, and their kernels wait for each
+        // other: fewer hardware queues than streams can serialise them (`cargo xtask gpu-test`
+        // sets 32).
+        println!("note: CUDA_DEVICE_MAX_CONNECTIONS is unset; set it to 32 for the 8-rank groups");
     }
     Some(())
 }
