@@ -92,6 +92,20 @@ mod tests {
     }
 
     #[test]
+    fn bench_takes_the_end_to_end_layers() {
+        for layer in ["ffn", "attention"] {
+            let cli = Cli::try_parse_from(["cargo xtask", "bench", "--e2e", layer, "--tokens", "64,128"]).unwrap();
+            assert!(
+                matches!(cli.command, Command::Bench(a) if a.e2e.map(|l| l.name()) == Some(layer) && a.tokens == [64, 128])
+            );
+        }
+        for bad in [&["--e2e", "mlp"][..], &["--e2e"], &["--e2e", "ffn", "--tp", "16"]] {
+            let argv = ["cargo xtask", "bench"].into_iter().chain(bad.iter().copied());
+            assert!(Cli::try_parse_from(argv).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
     fn ranks_the_harness_launches_reach_bench_rank() {
         let cli = Cli::parse_from(["cargo xtask", detcoll_benches::RANK_COMMAND, "--nproc", "2"]);
         assert!(matches!(cli.command, Command::BenchRank(a) if a.nproc == 2));

@@ -15,6 +15,10 @@ pub fn default_gpu_sizes() -> Vec<usize> {
 pub fn default_cpu_sizes() -> Vec<usize> {
     (6..=11).map(|p| 1usize << (2 * p)).collect()
 }
+/// Default `--output` (an `--e2e` run left at it writes `bench-out/e2e-<layer>.json` instead).
+pub const DEFAULT_OUTPUT: &str = "bench-out/bench.json";
+/// Default `--samples`.
+pub const DEFAULT_SAMPLES: usize = 5;
 /// Default world size of a CPU-twin run (the twin is slow with many processes on few cores).
 pub const DEFAULT_NPROC: usize = 4;
 
@@ -94,6 +98,25 @@ pub enum BackendChoice {
     Memory,
 }
 
+/// A layer the end-to-end bench (`--e2e`) times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum E2eLayer {
+    /// The TP-invariant sequence-parallel FFN of `detcoll-layers`, next to the naive FFN.
+    Ffn,
+    /// The CP-invariant causal context-parallel attention of `detcoll-layers`.
+    Attention,
+}
+
+impl E2eLayer {
+    pub fn name(self) -> &'static str {
+        match self {
+            E2eLayer::Ffn => "ffn",
+            E2eLayer::Attention => "attention",
+        }
+    }
+}
+
 /// `cargo xtask bench` arguments. Sizes are per-rank input bytes (see `SIZE_CONVENTION`).
 #[derive(Debug, Clone, PartialEq, Eq, Args, Serialize)]
 pub struct BenchArgs {
@@ -125,11 +148,11 @@ pub struct BenchArgs {
     pub iterations: usize,
 
     /// Samples per row (the row reports median/min/max over samples).
-    #[arg(long, default_value_t = 5, value_parser = parse_positive)]
+    #[arg(long, default_value_t = DEFAULT_SAMPLES, value_parser = parse_positive)]
     pub samples: usize,
 
     /// JSON report (the SVG plot is written next to it, same name with `.svg`).
-    #[arg(long, default_value = "bench-out/bench.json")]
+    #[arg(long, default_value = DEFAULT_OUTPUT)]
     pub output: PathBuf,
 
     /// Backend.
@@ -161,6 +184,44 @@ pub struct BenchArgs {
     /// time / iterations; warm-up = one untimed replay; no native reference columns).
     #[arg(long)]
     pub graph: bool,
+
+    /// Time a whole layer of `detcoll-layers` instead of the collectives: the TP-invariant FFN
+    /// (next to the naive one) or the CP attention, per stage and whole, at TP/CP 1, 2, 4, 8
+    /// (ranks are threads; see `harness::e2e`).
+    #[arg(long, value_enum)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub e2e: Option<E2eLayer>,
+
+    /// `--e2e` only: token counts (all ranks together) to time. Default: 64,128,256 on the CPU,
+    /// 1024,4096,16384 on a GPU (attention: 256 on the CPU).
+    #[arg(long, num_args = 1.., value_delimiter = ',', value_parser = parse_positive)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tokens: Vec<usize>,
+
+    /// `--e2e` only: the TP (FFN) or CP (attention) sizes to run, each of 1, 2, 4, 8.
+    #[arg(long, num_args = 1.., value_delimiter = ',', value_parser = parse_world)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tp: Vec<usize>,
+
+    /// `--e2e ffn` only: model width (default 128 on the CPU, 4096 on a GPU).
+    #[arg(long, value_parser = parse_positive)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hidden: Option<usize>,
+
+    /// `--e2e ffn` only: FFN width, a multiple of 8 (default 512 on the CPU, 14336 on a GPU).
+    #[arg(long, value_parser = parse_positive)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ffn: Option<usize>,
+
+    /// `--e2e attention` only: heads (default 4 on the CPU, 32 on a GPU).
+    #[arg(long, value_parser = parse_positive)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heads: Option<usize>,
+
+    /// `--e2e attention` only: width of a head (default 64 on the CPU, 128 on a GPU).
+    #[arg(long, value_parser = parse_positive)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<usize>,
 }
 
 impl BenchArgs {
@@ -205,6 +266,22 @@ impl BenchArgs {
         }
         if self.graph {
             a.push("--graph".to_owned());
+        }
+        if let Some(layer) = self.e2e {
+            a.extend(["--e2e".to_owned(), layer.name().to_owned()]);
+        }
+        for (flag, list) in [("--tokens", &self.tokens), ("--tp", &self.tp)] {
+            if !list.is_empty() {
+                a.push(flag.to_owned());
+                a.extend(list.iter().map(usize::to_string));
+            }
+        }
+        for (flag, v) in
+            [("--hidden", self.hidden), ("--ffn", self.ffn), ("--heads", self.heads), ("--head-dim", self.head_dim)]
+        {
+            if let Some(v) = v {
+                a.extend([flag.to_owned(), v.to_string()]);
+            }
         }
         a
     }
@@ -303,7 +380,7 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use clap::Parser;
 
@@ -313,7 +390,8 @@ mod tests {
         args: BenchArgs,
     }
 
-    fn parse(a: &[&str]) -> Result<BenchArgs, clap::Error> {
+    /// `a` (without the program name) as the bench parses it.
+    pub(crate) fn parse(a: &[&str]) -> Result<BenchArgs, clap::Error> {
         Wrap::try_parse_from(std::iter::once("bench").chain(a.iter().copied())).map(|w| w.args)
     }
 

@@ -40,6 +40,7 @@ pub mod backend;
 pub mod clock;
 mod cpu_twin;
 pub(crate) mod cuda;
+pub mod e2e;
 pub(crate) mod hip;
 mod native;
 pub mod plot;
@@ -180,6 +181,19 @@ fn launched_as_rank() -> bool {
 /// The benchmark (`cargo xtask bench`, `detcoll-bench`): launches the ranks, or runs as one
 /// when a launcher started this process.
 pub fn main(args: BenchArgs, frontend: &Frontend) -> anyhow::Result<ExitCode> {
+    e2e::check_flags(&args)?;
+    if args.e2e.is_some() {
+        anyhow::ensure!(!launched_as_rank(), "--e2e runs its ranks as threads of one process, not under a launcher");
+        if cfg!(debug_assertions) && !args.debug_build {
+            match frontend.release {
+                Some(release) => return release(&args),
+                None => {
+                    eprintln!("[bench] warning: this is an unoptimised build; for real numbers build it with --release")
+                }
+            }
+        }
+        return e2e::main(&args, frontend.tool);
+    }
     if launched_as_rank() && !args.threads {
         return rank_main(args, frontend);
     }
@@ -235,6 +249,7 @@ pub fn main(args: BenchArgs, frontend: &Frontend) -> anyhow::Result<ExitCode> {
 
 /// `bench-rank`: one rank of a process world (RANK, WORLD_SIZE, ... set by the launcher).
 pub fn rank_main(args: BenchArgs, frontend: &Frontend) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(args.e2e.is_none(), "--e2e runs its ranks as threads of one process, not as launched ranks");
     anyhow::ensure!(!args.threads, "--threads cannot be combined with a torchrun/mpirun launch");
     let boot = Arc::new(TcpBootstrap::from_env().context("joining the bench ranks (torchrun variables)")?);
     let (rank, world) = (boot.rank(), boot.world_size());
@@ -531,16 +546,20 @@ fn host_info() -> HostInfo {
 
 /// Writes `report` as JSON to `path` and the plot next to it; returns the plot's path.
 fn write_report(report: &Report, path: &Path) -> anyhow::Result<PathBuf> {
+    write_outputs(path, &serde_json::to_string_pretty(report)?, &plot::svg(report))
+}
+
+/// Writes `json` to `path` and the plot `svg` next to it as `.svg` and `.png` (creating the
+/// folder); returns the SVG's path.
+pub(crate) fn write_outputs(path: &Path, json: &str, svg_text: &str) -> anyhow::Result<PathBuf> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    let json = serde_json::to_string_pretty(report)?;
-    std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
+    std::fs::write(path, format!("{json}\n")).with_context(|| format!("writing {}", path.display()))?;
     let svg = path.with_extension("svg");
-    let text = plot::svg(report);
-    std::fs::write(&svg, &text).with_context(|| format!("writing {}", svg.display()))?;
+    std::fs::write(&svg, svg_text).with_context(|| format!("writing {}", svg.display()))?;
     let png = path.with_extension("png");
-    std::fs::write(&png, plot::png(&text)?).with_context(|| format!("writing {}", png.display()))?;
+    std::fs::write(&png, plot::png(svg_text)?).with_context(|| format!("writing {}", png.display()))?;
     Ok(svg)
 }
 

@@ -11,15 +11,9 @@
 //!
 //! The title names backend, world, dtype, commit, date and host.
 use super::report::{Report, Row};
-use super::svg::{self, Panel, Point, Rect, RefLine, Series, esc, log_range};
+use super::svg::{self, Panel, Point, RefLine, Series, esc, log_range};
 use std::fmt::Write;
 
-const W: f64 = 1000.0;
-const LEFT: f64 = 90.0;
-const RIGHT: f64 = 240.0;
-const HEADER: f64 = 70.0;
-const PANEL_H: f64 = 300.0;
-const GAP: f64 = 70.0;
 const COLORS: [&str; 6] = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"];
 const COPY_COLOR: &str = "#777777";
 /// NVLink 4 (H100/H200) nominal bandwidth per GPU, for scale only.
@@ -184,20 +178,12 @@ pub fn title(r: &Report) -> String {
 
 /// The legend: operations by color, the copy, routes by shape.
 fn legend(out: &mut String, rows: &[&Row], routes: &[&str], x: f64, mut y: f64) {
-    let line = |out: &mut String, y: f64, color: &str, dash: &str, label: &str| {
-        let _ = writeln!(
-            out,
-            r#"<line x1="{x:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{color}" stroke-width="2"{dash}/>"#,
-            x + 24.0
-        );
-        let _ = writeln!(out, r#"<text x="{:.1}" y="{:.1}">{}</text>"#, x + 30.0, y + 4.0, esc(label));
-    };
     for (op, color) in operations(rows) {
-        line(out, y, color, "", op);
+        svg::legend_line(out, x, y, color, false, op);
         y += 18.0;
     }
     if rows.iter().any(|r| is_copy(r)) {
-        line(out, y, COPY_COLOR, r#" stroke-dasharray="6 4""#, "memcpy (baseline)");
+        svg::legend_line(out, x, y, COPY_COLOR, true, "memcpy (baseline)");
         y += 18.0;
     }
     y += 10.0;
@@ -248,39 +234,13 @@ pub fn svg(report: &Report) -> String {
     let nvlink = report.backend.contains("cuda");
     let mut panels = vec![latency_panel(&rows, &routes), bandwidth_panel(&rows, &routes, nvlink)];
     panels.extend(native_panel(&rows, &routes));
-    let h = HEADER + panels.len() as f64 * (PANEL_H + GAP);
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(out, r#"<rect x="0" y="0" width="{W}" height="{h}" fill="white"/>"#);
-    let _ = writeln!(out, r#"<text x="20" y="24" font-size="15" font-weight="bold">{}</text>"#, esc(&title(report)));
-    let _ = writeln!(
-        out,
-        r##"<text x="20" y="42" font-size="11" fill="#444">x: per-rank input bytes; reduction order {}; all bitwise: {}</text>"##,
-        esc(&report.reduction_order),
+    let subtitle = format!(
+        "x: per-rank input bytes; reduction order {}; all bitwise: {}",
+        report.reduction_order,
         if report.all_bitwise { "yes" } else { "NO" }
     );
-    if rows.is_empty() {
-        let _ = writeln!(out, r#"<text x="{LEFT}" y="{:.1}">no data</text>"#, HEADER + 40.0);
-        out.push_str("</svg>\n");
-        return out;
-    }
-    let mut sizes: Vec<usize> = rows.iter().map(|r| r.size_bytes).collect();
-    sizes.sort_unstable();
-    sizes.dedup();
-    let lx = |b: usize| (b.max(1) as f64).log2();
-    let (a, b) = (lx(sizes[0]), lx(sizes[sizes.len() - 1]));
-    let pad = if b - a < 1.0 { 1.0 } else { 0.5 };
-    let pw = W - LEFT - RIGHT;
-    for (i, p) in panels.iter().enumerate() {
-        let top = HEADER + 20.0 + i as f64 * (PANEL_H + GAP);
-        svg::panel(&mut out, Rect { x: LEFT, y: top, w: pw, h: PANEL_H }, (a - pad, b + pad), &sizes, p);
-    }
-    legend(&mut out, &rows, &routes, LEFT + pw + 20.0, HEADER + 30.0);
-    out.push_str("</svg>\n");
-    out
+    let sizes: Vec<usize> = rows.iter().map(|r| r.size_bytes).collect();
+    svg::document(&title(report), &subtitle, &sizes, &panels, |out, x, y| legend(out, &rows, &routes, x, y))
 }
 
 #[cfg(test)]

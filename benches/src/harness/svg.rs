@@ -129,6 +129,66 @@ fn marker(out: &mut String, shape: usize, x: f64, y: f64, fill: &str, color: &st
     );
 }
 
+/// A legend entry's line sample at (x, y) and its label; `dashed` as a dashed series is drawn.
+pub fn legend_line(out: &mut String, x: f64, y: f64, color: &str, dashed: bool, label: &str) {
+    let dash = if dashed { r#" stroke-dasharray="6 4""# } else { "" };
+    let _ = writeln!(
+        out,
+        r#"<line x1="{x:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{color}" stroke-width="2"{dash}/>"#,
+        x + 24.0
+    );
+    let _ = writeln!(out, r#"<text x="{:.1}" y="{:.1}">{}</text>"#, x + 30.0, y + 4.0, esc(label));
+}
+
+/// Page layout of [`document`]: width, margins, header, panel height and the gap between panels.
+const PAGE_W: f64 = 1000.0;
+const PAGE_LEFT: f64 = 90.0;
+const PAGE_RIGHT: f64 = 240.0;
+const PAGE_HEADER: f64 = 70.0;
+const PANEL_H: f64 = 300.0;
+const PANEL_GAP: f64 = 70.0;
+
+/// A whole SVG page: the `title` and `subtitle` lines, `panels` stacked over one log2 x axis
+/// whose ticks are `xs` (`no data` without any), and the legend, which `legend` draws at the
+/// (x, y) it is given, right of the panels.
+pub fn document(
+    title: &str,
+    subtitle: &str,
+    xs: &[usize],
+    panels: &[Panel],
+    legend: impl FnOnce(&mut String, f64, f64),
+) -> String {
+    let h = PAGE_HEADER + panels.len() as f64 * (PANEL_H + PANEL_GAP);
+    let w = PAGE_W;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(out, r#"<rect x="0" y="0" width="{w}" height="{h}" fill="white"/>"#);
+    let _ = writeln!(out, r#"<text x="20" y="24" font-size="15" font-weight="bold">{}</text>"#, esc(title));
+    let _ = writeln!(out, r##"<text x="20" y="42" font-size="11" fill="#444">{}</text>"##, esc(subtitle));
+    let mut xs = xs.to_vec();
+    xs.sort_unstable();
+    xs.dedup();
+    let (Some(&first), Some(&last)) = (xs.first(), xs.last()) else {
+        let _ = writeln!(out, r#"<text x="{PAGE_LEFT}" y="{:.1}">no data</text>"#, PAGE_HEADER + 40.0);
+        out.push_str("</svg>\n");
+        return out;
+    };
+    let lx = |b: usize| (b.max(1) as f64).log2();
+    let (a, b) = (lx(first), lx(last));
+    let pad = if b - a < 1.0 { 1.0 } else { 0.5 };
+    let pw = PAGE_W - PAGE_LEFT - PAGE_RIGHT;
+    for (i, p) in panels.iter().enumerate() {
+        let top = PAGE_HEADER + 20.0 + i as f64 * (PANEL_H + PANEL_GAP);
+        panel(&mut out, Rect { x: PAGE_LEFT, y: top, w: pw, h: PANEL_H }, (a - pad, b + pad), &xs, p);
+    }
+    legend(&mut out, PAGE_LEFT + pw + 20.0, PAGE_HEADER + 30.0);
+    out.push_str("</svg>\n");
+    out
+}
+
 /// A legend entry's marker (no tooltip).
 pub fn legend_marker(out: &mut String, shape: usize, x: f64, y: f64) {
     marker(out, shape, x, y, "#888", "#444", "");
