@@ -10,6 +10,22 @@ pub mod host_path;
 pub use harness::args::BenchArgs;
 pub use harness::{DETCOLL_BENCH, Frontend, RANK_COMMAND};
 
+/// Sets `CUDA_MODULE_LOADING=EAGER` unless the environment says otherwise. With CUDA's default
+/// lazy loading a kernel is loaded at its first launch, which can wait for the device while a
+/// peer rank's collective kernel spins waiting for this rank: ranks that are threads sharing
+/// one GPU (the `--e2e` layers launch cuBLAS kernels between their collectives) could then
+/// stall until the collective's timeout.
+///
+/// # Safety
+/// Sets an environment variable: call it first thing in `main`, before the process has other
+/// threads and before CUDA is initialised.
+pub unsafe fn prefer_eager_module_loading() {
+    if std::env::var_os("CUDA_MODULE_LOADING").is_none() {
+        // SAFETY: the caller guarantees no other thread exists (see above).
+        unsafe { std::env::set_var("CUDA_MODULE_LOADING", "EAGER") };
+    }
+}
+
 /// The benchmark: launches `args.nproc` ranks (re-executing this binary as [`RANK_COMMAND`]),
 /// runs them as threads with `--threads`, or runs as one rank when a launcher (torchrun, mpirun,
 /// detcoll-run) started this process.

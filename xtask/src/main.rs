@@ -63,6 +63,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if matches!(cli.command, Command::Bench(_) | Command::BenchRank(_)) {
         default_kernel_dir();
+        // SAFETY: still on the main thread, before any other thread and before CUDA starts.
+        unsafe { detcoll_benches::prefer_eager_module_loading() };
     }
     let result = match cli.command {
         Command::Bench(args) => bench::main(args),

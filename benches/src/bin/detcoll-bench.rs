@@ -28,6 +28,8 @@ enum Rank {
 }
 
 fn main() -> ExitCode {
+    // SAFETY: the main thread, before any other thread and before CUDA starts.
+    unsafe { detcoll_benches::prefer_eager_module_loading() };
     let cli = Cli::parse();
     let result = match cli.rank {
         Some(Rank::BenchRank(args)) => detcoll_benches::run_rank(args, &DETCOLL_BENCH),

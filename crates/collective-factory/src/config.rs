@@ -38,6 +38,7 @@ pub struct Config {
     routing: Option<Routing>,
     timeouts: Option<Timeouts>,
     device: DeviceSelect,
+    max_blocks: Option<usize>,
 }
 
 impl Default for Config {
@@ -48,6 +49,7 @@ impl Default for Config {
             routing: None,
             timeouts: None,
             device: DeviceSelect::LocalRank,
+            max_blocks: None,
         }
     }
 }
@@ -58,6 +60,21 @@ impl Config {
     /// [`DeviceSelect::LocalRank`].
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Builder: at most `blocks` thread blocks per collective kernel launch on the IPC routes
+    /// (default: the GPU's multiprocessors divided by the ranks sharing it). Ranks that are
+    /// threads or processes sharing one GPU with other work (GEMMs between their collectives)
+    /// may want fewer, so that kernels waiting for a peer leave that peer's compute most of
+    /// the GPU. Every rank must pass the same value (the ranks check it).
+    pub fn with_max_blocks(mut self, blocks: usize) -> Self {
+        self.max_blocks = Some(blocks.max(1));
+        self
+    }
+
+    /// The block cap of [`Config::with_max_blocks`], if set.
+    pub fn max_blocks(&self) -> Option<usize> {
+        self.max_blocks
     }
 
     /// Builder: staging bytes per rank — the most one rank contributes to one call. Each rank

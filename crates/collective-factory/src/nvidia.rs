@@ -178,6 +178,7 @@ fn ipc_config(config: &Config, routing: &Routing) -> CudaIpcConfig {
         .with_ll_capacity(routing.ll_capacity(config.ll_capacity()));
     let mut c = c;
     c.timeouts = config.timeouts();
+    c.max_blocks = config.max_blocks();
     c
 }
 

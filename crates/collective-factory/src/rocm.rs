@@ -74,12 +74,14 @@ pub fn thread_group(world: usize, config: &Config) -> Result<Vec<HipIpcCollectiv
     let threshold = routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
     let mut c = HipIpcConfig::new(config.capacity()).with_ll_capacity(routing.ll_capacity(config.ll_capacity()));
     c.timeouts = config.timeouts();
+    c.max_blocks = config.max_blocks();
     let ordinals: Vec<usize> = (0..world).map(|r| r % count).collect();
     hip_ipc::group(&ordinals, &c.with_rsag_threshold(threshold))
 }
 
 fn build(boot: Arc<dyn Bootstrap>, config: &Config, ordinal: Result<usize, Error>) -> Result<RocmCollective, Error> {
     let (capacity, routing, timeouts) = (config.capacity(), config.routing().cloned(), config.timeouts());
+    let max_blocks = config.max_blocks();
     let mut errors = Vec::new();
     let routing = match routing {
         Some(r) => r,
@@ -122,6 +124,7 @@ fn build(boot: Arc<dyn Bootstrap>, config: &Config, ordinal: Result<usize, Error
         let config = HipIpcConfig::new(capacity).with_rsag_threshold(threshold).with_ll_capacity(ll);
         let mut config = config;
         config.timeouts = timeouts;
+        config.max_blocks = max_blocks;
         // hip_ipc::new_on: ranks sharing a GPU are refused unless DETCOLL_HIP_ALLOW_SHARED_GPU=1.
         Some(hip_ipc::new_on(Box::new(boot.clone()), device.clone(), &config)?)
     } else {

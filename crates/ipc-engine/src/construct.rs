@@ -60,8 +60,10 @@ impl<D: IpcDevice> IpcCollective<D> {
     /// to at least the number of streams in use before the context is created; HIP: as many
     /// `GPU_MAX_HW_QUEUES`), do not allocate/free device memory, instantiate graphs or load
     /// modules while a peer may have a collective in flight (those calls can wait for the
-    /// device to go idle), and enqueue runtime copies only on a stream whose collectives have
-    /// completed. A violation shows as `PeerTimeout`, never as wrong data.
+    /// device to go idle; with CUDA's default lazy module loading the first launch of any
+    /// kernel, a library's GEMM too, loads it: set `CUDA_MODULE_LOADING=EAGER`), and enqueue
+    /// runtime copies only on a stream whose collectives have completed. A violation shows as
+    /// `PeerTimeout`, never as wrong data.
     ///
     /// Ranks that are threads sharing one context must enqueue in call order, e.g. call `k`
     /// of ranks 0, 1, ..., world-1 before call `k + 1` of any rank, as one host thread driving

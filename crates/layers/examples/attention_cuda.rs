@@ -5,12 +5,12 @@
 //!
 //! `CUDA_DEVICE_MAX_CONNECTIONS=32 cargo run --release -p detcoll-layers --features cuda --example attention_cuda [tokens]`
 use collective_core::Collective;
-use collective_factory::{Config, nvidia};
+use collective_factory::{Config, NvidiaCollective, nvidia};
 use detcoll_layers::AttentionShape;
-use detcoll_layers::cuda::{CudaAttention, CudaKernels, Lockstep, StageEvents};
+use detcoll_layers::cuda::{CudaAttention, CudaKernels, Lockstep, Rendezvous, StageEvents, thread_group_config};
 use detcoll_layers::data::SplitMix64;
 use half::bf16;
-use std::sync::Barrier;
+use std::time::Duration;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -19,34 +19,20 @@ type RankOut = (Vec<u16>, Vec<u32>, f64);
 
 fn run(cp: usize, shape: AttentionShape, qkv: &[Vec<bf16>; 3]) -> Result<Vec<RankOut>> {
     let e = shape.tokens / cp * shape.token_len();
-    let ranks = nvidia::thread_group(cp, &Config::new().with_capacity((e * 2).max(1 << 20)))?;
-    let barrier = Barrier::new(cp);
+    let config = thread_group_config(Config::new().with_capacity((e * 2).max(1 << 20)), cp)?;
+    let ranks = nvidia::thread_group(cp, &config)?;
+    let barrier = Rendezvous::new(cp, Duration::from_secs(60));
     std::thread::scope(|s| {
         let hs: Vec<_> = ranks
             .iter()
             .map(|comm| {
                 let barrier = &barrier;
-                s.spawn(move || -> Result<RankOut> {
-                    let r = comm.rank();
-                    let n = shape.tokens / cp;
-                    let stream = comm.context().new_stream()?;
-                    let mut att = CudaAttention::<bf16>::new(&stream, shape, cp, r)?;
-                    let kernels = CudaKernels::new(comm.context())?;
-                    let [q, k, v] = [0, 1, 2].map(|i| stream.clone_htod(&qkv[i][r * e..(r + 1) * e]));
-                    let (q, k, v) = (q?, k?, v?);
-                    let positions: Vec<i32> = (r * n..(r + 1) * n).map(|p| p as i32).collect();
-                    let positions = stream.clone_htod(&positions)?;
-                    let mut out = stream.alloc_zeros::<bf16>(e)?;
-                    let mut lse = stream.alloc_zeros::<f32>(n * shape.heads)?;
-                    let mut events = StageEvents::new(comm.context(), 4)?;
-                    stream.synchronize()?;
-                    barrier.wait();
-                    let hook = &mut (Lockstep { barrier }, &mut events);
-                    att.forward(comm, &kernels, &q, &k, &v, &positions, &mut out, &mut lse, &stream, hook)?;
-                    let out = stream.clone_dtoh(&out)?.iter().map(|x| x.to_bits()).collect();
-                    let lse = stream.clone_dtoh(&lse)?.iter().map(|x| x.to_bits()).collect();
-                    let ms = events.totals_ms()?.iter().filter(|(st, _)| st.name() == "attention").map(|t| t.1).sum();
-                    Ok((out, lse, ms))
+                s.spawn(move || {
+                    let result = rank(comm, barrier, cp, shape, qkv);
+                    if result.is_err() {
+                        barrier.poison("a rank failed"); // its peers fail instead of waiting
+                    }
+                    result
                 })
             })
             .collect();
@@ -54,7 +40,43 @@ fn run(cp: usize, shape: AttentionShape, qkv: &[Vec<bf16>; 3]) -> Result<Vec<Ran
     })
 }
 
+/// One rank: every allocation and upload before the rendezvous, then the layer.
+fn rank(
+    comm: &NvidiaCollective,
+    barrier: &Rendezvous,
+    cp: usize,
+    shape: AttentionShape,
+    qkv: &[Vec<bf16>; 3],
+) -> Result<RankOut> {
+    let (r, n) = (comm.rank(), shape.tokens / cp);
+    let e = n * shape.token_len();
+    let stream = comm.context().new_stream()?;
+    let mut att = CudaAttention::<bf16>::new(&stream, shape, cp, r)?;
+    let kernels = CudaKernels::new(comm.context())?;
+    let [q, k, v] = [0, 1, 2].map(|i| stream.clone_htod(&qkv[i][r * e..(r + 1) * e]));
+    let (q, k, v) = (q?, k?, v?);
+    let positions: Vec<i32> = (r * n..(r + 1) * n).map(|p| p as i32).collect();
+    let positions = stream.clone_htod(&positions)?;
+    let mut out = stream.alloc_zeros::<bf16>(e)?;
+    let mut lse = stream.alloc_zeros::<f32>(n * shape.heads)?;
+    let mut events = StageEvents::new(comm.context(), 4)?;
+    stream.synchronize()?;
+    barrier.wait()?;
+    let hook = &mut (Lockstep { barrier }, &mut events);
+    att.forward(comm, &kernels, &q, &k, &v, &positions, &mut out, &mut lse, &stream, hook)?;
+    let out = stream.clone_dtoh(&out)?.iter().map(|x| x.to_bits()).collect();
+    let lse = stream.clone_dtoh(&lse)?.iter().map(|x| x.to_bits()).collect();
+    // A collective that failed after it was enqueued (a peer timed out) shows here.
+    comm.ipc().map_or(Ok(()), |i| i.check())?;
+    let ms = events.totals_ms()?.iter().filter(|(st, _)| st.name() == "attention").map(|t| t.1).sum();
+    Ok((out, lse, ms))
+}
+
 fn main() -> Result<()> {
+    if std::env::var_os("CUDA_MODULE_LOADING").is_none() {
+        // SAFETY: the first statement of main, before any other thread exists.
+        unsafe { std::env::set_var("CUDA_MODULE_LOADING", "EAGER") };
+    }
     if let Err(e) = detcoll_layers::cuda::require_device() {
         println!("skipped: no CUDA device ({e}: {:?})", std::error::Error::source(&e));
         return Ok(());

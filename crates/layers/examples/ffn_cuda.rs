@@ -5,45 +5,35 @@
 //!
 //! `CUDA_DEVICE_MAX_CONNECTIONS=32 cargo run --release -p detcoll-layers --features cuda --example ffn_cuda`
 use collective_core::Collective;
-use collective_factory::{Config, nvidia};
+use collective_factory::{Config, NvidiaCollective, nvidia};
 use detcoll_layers::FfnShape;
-use detcoll_layers::cuda::{CudaFfnShard, CudaGemm, CudaKernels, Lockstep, StageEvents};
+use detcoll_layers::cuda::{
+    CudaFfnShard, CudaGemm, CudaKernels, Lockstep, Rendezvous, StageEvents, thread_group_config,
+};
 use detcoll_layers::data::SplitMix64;
 use half::bf16;
-use std::sync::Barrier;
+use std::time::Duration;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// The output over all tokens at TP = `tp` (each rank's block, in rank order), and rank 0's
 /// stage times.
 fn run(tp: usize, shape: FfnShape, x: &[bf16], w1: &[bf16], w2: &[bf16]) -> Result<(Vec<bf16>, String)> {
-    let ranks = nvidia::thread_group(tp, &Config::new().with_capacity(shape.tokens * shape.hidden * 2))?;
-    let barrier = Barrier::new(tp);
-    let n = shape.local_len(tp);
+    // Collective kernels capped at half the GPU when the ranks share it (thread_group_config).
+    let config = thread_group_config(Config::new().with_capacity(shape.tokens * shape.hidden * 2), tp)?;
+    let ranks = nvidia::thread_group(tp, &config)?;
+    let barrier = Rendezvous::new(tp, Duration::from_secs(60));
     let outs = std::thread::scope(|s| {
         let hs: Vec<_> = ranks
             .iter()
             .map(|comm| {
                 let barrier = &barrier;
-                s.spawn(move || -> Result<(Vec<bf16>, String)> {
-                    let r = comm.rank();
-                    // Everything that allocates or loads before any rank's first collective.
-                    let stream = comm.context().new_stream()?;
-                    let shard = CudaFfnShard::from_full(&stream, shape, w1, w2, tp, r)?;
-                    let mut ws = shard.workspace(&stream)?;
-                    let gemm = CudaGemm::new(&stream)?;
-                    let kernels = CudaKernels::new(comm.context())?;
-                    let x_local = stream.clone_htod(&x[r * n..(r + 1) * n])?;
-                    let mut out = stream.alloc_zeros::<bf16>(n)?;
-                    let mut events = StageEvents::new(comm.context(), 8)?;
-                    shard.warm_up(&gemm, &kernels, &mut ws, &stream)?;
-                    barrier.wait();
-                    let hook = &mut (Lockstep { barrier }, &mut events);
-                    shard.forward(comm, &gemm, &kernels, &mut ws, &x_local, &mut out, &stream, hook)?;
-                    let host = stream.clone_dtoh(&out)?;
-                    let times = events.totals_ms()?.into_iter().map(|(st, ms)| format!("{} {ms:.3}", st.name()));
-                    let times = times.collect::<Vec<_>>().join(", ");
-                    Ok((host, times))
+                s.spawn(move || {
+                    let result = rank(comm, barrier, tp, shape, [x, w1, w2]);
+                    if result.is_err() {
+                        barrier.poison("a rank failed"); // its peers fail instead of waiting
+                    }
+                    result
                 })
             })
             .collect();
@@ -53,7 +43,40 @@ fn run(tp: usize, shape: FfnShape, x: &[bf16], w1: &[bf16], w2: &[bf16]) -> Resu
     Ok((outs.into_iter().flat_map(|(o, _)| o).collect(), times))
 }
 
+/// One rank: everything that allocates or loads before any rank's first collective, then the
+/// layer; its output block and its stage times.
+fn rank(
+    comm: &NvidiaCollective,
+    barrier: &Rendezvous,
+    tp: usize,
+    shape: FfnShape,
+    [x, w1, w2]: [&[bf16]; 3],
+) -> Result<(Vec<bf16>, String)> {
+    let (r, n) = (comm.rank(), shape.local_len(tp));
+    let stream = comm.context().new_stream()?;
+    let shard = CudaFfnShard::from_full(&stream, shape, w1, w2, tp, r)?;
+    let mut ws = shard.workspace(&stream)?;
+    let gemm = CudaGemm::new(&stream)?;
+    let kernels = CudaKernels::new(comm.context())?;
+    let x_local = stream.clone_htod(&x[r * n..(r + 1) * n])?;
+    let mut out = stream.alloc_zeros::<bf16>(n)?;
+    let mut events = StageEvents::new(comm.context(), 8)?;
+    shard.warm_up(&gemm, &kernels, &mut ws, &stream)?;
+    barrier.wait()?;
+    let hook = &mut (Lockstep { barrier }, &mut events);
+    shard.forward(comm, &gemm, &kernels, &mut ws, &x_local, &mut out, &stream, hook)?;
+    let host = stream.clone_dtoh(&out)?;
+    // A collective that failed after it was enqueued (a peer timed out) shows here.
+    comm.ipc().map_or(Ok(()), |i| i.check())?;
+    let times = events.totals_ms()?.into_iter().map(|(st, ms)| format!("{} {ms:.3}", st.name()));
+    Ok((host, times.collect::<Vec<_>>().join(", ")))
+}
+
 fn main() -> Result<()> {
+    if std::env::var_os("CUDA_MODULE_LOADING").is_none() {
+        // SAFETY: the first statement of main, before any other thread exists.
+        unsafe { std::env::set_var("CUDA_MODULE_LOADING", "EAGER") };
+    }
     if let Err(e) = detcoll_layers::cuda::require_device() {
         println!("skipped: no CUDA device ({e}: {:?})", std::error::Error::source(&e));
         return Ok(());

@@ -12,6 +12,9 @@ pub enum Error {
     Collective(collective_core::Error),
     /// The local fold of the fixed tree failed (a world size or length it does not take).
     Tree(fixed_tree::Error),
+    /// Ranks that are threads of one process did not meet (the GPU path's `Rendezvous`): a
+    /// peer failed or did not arrive in time (the message says which).
+    Lockstep(String),
     /// A GPU call failed (the GPU path, feature `cuda`): `call` names it, `source` is the
     /// vendor's error (cudarc's `DriverError`, `CublasError` or `CompileError`), or a
     /// `collective_core::Error::LibraryMissing` when libcublas or libnvrtc cannot be loaded.
@@ -30,6 +33,7 @@ impl fmt::Display for Error {
             Error::Shape(detail) => write!(f, "shape: {detail}"),
             Error::Collective(_) => f.write_str("a collective call failed"),
             Error::Tree(_) => f.write_str("the local fixed-tree fold failed"),
+            Error::Lockstep(detail) => write!(f, "lockstep: {detail}"),
             Error::Cuda { call, .. } => write!(f, "GPU call `{call}` failed"),
         }
     }
@@ -38,7 +42,7 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Error::Shape(_) => None,
+            Error::Shape(_) | Error::Lockstep(_) => None,
             Error::Collective(e) => Some(e),
             Error::Tree(e) => Some(e),
             Error::Cuda { source, .. } => Some(&**source),

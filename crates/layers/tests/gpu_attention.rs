@@ -48,7 +48,7 @@ fn rank_run<T: CudaScalar>(rank: Rank<'_>, shape: AttentionShape, inp: &Inputs<T
     let mut lse = upload(s, &vec![0f32; n * shape.heads]);
     let mut events = StageEvents::new(comm.context(), 8).expect("events");
     s.synchronize().expect("uploads");
-    rank.barrier.wait();
+    rank.barrier.wait().expect("the rendezvous before the forward");
     let hook: &mut dyn StageHook = &mut (Lockstep { barrier: rank.barrier }, &mut events);
     att.forward(comm, &kernels, &q, &k, &v, &pos, &mut out, &mut lse, s, hook).expect("the attention forward");
     let (out, lse) = (download(s, &out), download(s, &lse));

@@ -58,7 +58,7 @@ fn rank_run<T: CudaScalar>(rank: Rank<'_>, tp: usize, inp: &Inputs<T>, graph: bo
     let mut out = upload(s, &vec![T::from_f32(0.0); n]);
     let mut events = StageEvents::new(comm.context(), 16)?;
     shard.warm_up(&gemm, &kernels, &mut ws, s)?;
-    rank.barrier.wait();
+    rank.barrier.wait()?;
 
     let mut lock = Lockstep { barrier: rank.barrier };
     let mut forward = |naive: bool, out: &mut _, hook: &mut dyn StageHook| {
@@ -98,9 +98,9 @@ fn rank_run<T: CudaScalar>(rank: Rank<'_>, tp: usize, inp: &Inputs<T>, graph: bo
         s.synchronize().map_err(|e| Error::cuda("cuStreamSynchronize", e))?;
         s.memset_zeros(&mut out).map_err(|e| Error::cuda("cuMemsetD8Async", e))?;
         s.synchronize().map_err(|e| Error::cuda("cuStreamSynchronize", e))?;
-        rank.barrier.wait();
+        rank.barrier.wait()?;
         g.launch().map_err(|e| Error::cuda("cuGraphLaunch", e))?;
-        rank.barrier.wait();
+        rank.barrier.wait()?;
         replayed = Some(download(s, &out));
     }
     if let Some(Err(e)) = comm.ipc().map(|i| i.check()) {

@@ -6,8 +6,8 @@ use super::bundle::Manifest;
 use super::mps::{Mps, mps_running, wants_mps};
 use super::platform::{GpuPlatform, bundle_platform};
 use super::suite_env::{
-    CONNECTIONS_ENV, HW_QUEUES_ENV, MPS_CONNECTIONS_ENV, PROCESS_TESTS_ENV, hw_queues_var, process_tests_var,
-    suite_connections,
+    CONNECTIONS_ENV, HW_QUEUES_ENV, MODULE_LOADING_ENV, MPS_CONNECTIONS_ENV, PROCESS_TESTS_ENV, hw_queues_var,
+    module_loading_var, process_tests_var, suite_connections,
 };
 use super::suites::{install_signal_handlers, interrupted, run_suite};
 use super::summary::summary_table;
@@ -106,6 +106,7 @@ pub fn test_main(args: GpuTestArgs) -> anyhow::Result<ExitCode> {
         )?];
         vars.extend(process_tests_var(s.multiprocess, mps_active, std::env::var_os(PROCESS_TESTS_ENV).is_some()));
         vars.extend(hw_queues_var(platform, user_hw_queues.as_deref()));
+        vars.extend(module_loading_var(platform, std::env::var_os(MODULE_LOADING_ENV).is_some()));
         let timeout = Duration::from_secs(args.timeout_s);
         results.push(run_suite(s, cwd, &args.test_args, kernel_dir.as_deref(), &vars, timeout)?);
     }

@@ -26,6 +26,9 @@ pub const HW_QUEUES_ENV: &str = "GPU_MAX_HW_QUEUES";
 /// the protocol reports as `PeerTimeout` instead of running the test.
 pub const HW_QUEUES: u32 = 8;
 
+/// CUDA's module loading mode; `gpu-test` sets it to `EAGER` on NVIDIA unless the user set it.
+pub const MODULE_LOADING_ENV: &str = "CUDA_MODULE_LOADING";
+
 /// A variable `gpu-test` sets in one suite's environment, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SuiteVar {
@@ -90,6 +93,19 @@ pub fn hw_queues_var(platform: GpuPlatform, user: Option<&str>) -> Option<SuiteV
     })
 }
 
+/// [`MODULE_LOADING_ENV`]`=EAGER` on NVIDIA unless the user set it (to anything): with CUDA's
+/// default lazy loading a kernel is loaded at its first launch, which can wait for the device
+/// while a peer rank's collective kernel spins on it (ranks sharing one GPU; the layers' suites
+/// launch cuBLAS kernels between collectives). Nothing on AMD.
+pub fn module_loading_var(platform: GpuPlatform, user_set: bool) -> Option<SuiteVar> {
+    (platform == GpuPlatform::Nvidia && !user_set).then(|| SuiteVar {
+        name: MODULE_LOADING_ENV,
+        value: "EAGER".into(),
+        why: "default: every kernel loaded with its module, none at a first launch while a peer's collective waits"
+            .into(),
+    })
+}
+
 /// [`PROCESS_TESTS_ENV`]`=1` for a suite running several processes per GPU while MPS is
 /// active, unless the user set the variable (to anything).
 pub fn process_tests_var(multiprocess: bool, mps_active: bool, user_set: bool) -> Option<SuiteVar> {
@@ -139,6 +155,14 @@ mod tests {
         assert_eq!(c(false, false, Some(""), None).unwrap(), 32);
         assert!(c(false, false, Some("lots"), None).is_err());
         assert_eq!(suite_connections(false, false, None, None).unwrap().name, "CUDA_DEVICE_MAX_CONNECTIONS");
+    }
+
+    #[test]
+    fn nvidia_suites_load_modules_eagerly_unless_told_otherwise() {
+        let v = module_loading_var(GpuPlatform::Nvidia, false).unwrap();
+        assert_eq!((v.name, v.value.as_str()), ("CUDA_MODULE_LOADING", "EAGER"));
+        assert_eq!(module_loading_var(GpuPlatform::Nvidia, true), None);
+        assert_eq!(module_loading_var(GpuPlatform::Rocm, false), None);
     }
 
     #[test]

@@ -21,11 +21,13 @@ use collective_core::Collective;
 use collective_factory::{Config, NvidiaCollective, nvidia};
 use cuda_ipc::cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaStream, sys};
 use detcoll_layers::cuda::{
-    CudaAttention, CudaFfnShard, CudaGemm, CudaKernels, CudaScalar, Lockstep, StageEvents, StageHook,
+    CudaAttention, CudaFfnShard, CudaGemm, CudaKernels, CudaScalar, Lockstep, Rendezvous, StageEvents, StageHook,
+    thread_group_config,
 };
 use detcoll_layers::{Error, FfnShape};
 use half::bf16;
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// `backend` of CUDA reports.
 pub const NAME: &str = "cuda-threads";
@@ -56,14 +58,18 @@ pub fn run(plan: &Plan) -> anyhow::Result<Vec<super::E2eRow>> {
 
 fn run_typed<T: CudaScalar>(plan: &Plan) -> anyhow::Result<Vec<super::E2eRow>> {
     sweep(plan, |tokens, tp, inputs: &Inputs<T>| {
-        let ranks = nvidia::thread_group(tp, &Config::new().with_capacity(CAPACITY))
-            .with_context(|| format!("building the NVIDIA thread group of {tp}"))?;
+        // Collective kernels capped at half the GPU when ranks share it: a rank waiting in a
+        // collective must leave a peer still in its GEMMs the SMs to finish them.
+        let config = thread_group_config(Config::new().with_capacity(CAPACITY), tp)?;
+        let ranks =
+            nvidia::thread_group(tp, &config).with_context(|| format!("building the NVIDIA thread group of {tp}"))?;
         for r in &ranks {
             // SAFETY: every buffer of a rank is used on that rank's one stream only, and graph
             // capture must not record cudarc's tracking events.
             unsafe { r.context().disable_event_tracking() };
         }
-        let barrier = Barrier::new(tp);
+        // A rank that fails poisons it: its peers fail at their next wait instead of hanging.
+        let barrier = Rendezvous::new(tp, Duration::from_secs(120));
         let per_rank: Vec<anyhow::Result<Vec<(Key, RankRun)>>> = std::thread::scope(|s| {
             let hs: Vec<_> = ranks
                 .iter()
@@ -74,6 +80,9 @@ fn run_typed<T: CudaScalar>(plan: &Plan) -> anyhow::Result<Vec<super::E2eRow>> {
                             E2eLayer::Ffn => ffn_rank(plan, plan.ffn_shape(tokens), comm, barrier, inputs),
                             E2eLayer::Attention => attention_rank(plan, tokens, comm, barrier, inputs),
                         };
+                        if r.is_err() {
+                            barrier.poison("a rank failed");
+                        }
                         let checked = comm.ipc().map_or(Ok(()), |i| i.check()).context("the collective's state");
                         let closed = comm.close().context("closing the NVIDIA collective");
                         let r = r?;
@@ -136,7 +145,7 @@ fn time_variant(
     plan: &Plan,
     variant: &'static str,
     stream: &Arc<CudaStream>,
-    barrier: &Barrier,
+    barrier: &Rendezvous,
     clocks: &mut Clocks,
     forward: &mut dyn FnMut(&mut dyn StageHook) -> Result<(), Error>,
     output: &mut dyn FnMut() -> anyhow::Result<(Vec<u32>, Vec<u32>)>,
@@ -170,10 +179,10 @@ fn time_variant(
         let graph = capture(stream, barrier, &mut || forward(&mut lock))?;
         // One untimed replay, then the timed ones; every rank has instantiated (barrier in
         // `capture`), and each replay starts with all ranks' previous launches enqueued.
-        barrier.wait();
+        barrier.wait()?;
         graph.launch().context("cuGraphLaunch")?;
         for i in 0..plan.iterations {
-            barrier.wait();
+            barrier.wait()?;
             clocks.starts[i].record(stream)?;
             graph.launch().context("cuGraphLaunch")?;
             clocks.ends[i].record(stream)?;
@@ -185,7 +194,7 @@ fn time_variant(
         replayed.repeat_bitwise = replayed.bits == eager_bits && replayed.lse_bits == eager_lse;
         runs.push(((variant, "graph"), replayed));
         // The graph is dropped only once no rank replays it any more.
-        barrier.wait();
+        barrier.wait()?;
         drop(graph);
     }
     Ok(runs)
@@ -195,11 +204,11 @@ fn time_variant(
 /// rank has done the same (nothing replays while a peer still instantiates).
 fn capture(
     stream: &Arc<CudaStream>,
-    barrier: &Barrier,
+    barrier: &Rendezvous,
     enqueue: &mut dyn FnMut() -> Result<(), Error>,
 ) -> anyhow::Result<CudaGraph> {
     stream.synchronize().context("cuStreamSynchronize")?;
-    barrier.wait();
+    barrier.wait()?;
     // Thread-local: ranks capturing at once on other threads do not break this capture.
     stream
         .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
@@ -211,7 +220,7 @@ fn capture(
     let graph = graph.context("cuStreamEndCapture / cuGraphInstantiate")?.context("the capture recorded no work")?;
     graph.upload().context("cuGraphUpload")?;
     stream.synchronize().context("cuStreamSynchronize")?;
-    barrier.wait();
+    barrier.wait()?;
     Ok(graph)
 }
 
@@ -228,7 +237,7 @@ fn ffn_rank<T: CudaScalar>(
     plan: &Plan,
     shape: FfnShape,
     comm: &NvidiaCollective,
-    barrier: &Barrier,
+    barrier: &Rendezvous,
     inputs: &Inputs<T>,
 ) -> anyhow::Result<Vec<(Key, RankRun)>> {
     let (tp, r) = (comm.world_size(), comm.rank());
@@ -243,7 +252,7 @@ fn ffn_rank<T: CudaScalar>(
     let mut out = upload(s, &vec![T::from_f32(0.0); n])?;
     let mut clocks = Clocks::new(comm, plan.iterations, 6)?;
     shard.warm_up(&gemm, &kernels, &mut ws, s)?;
-    barrier.wait();
+    barrier.wait()?;
     let mut runs = Vec::new();
     for (variant, naive) in [(INVARIANT, false), (NAIVE, true)] {
         let out_cell = std::cell::RefCell::new(&mut out);
@@ -260,7 +269,7 @@ fn ffn_rank<T: CudaScalar>(
     }
     // The cuBLAS handle's drop synchronises the device: only once every rank is past its
     // collectives.
-    barrier.wait();
+    barrier.wait()?;
     Ok(runs)
 }
 
@@ -269,7 +278,7 @@ fn attention_rank<T: CudaScalar>(
     plan: &Plan,
     tokens: usize,
     comm: &NvidiaCollective,
-    barrier: &Barrier,
+    barrier: &Rendezvous,
     inputs: &Inputs<T>,
 ) -> anyhow::Result<Vec<(Key, RankRun)>> {
     let (cp, r) = (comm.world_size(), comm.rank());
@@ -288,7 +297,7 @@ fn attention_rank<T: CudaScalar>(
     let mut lse = upload(s, &vec![0f32; n * shape.heads])?;
     let mut clocks = Clocks::new(comm, plan.iterations, 4)?;
     s.synchronize().context("cuStreamSynchronize")?;
-    barrier.wait();
+    barrier.wait()?;
     let cell = std::cell::RefCell::new((&mut out, &mut lse));
     let mut forward = |hook: &mut dyn StageHook| {
         let mut o = cell.borrow_mut();
@@ -302,6 +311,6 @@ fn attention_rank<T: CudaScalar>(
     };
     let runs = time_variant(plan, INVARIANT, s, barrier, &mut clocks, &mut forward, &mut output)?;
     // Nothing is freed while a peer still has a collective in flight.
-    barrier.wait();
+    barrier.wait()?;
     Ok(runs)
 }

@@ -37,7 +37,13 @@
 //! threads on one GPU: create every handle, buffer and workspace, and run
 //! [`CudaFfnShard::warm_up`] (cuBLAS loads its kernels lazily on first use, which may wait for
 //! the device) before the ranks start their first collective; pass a [`Lockstep`] hook so that
-//! collective `k` of every rank is enqueued before collective `k + 1` of any.
+//! collective `k` of every rank is enqueued before collective `k + 1` of any, a [`Rendezvous`]
+//! that a failing rank poisons (so its peers fail instead of waiting), and
+//! [`thread_group_config`] (collective kernels capped at half the GPU over its ranks). Set
+//! `CUDA_MODULE_LOADING=EAGER` in the environment before CUDA starts: with CUDA's default lazy
+//! loading a kernel (cuBLAS's among them) is loaded at its first launch, which can wait for the
+//! device while a peer's collective kernel spins waiting for this rank (`cargo xtask gpu-test`
+//! and `cargo xtask bench` set it).
 use crate::Error;
 use crate::Scalar;
 use cudarc::cublas::sys::cudaDataType;
@@ -53,7 +59,7 @@ pub use attention::CudaAttention;
 pub use blas::CudaGemm;
 pub use ffn::{CudaFfnShard, FfnWorkspace};
 pub use kernels::CudaKernels;
-pub use stages::{Lockstep, Stage, StageEvents, StageHook};
+pub use stages::{Lockstep, Rendezvous, Stage, StageEvents, StageHook};
 
 mod sealed {
     /// Only the types the kernels are compiled for.
@@ -94,6 +100,32 @@ pub fn require_device() -> Result<usize, Error> {
         )),
         n => Ok(n),
     }
+}
+
+/// `config` for a thread group of `ranks` ranks on this process's GPUs (rank `r` on GPU
+/// `r % count`, as `collective_factory::nvidia::thread_group` places them) that run the layers:
+/// when ranks share a GPU, every collective kernel is capped at `multiprocessors / (2 · ranks
+/// per GPU)` blocks (at least 1), so the ranks' kernels waiting in a collective hold at most
+/// half the GPU and a peer still in its GEMMs keeps the rest. (A rank's collective waits for
+/// its peers inside the kernel; with the default grid, eight waiting ranks hold nearly every
+/// multiprocessor of an H200 while the last rank's GEMMs need them.) Ranks on GPUs of their
+/// own: `config` unchanged. Also set `CUDA_MODULE_LOADING=EAGER` before CUDA starts (see the
+/// module docs).
+pub fn thread_group_config(
+    config: collective_factory::Config,
+    ranks: usize,
+) -> Result<collective_factory::Config, Error> {
+    let count = require_device()?;
+    let per_gpu = ranks.div_ceil(count);
+    if per_gpu <= 1 {
+        return Ok(config);
+    }
+    let ctx = cudarc::driver::CudaContext::new(0).map_err(driver("cuDevicePrimaryCtxRetain"))?;
+    let sms = ctx
+        .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(driver("cuDeviceGetAttribute (multiprocessors)"))?;
+    let sms = usize::try_from(sms).unwrap_or(1);
+    Ok(config.with_max_blocks((sms / (2 * per_gpu)).max(1)))
 }
 
 /// A shape error unless `comm` is rank `rank` of a world of `size` (the `what` was made for

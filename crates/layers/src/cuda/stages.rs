@@ -2,7 +2,8 @@
 //! CUDA events, [`Lockstep`] keeps ranks that are threads sharing one context in call order.
 use crate::Error;
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream, sys};
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 /// One stage of a forward. The FFN runs `AllGather`, `Gemm1` (every leaf), `Activation`,
 /// `Gemm2` (every leaf), `LeafFold`, `ReduceScatter`; the attention runs `AllGather` three
@@ -81,20 +82,101 @@ impl<A: StageHook, B: StageHook> StageHook for (A, B) {
     }
 }
 
+/// A barrier of the ranks of one process that cannot hang: [`Rendezvous::wait`] fails after
+/// the timeout, and at once for every party after one of them failed ([`Rendezvous::poison`],
+/// or a wait that timed out). A rank whose collective failed (a peer timed out, a shape it
+/// was not given) would otherwise leave its peers waiting for it forever.
+#[derive(Debug)]
+pub struct Rendezvous {
+    parties: usize,
+    timeout: Duration,
+    state: Mutex<RendezvousState>,
+    met: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct RendezvousState {
+    arrived: usize,
+    generation: u64,
+    failed: Option<String>,
+}
+
+impl Rendezvous {
+    /// A rendezvous of `parties` threads; a wait gives up after `timeout`.
+    pub fn new(parties: usize, timeout: Duration) -> Self {
+        Rendezvous { parties, timeout, state: Mutex::default(), met: Condvar::new() }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, RendezvousState> {
+        // A party that panicked holding the lock left consistent counters (every update is
+        // one assignment); the others go on and see `failed` if it poisoned the rendezvous.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits until every party has called `wait` (the same number of times), or fails: the
+    /// rendezvous was poisoned, or the others did not come within the timeout (which poisons
+    /// it for everyone).
+    pub fn wait(&self) -> Result<(), Error> {
+        let mut s = self.state();
+        if let Some(why) = &s.failed {
+            return Err(Error::Lockstep(why.clone()));
+        }
+        let generation = s.generation;
+        s.arrived += 1;
+        if s.arrived == self.parties {
+            s.arrived = 0;
+            s.generation += 1;
+            self.met.notify_all();
+            return Ok(());
+        }
+        let deadline = Instant::now() + self.timeout;
+        while s.generation == generation && s.failed.is_none() {
+            let now = Instant::now();
+            if now >= deadline {
+                let why = format!(
+                    "{} of {} ranks did not reach the rendezvous within {:?}",
+                    self.parties - s.arrived,
+                    self.parties,
+                    self.timeout
+                );
+                s.failed = Some(why.clone());
+                self.met.notify_all();
+                return Err(Error::Lockstep(why));
+            }
+            s = self.met.wait_timeout(s, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        match &s.failed {
+            Some(why) if s.generation == generation => Err(Error::Lockstep(why.clone())),
+            _ => Ok(()),
+        }
+    }
+
+    /// Marks the rendezvous failed (`why`): every party waiting now or later gets an error.
+    /// A rank calls it when it gives up, so that its peers do not wait for it.
+    pub fn poison(&self, why: &str) {
+        let mut s = self.state();
+        if s.failed.is_none() {
+            s.failed = Some(why.to_owned());
+        }
+        self.met.notify_all();
+    }
+}
+
 /// Keeps ranks that are threads sharing one CUDA context in call order: after every
 /// `AllGather` and `ReduceScatter` is enqueued, waits on `barrier` (one party per rank), so
 /// collective `k` of every rank is enqueued before collective `k + 1` of any (the rule of
-/// `IpcCollective::group`). Only enqueues are ordered: nothing waits for the device.
+/// `IpcCollective::group`). Only enqueues are ordered: nothing waits for the device. A rank
+/// that fails should [`Rendezvous::poison`] it, so that its peers fail instead of waiting.
 #[derive(Debug, Clone, Copy)]
 pub struct Lockstep<'a> {
     /// One party per rank of the group.
-    pub barrier: &'a Barrier,
+    pub barrier: &'a Rendezvous,
 }
 
 impl StageHook for Lockstep<'_> {
     fn after(&mut self, s: Stage, _stream: &Arc<CudaStream>) -> Result<(), Error> {
         if matches!(s, Stage::AllGather | Stage::ReduceScatter) {
-            self.barrier.wait();
+            self.barrier.wait()?;
         }
         Ok(())
     }
@@ -169,5 +251,52 @@ impl StageHook for StageEvents {
         self.records.push(s);
         self.open = None;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parties_meet_again_and_again() {
+        let r = Rendezvous::new(4, Duration::from_secs(10));
+        let met: Vec<usize> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4).map(|_| s.spawn(|| (0..100).filter(|_| r.wait().is_ok()).count())).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(met, [100; 4]);
+    }
+
+    #[test]
+    fn a_missing_party_is_an_error_within_the_timeout_for_everyone_then_at_once() {
+        let r = Rendezvous::new(3, Duration::from_millis(200));
+        let t = Instant::now();
+        let results: Vec<Result<(), Error>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2).map(|_| s.spawn(|| r.wait())).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        for res in results {
+            assert!(matches!(&res, Err(Error::Lockstep(why)) if why.contains("did not reach")), "{res:?}");
+        }
+        // Poisoned for good: the late party fails at once too.
+        let t = Instant::now();
+        assert!(matches!(r.wait(), Err(Error::Lockstep(_))));
+        assert!(t.elapsed() < Duration::from_millis(100));
+    }
+
+    #[test]
+    fn a_poisoned_rendezvous_releases_its_waiters_at_once() {
+        let r = Rendezvous::new(2, Duration::from_secs(30));
+        let t = Instant::now();
+        let res = std::thread::scope(|s| {
+            let waiter = s.spawn(|| r.wait());
+            std::thread::sleep(Duration::from_millis(50));
+            r.poison("rank 1 failed");
+            waiter.join().unwrap()
+        });
+        assert!(matches!(&res, Err(Error::Lockstep(why)) if why == "rank 1 failed"), "{res:?}");
+        assert!(t.elapsed() < Duration::from_secs(5));
     }
 }

@@ -2,14 +2,16 @@
 //! ranks on GPU 0 of a one-GPU host), one host thread and one stream per rank, and uploads.
 use collective_factory::{Config, NvidiaCollective, nvidia};
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
-use std::sync::{Arc, Barrier, Mutex, MutexGuard};
+use detcoll_layers::cuda::Rendezvous;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 /// One rank's view in [`on_ranks`]: its collective, its own stream and the group's barrier
 /// (one party per rank; also what [`detcoll_layers::cuda::Lockstep`] waits on).
 pub struct Rank<'a> {
     pub comm: &'a NvidiaCollective,
     pub stream: Arc<CudaStream>,
-    pub barrier: &'a Barrier,
+    pub barrier: &'a Rendezvous,
 }
 
 /// A `world`-rank thread group with `capacity` staging bytes, or `None` (a skip line printed)
@@ -24,7 +26,9 @@ pub fn group(world: usize, capacity: usize) -> Option<Group> {
     available()?;
     static GPU: Mutex<()> = Mutex::new(());
     let lock = GPU.lock().unwrap_or_else(|p| p.into_inner());
-    let ranks = nvidia::thread_group(world, &Config::new().with_capacity(capacity)).expect("a thread group");
+    let config = detcoll_layers::cuda::thread_group_config(Config::new().with_capacity(capacity), world)
+        .expect("the thread group's configuration");
+    let ranks = nvidia::thread_group(world, &config).expect("a thread group");
     for r in &ranks {
         // SAFETY: every buffer of these tests is used on its rank's one stream only.
         unsafe { r.context().disable_event_tracking() };
@@ -61,13 +65,19 @@ pub fn available() -> Option<()> {
         // sets 32).
         println!("note: CUDA_DEVICE_MAX_CONNECTIONS is unset; set it to 32 for the 8-rank groups");
     }
+    if std::env::var_os("CUDA_MODULE_LOADING").is_none() {
+        // Lazy loading loads a kernel (cuBLAS's too) at its first launch, which can wait for the
+        // device while a peer's collective spins (`cargo xtask gpu-test` sets EAGER).
+        println!("note: CUDA_MODULE_LOADING is unset; set it to EAGER for groups sharing one GPU");
+    }
     Some(())
 }
 
 /// Runs `f` on every rank, one host thread each with a stream of its own; results in rank
-/// order.
+/// order. A rank that panics poisons the group's rendezvous first, so that its peers fail at
+/// their next wait instead of waiting for it forever.
 pub fn on_ranks<R: Send>(ranks: &[NvidiaCollective], f: impl Fn(Rank<'_>) -> R + Sync) -> Vec<R> {
-    let barrier = Barrier::new(ranks.len());
+    let barrier = Rendezvous::new(ranks.len(), Duration::from_secs(60));
     std::thread::scope(|s| {
         let (f, barrier) = (&f, &barrier);
         let hs: Vec<_> = ranks
@@ -75,7 +85,14 @@ pub fn on_ranks<R: Send>(ranks: &[NvidiaCollective], f: impl Fn(Rank<'_>) -> R +
             .map(|comm| {
                 s.spawn(move || {
                     let stream = comm.context().new_stream().expect("a stream");
-                    f(Rank { comm, stream, barrier })
+                    let run = std::panic::AssertUnwindSafe(|| f(Rank { comm, stream, barrier }));
+                    match std::panic::catch_unwind(run) {
+                        Ok(r) => r,
+                        Err(panic) => {
+                            barrier.poison("a rank panicked");
+                            std::panic::resume_unwind(panic)
+                        }
+                    }
                 })
             })
             .collect();
