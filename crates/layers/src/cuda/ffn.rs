@@ -5,7 +5,8 @@
 //! `AllGather(x)` → `Gemm1` (one `S × H × F/8` GEMM per leaf of the rank) → `Activation`
 //! (SiLU in f32 over every leaf's activations) → `Gemm2` (one `S × F/8 × H` GEMM per leaf, the
 //! leaf product `P_l`) → `LeafFold` (the balanced tree over the rank's `8/tp` products, in `T`:
-//! 1 = copy, 2 = `P0+P1`, 4 = `(P0+P1)+(P2+P3)`) → `ReduceScatter` (the balanced tree over the
+//! 2 = `P0+P1`, 4 = `(P0+P1)+(P2+P3)`; one leaf, at TP = 8, is its own partial sum: GEMM 2
+//! writes it there and there is no fold stage) → `ReduceScatter` (the balanced tree over the
 //! ranks, the top levels of the same 8-leaf tree).
 //!
 //! # Layout: the same GEMM at every TP
@@ -273,6 +274,15 @@ impl<T: CudaScalar> CudaFfnShard<T> {
         silu(kernels, &mut ws.act, l.act_stride * l.leaves, stream, hook)?;
 
         hook.before(Stage::Gemm2, stream)?;
+        if l.leaves == 1 {
+            // One leaf (TP = 8): its product is the rank's partial sum (the tree over one
+            // product is the product), so GEMM 2 writes it there and there is no fold. Same
+            // shape, leading dimensions and 256-byte alignment as a product slot.
+            let a = ws.act.slice(..s * w);
+            gemm.gemm(&a, &self.w2.slice(..w * h), s, w, h, &mut ws.partial)?;
+            hook.after(Stage::Gemm2, stream)?;
+            return scatter(comm, ws, out_local, stream, hook);
+        }
         for j in 0..l.leaves {
             let a = ws.act.slice(j * l.act_stride..j * l.act_stride + s * w);
             let b = self.w2.slice(j * l.w2_stride..j * l.w2_stride + w * h);
