@@ -66,7 +66,11 @@ impl Config {
     /// (default: the GPU's multiprocessors divided by the ranks sharing it). Ranks that are
     /// threads or processes sharing one GPU with other work (GEMMs between their collectives)
     /// may want fewer, so that kernels waiting for a peer leave that peer's compute most of
-    /// the GPU. Every rank must pass the same value (the ranks check it).
+    /// the GPU. Every rank must pass the same value (the ranks check it). Taken by the GPU
+    /// constructors (the CPU twin has no blocks); 1 to 1024, else construction fails with
+    /// `InvalidConfig`; ranks sharing a GPU need all their kernels resident at once, so keep
+    /// `blocks * ranks` at or below its multiprocessors (more shows as `PeerTimeout`, never as
+    /// wrong data).
     pub fn with_max_blocks(mut self, blocks: usize) -> Self {
         self.max_blocks = Some(blocks.max(1));
         self
