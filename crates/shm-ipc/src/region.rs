@@ -320,6 +320,9 @@ fn proc_open(pid: u32, fd: i32) -> Result<OwnedFd, std::io::Error> {
 /// Removes fallback objects `detcoll-<pid>-…` in `/dev/shm` whose owner process is gone (it
 /// was killed between creating its object and every peer mapping it). Best effort.
 fn sweep_stale() {
+    if testing::has(Fault::NoSweep) {
+        return;
+    }
     let Ok(dir) = std::fs::read_dir(SHM_DIR) else { return };
     let me = std::process::id();
     for entry in dir.flatten() {

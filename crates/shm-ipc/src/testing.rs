@@ -15,6 +15,8 @@ pub enum Fault {
     KillAfterCreate = 4,
     /// Behave as if `/proc/<pid>/fd` could not be opened: use the named fallback.
     NoProcFd = 8,
+    /// Skip the sweep of stale fallback objects, so a test can observe what a kill leaves.
+    NoSweep = 16,
 }
 
 static FAULTS: AtomicU8 = AtomicU8::new(0);

@@ -8,6 +8,7 @@ use collective_core::protocol::{TIMEOUT_ENV, Timeouts};
 use collective_core::{Collective, Error, Io};
 use detcoll_launch::{LaunchSpec, launch_captured};
 use shm_ipc::{ShmCollective, ShmConfig};
+use std::sync::{RwLock, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 const ROLE: &str = "DETCOLL_FAULT_CHILD";
@@ -31,8 +32,24 @@ fn launch(world: usize, test: &str) -> Vec<(bool, String)> {
     launch_with(world, test, &[])
 }
 
+/// Held (shared) by every launch, and exclusively by a test whose children must be the only
+/// ones running: every construction sweeps stale `/dev/shm` objects of dead processes, so a
+/// concurrent test's children could remove the object a test is about to look for.
+static CHILDREN: RwLock<()> = RwLock::new(());
+
+/// Runs no other test's children until the guard is dropped; launch with [`launch_alone`].
+fn exclusive() -> RwLockWriteGuard<'static, ()> {
+    CHILDREN.write().unwrap_or_else(|e| e.into_inner())
+}
+
 /// [`launch`] with extra environment variables for the children.
 fn launch_with(world: usize, test: &str, env: &[(&str, &str)]) -> Vec<(bool, String)> {
+    let _shared = CHILDREN.read().unwrap_or_else(|e| e.into_inner());
+    launch_alone(world, test, env)
+}
+
+/// [`launch_with`] for a test that holds [`exclusive`].
+fn launch_alone(world: usize, test: &str, env: &[(&str, &str)]) -> Vec<(bool, String)> {
     let exe = std::env::current_exe().unwrap();
     let mut spec =
         LaunchSpec::new(world, exe).args([test, "--exact", "--nocapture", "--test-threads=1"]).env(ROLE, "1");
@@ -344,6 +361,9 @@ fn a_rank_killed_during_construction_leaks_nothing() {
                 faults.push(shm_ipc::testing::Fault::NoProcFd);
             }
             shm_ipc::testing::inject(&faults);
+        } else if mode == "named" {
+            // Rank 0 may start after rank 1 died: its sweep would remove what the test looks for.
+            shm_ipc::testing::inject(&[shm_ipc::testing::Fault::NoSweep]);
         }
         let t = Instant::now();
         let r = ShmCollective::new(&boot, config());
@@ -359,17 +379,18 @@ fn a_rank_killed_during_construction_leaks_nothing() {
         return;
     }
     let pid_of = |out: &str| out.lines().find_map(|l| l.split("PID ").nth(1)).map(str::trim).map(String::from);
-    let results = launch(2, TEST);
+    let _alone = exclusive();
+    let results = launch_alone(2, TEST, &[]);
     assert!(!results[1].0, "rank 1 should have been killed:\n{}", results[1].1);
     assert!(results[0].0 && results[0].1.contains("VERDICT ok"), "rank 0:\n{}", results[0].1);
     let pid = pid_of(&results[1].1).unwrap_or_else(|| panic!("rank 1 printed no pid:\n{}", results[1].1));
     assert_eq!(leftovers(&pid), Vec::<String>::new(), "a killed rank left objects in /dev/shm");
     // The named fallback leaves its object behind on a kill; the next construction sweeps it.
-    let results = launch_with(2, TEST, &[(MODE, "named")]);
+    let results = launch_alone(2, TEST, &[(MODE, "named")]);
     assert!(!results[1].0 && results[0].0, "rank 0:\n{}", results[0].1);
     let pid = pid_of(&results[1].1).expect("rank 1 printed its pid");
     assert_eq!(leftovers(&pid).len(), 1, "the injected kill left no named object: the test tests nothing");
-    assert_all_ok(&launch_with(2, TEST, &[(MODE, "sweep")]));
+    assert_all_ok(&launch_alone(2, TEST, &[(MODE, "sweep")]));
     assert_eq!(leftovers(&pid), Vec::<String>::new(), "the next construction did not sweep the stale object");
 }
 
@@ -398,6 +419,7 @@ fn a_zombie_peer_is_dead_at_once() {
         return;
     }
     // The launcher reaps its children: start the ranks here and wait on rank 1 only at the end.
+    let _shared = CHILDREN.read().unwrap_or_else(|e| e.into_inner());
     let port = free_port().to_string();
     let spawn = |rank: usize| {
         std::process::Command::new(std::env::current_exe().unwrap())
