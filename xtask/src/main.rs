@@ -61,10 +61,10 @@ fn default_kernel_dir() {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if matches!(cli.command, Command::Bench(_) | Command::BenchRank(_)) {
+    if let Command::Bench(args) | Command::BenchRank(args) = &cli.command {
         default_kernel_dir();
         // SAFETY: still on the main thread, before any other thread and before CUDA starts.
-        unsafe { detcoll_benches::prefer_eager_module_loading() };
+        unsafe { detcoll_benches::prepare_cuda_environment(args) };
     }
     let result = match cli.command {
         Command::Bench(args) => bench::main(args),

@@ -28,9 +28,13 @@ enum Rank {
 }
 
 fn main() -> ExitCode {
-    // SAFETY: the main thread, before any other thread and before CUDA starts.
-    unsafe { detcoll_benches::prefer_eager_module_loading() };
     let cli = Cli::parse();
+    let args = match &cli.rank {
+        Some(Rank::BenchRank(args)) => args,
+        None => &cli.args,
+    };
+    // SAFETY: the main thread, before any other thread and before CUDA starts.
+    unsafe { detcoll_benches::prepare_cuda_environment(args) };
     let result = match cli.rank {
         Some(Rank::BenchRank(args)) => detcoll_benches::run_rank(args, &DETCOLL_BENCH),
         None => detcoll_benches::run(cli.args, &DETCOLL_BENCH),

@@ -10,7 +10,14 @@
 //!   `--route` table, else `DETCOLL_ROUTING_TABLE`, else the built-in table for the world), so
 //!   thread runs route every call as process runs do. No NCCL: it refuses two ranks of one
 //!   process on one GPU, and the factory's IPC exchange needs processes; a table with a
-//!   transport route is an error.
+//!   transport route is an error. Where more than two ranks share a GPU, their collective
+//!   calls are enqueued in the global call order (call k of ranks 0..world, then call k+1, as
+//!   one host thread driving every rank would; the conformance suite's `Order`): a rank
+//!   enqueuing calls ahead of its peers can leave a peer's kernel queued behind its own in the
+//!   device's shared hardware queues until the timeout. The bench binaries also default
+//!   `CUDA_DEVICE_MAX_CONNECTIONS` to 32 for thread runs, so graph replays (which are not
+//!   ordered) of up to 8 ranks get a hardware queue each; the collective kernels' grids are
+//!   capped so every sharing rank's kernel is resident at once (the IPC twin's default).
 //!
 //! Buffers are plain device allocations, the baseline is a device-to-device copy of the same
 //! bytes, the launch floor is the empty kernel `detcoll_noop` (the IPC device's `FusedTree`),
@@ -21,6 +28,7 @@
 use super::args::BenchOp;
 use super::backend::{BenchBackend, NativeKind};
 use super::native::{self, Natives};
+use super::turns::RankTurns;
 use anyhow::Context;
 use ccl_transport::TransportCollective;
 use collective_core::bootstrap::Bootstrap;
@@ -65,6 +73,9 @@ pub struct CudaBackend<C> {
     noop: Option<FusedTree>,
     /// The IPC backend's LL push capacity (None: no IPC backend).
     ll_capacity: Option<usize>,
+    /// This rank's turns in the global enqueue order of thread ranks sharing a GPU (None:
+    /// calls enqueue at once).
+    turns: Option<RankTurns>,
 }
 
 /// The empty kernel and LL capacity of an IPC backend.
@@ -138,7 +149,7 @@ pub fn process(
         // A transport-only table builds no IPC backend: the kernels are loaded here.
         noop = Some(CudaDevice::new(&ctx).and_then(|d| d.fused_tree()).context("loading the empty kernel")?);
     }
-    Ok(CudaBackend { comm, name: NAME, ctx, stream, natives, noop, ll_capacity })
+    Ok(CudaBackend { comm, name: NAME, ctx, stream, natives, noop, ll_capacity, turns: None })
 }
 
 /// A world of `world` ranks as threads, rank r on GPU r % count: the IPC twin routed by
@@ -147,26 +158,35 @@ pub fn group(world: usize, capacity: usize, routing: &Routing) -> anyhow::Result
     super::routes::check_no_transport(routing, "a --threads run")?;
     let count = cuda_ipc::driver::device_count()?;
     anyhow::ensure!(count > 0, "no CUDA device");
-    let per_gpu = world.div_ceil(count);
-    anyhow::ensure!(
-        per_gpu <= 2,
-        "--threads with {world} ranks on {count} GPU(s) puts {per_gpu} ranks on one GPU context; ranks that are \
-         threads sharing one context must enqueue in global call order, which the bench does not do. \
-         Run without --threads (one process per rank; under MPS when ranks share a GPU)"
-    );
+    // More than two ranks sharing a GPU enqueue in the global call order (module doc).
+    let mut turns: Vec<Option<RankTurns>> = if world.div_ceil(count) > 2 {
+        RankTurns::group(world).into_iter().map(Some).collect()
+    } else {
+        (0..world).map(|_| None).collect()
+    };
     let ctxs = (0..world).map(|r| context(r % count)).collect::<anyhow::Result<Vec<_>>>()?;
     let config = thread_ipc_config(capacity, routing);
     let comms = cuda_ipc::group(&ctxs, &config).context("building the CUDA IPC thread group")?;
     comms
         .into_iter()
         .zip(ctxs)
-        .map(|(ipc, ctx)| {
+        .zip(turns.drain(..))
+        .map(|((ipc, ctx), turns)| {
             let stream = ctx.new_stream()?;
             let (noop, ll_capacity) = ipc_extras(Some(&ipc))?;
             let rank = ipc.rank();
             let comm = Routed::new(rank, world, capacity, routing.clone(), Some(ipc), None::<NoTransport<CudaStream>>)
                 .context("routing the CUDA IPC thread group")?;
-            Ok(CudaBackend { comm, name: THREADS_NAME, ctx, stream, natives: Natives::none(), noop, ll_capacity })
+            Ok(CudaBackend {
+                comm,
+                name: THREADS_NAME,
+                ctx,
+                stream,
+                natives: Natives::none(),
+                noop,
+                ll_capacity,
+                turns,
+            })
         })
         .collect()
 }
@@ -290,6 +310,12 @@ impl<C: Collective<Stream = CudaStream> + Retained> BenchBackend for CudaBackend
     }
     fn peak_temp_bytes(&self) -> usize {
         0
+    }
+    fn in_turn(&self, enqueue: &mut dyn FnMut() -> anyhow::Result<()>) -> anyhow::Result<()> {
+        match &self.turns {
+            Some(turns) => turns.run(enqueue),
+            None => enqueue(),
+        }
     }
     fn drain(&self) -> anyhow::Result<()> {
         self.sync()

@@ -51,6 +51,7 @@ pub mod run;
 pub mod stats;
 pub mod svg;
 pub mod table;
+pub mod turns;
 
 use args::BackendChoice;
 pub use args::BenchArgs;

@@ -136,8 +136,19 @@ struct OpBufs<Buf> {
     outs: Vec<Buf>,
 }
 
-/// Enqueues one call of `op` on `n` input elements per rank.
+/// Enqueues one call of `op` on `n` input elements per rank, in the rank's enqueue turn.
 fn call<B: BenchBackend>(b: &B, op: BenchOp, dtype: DType, n: usize, bufs: &mut OpBufs<B::Buf>) -> anyhow::Result<()> {
+    b.in_turn(&mut || enqueue_call(b, op, dtype, n, bufs))
+}
+
+/// Enqueues one call of `op` on the rank's stream (see [`call`]).
+fn enqueue_call<B: BenchBackend>(
+    b: &B,
+    op: BenchOp,
+    dtype: DType,
+    n: usize,
+    bufs: &mut OpBufs<B::Buf>,
+) -> anyhow::Result<()> {
     let (comm, stream) = (b.comm(), b.stream());
     let world = comm.world_size();
     let out_lens = output_lens(op, n, world);
