@@ -45,6 +45,7 @@ pub(crate) mod hip;
 mod native;
 pub mod plot;
 pub mod progress;
+pub mod reference;
 pub mod report;
 pub mod routes;
 pub mod run;

@@ -20,12 +20,13 @@
 use super::args::{BenchArgs, BenchOp};
 use super::backend::{BenchBackend, NativeKind};
 use super::progress;
+use super::reference::RowReference;
 use super::report::Row;
 use super::routes;
 use super::stats::{Summary, digest, gbps, slowest_rank};
 use anyhow::Context;
 use collective_core::bootstrap::Bootstrap;
-use collective_core::conformance::data::{compare, finite_values, reference_reduce};
+use collective_core::conformance::data::finite_values;
 use collective_core::{Collective, DType, Io};
 use serde::{Deserialize, Serialize};
 
@@ -99,8 +100,10 @@ pub fn rank_input(seed: u64, op: BenchOp, dtype: DType, size: usize, n: usize, r
     (0..lanes).flat_map(|l| finite_values(dtype, n / lanes, input_seed(seed, op, size, rank, l))).collect()
 }
 
-/// What rank `rank` must receive, lanes concatenated, from the fixed tree over every rank's input.
-pub fn expected_output(
+/// What rank `rank` must receive, lanes concatenated, from the fixed tree over every rank's input:
+/// the plain definition, which the bench's faster [`RowReference`] is tested against.
+#[cfg(test)]
+pub(crate) fn expected_output(
     seed: u64,
     op: BenchOp,
     dtype: DType,
@@ -113,7 +116,7 @@ pub fn expected_output(
     let esize = dtype.size();
     match op {
         BenchOp::AllGather => inputs.concat(),
-        BenchOp::AllReduce => reference_reduce(&inputs, dtype),
+        BenchOp::AllReduce => collective_core::conformance::data::reference_reduce(&inputs, dtype),
         BenchOp::ReduceScatter | BenchOp::ReduceScatterMany => {
             let lanes = op.lanes();
             let lane_bytes = n / lanes * esize;
@@ -122,7 +125,7 @@ pub fn expected_output(
             for l in 0..lanes {
                 let lane: Vec<Vec<u8>> =
                     inputs.iter().map(|i| i[l * lane_bytes..(l + 1) * lane_bytes].to_vec()).collect();
-                let full = reference_reduce(&lane, dtype);
+                let full = collective_core::conformance::data::reference_reduce(&lane, dtype);
                 out.extend_from_slice(&full[rank * shard..(rank + 1) * shard]);
             }
             out
@@ -320,16 +323,16 @@ pub fn measure_op<B: BenchBackend>(
     let (rank, world) = (b.comm().rank(), b.comm().world_size());
     let n = size / dtype.size();
     let out_lens = output_lens(op, n, world);
+    let reference = RowReference::of(args.seed, op, dtype, size, world);
     let mut input = b.alloc(size)?;
-    b.write(&mut input, &rank_input(args.seed, op, dtype, size, n, rank))?;
+    b.write(&mut input, reference.input(rank))?;
     let outs = out_lens.iter().map(|&m| b.alloc(m * dtype.size())).collect::<anyhow::Result<Vec<_>>>()?;
     let mut bufs = OpBufs { input, outs };
-    let expected = expected_output(args.seed, op, dtype, size, n, world, rank);
 
     boot.barrier().context("barrier before the first call")?;
     call(b, op, dtype, n, &mut bufs).with_context(|| format!("first {} call", op.name()))?;
     let got = read_outs(b, &bufs.outs, &out_lens, dtype)?;
-    let check = compare(&got, &expected, dtype);
+    let check = reference.check(rank, &got);
     let first = digest(&got);
     drop(got);
 
@@ -356,7 +359,8 @@ pub fn measure_op<B: BenchBackend>(
         b.native(kind, op, single_io(b, dtype, n, out_lens[0], &mut bufs))
             .with_context(|| format!("first native {kind:?} call"))?;
         if kind == NativeKind::Default {
-            native_max_abs_diff = Some(max_abs_diff(&read_outs(b, &bufs.outs, &out_lens, dtype)?, &expected, dtype));
+            let got = read_outs(b, &bufs.outs, &out_lens, dtype)?;
+            native_max_abs_diff = Some(max_abs_diff(&got, &reference.expected(rank), dtype));
         }
         for _ in 0..args.warmup {
             b.native(kind, op, single_io(b, dtype, n, out_lens[0], &mut bufs))?;
