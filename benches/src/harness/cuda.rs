@@ -159,19 +159,14 @@ pub fn group(world: usize, capacity: usize, routing: &Routing) -> anyhow::Result
     let count = cuda_ipc::driver::device_count()?;
     anyhow::ensure!(count > 0, "no CUDA device");
     // More than two ranks sharing a GPU enqueue in the global call order (module doc).
-    let mut turns: Vec<Option<RankTurns>> = if world.div_ceil(count) > 2 {
-        RankTurns::group(world).into_iter().map(Some).collect()
-    } else {
-        (0..world).map(|_| None).collect()
-    };
+    let mut turns = (world.div_ceil(count) > 2).then(|| RankTurns::group(world).into_iter());
     let ctxs = (0..world).map(|r| context(r % count)).collect::<anyhow::Result<Vec<_>>>()?;
     let config = thread_ipc_config(capacity, routing);
     let comms = cuda_ipc::group(&ctxs, &config).context("building the CUDA IPC thread group")?;
     comms
         .into_iter()
         .zip(ctxs)
-        .zip(turns.drain(..))
-        .map(|((ipc, ctx), turns)| {
+        .map(|(ipc, ctx)| {
             let stream = ctx.new_stream()?;
             let (noop, ll_capacity) = ipc_extras(Some(&ipc))?;
             let rank = ipc.rank();
@@ -185,7 +180,7 @@ pub fn group(world: usize, capacity: usize, routing: &Routing) -> anyhow::Result
                 natives: Natives::none(),
                 noop,
                 ll_capacity,
-                turns,
+                turns: turns.as_mut().and_then(Iterator::next),
             })
         })
         .collect()

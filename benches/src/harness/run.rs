@@ -16,8 +16,7 @@
 //! other inside kernels, and instantiation can wait for the device to go idle). Warm-up is one
 //! untimed replay; each sample is a barrier and `--replays` (default 1) timed replays back to
 //! back (per call = sample time / (replays x iterations)), with nothing else enqueued between
-//! replays. The graph is destroyed after a
-//! barrier that follows every rank's last replay.
+//! replays. The graph is destroyed after a barrier that follows every rank's last replay.
 use super::args::{BenchArgs, BenchOp};
 use super::backend::{BenchBackend, NativeKind};
 use super::progress;
