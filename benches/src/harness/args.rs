@@ -139,6 +139,13 @@ pub struct BenchArgs {
     #[arg(long = "size-bytes", num_args = 1.., value_delimiter = ',', value_parser = parse_size)]
     pub size_bytes: Vec<usize>,
 
+    /// Staging bytes per rank, the collective's capacity (suffixes as for `--size-bytes`): calls
+    /// above it run in chunks, so a capacity below the sizes measures chunked calls. Default:
+    /// twice the largest size, so every route fits its frame at every size.
+    #[arg(long = "capacity", value_parser = parse_capacity)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity_bytes: Option<usize>,
+
     /// Untimed calls before the samples of each row.
     #[arg(long, default_value_t = 10)]
     pub warmup: usize,
@@ -241,6 +248,9 @@ impl BenchArgs {
             a.push("--size-bytes".to_owned());
             a.extend(self.size_bytes.iter().map(|s| s.to_string()));
         }
+        if let Some(c) = self.capacity_bytes {
+            a.extend(["--capacity".to_owned(), c.to_string()]);
+        }
         a.extend([
             "--warmup".to_owned(),
             self.warmup.to_string(),
@@ -330,10 +340,11 @@ impl BenchArgs {
         Ok(())
     }
 
-    /// Staging bytes per rank: twice the largest per-rank input, so the bulk push route's
-    /// receive slots (about twice the message for all_reduce) fit its frame at every size.
+    /// Staging bytes per rank: `--capacity`, else twice the largest per-rank input, so the bulk
+    /// push route's receive slots (about twice the message for all_reduce) fit its frame at
+    /// every size.
     pub fn capacity(&self) -> usize {
-        self.size_bytes.iter().copied().max().unwrap_or(0).saturating_mul(2)
+        self.capacity_bytes.unwrap_or_else(|| self.size_bytes.iter().copied().max().unwrap_or(0).saturating_mul(2))
     }
 }
 
@@ -364,6 +375,12 @@ fn parse_world(s: &str) -> Result<usize, String> {
 }
 
 /// Parses `4096`, `4K`, `4KiB`, `16M`, `16MiB`, `1G` (binary multiples).
+/// `--capacity`: a size of at least 16 bytes (one 16-byte chunk per call must fit).
+fn parse_capacity(s: &str) -> Result<usize, String> {
+    let c = parse_size(s)?;
+    if c < 16 { Err(format!("--capacity {s}: at least 16 bytes of staging are needed")) } else { Ok(c) }
+}
+
 pub fn parse_size(s: &str) -> Result<usize, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
@@ -517,8 +534,11 @@ pub(crate) mod tests {
             "--route",
             "ipc_push_ll",
             "--graph",
+            "--capacity",
+            "1K",
         ])
         .unwrap();
+        assert_eq!(a.capacity(), 1024);
         assert_eq!((a.route.as_deref(), a.graph), (Some("ipc_push_ll"), true));
         let args = a.to_cli_args();
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -552,6 +572,9 @@ pub(crate) mod tests {
         assert!(d.check_shapes(1).is_err());
         // Twice the largest size: the bulk push route's slots fit the frame at every size.
         assert_eq!(parse(&["--size-bytes", "4096", "1M"]).unwrap().capacity(), 2 << 20);
+        // Or what --capacity says, below the sizes too (the calls then run in chunks).
+        assert_eq!(parse(&["--size-bytes", "1M", "--capacity", "64K"]).unwrap().capacity(), 64 << 10);
+        assert!(parse(&["--capacity", "8"]).is_err());
     }
 
     #[test]

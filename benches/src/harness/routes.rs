@@ -6,6 +6,7 @@
 //! [`run_routing`]: the `--route` table ([`forced_table`]) when given, else
 //! `DETCOLL_ROUTING_TABLE`, else the platform's built-in table for the world size.
 use super::args::BenchOp;
+use collective_core::protocol::bulk_all_reduce_elements;
 use collective_core::{DType, Op, Route};
 use collective_factory::{Platform, Routing, RoutingTable, Rule};
 
@@ -122,8 +123,9 @@ pub fn bulk_frame_bytes(op: BenchOp, size: usize, dtype: DType, world: usize) ->
 
 /// The route a call runs: `route` as the collective reports it (`Collective::route`), except
 /// that a push call that does not fit its slots takes the one-shot pull route, as the IPC engine
-/// does (same bits): `ipc_push_ll` over the LL capacity (`ll_capacity`, when the backend says),
-/// `ipc_push` over the frame (`capacity`) or for reduce_scatter_many.
+/// does (same bits; `protocol::Chunks`): `ipc_push_ll` over the LL capacity (`ll_capacity`, when
+/// the backend says), `ipc_push` over the frame (`capacity`) or for reduce_scatter_many — but
+/// an all_reduce over the frame runs as bulk push chunks while one 16-byte shard per slot fits.
 pub fn effective_route(
     route: Route,
     op: BenchOp,
@@ -136,7 +138,8 @@ pub fn effective_route(
     match (route, ll_capacity) {
         (Route::IpcPushLl, Some(cap)) if push_payload_bytes(op, size, dtype, world) > cap => Route::IpcOneShot,
         (Route::IpcPush, _) if bulk_frame_bytes(op, size, dtype, world).is_none_or(|b| b > capacity) => {
-            Route::IpcOneShot
+            let chunked = op == BenchOp::AllReduce && bulk_all_reduce_elements(capacity, dtype.size(), world) > 0;
+            if chunked { Route::IpcPush } else { Route::IpcOneShot }
         }
         _ => route,
     }
@@ -234,14 +237,15 @@ mod tests {
     /// (`Plan::single_fitted`) for sizes around every boundary.
     #[test]
     fn bulk_fit_matches_the_engine_plans() {
-        use collective_core::protocol::Plan;
+        use collective_core::protocol::Chunks;
         use collective_core::{Io, RawMut, RawRef, validate};
         for world in [2usize, 4, 8] {
             for op in [BenchOp::AllReduce, BenchOp::AllGather, BenchOp::ReduceScatter] {
                 for elems in [world, 7 * world, 1000 * world, 4096 * world + 8 * world] {
                     let size = elems * 2;
                     let frame = bulk_frame_bytes(op, size, DType::BF16, world).unwrap();
-                    for capacity in [frame - 1, frame, frame + 1] {
+                    // Around the frame, and far below it (chunks), down to too small for one.
+                    for capacity in [frame - 1, frame, frame + 1, frame / 5, 32 * world, 16] {
                         let out = match op {
                             BenchOp::AllGather => elems * world,
                             BenchOp::ReduceScatter => elems / world,
@@ -255,9 +259,12 @@ mod tests {
                             }
                         };
                         let call = validate(op.op(), &io, 0, world, usize::MAX).unwrap();
-                        let plan = Plan::single_fitted(&call, 0, world, Route::IpcPush, capacity, 0).unwrap();
+                        // What runs: the first plan of the engine's chunking (every chunk
+                        // takes the same route).
+                        let mut plans = Chunks::single(&call, 0, world, Route::IpcPush, capacity, 0).unwrap();
+                        let route = plans.next().unwrap().unwrap().route;
                         let mirrored = effective_route(Route::IpcPush, op, size, DType::BF16, world, capacity, None);
-                        assert_eq!(plan.route, mirrored, "{op:?} world {world} elems {elems} capacity {capacity}");
+                        assert_eq!(route, mirrored, "{op:?} world {world} elems {elems} capacity {capacity}");
                     }
                 }
             }

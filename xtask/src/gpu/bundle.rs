@@ -1,7 +1,7 @@
 //! `cargo xtask gpu-bundle`: builds the suites and binaries, copies them (stripped) with the
 //! prebuilt kernels into one directory, and writes `run.sh` and `manifest.json`.
 use super::BundleArgs;
-use super::platform::{GpuPlatform, suite_features};
+use super::platform::{GpuPlatform, other_vendor_suite, suite_features};
 use super::workspace::{GPU_PACKAGES, Suite, build_suites, cargo_executables, workspace_packages};
 use crate::util::{which, workspace_root};
 use anyhow::Context;
@@ -17,8 +17,9 @@ const BUNDLED_BINARIES: &[(&str, &str, &str)] =
 /// Bundles above this size get a warning.
 pub const BUNDLE_WARN_BYTES: u64 = 60 << 20;
 
-/// Manifest schema version (2: `platform` added; a version-1 manifest is an NVIDIA bundle).
-const MANIFEST_VERSION: u32 = 2;
+/// Manifest schema version (2: `platform` added; a version-1 manifest is an NVIDIA bundle; 3:
+/// `other_vendor_suites` added).
+const MANIFEST_VERSION: u32 = 3;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BundleFile {
@@ -40,6 +41,10 @@ pub struct Manifest {
     /// The vendor the suites were built for (absent from version-1 manifests: nvidia).
     #[serde(default)]
     pub platform: GpuPlatform,
+    /// Suites built but left out because they are the other vendor's
+    /// (`platform::other_vendor_suite`; absent before version 3).
+    #[serde(default)]
+    pub other_vendor_suites: Vec<String>,
 }
 
 fn git_commit(root: &Path) -> Option<String> {
@@ -107,6 +112,16 @@ pub fn bundle_main(args: BundleArgs) -> anyhow::Result<ExitCode> {
     let (suites, missing) = build_suites(&root, &packages, args.platform)?;
     for m in &missing {
         eprintln!("[gpu] package {m} is not in the workspace; skipped");
+    }
+    let (suites, other): (Vec<Suite>, Vec<Suite>) =
+        suites.into_iter().partition(|s| !other_vendor_suite(args.platform, &s.package, &s.target));
+    let other_vendor_suites: Vec<String> = other.into_iter().map(|s| s.name).collect();
+    if !other_vendor_suites.is_empty() {
+        eprintln!(
+            "[gpu] left out of the {} bundle (the other vendor's suites, which would only report skipped): {}",
+            args.platform.name(),
+            other_vendor_suites.join(", ")
+        );
     }
     std::fs::create_dir_all(out.join("tests"))?;
     std::fs::create_dir_all(out.join("bin"))?;
@@ -183,6 +198,7 @@ pub fn bundle_main(args: BundleArgs) -> anyhow::Result<ExitCode> {
         total_bytes: total,
         stripped: strip.is_some(),
         platform: args.platform,
+        other_vendor_suites,
     };
     std::fs::write(out.join("manifest.json"), serde_json::to_string_pretty(&manifest)? + "\n")?;
     eprintln!(
@@ -227,6 +243,7 @@ mod tests {
             total_bytes: 0,
             stripped: true,
             platform: GpuPlatform::Rocm,
+            other_vendor_suites: vec!["cuda-ipc-test-gpu".into()],
         };
         let json = serde_json::to_string(&m).unwrap();
         assert!(json.contains(r#""platform":"rocm""#), "{json}");
@@ -234,6 +251,10 @@ mod tests {
         // A version-1 manifest (no platform) is an NVIDIA bundle.
         let old = json.replace(r#","platform":"rocm""#, "");
         assert_eq!(serde_json::from_str::<Manifest>(&old).unwrap().platform, GpuPlatform::Nvidia);
+        // Before version 3 no suite was left out.
+        let v2 = json.replace(r#","other_vendor_suites":["cuda-ipc-test-gpu"]"#, "");
+        assert_ne!(v2, json);
+        assert!(serde_json::from_str::<Manifest>(&v2).unwrap().other_vendor_suites.is_empty());
     }
 
     #[test]

@@ -52,6 +52,19 @@ pub fn suite_features(package: &str, platform: GpuPlatform) -> &'static [&'stati
     }
 }
 
+/// Whether a GPU suite is the other vendor's, which a `platform` bundle leaves out: on this
+/// vendor's GPUs it only reports skipped, and without it an NVIDIA bundle fits the 64 MiB a
+/// device call may carry. NVIDIA: the HIP twin's suites and the RCCL transport's (`*_hip`);
+/// ROCm: the CUDA twin's and the NCCL transport's (`conformance`, `gpu`).
+pub fn other_vendor_suite(platform: GpuPlatform, package: &str, target: &str) -> bool {
+    match platform {
+        GpuPlatform::Nvidia => package == "hip-ipc" || (package == "ccl-transport" && target.ends_with("_hip")),
+        GpuPlatform::Rocm => {
+            package == "cuda-ipc" || (package == "ccl-transport" && matches!(target, "conformance" | "gpu"))
+        }
+    }
+}
+
 /// The platform of a `gpu-test --bundle` run: the bundle's; `--platform` may only confirm it
 /// (its suites cannot be rebuilt for another).
 pub fn bundle_platform(bundle: GpuPlatform, asked: Option<GpuPlatform>) -> anyhow::Result<GpuPlatform> {
@@ -89,6 +102,23 @@ mod tests {
                 let a = suite_features(p, pl);
                 assert!(a.is_empty() || a[a.len() - 2] == "--features", "{p} {pl:?}: {a:?}");
             }
+        }
+    }
+
+    #[test]
+    fn bundles_leave_out_the_other_vendors_suites() {
+        use GpuPlatform::{Nvidia, Rocm};
+        for (package, target) in [("hip-ipc", "gpu"), ("hip-ipc", "conformance"), ("ccl-transport", "gpu_hip")] {
+            assert!(other_vendor_suite(Nvidia, package, target) && !other_vendor_suite(Rocm, package, target));
+        }
+        for (package, target) in [("cuda-ipc", "gpu"), ("ccl-transport", "conformance"), ("ccl-transport", "gpu")] {
+            assert!(other_vendor_suite(Rocm, package, target) && !other_vendor_suite(Nvidia, package, target));
+        }
+        // Every other suite goes into both: the CPU-side ones, the factory's and the layers'.
+        for (package, target) in
+            [("ccl-transport", "no_gpu"), ("collective-factory", "nvidia"), ("detcoll-layers", "gpu_ffn")]
+        {
+            assert!(!other_vendor_suite(Nvidia, package, target) && !other_vendor_suite(Rocm, package, target));
         }
     }
 
