@@ -143,7 +143,6 @@ pub struct BenchArgs {
     /// above it run in chunks, so a capacity below the sizes measures chunked calls. Default:
     /// twice the largest size, so every route fits its frame at every size.
     #[arg(long = "capacity", value_parser = parse_capacity)]
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub capacity_bytes: Option<usize>,
 
     /// Untimed calls before the samples of each row.
@@ -191,6 +190,12 @@ pub struct BenchArgs {
     /// time / iterations; warm-up = one untimed replay; no native reference columns).
     #[arg(long)]
     pub graph: bool,
+
+    /// `--graph` only: replays per sample, launched back to back (per call = sample time /
+    /// (replays x iterations)). More than one keeps the launch of the next replay off the
+    /// timed path, as a serving loop replaying graphs does; 1 times one replay after a barrier.
+    #[arg(long, default_value_t = 1, value_parser = parse_positive)]
+    pub replays: usize,
 
     /// Time a whole layer of `detcoll-layers` instead of the collectives: the TP-invariant FFN
     /// (next to the naive one) or the CP attention, per stage and whole, at TP/CP 1, 2, 4, 8
@@ -276,6 +281,9 @@ impl BenchArgs {
         }
         if self.graph {
             a.push("--graph".to_owned());
+        }
+        if self.replays != 1 {
+            a.extend(["--replays".to_owned(), self.replays.to_string()]);
         }
         if let Some(layer) = self.e2e {
             a.extend(["--e2e".to_owned(), layer.name().to_owned()]);
@@ -536,8 +544,11 @@ pub(crate) mod tests {
             "--graph",
             "--capacity",
             "1K",
+            "--replays",
+            "4",
         ])
         .unwrap();
+        assert_eq!(a.replays, 4);
         assert_eq!(a.capacity(), 1024);
         assert_eq!((a.route.as_deref(), a.graph), (Some("ipc_push_ll"), true));
         let args = a.to_cli_args();

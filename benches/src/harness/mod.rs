@@ -154,8 +154,9 @@ fn resolve_backend(choice: BackendChoice, announce: bool) -> anyhow::Result<Reso
     }
 }
 
-/// `--graph` needs CUDA graphs: only the CUDA backend has them.
+/// `--graph` needs CUDA graphs: only the CUDA backend has them; `--replays` needs `--graph`.
 fn check_graph(args: &BenchArgs, resolved: Resolved) -> anyhow::Result<()> {
+    anyhow::ensure!(args.graph || args.replays == 1, "--replays {} applies to --graph runs only", args.replays);
     anyhow::ensure!(
         !args.graph || resolved == Resolved::Cuda,
         "--graph captures CUDA graphs and needs the CUDA backend; this run uses the {} backend",
@@ -724,6 +725,8 @@ mod tests {
             ("seed", "n"),
             ("route", "s0"),
             ("graph", "b"),
+            ("replays", "n"),
+            ("capacity_bytes", "n0"),
             ("backend_config", "o"),
         ];
         walk("args", &v["args"], &args);

@@ -43,7 +43,8 @@ pub const LATENCY_METHOD: &str = "each sample: a bootstrap barrier, then `iterat
 (host clock around synchronous calls on the CPU twin); latency = sample time / iterations. For every sample the slowest \
 rank's latency is taken; median_us/min_us/max_us are over those per-sample maxima (the seeds' 'median of the slowest-rank \
 latency'). per_rank_median_us is each rank's own median. With --graph (`graph: true`) a sample is one replay of a CUDA \
-graph of `iterations` captured calls, timed with events on each rank's stream; latency = replay time / iterations.";
+graph of `iterations` captured calls (`replays` of them back to back, default 1), timed with events on each rank's \
+stream; latency = sample time / (replays x iterations).";
 
 /// One (operation, size) row. Native NCCL/RCCL fields are null unless a native reference ran
 /// (never on the CPU twin); they are a non-strict performance reference only.

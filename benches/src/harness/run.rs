@@ -14,8 +14,9 @@
 //! it; the ranks then agree that every rank captured (an all-gather, which is also the barrier
 //! between "every rank instantiated" and the first replay: ranks sharing a GPU wait for each
 //! other inside kernels, and instantiation can wait for the device to go idle). Warm-up is one
-//! untimed replay; each sample is a barrier and one timed replay (per call = replay time /
-//! iterations), with nothing else enqueued between replays. The graph is destroyed after a
+//! untimed replay; each sample is a barrier and `--replays` (default 1) timed replays back to
+//! back (per call = sample time / (replays x iterations)), with nothing else enqueued between
+//! replays. The graph is destroyed after a
 //! barrier that follows every rank's last replay.
 use super::args::{BenchArgs, BenchOp};
 use super::backend::{BenchBackend, NativeKind};
@@ -258,7 +259,8 @@ fn capture_all<B: BenchBackend>(
     Ok(graph)
 }
 
-/// `samples` x (barrier, one replay of `graph`), timed where `timed`; seconds per call.
+/// `samples` x (barrier, `--replays` back-to-back replays of `graph`), timed where `timed`;
+/// seconds per call.
 fn replay_samples<B: BenchBackend>(
     b: &B,
     boot: &dyn Bootstrap,
@@ -267,12 +269,15 @@ fn replay_samples<B: BenchBackend>(
     timed: bool,
 ) -> anyhow::Result<Vec<f64>> {
     let mut lat = Vec::with_capacity(args.samples);
+    let calls = args.replays.checked_mul(args.iterations).context("--replays x --iterations overflows")?;
     for _ in 0..args.samples {
         boot.barrier().context("barrier before a sample")?;
         if timed {
             let mark = b.start_timer()?;
-            b.replay(graph)?;
-            lat.push(b.elapsed(mark)?.as_secs_f64() / args.iterations as f64);
+            for _ in 0..args.replays {
+                b.replay(graph)?;
+            }
+            lat.push(b.elapsed(mark)?.as_secs_f64() / calls as f64);
         }
     }
     Ok(lat)
@@ -799,13 +804,13 @@ mod tests {
         }
     }
 
-    fn counting_run(graph: bool) -> (Vec<Row>, [usize; 4]) {
+    fn counting_run(graph: bool, replays: usize) -> (Vec<Row>, [usize; 4]) {
         use collective_core::bootstrap::LocalBootstrap;
         use collective_core::conformance::memory::{Flaw, MemoryCollective};
         let mut a = args();
         a.size_bytes = vec![4096];
         a.operations = vec![BenchOp::AllReduce, BenchOp::ReduceScatter];
-        (a.warmup, a.iterations, a.samples, a.graph) = (3, 4, 2, graph);
+        (a.warmup, a.iterations, a.samples, a.graph, a.replays) = (3, 4, 2, graph, replays);
         let world = 2;
         let results: Vec<(Vec<Row>, [usize; 4])> = std::thread::scope(|s| {
             let hs: Vec<_> = LocalBootstrap::group(world)
@@ -837,7 +842,7 @@ mod tests {
 
     #[test]
     fn graph_runs_capture_once_per_row_and_replay_each_sample() {
-        let (rows, [captures, captured, replays, empties]) = counting_run(true);
+        let (rows, [captures, captured, replays, empties]) = counting_run(true, 1);
         let ops: Vec<&str> = rows.iter().map(|r| r.operation.as_str()).collect();
         assert_eq!(ops, [EMPTY_KERNEL, "memcpy", "all_reduce", "reduce_scatter"]);
         assert!(rows.iter().all(|r| r.graph && r.bitwise()), "{rows:?}");
@@ -858,8 +863,17 @@ mod tests {
     }
 
     #[test]
+    fn graph_samples_replay_back_to_back() {
+        let (rows, [captures, captured, replays, _]) = counting_run(true, 3);
+        assert_eq!((captures, captured), (4, 16));
+        // Per row one warm-up replay and 3 per sample; the copy's one-rank samples 3 each.
+        assert_eq!(replays, 4 * (1 + 2 * 3) + 2 * 3);
+        assert!(rows.iter().all(|r| r.graph && r.bitwise()), "{rows:?}");
+    }
+
+    #[test]
     fn eager_runs_never_capture() {
-        let (rows, [captures, captured, replays, empties]) = counting_run(false);
+        let (rows, [captures, captured, replays, empties]) = counting_run(false, 1);
         assert_eq!((captures, captured, replays), (0, 0, 0));
         assert!(rows.iter().all(|r| !r.graph && r.bitwise()));
         // First launch, 3 warm-up, 2 samples x 4.

@@ -143,7 +143,11 @@ pub fn markdown(r: &Report) -> String {
          per-rank medians, workspace and the one-rank copy are in the JSON; all bitwise: {}\n",
         r.args.get("samples").and_then(|v| v.as_u64()).unwrap_or(0),
         r.args.get("iterations").and_then(|v| v.as_u64()).unwrap_or(0),
-        if r.graph { " (one graph replay / iterations)" } else { "" },
+        match (r.graph, r.args.get("replays").and_then(|v| v.as_u64()).unwrap_or(1)) {
+            (false, _) => String::new(),
+            (true, 1) => " (one graph replay / iterations)".to_owned(),
+            (true, n) => format!(" ({n} graph replays back to back / ({n} x iterations))"),
+        },
         if r.all_bitwise { "yes" } else { "NO" }
     ));
     s
@@ -303,6 +307,8 @@ pub(crate) mod tests {
         let m = markdown(&r);
         assert!(m.contains("release build, graph replay, route ipc_push_ll forced), "), "{m}");
         assert!(m.contains("(one graph replay / iterations)"), "{m}");
+        r.args.as_object_mut().unwrap().insert("replays".into(), 4.into());
+        assert!(markdown(&r).contains("(4 graph replays back to back / (4 x iterations))"), "{}", markdown(&r));
     }
 
     #[test]

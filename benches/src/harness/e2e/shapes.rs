@@ -158,6 +158,8 @@ pub fn check_flags(args: &BenchArgs) -> anyhow::Result<()> {
         ("--route", args.route.is_some(), "the layers call the collectives through the built-in routing"),
         ("--nproc", args.nproc != DEFAULT_NPROC, "--e2e sweeps TP/CP sizes: use --tp 1,2,4,8"),
         ("--samples", args.samples != DEFAULT_SAMPLES, "--e2e times every call: use --iterations"),
+        ("--capacity", args.capacity_bytes.is_some(), "the layers size their collectives' staging themselves"),
+        ("--replays", args.replays != 1, "--e2e replays each layer's graph once per iteration"),
     ];
     if let Some((flag, _, why)) = refused.iter().find(|(_, given, _)| *given) {
         anyhow::bail!("{flag} does not apply to --e2e {}: {why}", layer.name());
