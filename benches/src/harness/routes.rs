@@ -6,7 +6,7 @@
 //! [`run_routing`]: the `--route` table ([`forced_table`]) when given, else
 //! `DETCOLL_ROUTING_TABLE`, else the platform's built-in table for the world size.
 use super::args::BenchOp;
-use collective_core::protocol::bulk_all_reduce_elements;
+use collective_core::protocol::{bulk_all_reduce_elements, bulk_scatter_elements};
 use collective_core::{DType, Op, Route};
 use collective_factory::{Platform, Routing, RoutingTable, Rule};
 
@@ -125,7 +125,8 @@ pub fn bulk_frame_bytes(op: BenchOp, size: usize, dtype: DType, world: usize) ->
 /// that a push call that does not fit its slots takes the one-shot pull route, as the IPC engine
 /// does (same bits; `protocol::Chunks`): `ipc_push_ll` over the LL capacity (`ll_capacity`, when
 /// the backend says), `ipc_push` over the frame (`capacity`) or for reduce_scatter_many — but
-/// an all_reduce over the frame runs as bulk push chunks while one 16-byte shard per slot fits.
+/// an all_reduce or reduce_scatter over the frame runs as bulk push chunks while one 16-byte
+/// piece per slot fits.
 pub fn effective_route(
     route: Route,
     op: BenchOp,
@@ -138,7 +139,11 @@ pub fn effective_route(
     match (route, ll_capacity) {
         (Route::IpcPushLl, Some(cap)) if push_payload_bytes(op, size, dtype, world) > cap => Route::IpcOneShot,
         (Route::IpcPush, _) if bulk_frame_bytes(op, size, dtype, world).is_none_or(|b| b > capacity) => {
-            let chunked = op == BenchOp::AllReduce && bulk_all_reduce_elements(capacity, dtype.size(), world) > 0;
+            let chunked = match op {
+                BenchOp::AllReduce => bulk_all_reduce_elements(capacity, dtype.size(), world) > 0,
+                BenchOp::ReduceScatter => bulk_scatter_elements(capacity, dtype.size(), world) > 0,
+                _ => false,
+            };
             if chunked { Route::IpcPush } else { Route::IpcOneShot }
         }
         _ => route,

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 /// The conformance suites' configuration: `capacity` bytes of staging, the LL push route up to
 /// 8 KiB per rank, one-shot above, RS+AG (all_reduce) from 32 KiB, the bulk push route from 64
-/// KiB (calls that do not fit its frame slots take one-shot), so every route runs (the suite's
+/// KiB (all_reduce and reduce_scatter calls that do not fit its frame run as bulk chunks,
+/// all_gather calls take one-shot), so every route runs (the suite's
 /// sizes go up to its 256 KiB capacity), and `peer` as the bound on every wait for a peer.
 pub fn suite_config(capacity: usize, peer: Duration) -> IpcConfig {
     let mut config = IpcConfig::new(capacity)

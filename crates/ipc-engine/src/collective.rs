@@ -90,7 +90,7 @@ impl<D: IpcDevice> IpcCollective<D> {
     /// one: the LL push route up to the configured push threshold, the bulk push route from the
     /// bulk threshold (not reduce_scatter_many), RS+AG for all_reduce from the RS+AG threshold,
     /// one-shot otherwise. Push calls that do not fit their slots take one-shot (same bits),
-    /// except bulk all_reduce, which runs as bulk chunks (`protocol::Chunks`).
+    /// except bulk all_reduce and reduce_scatter, which run as bulk chunks (`protocol::Chunks`).
     pub fn default_route(&self, op: Op, bytes: usize) -> Route {
         if self.world == 1 {
             Route::Local

@@ -57,7 +57,7 @@ fn counts(op: Op, size: usize, world: usize) -> Vec<usize> {
 fn routes(op: Op) -> &'static [Route] {
     match op {
         Op::AllReduce => &[Route::IpcOneShot, Route::IpcReduceScatterAllGather, Route::IpcPushLl, Route::IpcPush],
-        _ => &[Route::IpcOneShot, Route::IpcPushLl],
+        _ => &[Route::IpcOneShot, Route::IpcPushLl, Route::IpcPush],
     }
 }
 

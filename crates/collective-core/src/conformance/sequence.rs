@@ -291,8 +291,8 @@ fn knob(name: &str, min: u64, max: u64) -> Option<usize> {
 
 /// The IPC twins' configuration of a randomized run: `capacity` bytes of staging, the LL push
 /// route up to 4 KiB, one-shot above, RS+AG (all_reduce) from 16 KiB, the bulk push route from
-/// `capacity / 4` (so every route runs; bulk calls that do not fit its frame slots take
-/// one-shot), and DETCOLL_RANDOM_BLOCKS blocks per rank when set (else the backend's default:
+/// `capacity / 4` (so every route runs; bulk all_gather calls that do not fit its frame take
+/// one-shot, bulk all_reduce and reduce_scatter ones run as bulk chunks), and DETCOLL_RANDOM_BLOCKS blocks per rank when set (else the backend's default:
 /// compute units / ranks sharing the GPU).
 pub fn config(capacity: usize) -> IpcConfig {
     let config = IpcConfig::new(capacity)

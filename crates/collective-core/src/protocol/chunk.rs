@@ -20,10 +20,13 @@
 //! calls mismatch at the first chunk, whatever the chunks have in common.
 //!
 //! A push route is taken, as one plan, when the whole call fits its slots (the LL slots; for
-//! the bulk route, the frame). An all_reduce by the bulk push route that does not fit runs as
-//! bulk push chunks (elements `[lo, hi)`, each chunk's frame within the capacity: no staging
-//! copy at any size). Any other call above a push route's slots takes the one-shot pull route
-//! (same bits), chunked as above.
+//! the bulk route, the frame). An all_reduce or reduce_scatter by the bulk push route that does
+//! not fit runs as bulk push chunks (all_reduce: elements `[lo, hi)`; reduce_scatter: shard
+//! elements `[lo, hi)` of every shard, each piece pushed to its owner), each chunk's frame
+//! within the capacity: no staging copy at any size. Any other call above a push route's slots
+//! takes the one-shot pull route (same bits), chunked as above; all_gather does so because its
+//! bulk frame holds a slot per sender, `world` times the one-shot staging, so bulk chunks would
+//! take `world` times the generations.
 use super::plan::{Phase, Plan, Segment};
 use crate::{Call, Error, LaneCall, LaneCalls, MAX_LANES, Op, Route, Signature};
 
@@ -44,6 +47,14 @@ pub const fn bulk_all_reduce_elements(capacity: usize, size: usize, world: usize
     let align = if size >= 16 { 1 } else { 16 / size };
     let shard = capacity / size / (2 * world) / align * align;
     shard * world
+}
+
+/// Shard elements per chunk of a bulk push reduce_scatter in frames of `capacity` bytes:
+/// `world` slots of that many elements, a multiple of 16 bytes each, so every slot starts
+/// 16-byte aligned. 0 when not even one 16-byte slot per sender fits.
+pub const fn bulk_scatter_elements(capacity: usize, size: usize, world: usize) -> usize {
+    let align = if size >= 16 { 1 } else { 16 / size };
+    capacity / size / world / align * align
 }
 
 /// The plans of one call, chunk by chunk (see the module docs); no heap allocation.
@@ -95,11 +106,19 @@ impl Chunks {
         // route), else the one-shot pull route, chunked below when the call exceeds the frame.
         let whole = Plan::single_fitted(call, rank, world, route, capacity, ll_capacity)?;
         let size = call.dtype.size();
-        if route == Route::IpcPush && whole.route != Route::IpcPush && call.op == Op::AllReduce {
-            let step = bulk_all_reduce_elements(capacity, size, world);
+        if route == Route::IpcPush && whole.route != Route::IpcPush {
+            // all_gather keeps one-shot chunks: its frame holds a slot per sender, `world` times
+            // the one-shot staging, so bulk chunks would take `world` times the generations.
+            let (step, total) = match call.op {
+                Op::AllReduce => (bulk_all_reduce_elements(capacity, size, world), call.count_in),
+                Op::ReduceScatter | Op::ReduceScatterMany => {
+                    (bulk_scatter_elements(capacity, size, world), call.count_out)
+                }
+                Op::AllGather => (0, 0),
+            };
             if step > 0 {
                 return Ok(Chunks {
-                    work: Work::Single { call: *call, step, lo: 0, total: call.count_in },
+                    work: Work::Single { call: *call, step, lo: 0, total },
                     sig: Signature { route, ..call.signature() },
                     route,
                     rank,
@@ -173,6 +192,9 @@ impl Chunks {
             peer,
             write_back: false,
         };
+        if self.route == Route::IpcPush && call.op != Op::AllReduce {
+            return Ok(self.bulk_scatter_chunk(call, lo, hi));
+        }
         let mut p = Plan::empty(self.sig, self.route);
         match call.op {
             Op::AllReduce => {
@@ -195,6 +217,35 @@ impl Chunks {
             }
         }
         Ok(p)
+    }
+
+    /// The bulk push plan of shard elements `[lo, hi)` of a reduce_scatter, laid out as
+    /// [`Plan::single`] lays out a whole call: sender `s`'s slot at `s * slot` of every
+    /// receiver's frame, `slot` the chunk in whole 16 bytes. Piece `q * m + lo .. q * m + hi`
+    /// goes to its owner `q`, which reduces its slots (its own values from its input) into
+    /// `dst + lo`.
+    fn bulk_scatter_chunk(&self, call: &Call, lo: usize, hi: usize) -> Plan {
+        let size = call.dtype.size();
+        let align = if size >= 16 { 1 } else { 16 / size };
+        let (c, m, rank) = (hi - lo, call.count_out, self.rank);
+        let slot = c.div_ceil(align) * align;
+        let at = |addr: u64, element: usize| addr + (element * size) as u64;
+        let seg = |phase, src, dst, frame_offset, peer| Segment {
+            phase,
+            src,
+            dst,
+            frame_offset,
+            count: c,
+            peer,
+            write_back: false,
+        };
+        let mut p = Plan::empty(self.sig, Route::IpcPush);
+        for q in (0..self.world).filter(|&q| q != rank) {
+            p.stage.push(seg(Phase::SendTo, at(call.src, q * m + lo), 0, rank * slot, q));
+        }
+        p.phase1.push(seg(Phase::Reduce, at(call.src, rank * m + lo), at(call.dst, lo), 0, rank));
+        (p.slot_stride, p.ag_base, p.frame_elems) = (slot, 0, slot * self.world);
+        p
     }
 
     /// The next group of `lanes` from `next` (each fitting alone, all together one frame).
@@ -307,6 +358,63 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn bulk_push_reduce_scatter_above_its_frame_runs_as_bulk_chunks() {
+        let cap = 4096;
+        for world in [2usize, 4, 8] {
+            for dtype in [DType::F32, DType::BF16] {
+                let size = dtype.size();
+                let step = bulk_scatter_elements(cap, size, world);
+                assert!(step > 0 && world * step * size <= cap && (step * size) % 16 == 0, "{world} {dtype}");
+                for n in [cap / size + world, 7 * cap / 2 / size + 3, 10 * cap / size - 5] {
+                    let n = n.div_ceil(world) * world;
+                    let m = n / world;
+                    let c = call(Op::ReduceScatter, n, world, dtype);
+                    for rank in [0, world - 1] {
+                        let plans: Vec<Plan> = Chunks::single(&c, rank, world, Route::IpcPush, cap, 0)
+                            .unwrap()
+                            .map(Result::unwrap)
+                            .collect();
+                        assert_eq!(plans.len(), m.div_ceil(step), "world {world} {dtype} n {n}");
+                        let at = |e: usize| c.src + (e * size) as u64;
+                        let mut next = 0;
+                        for p in &plans {
+                            assert_eq!(
+                                (p.route, p.sig),
+                                (Route::IpcPush, Signature { route: Route::IpcPush, ..c.signature() })
+                            );
+                            assert!(p.frame_elems * size <= cap, "frame of {} elements", p.frame_elems);
+                            assert_eq!((p.slot_stride * size % 16, p.ag_base), (0, 0));
+                            // The rank reduces shard elements [next, next + count) of its own shard.
+                            let [own] = p.phase1.as_slice() else { panic!("one reduce: {:?}", p.phase1) };
+                            assert_eq!((own.phase, own.peer, own.frame_offset), (Phase::Reduce, rank, 0));
+                            assert_eq!((own.src, own.dst), (at(rank * m + next), c.dst + (next * size) as u64));
+                            // Every peer q gets piece q of the chunk, in this rank's slot.
+                            let sends = p.stage.as_slice();
+                            assert_eq!(sends.len(), world - 1);
+                            for s in sends {
+                                assert_eq!(
+                                    (s.phase, s.count, s.frame_offset),
+                                    (Phase::SendTo, own.count, rank * p.slot_stride)
+                                );
+                                assert_eq!(s.src, at(s.peer * m + next), "piece of peer {}", s.peer);
+                                assert_ne!(s.peer, rank);
+                            }
+                            assert!(p.phase2.as_slice().is_empty());
+                            next += own.count;
+                        }
+                        assert_eq!(next, m, "world {world} {dtype} n {n}: every shard element once");
+                    }
+                }
+            }
+        }
+        // all_gather above its bulk frame keeps one-shot chunks (module doc).
+        let c = call(Op::AllGather, 10 * cap / 4, 4, DType::F32);
+        let routes: Vec<Route> =
+            Chunks::single(&c, 1, 4, Route::IpcPush, cap, 0).unwrap().map(|p| p.unwrap().route).collect();
+        assert!(routes.len() > 1 && routes.iter().all(|&r| r == Route::IpcOneShot), "{routes:?}");
     }
 
     #[test]

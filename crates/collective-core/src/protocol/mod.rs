@@ -44,7 +44,7 @@ mod plan;
 mod poison;
 pub mod status;
 
-pub use chunk::{Chunks, bulk_all_reduce_elements, chunk_elements};
+pub use chunk::{Chunks, bulk_all_reduce_elements, bulk_scatter_elements, chunk_elements};
 pub use config::{DEFAULT_LL_CAPACITY, DEFAULT_RSAG_THRESHOLD, IpcConfig};
 pub use flag::{FlagState, FlagWord};
 pub use layout::{
