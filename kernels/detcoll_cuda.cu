@@ -19,6 +19,16 @@
 #define DC_ATOMIC_ADD_U32(p, v) atomicAdd((dc_u32*)(p), (v))
 #define DC_SHARED __shared__
 #define DC_DEV_NOINLINE __device__ __noinline__
+// Programmatic dependent launch (sm_90+): the wait blocks until the grids this launch depends on
+// have completed and their memory is visible (it returns at once for a launch without the
+// programmatic attribute); the trigger lets a dependent launch start its blocks early.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define DC_GRID_DEP_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define DC_GRID_DEP_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define DC_GRID_DEP_WAIT() ((void)0)
+#define DC_GRID_DEP_TRIGGER() ((void)0)
+#endif
 
 #include "detcoll_protocol.h"
 

@@ -96,6 +96,9 @@ __device__ __forceinline__ unsigned long long wall_clock64() { return __builtin_
     __hip_atomic_fetch_add((dc_u32*)(p), (dc_u32)(v), __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT)
 #define DC_SHARED __attribute__((shared))
 #define DC_DEV_NOINLINE __device__ __noinline__
+// HIP has no programmatic dependent launch: every launch starts after the previous one ends.
+#define DC_GRID_DEP_WAIT() ((void)0)
+#define DC_GRID_DEP_TRIGGER() ((void)0)
 // CUDA's __launch_bounds__(N): at most N work-items per workgroup.
 #define DC_HIP_BOUNDS __attribute__((amdgpu_flat_work_group_size(1, DC_THREADS)))
 

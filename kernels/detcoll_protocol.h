@@ -32,6 +32,10 @@
 //   DC_ATOMIC_CAS_U64(p, cmp, val)         device-scope CAS on a dc_u64, returns the old value
 //   DC_ATOMIC_ADD_U32(p, v)                device-scope add on the dc_u32 at p, returns the old
 //   DC_SHARED, DC_DEV_NOINLINE             block-shared storage; an out-of-line device function
+//   DC_GRID_DEP_WAIT(), DC_GRID_DEP_TRIGGER()
+//                                          programmatic dependent launch: wait for the grids this
+//                                          launch depends on; let dependent launches start (no-ops
+//                                          where the platform has none)
 //
 // Like detcoll_tree.h, this header has no includes: NVRTC compiles it without a toolkit on
 // disk, and clang compiles the HIP entry with -nogpuinc.
@@ -42,7 +46,7 @@
 
 // Bumped whenever the parameter layout or the protocol changes; checked by the host against
 // `detcoll_abi` so a stale prebuilt cubin is refused instead of misread.
-#define DC_ABI_VERSION 5u
+#define DC_ABI_VERSION 6u
 
 #define DC_MAX_WORLD 8
 #define DC_THREADS 512
@@ -469,7 +473,9 @@ DC_DEV void dc_push_ll(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u
     for (dc_u32 i = 0; i < h.nstage; ++i) dc_push_send(h, seg[i], g);
     // Every block learns from the push headers in its own memory that every sender makes this
     // call (a mismatching sender's lines are never read) before it consumes any line.
-    if (!dc_wait(h, status, h.off_push + (g & 1u) * DC_MAX_WORLD * h.line, g, DC_ERR_TIMEOUT_READY, true)) return;
+    const bool started = dc_wait(h, status, h.off_push + (g & 1u) * DC_MAX_WORLD * h.line, g, DC_ERR_TIMEOUT_READY, true);
+    DC_GRID_DEP_TRIGGER();  // every peer is running this call (see dc_collective)
+    if (!started) return;
     for (dc_u32 i = 0; i < h.nphase1; ++i) {
         const DcSeg& s = seg[h.nstage + i];
         bool ok;
@@ -577,7 +583,9 @@ DC_DEV void dc_push_bulk(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc
         });
     }
     dc_bulk_signal(h, first_phase, word);
-    if (!dc_bulk_wait(h, status, first_phase, g, DC_ERR_TIMEOUT_READY)) return;
+    const bool started = dc_bulk_wait(h, status, first_phase, g, DC_ERR_TIMEOUT_READY);
+    DC_GRID_DEP_TRIGGER();  // every peer is running this call (see dc_collective)
+    if (!started) return;
     for (dc_u32 i = 0; i < h.nphase1; ++i) {
         const DcSeg& s = seg[h.nstage + i];
         if (s.flags & DC_SEG_GATHER) {
@@ -610,6 +618,18 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg) {
     DC_SHARED dc_u32 s_g;
     DC_SHARED int s_abort;
     DC_SHARED int s_refresh;
+    // A one-block pull call of at most one 16-byte vector per thread (every small message)
+    // loads its input into registers before the status loads below return, so the two round
+    // trips overlap; the stores into the frame (whose parity needs the generation) follow.
+    const bool quick_stage = MODE == DC_MODE_PULL && h.grid == 1u && h.nstage == 1u &&
+                             seg[0].bytes <= 16ull * DC_NTID && ((seg[0].ptr | seg[0].frame_off | seg[0].bytes) & 15ull) == 0;
+    const bool quick_mine = quick_stage && (dc_u64)DC_TID * 16u < seg[0].bytes;
+    dc_u32x4 quick_v;
+    if (quick_mine) quick_v = *(const dc_u32x4*)(seg[0].ptr + (dc_u64)DC_TID * 16u);
+    // The host-preset refresh count as this call's prologue saw it: only this kernel's last
+    // block (at its end) and the host (between calls) write it, so the end of the call counts
+    // it down from this value instead of loading it again (a round trip at the kernel's end).
+    dc_u64 refresh_left = 0;
     if (DC_TID == 0) {
         // Three independent loads, issued together (a load that waited for the generation
         // before it was issued cost a round trip per call).
@@ -619,6 +639,7 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg) {
         s_abort = abort_word != 0;
         s_g = (dc_u32)gen_word + 1u;
         s_refresh = (((dc_u32)gen_word + 1u) >> 1 & DC_LL_EPOCH_MASK) == 0u || refresh_word != 0;
+        refresh_left = refresh_word;
     }
     DC_SYNC_BLOCK();
     // Into registers at once: nothing below reads the shared words again.
@@ -685,7 +706,8 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg) {
         dc_push_bulk(h, seg, status, g, word);
     } else {
         // Stage this block's tiles of the input into the own frame.
-        for (dc_u32 i = 0; i < h.nstage; ++i) {
+        if (quick_mine) *(dc_u32x4*)(own_data + frame + seg[0].frame_off + (dc_u64)DC_TID * 16u) = quick_v;
+        for (dc_u32 i = quick_stage ? h.nstage : 0u; i < h.nstage; ++i) {
             const DcSeg& s = seg[i];
             dc_for_tiles(s.frame_off, s.bytes, h.tile_bytes, h.grid, b, [&](dc_u64 lo, dc_u64 hi) {
                 dc_copy_range((dc_u8*)(own_data + frame + lo), (const dc_u8*)(s.ptr + (lo - s.frame_off)), hi - lo,
@@ -701,6 +723,7 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg) {
             dc_st_release_sys(dc_at(own, h.off_ready + (dc_u64)b * h.line), word);
         }
         bool ok = dc_wait(h, status, h.off_ready + b * h.line, g, DC_ERR_TIMEOUT_READY, false);
+        DC_GRID_DEP_TRIGGER();  // every peer is running this call (see dc_collective)
         if (ok) {
             for (dc_u32 i = 0; i < h.nphase1; ++i) {
                 const DcSeg& s = seg[h.nstage + i];
@@ -725,8 +748,7 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg) {
     DC_SYNC_BLOCK();
     if (h.grid == 1u) {
         if (DC_TID == 0) {
-            volatile dc_u64* refresh_left = (volatile dc_u64*)&status[DC_ST_REFRESH];
-            if (*refresh_left != 0u) *refresh_left = *refresh_left - 1u;
+            if (refresh_left != 0u) *(volatile dc_u64*)&status[DC_ST_REFRESH] = refresh_left - 1u;
             *(volatile dc_u64*)&status[DC_ST_GEN] = (dc_u64)g;
         }
         return;
@@ -736,8 +758,7 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg) {
         dc_u32 prev = DC_ATOMIC_ADD_U32(&status[DC_ST_FINISHED], 1u);
         if (prev == h.grid - 1u) {
             *(volatile dc_u32*)&status[DC_ST_FINISHED] = 0u;
-            volatile dc_u64* refresh = (volatile dc_u64*)&status[DC_ST_REFRESH];
-            if (*refresh != 0u) *refresh = *refresh - 1u;
+            if (refresh_left != 0u) *(volatile dc_u64*)&status[DC_ST_REFRESH] = refresh_left - 1u;
             *(volatile dc_u64*)&status[DC_ST_GEN] = (dc_u64)g;
             DC_FENCE_DEVICE();
         }
@@ -745,7 +766,17 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg) {
 }
 
 // The launch's entry: the body of the call's protocol mode.
+//
+// Programmatic dependent launch (CUDA, sm_90+; the host sets the launch attribute): before
+// touching any memory the call waits for the grids it depends on (the previous kernel on the
+// stream may be writing this call's input, or be this rank's previous call, whose generation
+// update the prologue reads). Each block triggers its dependents once it has seen every peer's
+// first flag of this call: the dependents' blocks then start early and wait at their own
+// DC_GRID_DEP_WAIT, hiding their launch. Triggering no earlier than that keeps them from taking
+// the multiprocessors a peer sharing this GPU still needs to start this call (every peer's
+// blocks are resident once they have published); a block that returns early triggers by ending.
 DC_DEV void dc_collective(const DcHeader& h, const DcSeg* seg) {
+    DC_GRID_DEP_WAIT();
     switch (h.mode) {
         case DC_MODE_PUSH_LL: dc_collective_mode<DC_MODE_PUSH_LL>(h, seg); break;
         case DC_MODE_PUSH: dc_collective_mode<DC_MODE_PUSH>(h, seg); break;

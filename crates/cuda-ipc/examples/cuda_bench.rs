@@ -11,7 +11,9 @@
 //! * `latency`: worlds 2, 4 and 8 as threads on one GPU, all_reduce of 4 KiB .. 64 MiB by every IPC
 //!   route (pull one-shot and RS+AG, push LL and bulk), per-call time of back-to-back calls
 //!   (eager and CUDA graph), next to a device copy of the same bytes on every rank's stream and
-//!   `world` empty kernels on `world` streams in the same run.
+//!   `world` empty kernels on `world` streams in the same run. `latency --small`: 4 and
+//!   64 KiB only. Each line names `pdl`, whether `DETCOLL_PDL` left programmatic dependent
+//!   launches on (they are taken where the device and driver allow: sm_90+, CUDA 12.4+).
 //!
 //! `cargo run --release -p cuda-ipc --example cuda_bench`. Prints `{"skipped": ...}` without a GPU.
 use collective_core::{Collective, DType, Io, RawMut, RawRef};
@@ -314,6 +316,11 @@ fn eager_and_graph(
 /// device-to-device copy of the same bytes on every rank's stream and `world` empty kernels on
 /// `world` streams, all in the same run. One JSON line per measurement.
 fn latency(ctx: &Arc<CudaContext>) -> Res<()> {
+    let small = std::env::args().any(|a| a == "--small");
+    let pdl = match collective_core::env::read("DETCOLL_PDL", collective_core::env::parse_bool)? {
+        Some(false) => "off",
+        _ => "on",
+    };
     let tree = FusedTree::new(ctx)?;
     for world in [2usize, 4, 8] {
         // The launch floor: one empty kernel per rank stream per call, eager and replayed.
@@ -330,7 +337,9 @@ fn latency(ctx: &Arc<CudaContext>) -> Res<()> {
         println!(
             "{{\"bench\":\"latency\",\"op\":\"empty_kernel\",\"world\":{world},\"eager_us_per_call\":{noop_us:.2},\"graph_us_per_call\":{noop_graph_us:.2}}}"
         );
-        let sizes: &[usize] = if world == 2 {
+        let sizes: &[usize] = if small {
+            &[4 << 10, 64 << 10]
+        } else if world == 2 {
             &[4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
         } else {
             &[4 << 10, 64 << 10, 1 << 20, 16 << 20]
@@ -364,7 +373,7 @@ fn latency(ctx: &Arc<CudaContext>) -> Res<()> {
                 let route = comms[0].route(collective_core::Op::AllReduce, bytes).name();
                 let (e, g) = eager_and_graph(ctx, comms, iters, |c, s, i, o| all_reduce(c, s, i, o, bytes / 2), bytes)?;
                 println!(
-                    "{{\"bench\":\"latency\",\"op\":\"all_reduce\",\"dtype\":\"bf16\",\"world\":{world},\"placement\":\"threads_one_gpu\",\"bytes\":{bytes},\"asked\":\"{name}\",\"route\":\"{route}\",\"eager_us_per_call\":{e:.2},\"graph_us_per_call\":{g:.2},\"eager_vs_memcpy\":{:.3},\"graph_vs_memcpy\":{:.3},\"graph_vs_empty_kernels\":{:.3},\"graph_vs_empty_kernels_graph\":{:.3}}}",
+                    "{{\"bench\":\"latency\",\"op\":\"all_reduce\",\"dtype\":\"bf16\",\"pdl\":\"{pdl}\",\"world\":{world},\"placement\":\"threads_one_gpu\",\"bytes\":{bytes},\"asked\":\"{name}\",\"route\":\"{route}\",\"eager_us_per_call\":{e:.2},\"graph_us_per_call\":{g:.2},\"eager_vs_memcpy\":{:.3},\"graph_vs_memcpy\":{:.3},\"graph_vs_empty_kernels\":{:.3},\"graph_vs_empty_kernels_graph\":{:.3}}}",
                     e / ce,
                     g / cg,
                     g / noop_us,
@@ -396,7 +405,7 @@ fn main() {
     };
     // SAFETY: every buffer here is used on one stream; graphs must not record tracking events.
     unsafe { ctx.disable_event_tracking() };
-    let which: Vec<String> = std::env::args().skip(1).collect();
+    let which: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let want = |name: &str| which.is_empty() || which.iter().any(|w| w == name);
     let mut failed = false;
     for (name, f) in [

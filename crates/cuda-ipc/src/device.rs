@@ -243,12 +243,16 @@ impl IpcDevice for CudaDevice {
     }
     unsafe fn launch(&self, kernels: &Module, params: Launch<'_>, grid: u32, stream: RawStream) -> Result<(), Error> {
         let s = stream.0.cast();
+        // One-block collective launches are programmatic where the device allows it
+        // (crate::programmatic); the collective kernels wait for their dependencies first.
+        let pdl = if grid == 1 { kernels.programmatic.as_ref() } else { None };
         // SAFETY: each entry point takes exactly the parameter struct it is paired with here;
-        // addresses and stream are the caller's contract.
+        // addresses and stream are the caller's contract; the collective entry points begin
+        // with `griddepcontrol.wait` (dc_collective), as a programmatic launch requires.
         unsafe {
             match params {
-                Launch::Single(p) => launch::launch(kernels.collective_single, grid, THREADS, p, s),
-                Launch::Many(p) => launch::launch(kernels.collective_many, grid, THREADS, p, s),
+                Launch::Single(p) => launch::launch_with(pdl, kernels.collective_single, grid, THREADS, p, s),
+                Launch::Many(p) => launch::launch_with(pdl, kernels.collective_many, grid, THREADS, p, s),
                 Launch::Copy(p) => launch::launch(kernels.copy, grid, THREADS, p, s),
             }
         }

@@ -10,6 +10,7 @@
 //! of being misread.
 use crate::driver::{self, BACKEND, check};
 use crate::launch::{ABI_VERSION, CopyParams, ParamsMany, ParamsSingle, Seg, TreeParams};
+use crate::programmatic::Programmatic;
 use collective_core::Error;
 use cudarc::driver::{CudaContext, sys};
 use cudarc::nvrtc::sys as nvrtc;
@@ -415,6 +416,9 @@ pub struct Module {
     pub(crate) copy: sys::CUfunction,
     /// Grid of the fused tree kernel: every SM full.
     pub(crate) tree_grid: u32,
+    /// Programmatic dependent launches of one-block collectives, where the device, the driver
+    /// and `DETCOLL_PDL` allow them.
+    pub(crate) programmatic: Option<Programmatic>,
 }
 
 // SAFETY: see `RawModule`; function handles are plain driver handles.
@@ -440,6 +444,10 @@ impl Module {
             noop: raw.function("detcoll_noop")?,
             copy: raw.function("detcoll_copy")?,
             tree_grid: (driver::multiprocessors(ctx)? * per_sm.max(1) as usize) as u32,
+            programmatic: Programmatic::probe(
+                ctx.compute_capability().map_err(|e| driver::backend("cuDeviceGetAttribute", e))?.0,
+                driver_version(),
+            )?,
             raw,
         }))
     }

@@ -3,6 +3,7 @@
 //! and live in [`collective_core::protocol::params`] (shared with `hip-ipc` through the
 //! engine).
 use crate::driver::check;
+use crate::programmatic::Programmatic;
 use collective_core::Error;
 use cudarc::driver::sys;
 
@@ -23,7 +24,28 @@ pub(crate) unsafe fn launch<P>(
     params: &P,
     stream: sys::CUstream,
 ) -> Result<(), Error> {
+    // SAFETY: forwarded from the caller.
+    unsafe { launch_with(None, f, grid, threads, params, stream) }
+}
+
+/// As [`launch`], through `programmatic` (a programmatic dependent launch) when given.
+///
+/// # Safety
+/// As [`launch`]; with `programmatic`, `f` must also wait for its dependencies
+/// (`griddepcontrol.wait`) before its first memory access, as the collective kernels do.
+pub(crate) unsafe fn launch_with<P>(
+    programmatic: Option<&Programmatic>,
+    f: sys::CUfunction,
+    grid: u32,
+    threads: u32,
+    params: &P,
+    stream: sys::CUstream,
+) -> Result<(), Error> {
     let mut args = [(params as *const P).cast_mut().cast::<core::ffi::c_void>()];
+    if let Some(p) = programmatic {
+        // SAFETY: forwarded from the caller.
+        return unsafe { p.launch(f, grid, threads, &mut args, stream) };
+    }
     // SAFETY: forwarded from the caller; the driver copies the parameter bytes before returning.
     let r = unsafe {
         sys::cuLaunchKernel(f, grid, 1, 1, threads, 1, 1, 0, stream, args.as_mut_ptr(), core::ptr::null_mut())

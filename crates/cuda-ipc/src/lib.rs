@@ -14,6 +14,9 @@
 //!   rank ([`new`]) exchanges CUDA IPC handles through a
 //!   [`collective_core::bootstrap::Bootstrap`]. The host side of the protocol is the shared
 //!   engine's ([`ipc_engine`]); this crate is its [`Device`] on cudarc ([`CudaDevice`]).
+//! * One-block launches (every small call) are programmatic dependent launches on sm_90+
+//!   (the block starts while the previous kernel ends and waits for it before touching memory;
+//!   `DETCOLL_PDL=0` turns it off): see `docs/protocol.md`, "The launch".
 //! * Nothing is linked at build time: libcuda and libnvrtc are loaded at run time, and their
 //!   absence is [`collective_core::Error::LibraryMissing`], never a panic.
 //!
@@ -29,6 +32,7 @@ mod group;
 pub mod kernels;
 mod launch;
 mod memory;
+mod programmatic;
 mod tree;
 
 pub use config::{CudaIpcConfig, DEFAULT_RSAG_THRESHOLD};
@@ -36,6 +40,7 @@ pub use cudarc;
 pub use device::{CudaAllocation, CudaDevice, CudaEvent};
 pub use group::{group, group_on_device, group_on_ordinal, new, new_on_ordinal};
 pub use ipc_engine::{Device, IpcCollective, RawStream};
+pub use programmatic::PDL_ENV;
 pub use tree::FusedTree;
 
 /// One rank of a CUDA IPC collective: the engine's collective on a [`CudaDevice`].

@@ -165,3 +165,105 @@ fn graph_capture_of_mixed_ops_replays_bitwise() {
     });
     r.expect("graph capture");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Programmatic dependent launch.
+// ---------------------------------------------------------------------------------------------
+
+/// A producer that lets its dependents start at once (`griddepcontrol.launch_dependents`), then
+/// waits `delay_ns` and only then writes the next call's input: a collective launched
+/// programmatically that read its input before `griddepcontrol.wait` would reduce stale data.
+const LATE_WRITER: &str = r#"
+extern "C" __global__ void late_writer(unsigned int* dst, const unsigned int* src, unsigned int words,
+                                       unsigned long long delay_ns) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < delay_ns);
+    for (unsigned int i = threadIdx.x; i < words; i += blockDim.x) dst[i] = src[i];
+}
+"#;
+
+/// One-block collectives are launched programmatically on sm_90+ (crate::programmatic): each
+/// rank's input is written by a kernel just before the call that triggers its dependents before
+/// writing (and 50 us late); every output must still be the tree over the written inputs, eager
+/// and in a replayed graph, 20 times over with fresh values.
+#[test]
+fn a_programmatic_launch_waits_for_the_kernel_writing_its_input() {
+    use cuda_ipc::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use cuda_ipc::cudarc::nvrtc::{CompileOptions, Ptx};
+    let Some(device) = gpu::<Cuda>() else { return };
+    let _l = gpu_lock();
+    let ctx = device.context().clone();
+    let (major, minor) = ctx.compute_capability().expect("compute capability");
+    if major < 9 {
+        println!("skipped: programmatic dependent launch needs sm_90 or newer (this GPU is sm_{major}{minor})");
+        return;
+    }
+    cuda_ipc::kernels::ensure_nvrtc().expect("NVRTC (to build the producer kernel)");
+    let opts = CompileOptions { arch: Some("sm_90"), ..Default::default() };
+    let ptx = cuda_ipc::cudarc::nvrtc::compile_ptx_with_opts(LATE_WRITER, opts).expect("NVRTC compile");
+    // Loaded before any collective is in flight (loading a module may synchronise the device).
+    let module = ctx.load_module(Ptx::from_src(ptx.to_src())).expect("load producer");
+    let writer = module.load_function("late_writer").expect("late_writer");
+    let (world, n, rounds) = (2usize, 2048usize, 20usize);
+    let comms = IpcCollective::group_on(&device, world, &CudaIpcConfig::new(1 << 20)).expect("group");
+    let r = run_ranks::<Cuda, _>(comms, Cuda::REGION_BYTES, |rank: &mut CudaRank| {
+        let me = rank.comm.rank();
+        let s = rank.stream.clone();
+        let dt = DType::BF16;
+        let input = rank.put(&vec![0u8; n * dt.size()]);
+        let output = rank.alloc_dev(n * dt.size());
+        let sources: Vec<DevBuf> = (0..rounds).map(|k| rank.put(&finite_values(dt, n, seed(700 + k, me)))).collect();
+        let words = (n * dt.size() / 4) as u32;
+        let delay_ns = 50_000u64;
+        let enqueue = |rank: &CudaRank, k: usize| -> Result<(), String> {
+            let mut b = s.launch_builder(&writer);
+            b.arg(&input.ptr).arg(&sources[k].ptr).arg(&words).arg(&delay_ns);
+            let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: the kernel's four parameters, in order; both buffers hold `words` words.
+            unsafe { b.launch(cfg) }.map_err(|e| e.to_string())?;
+            let io = Io::OutOfPlace { input: in_view(&input, 0, n, dt), output: out_view(&output, 0, n, dt) };
+            rank.comm.all_reduce(io, &s).map_err(|e| e.to_string())
+        };
+        let want = |k: usize| {
+            let inputs: Vec<Vec<u8>> = (0..world).map(|r| finite_values(dt, n, seed(700 + k, r))).collect();
+            reference_reduce(&inputs, dt)
+        };
+        rank.barrier()?;
+        for k in 0..rounds / 2 {
+            enqueue(rank, k)?;
+            compare(&rank.download(output.ptr, n * dt.size()), &want(k), dt).map_err(|e| format!("eager {k}: {e}"))?;
+        }
+        // The same in a graph: the producer -> collective edge is captured as programmatic.
+        let k = rounds / 2;
+        s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(|e| e.to_string())?;
+        let enq = enqueue(rank, k);
+        let graph = s.end_capture(sys::CUgraphInstantiate_flags_enum(0)).map_err(|e| e.to_string())?;
+        enq?;
+        let graph = graph.ok_or("empty graph")?;
+        graph.upload().map_err(|e| e.to_string())?;
+        s.synchronize().map_err(|e| e.to_string())?;
+        rank.barrier()?;
+        for replay in 0..5 {
+            s.synchronize().map_err(|e| e.to_string())?;
+            // SAFETY: clearing live test buffers on their drained stream.
+            let r = unsafe { sys::cuMemsetD8Async(input.ptr, 0, input.len, s.cu_stream()) };
+            r.result().map_err(|e| e.to_string())?;
+            // SAFETY: as above.
+            let r = unsafe { sys::cuMemsetD8Async(output.ptr, 0, output.len, s.cu_stream()) };
+            r.result().map_err(|e| e.to_string())?;
+            graph.launch().map_err(|e| e.to_string())?;
+            compare(&rank.download(output.ptr, n * dt.size()), &want(k), dt)
+                .map_err(|e| format!("replay {replay}: {e}"))?;
+        }
+        for k in rounds / 2 + 1..rounds {
+            enqueue(rank, k)?;
+            compare(&rank.download(output.ptr, n * dt.size()), &want(k), dt).map_err(|e| format!("eager {k}: {e}"))?;
+        }
+        rank.comm.check().map_err(|e| e.to_string())
+    });
+    r.expect("programmatic launch");
+}
