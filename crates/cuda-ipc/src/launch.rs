@@ -42,9 +42,13 @@ pub(crate) unsafe fn launch_with<P>(
     stream: sys::CUstream,
 ) -> Result<(), Error> {
     let mut args = [(params as *const P).cast_mut().cast::<core::ffi::c_void>()];
-    if let Some(p) = programmatic {
+    if let Some(p) = programmatic.filter(|_| Programmatic::suits(stream)) {
         // SAFETY: forwarded from the caller.
-        return unsafe { p.launch(f, grid, threads, &mut args, stream) };
+        if unsafe { p.launch(f, grid, threads, &mut args, stream) }.is_ok() {
+            return Ok(());
+        }
+        // A refused programmatic launch launched nothing: launch plainly (an error that is not
+        // the attribute's, e.g. a sticky context error, is then reported by that launch).
     }
     // SAFETY: forwarded from the caller; the driver copies the parameter bytes before returning.
     let r = unsafe {

@@ -12,8 +12,10 @@
 //! in the call, so early dependents never hold multiprocessors a peer sharing the GPU needs.
 //!
 //! Used for one-block launches only (every small message, where the launch is a visible part of
-//! the call); larger grids would hold twice their multiprocessors while waiting, for a gain
-//! their running time hides. Taken when the device is sm_90 or newer, the driver is CUDA 12.4 or
+//! the call): larger grids would hold twice their multiprocessors while waiting, for a gain their
+//! running time hides. Only on streams the application created: the default streams keep their
+//! implicit synchronisation exactly as a plain launch has it. A programmatic launch the driver
+//! refuses falls back to a plain one. Taken when the device is sm_90 or newer, the driver is CUDA 12.4 or
 //! newer (programmatic edges in captured graphs) and exports `cuLaunchKernelEx`, and
 //! `DETCOLL_PDL` (a boolean, default on; read when a context's kernels are loaded, a value that
 //! does not parse is `InvalidConfig`) does not turn it off; otherwise every launch is a plain
@@ -108,6 +110,13 @@ impl Programmatic {
         Ok(launch_kernel_ex().map(|launch_ex| Programmatic { launch_ex }))
     }
 
+    /// Whether a launch on `stream` may be programmatic: not on the default streams (the
+    /// legacy NULL stream, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`), whose implicit
+    /// synchronisation with other streams is left exactly as a plain launch has it.
+    pub(crate) fn suits(stream: sys::CUstream) -> bool {
+        !matches!(stream as usize, 0..=2)
+    }
+
     /// One launch of `f` with the programmatic stream serialization attribute.
     ///
     /// # Safety
@@ -173,6 +182,14 @@ mod tests {
                 other => panic!("DETCOLL_PDL={bad:?} gave {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn default_streams_launch_plainly() {
+        for handle in [0usize, 1, 2] {
+            assert!(!Programmatic::suits(handle as sys::CUstream), "stream {handle:#x}");
+        }
+        assert!(Programmatic::suits(0x5555_0000usize as sys::CUstream));
     }
 
     #[test]
