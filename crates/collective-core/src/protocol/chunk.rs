@@ -183,15 +183,7 @@ impl Chunks {
         let at = |addr: u64, element: usize| addr + (element * size) as u64;
         let c = hi - lo;
         let (rank, world) = (self.rank, self.world);
-        let seg = |phase, src, dst, frame_offset, peer| Segment {
-            phase,
-            src,
-            dst,
-            frame_offset,
-            count: c,
-            peer,
-            write_back: false,
-        };
+        let seg = |phase, src, dst, frame_offset, peer| piece(phase, src, dst, frame_offset, c, peer);
         if self.route == Route::IpcPush && call.op != Op::AllReduce {
             return Ok(self.bulk_scatter_chunk(call, lo, hi));
         }
@@ -230,15 +222,7 @@ impl Chunks {
         let (c, m, rank) = (hi - lo, call.count_out, self.rank);
         let slot = c.div_ceil(align) * align;
         let at = |addr: u64, element: usize| addr + (element * size) as u64;
-        let seg = |phase, src, dst, frame_offset, peer| Segment {
-            phase,
-            src,
-            dst,
-            frame_offset,
-            count: c,
-            peer,
-            write_back: false,
-        };
+        let seg = |phase, src, dst, frame_offset, peer| piece(phase, src, dst, frame_offset, c, peer);
         let mut p = Plan::empty(self.sig, Route::IpcPush);
         for q in (0..self.world).filter(|&q| q != rank) {
             p.stage.push(seg(Phase::SendTo, at(call.src, q * m + lo), 0, rank * slot, q));
@@ -264,6 +248,11 @@ impl Chunks {
         }
         (Plan::many(&group[..end - next], self.sig, self.rank), end)
     }
+}
+
+/// One segment of a chunk's plan: `count` elements, no write-back (chunks never write back).
+fn piece(phase: Phase, src: u64, dst: u64, frame_offset: usize, count: usize, peer: usize) -> Segment {
+    Segment { phase, src, dst, frame_offset, count, peer, write_back: false }
 }
 
 impl Iterator for Chunks {
