@@ -317,7 +317,7 @@ fn eager_and_graph(
 /// `world` streams, all in the same run. One JSON line per measurement.
 fn latency(ctx: &Arc<CudaContext>) -> Res<()> {
     let small = std::env::args().any(|a| a == "--small");
-    let pdl = match collective_core::env::read("DETCOLL_PDL", collective_core::env::parse_bool)? {
+    let pdl = match collective_core::env::read(cuda_ipc::PDL_ENV, collective_core::env::parse_bool)? {
         Some(false) => "off",
         _ => "on",
     };
