@@ -169,8 +169,9 @@ pub struct BenchArgs {
     #[arg(long)]
     pub threads: bool,
 
-    /// Measure this build even when it is unoptimised (by default a debug `cargo xtask bench`
-    /// builds the release xtask and runs that).
+    /// Measure this build even when it is unoptimised (by default a debug xtask — run
+    /// without the `cargo xtask` alias, which builds release — builds the release xtask and
+    /// runs that).
     #[arg(long, hide = true)]
     pub debug_build: bool,
 

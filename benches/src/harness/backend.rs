@@ -53,13 +53,6 @@ pub trait BenchBackend {
     /// Peak temporary (per-call) device memory; 0 where calls allocate nothing.
     fn peak_temp_bytes(&self) -> usize;
 
-    /// Enqueues one collective call (`enqueue`) in this rank's turn of the run's global enqueue
-    /// order, where its ranks need one (more than two thread ranks sharing a GPU); by default
-    /// at once. Every rank makes the same collective calls, so turns match across ranks.
-    fn in_turn(&self, enqueue: &mut dyn FnMut() -> anyhow::Result<()>) -> anyhow::Result<()> {
-        enqueue()
-    }
-
     /// Waits until everything enqueued on the stream has completed.
     fn drain(&self) -> anyhow::Result<()> {
         Ok(())

@@ -10,11 +10,9 @@
 //!   `--route` table, else `DETCOLL_ROUTING_TABLE`, else the built-in table for the world), so
 //!   thread runs route every call as process runs do. No NCCL: it refuses two ranks of one
 //!   process on one GPU, and the factory's IPC exchange needs processes; a table with a
-//!   transport route is an error. Where more than two ranks share a GPU, their collective
-//!   calls are enqueued in the global call order (call k of ranks 0..world, then call k+1, as
-//!   one host thread driving every rank would; the conformance suite's `Order`): a rank
-//!   enqueuing calls ahead of its peers can leave a peer's kernel queued behind its own in the
-//!   device's shared hardware queues until the timeout. The bench binaries also default
+//!   transport route is an error. Ranks sharing a GPU enqueue independently: the engine's
+//!   lockstep launches each call of all of them together (`ipc_engine::IpcCollective::group`).
+//!   The bench binaries also default
 //!   `CUDA_DEVICE_MAX_CONNECTIONS` to 32 for thread runs, so graph replays (which are not
 //!   ordered) of up to 8 ranks get a hardware queue each; the collective kernels' grids are
 //!   capped so every sharing rank's kernel is resident at once (the IPC twin's default).
@@ -28,7 +26,6 @@
 use super::args::BenchOp;
 use super::backend::{BenchBackend, NativeKind};
 use super::native::{self, Natives};
-use super::turns::RankTurns;
 use anyhow::Context;
 use ccl_transport::TransportCollective;
 use collective_core::bootstrap::Bootstrap;
@@ -73,9 +70,6 @@ pub struct CudaBackend<C> {
     noop: Option<FusedTree>,
     /// The IPC backend's LL push capacity (None: no IPC backend).
     ll_capacity: Option<usize>,
-    /// This rank's turns in the global enqueue order of thread ranks sharing a GPU (None:
-    /// calls enqueue at once).
-    turns: Option<RankTurns>,
 }
 
 /// The empty kernel and LL capacity of an IPC backend.
@@ -149,7 +143,7 @@ pub fn process(
         // A transport-only table builds no IPC backend: the kernels are loaded here.
         noop = Some(CudaDevice::new(&ctx).and_then(|d| d.fused_tree()).context("loading the empty kernel")?);
     }
-    Ok(CudaBackend { comm, name: NAME, ctx, stream, natives, noop, ll_capacity, turns: None })
+    Ok(CudaBackend { comm, name: NAME, ctx, stream, natives, noop, ll_capacity })
 }
 
 /// A world of `world` ranks as threads, rank r on GPU r % count: the IPC twin routed by
@@ -158,8 +152,6 @@ pub fn group(world: usize, capacity: usize, routing: &Routing) -> anyhow::Result
     super::routes::check_no_transport(routing, "a --threads run")?;
     let count = cuda_ipc::driver::device_count()?;
     anyhow::ensure!(count > 0, "no CUDA device");
-    // More than two ranks sharing a GPU enqueue in the global call order (module doc).
-    let mut turns = (world.div_ceil(count) > 2).then(|| RankTurns::group(world).into_iter());
     let ctxs = (0..world).map(|r| context(r % count)).collect::<anyhow::Result<Vec<_>>>()?;
     let config = thread_ipc_config(capacity, routing);
     let comms = cuda_ipc::group(&ctxs, &config).context("building the CUDA IPC thread group")?;
@@ -172,16 +164,7 @@ pub fn group(world: usize, capacity: usize, routing: &Routing) -> anyhow::Result
             let rank = ipc.rank();
             let comm = Routed::new(rank, world, capacity, routing.clone(), Some(ipc), None::<NoTransport<CudaStream>>)
                 .context("routing the CUDA IPC thread group")?;
-            Ok(CudaBackend {
-                comm,
-                name: THREADS_NAME,
-                ctx,
-                stream,
-                natives: Natives::none(),
-                noop,
-                ll_capacity,
-                turns: turns.as_mut().and_then(Iterator::next),
-            })
+            Ok(CudaBackend { comm, name: THREADS_NAME, ctx, stream, natives: Natives::none(), noop, ll_capacity })
         })
         .collect()
 }
@@ -305,12 +288,6 @@ impl<C: Collective<Stream = CudaStream> + Retained> BenchBackend for CudaBackend
     }
     fn peak_temp_bytes(&self) -> usize {
         0
-    }
-    fn in_turn(&self, enqueue: &mut dyn FnMut() -> anyhow::Result<()>) -> anyhow::Result<()> {
-        match &self.turns {
-            Some(turns) => turns.run(enqueue),
-            None => enqueue(),
-        }
     }
     fn drain(&self) -> anyhow::Result<()> {
         self.sync()

@@ -52,7 +52,6 @@ pub mod run;
 pub mod stats;
 pub mod svg;
 pub mod table;
-pub mod turns;
 
 use args::BackendChoice;
 pub use args::BenchArgs;

@@ -3,7 +3,8 @@
 //! * latency vs size, one color per operation, one marker shape per route (so a route switch,
 //!   e.g. all_reduce going to RS+AG above a threshold, shows), min..max as capped bars; the
 //!   y range comes from the operations, so a 40 ns host copy does not stretch it over decades
-//!   (copy points below it sit on the edge, hollow, and the panel says so);
+//!   (copy points below it sit on the edge, hollow, and the panel says so); a point that is
+//!   not bitwise has a cross over its marker;
 //! * bandwidth (GB/s = size / median) vs size, the copy as a dashed reference series and, on
 //!   GPUs, NVLink's nominal 900 GB/s as a dashed line;
 //! * on reports with a native NCCL/RCCL reference, our latency over native default and over
@@ -95,7 +96,7 @@ fn series_of(
                         y: v,
                         range,
                         shape: routes.iter().position(|x| *x == r.route).unwrap_or(0),
-                        hollow: !r.bitwise(),
+                        not_bitwise: !r.bitwise(),
                         tip: format!("{name} {}: {} ({})", svg::size_label(r.size_bytes), trim(v), r.route),
                     })
                 })
@@ -194,17 +195,20 @@ fn legend(out: &mut String, rows: &[&Row], routes: &[&str], x: f64, mut y: f64) 
         let _ = writeln!(out, r#"<text x="{:.1}" y="{:.1}">{}</text>"#, x + 30.0, y + 4.0, esc(route));
     }
     y += 26.0;
-    let _ = writeln!(
-        out,
-        r##"<text x="{x:.1}" y="{y:.1}" font-size="10" fill="#555">hollow: not bitwise, or beyond the axis</text>"##
-    );
+    svg::legend_cross(out, x, y, "not bitwise");
+    y += 18.0;
+    svg::legend_hollow(out, x, y, "beyond the axis");
 }
 
 /// The SVG document.
 /// `svg` rendered to PNG (pure Rust: resvg), with the system's fonts for the text; a host
 /// without fonts still gets the picture, without its labels.
+///
+/// A picture has no tooltips: it is rendered from [`svg::static_copy`], without the hints that
+/// point at them.
 pub fn png(svg_text: &str) -> anyhow::Result<Vec<u8>> {
     use resvg::{tiny_skia, usvg};
+    let svg_text = &svg::static_copy(svg_text);
     let mut options = usvg::Options::default();
     let db = options.fontdb_mut();
     db.load_system_fonts();
@@ -278,6 +282,21 @@ mod tests {
         assert!(s.contains("(outside the axis)"));
         // Two routes: a circle and a square marker in the legend and the points.
         assert!(s.contains("<rect x=") && s.contains("<circle"));
+    }
+
+    #[test]
+    fn not_bitwise_has_its_own_mark_and_the_png_has_no_hover_hint() {
+        let mut rows = cpu_rows();
+        rows[2].bitwise_vs_fixed_tree = Some(false);
+        let s = svg(&report(rows));
+        // The legend tells the two marks apart; the failing all_reduce point has the cross.
+        assert!(s.contains(">not bitwise<") && s.contains(">beyond the axis<"), "{s}");
+        assert!(!s.contains("hollow: not bitwise"));
+        assert!(s.contains("all_reduce 4M: 900 (ipc_one_shot) NOT bitwise</title></path>"), "{s}");
+        assert_eq!(s.matches("NOT bitwise</title></path>").count(), 2, "one cross in each panel");
+        // The SVG points at its tooltips; the PNG is rendered without that hint.
+        assert!(s.contains(svg::HOVER_HINT));
+        assert_eq!(png(&s).unwrap(), png(&svg::static_copy(&s)).unwrap());
     }
 
     #[test]

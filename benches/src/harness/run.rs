@@ -139,9 +139,9 @@ struct OpBufs<Buf> {
     outs: Vec<Buf>,
 }
 
-/// Enqueues one call of `op` on `n` input elements per rank, in the rank's enqueue turn.
+/// Enqueues one call of `op` on `n` input elements per rank.
 fn call<B: BenchBackend>(b: &B, op: BenchOp, dtype: DType, n: usize, bufs: &mut OpBufs<B::Buf>) -> anyhow::Result<()> {
-    b.in_turn(&mut || enqueue_call(b, op, dtype, n, bufs))
+    enqueue_call(b, op, dtype, n, bufs)
 }
 
 /// Enqueues one call of `op` on the rank's stream (see [`call`]).

@@ -15,8 +15,9 @@ pub struct Point {
     pub range: Option<(f64, f64)>,
     /// Index into the marker shapes (`% SHAPES`).
     pub shape: usize,
-    /// Hollow marker: the point failed a bitwise check.
-    pub hollow: bool,
+    /// The point failed a bitwise check: a cross over its marker (hollow markers
+    /// mean "beyond the axis").
+    pub not_bitwise: bool,
     /// Tooltip text.
     pub tip: String,
 }
@@ -45,6 +46,7 @@ pub struct Panel {
     pub series: Vec<Series>,
     pub refs: Vec<RefLine>,
     /// Points whose y falls outside are drawn on the edge, hollow, and the panel says so.
+    /// (Not bitwise has its own mark, a cross: [`Point::not_bitwise`].)
     pub y_range: (f64, f64),
     pub y_fmt: fn(f64) -> String,
 }
@@ -127,6 +129,48 @@ fn marker(out: &mut String, shape: usize, x: f64, y: f64, fill: &str, color: &st
             }
         }
     );
+}
+
+/// The not-bitwise mark at (x, y): a black cross over the point's marker, larger than it, so
+/// it reads on a filled and on a hollow marker alike.
+fn cross(out: &mut String, x: f64, y: f64, tip: &str) {
+    let r = 6.5;
+    let _ = writeln!(
+        out,
+        r##"<path d="M{:.1},{:.1}L{:.1},{:.1}M{:.1},{:.1}L{:.1},{:.1}" stroke="#000" stroke-width="2" fill="none"><title>{}</title></path>"##,
+        x - r,
+        y - r,
+        x + r,
+        y + r,
+        x - r,
+        y + r,
+        x + r,
+        y - r,
+        esc(tip)
+    );
+}
+
+/// A legend entry for the not-bitwise mark: a grey marker with the cross over it, and `label`.
+pub fn legend_cross(out: &mut String, x: f64, y: f64, label: &str) {
+    marker(out, 0, x + 12.0, y, "#888", "#444", "");
+    cross(out, x + 12.0, y, "");
+    let _ = writeln!(out, r#"<text x="{:.1}" y="{:.1}">{}</text>"#, x + 30.0, y + 4.0, esc(label));
+}
+
+/// A legend entry for points beyond the axis: a hollow marker, and `label`.
+pub fn legend_hollow(out: &mut String, x: f64, y: f64, label: &str) {
+    marker(out, 0, x + 12.0, y, "white", "#444", "");
+    let _ = writeln!(out, r#"<text x="{:.1}" y="{:.1}">{}</text>"#, x + 30.0, y + 4.0, esc(label));
+}
+
+/// The hint in a panel with points beyond the axis that their value is in the tooltip: for the
+/// SVG, where a viewer shows tooltips; [`static_copy`] removes it for a picture (the PNG).
+pub const HOVER_HINT: &str = " (hover for the value)";
+
+/// `svg` for a static picture (the PNG): without the hints that point at tooltips, which a
+/// picture has none of.
+pub fn static_copy(svg: &str) -> String {
+    svg.replace(HOVER_HINT, "")
 }
 
 /// A legend entry's line sample at (x, y) and its label; `dashed` as a dashed series is drawn.
@@ -296,16 +340,22 @@ pub fn panel(out: &mut String, area: Rect, x_range: (f64, f64), sizes: &[usize],
                     s.color
                 );
             }
-            let fill = if q.hollow || clamped { "white" } else { s.color };
-            let tip = if clamped { format!("{} (outside the axis)", q.tip) } else { q.tip.clone() };
+            let fill = if clamped { "white" } else { s.color };
+            let mut tip = if clamped { format!("{} (outside the axis)", q.tip) } else { q.tip.clone() };
+            if q.not_bitwise {
+                tip.push_str(" NOT bitwise");
+            }
             marker(out, q.shape, x, y, fill, s.color, &tip);
+            if q.not_bitwise {
+                cross(out, x, y, &tip);
+            }
             clamped_any |= clamped;
         }
     }
     if clamped_any {
         let _ = writeln!(
             out,
-            r##"<text x="{:.1}" y="{:.1}" font-size="10" fill="#555">hollow on the edge: beyond the axis (hover for the value)</text>"##,
+            r##"<text x="{:.1}" y="{:.1}" font-size="10" fill="#555">hollow on the edge: beyond the axis{HOVER_HINT}</text>"##,
             left + 6.0,
             top + 12.0
         );
@@ -337,13 +387,20 @@ mod tests {
                 color: "#123456",
                 dashed: false,
                 points: vec![
-                    Point { size: 4096, y: 10.0, range: Some((9.0, 12.0)), shape: 1, hollow: false, tip: "in".into() },
+                    Point {
+                        size: 4096,
+                        y: 10.0,
+                        range: Some((9.0, 12.0)),
+                        shape: 1,
+                        not_bitwise: false,
+                        tip: "in".into(),
+                    },
                     Point {
                         size: 8192,
                         y: 0.001,
                         range: Some((0.0009, 0.002)),
                         shape: 0,
-                        hollow: false,
+                        not_bitwise: false,
                         tip: "low".into(),
                     },
                 ],
@@ -359,5 +416,48 @@ mod tests {
         assert!(s.contains(">ref<") && !s.contains(">gone<"));
         // One min..max bar: the clamped point has none.
         assert_eq!(s.matches("h8M").count(), 1);
+        // The SVG points at the tooltips; its static copy (the PNG) does not.
+        assert!(s.contains("beyond the axis (hover for the value)"));
+        let still = static_copy(&s);
+        assert!(still.contains("beyond the axis<") && !still.contains("hover"), "{still}");
+        // Both points are bitwise: no cross.
+        assert!(!s.contains("NOT bitwise") && !s.contains(r##"stroke="#000" stroke-width="2""##));
+    }
+
+    #[test]
+    fn not_bitwise_is_a_cross_and_beyond_the_axis_is_hollow() {
+        let point =
+            |size, y, not_bitwise| Point { size, y, range: None, shape: 0, not_bitwise, tip: format!("p{size}") };
+        let p = Panel {
+            title: "t".into(),
+            y_label: "y".into(),
+            log_y: true,
+            series: vec![Series {
+                color: "#123456",
+                dashed: false,
+                // In range and bitwise; in range, not bitwise; beyond the axis, bitwise.
+                points: vec![point(4096, 10.0, false), point(8192, 10.0, true), point(16384, 0.001, false)],
+            }],
+            refs: vec![],
+            y_range: (1.0, 100.0),
+            y_fmt: |v| format!("{v}"),
+        };
+        let mut s = String::new();
+        panel(&mut s, Rect { x: 80.0, y: 40.0, w: 400.0, h: 200.0 }, (11.0, 15.0), &[4096, 8192, 16384], &p);
+        let circles: Vec<&str> = s.lines().filter(|l| l.starts_with("<circle")).collect();
+        assert_eq!(circles.len(), 3, "{s}");
+        // The not-bitwise point keeps its filled route marker and gets one cross; only the point
+        // beyond the axis is hollow.
+        assert!(circles[0].contains(r##"fill="#123456""##) && circles[1].contains(r##"fill="#123456""##));
+        assert!(circles[2].contains(r#"fill="white""#) && !circles[2].contains("NOT bitwise"));
+        let crosses: Vec<&str> =
+            s.lines().filter(|l| l.starts_with("<path") && l.contains(r##"stroke="#000""##)).collect();
+        assert_eq!(crosses.len(), 1, "{s}");
+        assert!(crosses[0].contains("p8192 NOT bitwise"));
+        // The legend entries draw the same marks.
+        let mut legend = String::new();
+        legend_cross(&mut legend, 0.0, 0.0, "not bitwise");
+        legend_hollow(&mut legend, 0.0, 20.0, "beyond the axis");
+        assert!(legend.contains(r##"stroke="#000""##) && legend.contains(r#"fill="white""#), "{legend}");
     }
 }

@@ -32,6 +32,7 @@ use crate::version::Version;
 use crate::watchdog::{Call, Tracking, WatchdogThread};
 use crate::workspace::Workspace;
 use collective_core::bootstrap::Bootstrap;
+use collective_core::process::ProcessOwner;
 use collective_core::protocol::Poison;
 use collective_core::{Capabilities, Collective, Error, Io, Op, Route, validate, validate_many};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -109,6 +110,8 @@ pub struct TransportCollective<D: Device> {
     pub(crate) state: Arc<Mutex<State<D>>>,
     /// The running watchdog; `None` when off or after close.
     pub(crate) watchdog: Mutex<Option<WatchdogThread<D>>>,
+    /// The process that built this handle: it fails closed in a forked child.
+    owner: ProcessOwner,
 }
 
 fn load_library(config: &TransportConfig, vendor: loader::Vendor) -> Result<Arc<NcclLibrary>, Error> {
@@ -186,6 +189,7 @@ impl<D: Device> TransportCollective<D> {
             closed: AtomicBool::new(false),
             state: Arc::new(Mutex::new(state)),
             watchdog: Mutex::new(None),
+            owner: ProcessOwner::current(),
         };
         if let Some(ring) = ring {
             let w = WatchdogThread::spawn(c.rank, &ring, c.device.clone(), c.state.clone(), c.poison.clone())
@@ -249,6 +253,7 @@ impl<D: Device> TransportCollective<D> {
 
     /// `Closed` after close, the recorded cause once poisoned.
     pub(crate) fn check_open(&self) -> Result<(), Error> {
+        self.owner.check()?;
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
@@ -488,9 +493,24 @@ impl<D: Device> Collective for TransportCollective<D> {
         unsafe { self.enqueue_many(lanes, raw) }
     }
 
+    /// The first failure recorded (by a call or the watchdog), or `Closed`.
+    fn check(&self) -> Result<(), Error> {
+        self.check_open()
+    }
+    fn synchronize(&self, stream: &D::Stream) -> Result<(), Error> {
+        let raw = self.device.raw_stream(stream)?;
+        // SAFETY: a live stream of this device (checked by `raw_stream`).
+        unsafe { self.device.synchronize_stream(raw) }.map_err(|e| self.poison.record(e))?;
+        self.check_open()
+    }
+
     /// Stops and joins the watchdog, destroys the communicator and frees the workspace (see
     /// the bounds in the module doc). Later calls return [`Error::Closed`]. Drop does the same.
     fn close(&self) -> Result<(), Error> {
+        if !self.owner.is_current() {
+            // A forked child: the communicator and its watchdog are the parent's.
+            return Err(self.owner.foreign());
+        }
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
@@ -505,6 +525,14 @@ impl<D: Device> Collective for TransportCollective<D> {
 
 impl<D: Device> Drop for TransportCollective<D> {
     fn drop(&mut self) {
+        if !self.owner.is_current() {
+            // A forked child: the watchdog thread does not exist here and the communicator is
+            // the parent's; joining or destroying either could hang or disturb the parent.
+            let w = self.watchdog.lock().unwrap_or_else(PoisonError::into_inner).take();
+            std::mem::forget(w);
+            std::mem::forget(self.state.clone());
+            return;
+        }
         let _ = self.close();
     }
 }

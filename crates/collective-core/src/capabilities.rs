@@ -20,7 +20,10 @@ pub struct Capabilities {
     pub capacity_bytes: usize,
     /// The most bytes one rank may contribute to one call without `Error::CapacityExceeded`;
     /// `usize::MAX`: any size. Backends may accept some larger calls (the transport's
-    /// `all_gather`), but only calls up to this size are promised.
+    /// `all_gather`), but only calls up to this size are promised. Per route: the IPC routes
+    /// take any size (chunks of `capacity_bytes`), the transport route its capacity; a
+    /// collective that routes calls by size (the factory's) reports the smallest limit of the
+    /// routes its calls can take, so `usize::MAX` there means no route has a limit.
     pub max_call_bytes: usize,
 }
 

@@ -86,6 +86,10 @@ impl Route {
 /// reaches that point. All ranks must make the same calls in the same order; a rank that sees a
 /// peer make a different call gets [`Error::SignatureMismatch`]. After a protocol failure
 /// (timeout, dead peer, mismatch) the collective is poisoned and every later call fails.
+///
+/// Errors are asynchronous, as in NCCL: an `Ok` call is enqueued, not yet done. Read an output
+/// only after [`Collective::synchronize`] (or [`Collective::check`] after your own stream
+/// synchronisation) returned `Ok`; a failed call leaves its output unspecified.
 pub trait Collective: Send + Sync {
     /// The backend's stream type (`()` for host backends).
     type Stream: ?Sized;
@@ -108,6 +112,25 @@ pub trait Collective: Send + Sync {
     /// Several independent reduce_scatters under one synchronisation, one tree per lane.
     /// All lanes share one dtype.
     fn reduce_scatter_many(&self, lanes: &[Io<'_>], stream: &Self::Stream) -> Result<(), Error>;
+
+    /// The first failure any call of this handle recorded, as the analogue of NCCL's
+    /// `ncclCommGetAsyncError`. Calls are asynchronous: a call returns `Ok` once it is enqueued,
+    /// and a failure the device detects later (a peer that never arrives, a peer making a
+    /// different call, a dead peer) is recorded for `check`. Never blocks.
+    ///
+    /// `Ok` says that no call has failed *so far*; to learn whether the calls enqueued on a
+    /// stream succeeded, use [`Collective::synchronize`]. The first report of a failure is its
+    /// typed error (`PeerTimeout`, `SignatureMismatch`, `PeerClosed`, ...); later reports, and
+    /// every later call, return [`Error::Poisoned`] carrying it. After close: [`Error::Closed`].
+    /// A failed call leaves its output unspecified: nothing is promised about an output read
+    /// before a successful check.
+    fn check(&self) -> Result<(), Error>;
+
+    /// Waits until `stream` has executed every call enqueued on it so far (every wait of ours
+    /// is bounded, so this returns), then [`Collective::check`]. The way to read a result:
+    /// enqueue, `synchronize`, then read. Host backends (`Stream = ()`) run calls to completion
+    /// before returning, so for them this is `check`.
+    fn synchronize(&self, stream: &Self::Stream) -> Result<(), Error>;
 
     /// Collective close: acknowledges every peer and frees staging once all peers have
     /// acknowledged (bounded). Later calls return [`Error::Closed`]. Drop does the same.

@@ -35,6 +35,12 @@ pub enum Error {
     /// `close()` again after a close that failed: the first failure.
     #[error("an earlier close of this collective failed: {cause}")]
     CloseFailed { cause: String },
+    /// The handle was created by another process: this one is a fork of it. A forked child
+    /// must build its own collective; the handle touches nothing shared from here.
+    #[error(
+        "this collective was created by process {owner}; process {pid} (a fork of it) cannot use it: build a collective in this process"
+    )]
+    ForkedHandle { owner: u32, pid: u32 },
     #[error("the collective is poisoned by an earlier failure: {cause}")]
     Poisoned { cause: String },
     #[error("rank {peer} did not {what} within {waited:?}")]

@@ -28,6 +28,7 @@ pub mod env;
 mod error;
 mod host;
 mod op;
+pub mod process;
 pub mod protocol;
 mod validate;
 mod view;

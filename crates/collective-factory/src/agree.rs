@@ -28,10 +28,17 @@ pub struct Facts {
     #[serde(default)]
     pub device: String,
     /// What failed locally before the agreement (an invalid `DETCOLL_*` variable, an unreadable
-    /// routing table): reported through the agreement, so every rank fails with this rank's
-    /// reason at once instead of this rank dropping out and its peers waiting for it.
+    /// routing table, a device that did not open): reported through the agreement, so every
+    /// rank fails with this rank's reason at once instead of this rank dropping out and its
+    /// peers waiting for it.
     #[serde(default)]
     pub errors: Vec<String>,
+    /// The libraries this rank needed and could not load before the agreement
+    /// ([`Error::LibraryMissing`]: `(library, detail)`), reported like [`Facts::errors`]; the
+    /// agreement then fails with `LibraryMissing` on every rank, so that every rank can take
+    /// the same next step (another platform) and none waits for a peer that took another.
+    #[serde(default)]
+    pub missing: Vec<(String, String)>,
 }
 
 impl Facts {
@@ -42,6 +49,15 @@ impl Facts {
             errors.push(e.to_string());
             fallback()
         })
+    }
+
+    /// Records a local failure of `what` (e.g. "opening its CUDA device"): a missing library in
+    /// [`Facts::missing`], anything else in [`Facts::errors`].
+    pub fn fail(&mut self, what: &str, e: Error) {
+        match e {
+            Error::LibraryMissing { library, detail } => self.missing.push((library, detail)),
+            e => self.errors.push(format!("{what}: {e}")),
+        }
     }
 }
 
@@ -80,8 +96,8 @@ impl Facts {
 /// Pure and deterministic: every rank passes the same slice and gets the same answer.
 pub fn decide(facts: &[Facts]) -> Result<Decision, Error> {
     let first = facts.first().ok_or_else(|| Error::InvalidConfig { detail: "no ranks".into() })?;
-    if let Some((q, f)) = facts.iter().enumerate().find(|(_, f)| !f.errors.is_empty()) {
-        return Err(Error::InvalidConfig { detail: format!("rank {q}: {}", f.errors.join("; ")) });
+    if let Some(e) = local_failures(facts) {
+        return Err(e);
     }
     let mismatch = |what: &str, q: usize, a: &dyn std::fmt::Display, b: &dyn std::fmt::Display| Error::ConfigMismatch {
         detail: format!("rank 0 has {what} {a} but rank {q} has {b}; every rank must agree"),
@@ -135,6 +151,53 @@ pub fn decide(facts: &[Facts]) -> Result<Decision, Error> {
     };
     let uses = |f: fn(Route) -> bool| routing.routes().any(f);
     Ok(Decision { platform, ipc: uses(Route::needs_ipc), transport: uses(Route::needs_transport), routing })
+}
+
+/// The error of a world where some rank failed locally, naming each failing rank: every rank's
+/// reasons, ranks with the same reasons together (`ranks 0-7: ...` when every rank of eight
+/// lacks the driver). `LibraryMissing` (of the first missing library, in rank order) when
+/// some rank lacks a library, else `InvalidConfig`.
+fn local_failures(facts: &[Facts]) -> Option<Error> {
+    let library = facts.iter().flat_map(|f| &f.missing).map(|(l, _)| l.clone()).next();
+    let mut groups: Vec<(Vec<usize>, String)> = Vec::new();
+    for (q, f) in facts.iter().enumerate() {
+        let reasons: Vec<String> = f
+            .missing
+            .iter()
+            .map(|(l, d)| if Some(l) == library.as_ref() { d.clone() } else { format!("{l} could not be loaded: {d}") })
+            .chain(f.errors.iter().cloned())
+            .collect();
+        if reasons.is_empty() {
+            continue;
+        }
+        let reasons = reasons.join("; ");
+        match groups.iter_mut().find(|(_, r)| *r == reasons) {
+            Some((ranks, _)) => ranks.push(q),
+            None => groups.push((vec![q], reasons)),
+        }
+    }
+    if groups.is_empty() {
+        return None;
+    }
+    let detail = groups.iter().map(|(ranks, r)| format!("{}: {r}", rank_list(ranks))).collect::<Vec<_>>().join("; ");
+    Some(match library {
+        Some(library) => Error::LibraryMissing { library, detail },
+        None => Error::InvalidConfig { detail },
+    })
+}
+
+/// `rank 3`, `ranks 0-3`, `ranks 0, 2, 5-7` (ascending `ranks`).
+fn rank_list(ranks: &[usize]) -> String {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for &q in ranks {
+        match runs.last_mut() {
+            Some((_, end)) if *end + 1 == q => *end = q,
+            _ => runs.push((q, q)),
+        }
+    }
+    let runs: Vec<String> =
+        runs.iter().map(|&(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") }).collect();
+    format!("{} {}", if ranks.len() == 1 { "rank" } else { "ranks" }, runs.join(", "))
 }
 
 /// Two ranks on one host that report the same (known) device, if any.

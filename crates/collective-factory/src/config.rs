@@ -1,5 +1,6 @@
 //! [`Config`]: the one configuration of every platform's constructor.
 use crate::Routing;
+use collective_core::Error;
 use collective_core::protocol::{DEFAULT_LL_CAPACITY, Timeouts};
 
 /// Staging bytes per rank when [`Config::with_capacity`] is not called: 16 MiB (two frames of
@@ -39,6 +40,7 @@ pub struct Config {
     timeouts: Option<Timeouts>,
     device: DeviceSelect,
     max_blocks: Option<usize>,
+    lockstep: Option<bool>,
 }
 
 impl Default for Config {
@@ -50,6 +52,7 @@ impl Default for Config {
             timeouts: None,
             device: DeviceSelect::LocalRank,
             max_blocks: None,
+            lockstep: None,
         }
     }
 }
@@ -81,10 +84,28 @@ impl Config {
         self.max_blocks
     }
 
-    /// Builder: staging bytes per rank — the most one rank contributes to one call. Each rank
-    /// keeps two frames of it (plus a few KiB of flags) on its device for the collective's
-    /// lifetime; the NCCL/RCCL transport, when built, grows a workspace of at most about
-    /// `world * capacity` bytes on first use.
+    /// Builder: whether GPU ranks that are threads sharing one GPU (`thread_group` on a host
+    /// with fewer GPUs than ranks) launch each call together — on by default
+    /// (`DETCOLL_LOCKSTEP` when this is not called). With it, each such rank's thread may do
+    /// any stream work between calls (pageable copies, allocation, frees) without stalling its
+    /// peers, but must be the only thread driving that rank. Turn it off only when one thread
+    /// drives several ranks of one GPU and orders every enqueue itself
+    /// (docs/running.md, "Ranks as threads sharing one GPU").
+    pub fn with_lockstep(mut self, on: bool) -> Self {
+        self.lockstep = Some(on);
+        self
+    }
+
+    /// The lockstep choice of [`Config::with_lockstep`], if made.
+    pub fn lockstep(&self) -> Option<bool> {
+        self.lockstep
+    }
+
+    /// Builder: staging bytes per rank. Each rank keeps two frames of it (plus a few KiB of
+    /// flags) on its device for the collective's lifetime; the IPC routes run larger calls in
+    /// chunks of it, the NCCL/RCCL transport route takes calls of at most `bytes` per rank and,
+    /// when built, grows a workspace of at most about `world * capacity` bytes on first use.
+    /// 0 is refused at construction (`InvalidConfig`, [`Config::validate`]).
     pub fn with_capacity(mut self, bytes: usize) -> Self {
         self.capacity = bytes;
         self
@@ -145,5 +166,34 @@ impl Config {
     /// The device selection.
     pub fn device(&self) -> DeviceSelect {
         self.device
+    }
+
+    /// What every constructor checks first (the builders take any value): a capacity of at
+    /// least one byte. [`Error::InvalidConfig`] naming the value otherwise. The constructors of
+    /// one process per rank report it through the agreement, so every rank fails at once.
+    ///
+    /// ```
+    /// use collective_factory::Config;
+    /// assert!(Config::new().validate().is_ok());
+    /// assert!(Config::new().with_capacity(0).validate().is_err());
+    /// ```
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.capacity == 0 {
+            return Err(Error::InvalidConfig {
+                detail: "capacity 0 (Config::with_capacity): a collective needs at least one byte of staging per rank"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// [`Config::validate`], and a world of at least one rank (for the constructors that make
+    /// every rank of a world: `thread_group`).
+    #[cfg_attr(not(any(feature = "cpu", feature = "cuda", feature = "rocm")), allow(dead_code))]
+    pub(crate) fn validate_world(&self, world: usize) -> Result<(), Error> {
+        if world == 0 {
+            return Err(Error::InvalidConfig { detail: "a world of 0 ranks: thread_group needs at least one".into() });
+        }
+        self.validate()
     }
 }

@@ -26,7 +26,8 @@ pub fn from_bootstrap(boot: Arc<dyn Bootstrap>, config: &Config) -> Result<CpuCo
 }
 
 /// `world` ranks as threads of this process (host memory every rank reads directly). Hand one
-/// handle to each thread.
+/// handle to each thread. `world` 0 or an invalid `config` ([`Config::validate`]) is
+/// `InvalidConfig`.
 ///
 /// ```
 /// use collective_core::{Collective, Io};
@@ -48,6 +49,7 @@ pub fn from_bootstrap(boot: Arc<dyn Bootstrap>, config: &Config) -> Result<CpuCo
 /// # Ok::<(), collective_core::Error>(())
 /// ```
 pub fn thread_group(world: usize, config: &Config) -> Result<Vec<CpuCollective>, Error> {
+    config.validate_world(world)?;
     let boots = LocalBootstrap::group(world);
     std::thread::scope(|s| {
         let hs: Vec<_> = boots
@@ -77,6 +79,8 @@ pub fn with_transport<T: Collective<Stream = ()>>(
     let capacity = config.capacity();
     let routing = config.routing().cloned();
     let mut errors = Vec::new();
+    // An invalid config travels through the agreement like every local failure.
+    Facts::local(&mut errors, config.validate(), || ());
     let routing = match routing {
         Some(r) => r,
         None => Facts::local(&mut errors, Routing::from_env(Platform::Cpu), || Routing::default_for(Platform::Cpu)),
@@ -100,6 +104,7 @@ pub fn with_transport<T: Collective<Stream = ()>>(
         routing: routing.canonical_json(),
         device: String::new(),
         errors,
+        missing: Vec::new(),
     };
     let d = facts.agree(boot)?;
     if d.platform != Platform::Cpu {

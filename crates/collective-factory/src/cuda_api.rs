@@ -10,6 +10,7 @@
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use collective_core::Collective;
 //! use collective_factory::{Config, nvidia};
 //! let ranks = nvidia::thread_group(2, &Config::new())?;
 //! std::thread::scope(|s| {
@@ -19,6 +20,9 @@
 //!             let x = stream.clone_htod(&vec![1.5f32; 4096]).unwrap();
 //!             let mut y = stream.alloc_zeros::<f32>(4096).unwrap();
 //!             comm.all_reduce_into(&x, &mut y, &stream).unwrap(); // dtype from the buffers
+//!             // Enqueued, not done: wait for the stream and learn whether the call succeeded,
+//!             // then read.
+//!             comm.synchronize(&stream).unwrap();
 //!             let host = stream.clone_dtoh(&y).unwrap();
 //!             assert_eq!(host[0].to_bits(), 3.0f32.to_bits());
 //!         });
@@ -29,7 +33,7 @@
 //!
 //! Raw entry points (`u64` device pointers and a raw `CUstream`): [`crate::raw_api`].
 use crate::NvidiaCollective;
-use collective_core::{Collective, Error, Io, Op, Plain, RawMut, RawRef, Reducible};
+use collective_core::{Collective, Error, Io, MAX_LANES, Op, Plain, RawMut, RawRef, Reducible};
 use cuda_ipc::cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
 use std::sync::Arc;
 
@@ -125,5 +129,56 @@ impl NvidiaCollective {
         stream: &CudaStream,
     ) -> Result<(), Error> {
         self.typed(Op::ReduceScatter, None, buf, stream)
+    }
+
+    /// reduce_scatter_many: lane `i` reduce_scatters its input `lanes[i].0` into its output
+    /// `lanes[i].1` (`lanes[i].0.len() / world` elements: this rank's shard), one tree per
+    /// lane, in `T`'s own arithmetic, under one synchronisation; at most
+    /// [`MAX_LANES`] lanes. Lanes may be of any cudarc buffer kind and length; every guard is
+    /// taken before the call and dropped after it, so cudarc's ordering holds for every lane.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use collective_core::Collective;
+    /// use collective_factory::{Config, nvidia};
+    /// let comm = nvidia::thread_group(1, &Config::new())?.remove(0);
+    /// let stream = comm.context().new_stream()?;
+    /// let (q, k) = (stream.clone_htod(&vec![1.0f32; 4096])?, stream.clone_htod(&vec![2.0f32; 1024])?);
+    /// let (mut q_shard, mut k_shard) = (stream.alloc_zeros::<f32>(4096)?, stream.alloc_zeros::<f32>(1024)?);
+    /// comm.reduce_scatter_many_into(&mut [(&q, &mut q_shard), (&k, &mut k_shard)], &stream)?;
+    /// comm.synchronize(&stream)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn reduce_scatter_many_into<T: Reducible>(
+        &self,
+        lanes: &mut [(&dyn DevicePtr<T>, &mut dyn DevicePtrMut<T>)],
+        stream: &CudaStream,
+    ) -> Result<(), Error> {
+        if lanes.len() > MAX_LANES {
+            return Err(Error::TooManyLanes { lanes: lanes.len(), max: MAX_LANES });
+        }
+        // Guards first (they order the stream after earlier writes to every lane), dropped
+        // after the enqueue (they record this call's read/write events), as in `typed`.
+        let mut guards = Vec::with_capacity(lanes.len());
+        let mut ios = Vec::with_capacity(lanes.len());
+        for (input, output) in lanes.iter_mut() {
+            let (in_len, out_len) = (input.len(), output.len());
+            let (in_ptr, in_guard) = input.device_ptr(stream);
+            let (out_ptr, out_guard) = output.device_ptr_mut(stream);
+            // SAFETY: the views cover exactly the lane's cudarc buffers, borrowed for this call
+            // (shared for the input, exclusive for the output), which cudarc keeps alive and
+            // orders through the guards.
+            ios.push(unsafe {
+                Io::OutOfPlace {
+                    input: RawRef::from_raw(in_ptr, in_len, T::DTYPE),
+                    output: RawMut::from_raw(out_ptr, out_len, T::DTYPE),
+                }
+            });
+            guards.push((in_guard, out_guard));
+        }
+        let r = self.reduce_scatter_many(&ios, stream);
+        drop(ios);
+        drop(guards);
+        r
     }
 }

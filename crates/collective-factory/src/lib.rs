@@ -1,5 +1,6 @@
-//! What downstream crates depend on: one constructor that detects the platform, agrees with
-//! every other rank on what is possible, and routes every call by a measured table.
+//! What downstream crates depend on: constructors that detect the platform ([`auto`]) or take
+//! it from you (`cpu`, `nvidia`, `rocm`), agree with every other rank on what is possible, and
+//! route every call by a measured table.
 //!
 //! Every choice is collective. Each rank gathers its [`Facts`] (platform, host identity, what
 //! it can load, capacity, routing table), every rank receives every rank's facts through the
@@ -10,6 +11,12 @@
 //! Cargo features select backends: `cpu` (the CPU twin, default), `cuda` (CUDA IPC + NCCL),
 //! `rocm` (HIP IPC + RCCL). A build without a feature contains none of its code, and a rocm-only
 //! build contains no CUDA code (`tests/build_isolation.rs`).
+//!
+//! This crate is the only dependency an application needs: it re-exports the vocabulary of
+//! `collective-core` ([`Collective`], [`Io`], [`Error`], the dtypes, [`bootstrap`]), [`half`]
+//! (bf16/f16), with feature `cuda` the `cudarc` it is built on (`collective_factory::cudarc`,
+//! with its `f16` feature: bf16/f16 buffers work), and with feature `rocm` the HIP types its
+//! collective runs on (`collective_factory::hip`).
 
 /// The README's examples, compiled and run as doctests (its GPU example needs `cuda`).
 #[cfg_attr(all(feature = "cpu", feature = "cuda"), doc = include_str!("../README.md"))]
@@ -17,6 +24,9 @@
 pub struct ReadmeDoctests;
 
 mod agree;
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+mod compose;
+pub mod auto;
 mod config;
 mod platform;
 mod routed;
@@ -26,6 +36,7 @@ mod routing;
 /// tools, not covered by semver.
 #[doc(hidden)]
 pub use agree::{Decision, Facts, decide};
+pub use auto::AnyCollective;
 pub use config::{Config, DEFAULT_CAPACITY, DeviceSelect};
 pub use platform::Platform;
 pub use routed::{NoTransport, Routed};
@@ -47,3 +58,23 @@ pub use nvidia::NvidiaCollective;
 pub mod rocm;
 #[cfg(feature = "rocm")]
 pub use rocm::RocmCollective;
+
+// What an application uses with the constructors, so that it depends on this crate alone.
+pub use collective_core::bootstrap;
+pub use collective_core::{Capabilities, Collective, DType, Error, Io, Op, Plain, RawMut, RawRef, Reducible, Route};
+/// The `half` crate: `bf16` and `f16`, the 16-bit dtypes of host and cudarc buffers.
+pub use half;
+
+/// The `cudarc` this crate is built on (driver, NVRTC, `f16`): `CudaContext` for
+/// [`nvidia::from_context`], streams and buffers for the typed entry points of
+/// [`NvidiaCollective`] ([`cuda_api`]).
+#[cfg(feature = "cuda")]
+pub use cuda_ipc::cudarc;
+
+/// The HIP types the ROCm collective runs on (feature `rocm`): its device and stream
+/// ([`RocmCollective`]'s `Collective::Stream`), device memory, and the device count.
+#[cfg(feature = "rocm")]
+pub mod hip {
+    pub use hip_ipc::runtime::{DeviceMemory, device_count};
+    pub use hip_ipc::{Event, HipDevice, Stream};
+}

@@ -13,13 +13,21 @@
 //! takes the same decision or returns the same error; ranks sharing a GPU are routed without
 //! NCCL (it refuses them). Run on H200s: worlds 1 and 2 (one process per GPU, every route
 //! forced); worlds 4 and 8 need more GPUs than were lent.
+//!
+//! Errors, the same on every entry point: no CUDA driver (or another library a rank needs
+//! before the agreement) is `LibraryMissing` — with [`from_bootstrap`] on every rank, naming
+//! the ranks that lack it, since a rank that failed still takes part in the agreement; any
+//! other local failure (a device that does not open, a `DETCOLL_*` variable that does not
+//! parse, an invalid [`Config`]) is `InvalidConfig` on every rank, naming the ranks; a world of
+//! 0 ranks is `InvalidConfig`.
+use crate::compose::{ipc_config, transport};
 use crate::{Config, DeviceSelect, Facts, Platform, Routed, Routing};
-use ccl_transport::{TransportCollective, TransportConfig};
+use ccl_transport::TransportCollective;
 use collective_core::bootstrap::{Bootstrap, LocalBootstrap};
 use collective_core::protocol::Timeouts;
-use collective_core::{Error, Op, Route, host_identity};
+use collective_core::{Error, host_identity};
 use cuda_ipc::cudarc::driver::CudaContext;
-use cuda_ipc::{CudaDevice, CudaIpcCollective, CudaIpcConfig};
+use cuda_ipc::{CudaDevice, CudaIpcCollective};
 use std::sync::Arc;
 
 /// The NVIDIA platform's collective: typed entry points for cudarc buffers are in
@@ -45,8 +53,8 @@ pub(crate) fn present() -> bool {
 /// # let _ = comm; Ok(()) }
 /// ```
 pub fn from_bootstrap(boot: Arc<dyn Bootstrap>, config: &Config) -> Result<NvidiaCollective, Error> {
-    // A rank that cannot open its device still takes part in the agreement (reporting no
-    // IPC) and fails after it, so its peers get the same error instead of waiting.
+    // A rank that cannot open its device (no driver: `LibraryMissing`) still takes part in the
+    // agreement and fails after it, so its peers get the same error instead of waiting.
     let ctx = cuda_ipc::driver::device_count().and_then(|n| {
         let ordinal = match config.device() {
             DeviceSelect::Ordinal(o) => o,
@@ -85,6 +93,9 @@ pub fn from_context(
 /// Ranks sharing one GPU must enqueue in call order (see
 /// `IpcCollective::group` of the ipc-engine crate).
 ///
+/// `world` 0 or an invalid `config` ([`Config::validate`]) is `InvalidConfig`; no CUDA
+/// driver is `LibraryMissing`.
+///
 /// ```no_run
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use collective_factory::{Config, nvidia};
@@ -93,6 +104,7 @@ pub fn from_context(
 /// # Ok(()) }
 /// ```
 pub fn thread_group(world: usize, config: &Config) -> Result<Vec<NvidiaCollective>, Error> {
+    config.validate_world(world)?;
     let count = cuda_ipc::driver::device_count()?;
     if count == 0 {
         return Err(Error::InvalidConfig { detail: "no CUDA device is visible".into() });
@@ -166,38 +178,16 @@ fn facts(device: &CudaDevice, routing: Routing, config: &Config, nccl: bool) -> 
         routing: routing.canonical_json(),
         device: uuid,
         errors,
+        missing: Vec::new(),
     }
 }
 
-fn ipc_config(config: &Config, routing: &Routing) -> CudaIpcConfig {
-    // The routing table decides every call's route (`Routed`); the threshold only serves
-    // direct users of the IPC collective's own `route()`.
-    let threshold = routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
-    let c = CudaIpcConfig::new(config.capacity())
-        .with_rsag_threshold(threshold)
-        .with_ll_capacity(routing.ll_capacity(config.ll_capacity()));
-    let mut c = c;
-    c.timeouts = config.timeouts();
-    c.max_blocks = config.max_blocks();
-    c
-}
 
-fn transport(
-    d: &crate::Decision,
-    device: &CudaDevice,
-    boot: &dyn Bootstrap,
-    config: &Config,
-) -> Result<Option<TransportCollective<CudaDevice>>, Error> {
-    if !d.transport {
-        return Ok(None);
-    }
-    let mut t = TransportConfig::new(config.capacity());
-    t.timeouts = config.timeouts();
-    TransportCollective::with_device(|| Ok(device.clone()), boot, &t).map(Some)
-}
 
 /// The process-rank composition: agreement (a rank whose device failed still takes part and
-/// reports it), then the IPC collective (CUDA IPC handles) and NCCL, sharing one device.
+/// reports it: a missing library is `LibraryMissing` on every rank, anything else
+/// `InvalidConfig`, both naming the failing ranks), then the IPC collective (CUDA IPC
+/// handles) and NCCL, sharing one device.
 fn build(
     boot: Arc<dyn Bootstrap>,
     device: Result<CudaDevice, Error>,
@@ -205,6 +195,7 @@ fn build(
 ) -> Result<NvidiaCollective, Error> {
     let world = boot.world_size();
     let mut errors = Vec::new();
+    Facts::local(&mut errors, config.validate(), || ());
     let routing = match config.routing() {
         Some(r) => r.clone(),
         None => Facts::local(&mut errors, Routing::from_env_for_world(Platform::Nvidia, world), || {
@@ -212,10 +203,10 @@ fn build(
         }),
     };
     let nccl = ccl_transport::load(Some(ccl_transport::Vendor::Nvidia)).is_ok();
-    let mut f = match &device {
-        Ok(dev) => facts(dev, routing, config, nccl),
+    let (mut f, device) = match device {
+        Ok(dev) => (facts(&dev, routing, config, nccl), Some(dev)),
         Err(e) => {
-            // Report the failure through the agreement; facts of a device-less rank.
+            // Facts of a device-less rank, its failure reported through the agreement.
             let mut f = Facts {
                 platform: Platform::Nvidia.name().into(),
                 host: host_identity().unwrap_or_default(),
@@ -226,9 +217,10 @@ fn build(
                 routing: routing.canonical_json(),
                 device: String::new(),
                 errors: Vec::new(),
+                missing: Vec::new(),
             };
-            f.errors.push(format!("opening its CUDA device: {e}"));
-            f
+            f.fail("opening its CUDA device", e);
+            (f, None)
         }
     };
     f.errors.extend(errors);
@@ -238,7 +230,8 @@ fn build(
             detail: format!("every rank reports platform {}, not nvidia", d.platform.name()),
         });
     }
-    let device = device?;
+    // The agreement fails whenever a rank reported a failure, so the device is here.
+    let device = device.ok_or_else(|| Error::InvalidConfig { detail: "no CUDA device was opened".into() })?;
     let ipc = if d.ipc || world == 1 {
         Some(CudaIpcCollective::new(Box::new(boot.clone()), device.clone(), &ipc_config(config, &d.routing))?)
     } else {

@@ -6,7 +6,7 @@
 use crate::Routed;
 use crate::routed::Via;
 use ccl_transport::TransportCollective;
-use collective_core::{Collective, DType, Error, Io, Op, RawMut, RawRef, Route};
+use collective_core::{Collective, DType, Error, Io, MAX_LANES, Op, RawMut, RawRef, Route};
 use ipc_engine::{IpcCollective, IpcDevice, RawStream};
 use std::ffi::c_void;
 
@@ -38,7 +38,7 @@ impl<D: IpcDevice> Routed<IpcCollective<D>, TransportCollective<D>> {
             Op::ReduceScatter => count / world,
             Op::ReduceScatterMany => {
                 return Err(Error::InvalidConfig {
-                    detail: "reduce_scatter_many has no raw entry: use Collective::reduce_scatter_many".into(),
+                    detail: "reduce_scatter_many takes lanes: use enqueue_many_raw".into(),
                 });
             }
         };
@@ -56,6 +56,62 @@ impl<D: IpcDevice> Routed<IpcCollective<D>, TransportCollective<D>> {
             }
         };
         self.dispatch(op, io, &Raw(RawStream(stream)))
+    }
+
+    /// `reduce_scatter_many` on raw device memory, enqueued on a raw stream (as
+    /// [`Routed::enqueue_raw`]): lane `i` is `lanes[i] = (input, output, count)`, `count`
+    /// elements of `dtype` in and `count / world` out (this rank's shard); `input == output` is
+    /// that lane's in-place form (the shard lands at `rank`). One tree per lane, under one
+    /// synchronisation; at most [`MAX_LANES`] lanes; routed by the lanes' total input bytes,
+    /// as the safe call.
+    ///
+    /// # Safety
+    /// As [`Routed::enqueue_raw`], for every lane.
+    pub unsafe fn enqueue_many_raw(
+        &self,
+        lanes: &[(u64, u64, usize)],
+        dtype: DType,
+        stream: *mut c_void,
+    ) -> Result<(), Error> {
+        if lanes.len() > MAX_LANES {
+            return Err(Error::TooManyLanes { lanes: lanes.len(), max: MAX_LANES });
+        }
+        let world = self.world_size();
+        let ios: Vec<Io<'_>> = lanes
+            .iter()
+            .map(|&(input, output, count)| {
+                // SAFETY: the caller's contract; validation (in the backend) checks lengths,
+                // alignment and overlap before any work.
+                unsafe {
+                    if input == output {
+                        Io::InPlace(RawMut::from_raw(output, count, dtype))
+                    } else {
+                        Io::OutOfPlace {
+                            input: RawRef::from_raw(input, count, dtype),
+                            output: RawMut::from_raw(output, count / world, dtype),
+                        }
+                    }
+                }
+            })
+            .collect();
+        let bytes = lanes.iter().fold(0usize, |b, l| b.saturating_add(l.2.saturating_mul(dtype.size())));
+        let stream = RawStream(stream);
+        let no_ipc = || Error::InvalidConfig { detail: "no IPC backend".into() };
+        // The routes of `Routed::reduce_scatter_many`: the LL push route when the table names
+        // it, the transport, else the IPC backend's own route.
+        match self.route(Op::ReduceScatterMany, bytes) {
+            Route::Transport => {
+                let t = self.transport().ok_or(Error::InvalidConfig { detail: "no transport".into() })?;
+                // SAFETY: the caller vouches for the memory and the stream.
+                unsafe { t.enqueue_many(&ios, stream) }
+            }
+            // SAFETY: as above.
+            Route::IpcPushLl => unsafe {
+                self.ipc().ok_or_else(no_ipc)?.enqueue_many_routed(&ios, Some(Route::IpcPushLl), stream)
+            },
+            // SAFETY: as above.
+            _ => unsafe { self.ipc().ok_or_else(no_ipc)?.enqueue_many(&ios, stream) },
+        }
     }
 }
 

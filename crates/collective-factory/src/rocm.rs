@@ -6,12 +6,18 @@
 //! without RCCL (which refuses two ranks on one GPU). Routing: `DETCOLL_ROUTING_TABLE`, else
 //! the seeds' MI300X table; ranges a backend nobody has would take are remapped by agreement
 //! (same bits either way). Nothing here has run: no AMD GPU was available (docs/rocm.md).
+//!
+//! Errors as on NVIDIA: no HIP runtime is `LibraryMissing` on every entry point (with
+//! [`from_bootstrap`] on every rank, naming the ranks that lack it); any other local failure
+//! or an invalid [`Config`] is `InvalidConfig` on every rank, naming the ranks; a world of 0
+//! ranks is `InvalidConfig`.
+use crate::compose::{ipc_config, transport};
 use crate::{Config, DeviceSelect, Facts, Platform, Routed, Routing};
-use ccl_transport::{TransportCollective, TransportConfig, Vendor};
-use collective_core::bootstrap::Bootstrap;
+use ccl_transport::{TransportCollective, Vendor};
+use collective_core::bootstrap::{Bootstrap, LocalBootstrap};
 use collective_core::protocol::Timeouts;
-use collective_core::{Error, Op, Route, host_identity};
-use hip_ipc::{HipDevice, HipIpcCollective, HipIpcConfig};
+use collective_core::{Error, host_identity};
+use hip_ipc::{HipDevice, HipIpcCollective};
 use std::sync::Arc;
 
 /// The ROCm platform's collective.
@@ -22,11 +28,16 @@ pub(crate) fn present() -> bool {
     hip_ipc::runtime::device_count().is_ok_and(|n| n > 0)
 }
 
-/// The GPU of the rank with local rank `local_rank`: `local_rank % device count`.
-fn ordinal(local_rank: usize) -> Result<usize, Error> {
-    match hip_ipc::runtime::device_count()? {
-        0 => Err(Error::InvalidConfig { detail: "no HIP device is visible to this process".into() }),
-        n => Ok(local_rank % n),
+/// The GPU `select` names for the rank with local rank `local_rank` (by default
+/// `local_rank % device count`); `LibraryMissing` without a HIP runtime.
+fn ordinal(select: DeviceSelect, local_rank: usize) -> Result<usize, Error> {
+    match (hip_ipc::runtime::device_count()?, select) {
+        (n, DeviceSelect::Ordinal(o)) if o < n => Ok(o),
+        (n, DeviceSelect::Ordinal(o)) => {
+            Err(Error::InvalidConfig { detail: format!("HIP device {o} does not exist ({n} are visible)") })
+        }
+        (0, _) => Err(Error::InvalidConfig { detail: "no HIP device is visible to this process".into() }),
+        (n, _) => Ok(local_rank % n),
     }
 }
 
@@ -35,10 +46,7 @@ fn ordinal(local_rank: usize) -> Result<usize, Error> {
 /// or the seeds' MI300X table unless `config` has one. Collective: every rank calls it; every
 /// rank gets the same decision or the same error.
 pub fn from_bootstrap(boot: Arc<dyn Bootstrap>, config: &Config) -> Result<RocmCollective, Error> {
-    let ordinal = match config.device() {
-        DeviceSelect::Ordinal(o) => Ok(o),
-        _ => ordinal(boot.local_rank()),
-    };
+    let ordinal = ordinal(config.device(), boot.local_rank());
     build(boot, config, ordinal)
 }
 
@@ -59,83 +67,140 @@ pub fn from_device(boot: Arc<dyn Bootstrap>, device: &HipDevice, config: &Config
     build(boot, config, Ok(device.ordinal()))
 }
 
-/// `world` ranks as threads of this process, rank `r` on GPU `r % device count`, on the HIP
-/// IPC twin alone (peer pointers; RCCL is not built for thread ranks). Hand one handle to each
-/// thread; give each its own stream.
-pub fn thread_group(world: usize, config: &Config) -> Result<Vec<HipIpcCollective>, Error> {
+/// `world` ranks as threads of this process, rank `r` on GPU `r % device count`: the IPC
+/// routes use peers' pointers directly (no IPC handles); RCCL is built when every rank has a
+/// GPU of its own (the same composition as `nvidia::thread_group`). Hand one handle to
+/// each thread; give each its own stream.
+///
+/// `world` 0 or an invalid `config` ([`Config::validate`]) is `InvalidConfig`; no HIP runtime
+/// is `LibraryMissing`.
+///
+/// ```no_run
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use collective_factory::{Config, RocmCollective, rocm};
+/// let ranks: Vec<RocmCollective> = rocm::thread_group(2, &Config::new().with_capacity(1 << 20))?;
+/// assert_eq!(ranks.len(), 2);
+/// # Ok(()) }
+/// ```
+pub fn thread_group(world: usize, config: &Config) -> Result<Vec<RocmCollective>, Error> {
+    config.validate_world(world)?;
     let count = hip_ipc::runtime::device_count()?;
     if count == 0 {
         return Err(Error::InvalidConfig { detail: "no HIP device is visible to this process".into() });
     }
+    let ordinals: Vec<usize> = (0..world).map(|r| r % count).collect();
+    // One device per GPU, shared by its ranks (they share its code object) and by both backends.
+    let mut devices: Vec<HipDevice> = Vec::with_capacity(world);
+    for &o in &ordinals {
+        let d = match devices.iter().find(|d| d.ordinal() == o) {
+            Some(d) => d.clone(),
+            None => HipDevice::open(o)?,
+        };
+        devices.push(d);
+    }
+    hip_ipc::check_hw_queues(&ordinals, collective_core::env::var(hip_ipc::HW_QUEUES_ENV)?.as_deref())?;
     let routing = match config.routing() {
         Some(r) => r.clone(),
         None => Routing::from_env(Platform::Rocm)?,
     };
-    let threshold = routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
-    let mut c = HipIpcConfig::new(config.capacity()).with_ll_capacity(routing.ll_capacity(config.ll_capacity()));
-    c.timeouts = config.timeouts();
-    c.max_blocks = config.max_blocks();
-    let ordinals: Vec<usize> = (0..world).map(|r| r % count).collect();
-    hip_ipc::group(&ordinals, &c.with_rsag_threshold(threshold))
+    let mut ipc = HipIpcCollective::group(&devices, &ipc_config(config, &routing))?.into_iter();
+    let boots = LocalBootstrap::group(world);
+    let shared = (1..world).any(|r| ordinals[..r].contains(&ordinals[r]));
+    // Each rank agrees and builds its transport on its own thread (RCCL's init is collective).
+    std::thread::scope(|s| {
+        let handles: Vec<_> = boots
+            .into_iter()
+            .zip(devices.iter().cloned())
+            .map(|(boot, device)| {
+                let ipc = ipc.next();
+                let routing = routing.clone();
+                s.spawn(move || -> Result<RocmCollective, Error> {
+                    let rccl = !shared;
+                    let boot: Arc<dyn Bootstrap> = Arc::new(boot);
+                    let d = facts(Ok(device.ordinal()), routing, config, rccl).agree(&*boot)?;
+                    let transport = transport(&d, &device, &*boot, config)?;
+                    Routed::new(boot.rank(), world, config.capacity(), d.routing, ipc, transport)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(panicked()))).collect()
+    })
 }
 
-fn build(boot: Arc<dyn Bootstrap>, config: &Config, ordinal: Result<usize, Error>) -> Result<RocmCollective, Error> {
-    let (capacity, routing, timeouts) = (config.capacity(), config.routing().cloned(), config.timeouts());
-    let max_blocks = config.max_blocks();
+fn panicked() -> Error {
+    Error::Backend { backend: "collective-factory", detail: "a rank's construction thread panicked".into() }
+}
+
+/// The HIP IPC configuration of `config` under `routing`.
+
+/// What this rank reports to the agreement: on GPU `ordinal` (a failure to find it travels in
+/// the facts), RCCL offered when `rccl` and it loads. Local failures travel in `errors` and
+/// `missing`.
+fn facts(ordinal: Result<usize, Error>, routing: Routing, config: &Config, rccl: bool) -> Facts {
     let mut errors = Vec::new();
-    let routing = match routing {
-        Some(r) => r,
-        None => Facts::local(&mut errors, Routing::from_env(Platform::Rocm), || Routing::default_for(Platform::Rocm)),
-    };
+    Facts::local(&mut errors, config.validate(), || ());
     let platform = Facts::local(&mut errors, Platform::detect(), || Platform::Rocm);
     let host = Facts::local(&mut errors, host_identity(), String::new);
-    if let Err(e) = Timeouts::resolve(timeouts) {
+    if let Err(e) = Timeouts::resolve(config.timeouts()) {
         errors.push(e.to_string());
     }
-    // The device first: its PCI bus id tells the agreement which ranks share a GPU. A rank that
-    // cannot use it still takes part in the agreement (reporting no IPC) and fails after it.
+    // The device's PCI bus id tells the agreement which ranks share a GPU.
     let device = ordinal.as_ref().ok().and_then(|&o| hip_ipc::runtime::pci_bus_id(o).ok()).unwrap_or_default();
-    let rccl = ccl_transport::load(Some(Vendor::Amd)).ok();
+    let lib = rccl.then(|| ccl_transport::load(Some(Vendor::Amd)).ok()).flatten();
     let hip = hip_ipc::runtime::versions().ok().map(|(r, d)| format!("hip-runtime={r},hip-driver={d}"));
-    let rccl_version = rccl.as_ref().and_then(|l| l.version().ok()).map(|v| format!("rccl={v}"));
-    let facts = Facts {
+    let rccl_version = lib.as_ref().and_then(|l| l.version().ok()).map(|v| format!("rccl={v}"));
+    let mut f = Facts {
         platform: platform.name().to_string(),
         host,
         ipc: ordinal.is_ok(),
-        transport: rccl.is_some(),
+        transport: lib.is_some(),
         versions: hip.into_iter().chain(rccl_version).collect(),
-        capacity,
+        capacity: config.capacity(),
         routing: routing.canonical_json(),
         device,
         errors,
+        missing: Vec::new(),
     };
+    if let Err(e) = ordinal {
+        // A rank without its GPU reports the platform it was asked to drive; its failure makes
+        // the agreement fail on every rank, naming it.
+        f.platform = Platform::Rocm.name().into();
+        f.fail("finding its HIP device", e);
+    }
+    f
+}
+
+
+/// The process-rank composition: agreement (a rank whose device failed still takes part and
+/// reports it: a missing library is `LibraryMissing` on every rank, anything else
+/// `InvalidConfig`, both naming the failing ranks), then the HIP IPC collective and RCCL,
+/// sharing one device.
+fn build(boot: Arc<dyn Bootstrap>, config: &Config, ordinal: Result<usize, Error>) -> Result<RocmCollective, Error> {
+    let mut errors = Vec::new();
+    let routing = match config.routing() {
+        Some(r) => r.clone(),
+        None => Facts::local(&mut errors, Routing::from_env(Platform::Rocm), || Routing::default_for(Platform::Rocm)),
+    };
+    let ok = ordinal.as_ref().ok().copied();
+    let mut facts = facts(ordinal, routing, config, true);
+    facts.errors.extend(errors);
     let d = facts.agree(&*boot)?;
     if d.platform != Platform::Rocm {
         return Err(Error::InvalidConfig {
             detail: format!("every rank reports platform {}, not rocm", d.platform.name()),
         });
     }
+    // The agreement fails whenever a rank reported a failure, so the ordinal is here.
+    let ordinal = ok.ok_or_else(|| Error::InvalidConfig { detail: "no HIP device was found".into() })?;
     // One device for both backends: they share the loaded code object.
-    let device = HipDevice::open(ordinal?)?;
+    let device = HipDevice::open(ordinal)?;
     let world = boot.world_size();
     let ipc = if d.ipc || world == 1 {
-        let threshold = d.routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
-        let ll = d.routing.ll_capacity(config.ll_capacity());
-        let config = HipIpcConfig::new(capacity).with_rsag_threshold(threshold).with_ll_capacity(ll);
-        let mut config = config;
-        config.timeouts = timeouts;
-        config.max_blocks = max_blocks;
         // hip_ipc::new_on: ranks sharing a GPU are refused unless DETCOLL_HIP_ALLOW_SHARED_GPU=1.
-        Some(hip_ipc::new_on(Box::new(boot.clone()), device.clone(), &config)?)
+        Some(hip_ipc::new_on(Box::new(boot.clone()), device.clone(), &ipc_config(config, &d.routing))?)
     } else {
         None
     };
-    let transport = if d.transport {
-        let mut t = TransportConfig::new(capacity);
-        t.timeouts = timeouts;
-        Some(TransportCollective::with_device(|| Ok(device.clone()), &*boot, &t)?)
-    } else {
-        None
-    };
-    Routed::new(boot.rank(), world, capacity, d.routing, ipc, transport)
+    let transport = transport(&d, &device, &*boot, config)?;
+    Routed::new(boot.rank(), world, config.capacity(), d.routing, ipc, transport)
 }

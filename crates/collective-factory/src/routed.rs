@@ -165,10 +165,36 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I,
     fn world_size(&self) -> usize {
         self.world
     }
+    /// Graph capture when every built backend supports it. `max_call_bytes` by the routes the
+    /// table takes: the IPC routes chunk calls of any size through their staging
+    /// (`usize::MAX`), the transport route promises its own limit (its capacity), and the
+    /// hybrid all_reduce is checked against `capacity`; a route limits only when the table sends
+    /// it a size above its limit (a transport range starting above the capacity limits calls
+    /// to just below its start).
     fn capabilities(&self) -> Capabilities {
-        let graph = self.ipc.as_ref().is_none_or(|i| i.capabilities().supports_graph_capture)
-            && self.transport.as_ref().is_none_or(|t| t.capabilities().supports_graph_capture);
-        Capabilities::strict(self.capacity, graph)
+        let ipc = self.ipc.as_ref().map(|i| i.capabilities());
+        let transport = self.transport.as_ref().map(|t| t.capabilities());
+        let graph = ipc.is_none_or(|c| c.supports_graph_capture) && transport.is_none_or(|c| c.supports_graph_capture);
+        let ipc_max = ipc.map_or(self.capacity, |c| c.max_call_bytes);
+        if self.world == 1 {
+            return Capabilities::strict(self.capacity, graph).with_max_call_bytes(ipc_max);
+        }
+        let transport_max = transport.map_or(self.capacity, |c| c.max_call_bytes);
+        let mut max = usize::MAX;
+        for rule in &self.routing.table().rules {
+            let (Some(op), Some(route)) = (Op::parse(&rule.op), Route::parse(&rule.route)) else { continue };
+            let limit = match route {
+                Route::Transport => transport_max,
+                Route::IpcReduceScatterTransportAllGather if op == Op::AllReduce => self.capacity,
+                _ => ipc_max,
+            };
+            // Sizes of this rule above `limit` fail: from max(min, limit + 1) on.
+            if rule.max_bytes.is_none_or(|m| u128::from(m) > limit as u128 + 1) {
+                let below = usize::try_from(rule.min_bytes.saturating_sub(1)).unwrap_or(usize::MAX);
+                max = max.min(below.max(limit));
+            }
+        }
+        Capabilities::strict(self.capacity, graph).with_max_call_bytes(max)
     }
     /// What a call of `op` contributing `bytes` per rank runs: the table's route, as the
     /// backend takes it (RS+AG and the hybrid are all_reduce routes; other ops take their
@@ -219,6 +245,23 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I,
                 .reduce_scatter_many(lanes, stream),
         }
     }
+    /// The IPC backend's recorded failure, else the transport's.
+    fn check(&self) -> Result<(), Error> {
+        self.ipc.as_ref().map_or(Ok(()), |i| i.check())?;
+        self.transport.as_ref().map_or(Ok(()), |t| t.check())
+    }
+    /// One stream synchronisation (both backends enqueue on the caller's stream), then both
+    /// backends' checks.
+    fn synchronize(&self, stream: &Self::Stream) -> Result<(), Error> {
+        match (&self.ipc, &self.transport) {
+            (Some(i), t) => {
+                i.synchronize(stream)?;
+                t.as_ref().map_or(Ok(()), |t| t.check())
+            }
+            (None, Some(t)) => t.synchronize(stream),
+            (None, None) => Ok(()),
+        }
+    }
     fn close(&self) -> Result<(), Error> {
         let a = self.ipc.as_ref().map_or(Ok(()), |i| i.close());
         let b = self.transport.as_ref().map_or(Ok(()), |t| t.close());
@@ -250,6 +293,12 @@ impl<S: ?Sized> Collective for NoTransport<S> {
         match self.0 {}
     }
     fn reduce_scatter_many(&self, _: &[Io<'_>], _: &S) -> Result<(), Error> {
+        match self.0 {}
+    }
+    fn check(&self) -> Result<(), Error> {
+        match self.0 {}
+    }
+    fn synchronize(&self, _: &S) -> Result<(), Error> {
         match self.0 {}
     }
     fn close(&self) -> Result<(), Error> {

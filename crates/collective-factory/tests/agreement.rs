@@ -15,6 +15,7 @@ fn facts(n: usize) -> Vec<Facts> {
             routing: routing.clone(),
             device: String::new(),
             errors: Vec::new(),
+            missing: Vec::new(),
         })
         .collect()
 }
@@ -108,4 +109,71 @@ fn ranks_sharing_a_gpu_are_routed_without_the_transport() {
     }
     let e = decide(&f).unwrap_err();
     assert!(matches!(e, Error::InvalidConfig { .. }) && e.to_string().contains("share one GPU"), "{e}");
+}
+
+#[test]
+fn a_missing_library_is_library_missing_on_every_rank_naming_the_ranks() {
+    let driver = || ("libcuda.so (NVIDIA driver)".to_string(), "not found".to_string());
+    // One rank lacks it: every rank gets LibraryMissing (the same typed error, so every rank
+    // can take the same next step), naming that rank.
+    let mut all = facts(4);
+    all[1].missing.push(driver());
+    match decide(&all) {
+        Err(Error::LibraryMissing { library, detail }) => {
+            assert_eq!(library, "libcuda.so (NVIDIA driver)");
+            assert_eq!(detail, "rank 1: not found");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Every rank lacks it: one message naming them all, not "rank 0" alone.
+    let mut all = facts(4);
+    for f in &mut all {
+        f.missing.push(driver());
+    }
+    let e = decide(&all).unwrap_err();
+    assert!(matches!(&e, Error::LibraryMissing { detail, .. } if detail == "ranks 0-3: not found"), "{e:?}");
+    // Ranks with different reasons are each named with theirs; a missing library wins the kind.
+    let mut all = facts(8);
+    for q in [0, 2, 5, 6, 7] {
+        all[q].missing.push(driver());
+    }
+    all[3].errors.push("DETCOLL_TIMEOUT_MS=\"x\" is invalid".into());
+    all[6].missing.push(("libnvrtc.so".into(), "absent".into()));
+    match decide(&all) {
+        Err(Error::LibraryMissing { library, detail }) => {
+            assert_eq!(library, "libcuda.so (NVIDIA driver)");
+            assert_eq!(
+                detail,
+                "ranks 0, 2, 5, 7: not found; rank 3: DETCOLL_TIMEOUT_MS=\"x\" is invalid; \
+                 rank 6: not found; libnvrtc.so could not be loaded: absent"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn local_errors_of_several_ranks_name_each_rank() {
+    let mut all = facts(2);
+    for f in &mut all {
+        f.errors.push("bad".into());
+    }
+    match decide(&all) {
+        Err(Error::InvalidConfig { detail }) => assert_eq!(detail, "ranks 0-1: bad"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn facts_fail_sorts_missing_libraries_from_other_failures() {
+    let mut f = facts(1).remove(0);
+    f.fail("opening its CUDA device", Error::LibraryMissing { library: "libcuda".into(), detail: "gone".into() });
+    f.fail("opening its CUDA device", Error::InvalidConfig { detail: "no device 3".into() });
+    assert_eq!(f.missing, vec![("libcuda".to_string(), "gone".to_string())]);
+    assert_eq!(f.errors, vec!["opening its CUDA device: invalid configuration: no device 3".to_string()]);
+    // Facts from an older peer (without `missing`) still parse.
+    let mut json: serde_json::Value = serde_json::to_value(&f).unwrap();
+    json.as_object_mut().unwrap().remove("missing");
+    let old: Facts = serde_json::from_value(json).unwrap();
+    assert!(old.missing.is_empty());
 }

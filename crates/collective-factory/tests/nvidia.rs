@@ -166,3 +166,71 @@ fn tp_and_dp_groups_of_thread_ranks_run_concurrently_bit_exact() {
         }
     });
 }
+
+/// Every rank of `world` threads calling `f` with its own `LocalBootstrap` (one process per
+/// rank, as threads): the results in rank order, and how long the slowest took.
+fn each_rank<T: Send>(
+    world: usize,
+    f: impl Fn(std::sync::Arc<dyn collective_core::bootstrap::Bootstrap>) -> T + Sync,
+) -> (Vec<T>, std::time::Duration) {
+    use collective_core::bootstrap::LocalBootstrap;
+    let t = std::time::Instant::now();
+    let boots = LocalBootstrap::group_with_timeout(world, std::time::Duration::from_secs(10));
+    let got = std::thread::scope(|s| {
+        let hs: Vec<_> = boots.into_iter().map(|b| s.spawn(|| f(std::sync::Arc::new(b)))).collect();
+        hs.into_iter().map(|h| h.join().expect("rank panicked")).collect()
+    });
+    (got, t.elapsed())
+}
+
+/// Without the CUDA driver every entry point is `LibraryMissing` (docs/running.md): the thread
+/// group at once, and `from_bootstrap` on every rank, through the agreement (no rank waits for
+/// one that dropped out), naming the ranks that lack it. (`from_context` takes a
+/// `CudaContext`, which cannot exist without the driver.) Skips, saying so, with a driver.
+#[test]
+fn without_the_driver_every_entry_point_is_library_missing_on_every_rank() {
+    use collective_core::Error;
+    use collective_factory::{Config, DeviceSelect, nvidia};
+    if cuda_ipc::driver::driver_present() {
+        println!("skipped: the CUDA driver is present");
+        return;
+    }
+    let missing = |r: Result<_, Error>, ranks: &str| match r {
+        Err(Error::LibraryMissing { library, detail }) => {
+            assert!(library.contains("libcuda"), "{library}");
+            assert!(detail.starts_with(ranks), "{detail}");
+        }
+        Err(e) => panic!("expected LibraryMissing, got {e:?}"),
+        Ok(_) => panic!("expected LibraryMissing, got a collective"),
+    };
+    missing(nvidia::thread_group(2, &Config::new()).map(drop), "");
+    for config in [
+        Config::new(),
+        Config::new().with_device(DeviceSelect::Ordinal(0)),
+        // A missing library outranks the invalid capacity: another platform may still do.
+        Config::new().with_capacity(0),
+    ] {
+        for world in [1, 2] {
+            let (got, took) = each_rank(world, |boot| nvidia::from_bootstrap(boot, &config).map(drop));
+            assert!(took < std::time::Duration::from_secs(5), "failing took {took:?}");
+            for r in got {
+                missing(r, if world == 1 { "rank 0: " } else { "ranks 0-1: " });
+            }
+        }
+    }
+}
+
+/// A world of 0 ranks and a capacity of 0 are `InvalidConfig` before anything is opened (with
+/// or without a GPU).
+#[test]
+fn world_zero_and_capacity_zero_are_invalid_config() {
+    use collective_core::Error;
+    use collective_factory::{Config, nvidia};
+    for (world, config) in [(0, Config::new()), (2, Config::new().with_capacity(0))] {
+        match nvidia::thread_group(world, &config) {
+            Err(Error::InvalidConfig { .. }) => {}
+            Err(e) => panic!("world {world}: expected InvalidConfig, got {e:?}"),
+            Ok(_) => panic!("world {world}: expected InvalidConfig, got a collective"),
+        }
+    }
+}

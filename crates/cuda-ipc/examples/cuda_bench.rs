@@ -239,7 +239,8 @@ fn enqueue_cost(ctx: &Arc<CudaContext>) -> Res<()> {
     // World 8 driven by one host thread (round robin over the ranks): the per-call cost without
     // 8 threads contending for the driver.
     let world = 8;
-    let comms = cuda_ipc::group_on_device(ctx, world, &CudaIpcConfig::new(1 << 20))?;
+    // One thread drives every rank: the engine's lockstep (which needs a thread per rank) off.
+    let comms = cuda_ipc::group_on_device(ctx, world, &CudaIpcConfig::new(1 << 20).with_lockstep(false))?;
     let streams = (0..world).map(|_| ctx.new_stream()).collect::<Result<Vec<_>, _>>()?;
     let bufs = streams.iter().map(|s| Ok((ones(s, n)?, ones(s, n)?))).collect::<Res<Vec<_>>>()?;
     let ptrs: Vec<(u64, u64)> = bufs.iter().zip(&streams).map(|((i, o), s)| (addr(i, s), addr(o, s))).collect();

@@ -180,6 +180,11 @@ impl Device for CudaDevice {
         // SAFETY: `stream` is live (caller).
         ready(unsafe { sys::cuStreamQuery(stream.0.cast()) }, "cuStreamQuery")
     }
+    unsafe fn synchronize_stream(&self, stream: RawStream) -> Result<(), Error> {
+        driver::bind(&self.ctx)?;
+        // SAFETY: `stream` is live (caller).
+        check(unsafe { sys::cuStreamSynchronize(stream.0.cast()) }, "cuStreamSynchronize")
+    }
 
     fn load_tree(&self) -> Result<(), Error> {
         self.module().map(drop)

@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 macro_rules! gpu_suite {
     ($gpu:ty) => {
         /// 10,000 randomized calls (DETCOLL_RANDOM_CALLS) back to back, every output bit-exact
-        /// against `fixed-tree`; the eight ranks are threads sharing one device, so they
-        /// enqueue in the global call order.
+        /// against `fixed-tree`; the eight ranks are threads sharing one device, each
+        /// enqueuing on its own (the engine's lockstep orders the launches).
         #[test]
         fn randomized_back_to_back_world8() {
             $crate::cases::randomized::<$gpu>(8, $crate::cases::random_calls(), 64 << 10);
@@ -117,8 +117,8 @@ fn failure<G: TestGpu>(rank: &GpuRank<G>, i: usize, c: &sequence::Call, e: &Erro
 
 /// `total` randomized calls ([`sequence::plan`]) at world `world` with `capacity` bytes of
 /// staging, in batches of 500 enqueued back to back, every output bit-exact against
-/// `fixed-tree`. Every rank is a thread on device 0, so by default ranks enqueue in the global
-/// call order ([`sequence::ordered_enqueue`]); the knobs are `sequence`'s `DETCOLL_RANDOM_*`.
+/// `fixed-tree`. Every rank is a thread on device 0 enqueuing on its own (the engine's lockstep
+/// orders the launches); the knobs are `sequence`'s `DETCOLL_RANDOM_*`.
 pub fn randomized<G: TestGpu>(world: usize, total: usize, capacity: usize) {
     let Some(device) = gpu::<G>() else { return };
     let _l = gpu_lock();
@@ -126,12 +126,12 @@ pub fn randomized<G: TestGpu>(world: usize, total: usize, capacity: usize) {
     let comms = group::<G>(&device, world, &config);
     let host_inputs = sequence::inputs(world, capacity);
     let batch = 500;
-    // Every rank a thread on `device`, sharing its queues.
-    let ordered = sequence::ordered_enqueue(world, true);
-    let in_flight = sequence::random_in_flight(ordered);
-    let order = sequence::Order::default();
+    // Every rank a thread on `device`, sharing its queues: the engine's lockstep launches each
+    // call of all ranks together, so the ranks enqueue independently (no turns of our own,
+    // which would wait for the lockstep's peers) and the whole batch may be in flight.
+    let in_flight = sequence::random_in_flight(true);
     println!(
-        "world {world}: {total} calls, batches of {batch}, at most {in_flight} in flight per rank (0 = all), ordered enqueue {ordered}"
+        "world {world}: {total} calls, batches of {batch}, at most {in_flight} in flight per rank (0 = all), engine lockstep"
     );
     let (batches, arena_bytes) = sequence::plan(total, batch, world, capacity);
     // In-place setup copies in the middle of a batch go through a kernel (the 1-leaf tree),
@@ -143,7 +143,6 @@ pub fn randomized<G: TestGpu>(world: usize, total: usize, capacity: usize) {
         let me = rank.comm.rank();
         let dev_inputs: Vec<DevBuf> = host_inputs.iter().map(|per_rank| rank.put(&per_rank[me])).collect();
         let arena = rank.alloc_dev(arena_bytes);
-        let member = order.member();
         rank.barrier()?;
         let raw = raw_stream::<G>(rank.comm.device(), &rank.stream).map_err(|e| e.to_string())?;
         let mut done = 0;
@@ -151,7 +150,7 @@ pub fn randomized<G: TestGpu>(world: usize, total: usize, capacity: usize) {
             // Enqueue the batch back to back, with at most `in_flight` calls queued per rank
             // before a stream sync (DETCOLL_RANDOM_INFLIGHT; 0 = the whole batch).
             let sync = |i| G::synchronize(&rank.stream).map_err(|e| format!("sync before call {i}: {e}"));
-            sequence::enqueue_batch(calls, done, world, me, in_flight, ordered.then_some(&order), sync, |i, c| {
+            sequence::enqueue_batch(calls, done, world, me, in_flight, None, sync, |i, c| {
                 let copy = |src: u64, dst: u64, n: usize, d: DType| {
                     // SAFETY: copy of `n` elements inside live test buffers, on the rank's stream.
                     unsafe { rank.comm.device().tree(&[src], dst, n, d, raw) }
@@ -167,7 +166,6 @@ pub fn randomized<G: TestGpu>(world: usize, total: usize, capacity: usize) {
             sequence::check_batch(&got, calls, &host_inputs, world, me, done)?;
             done += calls.len();
         }
-        member.finished();
         Ok(())
     });
     r.expect("randomized sequence");
@@ -350,26 +348,30 @@ pub fn peer_closed<G: TestGpu>() {
 }
 
 /// Rank 1 never calls: rank 0's call ends after the peer timeout (and within ten times it) as
-/// PeerTimeout naming rank 1, later calls are refused as poisoned, and rank 1 itself stays
-/// healthy.
+/// PeerTimeout naming rank 1 — returned by the call itself (the lockstep of ranks sharing the
+/// GPU waits for rank 1 before launching) or by `check` after the stream (a kernel's wait) —
+/// later calls are refused as poisoned, and rank 1 itself stays healthy.
 pub fn absent_rank<G: TestGpu>() {
     let bound = Duration::from_millis(300);
     let r = two_ranks::<G, _>(bound, |rank| {
         if rank.comm.rank() == 1 {
-            // Never arrives; its own state stays healthy.
+            // Never arrives; its own state stays healthy. It keeps its handle open until rank
+            // 0 has timed out: a closed handle would fail rank 0 at once with PeerClosed.
             std::thread::sleep(Duration::from_millis(50));
-            return rank.comm.check().map_err(|e| format!("the absent rank is not poisoned itself: {e}"));
+            let healthy = rank.comm.check().map_err(|e| format!("the absent rank is not poisoned itself: {e}"));
+            std::thread::sleep(bound * 4);
+            return healthy;
         }
         let n = 4096;
         let input = rank.put(&finite_values(DType::BF16, n, 2));
         let output = rank.alloc_dev(n * 2);
         let s = rank.stream();
         let t = Instant::now();
-        rank.comm.all_reduce(io(&input, &output, n, DType::BF16), s).map_err(|e| e.to_string())?;
+        let called = rank.comm.all_reduce(io(&input, &output, n, DType::BF16), s);
         G::synchronize(&rank.stream)?;
         let waited = t.elapsed();
         let again = || rank.comm.all_reduce(io(&input, &output, n, DType::BF16), s);
-        let cause = faults::expect_timeout(waited, bound, rank.comm.check(), again)?;
+        let cause = faults::expect_timeout(waited, bound, called.and_then(|()| rank.comm.check()), again)?;
         println!("rank 0: timed out after {waited:?}; later call: poisoned ({cause})");
         Ok(())
     });

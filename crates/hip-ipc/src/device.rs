@@ -197,6 +197,11 @@ impl Device for HipDevice {
         // SAFETY: `stream` is live (caller).
         unsafe { runtime::stream_done(stream.0) }
     }
+    unsafe fn synchronize_stream(&self, stream: RawStream) -> Result<(), Error> {
+        runtime::set_device(self.ordinal)?;
+        // SAFETY: `stream` is live (caller).
+        unsafe { runtime::stream_synchronize(stream.0) }
+    }
 
     fn load_tree(&self) -> Result<(), Error> {
         self.loaded().map(drop)

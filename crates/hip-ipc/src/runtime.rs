@@ -260,6 +260,17 @@ pub unsafe fn stream_done(stream: HipStream) -> Result<bool, Error> {
     ready(api, unsafe { (api.hipStreamQuery)(stream) }, "hipStreamQuery")
 }
 
+/// Blocks until every operation enqueued on `stream` so far has completed
+/// (`hipStreamSynchronize`).
+///
+/// # Safety
+/// `stream` is a live stream (or null: the default stream).
+pub unsafe fn stream_synchronize(stream: HipStream) -> Result<(), Error> {
+    let api = api()?;
+    // SAFETY: forwarded from the caller.
+    check(api, unsafe { (api.hipStreamSynchronize)(stream) }, "hipStreamSynchronize")
+}
+
 /// A `hipEvent_t`, with timing enabled ([`Event::new`], `hipEventCreate`) or without
 /// ([`Event::untimed`]); destroyed on drop.
 #[derive(Debug)]

@@ -5,14 +5,16 @@
 //! call above the staging capacity: one `Plan` and launch per chunk, see `Chunks`). No
 //! host synchronisation, no host allocation, no round trip.
 use crate::device::{IpcDevice, Launch, RawStream};
+use crate::lockstep::Member;
 use crate::state::{IpcState, Owner};
+use collective_core::process::ProcessOwner;
 use collective_core::protocol::close::{self, CloseOnce};
 use collective_core::protocol::params::{self, CopyParams, ParamsMany, ParamsSingle};
 use collective_core::protocol::status::{self, RECORD_WORDS};
 use collective_core::protocol::{CLOSE_ACK, Chunks, IpcConfig, Poison};
 use collective_core::{Capabilities, Collective, Error, Io, Op, Route, RouteSelect, validate, validate_many};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// One rank of an IPC collective on device `D` (CUDA: `cuda_ipc::CudaIpcCollective`; HIP:
 /// `hip_ipc::HipIpcCollective`).
@@ -38,6 +40,14 @@ pub struct IpcCollective<D: IpcDevice> {
     pub(crate) poison: Poison,
     pub(crate) closed: AtomicBool,
     pub(crate) close_once: CloseOnce,
+    /// Held for the whole of every call (all its chunks), so calls of several threads on one
+    /// handle never interleave their launches: each call is atomic, in one order per handle.
+    pub(crate) calls: Mutex<()>,
+    /// Ranks that are threads sharing this rank's device: every call is one step of all of
+    /// them (`lockstep.rs`). `None` for ranks with a device (or process) of their own.
+    pub(crate) lockstep: Option<Member>,
+    /// The process that built this handle: it fails closed in a forked child.
+    pub(crate) process: ProcessOwner,
 }
 
 impl<D: IpcDevice> IpcCollective<D> {
@@ -73,6 +83,7 @@ impl<D: IpcDevice> IpcCollective<D> {
     /// of a failure is its typed error (`PeerTimeout`, `SignatureMismatch`, `PeerClosed`, ...);
     /// from then on the collective is poisoned and every call returns [`Error::Poisoned`].
     pub fn check(&self) -> Result<(), Error> {
+        self.process.check()?;
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
@@ -189,6 +200,7 @@ impl<D: IpcDevice> IpcCollective<D> {
         route: Option<Route>,
         stream: RawStream,
     ) -> Result<(), Error> {
+        let _call = self.lock_call()?;
         self.check()?;
         // No capacity limit: a call above the staging capacity runs in chunks (`Chunks`).
         let call = validate(op, &io, self.rank, self.world, usize::MAX)?;
@@ -205,14 +217,38 @@ impl<D: IpcDevice> IpcCollective<D> {
         // this stream, one generation each (the double-buffered frames pipeline them).
         let chunks =
             Chunks::single(&call, self.rank, self.world, route, self.config.capacity, ipc.layout.ll_capacity())?;
-        for plan in chunks {
-            let p: ParamsSingle = params::pack(&ipc.fixed, &plan?, call.in_place && op == Op::AllGather, D::BACKEND)?;
-            // SAFETY: the single-lane kernel takes `DcParams<16>`; the addresses are the group's
-            // allocations (alive while `self` is) and the caller's validated views.
-            unsafe { self.device.launch(&ipc.kernels, Launch::Single(&p), p.h.grid, stream) }
-                .map_err(|e| self.fail(e))?;
+        self.in_step(|| {
+            for plan in chunks {
+                let p: ParamsSingle =
+                    params::pack(&ipc.fixed, &plan?, call.in_place && op == Op::AllGather, D::BACKEND)?;
+                // SAFETY: the single-lane kernel takes `DcParams<16>`; the addresses are the
+                // group's allocations (alive while `self` is) and the caller's validated views.
+                unsafe { self.device.launch(&ipc.kernels, Launch::Single(&p), p.h.grid, stream) }
+                    .map_err(|e| self.fail(e))?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Takes this handle's call lock (see `calls`). A thread that panicked inside a call
+    /// left its launches unknown: the handle fails closed.
+    fn lock_call(&self) -> Result<MutexGuard<'_, ()>, Error> {
+        self.calls.lock().map_err(|_| {
+            self.fail(Error::Backend {
+                backend: D::BACKEND,
+                detail: "a thread panicked inside a call of this handle".into(),
+            })
+        })
+    }
+
+    /// Runs `launch` (every launch of one call) as one step of the lockstep of the ranks
+    /// sharing this device, or at once for a rank with a device of its own. A lockstep wait
+    /// that fails poisons this rank (its peers' kernels of this call would wait in vain).
+    fn in_step(&self, launch: impl FnOnce() -> Result<(), Error>) -> Result<(), Error> {
+        match &self.lockstep {
+            None => launch(),
+            Some(m) => m.step(self.config.timeouts().peer, launch).map_err(|e| self.fail(e)),
         }
-        Ok(())
     }
 
     /// The route `op` takes when asked for `route`, or why it cannot.
@@ -250,6 +286,7 @@ impl<D: IpcDevice> IpcCollective<D> {
         route: Option<Route>,
         stream: RawStream,
     ) -> Result<(), Error> {
+        let _call = self.lock_call()?;
         self.check()?;
         let (calls, sig) = validate_many(lanes, self.rank, self.world, usize::MAX)?;
         let route =
@@ -262,13 +299,15 @@ impl<D: IpcDevice> IpcCollective<D> {
             return Ok(());
         };
         let (capacity, ll) = (self.config.capacity, ipc.layout.ll_capacity());
-        for plan in Chunks::many(&calls, sig, self.rank, self.world, route, capacity, ll) {
-            let p: ParamsMany = params::pack(&ipc.fixed, &plan?, false, D::BACKEND)?;
-            // SAFETY: the many-lane kernel takes `DcParams<32>`; addresses as in `enqueue`.
-            unsafe { self.device.launch(&ipc.kernels, Launch::Many(&p), p.h.grid, stream) }
-                .map_err(|e| self.fail(e))?;
-        }
-        Ok(())
+        self.in_step(|| {
+            for plan in Chunks::many(&calls, sig, self.rank, self.world, route, capacity, ll) {
+                let p: ParamsMany = params::pack(&ipc.fixed, &plan?, false, D::BACKEND)?;
+                // SAFETY: the many-lane kernel takes `DcParams<32>`; addresses as in `enqueue`.
+                unsafe { self.device.launch(&ipc.kernels, Launch::Many(&p), p.h.grid, stream) }
+                    .map_err(|e| self.fail(e))?;
+            }
+            Ok(())
+        })
     }
 
     /// Close: synchronises this rank's device (no kernel of ours may still read a peer),
@@ -280,6 +319,9 @@ impl<D: IpcDevice> IpcCollective<D> {
     /// * in-process group: returns; the shared allocations are freed with the last rank.
     fn close_now(&self) -> Result<(), Error> {
         self.closed.store(true, Ordering::Release);
+        if let Some(m) = &self.lockstep {
+            m.close();
+        }
         let Some(ipc) = &self.ipc else { return Ok(()) };
         self.device.synchronize()?;
         for q in (0..self.world).filter(|&q| q != self.rank) {
@@ -335,6 +377,15 @@ impl<D: IpcDevice> Collective for IpcCollective<D> {
     fn route(&self, op: Op, bytes: usize) -> Route {
         self.default_route(op, bytes)
     }
+    fn check(&self) -> Result<(), Error> {
+        IpcCollective::check(self)
+    }
+    fn synchronize(&self, stream: &D::Stream) -> Result<(), Error> {
+        let s = self.device.raw_stream(stream)?;
+        // SAFETY: the stream is this device's (checked by `raw_stream`).
+        unsafe { self.device.synchronize_stream(s) }.map_err(|e| self.fail(e))?;
+        IpcCollective::check(self)
+    }
     fn all_reduce(&self, io: Io<'_>, stream: &D::Stream) -> Result<(), Error> {
         let s = self.device.raw_stream(stream)?;
         // SAFETY: the stream is this device's (checked); the views' validity is the contract
@@ -359,6 +410,10 @@ impl<D: IpcDevice> Collective for IpcCollective<D> {
     /// See `close_now` for what close waits for. A second close returns `Ok` after a
     /// successful one and [`Error::CloseFailed`] after a failed one.
     fn close(&self) -> Result<(), Error> {
+        if !self.process.is_current() {
+            // A forked child: the device state and the peers' memory are the parent's.
+            return Err(self.process.foreign());
+        }
         self.close_once.run(|| self.close_now())
     }
 }

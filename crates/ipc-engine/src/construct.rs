@@ -2,8 +2,10 @@
 //! directly), or one process per rank over a bootstrap (IPC handles exchanged once).
 use crate::collective::IpcCollective;
 use crate::device::IpcDevice;
+use crate::lockstep::Lockstep;
 use crate::state::{IpcState, Owner};
 use collective_core::bootstrap::Bootstrap;
+use collective_core::process::ProcessOwner;
 use collective_core::protocol::params::{Fixed, RankMemory, THREADS};
 use collective_core::protocol::{HEADER_WORDS, Header, IpcConfig, Layout, Poison, close};
 use collective_core::{Error, SUPPORTED_WORLD_SIZES};
@@ -22,6 +24,14 @@ fn resolved(config: &IpcConfig, blocks: usize) -> Result<IpcConfig, Error> {
     Ok(c)
 }
 
+/// `DETCOLL_LOCKSTEP` (a boolean, default on; a bad value is an error): whether ranks that are
+/// threads sharing one device launch each call together ([`IpcCollective::group`]), where
+/// `IpcConfig::lockstep` does not say. Turn it
+/// off only where the caller already orders every enqueue and makes no blocking device call
+/// between calls — one host thread driving several ranks of one GPU, say — and to reproduce,
+/// for diagnosis, what the lockstep prevents.
+pub const LOCKSTEP_ENV: &str = "DETCOLL_LOCKSTEP";
+
 impl<D: IpcDevice> IpcCollective<D> {
     fn assemble(rank: usize, world: usize, device: &D, config: &IpcConfig, ipc: Option<IpcState<D>>) -> Self {
         // World 1: the copy kernel when the kernels load, the runtime's copy otherwise.
@@ -36,12 +46,15 @@ impl<D: IpcDevice> IpcCollective<D> {
             poison: Poison::default(),
             closed: AtomicBool::new(false),
             close_once: Default::default(),
+            calls: Mutex::new(()),
+            lockstep: None,
+            process: ProcessOwner::current(),
         }
     }
 
     /// `world` ranks as threads sharing `device`.
     ///
-    /// Ranks that are threads sharing one context must enqueue in call order: see
+    /// Ranks that are threads sharing one context launch each call together: see
     /// [`IpcCollective::group`].
     pub fn group_on(device: &D, world: usize, config: &IpcConfig) -> Result<Vec<Self>, Error> {
         Self::group(&vec![device.clone(); world], config)
@@ -65,12 +78,15 @@ impl<D: IpcDevice> IpcCollective<D> {
     /// runtime copies only on a stream whose collectives have completed. A violation shows as
     /// `PeerTimeout`, never as wrong data.
     ///
-    /// Ranks that are threads sharing one context must enqueue in call order, e.g. call `k`
-    /// of ranks 0, 1, ..., world-1 before call `k + 1` of any rank, as one host thread driving
-    /// every rank would (or threads taking turns): with ranks enqueuing independently, one rank
-    /// two or more calls ahead of another can hold a peer's flag unpublished behind the
-    /// context's shared queues (measured with 8 ranks on an H200). One process per GPU, MPS
-    /// processes and threads on different GPUs have no such requirement.
+    /// Ranks sharing one device launch every call together (the engine's lockstep, see
+    /// `lockstep.rs`): no such rank launches call `k` before every one of them has reached it,
+    /// and none returns from call `k` before every one has launched it, so ordinary stream
+    /// work between calls (pageable copies, stream-ordered allocation and free, memset, module
+    /// loading) can never leave a peer's kernel queued behind a spinning one. Hence each rank
+    /// sharing a device must be driven by its own thread, and callers must not serialise
+    /// those ranks' calls themselves (turn-taking, or one thread driving several of them):
+    /// that waits for the peer timeout and fails with `PeerTimeout`. One process per GPU, MPS
+    /// processes and threads on different GPUs have no lockstep.
     pub fn group(devices: &[D], config: &IpcConfig) -> Result<Vec<Self>, Error> {
         config.check()?;
         let world = devices.len();
@@ -121,6 +137,26 @@ impl<D: IpcDevice> IpcCollective<D> {
             let state =
                 IpcState { kernels, layout, fixed, mems: mems.clone(), err, owner: Owner::Group(shared.clone()) };
             out.push(Self::assemble(r, world, d, &config, Some(state)));
+        }
+        // One lockstep per device shared by two or more ranks, its members in rank order.
+        let lockstep = match config.lockstep {
+            Some(on) => on,
+            None => collective_core::env::read(LOCKSTEP_ENV, collective_core::env::parse_bool)?.unwrap_or(true),
+        };
+        let mut placed = vec![!lockstep; world];
+        for r in 0..world {
+            if placed[r] {
+                continue;
+            }
+            let sharing: Vec<usize> = (r..world).filter(|&q| devices[q].same_device(&devices[r])).collect();
+            for &q in &sharing {
+                placed[q] = true;
+            }
+            if sharing.len() > 1 {
+                for (q, member) in sharing.iter().zip(Lockstep::members(sharing.clone())) {
+                    out[*q].lockstep = Some(member);
+                }
+            }
         }
         // Staging was zeroed with synchronous calls: every rank's first launch sees it.
         Ok(out)

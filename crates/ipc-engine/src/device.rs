@@ -123,6 +123,19 @@ pub trait Device: Send + Sync + fmt::Debug + Sized + 'static {
     /// # Safety
     /// `stream` is a live stream of this device.
     unsafe fn stream_done(&self, stream: RawStream) -> Result<bool, Error>;
+    /// Blocks until every operation enqueued on `stream` so far has completed. The default
+    /// polls [`Device::stream_done`]; runtimes override it with their own stream
+    /// synchronisation.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of this device.
+    unsafe fn synchronize_stream(&self, stream: RawStream) -> Result<(), Error> {
+        // SAFETY: forwarded from the caller.
+        while !unsafe { self.stream_done(stream) }? {
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
 
     /// The tree over `world` inputs stacked rank-major `stride` bytes apart from `first` —
     /// the layout an all_gather leaves in the workspace. This is exactly what the transport

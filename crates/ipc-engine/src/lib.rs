@@ -16,7 +16,9 @@
 mod collective;
 mod construct;
 mod device;
+mod lockstep;
 mod state;
 
 pub use collective::IpcCollective;
+pub use construct::LOCKSTEP_ENV;
 pub use device::{Device, IpcDevice, Launch, RawStream, Vendor};

@@ -4,14 +4,15 @@ use crate::engine::Engine;
 use crate::region::{Handle, Region, Share};
 use crate::wait::Peer;
 use collective_core::bootstrap::Bootstrap;
+use collective_core::process::ProcessOwner;
 use collective_core::protocol::close::CloseOnce;
 use collective_core::protocol::{Chunks, HEADER_WORDS, Header, Layout, Timeouts};
 use collective_core::{
     Capabilities, Collective, Error, Io, Op, Route, RouteSelect, SUPPORTED_WORLD_SIZES, host_identity, ipc_route_for,
     validate, validate_many,
 };
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// A deterministic collective over host shared memory (stream type `()`: calls complete
 /// before they return).
@@ -26,6 +27,11 @@ pub struct ShmCollective {
     /// The outcome of the first [`Collective::close`]: a later close reports its failure again
     /// ([`Error::CloseFailed`]) instead of `Ok`; a concurrent close waits for it.
     close_once: CloseOnce,
+    /// Held for the whole of every call (all its chunks): calls of several threads on one
+    /// handle never interleave, each is atomic, in one order per handle.
+    calls: Mutex<()>,
+    /// The process that built this handle: it fails closed in a forked child.
+    owner: ProcessOwner,
 }
 
 fn check_world(world: usize) -> Result<(), Error> {
@@ -247,6 +253,8 @@ impl ShmCollective {
             engine: Some(Engine::new(rank, layout, regions, peers, hello.timeouts, 0)),
             closed: AtomicBool::new(false),
             close_once: CloseOnce::default(),
+            calls: Mutex::new(()),
+            owner: ProcessOwner::current(),
         })
     }
 
@@ -369,6 +377,8 @@ impl ShmCollective {
                 engine: Some(Engine::new(rank, layout, regions.clone(), peers.clone(), timeouts, start)),
                 closed: AtomicBool::new(false),
                 close_once: CloseOnce::default(),
+                calls: Mutex::new(()),
+                owner: ProcessOwner::current(),
             })
             .collect())
     }
@@ -381,6 +391,8 @@ impl ShmCollective {
             engine: None,
             closed: AtomicBool::new(false),
             close_once: CloseOnce::default(),
+            calls: Mutex::new(()),
+            owner: ProcessOwner::current(),
         }
     }
 
@@ -390,12 +402,27 @@ impl ShmCollective {
     }
 
     fn check_open(&self) -> Result<(), Error> {
+        self.owner.check()?;
         if self.closed.load(Ordering::Acquire) { Err(Error::Closed) } else { Ok(()) }
+    }
+
+    /// Takes this handle's call lock (see `calls`); a thread that panicked inside a call left
+    /// the protocol state unknown, so the handle fails closed.
+    fn lock_call(&self) -> Result<MutexGuard<'_, ()>, Error> {
+        self.calls.lock().map_err(|_| {
+            let e =
+                Error::Backend { backend: "shm-ipc", detail: "a thread panicked inside a call of this handle".into() };
+            match &self.engine {
+                Some(engine) => engine.poison.record(e),
+                None => e,
+            }
+        })
     }
 
     /// One single-lane call by `route` (`None`: the configured RS+AG threshold decides).
     fn single(&self, op: Op, io: Io<'_>, route: Option<Route>) -> Result<(), Error> {
         self.check_open()?;
+        let _call = self.lock_call()?;
         if let Some(e) = &self.engine {
             e.poison.check()?;
         }
@@ -483,7 +510,20 @@ impl Collective for ShmCollective {
     fn reduce_scatter_many(&self, lanes: &[Io<'_>], _: &()) -> Result<(), Error> {
         self.many(lanes, Route::IpcOneShot)
     }
+    /// Calls run to completion before they return, so a failure is also their own error;
+    /// `check` reports it again (poisoned), or `Closed` after close.
+    fn check(&self) -> Result<(), Error> {
+        self.check_open()?;
+        self.engine.as_ref().map_or(Ok(()), |e| e.poison.check())
+    }
+    fn synchronize(&self, _: &()) -> Result<(), Error> {
+        Collective::check(self)
+    }
     fn close(&self) -> Result<(), Error> {
+        if !self.owner.is_current() {
+            // A forked child: the peers' memory and the ack lines are the parent's.
+            return Err(self.owner.foreign());
+        }
         self.close_once.run(|| {
             self.closed.store(true, Ordering::Release);
             match &self.engine {
@@ -500,6 +540,7 @@ impl ShmCollective {
     /// chunks of lanes when they exceed the staging capacity).
     fn many(&self, lanes: &[Io<'_>], route: Route) -> Result<(), Error> {
         self.check_open()?;
+        let _call = self.lock_call()?;
         if let Some(e) = &self.engine {
             e.poison.check()?;
         }
@@ -525,6 +566,9 @@ impl Drop for ShmCollective {
     /// thread, one handle after another, must not wait on handles not yet dropped.
     /// [`Collective::close`] is the collective, waiting form.
     fn drop(&mut self) {
+        if !self.owner.is_current() {
+            return; // a forked child acknowledges nothing on the parent's behalf
+        }
         if !self.closed.swap(true, Ordering::AcqRel) {
             if let Some(e) = &self.engine {
                 e.acknowledge();

@@ -273,7 +273,7 @@ fn series(rows: &[E2eRow], y: impl Fn(&E2eRow) -> Option<(f64, Option<(f64, f64)
                         y: v,
                         range,
                         shape: usize::from(mode == "graph"),
-                        hollow: r.variant == INVARIANT && r.elements_differing > 0,
+                        not_bitwise: r.variant == INVARIANT && r.elements_differing > 0,
                         tip: format!("{variant} {} {tp}, {} tokens, {mode}: {}", r.layer, r.tokens, ms(v)),
                     })
                 })
@@ -352,11 +352,8 @@ fn legend(out: &mut String, rows: &[E2eRow], par: &str, x: f64, mut y: f64) {
             y += 18.0;
         }
     }
-    let _ = writeln!(
-        out,
-        r##"<text x="{x:.1}" y="{:.1}" font-size="10" fill="#555">hollow: invariant but not bitwise</text>"##,
-        y + 8.0
-    );
+    svg::legend_cross(out, x, y + 8.0, "invariant, not bitwise");
+    svg::legend_hollow(out, x, y + 26.0, "beyond the axis");
 }
 
 #[cfg(test)]

@@ -182,6 +182,12 @@ impl Collective for MemoryCollective {
         }
         Ok(())
     }
+    fn check(&self) -> Result<(), Error> {
+        self.check_open()
+    }
+    fn synchronize(&self, _: &()) -> Result<(), Error> {
+        self.check_open()
+    }
     fn close(&self) -> Result<(), Error> {
         if !self.closed.swap(true, Ordering::AcqRel) {
             self.boot.barrier()?;

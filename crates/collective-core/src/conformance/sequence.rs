@@ -181,10 +181,10 @@ pub fn check_batch(
     Ok(())
 }
 
-/// The global enqueue order of ranks that are threads sharing one device: call k of ranks
-/// 0, 1, ..., world-1, then call k+1, as one host thread driving every rank would. Such ranks
-/// must enqueue this way: one rank enqueuing two or more calls ahead of another can leave a
-/// peer's flag unpublished behind the device's shared queues until the timeout.
+/// A global enqueue order of ranks: call k of ranks 0, 1, ..., world-1, then call k+1, as one
+/// host thread driving every rank would. For backends whose ranks do not order themselves
+/// (the GPU engine's ranks sharing a device do: its lockstep, which turns like these would
+/// wait for).
 #[derive(Debug, Default)]
 pub struct Order {
     next: AtomicUsize,
@@ -302,18 +302,6 @@ pub fn config(capacity: usize) -> IpcConfig {
     match knob("DETCOLL_RANDOM_BLOCKS", 1, 1024) {
         Some(b) => config.with_max_blocks(b),
         None => config,
-    }
-}
-
-/// Whether ranks enqueue in the global call order ([`Order`]): by default when they are
-/// threads sharing one device and more than two (measured on an H200: eight such ranks
-/// enqueuing independently time out, in order 3,000 calls 500 deep pass);
-/// DETCOLL_RANDOM_ORDERED=0 or 1 decides instead.
-pub fn ordered_enqueue(world: usize, one_device: bool) -> bool {
-    match crate::env::read("DETCOLL_RANDOM_ORDERED", crate::env::parse_bool) {
-        Ok(Some(v)) => v,
-        Ok(None) => one_device && world > 2,
-        Err(e) => panic!("{e}"),
     }
 }
 

@@ -44,6 +44,12 @@ pub struct IpcConfig {
     /// (`usize::MAX`: never, the default until measured on several GPUs). Checked after the
     /// push threshold and before the RS+AG threshold.
     pub bulk_threshold: usize,
+    /// Whether ranks that are threads sharing one device launch each call together (the GPU
+    /// engine's lockstep: no such rank launches call `k` before all of them reached it, none
+    /// returns before all launched it). `None`: `DETCOLL_LOCKSTEP` when set, else on. Turn it
+    /// off only where the caller orders every enqueue itself and makes no blocking device call
+    /// between calls, e.g. one host thread driving several ranks of one GPU.
+    pub lockstep: Option<bool>,
 }
 
 impl IpcConfig {
@@ -58,7 +64,15 @@ impl IpcConfig {
             ll_capacity: DEFAULT_LL_CAPACITY,
             push_threshold: 0,
             bulk_threshold: usize::MAX,
+            lockstep: None,
         }
+    }
+
+    /// Builder: the lockstep of ranks sharing a device on (`true`) or off (see
+    /// [`IpcConfig::lockstep`]).
+    pub fn with_lockstep(mut self, on: bool) -> Self {
+        self.lockstep = Some(on);
+        self
     }
 
     /// Builder: calls of at least `bytes` per rank take the bulk push route by default.

@@ -3,9 +3,8 @@
 //! `LocalBootstrap`, as ranks of one process do), bits checked on both ranks.
 #![forbid(unsafe_code)]
 
-use collective_core::bootstrap::{Bootstrap, LocalBootstrap};
-use collective_core::{Collective, Io};
-use collective_factory::Config;
+use collective_factory::bootstrap::{Bootstrap, LocalBootstrap};
+use collective_factory::{Collective, Config, Io};
 use std::sync::Arc;
 
 const N: usize = 4099; // not a multiple of any vector width
@@ -28,6 +27,7 @@ fn main() {
                     let x = input(comm.rank());
                     let mut out = vec![0f32; N];
                     comm.all_reduce(Io::host(&x, &mut out), &()).expect("all_reduce");
+                    comm.synchronize(&()).expect("synchronize");
                     out
                 })
             })

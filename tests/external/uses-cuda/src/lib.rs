@@ -2,9 +2,8 @@
 //! mode the application picked: detcoll's dynamic loading, or candle's dynamic linking).
 #![forbid(unsafe_code)]
 
-use collective_core::Error;
-use collective_core::bootstrap::{Bootstrap, LocalBootstrap};
-use collective_factory::{Config, NvidiaCollective};
+use collective_factory::bootstrap::{Bootstrap, LocalBootstrap};
+use collective_factory::{Collective, Config, Error, NvidiaCollective};
 use std::sync::Arc;
 
 /// One rank on its own (world 1), with 1 MiB of staging.
@@ -22,6 +21,7 @@ pub fn all_reduce_cudarc(comm: &NvidiaCollective, values: &[f32]) -> Result<f32,
     let mut y = stream.alloc_zeros::<f32>(values.len())?;
     comm.all_reduce_into(&x, &mut y, &stream)?;
     comm.all_reduce_in_place(&mut y, &stream)?;
+    comm.synchronize(&stream)?; // errors are asynchronous: read only after this
     Ok(stream.clone_dtoh(&y)?[0])
 }
 

@@ -1,7 +1,7 @@
 //! Without ROCm, building the ROCm collective must be a typed error, never a panic.
 #![forbid(unsafe_code)]
 
-use collective_core::bootstrap::{Bootstrap, LocalBootstrap};
+use collective_factory::bootstrap::{Bootstrap, LocalBootstrap};
 use std::sync::Arc;
 
 fn main() {

@@ -1,0 +1,153 @@
+//! What every constructor refuses at construction (a world of 0 ranks, a capacity of 0), on
+//! every rank at once, and what a composed collective promises about call sizes
+//! (`Capabilities::max_call_bytes`, per route). The CPU platform; the GPU platforms' refusals
+//! are in `tests/nvidia.rs` and `tests/rocm.rs` (they run without a GPU).
+#![cfg(feature = "cpu")]
+use collective_core::bootstrap::LocalBootstrap;
+use collective_core::conformance::memory::{Flaw, MemoryCollective};
+use collective_core::{Collective, Error, Io, Op};
+use collective_factory::{Config, Routed, Routing, cpu};
+use shm_ipc::ShmCollective;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn invalid_config(r: Result<impl std::fmt::Debug, Error>, what: &str) -> String {
+    match r {
+        Err(Error::InvalidConfig { detail }) if detail.contains(what) => detail,
+        other => panic!("expected InvalidConfig naming {what:?}, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_world_of_zero_ranks_is_invalid_config() {
+    invalid_config(cpu::thread_group(0, &Config::new()), "0 ranks");
+}
+
+#[test]
+fn capacity_zero_is_invalid_config_at_construction_on_every_rank() {
+    assert!(Config::new().with_capacity(0).validate().is_err());
+    assert!(Config::new().with_capacity(1).validate().is_ok());
+    invalid_config(cpu::thread_group(2, &Config::new().with_capacity(0)), "capacity 0");
+    // One process per rank: through the agreement, every rank names the ranks that have it,
+    // also when only one rank passes it (no rank waits for one that dropped out).
+    for capacities in [[0, 0], [1 << 16, 0]] {
+        let boots = LocalBootstrap::group_with_timeout(2, Duration::from_secs(10));
+        let t = Instant::now();
+        let got: Vec<Result<_, Error>> = std::thread::scope(|s| {
+            let hs: Vec<_> = boots
+                .iter()
+                .zip(capacities)
+                .map(|(b, c)| {
+                    s.spawn(move || {
+                        cpu::with_transport(
+                            b,
+                            &Config::new().with_capacity(c),
+                            None::<fn() -> Result<collective_factory::NoTransport<()>, Error>>,
+                        )
+                        .map(drop)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("rank panicked")).collect()
+        });
+        assert!(t.elapsed() < Duration::from_secs(5), "failing took {:?}", t.elapsed());
+        let ranks = if capacities[0] == 0 { "ranks 0-1:" } else { "rank 1:" };
+        for r in got {
+            let detail = invalid_config(r, "capacity 0");
+            assert!(detail.starts_with(ranks), "{capacities:?}: {detail}");
+        }
+    }
+}
+
+/// Each rank of a CPU collective over `world` threads with a memory transport of `capacity`
+/// (a hard limit, as NCCL's workspace is), routed by `table`; `f` runs on every rank.
+fn with_transport_group(
+    world: usize,
+    capacity: usize,
+    table: &str,
+    f: impl Fn(&Routed<ShmCollective, MemoryCollective>) + Sync,
+) {
+    let routing = Routing::from_json(table).expect("table");
+    let boots: Vec<Arc<LocalBootstrap>> = LocalBootstrap::group(world).into_iter().map(Arc::new).collect();
+    std::thread::scope(|s| {
+        for boot in &boots {
+            let (routing, f) = (routing.clone(), &f);
+            s.spawn(move || {
+                let tb = boot.clone();
+                let transport = move || Ok::<_, Error>(MemoryCollective::new(tb, capacity, Flaw::None));
+                let config = Config::new().with_capacity(capacity).with_routing(routing);
+                let comm = cpu::with_transport(&**boot, &config, Some(transport)).expect("construction");
+                f(&comm);
+                comm.close().expect("close");
+            });
+        }
+    });
+}
+
+fn table(all_reduce: &str) -> String {
+    format!(
+        r#"{{"platform":"cpu","source":"test","rules":[{all_reduce},
+  {{"op":"all_gather","min_bytes":0,"max_bytes":null,"route":"ipc_one_shot"}},
+  {{"op":"reduce_scatter","min_bytes":0,"max_bytes":null,"route":"ipc_one_shot"}},
+  {{"op":"reduce_scatter_many","min_bytes":0,"max_bytes":null,"route":"ipc_one_shot"}}]}}"#
+    )
+}
+
+#[test]
+fn max_call_bytes_is_what_the_routes_accept() {
+    let capacity = 4096;
+    // The CPU twin alone: its IPC routes chunk any size through the staging.
+    let ranks = cpu::thread_group(2, &Config::new().with_capacity(capacity)).expect("group");
+    assert!(
+        ranks
+            .iter()
+            .all(|c| c.capabilities().max_call_bytes == usize::MAX && c.capabilities().capacity_bytes == capacity)
+    );
+    std::thread::scope(|s| {
+        for comm in &ranks {
+            s.spawn(move || {
+                let input = vec![1.0f32; 16 * capacity / 4];
+                let mut out = vec![0.0f32; input.len()];
+                comm.all_reduce(Io::host(&input, &mut out), &()).expect("a call 16x the capacity");
+                assert!(out.iter().all(|&x| x == 2.0));
+            });
+        }
+    });
+    drop(ranks);
+    let one = cpu::thread_group(1, &Config::new().with_capacity(capacity)).expect("world 1");
+    assert_eq!(one[0].capabilities().max_call_bytes, usize::MAX);
+
+    // The transport route keeps its limit, and the report says so: every all_reduce there.
+    let transport_all = table(r#"{"op":"all_reduce","min_bytes":0,"max_bytes":null,"route":"transport"}"#);
+    with_transport_group(2, capacity, &transport_all, |comm| {
+        assert_eq!(comm.capabilities().max_call_bytes, capacity);
+        let input = vec![1.0f32; 2 * capacity / 4];
+        let mut out = vec![0.0f32; input.len()];
+        let e = comm.all_reduce(Io::host(&input, &mut out), &()).unwrap_err();
+        assert!(matches!(e, Error::CapacityExceeded { op: Op::AllReduce, .. }), "{e}");
+    });
+    // A transport range that starts above the capacity: calls up to just below it are fine.
+    let transport_above = table(
+        r#"{"op":"all_reduce","min_bytes":0,"max_bytes":16384,"route":"ipc_one_shot"},
+  {"op":"all_reduce","min_bytes":16384,"max_bytes":null,"route":"transport"}"#,
+    );
+    with_transport_group(2, capacity, &transport_above, |comm| {
+        assert_eq!(comm.capabilities().max_call_bytes, 16383);
+        let input = vec![1.0f32; 16380 / 4];
+        let mut out = vec![0.0f32; input.len()];
+        comm.all_reduce(Io::host(&input, &mut out), &()).expect("below the transport range");
+    });
+    // The transport only for sizes within its capacity: no route limits a call.
+    let transport_small = table(
+        r#"{"op":"all_reduce","min_bytes":0,"max_bytes":4097,"route":"transport"},
+  {"op":"all_reduce","min_bytes":4097,"max_bytes":null,"route":"ipc_rs_ag"}"#,
+    );
+    with_transport_group(2, capacity, &transport_small, |comm| {
+        assert_eq!(comm.capabilities().max_call_bytes, usize::MAX);
+    });
+    // The hybrid all_reduce is checked against the capacity.
+    let hybrid = table(r#"{"op":"all_reduce","min_bytes":0,"max_bytes":null,"route":"ipc_rs_transport_ag"}"#);
+    with_transport_group(2, capacity, &hybrid, |comm| {
+        assert_eq!(comm.capabilities().max_call_bytes, capacity);
+    });
+}
