@@ -24,9 +24,9 @@
 pub struct ReadmeDoctests;
 
 mod agree;
+pub mod auto;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 mod compose;
-pub mod auto;
 mod config;
 mod platform;
 mod routed;

@@ -182,8 +182,6 @@ fn facts(device: &CudaDevice, routing: Routing, config: &Config, nccl: bool) -> 
     }
 }
 
-
-
 /// The process-rank composition: agreement (a rank whose device failed still takes part and
 /// reports it: a missing library is `LibraryMissing` on every rank, anything else
 /// `InvalidConfig`, both naming the failing ranks), then the IPC collective (CUDA IPC

@@ -170,7 +170,6 @@ fn facts(ordinal: Result<usize, Error>, routing: Routing, config: &Config, rccl:
     f
 }
 
-
 /// The process-rank composition: agreement (a rank whose device failed still takes part and
 /// reports it: a missing library is `LibraryMissing` on every rank, anything else
 /// `InvalidConfig`, both naming the failing ranks), then the HIP IPC collective and RCCL,

@@ -2,6 +2,7 @@
 //! agreed routing. Every route evaluates the same tree, so the bits never depend on the choice.
 use crate::Routing;
 use collective_core::{Capabilities, Collective, Error, Io, Op, RawMut, Route, RouteSelect, ipc_route_for, validate};
+use std::sync::Mutex;
 
 /// An IPC backend `I` and a transport `T` on the same stream type, routed by a table.
 ///
@@ -16,6 +17,11 @@ pub struct Routed<I, T> {
     routing: Routing,
     ipc: Option<I>,
     transport: Option<T>,
+    /// Held for the whole of every single-lane call: a call routed to the hybrid makes two
+    /// backend calls (IPC reduce_scatter, transport all_gather), which another thread's call
+    /// on this handle must not come between (each backend would see another order than the
+    /// peers' backends). Calls of one backend are atomic in the backend itself.
+    calls: Mutex<()>,
 }
 
 /// The transport of platforms that have none: uninhabited, so `Routed<I, NoTransport<_>>` costs
@@ -41,7 +47,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
                 }
             }
         }
-        Ok(Routed { rank, world, capacity, routing, ipc, transport })
+        Ok(Routed { rank, world, capacity, routing, ipc, transport, calls: Mutex::new(()) })
     }
 
     /// The IPC backend, if built.
@@ -65,6 +71,11 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
     /// builds itself, so it validates the whole call first. Only all_reduce has a second half:
     /// a reduce_scatter routed to the hybrid is its IPC half alone, never an all_reduce.
     pub(crate) fn dispatch(&self, op: Op, io: Io<'_>, via: &impl Via<I, T>) -> Result<(), Error> {
+        // A thread that panicked inside a call left the backends' order unknown: fail closed.
+        let _call = self
+            .calls
+            .lock()
+            .map_err(|_| Error::Poisoned { cause: "a thread panicked inside a call of this handle".into() })?;
         let ipc = || self.ipc.as_ref().ok_or(Error::InvalidConfig { detail: "no IPC backend".into() });
         let transport = || self.transport.as_ref().ok_or(Error::InvalidConfig { detail: "no transport".into() });
         match self.route(op, contributed_bytes(op, &io, self.world)) {

@@ -7,7 +7,7 @@
 #![cfg(feature = "cuda")]
 mod shared_gpu;
 
-use collective_factory::{Config, nvidia};
+use collective_factory::{Collective, Config, nvidia};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -62,4 +62,63 @@ fn readme_pattern_world4_threads_on_one_gpu() {
 #[test]
 fn readme_pattern_world8_threads_on_one_gpu() {
     world_on_one_gpu(8);
+}
+
+/// Issue 25 on the GPU: rank 0 driven by two threads, each with its own stream, rank 1 by one
+/// thread; 1 MiB calls on a 256 KiB capacity (chunked). Every output must be one call's
+/// constant `x0 + x1`, with `x0` the calling thread's input, and rank 1 must meet each of
+/// rank 0's threads exactly `CALLS` times: whole calls are atomic per handle and run in the
+/// order they were made, across streams.
+#[test]
+fn two_threads_with_their_own_streams_on_one_rank_are_atomic() {
+    match cuda_ipc::driver::device_count() {
+        Ok(n) if n > 0 => {}
+        other => {
+            println!("skipped: no CUDA device ({other:?})");
+            return;
+        }
+    }
+    let _one = ONE_WORLD.lock().unwrap_or_else(|e| e.into_inner());
+    const CALLS: usize = 50;
+    let n = (1 << 20) / 4;
+    let config = Config::new().with_capacity(shared_gpu::CAPACITY).with_routing(shared_gpu::routing());
+    let ranks = nvidia::thread_group(2, &config).expect("thread group");
+    let call = |comm: &collective_factory::NvidiaCollective,
+                stream: &std::sync::Arc<collective_factory::cudarc::driver::CudaStream>,
+                x0: f32|
+     -> f32 {
+        let x = stream.clone_htod(&vec![x0; n]).unwrap();
+        let mut y = stream.alloc_zeros::<f32>(n).unwrap();
+        comm.all_reduce_into(&x, &mut y, stream).unwrap();
+        comm.synchronize(stream).unwrap();
+        let y = stream.clone_dtoh(&y).unwrap();
+        assert!(y.iter().all(|v| v.to_bits() == y[0].to_bits()), "chunks of different calls mixed");
+        y[0]
+    };
+    std::thread::scope(|s| {
+        for t in 0..2usize {
+            let comm = &ranks[0];
+            s.spawn(move || {
+                let stream = comm.context().new_stream().unwrap();
+                for _ in 0..CALLS {
+                    let x0 = 1.0 + t as f32;
+                    let x1 = call(comm, &stream, x0) - x0;
+                    assert!(x1 == 10.0 || x1 == 20.0, "thread {t}: x1 = {x1}");
+                }
+            });
+        }
+        let comm = &ranks[1];
+        s.spawn(move || {
+            let stream = comm.context().new_stream().unwrap();
+            let mut met = [0usize; 2];
+            for k in 0..2 * CALLS {
+                let x1 = 10.0 * (1 + k % 2) as f32;
+                let x0 = call(comm, &stream, x1) - x1;
+                assert!(x0 == 1.0 || x0 == 2.0, "rank 1 call {k}: x0 = {x0}");
+                met[x0 as usize - 1] += 1;
+            }
+            assert_eq!(met, [CALLS, CALLS]);
+        });
+    });
+    println!("two threads on rank 0 with their own streams: {} calls each, atomic", CALLS);
 }

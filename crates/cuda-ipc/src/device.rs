@@ -180,6 +180,13 @@ impl Device for CudaDevice {
         // SAFETY: `stream` is live (caller).
         ready(unsafe { sys::cuStreamQuery(stream.0.cast()) }, "cuStreamQuery")
     }
+    unsafe fn is_capturing(&self, stream: RawStream) -> Result<bool, Error> {
+        driver::bind(&self.ctx)?;
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: `stream` is live (caller); out-pointer to a local.
+        check(unsafe { sys::cuStreamIsCapturing(stream.0.cast(), &mut status) }, "cuStreamIsCapturing")?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
     unsafe fn synchronize_stream(&self, stream: RawStream) -> Result<(), Error> {
         driver::bind(&self.ctx)?;
         // SAFETY: `stream` is live (caller).

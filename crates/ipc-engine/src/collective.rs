@@ -6,6 +6,7 @@
 //! host synchronisation, no host allocation, no round trip.
 use crate::device::{IpcDevice, Launch, RawStream};
 use crate::lockstep::Member;
+use crate::order::StreamOrder;
 use crate::state::{IpcState, Owner};
 use collective_core::process::ProcessOwner;
 use collective_core::protocol::close::{self, CloseOnce};
@@ -42,7 +43,8 @@ pub struct IpcCollective<D: IpcDevice> {
     pub(crate) close_once: CloseOnce,
     /// Held for the whole of every call (all its chunks), so calls of several threads on one
     /// handle never interleave their launches: each call is atomic, in one order per handle.
-    pub(crate) calls: Mutex<()>,
+    /// It holds the stream order (`order.rs`): calls on different streams run in that order.
+    pub(crate) calls: Mutex<StreamOrder<D::Event>>,
     /// Ranks that are threads sharing this rank's device: every call is one step of all of
     /// them (`lockstep.rs`). `None` for ranks with a device (or process) of their own.
     pub(crate) lockstep: Option<Member>,
@@ -200,7 +202,7 @@ impl<D: IpcDevice> IpcCollective<D> {
         route: Option<Route>,
         stream: RawStream,
     ) -> Result<(), Error> {
-        let _call = self.lock_call()?;
+        let mut order = self.lock_call()?;
         self.check()?;
         // No capacity limit: a call above the staging capacity runs in chunks (`Chunks`).
         let call = validate(op, &io, self.rank, self.world, usize::MAX)?;
@@ -217,6 +219,8 @@ impl<D: IpcDevice> IpcCollective<D> {
         // this stream, one generation each (the double-buffered frames pipeline them).
         let chunks =
             Chunks::single(&call, self.rank, self.world, route, self.config.capacity, ipc.layout.ll_capacity())?;
+        // SAFETY: a live stream of this device (caller).
+        unsafe { order.before(&self.device, stream) }.map_err(|e| self.fail(e))?;
         self.in_step(|| {
             for plan in chunks {
                 let p: ParamsSingle =
@@ -227,12 +231,14 @@ impl<D: IpcDevice> IpcCollective<D> {
                     .map_err(|e| self.fail(e))?;
             }
             Ok(())
-        })
+        })?;
+        // SAFETY: as above.
+        unsafe { order.after(&self.device, stream) }.map_err(|e| self.fail(e))
     }
 
     /// Takes this handle's call lock (see `calls`). A thread that panicked inside a call
     /// left its launches unknown: the handle fails closed.
-    fn lock_call(&self) -> Result<MutexGuard<'_, ()>, Error> {
+    fn lock_call(&self) -> Result<MutexGuard<'_, StreamOrder<D::Event>>, Error> {
         self.calls.lock().map_err(|_| {
             self.fail(Error::Backend {
                 backend: D::BACKEND,
@@ -286,7 +292,7 @@ impl<D: IpcDevice> IpcCollective<D> {
         route: Option<Route>,
         stream: RawStream,
     ) -> Result<(), Error> {
-        let _call = self.lock_call()?;
+        let mut order = self.lock_call()?;
         self.check()?;
         let (calls, sig) = validate_many(lanes, self.rank, self.world, usize::MAX)?;
         let route =
@@ -299,6 +305,8 @@ impl<D: IpcDevice> IpcCollective<D> {
             return Ok(());
         };
         let (capacity, ll) = (self.config.capacity, ipc.layout.ll_capacity());
+        // SAFETY: a live stream of this device (caller).
+        unsafe { order.before(&self.device, stream) }.map_err(|e| self.fail(e))?;
         self.in_step(|| {
             for plan in Chunks::many(&calls, sig, self.rank, self.world, route, capacity, ll) {
                 let p: ParamsMany = params::pack(&ipc.fixed, &plan?, false, D::BACKEND)?;
@@ -307,7 +315,9 @@ impl<D: IpcDevice> IpcCollective<D> {
                     .map_err(|e| self.fail(e))?;
             }
             Ok(())
-        })
+        })?;
+        // SAFETY: as above.
+        unsafe { order.after(&self.device, stream) }.map_err(|e| self.fail(e))
     }
 
     /// Close: synchronises this rank's device (no kernel of ours may still read a peer),

@@ -3,6 +3,7 @@
 use crate::collective::IpcCollective;
 use crate::device::IpcDevice;
 use crate::lockstep::Lockstep;
+use crate::order::StreamOrder;
 use crate::state::{IpcState, Owner};
 use collective_core::bootstrap::Bootstrap;
 use collective_core::process::ProcessOwner;
@@ -46,7 +47,7 @@ impl<D: IpcDevice> IpcCollective<D> {
             poison: Poison::default(),
             closed: AtomicBool::new(false),
             close_once: Default::default(),
-            calls: Mutex::new(()),
+            calls: Mutex::new(StreamOrder::default()),
             lockstep: None,
             process: ProcessOwner::current(),
         }

@@ -123,6 +123,15 @@ pub trait Device: Send + Sync + fmt::Debug + Sized + 'static {
     /// # Safety
     /// `stream` is a live stream of this device.
     unsafe fn stream_done(&self, stream: RawStream) -> Result<bool, Error>;
+    /// Whether `stream` is being captured into a graph (work enqueued on it does not run now).
+    /// The default: never (runtimes without capture).
+    ///
+    /// # Safety
+    /// `stream` is a live stream of this device.
+    unsafe fn is_capturing(&self, stream: RawStream) -> Result<bool, Error> {
+        let _ = stream;
+        Ok(false)
+    }
     /// Blocks until every operation enqueued on `stream` so far has completed. The default
     /// polls [`Device::stream_done`]; runtimes override it with their own stream
     /// synchronisation.

@@ -17,6 +17,7 @@ mod collective;
 mod construct;
 mod device;
 mod lockstep;
+mod order;
 mod state;
 
 pub use collective::IpcCollective;
