@@ -52,6 +52,69 @@ pub fn read<T>(name: &str, parse: impl FnOnce(&str, &str) -> Result<T, Error>) -
     var(name)?.map(|v| parse(name, &v)).transpose()
 }
 
+/// The contents of the regular file at `path`, which variable `name` names (e.g.
+/// `DETCOLL_ROUTING_TABLE`), if it holds at most `max_bytes` bytes.
+///
+/// Bounded in time and memory whatever `path` names: the file is opened without blocking (a
+/// FIFO without a writer does not hang the open), the opened file must be a regular file (its
+/// own `fstat`, so nothing can be swapped in between the check and the read: a FIFO, a device
+/// such as `/dev/zero`, a directory or a socket is refused), and at most `max_bytes + 1` bytes
+/// are read (a larger file, or one that grows while it is read, is refused). Every failure is
+/// [`Error::InvalidConfig`] naming `name` and `path`.
+pub fn read_regular_file(name: &str, path: &std::path::Path, max_bytes: usize) -> Result<Vec<u8>, Error> {
+    use std::io::Read;
+    let fail = |why: String| Error::InvalidConfig {
+        detail: format!(
+            "environment variable {name}={path:?} is invalid: {why}; expected a regular file of at most {max_bytes} bytes"
+        ),
+    };
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Opening a FIFO for reading blocks until a writer opens it; O_NONBLOCK does not. On a
+        // regular file it changes nothing.
+        options.custom_flags(libc::O_NONBLOCK);
+    }
+    let file = options.open(path).map_err(|e| fail(format!("it cannot be opened ({e})")))?;
+    let meta = file.metadata().map_err(|e| fail(format!("it cannot be examined ({e})")))?;
+    if !meta.file_type().is_file() {
+        return Err(fail(format!("it names {}, not a regular file", file_kind(&meta.file_type()))));
+    }
+    let cap = u64::try_from(max_bytes).unwrap_or(u64::MAX);
+    if meta.len() > cap {
+        return Err(fail(format!("it is {} bytes long", meta.len())));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    file.take(cap.saturating_add(1)).read_to_end(&mut bytes).map_err(|e| fail(format!("it cannot be read ({e})")))?;
+    if bytes.len() > max_bytes {
+        return Err(fail(format!("it holds more than {max_bytes} bytes")));
+    }
+    Ok(bytes)
+}
+
+/// "a FIFO", "a character device"... for messages.
+fn file_kind(t: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "a FIFO";
+        }
+        if t.is_char_device() {
+            return "a character device";
+        }
+        if t.is_block_device() {
+            return "a block device";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+    }
+    if t.is_dir() { "a directory" } else { "something else" }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,5 +138,34 @@ mod tests {
         assert!(detail(parse_bool("DETCOLL_B", "maybe").unwrap_err()).contains("DETCOLL_B"));
         assert_eq!(parse_choice("P", "CPU", &["nvidia", "cpu"]).unwrap(), 1);
         assert!(detail(parse_choice("DETCOLL_P", "foo", &["nvidia", "cpu"]).unwrap_err()).contains("nvidia, cpu"));
+    }
+
+    #[test]
+    fn files_are_read_bounded_and_only_when_regular() {
+        use std::path::Path;
+        let dir = std::env::temp_dir().join(format!("detcoll-env-read-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let small = dir.join("small.json");
+        std::fs::write(&small, b"0123456789").unwrap();
+        assert_eq!(read_regular_file("DETCOLL_F", &small, 10).unwrap(), b"0123456789");
+        let d = detail(read_regular_file("DETCOLL_F", &small, 9).unwrap_err());
+        assert!(d.contains("DETCOLL_F") && d.contains("10 bytes long"), "{d}");
+        let fifo = dir.join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path; mkfifo only creates the node.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let cases: [(&Path, &str); 4] = [
+            (&fifo, "a FIFO"),
+            (Path::new("/dev/zero"), "a character device"),
+            (&dir, "a directory"),
+            (Path::new("/nonexistent/detcoll"), "cannot be opened"),
+        ];
+        for (path, why) in cases {
+            let t = std::time::Instant::now();
+            let d = detail(read_regular_file("DETCOLL_F", path, 1 << 20).unwrap_err());
+            assert!(d.contains("DETCOLL_F") && d.contains(why), "{}: {d}", path.display());
+            assert!(t.elapsed() < std::time::Duration::from_secs(1), "{}", path.display());
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -26,6 +26,12 @@ pub enum Error {
     SizeOverflow { op: Op, argument: &'static str, len: usize },
     #[error("{op}: input and output overlap; use the in-place form instead")]
     Overlap { op: Op },
+    /// Two lanes of one `reduce_scatter_many` call share memory that one of them writes (in
+    /// place or not: a lane's output must not overlap another lane's input or output).
+    #[error(
+        "{op}: lanes[{lane}] and lanes[{other}] overlap: a lane's output must not share memory with another lane's input or output"
+    )]
+    LanesOverlap { op: Op, lane: usize, other: usize },
     #[error("{op}: this rank would stage {needed} bytes but the collective's capacity is {capacity} bytes")]
     CapacityExceeded { op: Op, needed: usize, capacity: usize },
     #[error("reduce_scatter_many: {lanes} lanes given, at most {max} supported")]

@@ -88,11 +88,17 @@ pub fn validate(op: Op, io: &Io<'_>, rank: usize, world: usize, capacity: usize)
             expected: in_dtype,
         });
     }
-    check_aligned(op, "input", in_addr, dtype)?;
-    check_aligned(op, "output", out_addr, dtype)?;
     let size = dtype.size();
-    check_span(op, "input", in_addr, in_len, size)?;
-    check_span(op, "output", out_addr, out_len, size)?;
+    if in_place {
+        // One buffer, named as the caller passed it (`Io::InPlace`).
+        check_aligned(op, "buffer", out_addr, dtype)?;
+        check_span(op, "buffer", out_addr, out_len, size)?;
+    } else {
+        check_aligned(op, "input", in_addr, dtype)?;
+        check_aligned(op, "output", out_addr, dtype)?;
+        check_span(op, "input", in_addr, in_len, size)?;
+        check_span(op, "output", out_addr, out_len, size)?;
+    }
     let call = match (op, in_place) {
         (Op::AllReduce, _) => {
             if out_len != in_len {
@@ -240,13 +246,14 @@ pub fn validate_many(
         })?;
     }
     for (i, a) in out.iter().enumerate() {
-        for b in &out[..i] {
+        for (j, b) in out[..i].iter().enumerate() {
             let (a, b) = (a.call, b.call);
             if overlaps(a.dst, a.bytes_out(), b.dst, b.bytes_out())
                 || overlaps(a.dst, a.bytes_out(), b.src, b.bytes_in())
                 || overlaps(b.dst, b.bytes_out(), a.src, a.bytes_in())
             {
-                return Err(Error::Overlap { op });
+                // Not `Overlap` ("use the in-place form"): the lanes may be in place already.
+                return Err(Error::LanesOverlap { op, lane: i, other: j });
             }
         }
     }
@@ -301,6 +308,50 @@ mod tests {
         let output = unsafe { RawMut::from_raw(0x2000, 8, DType::U8) };
         let r = validate(Op::AllGather, &Io::OutOfPlace { input, output }, 0, 8, usize::MAX);
         assert!(matches!(r, Err(Error::SizeOverflow { argument: "input", .. })), "{r:?}");
+    }
+
+    #[test]
+    fn a_misaligned_in_place_buffer_is_named_buffer() {
+        for op in [Op::AllReduce, Op::AllGather, Op::ReduceScatter, Op::ReduceScatterMany] {
+            // SAFETY: as above.
+            let io = unsafe { Io::InPlace(RawMut::from_raw(0x10002, 16, DType::F32)) };
+            let r = validate(op, &io, 0, 2, usize::MAX);
+            assert!(matches!(r, Err(Error::Misaligned { argument: "buffer", addr: 0x10002, .. })), "{op}: {r:?}");
+            let msg = r.unwrap_err().to_string();
+            assert!(msg.contains("`buffer`") && !msg.contains("input"), "{msg}");
+        }
+        // SAFETY: as above.
+        let io = unsafe { Io::InPlace(RawMut::from_raw(u64::MAX - 15, 16, DType::F32)) };
+        let r = validate(Op::AllReduce, &io, 0, 2, usize::MAX);
+        assert!(matches!(r, Err(Error::SizeOverflow { argument: "buffer", .. })), "{r:?}");
+        // Out of place, each view keeps its own name.
+        let (input, output) = raw(0x10002, 16, DType::F32);
+        let r = validate(Op::AllReduce, &Io::OutOfPlace { input, output }, 0, 2, usize::MAX);
+        assert!(matches!(r, Err(Error::Misaligned { argument: "input", .. })), "{r:?}");
+    }
+
+    #[test]
+    fn overlapping_in_place_lanes_are_not_told_to_use_the_in_place_form() {
+        // SAFETY: as above.
+        let lane = |addr: u64, n: usize| unsafe { Io::InPlace(RawMut::from_raw(addr, n, DType::F32)) };
+        // Lane 2 shares lane 0's buffer.
+        let lanes = [lane(0x10000, 16), lane(0x20000, 16), lane(0x10020, 16)];
+        let r = validate_many(&lanes, 0, 2, usize::MAX).map(|_| ());
+        assert!(matches!(r, Err(Error::LanesOverlap { lane: 2, other: 0, .. })), "{r:?}");
+        let msg = r.unwrap_err().to_string();
+        assert!(msg.contains("lanes[2]") && msg.contains("lanes[0]") && !msg.contains("in-place form"), "{msg}");
+        // An out-of-place lane whose own input and output overlap is still told.
+        let (input, _) = raw(0x10000, 16, DType::F32);
+        // SAFETY: as above.
+        let output = unsafe { RawMut::from_raw(0x10004, 8, DType::F32) };
+        let r = validate_many(&[Io::OutOfPlace { input, output }], 0, 2, usize::MAX).map(|_| ());
+        assert!(matches!(r, Err(Error::Overlap { .. })), "{r:?}");
+        // Lanes may read the same input.
+        let (input, _) = raw(0x10000, 16, DType::F32);
+        // SAFETY: as above.
+        let (o1, o2) = unsafe { (RawMut::from_raw(0x30000, 8, DType::F32), RawMut::from_raw(0x40000, 8, DType::F32)) };
+        let lanes = [Io::OutOfPlace { input, output: o1 }, Io::OutOfPlace { input, output: o2 }];
+        assert!(validate_many(&lanes, 0, 2, usize::MAX).is_ok());
     }
 
     #[test]

@@ -549,3 +549,111 @@ fn tcp_explicit_job_token_group_exchanges() {
         r.unwrap();
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Issue 25: bounded timeouts, late ranks told why the rendezvous failed
+
+#[test]
+fn tcp_timeouts_above_a_day_are_typed_errors_not_panics() {
+    use collective_core::bootstrap::MAX_BOOTSTRAP_TIMEOUT;
+    let port = free_port();
+    // `Duration::MAX` used to panic on rank 0 ("overflow when adding duration to instant").
+    for (rank, world) in [(0, 2), (1, 2), (0, 1)] {
+        for (connect, exchange) in [
+            (Duration::MAX, Duration::from_secs(1)),
+            (Duration::from_secs(1), Duration::MAX),
+            (MAX_BOOTSTRAP_TIMEOUT + Duration::from_millis(1), Duration::from_secs(1)),
+            (Duration::ZERO, Duration::from_secs(1)),
+        ] {
+            let c =
+                TcpConfig { connect_timeout: connect, exchange_timeout: exchange, ..cfg(rank, world, port, connect) };
+            let start = Instant::now();
+            let r = std::panic::catch_unwind(|| TcpBootstrap::new(c).map(|_| ()));
+            let e = r.unwrap_or_else(|_| panic!("rank {rank} of {world} panicked on {connect:?}/{exchange:?}"));
+            match e {
+                Err(BootstrapError::InvalidConfig { detail }) => {
+                    assert!(detail.contains("timeout") && detail.contains("86400s"), "{detail}")
+                }
+                other => panic!("rank {rank} of {world}, {connect:?}/{exchange:?}: {other:?}"),
+            }
+            assert!(start.elapsed() < Duration::from_millis(100));
+        }
+    }
+    // A day is accepted.
+    let b = TcpBootstrap::new(cfg(0, 1, port, MAX_BOOTSTRAP_TIMEOUT)).unwrap();
+    assert_eq!(b.timeouts(), Some((MAX_BOOTSTRAP_TIMEOUT, MAX_BOOTSTRAP_TIMEOUT)));
+    assert_eq!(b.all_gather_bytes(b"x").unwrap(), vec![b"x".to_vec()]);
+}
+
+/// Waits until `port` can be bound again (rank 0 closed its listener), up to `within`.
+fn port_released(port: u16, within: Duration) -> bool {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        if TcpListener::bind((ADDR, port)).is_ok() {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+fn tcp_late_ranks_are_told_of_a_duplicate_rank() {
+    // World 4: two processes claim rank 1, so rank 0 fails at once. Ranks 2 and 3 start only
+    // after rank 0's constructor returned: they get the same error at once (they used to retry
+    // until their timeout and fail with ConnectTimeout), while a stranger gets nothing.
+    let timeout = Duration::from_secs(5);
+    let port = free_port();
+    thread::scope(|s| {
+        let root = s.spawn(move || TcpBootstrap::new(cfg(0, 4, port, timeout)).map(|_| ()));
+        let ones: Vec<_> =
+            (0..2).map(|_| s.spawn(move || TcpBootstrap::new(cfg(1, 4, port, timeout)).map(|_| ()))).collect();
+        let e = root.join().unwrap().unwrap_err();
+        assert!(matches!(e, BootstrapError::DuplicateRank { rank: 1 }), "rank 0: {e}");
+        for h in ones {
+            let e = h.join().unwrap().unwrap_err();
+            assert!(matches!(e, BootstrapError::DuplicateRank { rank: 1 }), "a rank 1: {e}");
+        }
+        let stranger = s.spawn(move || {
+            let c = cfg(2, 4, port, Duration::from_millis(800)).with_job_token("another job");
+            TcpBootstrap::new(c).map(|_| ())
+        });
+        let e = stranger.join().unwrap().unwrap_err();
+        assert!(matches!(e, BootstrapError::ConnectTimeout { .. }), "a stranger was told: {e}");
+        let start = Instant::now();
+        let late: Vec<_> =
+            (2..4).map(|r| s.spawn(move || TcpBootstrap::new(cfg(r, 4, port, timeout)).map(|_| ()))).collect();
+        for (r, h) in (2..).zip(late) {
+            let e = h.join().unwrap().unwrap_err();
+            assert!(matches!(e, BootstrapError::DuplicateRank { rank: 1 }), "late rank {r}: {e}");
+        }
+        assert!(start.elapsed() < Duration::from_secs(1), "the late ranks took {:?}", start.elapsed());
+    });
+    // Every rank told: rank 0 closed its listener, well before its deadline.
+    assert!(port_released(port, Duration::from_secs(1)), "rank 0 still holds its port");
+}
+
+#[test]
+fn tcp_late_ranks_are_told_of_a_world_size_mismatch() {
+    // Rank 0 has world 3, rank 1 world 4. Late rank 2 believes in 3 ranks, late rank 3 in 4:
+    // each is told the mismatch from its own point of view.
+    let timeout = Duration::from_secs(5);
+    let port = free_port();
+    thread::scope(|s| {
+        let root = s.spawn(move || TcpBootstrap::new(cfg(0, 3, port, timeout)).map(|_| ()));
+        let one = s.spawn(move || TcpBootstrap::new(cfg(1, 4, port, timeout)).map(|_| ()));
+        let e = root.join().unwrap().unwrap_err();
+        assert!(matches!(e, BootstrapError::WorldSizeMismatch { rank: 1, ours: 3, theirs: 4 }), "rank 0: {e}");
+        let e = one.join().unwrap().unwrap_err();
+        assert!(matches!(e, BootstrapError::WorldSizeMismatch { rank: 0, ours: 4, theirs: 3 }), "rank 1: {e}");
+        let start = Instant::now();
+        let two = s.spawn(move || TcpBootstrap::new(cfg(2, 3, port, timeout)).map(|_| ()));
+        let three = s.spawn(move || TcpBootstrap::new(cfg(3, 4, port, timeout)).map(|_| ()));
+        let e = two.join().unwrap().unwrap_err();
+        assert!(matches!(e, BootstrapError::WorldSizeMismatch { rank: 1, ours: 3, theirs: 4 }), "rank 2: {e}");
+        let e = three.join().unwrap().unwrap_err();
+        assert!(matches!(e, BootstrapError::WorldSizeMismatch { rank: 0, ours: 4, theirs: 3 }), "rank 3: {e}");
+        assert!(start.elapsed() < Duration::from_secs(1), "the late ranks took {:?}", start.elapsed());
+    });
+    assert!(port_released(port, Duration::from_secs(1)), "rank 0 still holds its port");
+}

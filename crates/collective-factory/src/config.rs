@@ -105,7 +105,8 @@ impl Config {
     /// flags) on its device for the collective's lifetime; the IPC routes run larger calls in
     /// chunks of it, the NCCL/RCCL transport route takes calls of at most `bytes` per rank and,
     /// when built, grows a workspace of at most about `world * capacity` bytes on first use.
-    /// 0 is refused at construction (`InvalidConfig`, [`Config::validate`]).
+    /// Below 128 bytes (`collective_core::protocol::MIN_CAPACITY`) is refused at construction
+    /// (`InvalidConfig`, [`Config::validate`]).
     pub fn with_capacity(mut self, bytes: usize) -> Self {
         self.capacity = bytes;
         self
@@ -178,13 +179,10 @@ impl Config {
     /// assert!(Config::new().with_capacity(0).validate().is_err());
     /// ```
     pub fn validate(&self) -> Result<(), Error> {
-        if self.capacity == 0 {
-            return Err(Error::InvalidConfig {
-                detail: "capacity 0 (Config::with_capacity): a collective needs at least one byte of staging per rank"
-                    .into(),
-            });
-        }
-        Ok(())
+        // The IPC backends' floor (every op, dtype and world can chunk through it); the
+        // transport has no smaller use for a capacity.
+        collective_core::protocol::check_capacity(self.capacity)
+            .map_err(|e| Error::InvalidConfig { detail: format!("Config::with_capacity({}): {e}", self.capacity) })
     }
 
     /// [`Config::validate`], and a world of at least one rank (for the constructors that make

@@ -85,6 +85,7 @@ pub fn with_transport<T: Collective<Stream = ()>>(
         Some(r) => r,
         None => Facts::local(&mut errors, Routing::from_env(Platform::Cpu), || Routing::default_for(Platform::Cpu)),
     };
+    Facts::local(&mut errors, routing.check_for(Platform::Cpu, boot.world_size()), || ());
     let platform = Facts::local(&mut errors, Platform::from_env(), || None).unwrap_or(Platform::Cpu);
     let host = Facts::local(&mut errors, host_identity(), String::new);
     if let Err(e) = collective_core::protocol::Timeouts::resolve(config.timeouts()) {

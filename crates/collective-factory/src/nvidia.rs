@@ -118,6 +118,7 @@ pub fn thread_group(world: usize, config: &Config) -> Result<Vec<NvidiaCollectiv
         devices.push(d);
     }
     let routing = local_routing(config, world)?;
+    routing.check_for(Platform::Nvidia, world)?;
     let ipc_config = ipc_config(config, &routing);
     let mut ipc = CudaIpcCollective::group(&devices, &ipc_config)?.into_iter();
     let boots = LocalBootstrap::group(world);
@@ -200,6 +201,7 @@ fn build(
             Routing::default_for_world(Platform::Nvidia, world)
         }),
     };
+    Facts::local(&mut errors, routing.check_for(Platform::Nvidia, world), || ());
     let nccl = ccl_transport::load(Some(ccl_transport::Vendor::Nvidia)).is_ok();
     let (mut f, device) = match device {
         Ok(dev) => (facts(&dev, routing, config, nccl), Some(dev)),

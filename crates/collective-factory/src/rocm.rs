@@ -103,6 +103,7 @@ pub fn thread_group(world: usize, config: &Config) -> Result<Vec<RocmCollective>
         Some(r) => r.clone(),
         None => Routing::from_env(Platform::Rocm)?,
     };
+    routing.check_for(Platform::Rocm, world)?;
     let mut ipc = HipIpcCollective::group(&devices, &ipc_config(config, &routing))?.into_iter();
     let boots = LocalBootstrap::group(world);
     let shared = (1..world).any(|r| ordinals[..r].contains(&ordinals[r]));
@@ -180,6 +181,7 @@ fn build(boot: Arc<dyn Bootstrap>, config: &Config, ordinal: Result<usize, Error
         Some(r) => r.clone(),
         None => Facts::local(&mut errors, Routing::from_env(Platform::Rocm), || Routing::default_for(Platform::Rocm)),
     };
+    Facts::local(&mut errors, routing.check_for(Platform::Rocm, boot.world_size()), || ());
     let ok = ordinal.as_ref().ok().copied();
     let mut facts = facts(ordinal, routing, config, true);
     facts.errors.extend(errors);

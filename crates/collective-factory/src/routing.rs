@@ -3,12 +3,18 @@
 //! The defaults are the JSON files in `tables/` (compiled in); `DETCOLL_ROUTING_TABLE=path.json`
 //! replaces the platform's table. Every rank must use the same table: its digest is part of what
 //! ranks agree on at construction.
+//!
+//! A table is refused (`InvalidConfig`) when it is not exactly the schema (unknown fields
+//! included), names an unknown op, route or platform, leaves gaps or overlaps; and, when a
+//! collective is built with it ([`Routing::check_for`]), when it was written for another
+//! platform or takes a route the world cannot (`local` above one rank).
 use crate::Platform;
 use collective_core::{Error, Op, Route};
 use serde::{Deserialize, Serialize};
 
 /// One rule: calls of `op` whose per-rank input is in `min_bytes..max_bytes` take `route`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Rule {
     pub op: String,
     pub min_bytes: u64,
@@ -17,8 +23,10 @@ pub struct Rule {
     pub route: String,
 }
 
-/// A routing table as stored in JSON.
+/// A routing table as stored in JSON (no other field is accepted: a misspelt one is an error,
+/// not ignored).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RoutingTable {
     /// `nvidia`, `rocm` or `cpu`.
     pub platform: String,
@@ -41,6 +49,12 @@ const ROCM: &str = include_str!("../tables/rocm-mi300x.json");
 const CPU: &str = include_str!("../tables/cpu.json");
 
 impl Routing {
+    /// The variable naming a routing table file that replaces the platform's default.
+    pub const ENV: &str = "DETCOLL_ROUTING_TABLE";
+    /// The largest table file [`Routing::ENV`] may name: 1 MiB (the built-in tables are under
+    /// 2 KiB).
+    pub const MAX_FILE_BYTES: usize = 1 << 20;
+
     /// The compiled-in default of `platform`.
     pub fn default_for(platform: Platform) -> Routing {
         let json = match platform {
@@ -63,25 +77,41 @@ impl Routing {
         }
     }
 
-    /// `DETCOLL_ROUTING_TABLE` if set, else the default of `platform` for `world` ranks.
+    /// `DETCOLL_ROUTING_TABLE` if set, else the default of `platform` for `world` ranks. The
+    /// table of the variable is checked as [`Routing::from_env`] checks it, and for `world`
+    /// ([`Routing::check_for`]).
     pub fn from_env_for_world(platform: Platform, world: usize) -> Result<Routing, Error> {
-        match std::env::var_os("DETCOLL_ROUTING_TABLE") {
-            Some(_) => Routing::from_env(platform),
+        match Routing::from_env_var(platform)? {
+            Some((r, from)) => {
+                r.check_for(platform, world).map_err(|e| in_env_table(e, &from))?;
+                Ok(r)
+            }
             None => Ok(Routing::default_for_world(platform, world)),
         }
     }
 
     /// `DETCOLL_ROUTING_TABLE` if set, else the default of `platform`.
+    ///
+    /// The variable must name a regular file of at most [`Routing::MAX_FILE_BYTES`], read
+    /// without blocking and bounded (a FIFO, `/dev/zero` or a directory is refused at once), that
+    /// holds a valid table for `platform`. Every failure is `InvalidConfig` naming the variable.
     pub fn from_env(platform: Platform) -> Result<Routing, Error> {
-        match std::env::var_os("DETCOLL_ROUTING_TABLE") {
-            Some(path) => {
-                let json = std::fs::read_to_string(&path).map_err(|e| Error::InvalidConfig {
-                    detail: format!("DETCOLL_ROUTING_TABLE={}: {e}", path.to_string_lossy()),
-                })?;
-                Routing::from_json(&json)
-            }
-            None => Ok(Routing::default_for(platform)),
-        }
+        Ok(Routing::from_env_var(platform)?.map_or_else(|| Routing::default_for(platform), |(r, _)| r))
+    }
+
+    /// The table `DETCOLL_ROUTING_TABLE` names, checked for `platform`, with how errors name
+    /// its origin (`DETCOLL_ROUTING_TABLE="path"`); `None` when the variable is unset.
+    fn from_env_var(platform: Platform) -> Result<Option<(Routing, String)>, Error> {
+        let Some(path) = std::env::var_os(Self::ENV) else { return Ok(None) };
+        let path = std::path::Path::new(&path);
+        let bytes = collective_core::env::read_regular_file(Self::ENV, path, Self::MAX_FILE_BYTES)?;
+        let from = format!("environment variable {}={path:?}", Self::ENV);
+        let named = |e: Error| in_env_table(e, &from);
+        let json = String::from_utf8(bytes)
+            .map_err(|e| named(Error::InvalidConfig { detail: format!("routing table: not UTF-8 ({e})") }))?;
+        let routing = Routing::from_json(&json).map_err(named)?;
+        routing.check_platform(platform).map_err(named)?;
+        Ok(Some((routing, from)))
     }
 
     /// Parses and checks a table.
@@ -91,9 +121,12 @@ impl Routing {
         Routing::new(table)
     }
 
-    /// Checks `table`: known ops and routes, and per op a tiling of `0..∞`.
+    /// Checks `table`: a known platform, known ops and routes, and per op a tiling of `0..∞`.
     pub fn new(table: RoutingTable) -> Result<Routing, Error> {
         let bad = |detail: String| Error::InvalidConfig { detail: format!("routing table: {detail}") };
+        if Platform::parse(&table.platform).is_none() {
+            return Err(bad(format!("unknown platform `{}` (expected nvidia, rocm or cpu)", table.platform)));
+        }
         let mut ranges = vec![Vec::new(); Op::ALL.len()];
         for r in &table.rules {
             let op = Op::parse(&r.op).ok_or_else(|| bad(format!("unknown op `{}`", r.op)))?;
@@ -122,6 +155,42 @@ impl Routing {
             }
         }
         Ok(Routing { table, ranges })
+    }
+
+    /// Whether a collective of `world` ranks on `platform` can be built with this table: the
+    /// table must be `platform`'s (its `platform` field) and take only routes a world of
+    /// `world` ranks has (`local` only at world 1; at world 1 every call is local, whatever
+    /// the table says). `InvalidConfig` otherwise: the constructors check this before any
+    /// collective work, so such a table fails construction, not every call.
+    pub fn check_for(&self, platform: Platform, world: usize) -> Result<(), Error> {
+        self.check_platform(platform)?;
+        if world > 1 {
+            for rule in &self.table.rules {
+                if Route::parse(&rule.route) == Some(Route::Local) {
+                    return Err(Error::InvalidConfig {
+                        detail: format!(
+                            "routing table: {} rule {}..{:?} takes route `local`, which only a world of 1 rank has; \
+                             this world has {world}",
+                            rule.op, rule.min_bytes, rule.max_bytes
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_platform(&self, platform: Platform) -> Result<(), Error> {
+        if self.table.platform != platform.name() {
+            return Err(Error::InvalidConfig {
+                detail: format!(
+                    "routing table: written for platform `{}`, but this collective is built on `{}`",
+                    self.table.platform,
+                    platform.name()
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// The route of a call of `op` with `bytes` of per-rank input.
@@ -200,6 +269,16 @@ impl Routing {
     /// The table, canonically serialised: what ranks compare at construction.
     pub fn canonical_json(&self) -> String {
         serde_json::to_string(&self.table).unwrap_or_default()
+    }
+}
+
+/// `e` (an `InvalidConfig` about a table) with where the table came from in front.
+fn in_env_table(e: Error, from: &str) -> Error {
+    match e {
+        Error::InvalidConfig { detail } if !detail.contains(from) => {
+            Error::InvalidConfig { detail: format!("{from}: {detail}") }
+        }
+        other => other,
     }
 }
 

@@ -26,8 +26,9 @@ fn a_world_of_zero_ranks_is_invalid_config() {
 #[test]
 fn capacity_zero_is_invalid_config_at_construction_on_every_rank() {
     assert!(Config::new().with_capacity(0).validate().is_err());
-    assert!(Config::new().with_capacity(1).validate().is_ok());
-    invalid_config(cpu::thread_group(2, &Config::new().with_capacity(0)), "capacity 0");
+    assert!(Config::new().with_capacity(127).validate().is_err());
+    assert!(Config::new().with_capacity(collective_core::protocol::MIN_CAPACITY).validate().is_ok());
+    invalid_config(cpu::thread_group(2, &Config::new().with_capacity(0)), "with_capacity(0)");
     // One process per rank: through the agreement, every rank names the ranks that have it,
     // also when only one rank passes it (no rank waits for one that dropped out).
     for capacities in [[0, 0], [1 << 16, 0]] {
@@ -53,7 +54,7 @@ fn capacity_zero_is_invalid_config_at_construction_on_every_rank() {
         assert!(t.elapsed() < Duration::from_secs(5), "failing took {:?}", t.elapsed());
         let ranks = if capacities[0] == 0 { "ranks 0-1:" } else { "rank 1:" };
         for r in got {
-            let detail = invalid_config(r, "capacity 0");
+            let detail = invalid_config(r, "with_capacity(0)");
             assert!(detail.starts_with(ranks), "{capacities:?}: {detail}");
         }
     }

@@ -115,3 +115,78 @@ fn fallbacks_replace_only_impossible_routes() {
     Routing::from_json(&no_t.canonical_json()).unwrap();
     Routing::from_json(&t_only.canonical_json()).unwrap();
 }
+
+/// A table of `platform` whose all_reduce takes `all_reduce_route`, the other ops `ipc_one_shot`.
+fn table_of(platform: &str, all_reduce_route: &str) -> String {
+    let full = r#"{"op":"all_gather","min_bytes":0,"max_bytes":null,"route":"ipc_one_shot"},
+        {"op":"reduce_scatter","min_bytes":0,"max_bytes":null,"route":"ipc_one_shot"},
+        {"op":"reduce_scatter_many","min_bytes":0,"max_bytes":null,"route":"ipc_one_shot"}"#;
+    format!(
+        r#"{{"platform":"{platform}","source":"test","rules":[
+        {{"op":"all_reduce","min_bytes":0,"max_bytes":null,"route":"{all_reduce_route}"}},{full}]}}"#
+    )
+}
+
+#[test]
+fn unknown_fields_and_platforms_are_rejected() {
+    // A misspelt `max_bytes` was ignored: the rule became unbounded and the table valid.
+    let typo = table(r#"{"op":"all_reduce","min_bytes":0,"max_byte":10,"route":"ipc_one_shot"}"#);
+    let err = Routing::from_json(&typo).expect_err("a misspelt rule field").to_string();
+    assert!(err.contains("max_byte"), "{err}");
+    let extra = table_of("cpu", "ipc_one_shot").replacen(r#""source":"test""#, r#""source":"test","world":2"#, 1);
+    let err = Routing::from_json(&extra).expect_err("an unknown table field").to_string();
+    assert!(err.contains("world"), "{err}");
+    let err = Routing::from_json(&table_of("tpu", "ipc_one_shot")).expect_err("an unknown platform").to_string();
+    assert!(err.contains("unknown platform `tpu`"), "{err}");
+    for p in ["cpu", "nvidia", "rocm"] {
+        assert_eq!(Routing::from_json(&table_of(p, "ipc_one_shot")).unwrap().table().platform, p);
+    }
+}
+
+#[test]
+fn tables_are_checked_for_the_platform_and_the_world() {
+    for p in [Platform::Nvidia, Platform::Rocm, Platform::Cpu] {
+        for world in [1, 2, 4, 8] {
+            Routing::default_for_world(p, world).check_for(p, world).unwrap();
+        }
+        for other in [Platform::Nvidia, Platform::Rocm, Platform::Cpu].into_iter().filter(|o| *o != p) {
+            let err = Routing::default_for(p).check_for(other, 2).unwrap_err().to_string();
+            assert!(err.contains(&format!("platform `{}`", p.name())) && err.contains(other.name()), "{err}");
+        }
+    }
+    let local = Routing::from_json(&table_of("cpu", "local")).unwrap();
+    local.check_for(Platform::Cpu, 1).unwrap();
+    for world in [2, 4, 8] {
+        let err = local.check_for(Platform::Cpu, world).unwrap_err().to_string();
+        assert!(err.contains("`local`") && err.contains(&format!("has {world}")), "{err}");
+    }
+}
+
+/// Constructors refuse such tables at construction, on every rank, instead of every call
+/// failing later.
+#[cfg(feature = "cpu")]
+#[test]
+fn construction_refuses_a_table_of_another_platform_or_an_impossible_route() {
+    use collective_core::Error;
+    use collective_factory::{Config, cpu};
+    let build = |world: usize, routing: &Routing| {
+        cpu::thread_group(world, &Config::new().with_capacity(1 << 16).with_routing(routing.clone()))
+    };
+    let local = Routing::from_json(&table_of("cpu", "local")).unwrap();
+    let nvidia = Routing::default_for(Platform::Nvidia);
+    for (routing, why) in [(&local, "`local`"), (&nvidia, "platform `nvidia`")] {
+        for world in [2, 4] {
+            match build(world, routing) {
+                Err(Error::InvalidConfig { detail }) => assert!(detail.contains(why), "{detail}"),
+                Err(e) => panic!("world {world}: expected InvalidConfig saying {why}, got {e}"),
+                Ok(_) => panic!("world {world}: a table saying {why} was accepted"),
+            }
+        }
+    }
+    // At world 1 every call is local, whatever the table says.
+    let one = build(1, &local).expect("world 1");
+    let (x, mut y) = (vec![1.5f32; 8], vec![0f32; 8]);
+    collective_core::Collective::all_reduce(&one[0], collective_core::Io::host(&x, &mut y), &()).unwrap();
+    assert_eq!(y, x);
+    assert!(matches!(build(1, &nvidia), Err(Error::InvalidConfig { .. })));
+}

@@ -162,6 +162,7 @@ struct Own {
 
 impl Own {
     fn prepare(rank: usize, world: usize, config: ShmConfig) -> Result<Own, Error> {
+        config.check()?;
         let timeouts = Timeouts::resolve(config.timeouts)?;
         let config = ShmConfig { timeouts: Some(timeouts), ..config };
         let layout = Layout::with_ll(config.capacity, 1, world, config.ll_capacity)?;
@@ -199,8 +200,9 @@ impl ShmCollective {
     /// peers open through the handle `boot` carries; every rank maps every peer's. Collective:
     /// every rank of `boot` must call it with the same `config`, or all fail with
     /// [`Error::ConfigMismatch`]. A failure on one rank (a full `/dev/shm`: [`Error::OutOfMemory`];
-    /// a truncated peer object: [`Error::ConfigMismatch`]) is sent to the others in its place in
-    /// the exchange, so every rank returns an error at once.
+    /// a truncated peer object: [`Error::ConfigMismatch`]; a capacity below
+    /// [`collective_core::protocol::MIN_CAPACITY`]: [`Error::InvalidConfig`]) is sent to the
+    /// others in its place in the exchange, so every rank returns an error at once.
     ///
     /// ```no_run
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -214,8 +216,10 @@ impl ShmCollective {
         let (rank, world) = (boot.rank(), boot.world_size());
         check_world(world)?;
         if world == 1 {
+            config.check()?;
             return Ok(Self::local(config));
         }
+        // `prepare` checks the configuration; its failure reaches every rank in the exchange.
         let own = Own::prepare(rank, world, config);
         let mine = match &own {
             Ok(o) => o.hello.encode(),
@@ -357,6 +361,7 @@ impl ShmCollective {
     #[doc(hidden)]
     pub fn group_at_generation(world: usize, config: ShmConfig, start: u32) -> Result<Vec<ShmCollective>, Error> {
         check_world(world)?;
+        config.check()?;
         if world == 1 {
             return Ok(vec![Self::local(config)]);
         }
@@ -486,7 +491,8 @@ impl Collective for ShmCollective {
         self.world
     }
     fn capabilities(&self) -> Capabilities {
-        // Calls of any size: above the staging capacity they run in chunks.
+        // Calls of any size: above the staging capacity they run in chunks, and every capacity
+        // construction accepts (at least `MIN_CAPACITY`) chunks every call.
         Capabilities::strict(self.config.capacity, false).with_max_call_bytes(usize::MAX)
     }
     fn route(&self, op: Op, bytes: usize) -> Route {

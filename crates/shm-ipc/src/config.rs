@@ -1,11 +1,15 @@
 //! Construction parameters of the CPU twin.
-use collective_core::protocol::{DEFAULT_LL_CAPACITY, Timeouts};
+use collective_core::Error;
+use collective_core::protocol::{DEFAULT_LL_CAPACITY, Timeouts, check_capacity};
 
 /// How a CPU-twin collective is built. Every rank must pass the same values (checked).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ShmConfig {
-    /// Staging bytes per frame: the most one rank contributes to one call.
+    /// Staging bytes per frame: the most one rank contributes to one generation (larger calls
+    /// run in chunks). At least [`collective_core::protocol::MIN_CAPACITY`] (128 bytes, where
+    /// every call can be chunked); a smaller capacity fails construction with
+    /// [`Error::InvalidConfig`].
     pub capacity: usize,
     /// Bounds on waits for peers and on close. `None`: `DETCOLL_TIMEOUT_MS` when set, else
     /// [`Timeouts::default`], read when the collective is built (an invalid value fails the
@@ -36,5 +40,11 @@ impl ShmConfig {
     pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
         self.timeouts = Some(timeouts);
         self
+    }
+
+    /// What every constructor checks first, at every world size: a capacity every call can be
+    /// chunked through (at least [`collective_core::protocol::MIN_CAPACITY`]).
+    pub(crate) fn check(&self) -> Result<(), Error> {
+        check_capacity(self.capacity)
     }
 }

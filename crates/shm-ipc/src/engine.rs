@@ -92,9 +92,36 @@ impl Engine {
         self.poison.check()?;
         let mut generation = self.generation.lock().map_err(|_| Error::Poisoned { cause: "a call panicked".into() })?;
         let g = generation.wrapping_add(1);
-        self.run(plan, g).map_err(|e| self.poison.record(e))?;
+        let result = self.run(plan, g);
+        // A shared object truncated under its mapping during the call (crate::guard): what the
+        // call read from it was zeros, so it fails, whatever the run said.
+        let result = match self.fault() {
+            Some(e) => Err(e),
+            None => result,
+        };
+        result.map_err(|e| self.poison.record(e))?;
         *generation = g;
         Ok(())
+    }
+
+    /// The error for the first region (in rank order) whose shared object was truncated under
+    /// this rank's mapping of it — an access faulted and the guard put zero pages there — if
+    /// any did. One atomic load while nothing ever faulted in this process.
+    fn fault(&self) -> Option<Error> {
+        if !crate::guard::any_fault() {
+            return None;
+        }
+        let q = self.regions.iter().position(|r| r.faulted())?;
+        const HOW: &str = "while this rank had it mapped (an access faulted with SIGBUS, caught by the guard): what \
+                           this rank read from it is lost, the collective fails closed";
+        Some(if q == self.rank {
+            Error::Backend {
+                backend: "shm-ipc",
+                detail: format!("this rank's own shared-memory object was truncated by another process {HOW}"),
+            }
+        } else {
+            Error::PeerDied { peer: q, detail: format!("its shared-memory object was truncated {HOW}") }
+        })
     }
 
     /// The LL word `index` (payload bytes `4 * index ..`) of `sender`'s slot of `parity` in
@@ -199,7 +226,8 @@ impl Engine {
         let closed = self.word(self.rank, self.layout.ack(peer));
         let p = self.peers[peer];
         for i in 0..words {
-            let v = wait_ll(self.ll_word(self.rank, parity, peer, first + i), closed, g, p, self.timeouts.peer)?;
+            let word = self.ll_word(self.rank, parity, peer, first + i);
+            let v = wait_ll(word, closed, g, p, self.timeouts.peer, &|| self.fault())?;
             // Two payload words per u64 of scratch, little-endian: the bytes in order.
             let shift = 32 * (i & 1);
             out[i / 2] = (out[i / 2] & !(0xFFFF_FFFFu64 << shift)) | (u64::from(v) << shift);
@@ -422,9 +450,16 @@ impl Engine {
         let digest = sig.digest();
         for peer in self.peers.iter().filter(|p| p.rank != self.rank) {
             let closed = self.word(self.rank, self.layout.ack(peer.rank));
-            let state = match wait_flag(flag_of(peer.rank), closed, g, digest, *peer, self.timeouts.peer, what) {
+            let fault = || self.fault();
+            let state = match wait_flag(flag_of(peer.rank), closed, g, digest, *peer, self.timeouts.peer, what, &fault)
+            {
                 Ok(state) => state,
                 Err(e @ (Error::PeerClosed { .. } | Error::PeerDied { .. })) => {
+                    // A truncated object (crate::guard): its flags are zero pages now, no
+                    // culprit can be read there.
+                    if let Some(f) = self.fault() {
+                        return Err(f);
+                    }
                     // A peer that saw a mismatched call fails and may close or exit before this
                     // rank looked at the culprit: report the mismatch, the cause, when one shows.
                     let culprit = self.peers.iter().filter(|p| p.rank != self.rank).find(|p| {
@@ -515,6 +550,7 @@ impl Engine {
                 *peer,
                 self.timeouts.close,
                 "acknowledge close",
+                &|| self.fault(),
             )?;
         }
         Ok(())

@@ -8,7 +8,9 @@
 //! they are heap allocations shared directly. Every call stages,
 //! publishes `generation | signature digest` with a release store, waits (bounded, noticing a
 //! dead peer process) for every peer's matching flag, and evaluates the fixed tree reading the
-//! peers in rank order — the same protocol the GPU twins run inside one kernel.
+//! peers in rank order — the same protocol the GPU twins run inside one kernel. A shared object
+//! truncated under its mappings by any process is a typed error on the ranks that meet it, not
+//! a `SIGBUS` (see the guard module).
 //!
 //! CI and CPU users run the real protocol through this crate; it passes the same conformance
 //! suite as the GPU twins.
@@ -37,6 +39,7 @@
 mod collective;
 mod config;
 mod engine;
+mod guard;
 mod region;
 #[doc(hidden)]
 pub mod testing;

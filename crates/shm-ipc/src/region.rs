@@ -14,8 +14,10 @@
 //!
 //! Fallback: where `O_TMPFILE` is unsupported or `/proc/<pid>/fd` cannot be opened (no `/proc`,
 //! a hardened kernel), the object is a named `shm_open` object, unlinked as soon as every rank
-//! mapped it; every construction first sweeps `detcoll-<pid>-…` names whose owner process is gone, so
-//! a rank killed in that window leaks only until the next construction on the host.
+//! mapped it; every construction first sweeps `detcoll-<pid>-s<start>-n<pidns>-…` names whose owner
+//! is provably gone (same pid namespace, and its pid is gone or now another process), so a rank
+//! killed in that window leaks only until the next construction on the host.
+use crate::guard::Guard;
 use crate::testing::{self, Fault};
 use collective_core::Error;
 use std::ffi::CString;
@@ -32,7 +34,8 @@ pub(crate) struct Region {
 #[derive(Debug)]
 enum Kind {
     Heap,
-    Mapped,
+    /// A mapping of a shared object, registered with the SIGBUS guard while it exists.
+    Mapped(Option<Guard>),
 }
 
 // SAFETY: the region is plain memory; all concurrent access goes through atomics or is
@@ -194,7 +197,7 @@ impl Region {
                 }
             }
         }
-        let name = format!("/{stem}");
+        let name = fallback_name(stem);
         let c =
             CString::new(name.as_str()).map_err(|_| Error::InvalidConfig { detail: format!("bad shm name {name}") })?;
         // SAFETY: valid NUL-terminated name; flags create a new object only.
@@ -272,7 +275,17 @@ impl Region {
         if p == libc::MAP_FAILED {
             return Err(os_err("mmap", name));
         }
-        Ok(Region { base: p.cast(), len, kind: Kind::Mapped })
+        // From here on a truncation of the object by any process is a recorded fault of this
+        // region, not a SIGBUS that kills this one (crate::guard).
+        let mut region = Region { base: p.cast(), len, kind: Kind::Mapped(None) };
+        region.kind = Kind::Mapped(Some(Guard::register(region.base, len)?));
+        Ok(region)
+    }
+
+    /// Whether an access to this region faulted because its shared object shrank (it was
+    /// truncated after it was mapped): what was read from it since is zeros (crate::guard).
+    pub(crate) fn faulted(&self) -> bool {
+        matches!(&self.kind, Kind::Mapped(Some(g)) if g.faulted())
     }
 
     /// Removes the name of a shared-memory object; mappings stay valid.
@@ -317,19 +330,98 @@ fn proc_open(pid: u32, fd: i32) -> Result<OwnedFd, std::io::Error> {
     Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }
 
-/// Removes fallback objects `detcoll-<pid>-…` in `/dev/shm` whose owner process is gone (it
-/// was killed between creating its object and every peer mapping it). Best effort.
+/// Who created a fallback object, written into its name (`detcoll-<pid>-s<start>-n<ns>-…`):
+/// the pid alone cannot prove an owner dead, since jobs in other pid namespaces share
+/// `/dev/shm` and their pids mean other processes here, and pids are reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Owner {
+    /// The pid in the owner's pid namespace.
+    pid: u32,
+    /// Its start time (field 22 of `/proc/<pid>/stat`, clock ticks after boot).
+    start: u64,
+    /// The inode of its pid namespace (`/proc/self/ns/pid`).
+    ns: u64,
+}
+
+impl Owner {
+    /// This process, or `None` when `/proc` cannot tell (not mounted, or mounted for another
+    /// pid namespace): then names carry no identity and the sweep removes nothing.
+    fn me() -> Option<Owner> {
+        use std::os::unix::fs::MetadataExt;
+        let pid = std::process::id();
+        let (self_pid, start, _) = proc_stat("self")?;
+        if self_pid != pid {
+            return None;
+        }
+        let ns = std::fs::metadata("/proc/self/ns/pid").ok()?.ino();
+        (ns != 0).then_some(Owner { pid, start, ns })
+    }
+
+    /// The owner of the object named `detcoll-<rest>`, when the name carries one.
+    fn parse(rest: &str) -> Option<Owner> {
+        let mut it = rest.split('-');
+        let pid = it.next()?.parse().ok()?;
+        let start = it.next()?.strip_prefix('s')?.parse().ok()?;
+        let ns = it.next()?.strip_prefix('n')?.parse().ok()?;
+        Some(Owner { pid, start, ns })
+    }
+
+    /// Whether this owner is provably gone, seen from `me`: it lived in our pid namespace and
+    /// its pid no longer exists, is a zombie, or is now another process (another start time).
+    /// Anything else (another namespace, an unreadable `/proc/<pid>`) is presumed alive.
+    fn is_gone(&self, me: &Owner) -> bool {
+        if self.ns != me.ns || *self == *me {
+            return false;
+        }
+        // SAFETY: signal 0 only checks for existence and permission.
+        if unsafe { libc::kill(self.pid as libc::pid_t, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+        {
+            return true;
+        }
+        match proc_stat(&self.pid.to_string()) {
+            Some((pid, start, state)) if pid == self.pid => start != self.start || matches!(state, b'Z' | b'X' | b'x'),
+            _ => false,
+        }
+    }
+}
+
+/// `(pid, start time, state)` from `/proc/<which>/stat` (after the parenthesised command name,
+/// which may itself contain spaces and parentheses).
+fn proc_stat(which: &str) -> Option<(u32, u64, u8)> {
+    let stat = std::fs::read_to_string(format!("/proc/{which}/stat")).ok()?;
+    let pid = stat.split(' ').next()?.parse().ok()?;
+    let close = stat.rfind(')')?;
+    let mut fields = stat.get(close + 1..)?.split_ascii_whitespace();
+    let state = *fields.next()?.as_bytes().first()?;
+    // Fields 4..=22 follow the state (field 3): the start time is the 19th after it.
+    let start = fields.nth(18)?.parse().ok()?;
+    Some((pid, start, state))
+}
+
+/// The name of the fallback object for `stem` (`detcoll-<pid>-<rank>-<nonce>`): the owner's
+/// identity goes after the pid, so the sweep of any job on the host can tell whether we are
+/// gone. Without `/proc`, the stem as is (which no sweep removes).
+fn fallback_name(stem: &str) -> String {
+    let Some(me) = Owner::me() else { return format!("/{stem}") };
+    let tail = stem.strip_prefix(&format!("{NAME_PREFIX}{}-", me.pid)).unwrap_or(stem);
+    format!("/{NAME_PREFIX}{}-s{}-n{}-{tail}", me.pid, me.start, me.ns)
+}
+
+/// Removes fallback objects `detcoll-<pid>-s<start>-n<ns>-…` in `/dev/shm` whose owner is
+/// provably gone (it was killed between creating its object and every peer mapping it; see
+/// [`Owner::is_gone`]). Names of another pid namespace, of a live process, or without an owner
+/// identity (older versions) are never removed. Best effort.
 fn sweep_stale() {
     if testing::has(Fault::NoSweep) {
         return;
     }
+    let Some(me) = Owner::me() else { return };
     let Ok(dir) = std::fs::read_dir(SHM_DIR) else { return };
-    let me = std::process::id();
     for entry in dir.flatten() {
         let name = entry.file_name();
         let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(NAME_PREFIX)) else { continue };
-        let Some(Ok(pid)) = rest.split('-').next().map(str::parse::<u32>) else { continue };
-        if pid != me && !crate::wait::alive(pid) {
+        if Owner::parse(rest).is_some_and(|owner| owner.is_gone(&me)) {
             Region::unlink(&format!("/{NAME_PREFIX}{rest}"));
         }
     }
@@ -337,15 +429,17 @@ fn sweep_stale() {
 
 impl Drop for Region {
     fn drop(&mut self) {
-        match self.kind {
+        match &mut self.kind {
             // SAFETY: allocated in `heap` with this layout.
             Kind::Heap => unsafe {
                 std::alloc::dealloc(self.base, std::alloc::Layout::from_size_align_unchecked(self.len.max(PAGE), PAGE))
             },
-            // SAFETY: mapped in `map` with this length.
-            Kind::Mapped => unsafe {
-                libc::munmap(self.base.cast(), self.len);
-            },
+            Kind::Mapped(guard) => {
+                // Released before the range is unmapped (and may be reused).
+                drop(guard.take());
+                // SAFETY: mapped in `map` with this length.
+                unsafe { libc::munmap(self.base.cast(), self.len) };
+            }
         }
     }
 }

@@ -39,8 +39,11 @@ fn proc_state(pid: u32) -> Option<u8> {
 ///
 /// Returns the final state (`Ready`, `Passed`, `Mismatch` or `Corrupt`); fails with
 /// [`Error::PeerTimeout`] after `timeout`, [`Error::PeerDied`] as soon as the peer process is
-/// gone (zombies included), or [`Error::PeerClosed`] as soon as the peer acknowledged close in
-/// `closed` (this rank's `ack[peer]` line): a closed peer never publishes again.
+/// gone (zombies included), [`Error::PeerClosed`] as soon as the peer acknowledged close in
+/// `closed` (this rank's `ack[peer]` line): a closed peer never publishes again, or with what
+/// `fault` returns as soon as it returns one (a shared object truncated under its mapping: what
+/// is read from it is zeros, see `guard`).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn wait_flag(
     flag: &AtomicU64,
     closed: &AtomicU64,
@@ -49,6 +52,7 @@ pub(crate) fn wait_flag(
     peer: Peer,
     timeout: Duration,
     what: &'static str,
+    fault: &dyn Fn() -> Option<Error>,
 ) -> Result<FlagState, Error> {
     wait_for(
         || {
@@ -59,6 +63,7 @@ pub(crate) fn wait_flag(
         peer,
         timeout,
         what,
+        fault,
     )
 }
 
@@ -71,6 +76,7 @@ pub(crate) fn wait_ll(
     g: u32,
     peer: Peer,
     timeout: Duration,
+    fault: &dyn Fn() -> Option<Error>,
 ) -> Result<u32, Error> {
     wait_for(
         || {
@@ -81,19 +87,22 @@ pub(crate) fn wait_ll(
         peer,
         timeout,
         "push its input",
+        fault,
     )
 }
 
 /// Polls `probe` until it returns a value: spins, then yields, then sleeps; fails with
 /// [`Error::PeerTimeout`] after `timeout`, [`Error::PeerDied`] / [`Error::PeerClosed`] as soon as
 /// the peer is gone (probing once more first: what a peer published before closing or dying is
-/// visible, and then nothing is wrong).
+/// visible, and then nothing is wrong), and with `fault`'s error as soon as there is one (no
+/// second probe: the memory probed may now be zero pages).
 fn wait_for<T>(
     mut probe: impl FnMut() -> Option<T>,
     closed: &AtomicU64,
     peer: Peer,
     timeout: Duration,
     what: &'static str,
+    fault: &dyn Fn() -> Option<Error>,
 ) -> Result<T, Error> {
     for _ in 0..257 {
         if let Some(v) = probe() {
@@ -114,6 +123,9 @@ fn wait_for<T>(
             let waited = start.elapsed();
             if waited >= next_check {
                 next_check = waited + CHECK_EVERY;
+                if let Some(e) = fault() {
+                    return Err(e);
+                }
                 let gone = if closed.load(Ordering::Acquire) == CLOSE_ACK {
                     Some(Error::PeerClosed { peer: peer.rank, what })
                 } else {
@@ -146,11 +158,15 @@ pub(crate) fn wait_value(
     peer: Peer,
     timeout: Duration,
     what: &'static str,
+    fault: &dyn Fn() -> Option<Error>,
 ) -> Result<(), Error> {
     let start = Instant::now();
     loop {
         if word.load(Ordering::Acquire) == want {
             return Ok(());
+        }
+        if let Some(e) = fault() {
+            return Err(e);
         }
         if let Some(pid) = peer.pid {
             if !alive(pid) {

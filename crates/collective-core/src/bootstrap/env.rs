@@ -8,8 +8,8 @@
 //! | `LOCAL_WORLD_SIZE` | number of ranks on this host, `1..=WORLD_SIZE` | yes |
 //! | `MASTER_ADDR` | host (name or IP) where rank 0 serves the rendezvous | yes |
 //! | `MASTER_PORT` | its TCP port, `1..=65535` | yes |
-//! | `DETCOLL_BOOTSTRAP_TIMEOUT_MS` | when set, both the connect timeout and the per-exchange timeout, in milliseconds (`>= 1`) | no (defaults: connect 60 000 ms, exchange 30 000 ms) |
-//! | `DETCOLL_JOB_TOKEN` | the job's identity, 1 to 256 bytes, the same for every rank: rank 0 admits only ranks that prove it (the token itself is never sent) | no (`detcoll-run` and `cargo xtask bench` set a random one) |
+//! | `DETCOLL_BOOTSTRAP_TIMEOUT_MS` | when set, both the connect timeout and the per-exchange timeout, in milliseconds (`1..=86400000`, at most [`MAX_BOOTSTRAP_TIMEOUT`]) | no (defaults: connect 60 000 ms, exchange 30 000 ms) |
+//! | `DETCOLL_JOB_TOKEN` | the job's identity, 1 to 256 bytes of UTF-8, the same for every rank: rank 0 admits only ranks that prove it (the token itself is never sent) | no (`detcoll-run` and `cargo xtask bench` set a random one) |
 //! | `TORCHELASTIC_RUN_ID` | set by torchrun; without `DETCOLL_JOB_TOKEN` the token is derived from it and `MASTER_PORT` | no |
 //!
 //! Without `DETCOLL_JOB_TOKEN` the token is derived from public facts: `TORCHELASTIC_RUN_ID`
@@ -18,12 +18,18 @@
 //! port); it is no secret. On a network shared with untrusted users, give every rank a secret
 //! `DETCOLL_JOB_TOKEN`.
 //!
+//! A value that is not valid UTF-8 is [`BootstrapError::BadEnv`] naming the variable: never
+//! converted lossily, so two job tokens (or run ids) that differ only in bytes that are not
+//! UTF-8 cannot become the same token.
+//!
 //! The parser takes a lookup closure so it can be tested without touching the process
-//! environment; [`TorchrunEnv::from_env`] passes `std::env::var_os`.
+//! environment; [`TorchrunEnv::from_env`] reads the process environment.
 
 use std::time::Duration;
 
-use super::{BootstrapError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_EXCHANGE_TIMEOUT, TcpConfig, token};
+use super::{
+    BootstrapError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_EXCHANGE_TIMEOUT, MAX_BOOTSTRAP_TIMEOUT, TcpConfig, token,
+};
 
 /// `RANK`
 pub const RANK: &str = "RANK";
@@ -84,9 +90,29 @@ impl std::fmt::Debug for TorchrunEnv {
 }
 
 impl TorchrunEnv {
-    /// Reads the process environment.
+    /// Reads the process environment. A variable whose value is not valid UTF-8 is
+    /// [`BootstrapError::BadEnv`] naming it (a job token's value is not shown).
     pub fn from_env() -> Result<Self, BootstrapError> {
-        Self::from_lookup(|var| std::env::var_os(var).map(|v| v.to_string_lossy().into_owned()))
+        const VARS: [&str; 9] = [
+            RANK,
+            WORLD_SIZE,
+            LOCAL_RANK,
+            LOCAL_WORLD_SIZE,
+            MASTER_ADDR,
+            MASTER_PORT,
+            TIMEOUT_MS,
+            JOB_TOKEN,
+            TORCHELASTIC_RUN_ID,
+        ];
+        let mut values: Vec<(&str, String)> = Vec::with_capacity(VARS.len());
+        for var in VARS {
+            match std::env::var_os(var).map(std::ffi::OsString::into_string) {
+                None => {}
+                Some(Ok(v)) => values.push((var, v)),
+                Some(Err(raw)) => return Err(not_utf8(var, &raw)),
+            }
+        }
+        Self::from_lookup(|var| values.iter().find(|(name, _)| *name == var).map(|(_, v)| v.clone()))
     }
 
     /// Reads the variables through `lookup` (`None` = unset). Pure: use this in tests.
@@ -131,9 +157,9 @@ impl TorchrunEnv {
         let timeout = match timeout_s {
             None => None,
             Some(s) => match s.trim().parse::<u64>() {
-                Ok(ms) if ms >= 1 => Some(Duration::from_millis(ms)),
+                Ok(ms) if (1..=MAX_TIMEOUT_MS).contains(&ms) => Some(Duration::from_millis(ms)),
                 _ => {
-                    return Err(bad(TIMEOUT_MS, &s, "a timeout in milliseconds (integer >= 1)"));
+                    return Err(bad(TIMEOUT_MS, &s, "a timeout in milliseconds, an integer in 1..=86400000 (one day)"));
                 }
             },
         };
@@ -177,6 +203,20 @@ where
     F: FnMut(&str) -> Option<String>,
 {
     TorchrunEnv::from_lookup(lookup).map(|e| e.tcp_config())
+}
+
+/// [`MAX_BOOTSTRAP_TIMEOUT`] in milliseconds (the message above spells it out).
+const MAX_TIMEOUT_MS: u64 = MAX_BOOTSTRAP_TIMEOUT.as_millis() as u64;
+const _: () = assert!(MAX_TIMEOUT_MS == 86_400_000);
+
+/// The error for a variable whose value is not valid UTF-8. A job token is a secret: only its
+/// length is shown.
+fn not_utf8(var: &'static str, raw: &std::ffi::OsStr) -> BootstrapError {
+    if var == JOB_TOKEN {
+        let shown = format!("<{} bytes, not UTF-8, not shown>", raw.len());
+        return bad(JOB_TOKEN, &shown, "a token of 1 to 256 bytes of valid UTF-8, the same for every rank");
+    }
+    bad(var, &raw.to_string_lossy(), "valid UTF-8")
 }
 
 fn bad(var: &'static str, value: &str, expected: &'static str) -> BootstrapError {

@@ -4,9 +4,12 @@ use std::fmt;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::deadline::{check_timeout, deadline, timeout_problem};
 use super::{Bootstrap, BootstrapError, DEFAULT_LOCAL_TIMEOUT};
 
 const WHAT_EXCHANGE: &str = "join all_gather_bytes";
+/// How errors name the group's timeout.
+const TIMEOUT_WHAT: &str = "the in-process bootstrap's timeout";
 
 /// The first failure of a group; every rank waiting in (or arriving at) the failed exchange
 /// reports it.
@@ -46,6 +49,9 @@ struct State {
 struct Shared {
     world: usize,
     timeout: Duration,
+    /// Why `timeout` is unusable (zero, or above [`MAX_BOOTSTRAP_TIMEOUT`](super::MAX_BOOTSTRAP_TIMEOUT)):
+    /// every exchange then fails at once, on every rank alike, before anything is exchanged.
+    invalid: Option<String>,
     state: Mutex<State>,
     cv: Condvar,
 }
@@ -106,10 +112,17 @@ impl LocalBootstrap {
 
     /// Like [`LocalBootstrap::group`] with a per-exchange timeout (measured by each rank from
     /// its own arrival).
+    ///
+    /// The timeout must be more than zero and at most
+    /// [`MAX_BOOTSTRAP_TIMEOUT`](super::MAX_BOOTSTRAP_TIMEOUT) (one day); with any other value
+    /// every exchange of every rank returns [`BootstrapError::InvalidConfig`] at once, before
+    /// anything is exchanged. [`LocalBootstrap::try_group_with_timeout`] refuses it here instead.
     pub fn group_with_timeout(world: usize, timeout: Duration) -> Vec<LocalBootstrap> {
+        let invalid = timeout_problem(TIMEOUT_WHAT, timeout);
         let shared = Arc::new(Shared {
             world,
             timeout,
+            invalid,
             state: Mutex::new(State {
                 generation: 0,
                 slots: vec![None; world],
@@ -129,9 +142,20 @@ impl LocalBootstrap {
             .collect()
     }
 
+    /// [`LocalBootstrap::group_with_timeout`], refusing a timeout that is zero or above
+    /// [`MAX_BOOTSTRAP_TIMEOUT`](super::MAX_BOOTSTRAP_TIMEOUT) with
+    /// [`BootstrapError::InvalidConfig`].
+    pub fn try_group_with_timeout(world: usize, timeout: Duration) -> Result<Vec<LocalBootstrap>, BootstrapError> {
+        check_timeout(TIMEOUT_WHAT, timeout)?;
+        Ok(Self::group_with_timeout(world, timeout))
+    }
+
     fn gather(&self, mine: &[u8], seq: u64) -> Result<Vec<Vec<u8>>, BootstrapError> {
         let sh = &*self.shared;
-        let deadline = Instant::now() + sh.timeout;
+        if let Some(detail) = &sh.invalid {
+            return Err(BootstrapError::InvalidConfig { detail: detail.clone() });
+        }
+        let deadline = deadline(Instant::now(), sh.timeout);
         let mut st = sh.lock();
         if let Some(f) = &st.fault {
             return Err(f.to_error());

@@ -18,7 +18,8 @@
 //! Groups inside a job (tensor-, data-parallel...): [`split`] makes one bootstrap per group from
 //! any bootstrap, like `ncclCommSplit`; groups then run independently of each other.
 //!
-//! Every operation is bounded in time. When a peer does not contribute, or dies, every rank
+//! Every operation is bounded in time, by a timeout of at most [`MAX_BOOTSTRAP_TIMEOUT`] (one
+//! day). When a peer does not contribute, or dies, every rank
 //! gets an error that names the culprit ([`BootstrapError::culprit`]) instead of hanging.
 //! After a failed exchange a bootstrap is poisoned: later calls return
 //! [`BootstrapError::Closed`] with the first failure as the reason.
@@ -27,6 +28,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod deadline;
 pub mod env;
 mod local;
 mod split;
@@ -34,6 +36,7 @@ mod tcp;
 mod token;
 mod wire;
 
+pub use deadline::MAX_BOOTSTRAP_TIMEOUT;
 pub use env::TorchrunEnv;
 pub use local::LocalBootstrap;
 pub use split::{GroupTransport, SplitEntry, SplitOptions, SubBootstrap, group_members, split, split_with};

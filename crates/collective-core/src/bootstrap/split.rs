@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use super::deadline::{MAX_BOOTSTRAP_TIMEOUT, check_timeout, deadline};
 use super::tcp::bind_listener;
 use super::token::{self, DIGEST_LEN};
 use super::{
@@ -75,8 +76,10 @@ pub enum GroupTransport {
     Tcp,
 }
 
-/// Options of [`split_with`]. Unset timeouts are the parent's ([`Bootstrap::timeouts`]), or
-/// [`DEFAULT_CONNECT_TIMEOUT`] / [`DEFAULT_EXCHANGE_TIMEOUT`] when it has none.
+/// Options of [`split_with`]. Unset timeouts are the parent's ([`Bootstrap::timeouts`], capped at
+/// [`MAX_BOOTSTRAP_TIMEOUT`]), or [`DEFAULT_CONNECT_TIMEOUT`] / [`DEFAULT_EXCHANGE_TIMEOUT`] when
+/// it has none. A timeout set here must be more than zero and at most [`MAX_BOOTSTRAP_TIMEOUT`]
+/// (one day): any other is [`BootstrapError::InvalidConfig`] before anything is exchanged.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SplitOptions {
     /// The group's transport.
@@ -219,11 +222,14 @@ pub fn split_with<B: Bootstrap + ?Sized>(
     let (me, world) = (parent.rank(), parent.world_size());
     let (parent_connect, parent_exchange) =
         parent.timeouts().unwrap_or((DEFAULT_CONNECT_TIMEOUT, DEFAULT_EXCHANGE_TIMEOUT));
-    let timeouts = (opts.connect_timeout.unwrap_or(parent_connect), opts.exchange_timeout.unwrap_or(parent_exchange));
-    if timeouts.0.is_zero() || timeouts.1.is_zero() {
-        // Every rank passes the same options, so every rank returns here: nobody is left waiting.
-        return Err(BootstrapError::InvalidConfig { detail: "split timeouts must be non-zero".into() });
-    }
+    // The parent's own bounds are its business: a longer one is capped for the group. Bounds
+    // chosen for the split must be usable as given.
+    let cap = |d: Duration| d.min(MAX_BOOTSTRAP_TIMEOUT);
+    let timeouts =
+        (opts.connect_timeout.unwrap_or(cap(parent_connect)), opts.exchange_timeout.unwrap_or(cap(parent_exchange)));
+    // Every rank passes the same options, so every rank returns here: nobody is left waiting.
+    check_timeout("split connect_timeout", timeouts.0)?;
+    check_timeout("split exchange_timeout", timeouts.1)?;
 
     // Round 1: colors, keys, hosts, processes. A rank whose host identity is invalid still
     // contributes (with the reason), so every rank fails alike instead of timing out.
@@ -402,7 +408,7 @@ fn registry_put(group: Vec<LocalBootstrap>, ttl: Duration) -> u64 {
     let now = Instant::now();
     let mut reg = registry().lock().unwrap_or_else(|e| e.into_inner());
     reg.retain(|_, e| e.expires > now);
-    reg.insert(id, Entry { slots: group.into_iter().map(Some).collect(), expires: now + ttl });
+    reg.insert(id, Entry { slots: group.into_iter().map(Some).collect(), expires: deadline(now, ttl) });
     id
 }
 

@@ -10,16 +10,27 @@
 //! port can neither join nor fail the group; such a client keeps retrying and ends with
 //! [`BootstrapError::ConnectTimeout`]. A peer of *this* job (right MAC) with a mismatched world
 //! size, a duplicate or an out-of-range rank fails the whole group: every rank's constructor
-//! returns the same error. When every rank has connected, rank 0 sends a welcome and every
-//! constructor returns.
+//! returns the same error. Ranks of the job that come after rank 0 failed so are told too: rank
+//! 0's constructor returns at once, but a thread keeps its listener and answers every late hello
+//! that authenticates with that error, until each rank has been told or until rank 0's connect
+//! deadline, then closes it (strangers still get nothing). When every rank has connected, rank
+//! 0 sends a welcome and every constructor returns.
 //!
 //! Rank 0 handles handshakes without blocking: the listener and every pending handshake are
 //! polled together, bytes are accumulated per connection, each handshake has a deadline for its
 //! whole hello ([`HANDSHAKE_TIMEOUT`], or less when the connect deadline is nearer), at most
 //! [`MAX_PENDING_HANDSHAKES`] are pending (the oldest is dropped beyond), and the connect
-//! deadline is checked on every iteration. Idle, trickling or flooding connections therefore
-//! neither delay the real ranks nor keep rank 0 past its deadline; when ranks are missing at the
-//! deadline, [`BootstrapError::MissingRanks`] lists them all.
+//! deadline is checked on every iteration. Pending handshakes also leave descriptors for the
+//! real ranks: under a low `RLIMIT_NOFILE` fewer are kept (the limit less the descriptors open,
+//! one per rank and a reserve), the oldest unauthenticated connection is closed first when
+//! `accept` runs out of descriptors, and with none to close accepting pauses (backing off)
+//! rather than spinning. Idle, trickling or flooding connections therefore neither delay the
+//! real ranks nor keep rank 0 past its deadline; when ranks are missing at the deadline,
+//! [`BootstrapError::MissingRanks`] lists them all.
+//!
+//! Timeouts are more than zero and at most
+//! [`MAX_BOOTSTRAP_TIMEOUT`](super::MAX_BOOTSTRAP_TIMEOUT) (one day; anything else is
+//! [`BootstrapError::InvalidConfig`]), and deadlines never overflow.
 //!
 //! `all_gather_bytes`: each other rank sends one length-prefixed frame carrying the exchange
 //! number; rank 0 waits (bounded by `exchange_timeout`, for the whole frame) for all of them, and
@@ -44,6 +55,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use super::deadline::{check_timeout, deadline as deadline_after};
 use super::token::{self, DIGEST_LEN};
 use super::wire::{self, DeadlineReader, Frame, Kind, ReadError};
 use super::{
@@ -54,8 +66,9 @@ use super::{
 /// its connect deadline is nearer). A real rank answers within a round trip; anything slower is
 /// dropped, and a real rank that was dropped reconnects.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
-/// The most handshakes rank 0 keeps pending at once; beyond, the oldest is dropped (a real rank
-/// whose handshake is dropped reconnects).
+/// The most handshakes rank 0 keeps pending at once (fewer under a low `RLIMIT_NOFILE`: see the
+/// module documentation); beyond, the oldest is dropped (a real rank whose handshake is dropped
+/// reconnects).
 pub const MAX_PENDING_HANDSHAKES: usize = 256;
 /// Connections rank 0 accepts per loop iteration before it looks at the pending handshakes.
 const ACCEPT_BURST: usize = 64;
@@ -78,9 +91,11 @@ pub struct TcpConfig {
     pub master_addr: String,
     /// Rank 0's port (not 0).
     pub master_port: u16,
-    /// How long non-zero ranks retry connecting, and how long rank 0 waits for all of them.
+    /// How long non-zero ranks retry connecting, and how long rank 0 waits for all of them
+    /// (more than zero, at most [`MAX_BOOTSTRAP_TIMEOUT`](super::MAX_BOOTSTRAP_TIMEOUT)).
     pub connect_timeout: Duration,
-    /// How long one exchange waits for every rank's contribution.
+    /// How long one exchange waits for every rank's contribution (more than zero, at most
+    /// [`MAX_BOOTSTRAP_TIMEOUT`](super::MAX_BOOTSTRAP_TIMEOUT)).
     pub exchange_timeout: Duration,
     /// The job identity every rank proves in its handshake (`DETCOLL_JOB_TOKEN`; 1 to
     /// [`MAX_TOKEN_LEN`](super::MAX_TOKEN_LEN) bytes). `None` derives one from `master_addr` and
@@ -255,9 +270,9 @@ impl TcpBootstrap {
                 detail: "master port 0: the other ranks could not find rank 0".into(),
             });
         }
-        if cfg.connect_timeout.is_zero() || cfg.exchange_timeout.is_zero() {
-            return Err(BootstrapError::InvalidConfig { detail: "bootstrap timeouts must be non-zero".into() });
-        }
+        // More than zero and at most a day: every deadline below is then representable.
+        check_timeout("the bootstrap connect_timeout", cfg.connect_timeout)?;
+        check_timeout("the bootstrap exchange_timeout", cfg.exchange_timeout)?;
         if let Some(t) = &cfg.job_token {
             token::check_token(t).map_err(|detail| BootstrapError::InvalidConfig { detail })?;
         }
@@ -297,7 +312,7 @@ impl TcpBootstrap {
         mine: &[u8],
     ) -> Result<Vec<Vec<u8>>, BootstrapError> {
         let timeout = self.exchange_timeout;
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_after(Instant::now(), timeout);
         let mut parts: Vec<Option<Vec<u8>>> = vec![None; self.world_size];
         parts[0] = Some(mine.to_vec());
         let mut pending: Vec<usize> = (1..self.world_size).collect();
@@ -363,7 +378,7 @@ impl TcpBootstrap {
 
     fn client_gather(&self, stream: &mut TcpStream, seq: u64, mine: &[u8]) -> Result<Vec<Vec<u8>>, BootstrapError> {
         // Longer than rank 0's own wait, so rank 0's diagnosis (naming the culprit) arrives first.
-        let wait = self.exchange_timeout + self.exchange_timeout / 2;
+        let wait = self.exchange_timeout.saturating_add(self.exchange_timeout / 2);
         let _ = stream.set_write_timeout(Some(wait));
         if let Err(e) = wire::write_frame(stream, Kind::Data, seq, mine) {
             // Rank 0 may have failed and told us why before closing: prefer its diagnosis.
@@ -377,7 +392,7 @@ impl TcpBootstrap {
                 BootstrapError::PeerGone { rank: 0, detail: format!("sending to {} failed: {e}", self.addr) }
             });
         }
-        match wire::read_frame_by(stream, Instant::now() + wait) {
+        match wire::read_frame_by(stream, deadline_after(Instant::now(), wait)) {
             Ok(Frame { kind: Kind::Result, seq: got, payload }) => {
                 if got != seq {
                     return Err(BootstrapError::Protocol(format!(
@@ -404,7 +419,7 @@ impl TcpBootstrap {
     }
 
     fn root_error(&self, e: BootstrapError) -> BootstrapError {
-        root_error_for(e, self.rank, self.world_size)
+        root_error_for(e, self.world_size)
     }
 }
 
@@ -473,12 +488,13 @@ fn abort_peers(peers: &mut [Option<TcpStream>], e: &BootstrapError, seq: u64) {
     }
 }
 
-/// An error decoded from rank 0, seen from rank `me` with world size `my_world`.
-fn root_error_for(e: BootstrapError, me: usize, my_world: usize) -> BootstrapError {
+/// An error decoded from rank 0, seen from a rank with world size `my_world`.
+fn root_error_for(e: BootstrapError, my_world: usize) -> BootstrapError {
     match e {
-        // Rank 0 reports (offender, rank 0's world, offender's world); if we are the offender,
-        // the other side is rank 0.
-        BootstrapError::WorldSizeMismatch { rank, ours, theirs } if rank == me && theirs == my_world => {
+        // Rank 0 reports (offender, rank 0's world, offender's world); if our world is not rank
+        // 0's (we are the offender, or a late rank that believes what it believes), the other
+        // side is rank 0.
+        BootstrapError::WorldSizeMismatch { ours, .. } if ours != my_world => {
             BootstrapError::WorldSizeMismatch { rank: 0, ours: my_world, theirs: ours }
         }
         other => other,
@@ -586,61 +602,212 @@ impl Pending {
     }
 }
 
-/// Accepts up to [`ACCEPT_BURST`] connections and sends each its challenge. `Err` only for an
-/// error of the listener itself.
-fn accept_burst(
-    listener: &TcpListener,
-    pending: &mut VecDeque<Pending>,
-    deadline: Instant,
-    cfg: &TcpConfig,
-) -> Result<(), BootstrapError> {
-    for _ in 0..ACCEPT_BURST {
-        let stream = match listener.accept() {
-            Ok((stream, _from)) => stream,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
-                ) =>
-            {
-                continue;
-            }
-            // Out of descriptors or buffers (a flood): transient; pending handshakes expire
-            // and free descriptors.
-            Err(e) if is_resource_exhaustion(&e) => return Ok(()),
-            Err(e) => return Err(BootstrapError::io(format!("rank 0: accepting connections at {}", cfg.addr()), e)),
-        };
-        if stream.set_nonblocking(true).is_err() {
-            continue;
-        }
-        let _ = stream.set_nodelay(true);
-        let nonce = token::nonce();
-        let challenge = wire::encode_frame(Kind::Challenge, wire::PROTOCOL_VERSION, &nonce);
-        // A fresh socket's send buffer takes 56 bytes at once; if not, the peer is not worth
-        // waiting for.
-        if (&stream).write(&challenge).ok() != Some(challenge.len()) {
-            continue;
-        }
-        let now = Instant::now();
-        pending.push_back(Pending {
-            stream,
-            nonce,
-            buf: [0; wire::HELLO_FRAME_LEN],
-            got: 0,
-            deadline: (now + HANDSHAKE_TIMEOUT).min(deadline),
-        });
-        if pending.len() > MAX_PENDING_HANDSHAKES {
-            pending.pop_front();
-        }
-    }
-    Ok(())
+/// An authenticated hello (right protocol, version and job token): a peer of this job, as yet
+/// unchecked against the group (`rank`/`world` as sent). Its stream is blocking again.
+struct Authenticated {
+    stream: TcpStream,
+    rank: u64,
+    world: u64,
 }
 
+/// Rank 0's listener and the handshakes in progress on it: accepts connections, challenges
+/// them and hands over the authenticated ones, bounded in descriptors, memory and time.
+///
+/// Descriptors: at most `budget` connections are pending at once, so that the connected real
+/// ranks and the rest of the process keep descriptors under a low `RLIMIT_NOFILE`
+/// ([`pending_budget`]); beyond it, and whenever `accept` runs out of descriptors anyway, the
+/// oldest pending connection is closed first. With nothing left to close, accepting pauses
+/// (backing off up to [`ACCEPT_PAUSE_MAX`]) instead of polling a listener it cannot serve.
+struct Door {
+    listener: TcpListener,
+    pending: VecDeque<Pending>,
+    budget: usize,
+    /// While accepting is paused for lack of descriptors: when to try again.
+    paused_until: Option<Instant>,
+    /// The next pause.
+    pause: Duration,
+}
+
+/// The longest pause of accepting while this process has no descriptor left (the pause starts
+/// at 1 ms and doubles).
+const ACCEPT_PAUSE_MAX: Duration = Duration::from_millis(100);
+/// Descriptors rank 0 leaves free beyond its peers' when it sizes the pending handshakes from
+/// `RLIMIT_NOFILE` (the rest of the process may open files meanwhile).
+const RESERVED_FDS: usize = 32;
+/// The fewest pending handshakes rank 0 allows, however low its descriptor limit.
+const MIN_PENDING_HANDSHAKES: usize = 8;
+
+impl Door {
+    fn new(listener: TcpListener, world: usize) -> Self {
+        Self {
+            listener,
+            pending: VecDeque::new(),
+            budget: pending_budget(world),
+            paused_until: None,
+            pause: Duration::from_millis(1),
+        }
+    }
+
+    /// Waits until activity or `by` (the nearest handshake deadline or the end of an accept
+    /// pause, if sooner), reads what the pending handshakes sent and accepts new connections.
+    /// Authenticated hellos are appended to `out`. `Err` only for an error of the listener or
+    /// of poll itself.
+    fn turn(
+        &mut self,
+        token: &str,
+        by: Instant,
+        addr: &str,
+        out: &mut Vec<Authenticated>,
+    ) -> Result<(), BootstrapError> {
+        let now = Instant::now();
+        self.pending.retain(|p| p.deadline > now);
+        if self.paused_until.is_some_and(|t| now >= t) {
+            self.paused_until = None;
+        }
+        let accepting = self.paused_until.is_none();
+        let wake = self.pending.iter().map(|p| p.deadline).chain(self.paused_until).fold(by, Instant::min);
+        let streams: Vec<&TcpStream> = self.pending.iter().map(|p| &p.stream).collect();
+        let (listener_ready, ready) =
+            poll_handshakes(accepting.then_some(&self.listener), &streams, wake.saturating_duration_since(now))
+                .map_err(|e| BootstrapError::io("rank 0: waiting for connections", e))?;
+        drop(streams);
+        // Pending handshakes first (their indices are those polled), then new connections.
+        let mut i = 0usize;
+        for is_ready in ready {
+            if !is_ready {
+                i += 1;
+                continue;
+            }
+            match self.pending[i].advance(token) {
+                Progress::More => i += 1,
+                Progress::Drop => {
+                    self.pending.remove(i);
+                }
+                Progress::Hello { rank, world } => {
+                    let stream = self.pending.remove(i).expect("index in range").stream;
+                    if stream.set_nonblocking(false).is_ok() {
+                        let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
+                        out.push(Authenticated { stream, rank, world });
+                    }
+                }
+            }
+        }
+        if listener_ready { self.accept_burst(addr, by) } else { Ok(()) }
+    }
+
+    /// Accepts up to [`ACCEPT_BURST`] connections and sends each its challenge; handshakes end
+    /// by `deadline` at the latest. `Err` only for an error of the listener itself.
+    fn accept_burst(&mut self, addr: &str, deadline: Instant) -> Result<(), BootstrapError> {
+        for _ in 0..ACCEPT_BURST {
+            let stream = match self.listener.accept() {
+                Ok((stream, _from)) => stream,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
+                    ) =>
+                {
+                    continue;
+                }
+                // Out of descriptors (a flood, a low RLIMIT_NOFILE): close the oldest
+                // unauthenticated connection and try again, and size the budget to what fits;
+                // with none to close (or out of buffers), pause accepting rather than spin on a
+                // listener that stays readable.
+                Err(e) if is_fd_exhaustion(&e) && !self.pending.is_empty() => {
+                    self.pending.pop_front();
+                    self.budget = self.budget.min(self.pending.len()).max(MIN_PENDING_HANDSHAKES);
+                    continue;
+                }
+                Err(e) if is_fd_exhaustion(&e) || is_resource_exhaustion(&e) => {
+                    self.paused_until = Some(Instant::now() + self.pause);
+                    self.pause = (self.pause * 2).min(ACCEPT_PAUSE_MAX);
+                    return Ok(());
+                }
+                Err(e) => return Err(BootstrapError::io(format!("rank 0: accepting connections at {addr}"), e)),
+            };
+            self.pause = Duration::from_millis(1);
+            if stream.set_nonblocking(true).is_err() {
+                continue;
+            }
+            let _ = stream.set_nodelay(true);
+            let nonce = token::nonce();
+            let challenge = wire::encode_frame(Kind::Challenge, wire::PROTOCOL_VERSION, &nonce);
+            // A fresh socket's send buffer takes 56 bytes at once; if not, the peer is not
+            // worth waiting for.
+            if (&stream).write(&challenge).ok() != Some(challenge.len()) {
+                continue;
+            }
+            let now = Instant::now();
+            self.pending.push_back(Pending {
+                stream,
+                nonce,
+                buf: [0; wire::HELLO_FRAME_LEN],
+                got: 0,
+                deadline: (now + HANDSHAKE_TIMEOUT).min(deadline),
+            });
+            while self.pending.len() > self.budget {
+                self.pending.pop_front();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How many handshakes rank 0 keeps pending: [`MAX_PENDING_HANDSHAKES`], or fewer when the
+/// soft `RLIMIT_NOFILE` leaves less room beyond the descriptors open now, one per peer and
+/// [`RESERVED_FDS`] (at least [`MIN_PENDING_HANDSHAKES`]).
+fn pending_budget(world: usize) -> usize {
+    let Some(limit) = fd_limit() else { return MAX_PENDING_HANDSHAKES };
+    let open = open_fds().unwrap_or(RESERVED_FDS);
+    limit
+        .saturating_sub(open.saturating_add(world).saturating_add(RESERVED_FDS))
+        .clamp(MIN_PENDING_HANDSHAKES, MAX_PENDING_HANDSHAKES)
+}
+
+/// The soft `RLIMIT_NOFILE`, if finite.
+#[cfg(unix)]
+fn fd_limit() -> Option<usize> {
+    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `rl` is a valid, writable rlimit for the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 || rl.rlim_cur == libc::RLIM_INFINITY {
+        return None;
+    }
+    usize::try_from(rl.rlim_cur).ok()
+}
+
+#[cfg(not(unix))]
+fn fd_limit() -> Option<usize> {
+    None
+}
+
+/// How many descriptors this process has open (not counting the one listing them), where the
+/// system lists them.
+fn open_fds() -> Option<usize> {
+    ["/proc/self/fd", "/dev/fd"]
+        .iter()
+        .find_map(|d| std::fs::read_dir(d).ok())
+        .map(|entries| entries.count().saturating_sub(1))
+}
+
+/// `EMFILE`/`ENFILE`: no descriptor for a new connection.
+fn is_fd_exhaustion(e: &io::Error) -> bool {
+    #[cfg(unix)]
+    {
+        matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = e;
+        false
+    }
+}
+
+/// Out of buffers or memory: transient.
 fn is_resource_exhaustion(e: &io::Error) -> bool {
     #[cfg(unix)]
     {
-        matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
+        matches!(e.raw_os_error(), Some(libc::ENOBUFS | libc::ENOMEM))
     }
     #[cfg(not(unix))]
     {
@@ -664,86 +831,134 @@ fn admit(rank: u64, world: u64, ours: usize, peers: &[Option<TcpStream>]) -> Res
     }
 }
 
+/// The most ranks rank 0 tracks when it tells late ranks why the rendezvous failed (a hello
+/// claiming a larger world is still answered; rank 0 then answers until its deadline).
+const MAX_TOLD: usize = 1 << 16;
+
+/// Which ranks rank 0 told why the rendezvous failed (index = rank; rank 0 is itself).
+struct Told(Vec<bool>);
+
+impl Told {
+    fn new(world: usize) -> Self {
+        let mut v = vec![false; world.min(MAX_TOLD)];
+        v[0] = true;
+        Self(v)
+    }
+
+    /// A peer claiming `rank` of `world` was told: the world it believes in has ranks to tell too.
+    fn mark(&mut self, rank: u64, world: u64) {
+        let world = usize::try_from(world).unwrap_or(usize::MAX).min(MAX_TOLD);
+        if world > self.0.len() {
+            self.0.resize(world, false);
+        }
+        if let Some(t) = usize::try_from(rank).ok().and_then(|r| self.0.get_mut(r)) {
+            *t = true;
+        }
+    }
+
+    fn everyone(&self) -> bool {
+        self.0.iter().all(|&t| t)
+    }
+}
+
+/// Sends an authenticated peer the reason the rendezvous failed, then half-closes.
+fn tell(peer: &mut Authenticated, payload: &[u8]) {
+    let _ = peer.stream.set_write_timeout(Some(Duration::from_millis(500)));
+    let _ = wire::write_frame(&mut peer.stream, Kind::Error, 0, payload);
+    let _ = peer.stream.shutdown(Shutdown::Write);
+}
+
+/// After the rendezvous failed on a peer of this job (duplicate rank, world size, rank out of
+/// range), rank 0 keeps its door open in a thread and gives every late rank of the job that
+/// authenticates the same error, until every rank has been told or rank 0's connect deadline;
+/// then the listener closes. Strangers still get nothing.
+fn answer_late(mut door: Door, token: String, addr: String, e: &BootstrapError, deadline: Instant, mut told: Told) {
+    if told.everyone() || Instant::now() >= deadline {
+        return;
+    }
+    let payload = wire::encode_error(e);
+    let body = move || {
+        let mut late = Vec::new();
+        while !told.everyone() && Instant::now() < deadline {
+            if door.turn(&token, deadline, &addr, &mut late).is_err() {
+                return;
+            }
+            for mut peer in late.drain(..) {
+                tell(&mut peer, &payload);
+                told.mark(peer.rank, peer.world);
+            }
+        }
+    };
+    // Without a thread the late ranks time out, as before.
+    let _ = thread::Builder::new().name("detcoll-rendezvous-failed".into()).spawn(body);
+}
+
 fn serve(cfg: &TcpConfig, listener: Option<TcpListener>) -> Result<Role, BootstrapError> {
     let world = cfg.world_size;
-    let token = cfg.job_token_or_default();
-    let deadline = Instant::now() + cfg.connect_timeout;
+    let token = cfg.job_token_or_default().into_owned();
+    let addr = cfg.addr();
+    let deadline = deadline_after(Instant::now(), cfg.connect_timeout);
     let listener = match listener {
         Some(l) => l,
         None => bind_listener(cfg)?,
     };
     listener.set_nonblocking(true).map_err(|e| BootstrapError::io("rank 0: configuring the listener", e))?;
+    let mut door = Door::new(listener, world);
     let mut peers: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
     let mut connected = 0usize;
-    let mut pending: VecDeque<Pending> = VecDeque::new();
-    let outcome: Result<(), BootstrapError> = 'serve: loop {
+    let mut told = Told::new(world);
+    let mut hellos = Vec::new();
+    let outcome: Result<(), (BootstrapError, bool)> = loop {
         if connected == world - 1 {
             break Ok(());
         }
-        let now = Instant::now();
-        if now >= deadline {
+        if Instant::now() >= deadline {
             let ranks: Vec<usize> = (1..world).filter(|&r| peers[r].is_none()).collect();
-            break Err(BootstrapError::MissingRanks { ranks, waited: cfg.connect_timeout });
+            break Err((BootstrapError::MissingRanks { ranks, waited: cfg.connect_timeout }, false));
         }
-        pending.retain(|p| p.deadline > now);
-        let wake = pending.iter().map(|p| p.deadline).fold(deadline, Instant::min);
-        let streams: Vec<&TcpStream> = pending.iter().map(|p| &p.stream).collect();
-        let (listener_ready, ready) = match poll_handshakes(&listener, &streams, wake - now) {
-            Ok(r) => r,
-            Err(e) => break Err(BootstrapError::io("rank 0: waiting for connections", e)),
-        };
-        drop(streams);
-        // Pending handshakes first (their indices are those polled), then new connections.
-        let mut i = 0usize;
-        let mut idx = 0usize;
-        while i < pending.len() {
-            let is_ready = ready.get(idx).copied().unwrap_or(false);
-            idx += 1;
-            if !is_ready {
-                i += 1;
+        if let Err(e) = door.turn(&token, deadline, &addr, &mut hellos) {
+            break Err((e, false));
+        }
+        let mut failure: Option<BootstrapError> = None;
+        for mut peer in hellos.drain(..) {
+            if let Some(e) = &failure {
+                // Authenticated in the same turn as the offender: told like every other rank.
+                tell(&mut peer, &wire::encode_error(e));
+                told.mark(peer.rank, peer.world);
                 continue;
             }
-            match pending[i].advance(&token) {
-                Progress::More => i += 1,
-                Progress::Drop => {
-                    pending.remove(i);
+            match admit(peer.rank, peer.world, world, &peers) {
+                Err(e) => {
+                    tell(&mut peer, &wire::encode_error(&e));
+                    told.mark(peer.rank, peer.world);
+                    failure = Some(e);
                 }
-                Progress::Hello { rank, world: theirs } => {
-                    let p = pending.remove(i).expect("index in range");
-                    let mut stream = p.stream;
-                    if stream.set_nonblocking(false).is_err() {
-                        continue;
+                Ok(rank) => {
+                    if wire::write_frame(&mut peer.stream, Kind::Ack, 0, &[]).is_ok() {
+                        peers[rank] = Some(peer.stream);
+                        connected += 1;
                     }
-                    let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
-                    match admit(rank, theirs, world, &peers) {
-                        Err(e) => {
-                            let _ = wire::write_frame(&mut stream, Kind::Error, 0, &wire::encode_error(&e));
-                            let _ = stream.shutdown(Shutdown::Write);
-                            break 'serve Err(e);
-                        }
-                        Ok(rank) => {
-                            if wire::write_frame(&mut stream, Kind::Ack, 0, &[]).is_ok() {
-                                peers[rank] = Some(stream);
-                                connected += 1;
-                            }
-                            // else: it went away; if it retries, it is accepted then.
-                        }
-                    }
+                    // else: it went away; if it retries, it is accepted then.
                 }
             }
         }
-        if listener_ready {
-            if let Err(e) = accept_burst(&listener, &mut pending, deadline, cfg) {
-                break Err(e);
-            }
+        if let Some(e) = failure {
+            break Err((e, true));
         }
     };
-    drop(listener);
-    drop(pending);
-    if let Err(e) = outcome {
+    if let Err((e, tell_late)) = outcome {
         abort_peers(&mut peers, &e, 0);
+        if tell_late {
+            for (r, p) in peers.iter().enumerate() {
+                if p.is_some() {
+                    told.mark(r as u64, world as u64);
+                }
+            }
+            answer_late(door, token, addr, &e, deadline, told);
+        }
         return Err(e);
     }
+    drop(door);
     for r in 1..world {
         let s = peers[r].as_mut().expect("connected peer");
         let _ = s.set_write_timeout(Some(cfg.connect_timeout));
@@ -764,7 +979,7 @@ fn serve(cfg: &TcpConfig, listener: Option<TcpListener>) -> Result<Role, Bootstr
 
 fn join(cfg: &TcpConfig) -> Result<Role, BootstrapError> {
     let start = Instant::now();
-    let deadline = start + cfg.connect_timeout;
+    let deadline = deadline_after(start, cfg.connect_timeout);
     let addr = cfg.addr();
     let token = cfg.job_token_or_default();
     let mut backoff = Duration::from_millis(10);
@@ -794,12 +1009,12 @@ fn join(cfg: &TcpConfig) -> Result<Role, BootstrapError> {
     };
     // Rank 0 stops waiting at most connect_timeout after it started listening, which was before
     // we connected; it then sends a welcome or the reason the rendezvous failed.
-    let wait = cfg.connect_timeout + cfg.connect_timeout / 4 + Duration::from_millis(500);
-    let by = Instant::now() + wait;
+    let wait = cfg.connect_timeout.saturating_add(cfg.connect_timeout / 4).saturating_add(Duration::from_millis(500));
+    let by = deadline_after(Instant::now(), wait);
     match wire::read_frame_max(&mut DeadlineReader::new(&stream, by), MAX_HANDSHAKE_REPLY) {
         Ok(Frame { kind: Kind::Welcome, .. }) => Ok(Role::Client { stream }),
         Ok(Frame { kind: Kind::Error, payload, .. }) => {
-            Err(root_error_for(wire::decode_error(&payload), cfg.rank, cfg.world_size))
+            Err(root_error_for(wire::decode_error(&payload), cfg.world_size))
         }
         Ok(f) => {
             Err(BootstrapError::Protocol(format!("rank 0 sent an unexpected {:?} frame during the rendezvous", f.kind)))
@@ -839,7 +1054,7 @@ fn try_handshake(a: SocketAddr, token: &str, deadline: Instant, cfg: &TcpConfig)
     match wire::read_frame_max(&mut DeadlineReader::new(&s, by), MAX_HANDSHAKE_REPLY) {
         Ok(Frame { kind: Kind::Ack, .. }) => Ok(s),
         Ok(Frame { kind: Kind::Error, payload, .. }) => {
-            Err(Attempt::Fatal(root_error_for(wire::decode_error(&payload), cfg.rank, cfg.world_size)))
+            Err(Attempt::Fatal(root_error_for(wire::decode_error(&payload), cfg.world_size)))
         }
         Ok(f) => Err(Attempt::Fatal(BootstrapError::Protocol(format!(
             "{a} answered the handshake with an unexpected {:?} frame",
@@ -867,15 +1082,19 @@ fn wait_readable(streams: &[&TcpStream], timeout: Duration) -> io::Result<Vec<bo
     poll_fds(&fds, timeout)
 }
 
-/// Whether the listener has a connection to accept, and which pending handshakes are readable,
-/// within `timeout`.
+/// Whether the listener (when given) has a connection to accept, and which pending handshakes
+/// are readable, within `timeout`.
 #[cfg(unix)]
-fn poll_handshakes(listener: &TcpListener, streams: &[&TcpStream], timeout: Duration) -> io::Result<(bool, Vec<bool>)> {
+fn poll_handshakes(
+    listener: Option<&TcpListener>,
+    streams: &[&TcpStream],
+    timeout: Duration,
+) -> io::Result<(bool, Vec<bool>)> {
     use std::os::fd::AsRawFd;
     let fds: Vec<libc::c_int> =
-        std::iter::once(listener.as_raw_fd()).chain(streams.iter().map(|s| s.as_raw_fd())).collect();
+        listener.map(AsRawFd::as_raw_fd).into_iter().chain(streams.iter().map(|s| s.as_raw_fd())).collect();
     let mut ready = poll_fds(&fds, timeout)?;
-    let listener_ready = ready.remove(0);
+    let listener_ready = listener.is_some() && ready.remove(0);
     Ok((listener_ready, ready))
 }
 
@@ -909,12 +1128,12 @@ fn wait_readable(streams: &[&TcpStream], _timeout: Duration) -> io::Result<Vec<b
 /// Without poll: sleep a little and report everything ready (the sockets are non-blocking).
 #[cfg(not(unix))]
 fn poll_handshakes(
-    _listener: &TcpListener,
+    listener: Option<&TcpListener>,
     streams: &[&TcpStream],
     timeout: Duration,
 ) -> io::Result<(bool, Vec<bool>)> {
     thread::sleep(timeout.min(Duration::from_millis(5)));
-    Ok((true, vec![true; streams.len()]))
+    Ok((listener.is_some(), vec![true; streams.len()]))
 }
 
 #[cfg(test)]

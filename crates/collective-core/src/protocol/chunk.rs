@@ -30,6 +30,31 @@
 use super::plan::{Phase, Plan, Segment};
 use crate::{Call, Error, LaneCall, LaneCalls, MAX_LANES, Op, Route, Signature};
 
+/// The smallest staging capacity (bytes per frame) an IPC collective accepts: 128, one 16-byte
+/// piece for each of the 8 shards a reduce_scatter chunk stages at world 8.
+///
+/// At this capacity every call — every op, every dtype (elements of up to 8 bytes), every world
+/// (up to 8) — runs, in chunks whose boundaries are multiples of 16 bytes ([`chunk_elements`]).
+/// Below it some calls cannot run even one chunk (an f32 reduce_scatter at world 8 needs 32
+/// bytes for one element per shard, an f64 all_gather 8), so such a capacity is refused at
+/// construction ([`check_capacity`]) rather than failing those calls one by one. Frames are
+/// page-rounded, so the floor costs no memory.
+pub const MIN_CAPACITY: usize = 128;
+
+/// [`Error::InvalidConfig`] naming [`MIN_CAPACITY`] when `capacity` is below it; every IPC
+/// backend checks it at construction (`IpcConfig::check`, the CPU twin's constructors).
+pub fn check_capacity(capacity: usize) -> Result<(), Error> {
+    if capacity >= MIN_CAPACITY {
+        return Ok(());
+    }
+    Err(Error::InvalidConfig {
+        detail: format!(
+            "a staging capacity of {capacity} bytes per rank: expected at least {MIN_CAPACITY} bytes, the smallest \
+             frame every call can be chunked through (a reduce_scatter at 8 ranks stages 8 pieces of 16 bytes)"
+        ),
+    })
+}
+
 /// Elements per chunk when `pieces` pieces of that many elements of `size` bytes are staged
 /// side by side in `capacity` bytes: the most that fit, rounded down to a multiple of 16 bytes
 /// when at least 16 bytes fit. 0 when not even one element per piece fits.
@@ -55,6 +80,20 @@ pub const fn bulk_all_reduce_elements(capacity: usize, size: usize, world: usize
 pub const fn bulk_scatter_elements(capacity: usize, size: usize, world: usize) -> usize {
     let align = if size >= 16 { 1 } else { 16 / size };
     capacity / size / world / align * align
+}
+
+/// The chunk step that splits `total` elements into as many chunks as `step` would, but of
+/// nearly equal sizes (a multiple of `unit`, at most `step`): a bulk call just above its frame
+/// runs as two halves rather than a full chunk and a sliver (a sliver leaves most ranks an
+/// empty shard, which stalled ranks sharing a GPU: issue 24's GPU run). A function of the
+/// call's signature, the world and the capacity only, so equal on every rank.
+pub const fn balanced(step: usize, total: usize, unit: usize) -> usize {
+    if step == 0 || unit == 0 || total <= step {
+        return step;
+    }
+    let chunks = total.div_ceil(step);
+    let even = total.div_ceil(chunks).div_ceil(unit) * unit;
+    if even < step { even } else { step }
 }
 
 /// The plans of one call, chunk by chunk (see the module docs); no heap allocation.
@@ -109,10 +148,15 @@ impl Chunks {
         if route == Route::IpcPush && whole.route != Route::IpcPush {
             // all_gather keeps one-shot chunks: its frame holds a slot per sender, `world` times
             // the one-shot staging, so bulk chunks would take `world` times the generations.
+            let align = if size >= 16 { 1 } else { 16 / size };
             let (step, total) = match call.op {
-                Op::AllReduce => (bulk_all_reduce_elements(capacity, size, world), call.count_in),
+                Op::AllReduce => {
+                    let step = bulk_all_reduce_elements(capacity, size, world);
+                    (balanced(step, call.count_in, world * align), call.count_in)
+                }
                 Op::ReduceScatter | Op::ReduceScatterMany => {
-                    (bulk_scatter_elements(capacity, size, world), call.count_out)
+                    let step = bulk_scatter_elements(capacity, size, world);
+                    (balanced(step, call.count_out, align), call.count_out)
                 }
                 Op::AllGather => (0, 0),
             };
@@ -300,6 +344,34 @@ impl Iterator for Chunks {
 }
 
 #[cfg(test)]
+mod balanced_tests {
+    use super::balanced;
+
+    #[test]
+    fn a_call_just_above_the_frame_runs_as_near_equal_chunks() {
+        // 65537 f32 at world 4 in 256 KiB frames: 32768-element chunks would leave a 1-element
+        // third chunk; balanced: three chunks of 21856 (a multiple of 4 x 4), 21856 and 21825.
+        let s = balanced(32768, 65537, 16);
+        assert_eq!(s, 21856);
+        assert_eq!(s % 16, 0);
+        assert!(65537 - 2 * s >= 16 * 1000, "the last chunk is no sliver");
+        assert_eq!(65537usize.div_ceil(s), 65537usize.div_ceil(32768));
+        // Unchanged: calls that fit, exact multiples, no step.
+        assert_eq!(balanced(32768, 1000, 16), 32768);
+        assert_eq!(balanced(32768, 65536, 16), 32768);
+        assert_eq!(balanced(0, 10, 16), 0);
+        for total in 1..2000usize {
+            for unit in [1usize, 4, 8, 16, 32] {
+                let step = 64 * unit;
+                let b = balanced(step, total, unit);
+                assert!(b <= step && b > 0 && (b % unit == 0 || b == step));
+                assert_eq!(total.div_ceil(b), total.div_ceil(step), "total {total} unit {unit}");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::{DType, Io, RawMut, validate, validate_many};
@@ -313,7 +385,12 @@ mod tests {
 
     #[test]
     fn chunks_cover_every_element_once_within_capacity_and_aligned() {
-        let cap = 4096;
+        for cap in [MIN_CAPACITY, 4096] {
+            cover_every_element_once(cap);
+        }
+    }
+
+    fn cover_every_element_once(cap: usize) {
         for world in [2usize, 4, 8] {
             for dtype in [DType::F32, DType::BF16, DType::U8, DType::F64] {
                 for op in [Op::AllReduce, Op::AllGather, Op::ReduceScatter] {
@@ -343,6 +420,68 @@ mod tests {
                             next += out.count;
                         }
                         assert_eq!(next, if op == Op::AllGather { n } else { c.count_out }, "{op} n {n}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_capacity_floor_is_where_every_call_can_be_chunked() {
+        for capacity in 0..MIN_CAPACITY {
+            match check_capacity(capacity) {
+                Err(Error::InvalidConfig { detail }) => {
+                    assert!(
+                        detail.contains(&format!("{capacity} bytes")) && detail.contains("at least 128"),
+                        "{detail}"
+                    )
+                }
+                other => panic!("capacity {capacity}: {other:?}"),
+            }
+        }
+        assert!(check_capacity(MIN_CAPACITY).is_ok() && check_capacity(usize::MAX).is_ok());
+        // Below the floor some call cannot run a single chunk: the issue's f32 reduce_scatter at
+        // world 8 with 16 or 31 bytes, and any f32 call with 0 to 3.
+        let rs = call(Op::ReduceScatter, 64, 8, DType::F32);
+        for cap in [16, 31] {
+            assert!(matches!(
+                Chunks::single(&rs, 1, 8, Route::IpcOneShot, cap, 0),
+                Err(Error::CapacityExceeded { .. })
+            ));
+        }
+        let ar = call(Op::AllReduce, 64, 2, DType::F32);
+        for cap in 0..4 {
+            assert!(matches!(
+                Chunks::single(&ar, 1, 2, Route::IpcOneShot, cap, 0),
+                Err(Error::CapacityExceeded { .. })
+            ));
+        }
+        // At the floor, every op, dtype and world on every route chunks, within the frame.
+        for world in [2usize, 4, 8] {
+            for dtype in DType::ALL {
+                for op in [Op::AllReduce, Op::AllGather, Op::ReduceScatter] {
+                    if op.reduces() && !dtype.is_reducible() {
+                        continue;
+                    }
+                    let c = call(op, 200 * world, world, dtype);
+                    for route in [Route::IpcOneShot, Route::IpcReduceScatterAllGather, Route::IpcPushLl, Route::IpcPush]
+                    {
+                        if route == Route::IpcReduceScatterAllGather && op != Op::AllReduce {
+                            continue;
+                        }
+                        let plans: Vec<Plan> = Chunks::single(&c, 1, world, route, MIN_CAPACITY, 64)
+                            .unwrap_or_else(|e| panic!("{op} {dtype} world {world} {route:?}: {e}"))
+                            .map(|p| p.unwrap_or_else(|e| panic!("{op} {dtype} world {world} {route:?}: {e}")))
+                            .collect();
+                        assert!(plans.len() > 1 || route == Route::IpcPushLl, "{op} {dtype} world {world} {route:?}");
+                        for p in &plans {
+                            let staged = p.stage.as_slice().iter().map(|s| s.frame_offset + s.count).max().unwrap_or(0);
+                            let used = if p.route == Route::IpcPush { p.frame_elems } else { staged };
+                            assert!(
+                                p.route == Route::IpcPushLl || used * dtype.size() <= MIN_CAPACITY,
+                                "{op} {dtype} world {world} {route:?}: {used} elements"
+                            );
+                        }
                     }
                 }
             }

@@ -19,7 +19,8 @@ pub const DEFAULT_LL_CAPACITY: usize = 512 << 10;
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct IpcConfig {
-    /// Staging bytes per rank: the most one rank contributes to one call.
+    /// Staging bytes per rank: the most one rank contributes to one generation (larger calls
+    /// run in chunks). At least [`super::MIN_CAPACITY`] (128), checked at construction.
     pub capacity: usize,
     /// Most blocks one call launches per rank, which is also the number of per-block flag slots.
     /// `None` picks `multiprocessors / ranks sharing the device` (minimum over ranks), so that
@@ -111,8 +112,10 @@ impl IpcConfig {
         self
     }
 
-    /// Checks the values (block count range, positive timeouts).
+    /// Checks the values (a capacity of at least [`super::MIN_CAPACITY`] bytes, block count
+    /// range, positive timeouts).
     pub fn check(&self) -> Result<(), Error> {
+        super::check_capacity(self.capacity)?;
         if let Some(b) = self.max_blocks {
             if b == 0 || b > 1024 {
                 return Err(Error::InvalidConfig { detail: format!("max_blocks is {b}: expected 1..=1024") });
@@ -168,6 +171,17 @@ mod tests {
         assert!(IpcConfig::new(1 << 20).with_max_blocks(0).check().is_err());
         let zero = Timeouts { peer: Duration::ZERO, close: Duration::from_secs(1) };
         assert!(IpcConfig::new(1 << 20).with_timeouts(zero).check().is_err());
+    }
+
+    #[test]
+    fn capacities_below_the_floor_are_refused() {
+        for capacity in 0..super::super::MIN_CAPACITY {
+            match IpcConfig::new(capacity).check() {
+                Err(Error::InvalidConfig { detail }) => assert!(detail.contains("at least 128 bytes"), "{detail}"),
+                other => panic!("capacity {capacity}: {other:?}"),
+            }
+        }
+        assert!(IpcConfig::new(super::super::MIN_CAPACITY).check().is_ok());
     }
 
     #[test]

@@ -44,7 +44,9 @@ mod plan;
 mod poison;
 pub mod status;
 
-pub use chunk::{Chunks, bulk_all_reduce_elements, bulk_scatter_elements, chunk_elements};
+pub use chunk::{
+    Chunks, MIN_CAPACITY, bulk_all_reduce_elements, bulk_scatter_elements, check_capacity, chunk_elements,
+};
 pub use config::{DEFAULT_LL_CAPACITY, DEFAULT_RSAG_THRESHOLD, IpcConfig};
 pub use flag::{FlagState, FlagWord};
 pub use layout::{
