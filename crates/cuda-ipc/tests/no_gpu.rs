@@ -101,13 +101,17 @@ fn missing_driver_is_an_error_not_a_panic() {
     assert!(matches!(cuda_ipc::driver::open_device(0), Err(Error::LibraryMissing { .. })));
 }
 
-/// The constants the kernels and the host must agree on, read from the header the kernels are
-/// compiled from: ABI version, error codes, the close acknowledgement.
+/// Every constant the host mirrors from the header the kernels are compiled from, in one place:
+/// ABI version (the protocol's and the kernels crate's), world and thread limits, segment
+/// flags, modes, segment counts, error codes, status-line words, the LL epoch mask and the close
+/// acknowledgement. A `#define DC_*` of a constant the host does not mirror is listed as such, so
+/// a new kernel constant cannot be forgotten here.
 #[test]
 fn kernel_constants_match_the_host() {
     use collective_core::protocol::{CLOSE_ACK, params, status};
+    let header = cuda_ipc::kernels::PROTOCOL_HEADER;
     let define = |name: &str| -> u64 {
-        let line = cuda_ipc::kernels::PROTOCOL_HEADER
+        let line = header
             .lines()
             .find(|l| l.split_whitespace().take(2).eq(["#define", name]))
             .unwrap_or_else(|| panic!("#define {name} missing from detcoll_protocol.h"));
@@ -117,17 +121,55 @@ fn kernel_constants_match_the_host() {
             None => v.parse().expect("decimal"),
         }
     };
-    assert_eq!(define("DC_ABI_VERSION"), u64::from(params::ABI_VERSION));
-    assert_eq!(define("DC_CLOSE_ACK"), CLOSE_ACK);
-    let codes = [
+    let host: Vec<(&str, u64)> = vec![
+        ("DC_ABI_VERSION", u64::from(params::ABI_VERSION)),
+        ("DC_MAX_WORLD", params::MAX_WORLD as u64),
+        ("DC_THREADS", u64::from(params::THREADS)),
+        ("DC_SEG_WRITE_BACK", u64::from(params::SEG_WRITE_BACK)),
+        ("DC_SEG_GATHER", u64::from(params::SEG_GATHER)),
+        ("DC_SEG_SEND", u64::from(params::SEG_SEND)),
+        ("DC_SEG_SCATTER", u64::from(params::SEG_SCATTER)),
+        ("DC_SEG_SEND_TO", u64::from(params::SEG_SEND_TO)),
+        ("DC_SEG_AG", u64::from(params::SEG_AG)),
+        ("DC_MODE_PULL", u64::from(params::MODE_PULL)),
+        ("DC_MODE_PUSH_LL", u64::from(params::MODE_PUSH_LL)),
+        ("DC_MODE_PUSH", u64::from(params::MODE_PUSH)),
         ("DC_ERR_TIMEOUT_READY", status::ERR_TIMEOUT_READY),
         ("DC_ERR_TIMEOUT_PHASE2", status::ERR_TIMEOUT_PHASE2),
         ("DC_ERR_MISMATCH", status::ERR_MISMATCH),
         ("DC_ERR_CORRUPT", status::ERR_CORRUPT),
         ("DC_ERR_PEER_FAILED", status::ERR_PEER_FAILED),
         ("DC_ERR_PEER_CLOSED", status::ERR_PEER_CLOSED),
+        ("DC_CLOSE_ACK", CLOSE_ACK),
+        ("DC_SEGS_SINGLE", params::SEGS_SINGLE as u64),
+        ("DC_SEGS_MANY", params::SEGS_MANY as u64),
+        ("DC_ST_ABORT", status::ST_ABORT as u64),
+        ("DC_ST_GEN", status::ST_GEN as u64),
+        ("DC_ST_FINISHED", status::ST_FINISHED as u64),
+        ("DC_ST_REFRESH", status::ST_REFRESH as u64),
+        ("DC_LL_EPOCH_MASK", u64::from(status::LL_EPOCH_MASK)),
     ];
-    for (name, host) in codes {
-        assert_eq!(define(name), host, "{name}");
+    for (name, value) in &host {
+        assert_eq!(define(name), *value, "{name}: the header and the host disagree");
+    }
+    assert_eq!(define("DC_ABI_VERSION"), u64::from(detcoll_kernels::ABI_VERSION), "detcoll-kernels' ABI_VERSION");
+    // Defines that are not numeric constants the host mirrors (macros, guards, device-side
+    // helpers); anything else new must be added above.
+    let device_only = NOT_MIRRORED;
+    for line in header.lines() {
+        let mut words = line.split_whitespace();
+        if words.next() != Some("#define") {
+            continue;
+        }
+        let Some(name) = words.next() else { continue };
+        let name = name.split('(').next().unwrap_or(name);
+        if !name.starts_with("DC_") || host.iter().any(|(n, _)| *n == name) || device_only.contains(&name) {
+            continue;
+        }
+        panic!("#define {name} in detcoll_protocol.h is neither mirrored by the host nor listed as device-only");
     }
 }
+
+/// `#define DC_*` names of detcoll_protocol.h that have no host mirror (function-like macros,
+/// device-side tuning).
+const NOT_MIRRORED: &[&str] = &[];

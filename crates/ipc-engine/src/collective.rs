@@ -150,11 +150,10 @@ impl<D: IpcDevice> IpcCollective<D> {
                 }
             }
         }
-        let status = own + ipc.layout.status() as u64;
-        // DC_ST_REFRESH (word 3): the next two calls (one per parity) refresh every LL line.
-        self.device.write_word(status + 24, 2)?;
-        // DC_ST_GEN, the second word of the status line.
-        self.device.write_word(status + 8, u64::from(start))
+        let word = |w: usize| own + (ipc.layout.status() + 8 * w) as u64;
+        // The next two calls (one per parity) refresh every LL line.
+        self.device.write_word(word(status::ST_REFRESH), 2)?;
+        self.device.write_word(word(status::ST_GEN), u64::from(start))
     }
 
     /// World 1, out of place: one copy.

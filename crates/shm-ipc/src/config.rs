@@ -1,6 +1,6 @@
 //! Construction parameters of the CPU twin.
 use collective_core::Error;
-use collective_core::protocol::{DEFAULT_LL_CAPACITY, Timeouts, check_capacity};
+use collective_core::protocol::{DEFAULT_LL_CAPACITY, DEFAULT_RSAG_THRESHOLD, Timeouts, check_capacity};
 
 /// How a CPU-twin collective is built. Every rank must pass the same values (checked).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,9 +25,15 @@ pub struct ShmConfig {
 
 impl ShmConfig {
     /// `capacity` bytes of staging, timeouts from the environment (`DETCOLL_TIMEOUT_MS`, read
-    /// at construction), RS+AG from 256 KiB, and the default LL push capacity (512 KiB).
+    /// at construction), RS+AG from the engine's default (`DEFAULT_RSAG_THRESHOLD`, 512 KiB), and the
+    /// default LL push capacity (512 KiB).
     pub fn new(capacity: usize) -> Self {
-        ShmConfig { capacity, timeouts: None, rs_ag_threshold: 256 << 10, ll_capacity: DEFAULT_LL_CAPACITY }
+        ShmConfig {
+            capacity,
+            timeouts: None,
+            rs_ag_threshold: DEFAULT_RSAG_THRESHOLD,
+            ll_capacity: DEFAULT_LL_CAPACITY,
+        }
     }
 
     /// Builder: the LL push capacity in payload bytes per rank (0: no LL route).

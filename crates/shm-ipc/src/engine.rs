@@ -1,6 +1,7 @@
 //! The host executor of the shared protocol: runs a [`Plan`] over every rank's region.
 use crate::region::Region;
 use crate::wait::{Peer, wait_flag, wait_ll, wait_value};
+use collective_core::protocol::status::LL_EPOCH_MASK;
 use collective_core::protocol::{CLOSE_ACK, FlagState, FlagWord, Layout, Phase, Plan, Poison, Segment, Timeouts};
 use collective_core::{DType, Error, Route, Signature};
 use half::{bf16, f16};
@@ -566,11 +567,6 @@ fn bulk_phases(plan: &Plan) -> (bool, bool) {
     let gathered = plan.sig.op == collective_core::Op::AllGather;
     (!gathered, gathered || !plan.phase2.as_slice().is_empty())
 }
-
-/// `(g >> 1) & LL_EPOCH_MASK == 0` picks the generations (g mod 2^30 in {0, 1}) that rewrite
-/// every LL word: no word is then ever more than 2^30 + 2 generations stale, so a stale flag can
-/// never equal a current generation (that needs 2^32). The kernels' `DC_LL_EPOCH_MASK`.
-const LL_EPOCH_MASK: u32 = 0x1FFF_FFFF;
 
 /// The fixed tree over `frames` (one per rank, in rank order), `count` elements, into `dst`.
 fn reduce<T: fixed_tree::Element>(frames: &[*const u8], dst: u64, count: usize) {

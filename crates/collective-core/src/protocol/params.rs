@@ -16,6 +16,10 @@ pub const THREADS: u32 = 512;
 pub const TILE_BYTES: u32 = 16 * THREADS;
 /// Most ranks.
 pub const MAX_WORLD: usize = 8;
+/// Segments of a single-lane call's parameters (`DC_SEGS_SINGLE`).
+pub const SEGS_SINGLE: usize = 16;
+/// Segments of a `reduce_scatter_many` call's parameters (`DC_SEGS_MANY`).
+pub const SEGS_MANY: usize = 32;
 
 pub const SEG_WRITE_BACK: u32 = 1;
 pub const SEG_GATHER: u32 = 2;
@@ -107,9 +111,9 @@ pub struct Params<const N: usize> {
 }
 
 /// Single-lane calls: 1 stage + up to 8 phase-1 + 7 phase-2 segments.
-pub type ParamsSingle = Params<16>;
+pub type ParamsSingle = Params<SEGS_SINGLE>;
 /// `reduce_scatter_many`: up to 16 stage + 16 phase-1 segments.
-pub type ParamsMany = Params<32>;
+pub type ParamsMany = Params<SEGS_MANY>;
 
 /// `DcTreeParams`.
 #[repr(C)]

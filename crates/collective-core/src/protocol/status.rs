@@ -11,6 +11,20 @@ use std::time::Duration;
 /// Words of the error record a kernel writes on failure.
 pub const RECORD_WORDS: usize = 8;
 
+/// Words of a rank's status line (`DC_ST_*`), as indices of 8-byte words from
+/// `Layout::status`: the first error code (compare-and-swap; peers read it), the last completed
+/// generation, the blocks of the running call that finished, and the calls that still rewrite
+/// every LL line (a generation preset sets it).
+pub const ST_ABORT: usize = 0;
+pub const ST_GEN: usize = 1;
+pub const ST_FINISHED: usize = 2;
+pub const ST_REFRESH: usize = 3;
+
+/// `(g >> 1) & LL_EPOCH_MASK == 0` picks the generations (g mod 2^30 in {0, 1}) whose calls
+/// rewrite every LL line, so a stale LL word can never carry a current generation (that needs
+/// 2^32 calls). The kernels' `DC_LL_EPOCH_MASK`; the CPU twin uses this one.
+pub const LL_EPOCH_MASK: u32 = 0x1FFF_FFFF;
+
 pub const ERR_TIMEOUT_READY: u64 = 1;
 pub const ERR_TIMEOUT_PHASE2: u64 = 2;
 pub const ERR_MISMATCH: u64 = 3;
