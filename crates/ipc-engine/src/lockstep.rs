@@ -31,6 +31,13 @@ use std::time::{Duration, Instant};
 const ARRIVE: &str = "reach the same collective call (ranks sharing a GPU in one process launch each call together)";
 const LAUNCH: &str = "launch the same collective call (ranks sharing a GPU in one process launch each call together)";
 
+/// How long a member spins (yielding) for its peers before it sleeps between checks, and for
+/// how long it then sleeps: waits of thread ranks on one GPU are microseconds when every rank
+/// calls at once; longer waits are host work of a peer, where a spinning thread would only
+/// take a core from it.
+const PARK_AFTER: Duration = Duration::from_millis(1);
+const PARK_STEP: Duration = Duration::from_micros(50);
+
 /// One counter on its own cache line (members spin on their peers' counters).
 #[derive(Debug, Default)]
 #[repr(align(128))]
@@ -118,13 +125,20 @@ impl Lockstep {
             let Some(late) = late else { return Ok(()) };
             spins = spins.wrapping_add(1);
             if spins % 64 == 0 {
-                if start.elapsed() > bound {
+                let waited = start.elapsed();
+                if waited > bound {
                     let peer = self.ranks[late];
                     let e = Error::PeerTimeout { peer, what, waited: bound };
                     self.break_with(Broken::Failed { cause: e.to_string() });
                     return Err(e);
                 }
-                std::thread::yield_now();
+                // Spin while a peer is about to arrive (microseconds: the common case); a peer
+                // busy with host work between calls is waited for without burning a core.
+                if waited > PARK_AFTER {
+                    std::thread::sleep(PARK_STEP);
+                } else {
+                    std::thread::yield_now();
+                }
             } else {
                 std::hint::spin_loop();
             }
