@@ -3,9 +3,9 @@
 //! composes it.
 use super::backend::{HostBackend, HostCollective};
 use super::routes;
+use collective_core::Collective;
 use collective_core::bootstrap::Bootstrap;
 use collective_core::protocol::DEFAULT_LL_CAPACITY;
-use collective_core::{Collective, Op, Route};
 use collective_factory::{NoTransport, Routed, Routing};
 use shm_ipc::{ShmCollective, ShmConfig};
 
@@ -25,7 +25,7 @@ impl HostCollective for TwinCollective {
 /// threshold and LL push capacity from the table, as the factory sets them; defaults otherwise).
 pub fn config(capacity: usize, routing: &Routing) -> ShmConfig {
     let mut c = ShmConfig::new(capacity).with_ll_capacity(routing.ll_capacity(DEFAULT_LL_CAPACITY));
-    c.rs_ag_threshold = routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
+    c.rs_ag_threshold = routing.rsag_threshold();
     c
 }
 

@@ -30,7 +30,7 @@ use anyhow::Context;
 use ccl_transport::TransportCollective;
 use collective_core::bootstrap::Bootstrap;
 use collective_core::protocol::DEFAULT_LL_CAPACITY;
-use collective_core::{Collective, DType, Io, Op, RawMut, RawRef, Route};
+use collective_core::{Collective, DType, Io, RawMut, RawRef};
 use collective_factory::{Config, Routing, nvidia};
 use collective_factory::{NoTransport, Routed};
 use cuda_ipc::cudarc::driver::{CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, DevicePtr, sys};
@@ -99,7 +99,7 @@ fn context(ordinal: usize) -> anyhow::Result<Arc<CudaContext>> {
 /// The IPC configuration of a thread run under `routing`: the RS+AG threshold and the LL push
 /// capacity from the table, as the factory's NVIDIA constructors set them.
 fn thread_ipc_config(capacity: usize, routing: &Routing) -> CudaIpcConfig {
-    let threshold = routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
+    let threshold = routing.rsag_threshold();
     CudaIpcConfig::new(capacity)
         .with_rsag_threshold(threshold)
         .with_ll_capacity(routing.ll_capacity(DEFAULT_LL_CAPACITY))

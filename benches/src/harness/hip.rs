@@ -25,7 +25,7 @@ use anyhow::Context;
 use ccl_transport::TransportCollective;
 use collective_core::bootstrap::Bootstrap;
 use collective_core::protocol::DEFAULT_LL_CAPACITY;
-use collective_core::{Collective, DType, Io, Op, RawMut, RawRef, Route};
+use collective_core::{Collective, DType, Io, RawMut, RawRef};
 use collective_factory::{Config, NoTransport, RocmCollective, Routed, Routing, rocm};
 use hip_ipc::HipDevice;
 use hip_ipc::runtime::{DeviceMemory, Event};
@@ -112,7 +112,7 @@ pub fn group(world: usize, capacity: usize, routing: &Routing) -> anyhow::Result
          threads enqueue independently, which the HIP IPC group supports for at most two ranks per GPU"
     );
     let ordinals: Vec<usize> = (0..world).map(|r| r % count).collect();
-    let threshold = routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
+    let threshold = routing.rsag_threshold();
     let config = HipIpcConfig::new(capacity)
         .with_rsag_threshold(threshold)
         .with_ll_capacity(routing.ll_capacity(DEFAULT_LL_CAPACITY));

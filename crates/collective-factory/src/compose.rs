@@ -2,14 +2,14 @@
 //! engine's configuration and the NCCL/RCCL transport where the agreement chose it.
 use crate::{Config, Decision, Routing};
 use ccl_transport::{Device, TransportCollective, TransportConfig};
+use collective_core::Error;
 use collective_core::bootstrap::Bootstrap;
 use collective_core::protocol::IpcConfig;
-use collective_core::{Error, Op, Route};
 
 /// The IPC engine's configuration. The routing table decides every call's route (`Routed`);
 /// the RS+AG threshold only serves direct users of the IPC collective's own `route()`.
 pub(crate) fn ipc_config(config: &Config, routing: &Routing) -> IpcConfig {
-    let threshold = routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
+    let threshold = routing.rsag_threshold();
     let mut c = IpcConfig::new(config.capacity())
         .with_rsag_threshold(threshold)
         .with_ll_capacity(routing.ll_capacity(config.ll_capacity()));

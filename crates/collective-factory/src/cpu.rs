@@ -2,7 +2,7 @@
 use crate::Config;
 use crate::{Facts, Platform, Routed, Routing};
 use collective_core::bootstrap::{Bootstrap, LocalBootstrap};
-use collective_core::{Collective, Error, Op, Route, host_identity};
+use collective_core::{Collective, Error, host_identity};
 use shm_ipc::{ShmCollective, ShmConfig};
 use std::sync::Arc;
 
@@ -117,8 +117,7 @@ pub fn with_transport<T: Collective<Stream = ()>>(
     let ipc = if d.ipc || world == 1 {
         let mut shm = ShmConfig::new(capacity).with_ll_capacity(d.routing.ll_capacity(config.ll_capacity()));
         shm.timeouts = config.timeouts();
-        shm.rs_ag_threshold =
-            d.routing.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX);
+        shm.rs_ag_threshold = d.routing.rsag_threshold();
         Some(ShmCollective::new(boot, shm)?)
     } else {
         None

@@ -261,6 +261,13 @@ impl Routing {
         self.ranges[op_index(op)].iter().filter(|r| r.2 == route).map(|r| r.0 as usize).min()
     }
 
+    /// The all_reduce size per rank from which the table takes IPC RS+AG (`usize::MAX`: never):
+    /// the one derivation of the threshold an IPC backend's own `route()` uses, for every
+    /// constructor that builds a backend under this table.
+    pub fn rsag_threshold(&self) -> usize {
+        self.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX)
+    }
+
     /// The table as stored.
     pub fn table(&self) -> &RoutingTable {
         &self.table
