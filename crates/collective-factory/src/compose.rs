@@ -1,10 +1,11 @@
 //! What the GPU platforms (`nvidia`, `rocm`) build the same way from one [`Config`]: the IPC
 //! engine's configuration and the NCCL/RCCL transport where the agreement chose it.
-use crate::{Config, Decision, Routing};
+use crate::{Config, Decision, Facts, Routed, Routing};
 use ccl_transport::{Device, TransportCollective, TransportConfig};
-use collective_core::Error;
-use collective_core::bootstrap::Bootstrap;
+use collective_core::bootstrap::{Bootstrap, LocalBootstrap};
 use collective_core::protocol::IpcConfig;
+use collective_core::{Error, RouteSelect};
+use std::sync::Arc;
 
 /// The IPC engine's configuration. The routing table decides every call's route (`Routed`);
 /// the RS+AG threshold only serves direct users of the IPC collective's own `route()`.
@@ -32,4 +33,50 @@ pub(crate) fn transport<D: Device + Clone>(
     let mut t = TransportConfig::new(config.capacity());
     t.timeouts = config.timeouts();
     TransportCollective::with_device(|| Ok(device.clone()), boot, &t).map(Some)
+}
+
+/// Ranks as threads: `ipc[r]` on `devices[r]`, each rank agreeing (with the facts `facts`
+/// reports for its device and the routing it asks for) and building its transport on its own
+/// thread, since NCCL's and RCCL's init is collective.
+pub(crate) fn thread_ranks<D, I>(
+    devices: &[D],
+    ipc: Vec<I>,
+    routing: &Routing,
+    config: &Config,
+    facts: impl Fn(&D, Routing) -> Facts + Sync,
+) -> Result<Vec<Routed<I, TransportCollective<D>>>, Error>
+where
+    D: Device + Clone,
+    I: RouteSelect<Stream = D::Stream> + Send,
+{
+    let world = devices.len();
+    let mut ipc = ipc.into_iter();
+    let facts = &facts;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = LocalBootstrap::group(world)
+            .into_iter()
+            .zip(devices.iter().cloned())
+            .map(|(boot, device)| {
+                let ipc = ipc.next();
+                let routing = routing.clone();
+                s.spawn(move || {
+                    let boot: Arc<dyn Bootstrap> = Arc::new(boot);
+                    let d = facts(&device, routing).agree(&*boot)?;
+                    let transport = transport(&d, &device, &*boot, config)?;
+                    Routed::new(boot.rank(), world, config.capacity(), d.routing, ipc, transport)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(Error::Backend {
+                        backend: "collective-factory",
+                        detail: "a rank's construction thread panicked".into(),
+                    })
+                })
+            })
+            .collect()
+    })
 }

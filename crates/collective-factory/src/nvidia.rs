@@ -20,10 +20,10 @@
 //! other local failure (a device that does not open, a `DETCOLL_*` variable that does not
 //! parse, an invalid [`Config`]) is `InvalidConfig` on every rank, naming the ranks; a world of
 //! 0 ranks is `InvalidConfig`.
-use crate::compose::{ipc_config, transport};
+use crate::compose::{ipc_config, thread_ranks, transport};
 use crate::{Config, DeviceSelect, Facts, Platform, Routed, Routing};
 use ccl_transport::TransportCollective;
-use collective_core::bootstrap::{Bootstrap, LocalBootstrap};
+use collective_core::bootstrap::Bootstrap;
 use collective_core::protocol::Timeouts;
 use collective_core::{Error, host_identity};
 use cuda_ipc::cudarc::driver::CudaContext;
@@ -120,33 +120,12 @@ pub fn thread_group(world: usize, config: &Config) -> Result<Vec<NvidiaCollectiv
     let routing = local_routing(config, world)?;
     routing.check_for(Platform::Nvidia, world)?;
     let ipc_config = ipc_config(config, &routing);
-    let mut ipc = CudaIpcCollective::group(&devices, &ipc_config)?.into_iter();
-    let boots = LocalBootstrap::group(world);
+    let ipc = CudaIpcCollective::group(&devices, &ipc_config)?;
     let shared =
         devices.iter().any(|d| devices.iter().filter(|o| o.context().cu_ctx() == d.context().cu_ctx()).count() > 1);
-    // Each rank agrees and builds its transport on its own thread (NCCL's init is collective).
-    std::thread::scope(|s| {
-        let handles: Vec<_> = boots
-            .into_iter()
-            .zip(devices.iter().cloned())
-            .map(|(boot, device)| {
-                let ipc = ipc.next();
-                let routing = routing.clone();
-                s.spawn(move || -> Result<NvidiaCollective, Error> {
-                    let nccl = !shared && ccl_transport::load(Some(ccl_transport::Vendor::Nvidia)).is_ok();
-                    let boot: Arc<dyn Bootstrap> = Arc::new(boot);
-                    let d = facts(&device, routing, config, nccl).agree(&*boot)?;
-                    let transport = transport(&d, &device, &*boot, config)?;
-                    Routed::new(boot.rank(), world, config.capacity(), d.routing, ipc, transport)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(panicked()))).collect()
-    })
-}
-
-fn panicked() -> Error {
-    Error::Backend { backend: "collective-factory", detail: "a rank's construction thread panicked".into() }
+    // NCCL refuses two ranks of one process on one GPU: offered only where no GPU is shared.
+    let nccl = !shared && ccl_transport::load(Some(ccl_transport::Vendor::Nvidia)).is_ok();
+    thread_ranks(&devices, ipc, &routing, config, |device, routing| facts(device, routing, config, nccl))
 }
 
 /// The routing this rank asks for: the config's, `DETCOLL_ROUTING_TABLE`, else the built-in

@@ -11,10 +11,10 @@
 //! [`from_bootstrap`] on every rank, naming the ranks that lack it); any other local failure
 //! or an invalid [`Config`] is `InvalidConfig` on every rank, naming the ranks; a world of 0
 //! ranks is `InvalidConfig`.
-use crate::compose::{ipc_config, transport};
+use crate::compose::{ipc_config, thread_ranks, transport};
 use crate::{Config, DeviceSelect, Facts, Platform, Routed, Routing};
 use ccl_transport::{TransportCollective, Vendor};
-use collective_core::bootstrap::{Bootstrap, LocalBootstrap};
+use collective_core::bootstrap::Bootstrap;
 use collective_core::protocol::Timeouts;
 use collective_core::{Error, host_identity};
 use hip_ipc::{HipDevice, HipIpcCollective};
@@ -104,35 +104,11 @@ pub fn thread_group(world: usize, config: &Config) -> Result<Vec<RocmCollective>
         None => Routing::from_env(Platform::Rocm)?,
     };
     routing.check_for(Platform::Rocm, world)?;
-    let mut ipc = HipIpcCollective::group(&devices, &ipc_config(config, &routing))?.into_iter();
-    let boots = LocalBootstrap::group(world);
-    let shared = (1..world).any(|r| ordinals[..r].contains(&ordinals[r]));
-    // Each rank agrees and builds its transport on its own thread (RCCL's init is collective).
-    std::thread::scope(|s| {
-        let handles: Vec<_> = boots
-            .into_iter()
-            .zip(devices.iter().cloned())
-            .map(|(boot, device)| {
-                let ipc = ipc.next();
-                let routing = routing.clone();
-                s.spawn(move || -> Result<RocmCollective, Error> {
-                    let rccl = !shared;
-                    let boot: Arc<dyn Bootstrap> = Arc::new(boot);
-                    let d = facts(Ok(device.ordinal()), routing, config, rccl).agree(&*boot)?;
-                    let transport = transport(&d, &device, &*boot, config)?;
-                    Routed::new(boot.rank(), world, config.capacity(), d.routing, ipc, transport)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(panicked()))).collect()
-    })
+    let ipc = HipIpcCollective::group(&devices, &ipc_config(config, &routing))?;
+    // RCCL refuses two ranks of one process on one GPU: offered only where no GPU is shared.
+    let rccl = !(1..world).any(|r| ordinals[..r].contains(&ordinals[r]));
+    thread_ranks(&devices, ipc, &routing, config, |device, routing| facts(Ok(device.ordinal()), routing, config, rccl))
 }
-
-fn panicked() -> Error {
-    Error::Backend { backend: "collective-factory", detail: "a rank's construction thread panicked".into() }
-}
-
-/// The HIP IPC configuration of `config` under `routing`.
 
 /// What this rank reports to the agreement: on GPU `ordinal` (a failure to find it travels in
 /// the facts), RCCL offered when `rccl` and it loads. Local failures travel in `errors` and
