@@ -67,16 +67,6 @@ where
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(Error::Backend {
-                        backend: "collective-factory",
-                        detail: "a rank's construction thread panicked".into(),
-                    })
-                })
-            })
-            .collect()
+        crate::threads::join_ranks(handles)
     })
 }

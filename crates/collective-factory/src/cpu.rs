@@ -56,16 +56,7 @@ pub fn thread_group(world: usize, config: &Config) -> Result<Vec<CpuCollective>,
             .iter()
             .map(|b| s.spawn(move || with_transport(b, config, None::<fn() -> Result<crate::NoTransport<()>, Error>>)))
             .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(Error::Backend {
-                        backend: "collective-factory",
-                        detail: "a rank's construction thread panicked".into(),
-                    })
-                })
-            })
-            .collect()
+        crate::threads::join_ranks(hs)
     })
 }
 

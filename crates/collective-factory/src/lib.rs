@@ -31,6 +31,8 @@ mod config;
 mod platform;
 mod routed;
 mod routing;
+#[cfg(any(feature = "cpu", feature = "cuda", feature = "rocm"))]
+mod threads;
 
 /// The agreement's internals (facts every rank reports, the pure decision): for tests and
 /// tools, not covered by semver.

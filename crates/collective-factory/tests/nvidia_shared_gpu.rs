@@ -16,12 +16,8 @@ use std::time::Instant;
 static ONE_WORLD: Mutex<()> = Mutex::new(());
 
 fn world_on_one_gpu(world: usize) {
-    match cuda_ipc::driver::device_count() {
-        Ok(n) if n > 0 => {}
-        other => {
-            println!("skipped: no CUDA device ({other:?})");
-            return;
-        }
+    if !shared_gpu::gpu_present() {
+        return;
     }
     let _one = ONE_WORLD.lock().unwrap_or_else(|e| e.into_inner());
     // Rank r on GPU r % count: on the one-GPU device machine every rank shares GPU 0; on a
@@ -71,12 +67,8 @@ fn readme_pattern_world8_threads_on_one_gpu() {
 /// order they were made, across streams.
 #[test]
 fn two_threads_with_their_own_streams_on_one_rank_are_atomic() {
-    match cuda_ipc::driver::device_count() {
-        Ok(n) if n > 0 => {}
-        other => {
-            println!("skipped: no CUDA device ({other:?})");
-            return;
-        }
+    if !shared_gpu::gpu_present() {
+        return;
     }
     let _one = ONE_WORLD.lock().unwrap_or_else(|e| e.into_inner());
     const CALLS: usize = 50;

@@ -26,12 +26,8 @@ fn readme_pattern_world4_processes_on_one_gpu() {
         println!("VERDICT routes {routes:?}");
         return;
     }
-    match cuda_ipc::driver::device_count() {
-        Ok(n) if n > 0 => {}
-        other => {
-            println!("skipped: no CUDA device ({other:?})");
-            return;
-        }
+    if !shared_gpu::gpu_present() {
+        return;
     }
     let world = 4;
     let exe = std::env::current_exe().unwrap();

@@ -218,9 +218,7 @@ impl<D: IpcDevice> IpcCollective<D> {
         // this stream, one generation each (the double-buffered frames pipeline them).
         let chunks =
             Chunks::single(&call, self.rank, self.world, route, self.config.capacity, ipc.layout.ll_capacity())?;
-        // SAFETY: a live stream of this device (caller).
-        unsafe { order.before(&self.device, stream) }.map_err(|e| self.fail(e))?;
-        self.in_step(|| {
+        let launch = || {
             for plan in chunks {
                 let p: ParamsSingle =
                     params::pack(&ipc.fixed, &plan?, call.in_place && op == Op::AllGather, D::BACKEND)?;
@@ -230,9 +228,9 @@ impl<D: IpcDevice> IpcCollective<D> {
                     .map_err(|e| self.fail(e))?;
             }
             Ok(())
-        })?;
-        // SAFETY: as above.
-        unsafe { order.after(&self.device, stream) }.map_err(|e| self.fail(e))
+        };
+        // SAFETY: a live stream of this device (caller).
+        unsafe { self.run_call(&mut order, stream, launch) }
     }
 
     /// Takes this handle's call lock (see `calls`). A thread that panicked inside a call
@@ -246,14 +244,28 @@ impl<D: IpcDevice> IpcCollective<D> {
         })
     }
 
-    /// Runs `launch` (every launch of one call) as one step of the lockstep of the ranks
-    /// sharing this device, or at once for a rank with a device of its own. A lockstep wait
-    /// that fails poisons this rank (its peers' kernels of this call would wait in vain).
-    fn in_step(&self, launch: impl FnOnce() -> Result<(), Error>) -> Result<(), Error> {
+    /// Runs `launch` (every launch of one call on `stream`) in the handle's order: after the
+    /// rank's previous call when that was on another stream (`order.rs`), and as one step of
+    /// the lockstep of the ranks sharing this device (`lockstep.rs`; at once for a rank with a
+    /// device of its own). A failure here poisons this rank (its peers' kernels of this call
+    /// would wait in vain).
+    ///
+    /// # Safety
+    /// `stream` is a live stream of this rank's device.
+    unsafe fn run_call(
+        &self,
+        order: &mut StreamOrder<D::Event>,
+        stream: RawStream,
+        launch: impl FnOnce() -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        // SAFETY: `stream` is live (caller).
+        unsafe { order.before(&self.device, stream) }.map_err(|e| self.fail(e))?;
         match &self.lockstep {
-            None => launch(),
-            Some(m) => m.step(self.config.timeouts().peer, launch).map_err(|e| self.fail(e)),
+            None => launch()?,
+            Some(m) => m.step(self.config.timeouts().peer, launch).map_err(|e| self.fail(e))?,
         }
+        // SAFETY: as above.
+        unsafe { order.after(&self.device, stream) }.map_err(|e| self.fail(e))
     }
 
     /// The route `op` takes when asked for `route`, or why it cannot.
@@ -304,9 +316,7 @@ impl<D: IpcDevice> IpcCollective<D> {
             return Ok(());
         };
         let (capacity, ll) = (self.config.capacity, ipc.layout.ll_capacity());
-        // SAFETY: a live stream of this device (caller).
-        unsafe { order.before(&self.device, stream) }.map_err(|e| self.fail(e))?;
-        self.in_step(|| {
+        let launch = || {
             for plan in Chunks::many(&calls, sig, self.rank, self.world, route, capacity, ll) {
                 let p: ParamsMany = params::pack(&ipc.fixed, &plan?, false, D::BACKEND)?;
                 // SAFETY: the many-lane kernel takes `DcParams<32>`; addresses as in `enqueue`.
@@ -314,9 +324,9 @@ impl<D: IpcDevice> IpcCollective<D> {
                     .map_err(|e| self.fail(e))?;
             }
             Ok(())
-        })?;
-        // SAFETY: as above.
-        unsafe { order.after(&self.device, stream) }.map_err(|e| self.fail(e))
+        };
+        // SAFETY: a live stream of this device (caller).
+        unsafe { self.run_call(&mut order, stream, launch) }
     }
 
     /// Close: synchronises this rank's device (no kernel of ours may still read a peer),

@@ -34,6 +34,17 @@ pub const EVERY_IPC_ROUTE: &str = r#"{"platform":"nvidia","source":"test: every 
 /// Staging bytes per rank: calls above it run in chunks.
 pub const CAPACITY: usize = 256 << 10;
 
+/// Whether a CUDA GPU is here; prints the skip (and why) when not.
+pub fn gpu_present() -> bool {
+    match cuda_ipc::driver::device_count() {
+        Ok(n) if n > 0 => true,
+        other => {
+            println!("skipped: no CUDA device ({other:?})");
+            false
+        }
+    }
+}
+
 /// DETCOLL_SHARED_GPU_CALLS: calls per world (default 10,000).
 pub fn calls() -> usize {
     match std::env::var("DETCOLL_SHARED_GPU_CALLS") {
