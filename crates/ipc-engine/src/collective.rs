@@ -218,19 +218,14 @@ impl<D: IpcDevice> IpcCollective<D> {
         // this stream, one generation each (the double-buffered frames pipeline them).
         let chunks =
             Chunks::single(&call, self.rank, self.world, route, self.config.capacity, ipc.layout.ll_capacity())?;
-        let launch = || {
-            for plan in chunks {
-                let p: ParamsSingle =
-                    params::pack(&ipc.fixed, &plan?, call.in_place && op == Op::AllGather, D::BACKEND)?;
-                // SAFETY: the single-lane kernel takes `DcParams<16>`; the addresses are the
-                // group's allocations (alive while `self` is) and the caller's validated views.
-                unsafe { self.device.launch(&ipc.kernels, Launch::Single(&p), p.h.grid, stream) }
-                    .map_err(|e| self.fail(e))?;
-            }
-            Ok(())
+        let launch = |plan| {
+            let p: ParamsSingle = params::pack(&ipc.fixed, &plan, call.in_place && op == Op::AllGather, D::BACKEND)?;
+            // SAFETY: the single-lane kernel takes `DcParams<16>`; the addresses are the
+            // group's allocations (alive while `self` is) and the caller's validated views.
+            unsafe { self.device.launch(&ipc.kernels, Launch::Single(&p), p.h.grid, stream) }.map_err(|e| self.fail(e))
         };
         // SAFETY: a live stream of this device (caller).
-        unsafe { self.run_call(&mut order, stream, launch) }
+        unsafe { self.run_call(&mut order, stream, chunks, launch) }
     }
 
     /// Takes this handle's call lock (see `calls`). A thread that panicked inside a call
@@ -244,25 +239,32 @@ impl<D: IpcDevice> IpcCollective<D> {
         })
     }
 
-    /// Runs `launch` (every launch of one call on `stream`) in the handle's order: after the
-    /// rank's previous call when that was on another stream (`order.rs`), and as one step of
-    /// the lockstep of the ranks sharing this device (`lockstep.rs`; at once for a rank with a
-    /// device of its own). A failure here poisons this rank (its peers' kernels of this call
-    /// would wait in vain).
+    /// Runs one call on `stream`: `launch` once per plan of `plans` (one, or the call's
+    /// chunks), in the handle's order — after the rank's previous call when that was on
+    /// another stream (`order.rs`) — and each launch as one step of the lockstep of the ranks
+    /// sharing this device (`lockstep.rs`; at once for a rank with a device of its own).
+    /// Per launch, not per call: a rank's chunks are ordered on its stream, so a peer's chunk
+    /// `i` enqueued behind this rank's chunk `i + 1` in a hardware queue the two streams share
+    /// would never start (measured: thread ranks on one H200 timing out in chunked calls while
+    /// the lockstep was per call). A failure here poisons this rank (its peers' kernels of this
+    /// call would wait in vain).
     ///
     /// # Safety
     /// `stream` is a live stream of this rank's device.
-    unsafe fn run_call(
+    unsafe fn run_call<P>(
         &self,
         order: &mut StreamOrder<D::Event>,
         stream: RawStream,
-        launch: impl FnOnce() -> Result<(), Error>,
+        plans: impl IntoIterator<Item = Result<P, Error>>,
+        mut launch: impl FnMut(P) -> Result<(), Error>,
     ) -> Result<(), Error> {
         // SAFETY: `stream` is live (caller).
         unsafe { order.before(&self.device, stream) }.map_err(|e| self.fail(e))?;
-        match &self.lockstep {
-            None => launch()?,
-            Some(m) => m.step(self.config.timeouts().peer, launch).map_err(|e| self.fail(e))?,
+        for plan in plans {
+            match &self.lockstep {
+                None => launch(plan?)?,
+                Some(m) => m.step(self.config.timeouts().peer, || launch(plan?)).map_err(|e| self.fail(e))?,
+            }
         }
         // SAFETY: as above.
         unsafe { order.after(&self.device, stream) }.map_err(|e| self.fail(e))
@@ -316,17 +318,14 @@ impl<D: IpcDevice> IpcCollective<D> {
             return Ok(());
         };
         let (capacity, ll) = (self.config.capacity, ipc.layout.ll_capacity());
-        let launch = || {
-            for plan in Chunks::many(&calls, sig, self.rank, self.world, route, capacity, ll) {
-                let p: ParamsMany = params::pack(&ipc.fixed, &plan?, false, D::BACKEND)?;
-                // SAFETY: the many-lane kernel takes `DcParams<32>`; addresses as in `enqueue`.
-                unsafe { self.device.launch(&ipc.kernels, Launch::Many(&p), p.h.grid, stream) }
-                    .map_err(|e| self.fail(e))?;
-            }
-            Ok(())
+        let chunks = Chunks::many(&calls, sig, self.rank, self.world, route, capacity, ll);
+        let launch = |plan| {
+            let p: ParamsMany = params::pack(&ipc.fixed, &plan, false, D::BACKEND)?;
+            // SAFETY: the many-lane kernel takes `DcParams<32>`; addresses as in `enqueue`.
+            unsafe { self.device.launch(&ipc.kernels, Launch::Many(&p), p.h.grid, stream) }.map_err(|e| self.fail(e))
         };
         // SAFETY: a live stream of this device (caller).
-        unsafe { self.run_call(&mut order, stream, launch) }
+        unsafe { self.run_call(&mut order, stream, chunks, launch) }
     }
 
     /// Close: synchronises this rank's device (no kernel of ours may still read a peer),

@@ -10,15 +10,18 @@
 //! Users meet this with the plainest code (`clone_htod`, `alloc_zeros`, the collective,
 //! `clone_dtoh`, per thread), so the engine carries the rule, not the user.
 //!
-//! [`Member::step`] makes each call one step of all members: no member launches call `k` until
-//! every member has arrived at it (finished everything it enqueued or called before it), and no
-//! member returns from call `k` until every member has launched it. Between the two barriers a
-//! member only launches, so every member's work before call `k`, every launch of call `k` and
-//! every member's work after it reach the device in that order. Every wait is bounded by the
+//! [`Member::step`] makes each launch one step of all members (a call is one launch, or one per
+//! chunk above the staging capacity): no member makes launch `k` until every member has arrived
+//! at it (finished everything it enqueued or called before it), and no member goes on from
+//! launch `k` until every member has made it. Between the two barriers a member only launches,
+//! so every member's work before launch `k`, every member's launch `k` and every member's work
+//! after it reach the device in that order — also in a hardware queue that several ranks'
+//! streams share, where a peer's launch `k` behind this rank's launch `k + 1` (which waits on
+//! the stream for this rank's launch `k`, which waits for that peer) would never start. Every wait is bounded by the
 //! peer timeout; a member that is late, fails or closes breaks the lockstep, and every member's
 //! waiting or later call fails with a typed error instead of hanging.
 //!
-//! The cost is two in-process barriers per call (atomics, spinning then yielding) on ranks that
+//! The cost is two in-process barriers per launch (atomics, spinning then yielding) on ranks that
 //! share a GPU in one process; ranks in their own processes (MPS too) or on their own GPUs have
 //! no lockstep. Calls that fail validation never reach the lockstep, so a call that is invalid
 //! on every rank leaves it aligned.
@@ -147,9 +150,9 @@ impl Lockstep {
 }
 
 impl Member {
-    /// Runs `launch` (every launch of this rank's next call) as one step of the lockstep:
-    /// after every member arrived at the call, before any member returns from it. A failure
-    /// of `launch` breaks the lockstep (the peers' kernels of this call would wait in vain).
+    /// Runs `launch` (this rank's next launch: a call, or one chunk of it) as one step of the
+    /// lockstep: after every member arrived at it, before any member goes on from it. A failure
+    /// of `launch` breaks the lockstep (the peers' kernels of this launch would wait in vain).
     pub(crate) fn step<T>(&self, bound: Duration, launch: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
         let s = &*self.shared;
         let me = s.ranks[self.index];
