@@ -115,7 +115,10 @@ impl Signature {
     /// A 32-bit digest carried in the same word as the generation, so one acquire load sees
     /// both. FNV-1a over the packed words; never zero (zero means "nothing published").
     pub const fn digest(&self) -> u32 {
-        let w = self.pack();
+        Signature::digest_of(self.pack())
+    }
+    /// [`Signature::digest`] of packed words (what a waiter reads from a peer's signature slot).
+    pub const fn digest_of(w: [u64; 2]) -> u32 {
         let mut h: u32 = 0x811c_9dc5;
         let mut i = 0;
         while i < 16 {

@@ -37,6 +37,8 @@ pub enum Vendor {
     Nvidia,
     /// AMD (ROCm/HIP, `librccl.so.1`).
     Amd,
+    /// The host (the CPU twin's executor): no transport library.
+    Host,
 }
 
 /// The kernel parameter block of one collective launch: which entry point takes it.

@@ -38,7 +38,9 @@
 
 mod collective;
 mod config;
+mod device;
 mod engine;
+mod executor;
 mod guard;
 mod region;
 #[doc(hidden)]
@@ -47,3 +49,4 @@ mod wait;
 
 pub use collective::ShmCollective;
 pub use config::ShmConfig;
+pub use device::{HostAllocation, HostDevice, HostKernels, HostMapping, HostRecord, HostStaging};

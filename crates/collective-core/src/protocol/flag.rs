@@ -28,6 +28,10 @@ impl FlagWord {
     pub const fn publish(generation: u32, sig: &Signature) -> FlagWord {
         FlagWord((generation as u64) << 32 | sig.digest() as u64)
     }
+    /// The word for generation `generation` of a call whose signature digest is `digest`.
+    pub const fn of(generation: u32, digest: u32) -> FlagWord {
+        FlagWord((generation as u64) << 32 | digest as u64)
+    }
     /// Generation part.
     pub const fn generation(self) -> u32 {
         (self.0 >> 32) as u32

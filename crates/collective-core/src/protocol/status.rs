@@ -31,6 +31,9 @@ pub const ERR_MISMATCH: u64 = 3;
 pub const ERR_CORRUPT: u64 = 4;
 pub const ERR_PEER_FAILED: u64 = 5;
 pub const ERR_PEER_CLOSED: u64 = 6;
+/// Recorded by the host executor only (the CPU twin, `shm-ipc`): the peer's process exited
+/// while this rank waited for it (`observed` is its process id). No GPU kernel can see this.
+pub const ERR_PEER_EXITED: u64 = 7;
 
 fn describe(w0: u64, w1: u64) -> String {
     Signature::unpack([w0, w1]).map_or_else(|| format!("an unreadable signature [{w0:#x}, {w1:#x}]"), |s| s.to_string())
@@ -73,6 +76,10 @@ pub fn decode(w: &[u64; RECORD_WORDS], timeout: Duration, backend: &'static str)
             ),
         },
         ERR_PEER_CLOSED => Error::PeerClosed { peer, what: "complete a call that needs it" },
+        ERR_PEER_EXITED => Error::PeerDied {
+            peer,
+            detail: format!("its process {observed} exited while this rank waited for it in generation {generation}"),
+        },
         other => Error::Backend { backend, detail: format!("unknown error code {other} in the device error record") },
     }
 }

@@ -1,0 +1,290 @@
+//! The CPU twin as one more device of the engine: [`HostDevice`] implements the engine's
+//! `Device` and `IpcDevice` traits on host memory, and its "kernel" is the reference executor
+//! of the kernel ABI (`executor`). So `IpcCollective<HostDevice>` runs the engine's whole
+//! per-call path — validation, routes, chunks, packing, the error record, poison, close — on
+//! the CPU, with the protocol executed from the same parameters the GPU kernels receive.
+//!
+//! What a host device is: a stream is `()` (every launch runs to completion on the calling
+//! thread before it returns, so streams, events and synchronisation are trivial); memory is the
+//! heap (ranks that are threads) or a shared object in `/dev/shm` (ranks that are processes);
+//! every rank is its own device (no two ranks share "hardware", so the engine forms no
+//! lockstep); one block per launch (a host thread is one block's worth of parallelism).
+use crate::executor::{self, Watch};
+use crate::region::{Handle, Region, Share};
+use crate::wait::alive;
+use collective_core::protocol::params::{MAX_WORLD, RankMemory};
+use collective_core::protocol::status::RECORD_WORDS;
+use collective_core::protocol::{Header, Layout};
+use collective_core::{DType, Error};
+use ipc_engine::{Device, IpcDevice, Launch, RawStream, Vendor};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Backend name in errors.
+pub(crate) const BACKEND: &str = "shm-ipc";
+
+/// A host "device": one rank's memory and executor. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct HostDevice {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// Whether staging is a shared object other processes can map (else heap).
+    shared: bool,
+    /// Process ids of the ranks whose staging this device mapped (rank -> pid), for the
+    /// executor's waits: a peer process that exited will never publish.
+    peers: Mutex<[Option<u32>; MAX_WORLD]>,
+}
+
+impl HostDevice {
+    /// A device for a rank that is a thread of this process (heap staging).
+    pub fn threads() -> HostDevice {
+        HostDevice::with(false)
+    }
+
+    /// A device for a rank that is a process of its own (staging in `/dev/shm`, mapped by the
+    /// peers).
+    pub fn process() -> HostDevice {
+        HostDevice::with(true)
+    }
+
+    fn with(shared: bool) -> HostDevice {
+        HostDevice { inner: Arc::new(Inner { shared, peers: Mutex::new([None; MAX_WORLD]) }) }
+    }
+}
+
+impl Watch for HostDevice {
+    fn exited(&self, peer: usize) -> Option<u32> {
+        let pid = self.inner.peers.lock().ok()?.get(peer).copied().flatten()?;
+        (!alive(pid)).then_some(pid)
+    }
+}
+
+/// Host memory of [`Device::alloc`]: 256-byte aligned, zeroed.
+#[derive(Debug)]
+pub struct HostAllocation(Region);
+
+/// One rank's staging: its region and, when shared, what keeps it reachable by peers.
+#[derive(Debug)]
+pub struct HostStaging {
+    region: Region,
+    share: Option<Share>,
+}
+
+/// A peer process's staging mapped into this one.
+#[derive(Debug)]
+pub struct HostMapping(Region);
+
+/// The executor needs no loading.
+#[derive(Debug)]
+pub struct HostKernels;
+
+/// The error record: host words the executor writes like a kernel writes its mapped record.
+#[derive(Debug)]
+pub struct HostRecord(Box<[AtomicU64; RECORD_WORDS]>);
+
+fn host_address(p: *const u8) -> u64 {
+    p as u64
+}
+
+impl Device for HostDevice {
+    type Stream = ();
+    type Allocation = HostAllocation;
+    type Event = ();
+    const VENDOR: Vendor = Vendor::Host;
+
+    fn describe(&self) -> String {
+        format!("host executor ({} staging)", if self.inner.shared { "/dev/shm" } else { "heap" })
+    }
+    fn raw_stream(&self, _stream: &()) -> Result<RawStream, Error> {
+        Ok(RawStream(core::ptr::null_mut()))
+    }
+    fn bind(&self) -> Result<(), Error> {
+        Ok(())
+    }
+    fn alloc(&self, bytes: usize) -> Result<HostAllocation, Error> {
+        Region::heap(bytes).map(HostAllocation)
+    }
+    fn address(&self, allocation: &HostAllocation) -> u64 {
+        host_address(allocation.0.base())
+    }
+    fn leak(&self, allocation: HostAllocation) {
+        core::mem::forget(allocation);
+    }
+    unsafe fn copy(&self, dst: u64, src: u64, bytes: usize, _stream: RawStream) -> Result<(), Error> {
+        // SAFETY: both ranges valid and disjoint (the caller's contract).
+        unsafe { core::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, bytes) };
+        Ok(())
+    }
+    unsafe fn tree(
+        &self,
+        inputs: &[u64],
+        out: u64,
+        count: usize,
+        dtype: DType,
+        _stream: RawStream,
+    ) -> Result<(), Error> {
+        if inputs.is_empty() || inputs.len() > MAX_WORLD {
+            return Err(Error::UnsupportedWorldSize { world: inputs.len() });
+        }
+        let bytes = count
+            .checked_mul(dtype.size())
+            .ok_or(Error::InvalidConfig { detail: format!("a tree of {count} elements overflows the address space") })?
+            as u64;
+        // SAFETY: every input readable and `out` writable for `count` elements (caller).
+        unsafe { executor::tree(dtype as u32, inputs, out, bytes) };
+        Ok(())
+    }
+    fn event(&self) -> Result<(), Error> {
+        Ok(())
+    }
+    unsafe fn record(&self, _event: &(), _stream: RawStream) -> Result<(), Error> {
+        Ok(())
+    }
+    unsafe fn wait_event(&self, _stream: RawStream, _event: &()) -> Result<(), Error> {
+        Ok(())
+    }
+    fn event_done(&self, _event: &()) -> Result<bool, Error> {
+        Ok(true)
+    }
+    unsafe fn stream_done(&self, _stream: RawStream) -> Result<bool, Error> {
+        Ok(true)
+    }
+}
+
+impl IpcDevice for HostDevice {
+    type Staging = HostStaging;
+    type PeerMapping = HostMapping;
+    type Kernels = HostKernels;
+    type Record = HostRecord;
+    const BACKEND: &'static str = BACKEND;
+    const GRAPH_CAPTURE: bool = false;
+
+    fn identity(&self) -> Result<[u8; 16], Error> {
+        // Every rank is a device of its own: the engine's "same GPU" questions answer no.
+        let mut id = [0u8; 16];
+        id[..8].copy_from_slice(&(Arc::as_ptr(&self.inner) as u64).to_le_bytes());
+        id[8..12].copy_from_slice(&std::process::id().to_le_bytes());
+        Ok(id)
+    }
+    fn multiprocessors(&self) -> Result<usize, Error> {
+        Ok(1)
+    }
+    fn same_device(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+    fn enable_peer_access(&self, _to: &Self) -> Result<(), Error> {
+        Ok(())
+    }
+    fn synchronize(&self) -> Result<(), Error> {
+        Ok(())
+    }
+    fn kernels(&self) -> Result<Arc<HostKernels>, Error> {
+        Ok(Arc::new(HostKernels))
+    }
+    fn kernel_origin(_kernels: &HostKernels) -> String {
+        "host executor (shm-ipc)".into()
+    }
+    fn grid_limit(_kernels: &HostKernels) -> u32 {
+        1
+    }
+    unsafe fn launch(
+        &self,
+        _kernels: &HostKernels,
+        params: Launch<'_>,
+        _grid: u32,
+        _stream: RawStream,
+    ) -> Result<(), Error> {
+        // SAFETY: the engine packed `params` for this rank's live group (the caller's contract).
+        unsafe {
+            match params {
+                Launch::Single(p) => executor::collective(&p.h, &p.seg, self),
+                Launch::Many(p) => executor::collective(&p.h, &p.seg, self),
+                Launch::Copy(p) => {
+                    core::ptr::copy(p.src as *const u8, p.dst as *mut u8, p.bytes as usize);
+                }
+            }
+        }
+        Ok(())
+    }
+    fn alloc_staging(&self, layout: &Layout, header: &Header) -> Result<HostStaging, Error> {
+        let len = layout.total_bytes();
+        let (region, share) = if self.inner.shared {
+            let stem = format!("detcoll-{}-{}", std::process::id(), header.rank);
+            let (r, s) = Region::create_shared(&stem, len)?;
+            (r, Some(s))
+        } else {
+            (Region::heap(len)?, None)
+        };
+        let base = region.base();
+        for (i, w) in header.to_words().iter().enumerate() {
+            // SAFETY: the header words lie at the start of the fresh, zeroed region.
+            unsafe { &*base.add(layout.header() + 8 * i).cast::<AtomicU64>() }.store(*w, Ordering::Release);
+        }
+        Ok(HostStaging { region, share })
+    }
+    fn staging_memory(staging: &HostStaging, layout: &Layout) -> RankMemory {
+        RankMemory::one_allocation(layout, host_address(staging.region.base()))
+    }
+    fn leak_staging(staging: HostStaging) {
+        core::mem::forget(staging);
+    }
+    fn export_staging(&self, staging: &HostStaging) -> Result<Vec<u8>, Error> {
+        let Some(share) = &staging.share else {
+            return Err(Error::InvalidConfig {
+                detail: "heap staging cannot be shared with another process (use HostDevice::process)".into(),
+            });
+        };
+        let mut bytes = std::process::id().to_le_bytes().to_vec();
+        bytes.extend_from_slice(&(staging.region.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(share.handle.encode().as_bytes());
+        Ok(bytes)
+    }
+    fn import_staging(&self, peer: usize, exported: &[u8]) -> Result<HostMapping, Error> {
+        let bad =
+            || Error::Backend { backend: BACKEND, detail: format!("rank {peer} sent a malformed staging handle") };
+        if peer >= MAX_WORLD || exported.len() < 12 {
+            return Err(bad());
+        }
+        let pid = u32::from_le_bytes(exported[..4].try_into().map_err(|_| bad())?);
+        let len = u64::from_le_bytes(exported[4..12].try_into().map_err(|_| bad())?);
+        let len = usize::try_from(len).map_err(|_| bad())?;
+        let handle = std::str::from_utf8(&exported[12..]).ok().and_then(Handle::decode).ok_or_else(bad)?;
+        // The region checks the object holds `len` bytes; the engine then checks the peer's
+        // header against the agreed layout.
+        let region = Region::open_shared(peer, &handle, len)?;
+        if let Ok(mut p) = self.inner.peers.lock() {
+            p[peer] = Some(pid);
+        }
+        Ok(HostMapping(region))
+    }
+    fn mapping_memory(mapping: &HostMapping, layout: &Layout) -> RankMemory {
+        RankMemory::one_allocation(layout, host_address(mapping.0.base()))
+    }
+    fn read_words(&self, src: u64, words: &mut [u64]) -> Result<(), Error> {
+        for (i, w) in words.iter_mut().enumerate() {
+            // SAFETY: the engine reads control words of live stagings only.
+            *w = unsafe { &*((src + 8 * i as u64) as *const AtomicU64) }.load(Ordering::Acquire);
+        }
+        Ok(())
+    }
+    fn write_word(&self, dst: u64, value: u64) -> Result<(), Error> {
+        // SAFETY: the engine writes control words of live stagings only.
+        unsafe { &*(dst as *const AtomicU64) }.store(value, Ordering::Release);
+        Ok(())
+    }
+    fn error_record(&self) -> Result<HostRecord, Error> {
+        Ok(HostRecord(Box::new(core::array::from_fn(|_| AtomicU64::new(0)))))
+    }
+    fn record_address(record: &HostRecord) -> u64 {
+        record.0.as_ptr() as u64
+    }
+    fn record_words(record: &HostRecord) -> [u64; RECORD_WORDS] {
+        core::array::from_fn(|i| record.0[i].load(Ordering::Acquire))
+    }
+    fn record_code(record: &HostRecord) -> u64 {
+        record.0[0].load(Ordering::Acquire)
+    }
+}
