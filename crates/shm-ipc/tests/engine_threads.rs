@@ -1,12 +1,13 @@
 //! The conformance suite on the CPU twin as a device of the engine: `IpcCollective<HostDevice>`
-//! with ranks as threads of one process, every route taken (LL push up to 8 KiB per rank,
-//! one-shot above, RS+AG all_reduce from 32 KiB, bulk push from 64 KiB; calls above the staging
-//! capacity in chunks), the protocol run by the host executor of the kernel ABI.
+//! with ranks as threads of one process, every route taken (see `common::engine_config`), the
+//! protocol run by the host executor of the kernel ABI.
+mod common;
+
 use collective_core::Collective;
 use collective_core::conformance::{HostRank, TestBackend, run_owned};
-use collective_core::protocol::{IpcConfig, Timeouts};
 use ipc_engine::IpcCollective;
 use shm_ipc::HostDevice;
+use std::time::Duration;
 
 struct EngineThreads;
 
@@ -22,11 +23,7 @@ impl TestBackend for EngineThreads {
         _test: &str,
         case: &(dyn Fn(&mut Self::Rank) -> Result<(), String> + Sync),
     ) -> Result<(), String> {
-        let mut config = IpcConfig::new(capacity)
-            .with_rsag_threshold(32 << 10)
-            .with_push_threshold(8 << 10)
-            .with_bulk_threshold(64 << 10);
-        config.timeouts = Some(Timeouts { peer: std::time::Duration::from_secs(20), ..Default::default() });
+        let config = common::engine_config(capacity, Duration::from_secs(20));
         let devices: Vec<HostDevice> = (0..world).map(|_| HostDevice::threads()).collect();
         let comms = IpcCollective::group(&devices, &config).map_err(|e| e.to_string())?;
         let ranks = comms.into_iter().map(|comm| HostRank { comm }).collect();
