@@ -122,6 +122,11 @@ impl<D: IpcDevice> IpcCollective<D> {
         self.poison.record(e)
     }
 
+    /// Bytes of staging and control this rank keeps for its lifetime (0 at world 1).
+    pub fn workspace_bytes(&self) -> usize {
+        self.ipc.as_ref().map_or(0, |ipc| ipc.layout.total_bytes())
+    }
+
     /// Test hook: puts this rank's protocol state where `start` one-shot calls would have left
     /// it — the device generation counter at `start`, every ready flag and every push header
     /// in this rank's memory published at `start` — and leaves the phase-2 flags as

@@ -8,7 +8,7 @@ use crate::state::{IpcState, Owner};
 use collective_core::bootstrap::Bootstrap;
 use collective_core::process::ProcessOwner;
 use collective_core::protocol::params::{Fixed, RankMemory, THREADS};
-use collective_core::protocol::{HEADER_WORDS, Header, IpcConfig, Layout, Poison, close};
+use collective_core::protocol::{HEADER_WORDS, Header, IpcConfig, Layout, Poison, close, failure};
 use collective_core::{Error, SUPPORTED_WORLD_SIZES};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -174,22 +174,41 @@ impl<D: IpcDevice> IpcCollective<D> {
     /// processes on an H200; with 32, worlds of 4 or more fail at context creation with
     /// `CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED`).
     pub fn new(boot: Box<dyn Bootstrap>, device: D, config: &IpcConfig) -> Result<Self, Error> {
-        config.check()?;
+        let mut c = Self::connect(&*boot, device, config)?;
+        if let Some(IpcState { owner: Owner::Process { boot: kept, .. }, .. }) = &mut c.ipc {
+            *kept = Some(boot);
+        }
+        Ok(c)
+    }
+
+    /// [`IpcCollective::new`] for a caller that keeps the bootstrap alive itself (its
+    /// connections, and the peers' view of this rank as alive, as long as the collective).
+    ///
+    /// Every exchange carries either this rank's message or its failure (an invalid
+    /// configuration, an allocation or mapping that failed, a peer header that disagrees), so
+    /// a failure on one rank fails every rank at once with an error of the same kind naming
+    /// that rank, instead of leaving the others waiting for the bootstrap's timeout.
+    pub fn connect(boot: &dyn Bootstrap, device: D, config: &IpcConfig) -> Result<Self, Error> {
         let (rank, world) = (boot.rank(), boot.world_size());
         check_world(world)?;
         if world == 1 {
+            config.check()?;
             return Ok(Self::assemble(0, 1, &device, config, None));
         }
         // Exchange 1: what every rank must agree on, then its device facts.
         let words = config.agreement_words();
         let agreed = 8 * words.len();
-        let mut mine = Vec::with_capacity(agreed + 24);
-        for w in words {
-            mine.extend_from_slice(&w.to_le_bytes());
-        }
-        mine.extend_from_slice(&(device.multiprocessors()? as u64).to_le_bytes());
-        mine.extend_from_slice(&device.identity()?);
-        let all = boot.all_gather_bytes(&mine)?;
+        let mine = config.check().and_then(|()| {
+            let mut mine = Vec::with_capacity(agreed + 24);
+            for w in words {
+                mine.extend_from_slice(&w.to_le_bytes());
+            }
+            mine.extend_from_slice(&(device.multiprocessors()? as u64).to_le_bytes());
+            mine.extend_from_slice(&device.identity()?);
+            Ok(mine)
+        });
+        let all = exchange(boot, mine)?;
+        let mine = &all[rank];
         for (q, theirs) in all.iter().enumerate() {
             if theirs.len() != mine.len() || theirs[..agreed] != mine[..agreed] {
                 return Err(Error::ConfigMismatch {
@@ -211,41 +230,67 @@ impl<D: IpcDevice> IpcCollective<D> {
                 b
             }
         };
-        let config = resolved(config, blocks)?;
-        let layout = Layout::with_ll(config.capacity, blocks, world, config.ll_capacity)?;
-        let kernels = device.kernels()?;
+        // Exchange 2: this rank's staging, allocated and exported (or why not).
         let header = Header {
             world: world as u64,
             rank: rank as u64,
             capacity: config.capacity as u64,
             blocks: blocks as u64,
             pid: u64::from(std::process::id()),
-            ll_capacity: layout.ll_capacity() as u64,
+            ll_capacity: 0,
         };
-        let own = device.alloc_staging(&layout, &header)?;
-        // Exchange 2: IPC handles, opened once.
-        let handles = boot.all_gather_bytes(&device.export_staging(&own)?)?;
+        let prepared = resolved(config, blocks).and_then(|config| {
+            let layout = Layout::with_ll(config.capacity, blocks, world, config.ll_capacity)?;
+            let kernels = device.kernels()?;
+            let header = Header { ll_capacity: layout.ll_capacity() as u64, ..header };
+            let own = device.alloc_staging(&layout, &header)?;
+            let exported = device.export_staging(&own)?;
+            Ok((config, layout, kernels, header, own, exported))
+        });
+        let (message, prepared) = match prepared {
+            Ok((config, layout, kernels, header, own, exported)) => {
+                (Ok(exported), Some((config, layout, kernels, header, own)))
+            }
+            Err(e) => (Err(e), None),
+        };
+        let handles = exchange(boot, message)?;
+        let Some((config, layout, kernels, header, own)) = prepared else {
+            unreachable!("the exchange returns a failed rank's own failure")
+        };
+        // Exchange 3: every peer mapped and its header checked (or why not); nobody launches
+        // before everyone has opened (and zeroed) everything.
         let mut mappings = Vec::with_capacity(world - 1);
         let mut mems = vec![D::staging_memory(&own, &layout); world];
-        for (q, h) in handles.iter().enumerate() {
-            if q == rank {
-                continue;
+        let opened = (|| {
+            for (q, h) in handles.iter().enumerate() {
+                if q == rank {
+                    continue;
+                }
+                let m = device.import_staging(q, h)?;
+                mems[q] = D::mapping_memory(&m, &layout);
+                // The peer's header must describe the same layout.
+                let mut words = [0u64; HEADER_WORDS];
+                device.read_words(mems[q].control + layout.header() as u64, &mut words)?;
+                mappings.push(m);
+                close::check_peer_header(words, q, &header)?;
             }
-            let m = device.import_staging(q, h)?;
-            mems[q] = D::mapping_memory(&m, &layout);
-            // The peer's header must describe the same layout.
-            let mut words = [0u64; HEADER_WORDS];
-            device.read_words(mems[q].control + layout.header() as u64, &mut words)?;
-            close::check_peer_header(words, q, &header)?;
-            mappings.push(m);
-        }
+            Ok(Vec::new())
+        })();
+        exchange(boot, opened)?;
         let err = device.error_record()?;
         let bound = device.wait_bound(config.timeouts().peer)?;
         let fixed = Fixed::new(&layout, &mems, rank, D::record_address(&err), bound, THREADS);
-        // Nobody launches before everyone has opened (and zeroed) everything.
-        boot.barrier()?;
-        let owner = Owner::Process { own: Mutex::new(Some(own)), mappings: Mutex::new(mappings), boot };
+        let owner = Owner::Process { own: Mutex::new(Some(own)), mappings: Mutex::new(mappings), boot: None };
         let state = IpcState { kernels, layout, fixed, mems, err, owner };
         Ok(Self::assemble(rank, world, &device, &config, Some(state)))
     }
+}
+
+/// One construction exchange: this rank's message (or its failure) to every rank; every rank's
+/// message, or the first failure in rank order (this rank's own first).
+fn exchange(boot: &dyn Bootstrap, mine: Result<Vec<u8>, Error>) -> Result<Vec<Vec<u8>>, Error> {
+    let all = boot.all_gather_bytes(&failure::encode(mine.as_ref().map(Clone::clone)))?;
+    // A failed rank returns its own error as it happened (its peers rebuild it from the message).
+    mine?;
+    failure::decode(all, "ipc-engine")
 }

@@ -18,9 +18,9 @@ pub(crate) enum Owner<D: IpcDevice> {
         own: Mutex<Option<D::Staging>>,
         mappings: Mutex<Vec<D::PeerMapping>>,
         /// Kept so the bootstrap's connections (and a peer's view of this rank as alive) last
-        /// as long as the collective.
+        /// as long as the collective (`None`: the caller of `IpcCollective::connect` keeps it).
         #[allow(dead_code)]
-        boot: Box<dyn Bootstrap>,
+        boot: Option<Box<dyn Bootstrap>>,
     },
 }
 

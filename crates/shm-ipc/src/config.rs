@@ -1,6 +1,5 @@
 //! Construction parameters of the CPU twin.
-use collective_core::Error;
-use collective_core::protocol::{DEFAULT_LL_CAPACITY, DEFAULT_RSAG_THRESHOLD, Timeouts, check_capacity};
+use collective_core::protocol::{DEFAULT_LL_CAPACITY, DEFAULT_RSAG_THRESHOLD, IpcConfig, Timeouts};
 
 /// How a CPU-twin collective is built. Every rank must pass the same values (checked).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -9,7 +8,7 @@ pub struct ShmConfig {
     /// Staging bytes per frame: the most one rank contributes to one generation (larger calls
     /// run in chunks). At least [`collective_core::protocol::MIN_CAPACITY`] (128 bytes, where
     /// every call can be chunked); a smaller capacity fails construction with
-    /// [`Error::InvalidConfig`].
+    /// [`collective_core::Error::InvalidConfig`].
     pub capacity: usize,
     /// Bounds on waits for peers and on close. `None`: `DETCOLL_TIMEOUT_MS` when set, else
     /// [`Timeouts::default`], read when the collective is built (an invalid value fails the
@@ -48,9 +47,12 @@ impl ShmConfig {
         self
     }
 
-    /// What every constructor checks first, at every world size: a capacity every call can be
-    /// chunked through (at least [`collective_core::protocol::MIN_CAPACITY`]).
-    pub(crate) fn check(&self) -> Result<(), Error> {
-        check_capacity(self.capacity)
+    /// The engine's configuration for these values (the engine checks them: a capacity every
+    /// call can be chunked through, at least [`collective_core::protocol::MIN_CAPACITY`]).
+    pub(crate) fn ipc(&self) -> IpcConfig {
+        let mut c =
+            IpcConfig::new(self.capacity).with_rsag_threshold(self.rs_ag_threshold).with_ll_capacity(self.ll_capacity);
+        c.timeouts = self.timeouts;
+        c
     }
 }

@@ -10,15 +10,16 @@
 //! every rank is its own device (no two ranks share "hardware", so the engine forms no
 //! lockstep); one block per launch (a host thread is one block's worth of parallelism).
 use crate::executor::{self, Watch};
+use crate::liveness::alive;
 use crate::region::{Handle, Region, Share};
-use crate::wait::alive;
 use collective_core::protocol::params::{MAX_WORLD, RankMemory};
 use collective_core::protocol::status::RECORD_WORDS;
 use collective_core::protocol::{Header, Layout};
 use collective_core::{DType, Error};
 use ipc_engine::{Device, IpcDevice, Launch, RawStream, Vendor};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// Backend name in errors.
 pub(crate) const BACKEND: &str = "shm-ipc";
@@ -36,6 +37,12 @@ struct Inner {
     /// Process ids of the ranks whose staging this device mapped (rank -> pid), for the
     /// executor's waits: a peer process that exited will never publish.
     peers: Mutex<[Option<u32>; MAX_WORLD]>,
+    /// Every shared object this device mapped (its own and its peers'), by rank: one truncated
+    /// under its mapping turns the accesses that fault into zero pages (`guard`), and the call
+    /// that met it fails closed.
+    mapped: Mutex<Vec<(usize, Arc<Region>)>>,
+    /// This device's rank (set when its staging is allocated).
+    rank: AtomicUsize,
 }
 
 impl HostDevice {
@@ -51,7 +58,41 @@ impl HostDevice {
     }
 
     fn with(shared: bool) -> HostDevice {
-        HostDevice { inner: Arc::new(Inner { shared, peers: Mutex::new([None; MAX_WORLD]) }) }
+        HostDevice {
+            inner: Arc::new(Inner {
+                shared,
+                peers: Mutex::new([None; MAX_WORLD]),
+                mapped: Mutex::new(Vec::new()),
+                rank: AtomicUsize::new(usize::MAX),
+            }),
+        }
+    }
+
+    fn track(&self, rank: usize, region: &Arc<Region>) {
+        if let Ok(mut m) = self.inner.mapped.lock() {
+            m.push((rank, region.clone()));
+        }
+    }
+
+    /// The error for the first mapped object (in rank order) that was truncated under this
+    /// process's mapping of it, if any did. One atomic load while nothing ever faulted.
+    fn fault(&self) -> Option<Error> {
+        if !crate::guard::any_fault() {
+            return None;
+        }
+        let mapped = self.inner.mapped.lock().ok()?;
+        let me = self.inner.rank.load(Ordering::Relaxed);
+        let (q, own) = mapped.iter().filter(|(_, r)| r.faulted()).map(|(q, _)| (*q, *q == me)).min()?;
+        const HOW: &str = "while this rank had it mapped (an access faulted with SIGBUS, caught by the guard): what \
+                           this rank read from it is lost, the collective fails closed";
+        Some(if own {
+            Error::Backend {
+                backend: BACKEND,
+                detail: format!("this rank's own shared-memory object was truncated by another process {HOW}"),
+            }
+        } else {
+            Error::PeerDied { peer: q, detail: format!("its shared-memory object was truncated {HOW}") }
+        })
     }
 }
 
@@ -59,6 +100,9 @@ impl Watch for HostDevice {
     fn exited(&self, peer: usize) -> Option<u32> {
         let pid = self.inner.peers.lock().ok()?.get(peer).copied().flatten()?;
         (!alive(pid)).then_some(pid)
+    }
+    fn faulted(&self) -> bool {
+        crate::guard::any_fault() && self.fault().is_some()
     }
 }
 
@@ -69,13 +113,13 @@ pub struct HostAllocation(Region);
 /// One rank's staging: its region and, when shared, what keeps it reachable by peers.
 #[derive(Debug)]
 pub struct HostStaging {
-    region: Region,
+    region: Arc<Region>,
     share: Option<Share>,
 }
 
 /// A peer process's staging mapped into this one.
 #[derive(Debug)]
-pub struct HostMapping(Region);
+pub struct HostMapping(Arc<Region>);
 
 /// The executor needs no loading.
 #[derive(Debug)]
@@ -190,6 +234,9 @@ impl IpcDevice for HostDevice {
     fn grid_limit(_kernels: &HostKernels) -> u32 {
         1
     }
+    /// Runs the launch to completion. Unlike a GPU launch it returns the call's failure at
+    /// once (the error record the executor wrote, or a shared object truncated under the call):
+    /// on the host a call is done when it returns.
     unsafe fn launch(
         &self,
         _kernels: &HostKernels,
@@ -197,26 +244,49 @@ impl IpcDevice for HostDevice {
         _grid: u32,
         _stream: RawStream,
     ) -> Result<(), Error> {
-        // SAFETY: the engine packed `params` for this rank's live group (the caller's contract).
-        unsafe {
-            match params {
-                Launch::Single(p) => executor::collective(&p.h, &p.seg, self),
-                Launch::Many(p) => executor::collective(&p.h, &p.seg, self),
-                Launch::Copy(p) => {
-                    core::ptr::copy(p.src as *const u8, p.dst as *mut u8, p.bytes as usize);
-                }
+        let h = match params {
+            Launch::Single(p) => {
+                // SAFETY: packed by the engine for this rank's live group (the caller's contract).
+                unsafe { executor::collective(&p.h, &p.seg, self) };
+                &p.h
             }
+            Launch::Many(p) => {
+                // SAFETY: as above.
+                unsafe { executor::collective(&p.h, &p.seg, self) };
+                &p.h
+            }
+            Launch::Copy(p) => {
+                // SAFETY: the engine's world-1 copy between the caller's validated views.
+                unsafe { core::ptr::copy(p.src as *const u8, p.dst as *mut u8, p.bytes as usize) };
+                return Ok(());
+            }
+        };
+        // What the call read from a truncated object was zeros: it fails, whatever it recorded.
+        if let Some(e) = self.fault() {
+            return Err(e);
         }
-        Ok(())
+        let record: [u64; RECORD_WORDS] = core::array::from_fn(|i| {
+            // SAFETY: the launching rank's error record (the engine's own, alive while it is).
+            unsafe { &*((h.err + 8 * i as u64) as *const AtomicU64) }.load(Ordering::Acquire)
+        });
+        if record[0] == 0 {
+            return Ok(());
+        }
+        Err(collective_core::protocol::status::decode(&record, Duration::from_nanos(h.timeout_ns), BACKEND))
     }
     fn alloc_staging(&self, layout: &Layout, header: &Header) -> Result<HostStaging, Error> {
         let len = layout.total_bytes();
+        self.inner.rank.store(header.rank as usize, Ordering::Relaxed);
         let (region, share) = if self.inner.shared {
-            let stem = format!("detcoll-{}-{}", std::process::id(), header.rank);
+            let nonce =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+            let stem = format!("detcoll-{}-{}-{nonce:x}", std::process::id(), header.rank);
             let (r, s) = Region::create_shared(&stem, len)?;
+            let r = Arc::new(r);
+            self.track(header.rank as usize, &r);
             (r, Some(s))
         } else {
-            (Region::heap(len)?, None)
+            (Arc::new(Region::heap(len)?), None)
         };
         let base = region.base();
         for (i, w) in header.to_words().iter().enumerate() {
@@ -254,7 +324,8 @@ impl IpcDevice for HostDevice {
         let handle = std::str::from_utf8(&exported[12..]).ok().and_then(Handle::decode).ok_or_else(bad)?;
         // The region checks the object holds `len` bytes; the engine then checks the peer's
         // header against the agreed layout.
-        let region = Region::open_shared(peer, &handle, len)?;
+        let region = Arc::new(Region::open_shared(peer, &handle, len)?);
+        self.track(peer, &region);
         if let Ok(mut p) = self.inner.peers.lock() {
             p[peer] = Some(pid);
         }

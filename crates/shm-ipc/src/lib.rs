@@ -1,19 +1,19 @@
-//! The CPU twin of detcoll: the IPC protocol of `collective_core::protocol` executed on the
-//! host, over shared memory.
+//! The CPU twin of detcoll: the engine (`ipc_engine::IpcCollective`) on a host device.
 //!
-//! Each rank owns one region laid out by [`collective_core::protocol::Layout`]: a control block
-//! (flags on their own lines) and two staging frames. Between processes the regions are unnamed
-//! files in `/dev/shm`, reserved at creation and opened by peers through `/proc/<pid>/fd` (a
-//! named object unlinked once every rank mapped it where that is not possible); between threads
-//! they are heap allocations shared directly. Every call stages,
-//! publishes `generation | signature digest` with a release store, waits (bounded, noticing a
-//! dead peer process) for every peer's matching flag, and evaluates the fixed tree reading the
-//! peers in rank order — the same protocol the GPU twins run inside one kernel. A shared object
-//! truncated under its mappings by any process is a typed error on the ranks that meet it, not
-//! a `SIGBUS` (see the guard module).
+//! [`HostDevice`] implements the engine's device traits on host memory, and its "kernel" is the
+//! reference executor of the kernel ABI (`executor`): it runs the packed parameters the GPU
+//! kernels receive (header and segments, as `dc_collective` in `kernels/detcoll_protocol.h`
+//! reads them) on the calling thread — the same three modes (pull, LL push, bulk push), flags,
+//! tiles, epoch refresh and error record. So there is one host path for every backend (the
+//! engine's validation, routes, chunks, packing, poison, close), and CI runs it without a GPU.
 //!
-//! CI and CPU users run the real protocol through this crate; it passes the same conformance
-//! suite as the GPU twins.
+//! Between processes each rank's staging is an unnamed file in `/dev/shm`, reserved at creation
+//! and opened by peers through `/proc/<pid>/fd` (a named object unlinked once every rank mapped
+//! it where that is not possible); between threads it is heap memory shared directly. A wait
+//! also notices a peer process that exited, and a shared object truncated under its mappings
+//! by any process is a typed error on the ranks that meet it, not a `SIGBUS` (see the guard
+//! module). [`ShmCollective`] is that engine built from a [`ShmConfig`]; it passes the same
+//! conformance suite as the GPU twins.
 //!
 //! ```
 //! use collective_core::{Collective, Io};
@@ -39,13 +39,12 @@
 mod collective;
 mod config;
 mod device;
-mod engine;
 mod executor;
 mod guard;
+mod liveness;
 mod region;
 #[doc(hidden)]
 pub mod testing;
-mod wait;
 
 pub use collective::ShmCollective;
 pub use config::ShmConfig;

@@ -106,9 +106,20 @@ fn mixed_calls_across_the_generation_wrap() {
     }
 }
 
+/// Two ranks of the process-mode twin (staging in `/dev/shm`, close waits for every peer's
+/// acknowledgement) built by two threads of this process. (Thread groups share their staging
+/// reference-counted, so their close never waits.)
+fn process_mode_pair() -> Vec<ShmCollective> {
+    let boots = collective_core::bootstrap::LocalBootstrap::group(2);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = boots.iter().map(|b| s.spawn(move || ShmCollective::new(b, config()).unwrap())).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
 #[test]
 fn a_second_close_after_a_failed_one_reports_the_failure() {
-    let comms = ShmCollective::group(2, config()).unwrap();
+    let comms = process_mode_pair();
     // Rank 1 never closes: rank 0's close times out waiting for its acknowledgement.
     let t = Instant::now();
     let first = comms[0].close().expect_err("close without the peer's acknowledgement");

@@ -281,7 +281,7 @@ fn push_and_pull_calls_mix_across_the_generation_wrap() {
 fn a_closed_peer_ends_a_push_wait_at_once() {
     for route in PUSH {
         let comms = ShmCollective::group(2, config()).unwrap();
-        comms[1].close().unwrap_err(); // rank 0 never acknowledges: close reports its timeout
+        comms[1].close().unwrap(); // a thread group's close acknowledges and returns (staging is shared)
         let t = Instant::now();
         let input = special_f32(0, 64);
         let mut out = vec![0f32; 64];

@@ -44,11 +44,12 @@ struct Spy {
 }
 
 impl Spy {
-    /// Opens the object named by `hello`'s handle line (`proc <pid> <fd> <dev> <ino>` or
-    /// `name <name>`, the CPU twin's construction message).
-    fn open(hello: &[u8]) -> OwnedFd {
-        let text = String::from_utf8_lossy(hello);
-        let handle = text.lines().nth(2).unwrap_or_else(|| panic!("no handle line in {text:?}"));
+    /// Opens the object named by a rank's message of the engine's handle exchange (a status
+    /// byte, the owner's pid and the object's length, then `proc <pid> <fd> <dev> <ino>` or
+    /// `name <name>`: `HostDevice::export_staging`).
+    fn open(message: &[u8]) -> OwnedFd {
+        let text = String::from_utf8_lossy(message.get(13..).unwrap_or_default());
+        let handle = text.as_ref();
         let words: Vec<&str> = handle.split(' ').collect();
         let (path, named) = match words.as_slice() {
             ["proc", pid, fd, _, _] => (format!("/proc/{pid}/fd/{fd}"), false),
@@ -80,13 +81,15 @@ impl Bootstrap for Spy {
         self.inner.local_world_size()
     }
     fn all_gather_bytes(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>, BootstrapError> {
+        // The engine's construction exchanges: 0 the configuration, 1 the staging handles,
+        // 2 "every peer mapped". The target object is opened between 1 and 2.
         let n = self.calls.fetch_add(1, Ordering::SeqCst);
-        if let (1, Some(t)) = (n, self.target) {
+        if let (2, Some(t)) = (n, self.target) {
             let fd = Self::open(&self.hellos.lock().unwrap()[t]);
             *self.fd.lock().unwrap() = Some(fd);
         }
         let all = self.inner.all_gather_bytes(mine)?;
-        if n == 0 {
+        if n == 1 {
             *self.hellos.lock().unwrap() = all.clone();
         }
         Ok(all)

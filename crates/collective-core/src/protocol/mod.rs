@@ -37,6 +37,7 @@
 mod chunk;
 pub mod close;
 mod config;
+pub mod failure;
 mod flag;
 mod layout;
 pub mod params;

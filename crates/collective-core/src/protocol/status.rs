@@ -34,6 +34,9 @@ pub const ERR_PEER_CLOSED: u64 = 6;
 /// Recorded by the host executor only (the CPU twin, `shm-ipc`): the peer's process exited
 /// while this rank waited for it (`observed` is its process id). No GPU kernel can see this.
 pub const ERR_PEER_EXITED: u64 = 7;
+/// Recorded by the host executor only: a shared object this rank reads was truncated under
+/// its mapping (the executor's device returns the precise error for the object).
+pub const ERR_HOST_FAULT: u64 = 8;
 
 fn describe(w0: u64, w1: u64) -> String {
     Signature::unpack([w0, w1]).map_or_else(|| format!("an unreadable signature [{w0:#x}, {w1:#x}]"), |s| s.to_string())
@@ -76,6 +79,10 @@ pub fn decode(w: &[u64; RECORD_WORDS], timeout: Duration, backend: &'static str)
             ),
         },
         ERR_PEER_CLOSED => Error::PeerClosed { peer, what: "complete a call that needs it" },
+        ERR_HOST_FAULT => Error::Backend {
+            backend,
+            detail: "a shared-memory object was truncated under this rank's mapping during the call".into(),
+        },
         ERR_PEER_EXITED => Error::PeerDied {
             peer,
             detail: format!("its process {observed} exited while this rank waited for it in generation {generation}"),

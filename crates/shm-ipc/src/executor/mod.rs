@@ -17,8 +17,8 @@ mod pull;
 
 use collective_core::protocol::params::{Header, MODE_PUSH, MODE_PUSH_LL, Seg};
 use collective_core::protocol::status::{
-    ERR_CORRUPT, ERR_MISMATCH, ERR_PEER_CLOSED, ERR_PEER_EXITED, ERR_PEER_FAILED, LL_EPOCH_MASK, ST_ABORT, ST_GEN,
-    ST_REFRESH,
+    ERR_CORRUPT, ERR_HOST_FAULT, ERR_MISMATCH, ERR_PEER_CLOSED, ERR_PEER_EXITED, ERR_PEER_FAILED, LL_EPOCH_MASK,
+    ST_ABORT, ST_GEN, ST_REFRESH,
 };
 use collective_core::protocol::{CLOSE_ACK, FlagState, FlagWord};
 use memory::word;
@@ -29,6 +29,9 @@ use std::time::{Duration, Instant};
 pub(crate) trait Watch {
     /// The process id of rank `peer` when it has exited (never for ranks that are threads).
     fn exited(&self, peer: usize) -> Option<u32>;
+    /// Whether a shared object this rank reads was truncated under its mapping: what the
+    /// call reads now is zeros, so it ends (the device reports which object).
+    fn faulted(&self) -> bool;
 }
 
 /// One launch in flight: the header, its segments and the values of its prologue.
@@ -262,6 +265,10 @@ impl Call<'_> {
                 continue;
             }
             if self.aborted() {
+                return None;
+            }
+            if self.watch.faulted() {
+                self.fail(ERR_HOST_FAULT, peer, 0);
                 return None;
             }
             let pa = peer_abort.load(Ordering::Relaxed);
