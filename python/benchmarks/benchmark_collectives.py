@@ -32,6 +32,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from detcoll.reference import tree
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "f16": torch.float16, "fp32": torch.float32,
           "f32": torch.float32}
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -97,15 +99,6 @@ class Ctx:
 def inputs(ctx, dtype, n, rank, seed):
     g = torch.Generator().manual_seed(seed * 100_003 + rank)
     return torch.randn(n, generator=g).to(dtype).to(ctx.device)
-
-
-def tree(parts):
-    if len(parts) == 1:
-        return parts[0].clone()
-    m = 1
-    while m * 2 < len(parts):
-        m *= 2
-    return tree(parts[:m]) + tree(parts[m:])
 
 
 def ints(t):

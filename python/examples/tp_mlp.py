@@ -27,15 +27,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from detcoll.reference import tree  # the canonical tree, every add in the dtype
+
 LEAVES = 8
-
-
-def tree(parts):
-    """The balanced tree over ``parts`` (the canonical rank tree for 1, 2, 4, 8 parts)."""
-    if len(parts) == 1:
-        return parts[0]
-    half = len(parts) // 2
-    return tree(parts[:half]) + tree(parts[half:])
 
 
 def model(args, device):

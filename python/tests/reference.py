@@ -3,6 +3,8 @@ bitwise comparison. Shared by the test modules and the rank processes they start
 
 import numpy as np
 
+from tree import tree as _tree
+
 try:
     import ml_dtypes
 
@@ -22,17 +24,11 @@ def np_dtype(name):
 
 
 def tree(parts):
-    """The canonical tree: one rank is a leaf; otherwise the first m ranks (m the largest power
-    of two below W) are the left subtree, the rest the right, and the element is left + right,
-    added in the parts' own dtype (numpy adds f16/bf16 via f32 then rounds once to nearest even:
-    exact, since f32 has more than twice their precision plus two bits)."""
-    if len(parts) == 1:
-        return parts[0].copy()
-    m = 1
-    while m * 2 < len(parts):
-        m *= 2
-    with np.errstate(over="ignore", invalid="ignore"):  # inf and inf - inf are test values
-        return tree(parts[:m]) + tree(parts[m:])
+    """The canonical tree (tree.py), every add in the parts' dtype (numpy adds f16/bf16 via f32
+    then rounds once to nearest even: exact, since f32 has more than twice their precision plus
+    two bits); inf and inf - inf are test values, so numpy's warnings about them are silenced."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _tree(parts)
 
 
 def contribution(name, rank, n, seed=0):

@@ -4,7 +4,6 @@ with the GIL re-taken. Ranks are threads here, with a barrier-based exchange as 
 
 import threading
 
-import numpy as np
 import pytest
 
 import detcoll

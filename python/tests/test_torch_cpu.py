@@ -5,6 +5,7 @@ import pytest
 
 import detcoll
 from conftest import close_all, on_ranks
+from tree import tree
 
 torch = pytest.importorskip("torch", reason="torch is not installed: its tensor paths run where it is (device run)")
 
@@ -13,15 +14,6 @@ from detcoll.vllm_communicator import DetcollCommunicator  # noqa: E402
 
 def bits(t):
     return t.contiguous().view({2: torch.int16, 4: torch.int32}[t.element_size()])
-
-
-def tree(parts):
-    if len(parts) == 1:
-        return parts[0].clone()
-    m = 1
-    while m * 2 < len(parts):
-        m *= 2
-    return tree(parts[:m]) + tree(parts[m:])
 
 
 def data(dtype, rank, shape):

@@ -3,7 +3,13 @@ contributions and the canonical rank tree evaluated by torch on the CPU, whose f
 go through f32 with one rounding to nearest even (exact: f32 has more than twice their
 precision plus two bits)."""
 
+import os
+import sys
+
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from tree import tree  # noqa: E402,F401  (the oracle: tests/tree.py)
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 _TINY = {"f32": 1e-45, "f16": 6e-8, "bf16": 1e-40}  # subnormals of each dtype
@@ -22,16 +28,6 @@ def contribution(name, rank, n, seed=0):
         t, b = _TINY[name], _BIG[name]
         x[:8] = torch.tensor([0.0, -0.0, t, -t, b, b, 1.0, -1.0], dtype=torch.float32).to(DTYPES[name])
     return x
-
-
-def tree(parts):
-    """The canonical tree over ``parts`` (rank order), every add in their dtype."""
-    if len(parts) == 1:
-        return parts[0].clone()
-    m = 1
-    while m * 2 < len(parts):
-        m *= 2
-    return tree(parts[:m]) + tree(parts[m:])
 
 
 def bits(t):
