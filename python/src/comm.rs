@@ -154,7 +154,12 @@ impl Communicator {
 
     /// Raw `reduce_scatter_many`: `lanes` of `(in_addr, in_count, in_dtype, out_addr,
     /// out_count, out_dtype)`.
-    fn call_many(&self, py: Python<'_>, lanes: Vec<(u64, usize, String, u64, usize, String)>, stream: u64) -> PyResult<()> {
+    fn call_many(
+        &self,
+        py: Python<'_>,
+        lanes: Vec<(u64, usize, String, u64, usize, String)>,
+        stream: u64,
+    ) -> PyResult<()> {
         let b = self.backend()?;
         let lanes = lanes
             .iter()

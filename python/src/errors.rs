@@ -17,7 +17,12 @@ create_exception!(detcoll, UnsupportedWorldSize, InvalidArgument, "A world size 
 create_exception!(detcoll, UnsupportedDtype, InvalidArgument, "A reduction of a dtype other than f32, f16, bf16.");
 create_exception!(detcoll, DtypeMismatch, InvalidArgument, "Input and output dtypes differ.");
 create_exception!(detcoll, LengthMismatch, InvalidArgument, "An output of the wrong number of elements.");
-create_exception!(detcoll, NotDivisible, InvalidArgument, "A reduce_scatter input that does not split into world shards.");
+create_exception!(
+    detcoll,
+    NotDivisible,
+    InvalidArgument,
+    "A reduce_scatter input that does not split into world shards."
+);
 create_exception!(detcoll, Misaligned, InvalidArgument, "An address not aligned to its element size.");
 create_exception!(detcoll, SizeOverflow, InvalidArgument, "A size beyond the address space.");
 create_exception!(detcoll, Overlap, InvalidArgument, "Input and output overlap (use the in-place form).");
