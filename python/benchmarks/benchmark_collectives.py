@@ -305,7 +305,8 @@ def run(args):
                     row.update(median_us=med, min_us=lo, max_us=hi, host_us=host,
                                bandwidth_gbps=size / med / 1e3 if med else None, route=be.route(op, size),
                                repeat_bitwise=repeat, ranks_bitwise=ranks_same, bitwise_vs_tree=vs_tree,
-                               max_abs_diff_vs_tree=d_tree, max_abs_diff_vs_native=max_abs_diff(res, native_out))
+                               max_abs_diff_vs_tree=d_tree,
+                               max_abs_diff_vs_native=None if isinstance(be, Native) else max_abs_diff(res, native_out))
                 except NotImplementedError:
                     continue  # the backend has no such op: no row
                 except Exception as e:
