@@ -9,7 +9,6 @@ non-contiguous or read-only tensor is refused (``detcoll.NotContiguous``,
 
 import ctypes
 import sys
-from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
 from . import _detcoll
@@ -30,18 +29,18 @@ _SIZES = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8, "u8": 1, "i8": 1, "u16": 2, "
           "u32": 4, "i32": 4, "u64": 8, "i64": 8}
 
 
-@dataclass(frozen=True)
 class View:
-    """One tensor as the extension sees it."""
+    """One tensor as the extension sees it (slots: built on every call, so kept cheap)."""
 
-    addr: int
-    count: int
-    dtype: str
-    shape: Tuple[int, ...]
-    device: Tuple[str, Optional[int]]  # ("cpu", None) or ("cuda", ordinal or None if unknown)
-    stream: int  # CUstream to enqueue on (0: the legacy default stream; CPU: 0)
-    writable: bool
-    keep: Any = None  # keeps a DLPack capsule alive for the call
+    __slots__ = ("addr", "count", "dtype", "shape", "device", "stream", "writable", "keep")
+
+    def __init__(self, addr: int, count: int, dtype: str, shape: Tuple[int, ...],
+                 device: Tuple[str, Optional[int]], stream: int, writable: bool, keep: Any = None):
+        self.addr, self.count, self.dtype, self.shape = addr, count, dtype, shape
+        self.device = device  # ("cpu", None) or ("cuda", ordinal or None if unknown)
+        self.stream = stream  # CUstream to enqueue on (0: the legacy default stream; CPU: 0)
+        self.writable = writable
+        self.keep = keep  # keeps a DLPack capsule alive for the call
 
     @property
     def nbytes(self) -> int:
@@ -71,24 +70,53 @@ def _dtype_error(name: str, what: str) -> Exception:
     return _detcoll.UnsupportedDtype(f"{what}: dtype {name} has no detcoll equivalent")
 
 
+_CPU = ("cpu", None)
+_TORCH_DTYPES = {}  # torch dtype object -> detcoll name, filled on the first torch tensor
+
+
+def _torch_raw_stream(torch, index: int) -> int:
+    """torch's current stream of device ``index`` as a CUstream value."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # no Stream object: ~10x cheaper
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+
+
 def _torch_view(x, what: str) -> View:
-    name = str(x.dtype).replace("torch.", "")
-    dtype = _NAMES.get(name)
+    import torch
+
+    if not _TORCH_DTYPES:
+        for name, det in _NAMES.items():
+            if hasattr(torch, name):
+                _TORCH_DTYPES[getattr(torch, name)] = det
+    dtype = _TORCH_DTYPES.get(x.dtype)
     if dtype is None:
-        raise _dtype_error(name, what)
+        raise _dtype_error(str(x.dtype), what)
     if not x.is_contiguous():
         raise _detcoll.NotContiguous(f"{what}: the tensor is not contiguous (call .contiguous())")
-    dev = x.device
-    if dev.type == "cuda":
-        import torch
-
-        stream = torch.cuda.current_stream(dev).cuda_stream
-        device = ("cuda", dev.index)
-    elif dev.type == "cpu":
-        stream, device = 0, ("cpu", None)
+    if x.is_cuda:
+        index = x.get_device()
+        stream, device = _torch_raw_stream(torch, index), ("cuda", index)
+    elif x.device.type == "cpu":
+        stream, device = 0, _CPU
     else:
-        raise _detcoll.WrongDevice(f"{what}: a tensor on {dev}: detcoll takes CPU and CUDA tensors")
-    return View(x.data_ptr(), x.numel(), dtype, tuple(x.shape), device, stream, True)
+        raise _detcoll.WrongDevice(f"{what}: a tensor on {x.device}: detcoll takes CPU and CUDA tensors")
+    return View(x.data_ptr(), x.numel(), dtype, x.shape, device, stream, True)
+
+
+_NUMPY_DTYPES = {}  # numpy dtype object -> detcoll name (`dtype.name` costs more than the call)
+
+
+def _numpy_view(x, what: str) -> View:
+    """numpy arrays without building their interface dict."""
+    dtype = _NUMPY_DTYPES.get(x.dtype)
+    if dtype is None:
+        dtype = _NAMES.get(x.dtype.name)
+        if dtype is None:
+            raise _dtype_error(x.dtype.name, what)
+        _NUMPY_DTYPES[x.dtype] = dtype
+    flags = x.flags
+    if not flags.c_contiguous:
+        raise _detcoll.NotContiguous(f"{what}: the array is not C-contiguous (use ascontiguousarray)")
+    return View(x.ctypes.data if x.size else 0, x.size, dtype, x.shape, _CPU, 0, flags.writeable)
 
 
 def _interface_view(x, ai: dict, device, what: str) -> View:
@@ -158,24 +186,49 @@ def _dlpack_view(x, what: str) -> View:
     return View(addr, _prod(shape), dtype, shape, device, 0, True, keep=capsule)
 
 
+_READERS = {}  # torch and numpy types -> reader: a call does one dict lookup to find it
+
+
+def _reader(x):
+    """How to read ``x``; also whether that holds for every object of its type (cacheable)."""
+    t = type(x)
+    torch = sys.modules.get("torch")
+    if torch is not None and issubclass(t, torch.Tensor):
+        return _torch_view, True
+    np = sys.modules.get("numpy")
+    if np is not None and issubclass(t, np.ndarray):
+        return _numpy_view, True
+    if hasattr(x, "__cuda_array_interface__"):
+        return _cai_view, False
+    if hasattr(x, "__array_interface__"):
+        return _ai_view, False
+    if hasattr(x, "__dlpack__"):
+        return _dlpack_view, False
+    return None, False
+
+
+def _cai_view(x, what: str) -> View:
+    dev = getattr(x, "device", None)
+    return _interface_view(x, x.__cuda_array_interface__, ("cuda", getattr(dev, "id", None)), what)
+
+
+def _ai_view(x, what: str) -> View:
+    return _interface_view(x, x.__array_interface__, _CPU, what)
+
+
 def view(x, what: str) -> View:
     """The view of ``x`` (``what`` names the argument in errors)."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(x, torch.Tensor):
-        return _torch_view(x, what)
-    cai = getattr(x, "__cuda_array_interface__", None)
-    if cai is not None:
-        dev = getattr(x, "device", None)
-        return _interface_view(x, cai, ("cuda", getattr(dev, "id", None)), what)
-    ai = getattr(x, "__array_interface__", None)
-    if ai is not None:
-        return _interface_view(x, ai, ("cpu", None), what)
-    if hasattr(x, "__dlpack__"):
-        return _dlpack_view(x, what)
-    raise _detcoll.InvalidArgument(
-        f"{what}: {type(x).__name__} is not a tensor (expected a torch tensor, an object with "
-        "__cuda_array_interface__, __array_interface__ or __dlpack__)"
-    )
+    read = _READERS.get(type(x))
+    if read is None:
+        read, per_type = _reader(x)
+        if read is None:
+            raise _detcoll.InvalidArgument(
+                f"{what}: {type(x).__name__} is not a tensor (expected a torch tensor, an object with "
+                "__cuda_array_interface__, __array_interface__ or __dlpack__)"
+            )
+        if per_type:
+            _READERS[type(x)] = read
+    return read(x, what)
 
 
 def new_empty(x, shape):

@@ -24,8 +24,9 @@ def _device(device) -> Tuple[str, Optional[int]]:
         return "cuda", device
     kind, index = getattr(device, "type", None), getattr(device, "index", None)
     if kind is None:
-        text = str(device)
-        kind, _, idx = text.partition(":")
+        kind, _, idx = str(device).partition(":")
+        if idx and not idx.isdigit():
+            raise _detcoll.InvalidConfig(f"device {device!r}: expected 'cpu', 'cuda', 'cuda:N' or an ordinal")
         index = int(idx) if idx else None
     if kind == "cpu":
         return "cpu", None
@@ -55,6 +56,8 @@ def _group_gather(group):
     import torch.distributed as dist
 
     rank, world = dist.get_rank(group), dist.get_world_size(group)
+    if rank < 0:
+        raise _detcoll.InvalidConfig("this process is not a member of the group it passed")
 
     def gather(mine: bytes):
         out = [None] * world

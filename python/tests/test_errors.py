@@ -99,6 +99,8 @@ def test_bad_construction():
         detcoll.thread_group(2, capacity=0)
     with pytest.raises(detcoll.InvalidConfig):
         detcoll.create_deterministic_collective(device="tpu")
+    with pytest.raises(detcoll.InvalidConfig):
+        detcoll.create_deterministic_collective(device="cuda:x")
 
 
 def test_closed():
