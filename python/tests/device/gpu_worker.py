@@ -45,8 +45,14 @@ def ops(comm, out_dir):
     # Host cost per call: enqueue time of back-to-back calls (Python + the Rust call), next to
     # the same count of torch kernel launches of the same tensor (zero_), and the device time.
     x = torch.zeros(2048, dtype=torch.bfloat16, device="cuda")
+    ptr, stream = x.data_ptr(), torch.cuda.current_stream().cuda_stream
     timing = {}
-    for label, fn in (("detcoll_all_reduce_4KiB", lambda: comm.all_reduce(x)), ("torch_zero_4KiB", x.zero_)):
+    calls = (
+        ("detcoll_all_reduce_4KiB", lambda: comm.all_reduce(x)),  # the Python wrapper (tensor read)
+        ("extension_call_4KiB", lambda: comm.raw.call("all_reduce", ptr, 2048, "bf16", ptr, 2048, "bf16", stream)),
+        ("torch_zero_4KiB", x.zero_),  # one torch kernel launch, for scale
+    )
+    for label, fn in calls:
         for _ in range(20):
             fn()
         comm.synchronize()
