@@ -31,10 +31,12 @@ impl Bootstrap for PyBootstrap {
     fn all_gather_bytes(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>, BootstrapError> {
         // Called from construction, which runs with the GIL released: take it back for the
         // exchange only.
-        let got: Result<Vec<Vec<u8>>, String> = Python::attach(|py| {
+        // `try_attach`: at interpreter shutdown there is no group to call (an error, not a panic).
+        let got: Result<Vec<Vec<u8>>, String> = Python::try_attach(|py| {
             let out = self.gather.call1(py, (PyBytes::new(py, mine),)).map_err(|e| e.to_string())?;
             out.extract::<Vec<Vec<u8>>>(py).map_err(|e| format!("the gather callable must return a list of bytes: {e}"))
-        });
+        })
+        .unwrap_or_else(|| Err("the Python interpreter is shutting down".into()));
         let all = got.map_err(|e| BootstrapError::Protocol(format!("Python group all_gather failed: {e}")))?;
         if all.len() != self.world {
             return Err(BootstrapError::Protocol(format!(

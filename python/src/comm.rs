@@ -180,11 +180,14 @@ impl Communicator {
 
 impl Drop for Communicator {
     /// Drop closes collectively (bounded): without the GIL, so peers that are threads of this
-    /// process can close too.
+    /// process can close too. At interpreter shutdown (no attaching) it drops as it stands.
     fn drop(&mut self) {
-        if let Some(b) = self.inner.take() {
-            Python::attach(|py| py.detach(move || drop(b)));
-        }
+        let mut inner = self.inner.take();
+        let _ = Python::try_attach(|py| {
+            let b = inner.take();
+            py.detach(move || drop(b))
+        });
+        drop(inner);
     }
 }
 
