@@ -30,6 +30,7 @@ step() { # step NAME LIMIT_S LOG CMD...: runs CMD with a time limit, records PAS
     return $rc
 }
 
+nvidia-smi -L 2>&1 | tee -a "$OUT/summary.txt"
 "$PY" -m pip install --quiet --no-deps --no-index --target "$TMP/site" "$WHEEL" >"$OUT/pip.log" 2>&1 \
     || { say "FAIL pip install of $WHEEL ($OUT/pip.log)"; exit 1; }
 export PYTHONPATH="$TMP/site${PYTHONPATH:+:$PYTHONPATH}"
@@ -53,7 +54,17 @@ stop_mps() {
 trap stop_mps EXIT
 if nvidia-cuda-mps-control -d >"$OUT/mps-start.log" 2>&1; then
     export DETCOLL_TEST_MPS=1
-    say "MPS started (pipe $CUDA_MPS_PIPE_DIRECTORY)"
+    # A client must get a context through it; otherwise run without MPS (worlds > GPUs skip).
+    if timeout 60 "$PY" -c "import torch; torch.zeros(1, device='cuda'); torch.cuda.synchronize()" \
+        >>"$OUT/mps-start.log" 2>&1; then
+        say "MPS started (pipe $CUDA_MPS_PIPE_DIRECTORY)"
+    else
+        say "MPS started but a CUDA client failed through it ($OUT/mps-start.log): running without MPS"
+        echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
+        sleep 1
+        export DETCOLL_TEST_MPS=0
+        unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    fi
 else
     say "MPS did not start ($OUT/mps-start.log): worlds above the GPU count will report skipped"
 fi
