@@ -59,24 +59,35 @@ class DetcollCommunicator:
         self.comm.close()
 
 
-def install_into_vllm(capacity: Optional[int] = None):
-    """Routes vLLM's CUDA communicator's ``all_reduce``/``all_gather``/``reduce_scatter``
-    through detcoll: wraps ``CudaCommunicator.__init__`` to build a ``DetcollCommunicator``
-    on the communicator's ``cpu_group`` and device, and replaces the three methods. Call it in
-    every worker process before vLLM builds its groups (e.g. from a plugin's entry point)."""
+def install_into_vllm(capacity: Optional[int] = None, groups=("tp",)):
+    """Routes the ``all_reduce``/``all_gather``/``reduce_scatter`` of vLLM's CUDA communicators
+    whose ``unique_name`` contains one of ``groups`` (default: the tensor-parallel groups, whose
+    reductions decide the bits) through detcoll: wraps ``CudaCommunicator.__init__`` to build a
+    ``DetcollCommunicator`` on the communicator's ``cpu_group`` and device. Other groups keep
+    vLLM's own calls. Call it in every worker process before vLLM builds its groups (e.g. from a
+    plugin's entry point); every rank of a group then takes the same decision."""
     from vllm.distributed.device_communicators import cuda_communicator as cc
 
     cls = cc.CudaCommunicator
     if getattr(cls, "_detcoll_installed", False):
         return
-    init = cls.__init__
+    init, originals = cls.__init__, {m: getattr(cls, m) for m in ("all_reduce", "all_gather", "reduce_scatter")}
 
     def __init__(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        self._detcoll = DetcollCommunicator(cpu_group=self.cpu_group, device=self.device, capacity=capacity)
+        name = getattr(self, "unique_name", "") or ""
+        self._detcoll = (DetcollCommunicator(cpu_group=self.cpu_group, device=self.device, capacity=capacity)
+                         if any(g in name for g in groups) else None)
+
+    def route(method):
+        def call(self, input_, *args):
+            d = getattr(self, "_detcoll", None)
+            return getattr(d, method)(input_, *args) if d is not None else originals[method](self, input_, *args)
+
+        call.__name__ = method
+        return call
 
     cls.__init__ = __init__
-    cls.all_reduce = lambda self, input_: self._detcoll.all_reduce(input_)
-    cls.all_gather = lambda self, input_, dim=-1: self._detcoll.all_gather(input_, dim)
-    cls.reduce_scatter = lambda self, input_, dim=-1: self._detcoll.reduce_scatter(input_, dim)
+    for m in originals:
+        setattr(cls, m, route(m))
     cls._detcoll_installed = True

@@ -52,6 +52,9 @@ class Tensor:
     def new_empty(self, shape):
         return Tensor(np.empty(shape, self.a.dtype), self.dtype)
 
+    def contiguous(self):
+        return self
+
 
 class Group:
     """torch.distributed's group calls over threads: rank from a thread-local."""
@@ -153,3 +156,41 @@ def test_a_group_without_this_rank_is_refused(torch_world):
     group.local.rank = -1  # torch.distributed.get_rank(group) of a non-member
     with pytest.raises(detcoll.InvalidConfig, match="not a member"):
         detcoll.create_deterministic_collective(group=group, device="cpu")
+
+
+def test_install_into_vllm_routes_tp_groups_only(torch_world, monkeypatch):
+    group, torch = torch_world(1)
+    group.local.rank = 0
+
+    class CudaCommunicator:  # vLLM's constructor signature and the attributes its base sets
+        def __init__(self, cpu_group, device=None, device_group=None, unique_name=""):
+            self.cpu_group, self.device, self.unique_name = cpu_group, device, unique_name
+
+        def all_reduce(self, input_):
+            return "vllm's own"
+
+        def all_gather(self, input_, dim=-1):
+            return "vllm's own"
+
+        def reduce_scatter(self, input_, dim=-1):
+            return "vllm's own"
+
+    names = ["vllm", "vllm.distributed", "vllm.distributed.device_communicators"]
+    for n in names:
+        monkeypatch.setitem(sys.modules, n, types.ModuleType(n))
+    cc = types.ModuleType("vllm.distributed.device_communicators.cuda_communicator")
+    cc.CudaCommunicator = CudaCommunicator
+    monkeypatch.setitem(sys.modules, cc.__name__, cc)
+    monkeypatch.setattr(sys.modules["vllm.distributed.device_communicators"], "cuda_communicator", cc, raising=False)
+
+    from detcoll.vllm_communicator import install_into_vllm
+
+    install_into_vllm(capacity=4096)
+    tp = CudaCommunicator(group, device="cpu", unique_name="tp:0")
+    pp = CudaCommunicator(group, device="cpu", unique_name="pp:0")
+    x = Tensor(contribution("f16", 0, 64), torch.float16)
+    y = tp.all_reduce(x)
+    assert isinstance(y, Tensor) and y is not x
+    assert_bits_equal(y.a, x.a)  # world 1: the tree of one rank
+    assert pp.all_reduce(x) == "vllm's own"
+    tp._detcoll.destroy()
