@@ -64,3 +64,18 @@ def test_torch_gloo_group(tmp_path):
         pytest.skip("torch is not installed: the torch.distributed group bootstrap is tested where it is")
     run("torch_group", 2, tmp_path)
     assert check_ops(2, tmp_path) >= 5 * 2 * 2
+
+
+def test_launch_cli_reports_the_failing_rank(tmp_path):
+    from detcoll.launch import main
+
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import os, sys\n"
+        "env = {k: os.environ[k] for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_PORT', 'DETCOLL_JOB_TOKEN')}\n"
+        "assert env['WORLD_SIZE'] == '2' and len(env['DETCOLL_JOB_TOKEN']) == 32\n"
+        "sys.exit(3 if env['RANK'] == '1' else 0)\n"
+    )
+    assert main(["--nproc", "2", str(script)]) == 3
+    script.write_text("pass\n")
+    assert main(["--nproc", "2", str(script)]) == 0
