@@ -35,8 +35,11 @@ nvidia-smi -L 2>&1 | tee -a "$OUT/summary.txt"
     || { say "FAIL pip install of $WHEEL ($OUT/pip.log)"; exit 1; }
 export PYTHONPATH="$TMP/site${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" - <<'PYEOF' 2>&1 | tee -a "$OUT/summary.txt"
-import detcoll, torch
-print("detcoll", detcoll.__version__, "| torch", torch.__version__, "cuda", torch.version.cuda,
+import os, detcoll, detcoll._nvrtc as nvrtc
+print("detcoll", detcoll.__version__, "| NVRTC: DETCOLL_NVRTC =", os.environ.get("DETCOLL_NVRTC"),
+      "| pip candidates", nvrtc.candidates()[:2], "| /usr/local/cuda", os.path.isdir("/usr/local/cuda"))
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda,
       "|", torch.cuda.device_count(), "x", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")
 PYEOF
 
