@@ -1,4 +1,5 @@
-"""Shared fixtures: ranks as threads of this process, and skips that say why."""
+"""Shared helpers: ranks as threads of this process, and skips that say why. Imports nothing
+beyond the standard library (the device checks run under it where numpy may be missing)."""
 
 import os
 import sys
@@ -8,10 +9,10 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from reference import BF16  # noqa: E402
-
 
 def need_dtype(name):
+    from reference import BF16  # here, not at import: device/ runs under this conftest without numpy
+
     if name == "bf16" and BF16 is None:
         pytest.skip("bf16 numpy arrays need ml_dtypes (pip install ml_dtypes), which is not installed")
 
