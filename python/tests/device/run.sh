@@ -9,7 +9,7 @@
 # processes with a gloo bootstrap group, a CUDA graph capture, the TP MLP example), the CPU suite
 # when numpy is there, and the benchmark at world 1 (NCCL default, then NCCL Tree/Simple merged
 # into the same table). Logs and JSON under $OUT; a compact summary on stdout and in
-# $OUT/summary.txt. Budget: under 8 minutes (each step has its own time limit).
+# $OUT/summary.txt. Budget: under 8 minutes (steps limited to 300 + 3 x 50 s, plus setup).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 : "${WHEEL:?set WHEEL to the detcoll wheel (built with maturin on a machine with Rust)}"
@@ -78,10 +78,10 @@ fi
 export DETCOLL_TEST_OUT="$OUT/gpu"
 mkdir -p "$DETCOLL_TEST_OUT"
 if "$PY" -c "import pytest" 2>/dev/null; then
-    step "gpu checks (pytest)" 330 gpu_tests.log \
+    step "gpu checks (pytest)" 300 gpu_tests.log \
         "$PY" -m pytest -v -rs -p no:cacheprovider python/tests/device/test_gpu.py
 else
-    step "gpu checks (no pytest: built-in runner)" 330 gpu_tests.log "$PY" python/tests/device/test_gpu.py
+    step "gpu checks (no pytest: built-in runner)" 300 gpu_tests.log "$PY" python/tests/device/test_gpu.py
 fi
 grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed" "$OUT/gpu_tests.log" | tail -n 20 | tee -a "$OUT/summary.txt"
 
@@ -89,9 +89,9 @@ grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed" "$OUT/gpu_tests.log" | tail 
 #    to Tree/Simple (what deterministic stacks use today) merged into the same table.
 BENCH=(python/benchmarks/benchmark_collectives.py --dtype bf16 --operations all_reduce all_gather reduce_scatter
        --size-bytes 4096 65536 1048576 16777216 --warmup 10 --iterations 50 --samples 5)
-step "benchmark world 1 (NCCL defaults)" 60 bench_default.log \
+step "benchmark world 1 (NCCL defaults)" 50 bench_default.log \
     "$PY" -m torch.distributed.run --standalone --nproc-per-node=1 "${BENCH[@]}" --output "$OUT/bench_w1_default.json"
-step "benchmark world 1 (NCCL_ALGO=Tree NCCL_PROTO=Simple, merged)" 60 bench_tree.log \
+step "benchmark world 1 (NCCL_ALGO=Tree NCCL_PROTO=Simple, merged)" 50 bench_tree.log \
     env NCCL_ALGO=Tree NCCL_PROTO=Simple "$PY" -m torch.distributed.run --standalone --nproc-per-node=1 "${BENCH[@]}" \
     --backends nccl --label "nccl[Tree/Simple]" --merge "$OUT/bench_w1_default.json" --output "$OUT/bench_w1.json"
 for f in "$OUT/bench_w1.md" "$OUT/bench_w1_default.md"; do
@@ -100,7 +100,7 @@ done
 
 # 3. The CPU suite with this host's torch (the gloo-group bootstrap), when numpy is there.
 if "$PY" -c "import numpy, pytest" 2>/dev/null; then
-    step "cpu suite with torch" 60 cpu_tests.log "$PY" -m pytest -q -rs -p no:cacheprovider python/tests \
+    step "cpu suite with torch" 50 cpu_tests.log "$PY" -m pytest -q -rs -p no:cacheprovider python/tests \
         --ignore=python/tests/device
     tail -n 3 "$OUT/cpu_tests.log" | tee -a "$OUT/summary.txt"
 else
