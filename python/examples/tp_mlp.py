@@ -115,11 +115,11 @@ def driver(args):
     from detcoll.launch import launch
 
     me = [sys.executable, os.path.abspath(__file__), "--worker"] + [
-        f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("tp", "worker")
+        f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("tp", "worker", "timeout")
     ]
     results = {}
     for tp in args.tp:
-        done = launch(tp, me, timeout=240)
+        done = launch(tp, me, timeout=args.timeout)
         if any(p.returncode for p in done):
             print(f"TP {tp}: a rank failed ({[p.returncode for p in done]})")
             return 1
@@ -154,6 +154,7 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
     ap.add_argument("--out-dir", default="tp_mlp_out")
     ap.add_argument("--worker", action="store_true", help="run one rank (under torchrun or detcoll.launch)")
+    ap.add_argument("--timeout", type=float, default=240.0, help="seconds per TP size before its ranks are stopped")
     args = ap.parse_args()
     if args.ffn % LEAVES or args.tokens % max(args.tp):
         ap.error("--ffn must be a multiple of 8 and --tokens of the largest TP size")

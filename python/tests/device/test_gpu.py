@@ -57,7 +57,7 @@ def run_ranks(mode, world, tmp):
 
     os.makedirs(tmp, exist_ok=True)
     env = dict(os.environ, DETCOLL_TIMEOUT_MS=os.environ.get("DETCOLL_TIMEOUT_MS", "20000"))
-    results = launch(world, [sys.executable, os.path.join(HERE, "gpu_worker.py"), mode, tmp], timeout=240,
+    results = launch(world, [sys.executable, os.path.join(HERE, "gpu_worker.py"), mode, tmp], timeout=120,
                      env=env, capture=True)
     with open(os.path.join(tmp, "ranks.log"), "w") as f:
         for r, res in enumerate(results):
@@ -137,8 +137,8 @@ def test_tp_mlp_example():
     need_gpu_ranks(8)
     example = os.path.join(REPO, "python", "examples", "tp_mlp.py")
     out_dir = os.path.join(OUT, "tp_mlp")
-    proc = subprocess.run([sys.executable, example, "--tp", "1", "2", "4", "8", "--out-dir", out_dir],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, example, "--tp", "1", "2", "4", "8", "--out-dir", out_dir, "--timeout", "90"],
+                          capture_output=True, text=True, timeout=240)
     with open(os.path.join(OUT, "tp_mlp.log"), "w") as f:
         f.write(proc.stdout + "\n" + proc.stderr)
     record("tp_mlp", {"exit": proc.returncode, "summary": proc.stdout.strip().splitlines()[-6:]})
