@@ -15,6 +15,9 @@
 #   6. the end-to-end FFN and attention at TP/CP 1/2/4/8, ranks as threads of one process (the
 #      e2e bench has no one-process-per-GPU mode and no native-NCCL layer yet: issue 17 asks
 #      for both)
+#   7. with WHEEL=<the detcoll Python wheel> and torch on the host: the Python benchmark
+#      (python/benchmarks/benchmark_collectives.py under torchrun, one process per GPU) at every
+#      world, NCCL default and Tree/Simple in one table (detcoll, NCCL, symmetric memory, vLLM)
 #
 # NCCL_NVLS_ENABLE=0 throughout (multicast objects are not to be created on shared hosts).
 set -u
@@ -63,6 +66,22 @@ for d in f16 f32; do bench "g$TOP-$d" 50 --nproc $TOP --dtype $d $S; done
 for e in ffn attention; do
   bench "e2e-$e" 90 --e2e $e --tokens 1024,4096,16384 --warmup 2 --iterations 5 --graph
 done
+PYB="$here/../../python/benchmarks/benchmark_collectives.py"
+if [ -n "${WHEEL:-}" ] && [ -f "$PYB" ] && python3 -c "import torch" 2>/dev/null; then
+  PYSITE="$(mktemp -d)"; python3 -m pip install -q --no-deps --no-index --target "$PYSITE" "$WHEEL" > "$R/py-pip.txt" 2>&1
+  for w in $WORLDS; do
+    left 100 || { echo "py-bench g$w skipped (time) t=$(el)"; break; }
+    PYA=(--dtype bf16 --size-bytes 4096 65536 1048576 16777216 67108864 --warmup 10 --iterations 50 --samples 5)
+    PYTHONPATH="$PYSITE" timeout 60 python3 -m torch.distributed.run --standalone --nproc-per-node $w "$PYB" "${PYA[@]}" \
+      --output "$R/py-g$w.json" > "$R/py-g$w.md" 2> "$R/py-g$w.err"; echo "py-bench g$w rc=$? t=$(el)"
+    PYTHONPATH="$PYSITE" NCCL_ALGO=Tree NCCL_PROTO=Simple timeout 40 python3 -m torch.distributed.run --standalone \
+      --nproc-per-node $w "$PYB" "${PYA[@]}" --backends nccl --label "nccl[Tree/Simple]" --merge "$R/py-g$w.json" \
+      --output "$R/py-g$w-all.json" > "$R/py-g$w-all.md" 2> "$R/py-g$w-all.err"; echo "py-bench g$w Tree/Simple rc=$? t=$(el)"
+  done
+  rm -rf "$PYSITE"
+else
+  echo "py-bench skipped: set WHEEL to the detcoll wheel (and have torch) to run the Python benchmark"
+fi
 rm -f "$R"/*.svg
 tar czf "$OUT/several-gpus.tgz" -C "$OUT" r && rm -rf "$R"
 echo "done t=$(el): $OUT/several-gpus.tgz"

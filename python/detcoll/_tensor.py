@@ -1,0 +1,245 @@
+"""What a call needs from a tensor: address, element count, dtype, device, stream.
+
+Read from the tensor's own interface, in this order: a torch tensor (``data_ptr``, torch's
+current stream), ``__cuda_array_interface__`` (CuPy, Numba: its ``stream``),
+``__array_interface__`` (numpy), ``__dlpack__`` (anything else). Nothing is copied: a
+non-contiguous or read-only tensor is refused (``detcoll.NotContiguous``,
+``detcoll.InvalidArgument``) instead of silently staged.
+"""
+
+import ctypes
+import sys
+from typing import Any, Optional, Tuple
+
+from . import _detcoll
+
+# torch / numpy dtype names -> detcoll's (collective_core::DType names).
+_NAMES = {
+    "float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
+    "uint8": "u8", "int8": "i8", "uint16": "u16", "int16": "i16",
+    "uint32": "u32", "int32": "i32", "uint64": "u64", "int64": "i64", "bool": "u8",
+}
+# Array-interface typestr (kind, size) -> detcoll dtype.
+_TYPESTR = {
+    ("f", 4): "f32", ("f", 2): "f16", ("f", 8): "f64",
+    ("u", 1): "u8", ("i", 1): "i8", ("u", 2): "u16", ("i", 2): "i16",
+    ("u", 4): "u32", ("i", 4): "i32", ("u", 8): "u64", ("i", 8): "i64", ("b", 1): "u8",
+}
+_SIZES = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8, "u8": 1, "i8": 1, "u16": 2, "i16": 2,
+          "u32": 4, "i32": 4, "u64": 8, "i64": 8}
+
+
+class View:
+    """One tensor as the extension sees it (slots: built on every call, so kept cheap)."""
+
+    __slots__ = ("addr", "count", "dtype", "shape", "device", "stream", "writable", "keep")
+
+    def __init__(self, addr: int, count: int, dtype: str, shape: Tuple[int, ...],
+                 device: Tuple[str, Optional[int]], stream: int, writable: bool, keep: Any = None):
+        self.addr, self.count, self.dtype, self.shape = addr, count, dtype, shape
+        self.device = device  # ("cpu", None) or ("cuda", ordinal or None if unknown)
+        self.stream = stream  # CUstream to enqueue on (0: the legacy default stream; CPU: 0)
+        self.writable = writable
+        self.keep = keep  # keeps a DLPack capsule alive for the call
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * _SIZES[self.dtype]
+
+
+def _prod(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def _c_contiguous(shape, strides, itemsize) -> bool:
+    """Whether ``strides`` (in bytes; None = C order) describe a dense C-order layout."""
+    if strides is None:
+        return True
+    expected = itemsize
+    for dim, stride in zip(reversed(shape), reversed(strides)):
+        if dim != 1 and stride != expected:
+            return False
+        expected *= dim
+    return True
+
+
+def _dtype_error(name: str, what: str) -> Exception:
+    return _detcoll.UnsupportedDtype(f"{what}: dtype {name} has no detcoll equivalent")
+
+
+_CPU = ("cpu", None)
+_TORCH_DTYPES = {}  # torch dtype object -> detcoll name, filled on the first torch tensor
+
+
+def _torch_raw_stream(torch, index: int) -> int:
+    """torch's current stream of device ``index`` as a CUstream value."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # no Stream object: ~10x cheaper
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+
+
+def _torch_view(x, what: str) -> View:
+    import torch
+
+    if not _TORCH_DTYPES:
+        for name, det in _NAMES.items():
+            if hasattr(torch, name):
+                _TORCH_DTYPES[getattr(torch, name)] = det
+    dtype = _TORCH_DTYPES.get(x.dtype)
+    if dtype is None:
+        raise _dtype_error(str(x.dtype), what)
+    if not x.is_contiguous():
+        raise _detcoll.NotContiguous(f"{what}: the tensor is not contiguous (call .contiguous())")
+    if x.is_cuda:
+        index = x.get_device()
+        stream, device = _torch_raw_stream(torch, index), ("cuda", index)
+    elif x.device.type == "cpu":
+        stream, device = 0, _CPU
+    else:
+        raise _detcoll.WrongDevice(f"{what}: a tensor on {x.device}: detcoll takes CPU and CUDA tensors")
+    return View(x.data_ptr(), x.numel(), dtype, x.shape, device, stream, True)
+
+
+_NUMPY_DTYPES = {}  # numpy dtype object -> detcoll name (`dtype.name` costs more than the call)
+
+
+def _numpy_view(x, what: str) -> View:
+    """numpy arrays without building their interface dict."""
+    dtype = _NUMPY_DTYPES.get(x.dtype)
+    if dtype is None:
+        dtype = _NAMES.get(x.dtype.name)
+        if dtype is None:
+            raise _dtype_error(x.dtype.name, what)
+        _NUMPY_DTYPES[x.dtype] = dtype
+    flags = x.flags
+    if not flags.c_contiguous:
+        raise _detcoll.NotContiguous(f"{what}: the array is not C-contiguous (use ascontiguousarray)")
+    return View(x.ctypes.data if x.size else 0, x.size, dtype, x.shape, _CPU, 0, flags.writeable)
+
+
+def _interface_view(x, ai: dict, device, what: str) -> View:
+    typestr = ai["typestr"]
+    np_name = getattr(getattr(x, "dtype", None), "name", None)
+    dtype = _NAMES.get(np_name) if np_name else None
+    if dtype is None:
+        dtype = _TYPESTR.get((typestr[1], int(typestr[2:])))
+    if dtype is None:
+        raise _dtype_error(np_name or typestr, what)
+    shape = tuple(int(s) for s in ai["shape"])
+    if not _c_contiguous(shape, ai.get("strides"), _SIZES[dtype]):
+        raise _detcoll.NotContiguous(f"{what}: the array is not C-contiguous (use ascontiguousarray)")
+    addr, readonly = ai["data"]
+    stream = 0
+    if device[0] == "cuda":
+        # CUDA array interface v3: None is the legacy default stream; 1 and 2 are the legacy
+        # and per-thread default stream handles, which are CUstream values as they are.
+        s = ai.get("stream")
+        stream = 0 if s is None else int(s)
+    return View(int(addr or 0), _prod(shape), dtype, shape, device, stream, not readonly)
+
+
+# DLPack (v0.x "dltensor" capsule): the C structs, read through ctypes.
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+_DL_KIND = {0: "i", 1: "u", 2: "f", 6: "b"}  # kDLInt, kDLUInt, kDLFloat, kDLBool; 4 is kDLBfloat
+
+
+def _dlpack_view(x, what: str) -> View:
+    capsule = x.__dlpack__()
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    ptr = get(capsule, b"dltensor")
+    # DLManagedTensor starts with its DLTensor.
+    t = _DLTensor.from_address(ptr)
+    code, bits = t.dtype.code, t.dtype.bits
+    dtype = "bf16" if (code == 4 and bits == 16) else _TYPESTR.get((_DL_KIND.get(code, "?"), bits // 8))
+    if dtype is None or t.dtype.lanes != 1:
+        raise _dtype_error(f"DLPack code {code} bits {bits} lanes {t.dtype.lanes}", what)
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    strides = None if not t.strides else tuple(t.strides[i] * _SIZES[dtype] for i in range(t.ndim))
+    if not _c_contiguous(shape, strides, _SIZES[dtype]):
+        raise _detcoll.NotContiguous(f"{what}: the tensor is not contiguous")
+    kind = t.device.device_type
+    if kind in (1, 3):  # kDLCPU, kDLCUDAHost
+        device = ("cpu", None)
+    elif kind in (2, 13):  # kDLCUDA, kDLCUDAManaged
+        device = ("cuda", t.device.device_id)
+    else:
+        raise _detcoll.WrongDevice(f"{what}: DLPack device type {kind}: detcoll takes CPU and CUDA memory")
+    addr = (t.data or 0) + t.byte_offset
+    return View(addr, _prod(shape), dtype, shape, device, 0, True, keep=capsule)
+
+
+_READERS = {}  # torch and numpy types -> reader: a call does one dict lookup to find it
+
+
+def _reader(x):
+    """How to read ``x``; also whether that holds for every object of its type (cacheable)."""
+    t = type(x)
+    torch = sys.modules.get("torch")
+    if torch is not None and issubclass(t, torch.Tensor):
+        return _torch_view, True
+    np = sys.modules.get("numpy")
+    if np is not None and issubclass(t, np.ndarray):
+        return _numpy_view, True
+    if hasattr(x, "__cuda_array_interface__"):
+        return _cai_view, False
+    if hasattr(x, "__array_interface__"):
+        return _ai_view, False
+    if hasattr(x, "__dlpack__"):
+        return _dlpack_view, False
+    return None, False
+
+
+def _cai_view(x, what: str) -> View:
+    dev = getattr(x, "device", None)
+    return _interface_view(x, x.__cuda_array_interface__, ("cuda", getattr(dev, "id", None)), what)
+
+
+def _ai_view(x, what: str) -> View:
+    return _interface_view(x, x.__array_interface__, _CPU, what)
+
+
+def view(x, what: str) -> View:
+    """The view of ``x`` (``what`` names the argument in errors)."""
+    read = _READERS.get(type(x))
+    if read is None:
+        read, per_type = _reader(x)
+        if read is None:
+            raise _detcoll.InvalidArgument(
+                f"{what}: {type(x).__name__} is not a tensor (expected a torch tensor, an object with "
+                "__cuda_array_interface__, __array_interface__ or __dlpack__)"
+            )
+        if per_type:
+            _READERS[type(x)] = read
+    return read(x, what)
+
+
+def new_empty(x, shape):
+    """An uninitialised tensor of ``x``'s kind, dtype and device with ``shape`` (the output
+    of ``all_gather``/``reduce_scatter`` when the caller gives none)."""
+    if hasattr(x, "new_empty"):  # torch
+        return x.new_empty(shape)
+    mod = type(x).__module__.split(".")[0]
+    if mod in ("numpy", "cupy"):
+        lib = sys.modules[mod]
+        return lib.empty(shape, dtype=x.dtype)
+    raise _detcoll.InvalidArgument(
+        f"cannot allocate an output like a {type(x).__name__}: pass out= (torch, numpy and CuPy allocate)"
+    )

@@ -1,0 +1,185 @@
+"""The communicator users hold: the seeds' call shape over one rank of the Rust collective.
+
+Calls are asynchronous on CUDA, as in NCCL: a call returns once enqueued on the tensor's
+current stream, and a failure the device detects later is raised by ``check()`` /
+``synchronize()`` and by every later call. On the CPU twin a call is done when it returns.
+"""
+
+from typing import List, Optional, Sequence
+
+from . import _detcoll
+from ._tensor import View, new_empty, view
+
+
+class Collective:
+    """One rank of a deterministic collective: every reduction is the fixed balanced rank tree
+    ``((r0 + r1) + (r2 + r3)) + ...`` in the tensor's dtype, the same bits on every rank, run,
+    route and message size."""
+
+    def __init__(self, raw: "_detcoll.Communicator", device_index: Optional[int] = None):
+        self._raw = raw
+        self._platform = raw.platform
+        self._device_index = device_index
+
+    # -- properties ------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self._raw.world_size
+
+    @property
+    def rank(self) -> int:
+        return self._raw.rank
+
+    @property
+    def platform(self) -> str:
+        """``"cpu"`` (the CPU twin: host tensors) or ``"cuda"`` (device tensors)."""
+        return self._platform
+
+    @property
+    def capabilities(self) -> dict:
+        return self._raw.capabilities()
+
+    @property
+    def supports_async_overlap(self) -> bool:
+        return bool(self._raw.capabilities()["supports_async_overlap"])
+
+    @property
+    def supports_compute_communication_fusion(self) -> bool:
+        return bool(self._raw.capabilities()["supports_compute_communication_fusion"])
+
+    @property
+    def raw(self) -> "_detcoll.Communicator":
+        """The extension's communicator (raw addresses; for tools and tests)."""
+        return self._raw
+
+    def __repr__(self) -> str:
+        return f"detcoll.Collective(rank={self.rank}, world_size={self.world_size}, platform={self._platform!r})"
+
+    # -- tensors ---------------------------------------------------------------------------
+    def _view(self, x, what: str, write: bool = False) -> View:
+        v = view(x, what)
+        kind, index = v.device
+        if kind != self._platform:
+            raise _detcoll.WrongDevice(
+                f"{what}: a {kind} tensor, but this collective runs on {self._platform}"
+                + (" (create it with device='cuda')" if kind == "cuda" else " (create it with device='cpu')")
+            )
+        if kind == "cuda" and index is not None and self._device_index is not None and index != self._device_index:
+            raise _detcoll.WrongDevice(f"{what}: on cuda:{index}, but this collective runs on cuda:{self._device_index}")
+        if write and not v.writable:
+            raise _detcoll.InvalidArgument(f"{what}: the array is read-only")
+        return v
+
+    def _call(self, op: str, vin: View, vout: View, in_addr: Optional[int] = None) -> None:
+        self._raw.call(
+            op, vin.addr if in_addr is None else in_addr, vin.count, vin.dtype,
+            vout.addr, vout.count, vout.dtype, vin.stream,
+        )
+
+    def all_reduce(self, x, out=None):
+        """The fixed tree over every rank's ``x``; into ``x`` (in place) when ``out`` is None,
+        else into ``out`` (same size and dtype). Returns the tensor written."""
+        if out is None or out is x:
+            v = self._view(x, "x", write=True)
+            self._call("all_reduce", v, v)
+            return x
+        self._call("all_reduce", self._view(x, "x"), self._view(out, "out", write=True))
+        return out
+
+    def all_gather(self, x, out=None):
+        """Every rank's ``x`` concatenated in rank order along dim 0 (``out``: ``world_size``
+        times ``x``'s elements; allocated when None). ``x`` may be ``out``'s shard ``rank``
+        (NCCL's in-place form). Any plain dtype."""
+        vin = self._view(x, "x")
+        if out is None:
+            shape = vin.shape or (1,)
+            out = new_empty(x, (self.world_size * shape[0],) + tuple(shape[1:]))
+        vout = self._view(out, "out", write=True)
+        in_addr = None
+        if vin.count and vin.addr == vout.addr + self.rank * vin.nbytes and vout.count == self.world_size * vin.count:
+            in_addr = vout.addr  # in place: this rank's contribution already sits at its shard
+        self._call("all_gather", vin, vout, in_addr)
+        return out
+
+    def reduce_scatter(self, x, out=None):
+        """Shard ``rank`` (along dim 0) of the fixed tree over every rank's ``x``, into
+        ``out`` (allocated when None). ``out is x``: NCCL's in-place form (the shard lands at
+        ``x``'s shard ``rank``)."""
+        vin = self._view(x, "x", write=out is x)
+        if out is x:
+            self._call("reduce_scatter", vin, vin)
+            return x
+        if out is None:
+            out = new_empty(x, self._shard_shape(vin))
+        self._call("reduce_scatter", vin, self._view(out, "out", write=True))
+        return out
+
+    def reduce_scatter_many(self, xs: Sequence, outs: Optional[Sequence] = None) -> List:
+        """Independent reduce_scatters under one synchronisation, one tree per lane (never
+        mixed): lane ``i`` reduces ``xs[i]`` into ``outs[i]`` (allocated when None). One dtype
+        for every lane."""
+        xs = list(xs)
+        if outs is not None and len(outs) != len(xs):
+            raise _detcoll.LengthMismatch(f"reduce_scatter_many: {len(xs)} inputs but {len(outs)} outputs")
+        vins = [self._view(x, f"xs[{i}]") for i, x in enumerate(xs)]
+        if outs is None:
+            outs = [new_empty(x, self._shard_shape(v)) for x, v in zip(xs, vins)]
+        outs = list(outs)
+        lanes = []
+        for i, (vin, out) in enumerate(zip(vins, outs)):
+            vout = vin if out is xs[i] else self._view(out, f"outs[{i}]", write=True)
+            lanes.append((vin.addr, vin.count, vin.dtype, vout.addr, vout.count, vout.dtype))
+        stream = vins[0].stream if vins else 0
+        self._raw.call_many(lanes, stream)
+        return outs
+
+    def _shard_shape(self, v: View):
+        shape = v.shape or (1,)
+        if shape[0] % self.world_size:
+            raise _detcoll.NotDivisible(
+                f"reduce_scatter: dim 0 of the input is {shape[0]}, which does not split into "
+                f"{self.world_size} equal shards (pass out= for a flat split)"
+            )
+        return (shape[0] // self.world_size,) + tuple(shape[1:])
+
+    # -- state -----------------------------------------------------------------------------
+    def route(self, op: str, nbytes: int) -> str:
+        """The route a call of ``op`` moving ``nbytes`` per rank takes (the same on every rank)."""
+        return self._raw.route(op, nbytes)
+
+    def check(self) -> None:
+        """Raises the first failure any call recorded (never blocks)."""
+        self._raw.check()
+
+    def synchronize(self, stream=None) -> None:
+        """Waits until ``stream`` (default: torch's current stream of this device; a
+        ``torch.cuda.Stream``, CuPy stream or raw ``CUstream`` int) has run every call enqueued
+        on it, then ``check()``. Read results after it returns."""
+        self._raw.synchronize(self._stream_handle(stream))
+
+    def _stream_handle(self, stream) -> int:
+        if self._platform != "cuda":
+            return 0
+        if stream is None:
+            import sys
+
+            torch = sys.modules.get("torch")
+            if torch is None:
+                return 0
+            dev = torch.device("cuda", self._device_index) if self._device_index is not None else None
+            return torch.cuda.current_stream(dev).cuda_stream
+        for attr in ("cuda_stream", "ptr"):  # torch, CuPy
+            if hasattr(stream, attr):
+                return int(getattr(stream, attr))
+        return int(stream)
+
+    def close(self) -> None:
+        """Collective close (every rank calls it); later calls raise ``detcoll.Closed``."""
+        self._raw.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False

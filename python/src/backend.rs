@@ -1,0 +1,245 @@
+//! One rank's collective on the platform it was built for, and the raw calls the Python
+//! wrapper makes on it: addresses, element counts and dtypes the wrapper read from the tensors,
+//! checked here before any work so that a refused call writes nothing.
+use collective_factory::{Collective, CpuCollective, DType, Error, Io, NvidiaCollective, Op, RawMut, RawRef, Route};
+use std::ffi::c_void;
+
+/// A collective of either platform this extension drives.
+#[derive(Debug)]
+// One per communicator, built once and never moved on a call path: boxing buys nothing.
+#[allow(clippy::large_enum_variant)]
+pub enum Backend {
+    /// The CPU twin: host memory (numpy arrays, CPU tensors).
+    Cpu(CpuCollective),
+    /// NVIDIA GPUs: device memory, calls on the caller's `CUstream`.
+    Nvidia(NvidiaCollective),
+}
+
+/// One side of a call: an address, its element count and dtype.
+#[derive(Debug, Clone, Copy)]
+pub struct Buf {
+    pub addr: u64,
+    pub count: usize,
+    pub dtype: DType,
+}
+
+impl Backend {
+    pub fn rank(&self) -> usize {
+        match self {
+            Backend::Cpu(c) => c.rank(),
+            Backend::Nvidia(c) => c.rank(),
+        }
+    }
+    pub fn world_size(&self) -> usize {
+        match self {
+            Backend::Cpu(c) => c.world_size(),
+            Backend::Nvidia(c) => c.world_size(),
+        }
+    }
+    pub fn capabilities(&self) -> collective_factory::Capabilities {
+        match self {
+            Backend::Cpu(c) => c.capabilities(),
+            Backend::Nvidia(c) => c.capabilities(),
+        }
+    }
+    pub fn route(&self, op: Op, bytes: usize) -> Route {
+        match self {
+            Backend::Cpu(c) => c.route(op, bytes),
+            Backend::Nvidia(c) => c.route(op, bytes),
+        }
+    }
+    pub fn check(&self) -> Result<(), Error> {
+        match self {
+            Backend::Cpu(c) => c.check(),
+            Backend::Nvidia(c) => c.check(),
+        }
+    }
+    pub fn close(&self) -> Result<(), Error> {
+        match self {
+            Backend::Cpu(c) => c.close(),
+            Backend::Nvidia(c) => c.close(),
+        }
+    }
+
+    /// Waits for `stream` (a `CUstream`; 0 the legacy default stream; ignored on the CPU,
+    /// whose calls are done when they return), then `check`.
+    pub fn synchronize(&self, stream: u64) -> Result<(), Error> {
+        match self {
+            Backend::Cpu(c) => c.synchronize(&()),
+            Backend::Nvidia(c) => {
+                crate::cuda::synchronize(c, stream)?;
+                c.check()
+            }
+        }
+    }
+
+    /// `op` from `input` into `output` (the same address: in place) on `stream`, after the
+    /// checks the raw entry leaves to its caller: the two dtypes agree and `output` has
+    /// exactly the elements `op` writes.
+    ///
+    /// # Safety
+    /// `input` and `output` must describe live memory of this backend's address space (host
+    /// for the CPU twin, this rank's device for NVIDIA) of at least their counts, untouched by
+    /// anything else until the call has executed on `stream`, a live stream of the device.
+    pub unsafe fn call(&self, op: Op, input: Buf, output: Buf, stream: u64) -> Result<(), Error> {
+        check_output(op, input, output, self.world_size())?;
+        let in_place = input.addr == output.addr;
+        match self {
+            Backend::Cpu(c) => {
+                // SAFETY: the caller's contract (host memory of these sizes, not touched until
+                // the call returns: the CPU twin runs the call to completion).
+                let io = unsafe { io_of(input, output, in_place) };
+                match op {
+                    Op::AllReduce => c.all_reduce(io, &()),
+                    Op::AllGather => c.all_gather(io, &()),
+                    _ => c.reduce_scatter(io, &()),
+                }
+            }
+            // SAFETY: the caller's contract; `enqueue_raw` validates lengths, alignment and
+            // overlap before any work.
+            Backend::Nvidia(c) => unsafe {
+                c.enqueue_raw(op, input.addr, output.addr, input.count, input.dtype, stream as usize as *mut c_void)
+            },
+        }
+    }
+
+    /// `reduce_scatter_many` over `lanes` (`(input, output)` each; the same address: that
+    /// lane in place), one tree per lane, on `stream`.
+    ///
+    /// # Safety
+    /// As [`Backend::call`], for every lane.
+    pub unsafe fn call_many(&self, lanes: &[(Buf, Buf)], stream: u64) -> Result<(), Error> {
+        let world = self.world_size();
+        let dtype = lanes.first().map(|l| l.0.dtype).unwrap_or(DType::F32);
+        for &(input, output) in lanes {
+            if input.dtype != dtype {
+                return Err(Error::DtypeMismatch {
+                    op: Op::ReduceScatterMany,
+                    argument: "lanes[i].input",
+                    got: input.dtype,
+                    reference: "lanes[0].input",
+                    expected: dtype,
+                });
+            }
+            check_output(Op::ReduceScatter, input, output, world)?;
+        }
+        match self {
+            Backend::Cpu(c) => {
+                let ios: Vec<Io<'_>> = lanes
+                    .iter()
+                    // SAFETY: the caller's contract, for every lane.
+                    .map(|&(i, o)| unsafe { io_of(i, o, i.addr == o.addr) })
+                    .collect();
+                c.reduce_scatter_many(&ios, &())
+            }
+            Backend::Nvidia(c) => {
+                let raw: Vec<(u64, u64, usize)> = lanes.iter().map(|(i, o)| (i.addr, o.addr, i.count)).collect();
+                // SAFETY: the caller's contract; validated by the backend before any work.
+                unsafe { c.enqueue_many_raw(&raw, dtype, stream as usize as *mut c_void) }
+            }
+        }
+    }
+}
+
+/// The views of one call (in place: the output buffer only).
+///
+/// # Safety
+/// As [`Backend::call`].
+unsafe fn io_of<'a>(input: Buf, output: Buf, in_place: bool) -> Io<'a> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if in_place {
+            Io::InPlace(RawMut::from_raw(output.addr, output.count, output.dtype))
+        } else {
+            Io::OutOfPlace {
+                input: RawRef::from_raw(input.addr, input.count, input.dtype),
+                output: RawMut::from_raw(output.addr, output.count, output.dtype),
+            }
+        }
+    }
+}
+
+/// The elements `op` writes for `input` (all_gather: `world * n`; reduce_scatter: `n / world`,
+/// `n` a multiple of `world`), and that `output` has exactly those and `input`'s dtype. In
+/// place, `input` describes this rank's contribution (all_gather: one shard; else the buffer).
+pub fn check_output(op: Op, input: Buf, output: Buf, world: usize) -> Result<(), Error> {
+    if output.dtype != input.dtype {
+        return Err(Error::DtypeMismatch {
+            op,
+            argument: "out",
+            got: output.dtype,
+            reference: "input",
+            expected: input.dtype,
+        });
+    }
+    let in_place = input.addr == output.addr;
+    let (expected, why) = match op {
+        Op::AllGather => (
+            input.count.checked_mul(world).ok_or(Error::SizeOverflow { op, argument: "input", len: input.count })?,
+            "world_size times the input's",
+        ),
+        Op::ReduceScatter | Op::ReduceScatterMany if in_place => (input.count, "in place: the whole input"),
+        Op::ReduceScatter | Op::ReduceScatterMany => {
+            if world == 0 || input.count % world != 0 {
+                return Err(Error::NotDivisible { op, argument: "input", len: input.count, world });
+            }
+            (input.count / world, "the input's divided by world_size")
+        }
+        Op::AllReduce => (input.count, "the input's"),
+    };
+    if output.count != expected {
+        return Err(Error::LengthMismatch { op, argument: "out", expected, got: output.count, why });
+    }
+    Ok(())
+}
+
+/// The op named `name` (`all_reduce`, `all_gather`, `reduce_scatter`, `reduce_scatter_many`).
+pub fn parse_op(name: &str) -> Result<Op, Error> {
+    Op::parse(name).ok_or_else(|| Error::InvalidConfig { detail: format!("unknown operation {name:?}") })
+}
+
+/// The dtype named `name` (`f32`, `bf16`, `u8`, ... as `DType::name`).
+pub fn parse_dtype(name: &str) -> Result<DType, Error> {
+    DType::parse(name).ok_or_else(|| Error::InvalidConfig { detail: format!("unknown dtype {name:?}") })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn buf(addr: u64, count: usize, dtype: DType) -> Buf {
+        Buf { addr, count, dtype }
+    }
+
+    #[test]
+    fn output_sizes_per_op() {
+        let i = buf(64, 8, DType::BF16);
+        assert!(check_output(Op::AllReduce, i, buf(128, 8, DType::BF16), 4).is_ok());
+        assert!(check_output(Op::AllGather, i, buf(128, 32, DType::BF16), 4).is_ok());
+        assert!(check_output(Op::ReduceScatter, i, buf(128, 2, DType::BF16), 4).is_ok());
+        assert!(matches!(
+            check_output(Op::AllGather, i, buf(128, 31, DType::BF16), 4),
+            Err(Error::LengthMismatch { expected: 32, got: 31, .. })
+        ));
+        assert!(matches!(
+            check_output(Op::ReduceScatter, buf(64, 6, DType::F32), buf(128, 1, DType::F32), 4),
+            Err(Error::NotDivisible { len: 6, world: 4, .. })
+        ));
+        assert!(matches!(
+            check_output(Op::AllReduce, i, buf(128, 8, DType::F16), 4),
+            Err(Error::DtypeMismatch { got: DType::F16, expected: DType::BF16, .. })
+        ));
+        assert!(matches!(
+            check_output(Op::AllGather, buf(64, usize::MAX, DType::U8), buf(0, 0, DType::U8), 2),
+            Err(Error::SizeOverflow { .. })
+        ));
+    }
+
+    #[test]
+    fn names_parse() {
+        assert_eq!(parse_op("reduce_scatter_many").unwrap(), Op::ReduceScatterMany);
+        assert!(parse_op("broadcast").is_err());
+        assert_eq!(parse_dtype("bf16").unwrap(), DType::BF16);
+        assert!(parse_dtype("f8").is_err());
+    }
+}

@@ -1,0 +1,44 @@
+"""Shared helpers: ranks as threads of this process, and skips that say why. Imports nothing
+beyond the standard library (the device checks run under it where numpy may be missing)."""
+
+import os
+import sys
+import threading
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def need_dtype(name):
+    from reference import BF16  # here, not at import: device/ runs under this conftest without numpy
+
+    if name == "bf16" and BF16 is None:
+        pytest.skip("bf16 numpy arrays need ml_dtypes (pip install ml_dtypes), which is not installed")
+
+
+def on_ranks(comms, fn, *args):
+    """``fn(comm, *args)`` on every communicator, one thread each (a collective call returns
+    only when every rank has made it); the results in rank order, the first exception raised."""
+    results, errors = [None] * len(comms), [None] * len(comms)
+
+    def run(i):
+        try:
+            results[i] = fn(comms[i], *args)
+        except BaseException as e:  # re-raised below on the test's thread
+            errors[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(comms))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+        assert not t.is_alive(), "a rank thread did not finish within 120 s"
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
+
+
+def close_all(comms):
+    on_ranks(comms, lambda c: c.close())

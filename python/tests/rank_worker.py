@@ -1,0 +1,76 @@
+"""One rank process of test_processes.py: ``python rank_worker.py MODE OUT_DIR``, started by
+``detcoll.launch`` with torchrun's variables. Writes ``rank<r>.npz`` (results) or
+``rank<r>.txt`` (the exception class a call raised)."""
+
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+import detcoll  # noqa: E402
+from reference import REDUCE_DTYPES, BF16, contribution  # noqa: E402
+
+N = 8 * 1000 + 8  # above the 16 KiB capacity for f32: chunked
+
+
+def ops(comm, tensor=lambda a: a):
+    """Every op on every reduction dtype this host has; results as arrays by name."""
+    r, w = comm.rank, comm.world_size
+    res = {}
+    for dt in REDUCE_DTYPES:
+        if dt == "bf16" and BF16 is None:
+            continue
+        x = contribution(dt, r, N)
+        res[f"all_reduce_{dt}"] = np.asarray(comm.all_reduce(tensor(x.copy())))
+        res[f"all_gather_{dt}"] = np.asarray(comm.all_gather(tensor(x)))
+        res[f"reduce_scatter_{dt}"] = np.asarray(comm.reduce_scatter(tensor(x)))
+        lanes = comm.reduce_scatter_many([tensor(x), tensor(contribution(dt, r, 16 * w, seed=5))])
+        for i, lane in enumerate(lanes):
+            res[f"many{i}_{dt}"] = np.asarray(lane)
+    comm.synchronize()
+    res["route"] = np.array(comm.route("all_reduce", N * 4))
+    return res
+
+
+def bits_of(res):
+    """npz cannot hold bf16 (ml_dtypes): store bit patterns."""
+    return {k: (v.view(np.uint16) if v.dtype == BF16 else v) for k, v in res.items()}
+
+
+def main():
+    mode, out_dir = sys.argv[1], sys.argv[2]
+    rank = int(os.environ["RANK"])
+    if mode == "ops":
+        comm = detcoll.create_deterministic_collective(device="cpu", capacity=16 << 10)
+        np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **bits_of(ops(comm)))
+        comm.close()
+    elif mode == "mismatch":
+        # Ranks make different calls: every rank must get a typed error, none may hang.
+        comm = detcoll.create_deterministic_collective(device="cpu", capacity=16 << 10)
+        try:
+            comm.all_reduce(np.ones(64 * (rank + 1), np.float32))
+            comm.synchronize()
+            name = "no error"
+        except detcoll.DetcollError as e:
+            name = type(e).__name__
+        with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
+            f.write(name)
+    elif mode == "torch_group":
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        comm = detcoll.create_deterministic_collective(capacity=16 << 10, device="cpu")
+        res = ops(comm, tensor=lambda a: torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
+                  if a.dtype == BF16 else torch.from_numpy(a))
+        res = {k: (v.view(np.uint16) if v.dtype.kind == "V" else v) for k, v in res.items()}
+        np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **bits_of(res))
+        comm.close()
+        dist.destroy_process_group()
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""Bad input raises a typed exception before any work, and nothing is written; the collective
+keeps working afterwards."""
+
+import numpy as np
+import pytest
+
+import detcoll
+from conftest import close_all, on_ranks
+from reference import assert_bits_equal, tree
+
+SENTINEL = np.float32(-7.25)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    comms = detcoll.thread_group(2, capacity=4096)
+    yield comms
+    close_all(comms)
+
+
+def untouched(out):
+    assert_bits_equal(out, np.full(out.shape, SENTINEL, out.dtype), "output after a refused call")
+
+
+class FakeCudaArray:
+    """A CUDA array interface (CuPy's shape) without CuPy: detcoll must refuse it on the CPU."""
+
+    def __init__(self, n):
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<f4", "data": (0x7F0000000000, False),
+                                         "version": 3, "strides": None, "stream": None}
+
+
+def cases():
+    x = np.ones(16, np.float32)
+    buf = np.zeros(64, np.float32)
+    raw = bytearray(16 * 4 + 4)
+    return {
+        "out too short": (detcoll.LengthMismatch, "all_reduce", x, np.full(15, SENTINEL, np.float32)),
+        "out dtype": (detcoll.DtypeMismatch, "all_reduce", x, np.full(16, SENTINEL, np.float16)),
+        "integer reduction": (detcoll.UnsupportedDtype, "all_reduce", np.ones(16, np.int32), np.full(16, SENTINEL, np.float32).view(np.int32)),
+        "f64 reduction": (detcoll.UnsupportedDtype, "reduce_scatter", np.ones(16, np.float64), np.full(8, SENTINEL, np.float64)),
+        "strided input": (detcoll.NotContiguous, "all_reduce", np.ones(32, np.float32)[::2], np.full(16, SENTINEL, np.float32)),
+        "strided out": (detcoll.NotContiguous, "all_gather", x, np.full(64, SENTINEL, np.float32)[::2]),
+        "misaligned input": (detcoll.Misaligned, "all_reduce", np.frombuffer(raw, np.float32, 16, offset=1), np.full(16, SENTINEL, np.float32)),
+        "gather out size": (detcoll.LengthMismatch, "all_gather", x, np.full(31, SENTINEL, np.float32)),
+        "scatter not divisible": (detcoll.NotDivisible, "reduce_scatter", np.ones(15, np.float32), np.full(7, SENTINEL, np.float32)),
+        "scatter out size": (detcoll.LengthMismatch, "reduce_scatter", x, np.full(9, SENTINEL, np.float32)),
+        "overlap": (detcoll.Overlap, "all_reduce", buf[0:16], buf[8:24]),
+        "cuda array on cpu": (detcoll.WrongDevice, "all_reduce", FakeCudaArray(16), np.full(16, SENTINEL, np.float32)),
+        "read-only out": (detcoll.InvalidArgument, "all_reduce", x, np.full(16, SENTINEL, np.float32)),
+        "not a tensor": (detcoll.InvalidArgument, "all_reduce", [1.0, 2.0], np.full(2, SENTINEL, np.float32)),
+    }
+
+
+@pytest.mark.parametrize("name", list(cases()))
+def test_refused_before_any_work(pair, name):
+    exc, op, x, out = cases()[name]
+    if name == "read-only out":
+        out.setflags(write=False)
+    if name == "overlap":
+        out[:] = SENTINEL
+    before = out.copy()
+    # One rank alone: a refused call never waits for its peer, so this cannot hang.
+    with pytest.raises(exc) as info:
+        getattr(pair[0], op)(x, out=out)
+    assert isinstance(info.value, detcoll.InvalidArgument)
+    assert isinstance(info.value, detcoll.DetcollError)
+    assert_bits_equal(out, before, name)
+    # The collective is not poisoned: a good call on both ranks still gives the tree.
+    pair[0].check()
+    xs = [np.full(8, r + 0.5, np.float32) for r in range(2)]
+    for g in on_ranks(pair, lambda c: c.all_reduce(xs[c.rank].copy())):
+        assert_bits_equal(g, tree(xs))
+
+
+def test_in_place_read_only_is_refused(pair):
+    x = np.full(16, SENTINEL, np.float32)
+    x.setflags(write=False)
+    with pytest.raises(detcoll.InvalidArgument, match="read-only"):
+        pair[0].all_reduce(x)
+    untouched(x)
+
+
+def test_lanes_must_share_a_dtype(pair):
+    outs = [np.full(4, SENTINEL, np.float32), np.full(4, SENTINEL, np.float16)]
+    with pytest.raises(detcoll.DtypeMismatch):
+        pair[0].reduce_scatter_many([np.ones(8, np.float32), np.ones(8, np.float16)], outs=outs)
+    untouched(outs[0])
+    with pytest.raises(detcoll.LengthMismatch):
+        pair[0].reduce_scatter_many([np.ones(8, np.float32)], outs=[])
+
+
+def test_bad_construction():
+    with pytest.raises(detcoll.UnsupportedWorldSize):
+        detcoll.thread_group(3, capacity=4096)
+    with pytest.raises(detcoll.InvalidConfig):
+        detcoll.thread_group(0)
+    with pytest.raises(detcoll.InvalidConfig):
+        detcoll.thread_group(2, capacity=0)
+    with pytest.raises(detcoll.InvalidConfig):
+        detcoll.create_deterministic_collective(device="tpu")
+    with pytest.raises(detcoll.InvalidConfig):
+        detcoll.create_deterministic_collective(device="cuda:x")
+
+
+def test_closed():
+    comms = detcoll.thread_group(2, capacity=4096)
+    close_all(comms)
+    out = np.full(4, SENTINEL, np.float32)
+    with pytest.raises(detcoll.Closed):
+        comms[0].all_reduce(np.ones(4, np.float32), out=out)
+    untouched(out)
+    with pytest.raises(detcoll.DetcollError):
+        comms[1].check()
+
+
+def test_world_of_one_without_a_launcher(monkeypatch):
+    for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(v, raising=False)
+    with detcoll.create_deterministic_collective(device="cpu", capacity=4096) as c:
+        assert (c.rank, c.world_size, c.platform) == (0, 1, "cpu")
+        x = np.arange(10, dtype=np.float16)
+        assert_bits_equal(c.all_reduce(x.copy()), x)
+        assert_bits_equal(c.all_gather(x), x)
+        assert_bits_equal(c.reduce_scatter(x), x)
