@@ -50,9 +50,16 @@ class DetcollCommunicator:
         """This rank's shard along ``dim`` of the fixed tree over every rank's ``input_``."""
         if dim < 0:
             dim += input_.dim()
+        if input_.shape[dim] % self.world_size != 0:
+            from . import LengthMismatch
+
+            raise LengthMismatch(
+                f"reduce_scatter: dim {dim} has {input_.shape[dim]} entries, not divisible by the "
+                f"world size {self.world_size}"
+            )
         moved = input_.movedim(dim, 0).contiguous()
         out = moved.new_empty((moved.shape[0] // self.world_size,) + tuple(moved.shape[1:]))
-        self.comm.reduce_scatter(moved, out=out)  # refuses a dim not divisible by world_size
+        self.comm.reduce_scatter(moved, out=out)
         return out.movedim(0, dim).contiguous()
 
     def destroy(self):

@@ -14,20 +14,21 @@ from reference import REDUCE_DTYPES, BF16, contribution  # noqa: E402
 N = 8 * 1000 + 8  # above the 16 KiB capacity for f32: chunked
 
 
-def ops(comm, tensor=lambda a: a):
-    """Every op on every reduction dtype this host has; results as arrays by name."""
+def ops(comm, tensor=lambda a: a, array=np.asarray):
+    """Every op on every reduction dtype this host has; results as arrays by name (`tensor`
+    makes the library's input from an array, `array` an array from its result)."""
     r, w = comm.rank, comm.world_size
     res = {}
     for dt in REDUCE_DTYPES:
         if dt == "bf16" and BF16 is None:
             continue
         x = contribution(dt, r, N)
-        res[f"all_reduce_{dt}"] = np.asarray(comm.all_reduce(tensor(x.copy())))
-        res[f"all_gather_{dt}"] = np.asarray(comm.all_gather(tensor(x)))
-        res[f"reduce_scatter_{dt}"] = np.asarray(comm.reduce_scatter(tensor(x)))
+        res[f"all_reduce_{dt}"] = array(comm.all_reduce(tensor(x.copy())))
+        res[f"all_gather_{dt}"] = array(comm.all_gather(tensor(x)))
+        res[f"reduce_scatter_{dt}"] = array(comm.reduce_scatter(tensor(x)))
         lanes = comm.reduce_scatter_many([tensor(x), tensor(contribution(dt, r, 16 * w, seed=5))])
         for i, lane in enumerate(lanes):
-            res[f"many{i}_{dt}"] = np.asarray(lane)
+            res[f"many{i}_{dt}"] = array(lane)
     comm.synchronize()
     res["route"] = np.array(comm.route("all_reduce", N * 4))
     return res
@@ -62,8 +63,11 @@ def main():
 
         dist.init_process_group("gloo")
         comm = detcoll.create_deterministic_collective(capacity=16 << 10, device="cpu")
+        # numpy has no bf16: torch bf16 results leave as their bits (int16 view).
         res = ops(comm, tensor=lambda a: torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
-                  if a.dtype == BF16 else torch.from_numpy(a))
+                  if a.dtype == BF16 else torch.from_numpy(a),
+                  array=lambda t: t.view(torch.int16).numpy().view(BF16)
+                  if t.dtype == torch.bfloat16 else t.numpy())
         res = {k: (v.view(np.uint16) if v.dtype.kind == "V" else v) for k, v in res.items()}
         np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **bits_of(res))
         comm.close()

@@ -73,7 +73,7 @@ def vllm_shaped(comm):
 @pytest.mark.parametrize("dim", [0, 1, -1])
 def test_vllm_communicator_shapes(group, dim):
     w = len(group)
-    xs = [data(torch.bfloat16, r, (4 * w, 2 * w, 3)) for r in range(w)]
+    xs = [data(torch.bfloat16, r, (4 * w, 2 * w, 3 * w)) for r in range(w)]  # every dim divisible by w
     want = tree(xs)
 
     def call(c):
@@ -84,3 +84,16 @@ def test_vllm_communicator_shapes(group, dim):
         assert torch.equal(bits(ar), bits(want))
         assert torch.equal(bits(ag), bits(torch.cat(xs, dim=dim)))
         assert torch.equal(bits(rs), bits(want.chunk(w, dim=dim)[r]))
+
+
+def test_vllm_reduce_scatter_of_an_indivisible_dim_is_a_typed_error(group):
+    w = len(group)
+    if w == 1:
+        pytest.skip("every dim divides a world of 1")
+
+    def call(c):
+        with pytest.raises(detcoll.LengthMismatch, match="not divisible"):
+            vllm_shaped(c).reduce_scatter(torch.ones(2 * w, w + 1, dtype=torch.bfloat16), dim=1)
+        return True
+
+    assert all(on_ranks(group, call))
