@@ -1,12 +1,10 @@
-//! The CPU twin (`shm-ipc`) as a bench backend, routed by a table like every other backend:
-//! `collective_factory::Routed` over the twin (no transport), as `collective_factory::cpu`
-//! composes it.
+//! The CPU twin (`shm-ipc`) as a bench backend, built by the factory (`collective_factory::cpu`)
+//! as users build it: routed by the run's table, no transport.
 use super::backend::{HostBackend, HostCollective};
 use super::routes;
-use collective_core::Collective;
 use collective_core::bootstrap::Bootstrap;
 use collective_core::protocol::DEFAULT_LL_CAPACITY;
-use collective_factory::{NoTransport, Routed, Routing};
+use collective_factory::{Config, NoTransport, Routed, Routing, cpu};
 use shm_ipc::{ShmCollective, ShmConfig};
 
 /// `backend` field of reports made with the CPU twin.
@@ -22,7 +20,8 @@ impl HostCollective for TwinCollective {
 }
 
 /// The twin's configuration for `capacity` staging bytes per rank under `routing` (RS+AG
-/// threshold and LL push capacity from the table, as the factory sets them; defaults otherwise).
+/// threshold and LL push capacity from the table, as the factory sets them; defaults otherwise):
+/// what the report records.
 pub fn config(capacity: usize, routing: &Routing) -> ShmConfig {
     let mut c = ShmConfig::new(capacity).with_ll_capacity(routing.ll_capacity(DEFAULT_LL_CAPACITY));
     c.rs_ag_threshold = routing.rsag_threshold();
@@ -40,27 +39,33 @@ pub fn config_json(c: &ShmConfig, routing: &Routing) -> serde_json::Value {
     })
 }
 
-fn backend(comm: ShmCollective, routing: &Routing, c: &ShmConfig) -> anyhow::Result<HostBackend<TwinCollective>> {
-    let (rank, world) = (comm.rank(), comm.world_size());
-    let routed = Routed::new(rank, world, c.capacity, routing.clone(), Some(comm), None::<NoTransport<()>>)?;
-    Ok(HostBackend::new(routed, NAME).with_ll_capacity(c.ll_capacity))
+/// The factory's configuration the bench builds the twin with, as a user would.
+fn factory_config(capacity: usize, routing: &Routing) -> Config {
+    Config::new().with_capacity(capacity).with_routing(routing.clone())
 }
 
-/// One rank of a multi-process world (shared memory exchanged through `boot`). Every rank
-/// must pass the same `routing` (the twin checks its configuration across ranks).
+fn backend(routed: TwinCollective, c: &ShmConfig) -> HostBackend<TwinCollective> {
+    HostBackend::new(routed, NAME).with_ll_capacity(c.ll_capacity)
+}
+
+/// One rank of a multi-process world (shared memory exchanged through `boot`), built by the
+/// factory (`collective_factory::cpu`): every rank must pass the same `routing` (the factory's
+/// agreement checks it).
 pub fn process(
     boot: &dyn Bootstrap,
     capacity: usize,
     routing: &Routing,
 ) -> anyhow::Result<HostBackend<TwinCollective>> {
     routes::check_no_transport(routing, "the CPU twin")?;
-    let c = config(capacity, routing);
-    backend(ShmCollective::new(boot, c)?, routing, &c)
+    let no_transport = None::<fn() -> Result<NoTransport<()>, collective_core::Error>>;
+    let routed = cpu::with_transport(boot, &factory_config(capacity, routing), no_transport)?;
+    Ok(backend(routed, &config(capacity, routing)))
 }
 
-/// A world of `world` ranks as threads of this process.
+/// A world of `world` ranks as threads of this process, built by the factory
+/// (`collective_factory::cpu::thread_group`).
 pub fn group(world: usize, capacity: usize, routing: &Routing) -> anyhow::Result<Vec<HostBackend<TwinCollective>>> {
     routes::check_no_transport(routing, "the CPU twin")?;
     let c = config(capacity, routing);
-    ShmCollective::group(world, c)?.into_iter().map(|comm| backend(comm, routing, &c)).collect()
+    Ok(cpu::thread_group(world, &factory_config(capacity, routing))?.into_iter().map(|r| backend(r, &c)).collect())
 }

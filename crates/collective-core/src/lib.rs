@@ -30,16 +30,18 @@ mod host;
 mod op;
 pub mod process;
 pub mod protocol;
+mod route;
 mod validate;
 mod view;
 
 pub use capabilities::{Capabilities, REDUCTION_ORDER};
-pub use collective::{Collective, Route, RouteSelect, ipc_route_for};
+pub use collective::{Collective, RouteSelect, ipc_route_for};
 pub use dtype::{DType, Plain, Reducible};
 pub use error::Error;
 pub use fixed_tree;
 pub use host::host_identity;
 pub use op::{Op, Signature};
+pub use route::Route;
 pub use validate::{Call, LaneCall, LaneCalls, validate, validate_many};
 pub use view::{Io, RawMut, RawRef};
 

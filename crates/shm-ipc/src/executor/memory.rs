@@ -114,6 +114,21 @@ unsafe fn tree_of<T: fixed_tree::Element + Default>(src: &[u64], dst: u64, bytes
     const CHUNK: usize = 512;
     let size = size_of::<T>() as u64;
     let count = (bytes / size) as usize;
+    let align = align_of::<T>() as u64;
+    let apart = |s: u64| s + bytes <= dst || dst + bytes <= s;
+    if dst % align == 0 && src.iter().all(|&s| s % align == 0 && apart(s)) {
+        // The common case (frames and caller views aligned, the output no source): the tree
+        // straight over the memory.
+        let mut ranks: [&[T]; MAX_WORLD] = [&[]; MAX_WORLD];
+        for (r, &s) in ranks.iter_mut().zip(src) {
+            // SAFETY: `count` aligned elements readable at `s` (caller), not written meanwhile.
+            *r = unsafe { core::slice::from_raw_parts(s as *const T, count) };
+        }
+        // SAFETY: `count` aligned elements writable at `dst` (caller), overlapping no source.
+        let out = unsafe { core::slice::from_raw_parts_mut(dst as *mut T, count) };
+        let _ = fixed_tree::reduce(&ranks[..src.len()], out);
+        return;
+    }
     let mut leaves = [[T::default(); CHUNK]; MAX_WORLD];
     let mut out = [T::default(); CHUNK];
     let mut done = 0usize;

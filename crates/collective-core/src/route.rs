@@ -1,0 +1,80 @@
+//! How a call moves and reduces data: the routes a routing table names (every route gives the
+//! same bits). A leaf of the crate's files: the op, its signature and the call shape use it.
+
+/// How a call moves and reduces data. Every route gives the same bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Route {
+    /// World size 1: a copy, or nothing in place.
+    Local,
+    /// Every rank stages its input; every rank reads every peer and evaluates the tree.
+    IpcOneShot,
+    /// IPC reduce_scatter of the local shard, then IPC all_gather of the reduced shards.
+    IpcReduceScatterAllGather,
+    /// Rank-ordered transport all_gather, then the local fixed tree.
+    Transport,
+    /// IPC reduce_scatter, then transport all_gather of the reduced shards.
+    IpcReduceScatterTransportAllGather,
+    /// Every rank pushes its input (reduce_scatter: each shard to its owner) into a receive slot
+    /// of every peer, as LL words that carry their arrival flag, and evaluates the tree over its
+    /// own slots in rank order. One launch, no staging copy, no flag round trip.
+    IpcPushLl,
+    /// Bulk push for large messages: every rank writes each slice of its input straight into
+    /// its owner's frame (plain stores, one released flag per block), the owner reduces its
+    /// shard from its own memory in rank order, then (all_reduce) pushes the reduced shard into
+    /// every peer's frame. reduce_scatter is the first half, all_gather the second; no staging
+    /// copy, no remote poll.
+    IpcPush,
+}
+
+impl Route {
+    /// Every route.
+    pub const ALL: [Route; 7] = [
+        Route::Local,
+        Route::IpcOneShot,
+        Route::IpcReduceScatterAllGather,
+        Route::Transport,
+        Route::IpcReduceScatterTransportAllGather,
+        Route::IpcPushLl,
+        Route::IpcPush,
+    ];
+    /// A small code of the route (its index in [`Route::ALL`]), carried in signatures.
+    pub const fn code(self) -> u8 {
+        self as u8
+    }
+    /// Inverse of [`Route::code`].
+    pub const fn from_code(code: u8) -> Option<Route> {
+        if (code as usize) < Route::ALL.len() { Some(Route::ALL[code as usize]) } else { None }
+    }
+    /// Parses [`Route::name`].
+    pub fn parse(s: &str) -> Option<Route> {
+        Route::ALL.into_iter().find(|r| r.name() == s)
+    }
+    /// Whether the route needs same-host IPC between all ranks.
+    pub const fn needs_ipc(self) -> bool {
+        matches!(
+            self,
+            Route::IpcOneShot
+                | Route::IpcReduceScatterAllGather
+                | Route::IpcReduceScatterTransportAllGather
+                | Route::IpcPushLl
+                | Route::IpcPush
+        )
+    }
+    /// Whether the route needs the transport.
+    pub const fn needs_transport(self) -> bool {
+        matches!(self, Route::Transport | Route::IpcReduceScatterTransportAllGather)
+    }
+
+    /// snake_case name used in bench output and routing tables.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Route::Local => "local",
+            Route::IpcOneShot => "ipc_one_shot",
+            Route::IpcReduceScatterAllGather => "ipc_rs_ag",
+            Route::Transport => "transport",
+            Route::IpcReduceScatterTransportAllGather => "ipc_rs_transport_ag",
+            Route::IpcPushLl => "ipc_push_ll",
+            Route::IpcPush => "ipc_push",
+        }
+    }
+}
