@@ -24,7 +24,7 @@ impl HostCollective for TwinCollective {
 /// what the report records.
 pub fn config(capacity: usize, routing: &Routing) -> ShmConfig {
     let mut c = ShmConfig::new(capacity).with_ll_capacity(routing.ll_capacity(DEFAULT_LL_CAPACITY));
-    c.rs_ag_threshold = routing.rsag_threshold();
+    c.rsag_threshold = routing.rsag_threshold();
     c
 }
 
@@ -32,7 +32,7 @@ pub fn config(capacity: usize, routing: &Routing) -> ShmConfig {
 pub fn config_json(c: &ShmConfig, routing: &Routing) -> serde_json::Value {
     serde_json::json!({
         "capacity_bytes": c.capacity,
-        "rs_ag_threshold_bytes": c.rs_ag_threshold,
+        "rs_ag_threshold_bytes": c.rsag_threshold,
         "ll_capacity_bytes": c.ll_capacity,
         "routing": serde_json::from_str::<serde_json::Value>(&routing.canonical_json()).unwrap_or_default(),
         "timeouts_ms": super::report::timeouts_ms(c.timeouts),

@@ -108,7 +108,7 @@ pub fn with_transport<T: Collective<Stream = ()>>(
     let ipc = if d.ipc || world == 1 {
         let mut shm = ShmConfig::new(capacity).with_ll_capacity(d.routing.ll_capacity(config.ll_capacity()));
         shm.timeouts = config.timeouts();
-        shm.rs_ag_threshold = d.routing.rsag_threshold();
+        shm.rsag_threshold = d.routing.rsag_threshold();
         Some(ShmCollective::new(boot, shm)?)
     } else {
         None

@@ -15,7 +15,7 @@ pub struct ShmConfig {
     /// construction with `InvalidConfig`). Agreed between ranks like the capacity.
     pub timeouts: Option<Timeouts>,
     /// all_reduce calls of at least this many bytes take IPC reduce_scatter + all_gather.
-    pub rs_ag_threshold: usize,
+    pub rsag_threshold: usize,
     /// Payload bytes per rank one call may send on the LL push route (`ipc_push_ll`); the
     /// receive area takes `4 * world * ll_capacity` bytes per rank. Larger calls routed there,
     /// and every call when it is 0, take the one-shot pull route (same bits).
@@ -30,9 +30,16 @@ impl ShmConfig {
         ShmConfig {
             capacity,
             timeouts: None,
-            rs_ag_threshold: DEFAULT_RSAG_THRESHOLD,
+            rsag_threshold: DEFAULT_RSAG_THRESHOLD,
             ll_capacity: DEFAULT_LL_CAPACITY,
         }
+    }
+
+    /// Builder: all_reduce calls of at least `bytes` take IPC reduce_scatter + all_gather when
+    /// the caller does not route them (as [`IpcConfig::with_rsag_threshold`]).
+    pub fn with_rsag_threshold(mut self, bytes: usize) -> Self {
+        self.rsag_threshold = bytes;
+        self
     }
 
     /// Builder: the LL push capacity in payload bytes per rank (0: no LL route).
@@ -51,7 +58,7 @@ impl ShmConfig {
     /// call can be chunked through, at least [`collective_core::protocol::MIN_CAPACITY`]).
     pub(crate) fn ipc(&self) -> IpcConfig {
         let mut c =
-            IpcConfig::new(self.capacity).with_rsag_threshold(self.rs_ag_threshold).with_ll_capacity(self.ll_capacity);
+            IpcConfig::new(self.capacity).with_rsag_threshold(self.rsag_threshold).with_ll_capacity(self.ll_capacity);
         c.timeouts = self.timeouts;
         c
     }

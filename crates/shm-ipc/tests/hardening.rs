@@ -13,7 +13,7 @@ const THRESHOLD: usize = 4096;
 
 fn config() -> ShmConfig {
     let mut c = ShmConfig::new(1 << 16).with_timeouts(Timeouts { peer: BOUND, close: Duration::from_millis(300) });
-    c.rs_ag_threshold = THRESHOLD;
+    c.rsag_threshold = THRESHOLD;
     c
 }
 
