@@ -29,7 +29,7 @@ use crate::loader;
 use crate::plan::{Addr, Exchange, Plan, Step, Transfer};
 use crate::sys::NcclLibrary;
 use crate::version::Version;
-use crate::watchdog::{Call, Tracking, WatchdogThread};
+use crate::watchdog::{Call, Tracking, WatchdogThread, Watched};
 use crate::workspace::Workspace;
 use collective_core::bootstrap::Bootstrap;
 use collective_core::process::ProcessOwner;
@@ -46,6 +46,15 @@ pub(crate) struct State<D: Device> {
     pub(crate) comm: Communicator,
     pub(crate) ws: Workspace<D>,
     pub(crate) tracking: Tracking<D>,
+}
+
+impl<D: Device> Watched for State<D> {
+    fn comm(&self) -> &Communicator {
+        &self.comm
+    }
+    fn fail(&mut self, poison: &Poison, e: Error) -> Error {
+        State::fail(self, poison, e)
+    }
 }
 
 impl<D: Device> State<D> {

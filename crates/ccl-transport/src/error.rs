@@ -1,6 +1,12 @@
 //! Errors of the NCCL layers, and how they become [`collective_core::Error`].
-use crate::sys::ncclResult_t;
+use crate::sys::{LoadError, ncclResult_t};
 use std::time::Duration;
+
+impl From<LoadError> for NcclError {
+    fn from(e: LoadError) -> Self {
+        NcclError::LibraryMissing { library: e.library, detail: e.detail }
+    }
+}
 
 /// Name used in [`collective_core::Error::Backend`].
 pub const BACKEND: &str = "ccl-transport";

@@ -12,7 +12,7 @@
 //! [`load_from`] tries an explicit list, so both are tested without touching the process
 //! environment.
 use crate::error::NcclError;
-use crate::sys::NcclLibrary;
+use crate::sys::{LoadError, NcclLibrary};
 use std::ffi::OsStr;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -60,8 +60,7 @@ pub fn load_from(candidates: &[String]) -> Result<NcclLibrary, NcclError> {
     for c in candidates {
         match NcclLibrary::open(c) {
             Ok(lib) => return Ok(lib),
-            Err(NcclError::LibraryMissing { detail, .. }) => why.push(format!("{c}: {detail}")),
-            Err(e) => why.push(format!("{c}: {e}")),
+            Err(LoadError { detail, .. }) => why.push(format!("{c}: {detail}")),
         }
     }
     Err(NcclError::LibraryMissing {

@@ -3,8 +3,8 @@
 //! RCCL keeps NCCL's API and ABI, so this one binding drives `libnccl.so.2` on NVIDIA and
 //! `librccl.so.1` on ROCm. Nothing is linked at build time: [`NcclLibrary::open`] dlopens a
 //! library (see [`crate::loader`] for where it looks) and resolves every symbol up front, so a
-//! missing library or symbol is a typed [`NcclError::LibraryMissing`] at load time, never a
-//! panic at first use.
+//! missing library or symbol is a typed [`LoadError`] at load time (the result layer's
+//! `NcclError::LibraryMissing`), never a panic at first use.
 //!
 //! Types mirror `nccl.h` of NCCL 2.28 (`src/nccl.h.in`); their sizes are checked at compile
 //! time. Result codes are a transparent `int` newtype rather than a Rust enum: a future
@@ -12,9 +12,17 @@
 //! out-of-range discriminant in a Rust enum would be undefined behaviour.
 #![allow(non_camel_case_types, non_upper_case_globals, non_snake_case)]
 
-use crate::error::NcclError;
 use core::ffi::{c_char, c_int, c_uint, c_void};
 use core::fmt;
+
+/// A library that could not be opened, or lacks a symbol this binding needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadError {
+    /// The library file or name tried.
+    pub library: String,
+    /// What the loader said.
+    pub detail: String,
+}
 
 /// Bytes of an `ncclUniqueId`.
 pub const NCCL_UNIQUE_ID_BYTES: usize = 128;
@@ -315,11 +323,11 @@ impl fmt::Debug for NcclLibrary {
 ///
 /// # Safety
 /// `T` must be the symbol's true C signature.
-unsafe fn symbol<T: Copy>(lib: &libloading::Library, path: &str, name: &'static [u8]) -> Result<T, NcclError> {
+unsafe fn symbol<T: Copy>(lib: &libloading::Library, path: &str, name: &'static [u8]) -> Result<T, LoadError> {
     // SAFETY: forwarded: `T` is the documented signature of `name`.
     match unsafe { lib.get::<T>(name) } {
         Ok(s) => Ok(*s),
-        Err(e) => Err(NcclError::LibraryMissing {
+        Err(e) => Err(LoadError {
             library: path.to_string(),
             detail: format!("symbol {} is missing ({e}); NCCL/RCCL 2.14 or newer is required", symbol_name(name)),
         }),
@@ -341,11 +349,11 @@ fn symbol_name(name: &[u8]) -> &str {
 
 impl NcclLibrary {
     /// Opens the library at `path` (a file name searched by the dynamic loader, or a path) and
-    /// resolves every entry point. A missing library or symbol is [`NcclError::LibraryMissing`].
-    pub fn open(path: &str) -> Result<NcclLibrary, NcclError> {
+    /// resolves every entry point. A missing library or symbol is a [`LoadError`].
+    pub fn open(path: &str) -> Result<NcclLibrary, LoadError> {
         // SAFETY: loading NCCL/RCCL runs their initialisers, which only set up library state.
         let lib = unsafe { libloading::Library::new(path) }
-            .map_err(|e| NcclError::LibraryMissing { library: path.to_string(), detail: e.to_string() })?;
+            .map_err(|e| LoadError { library: path.to_string(), detail: e.to_string() })?;
         // SAFETY: every signature below is the one of nccl.h (2.28), which RCCL keeps.
         let fns = unsafe {
             NcclFns {
@@ -439,7 +447,7 @@ mod tests {
     fn a_library_without_the_symbols_is_a_typed_error() {
         // glibc is present on every Linux host and exports no NCCL symbol.
         match NcclLibrary::open("libc.so.6") {
-            Err(NcclError::LibraryMissing { library, detail }) => {
+            Err(LoadError { library, detail }) => {
                 assert_eq!(library, "libc.so.6");
                 assert!(detail.contains("ncclGetVersion"), "{detail}");
             }

@@ -28,7 +28,7 @@
 //! takes the state lock. Every holder of the state lock bounds its waits, except NCCL itself
 //! in blocking mode (`TransportConfig::blocking`), where a call blocked inside NCCL keeps the
 //! watchdog from aborting until it returns.
-use crate::collective::State;
+use crate::comm::Communicator;
 use crate::device::{Device, RawStream};
 use crate::error::{BACKEND, NcclError};
 use collective_core::protocol::Poison;
@@ -185,6 +185,15 @@ impl<D: Device> Tracking<D> {
     }
 }
 
+/// What the watchdog needs from the state the collective's lock protects (the collective's
+/// `State`): its communicator, and recording a failure that aborts it.
+pub(crate) trait Watched: Send + 'static {
+    /// The communicator, polled for asynchronous errors while the lock is free.
+    fn comm(&self) -> &Communicator;
+    /// Records `e` (poisoning) and aborts the communicator.
+    fn fail(&mut self, poison: &Poison, e: Error) -> Error;
+}
+
 /// The running watchdog thread of one collective.
 #[derive(Debug)]
 pub(crate) struct WatchdogThread<D: Device> {
@@ -194,11 +203,11 @@ pub(crate) struct WatchdogThread<D: Device> {
 
 impl<D: Device> WatchdogThread<D> {
     /// Starts the thread watching `ring`'s calls.
-    pub(crate) fn spawn(
+    pub(crate) fn spawn<S: Watched>(
         rank: usize,
         ring: &Arc<Ring<D>>,
         device: Arc<D>,
-        state: Arc<Mutex<State<D>>>,
+        state: Arc<Mutex<S>>,
         poison: Arc<Poison>,
     ) -> Result<Self, Error> {
         let interval = (ring.bound / 20).clamp(Duration::from_millis(1), Duration::from_millis(5));
@@ -227,10 +236,10 @@ impl<D: Device> WatchdogThread<D> {
 }
 
 /// The thread's side.
-struct Watcher<D: Device> {
+struct Watcher<D: Device, S> {
     ring: Arc<Ring<D>>,
     device: Arc<D>,
-    state: Arc<Mutex<State<D>>>,
+    state: Arc<Mutex<S>>,
     poison: Arc<Poison>,
     interval: Duration,
     /// When the thread first saw each pending slot's `start` done.
@@ -239,7 +248,7 @@ struct Watcher<D: Device> {
     done: [bool; SLOTS],
 }
 
-impl<D: Device> Watcher<D> {
+impl<D: Device, S: Watched> Watcher<D, S> {
     fn run(mut self) {
         // The device's event queries bind it themselves (CUDA); this covers NCCL's abort.
         let _ = self.device.bind();
@@ -289,7 +298,7 @@ impl<D: Device> Watcher<D> {
     /// communicator itself).
     fn poll_comm(&self) -> Result<(), Error> {
         match self.state.try_lock() {
-            Ok(st) if st.comm.is_usable() => st.comm.async_error().map(drop).map_err(Error::from),
+            Ok(st) if st.comm().is_usable() => st.comm().async_error().map(drop).map_err(Error::from),
             _ => Ok(()),
         }
     }
