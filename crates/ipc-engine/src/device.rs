@@ -1,8 +1,10 @@
-//! The one small trait a GPU runtime implements (the wgpu-hal of detcoll): memory, IPC
+//! The one small trait a device implements (the wgpu-hal of detcoll): memory, IPC
 //! export/import, kernels, launches, streams and events. Everything above it — the IPC
 //! collective ([`crate::IpcCollective`]) and the NCCL/RCCL transport (`ccl-transport`) — is
 //! written once. The CUDA implementation lives in `cuda-ipc` (cudarc), the HIP one in `hip-ipc`
-//! (our own runtime-loaded binding); they differ only where the hardware does.
+//! (our own runtime-loaded binding), the host one in `shm-ipc` (`HostDevice`: host memory, and
+//! the reference executor of the kernel ABI as its kernel); they differ only where the
+//! hardware does.
 use collective_core::protocol::params::{CopyParams, ParamsMany, ParamsSingle, RankMemory};
 use collective_core::protocol::status::RECORD_WORDS;
 use collective_core::protocol::{Header, Layout};
