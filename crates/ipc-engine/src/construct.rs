@@ -164,9 +164,11 @@ impl<D: IpcDevice> IpcCollective<D> {
     }
 
     /// One rank of a group with one process per rank: allocations are exchanged as IPC
-    /// handles through `boot` and opened once. Every rank must pass the same `config`
-    /// (capacity, block count, RS+AG threshold, timeouts, LL capacity; checked:
-    /// [`Error::ConfigMismatch`]).
+    /// handles through `boot` and opened once. Every rank must pass the same `config` (the
+    /// factory's agreement checks it; here, what the staging must share — capacity, block
+    /// count, LL capacity — is checked in every peer's header: [`Error::ConfigMismatch`]; ranks
+    /// whose thresholds differ route a call differently, which the kernels report as a
+    /// signature mismatch).
     /// With `max_blocks: None` the block count is the smallest of `multiprocessors / ranks
     /// sharing that GPU` over the ranks (ranks tell their GPUs apart by
     /// [`IpcDevice::identity`]). Ranks sharing a GPU need it to run their kernels concurrently
@@ -195,36 +197,35 @@ impl<D: IpcDevice> IpcCollective<D> {
             config.check()?;
             return Ok(Self::assemble(0, 1, &device, config, None));
         }
-        // Exchange 1: what every rank must agree on, then its device facts.
-        let words = config.agreement_words();
-        let agreed = 8 * words.len();
+        // Exchange 1: this rank's device facts (multiprocessors, GPU identity), which size the
+        // grid. The configuration itself is agreed once, by the caller's agreement (the
+        // factory's); what the ranks' staging must share (world, capacity, blocks, LL area) is
+        // checked in every peer's header at exchange 3, so a rank built otherwise still fails
+        // every rank with ConfigMismatch before any call.
         let mine = config.check().and_then(|()| {
-            let mut mine = Vec::with_capacity(agreed + 24);
-            for w in words {
-                mine.extend_from_slice(&w.to_le_bytes());
-            }
+            let mut mine = Vec::with_capacity(24);
             mine.extend_from_slice(&(device.multiprocessors()? as u64).to_le_bytes());
             mine.extend_from_slice(&device.identity()?);
             Ok(mine)
         });
         let all = exchange(boot, mine)?;
-        let mine = &all[rank];
-        for (q, theirs) in all.iter().enumerate() {
-            if theirs.len() != mine.len() || theirs[..agreed] != mine[..agreed] {
-                return Err(Error::ConfigMismatch {
-                    detail: format!(
-                        "rank {q}'s configuration (capacity, max_blocks, rsag_threshold, timeouts, ll_capacity, push_threshold, bulk_threshold) differs from rank {rank}'s"
-                    ),
-                });
-            }
+        // Every rank's facts: 8 bytes of multiprocessors, then a 16-byte identity.
+        if let Some(q) = all.iter().position(|m| m.len() != 24) {
+            return Err(Error::Backend {
+                backend: D::BACKEND,
+                detail: format!(
+                    "rank {q} sent {} bytes of device facts, not 24: another detcoll version?",
+                    all[q].len()
+                ),
+            });
         }
         let blocks = match config.max_blocks {
             Some(b) => b,
             None => {
                 let mut b = usize::MAX;
                 for theirs in &all {
-                    let sms = u64::from_le_bytes(theirs[agreed..agreed + 8].try_into().unwrap_or([0; 8])) as usize;
-                    let sharing = all.iter().filter(|o| o[agreed + 8..] == theirs[agreed + 8..]).count();
+                    let sms = u64::from_le_bytes(theirs[..8].try_into().unwrap_or([0; 8])) as usize;
+                    let sharing = all.iter().filter(|o| o[8..] == theirs[8..]).count();
                     b = b.min((sms / sharing.max(1)).max(1));
                 }
                 b

@@ -27,12 +27,7 @@ impl ShmConfig {
     /// at construction), RS+AG from the engine's default (`DEFAULT_RSAG_THRESHOLD`, 512 KiB), and the
     /// default LL push capacity (512 KiB).
     pub fn new(capacity: usize) -> Self {
-        ShmConfig {
-            capacity,
-            timeouts: None,
-            rsag_threshold: DEFAULT_RSAG_THRESHOLD,
-            ll_capacity: DEFAULT_LL_CAPACITY,
-        }
+        ShmConfig { capacity, timeouts: None, rsag_threshold: DEFAULT_RSAG_THRESHOLD, ll_capacity: DEFAULT_LL_CAPACITY }
     }
 
     /// Builder: all_reduce calls of at least `bytes` take IPC reduce_scatter + all_gather when

@@ -210,3 +210,28 @@ fn capacities_no_layout_can_hold_are_invalid_config() {
         assert!(t.elapsed() < Duration::from_secs(1));
     }
 }
+
+#[test]
+fn ranks_built_with_different_capacities_fail_every_rank_naming_the_field() {
+    let boots = collective_core::bootstrap::LocalBootstrap::group(2);
+    let results: Vec<Result<ShmCollective, Error>> = std::thread::scope(|s| {
+        let hs: Vec<_> = boots
+            .iter()
+            .enumerate()
+            .map(|(r, b)| {
+                s.spawn(move || {
+                    let mut c = config();
+                    c.capacity <<= r;
+                    ShmCollective::new(b, c)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (r, res) in results.iter().enumerate() {
+        match res {
+            Err(Error::ConfigMismatch { detail }) => assert!(detail.contains("capacity"), "rank {r}: {detail}"),
+            other => panic!("rank {r}: expected ConfigMismatch, got {other:?}"),
+        }
+    }
+}

@@ -63,13 +63,28 @@ pub fn first_missing_ack(
 /// this rank's `header` (everything but rank and pid must match).
 pub fn check_peer_header(words: [u64; HEADER_WORDS], q: usize, header: &Header) -> Result<(), Error> {
     let expect = Header { rank: q as u64, pid: words[6], ..*header };
-    if Header::from_words(words) == Some(expect) {
-        Ok(())
-    } else {
-        Err(Error::ConfigMismatch {
-            detail: format!("rank {q}'s staging header {words:?} does not match this rank's layout"),
-        })
+    let Some(theirs) = Header::from_words(words) else {
+        return Err(Error::ConfigMismatch {
+            detail: format!("rank {q}'s staging holds no readable header ({words:?}): another protocol version?"),
+        });
+    };
+    if theirs == expect {
+        return Ok(());
     }
+    let differs: Vec<String> = [
+        ("world", theirs.world, expect.world),
+        ("rank", theirs.rank, expect.rank),
+        ("capacity", theirs.capacity, expect.capacity),
+        ("blocks", theirs.blocks, expect.blocks),
+        ("ll_capacity", theirs.ll_capacity, expect.ll_capacity),
+    ]
+    .iter()
+    .filter(|(_, a, b)| a != b)
+    .map(|(name, a, b)| format!("{name} {a} (this rank: {b})"))
+    .collect();
+    Err(Error::ConfigMismatch {
+        detail: format!("rank {q}'s staging was built with another configuration: {}", differs.join(", ")),
+    })
 }
 
 #[cfg(test)]
