@@ -1,5 +1,5 @@
 //! The one call shape every backend implements.
-use crate::{Capabilities, Error, Io, Op, Route};
+use crate::{Capabilities, Error, Io, IpcRoute, Op, Route};
 
 /// A deterministic collective over a fixed group of ranks.
 ///
@@ -63,16 +63,21 @@ pub trait Collective: Send + Sync {
 /// decides once and passes the decision down, so no threshold inside the backend can disagree
 /// with the table (and `route()` of the composed collective reports what runs).
 pub trait RouteSelect: Collective {
-    /// `op` on `io` by `route` (`Local`, `IpcOneShot` or, for all_reduce,
-    /// `IpcReduceScatterAllGather`); any other route is [`Error::InvalidConfig`] before any
-    /// work. `op` is a single-lane op (`reduce_scatter_many` goes through
-    /// [`Collective::reduce_scatter_many`], which has one IPC route).
-    fn call_on_route(&self, op: Op, io: Io<'_>, route: Route, stream: &Self::Stream) -> Result<(), Error>;
+    /// `op` on `io` by `route` (`Local`, `OneShot`, the push routes or, for all_reduce,
+    /// `ReduceScatterAllGather`); a route `op` cannot take is [`Error::InvalidConfig`] before
+    /// any work. `op` is a single-lane op (`reduce_scatter_many` goes through
+    /// [`RouteSelect::reduce_scatter_many_on_route`]).
+    fn call_on_route(&self, op: Op, io: Io<'_>, route: IpcRoute, stream: &Self::Stream) -> Result<(), Error>;
 
     /// `reduce_scatter_many` by `route`: a backend with an LL push route takes it for
-    /// `IpcPushLl`; every other route (and a backend without one) is the backend's
+    /// `PushLl`; every other route (and a backend without one) is the backend's
     /// [`Collective::reduce_scatter_many`].
-    fn reduce_scatter_many_on_route(&self, lanes: &[Io<'_>], route: Route, stream: &Self::Stream) -> Result<(), Error> {
+    fn reduce_scatter_many_on_route(
+        &self,
+        lanes: &[Io<'_>],
+        route: IpcRoute,
+        stream: &Self::Stream,
+    ) -> Result<(), Error> {
         let _ = route;
         self.reduce_scatter_many(lanes, stream)
     }

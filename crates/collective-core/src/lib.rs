@@ -41,7 +41,7 @@ pub use error::Error;
 pub use fixed_tree;
 pub use host::host_identity;
 pub use op::{Op, Signature};
-pub use route::Route;
+pub use route::{IpcRoute, Route};
 pub use validate::{Call, LaneCall, LaneCalls, validate, validate_many};
 pub use view::{Io, RawMut, RawRef};
 

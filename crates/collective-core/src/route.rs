@@ -78,3 +78,44 @@ impl Route {
         }
     }
 }
+
+/// A route an IPC backend takes: what the routing table decided for the IPC backend of a call
+/// (after [`crate::ipc_route_for`] applied the op's fallback). It cannot name the transport, so
+/// a backend never receives a route it would have to re-decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IpcRoute {
+    /// World size 1: a copy, or nothing in place.
+    Local,
+    /// [`Route::IpcOneShot`].
+    OneShot,
+    /// [`Route::IpcReduceScatterAllGather`] (all_reduce only).
+    ReduceScatterAllGather,
+    /// [`Route::IpcPushLl`].
+    PushLl,
+    /// [`Route::IpcPush`].
+    Push,
+}
+
+impl IpcRoute {
+    /// The route as signatures and reports carry it.
+    pub const fn route(self) -> Route {
+        match self {
+            IpcRoute::Local => Route::Local,
+            IpcRoute::OneShot => Route::IpcOneShot,
+            IpcRoute::ReduceScatterAllGather => Route::IpcReduceScatterAllGather,
+            IpcRoute::PushLl => Route::IpcPushLl,
+            IpcRoute::Push => Route::IpcPush,
+        }
+    }
+    /// The IPC route `route` names; `None` for the routes that need the transport.
+    pub const fn of(route: Route) -> Option<IpcRoute> {
+        match route {
+            Route::Local => Some(IpcRoute::Local),
+            Route::IpcOneShot => Some(IpcRoute::OneShot),
+            Route::IpcReduceScatterAllGather => Some(IpcRoute::ReduceScatterAllGather),
+            Route::IpcPushLl => Some(IpcRoute::PushLl),
+            Route::IpcPush => Some(IpcRoute::Push),
+            Route::Transport | Route::IpcReduceScatterTransportAllGather => None,
+        }
+    }
+}

@@ -6,7 +6,7 @@
 use crate::Routed;
 use crate::routed::Via;
 use ccl_transport::TransportCollective;
-use collective_core::{Collective, DType, Error, Io, MAX_LANES, Op, RawMut, RawRef, Route};
+use collective_core::{Collective, DType, Error, Io, IpcRoute, MAX_LANES, Op, RawMut, RawRef, Route};
 use ipc_engine::{IpcCollective, IpcDevice, RawStream};
 use std::ffi::c_void;
 
@@ -119,9 +119,9 @@ impl<D: IpcDevice> Routed<IpcCollective<D>, TransportCollective<D>> {
 struct Raw(RawStream);
 
 impl<D: IpcDevice> Via<IpcCollective<D>, TransportCollective<D>> for Raw {
-    fn ipc(&self, ipc: &IpcCollective<D>, op: Op, io: Io<'_>, route: Route) -> Result<(), Error> {
+    fn ipc(&self, ipc: &IpcCollective<D>, op: Op, io: Io<'_>, route: IpcRoute) -> Result<(), Error> {
         // SAFETY: `enqueue_raw`'s caller vouches for the memory and the stream.
-        unsafe { ipc.enqueue_routed(op, io, Some(route), self.0) }
+        unsafe { ipc.enqueue_routed(op, io, Some(route.route()), self.0) }
     }
     fn transport(&self, transport: &TransportCollective<D>, op: Op, io: Io<'_>) -> Result<(), Error> {
         // SAFETY: as above.

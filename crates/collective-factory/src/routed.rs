@@ -1,7 +1,9 @@
 //! [`Routed`]: one collective composed of an IPC backend and a transport, calling each by the
 //! agreed routing. Every route evaluates the same tree, so the bits never depend on the choice.
 use crate::Routing;
-use collective_core::{Capabilities, Collective, Error, Io, Op, RawMut, Route, RouteSelect, ipc_route_for, validate};
+use collective_core::{
+    Capabilities, Collective, Error, Io, IpcRoute, Op, RawMut, Route, RouteSelect, ipc_route_for, validate,
+};
 use std::sync::Mutex;
 
 /// An IPC backend `I` and a transport `T` on the same stream type, routed by a table.
@@ -84,7 +86,12 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
                 validate(op, &io, self.rank, self.world, self.capacity)?;
                 self.hybrid_all_reduce(io, ipc()?, transport()?, via)
             }
-            route => via.ipc(ipc()?, op, io, route),
+            route => {
+                let on = IpcRoute::of(route).ok_or_else(|| Error::InvalidConfig {
+                    detail: format!("route {} is not an IPC route", route.name()),
+                })?;
+                via.ipc(ipc()?, op, io, on)
+            }
         }
     }
 
@@ -98,7 +105,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
         if n % self.world != 0 {
             // Equal shards are what the transport gathers; uneven sizes take IPC RS+AG, which
             // gives the same bits.
-            return via.ipc(ipc, Op::AllReduce, io, Route::IpcReduceScatterAllGather);
+            return via.ipc(ipc, Op::AllReduce, io, IpcRoute::ReduceScatterAllGather);
         }
         let shard = n / self.world;
         let (out_addr, dtype) = match &io {
@@ -107,11 +114,11 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
         };
         let out_shard = out_addr + (self.rank * shard * dtype.size()) as u64;
         match io {
-            Io::InPlace(b) => via.ipc(ipc, Op::ReduceScatter, Io::InPlace(b), Route::IpcOneShot)?,
+            Io::InPlace(b) => via.ipc(ipc, Op::ReduceScatter, Io::InPlace(b), IpcRoute::OneShot)?,
             Io::OutOfPlace { input, output: _ } => {
                 // SAFETY: shard `rank` of `output`, which this call borrows uniquely.
                 let shard_view = unsafe { RawMut::from_raw(out_shard, shard, dtype) };
-                via.ipc(ipc, Op::ReduceScatter, Io::OutOfPlace { input, output: shard_view }, Route::IpcOneShot)?;
+                via.ipc(ipc, Op::ReduceScatter, Io::OutOfPlace { input, output: shard_view }, IpcRoute::OneShot)?;
             }
         }
         // SAFETY: the whole output, borrowed by this call; the reduced shard is at `rank`.
@@ -124,7 +131,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
 /// ([`Routed`]'s `Collective` impl) or a raw stream (the NVIDIA raw entry points).
 pub(crate) trait Via<I, T> {
     /// `op` on the IPC backend, by `route` (an IPC route or `Local`).
-    fn ipc(&self, ipc: &I, op: Op, io: Io<'_>, route: Route) -> Result<(), Error>;
+    fn ipc(&self, ipc: &I, op: Op, io: Io<'_>, route: IpcRoute) -> Result<(), Error>;
     /// `op` on the transport.
     fn transport(&self, transport: &T, op: Op, io: Io<'_>) -> Result<(), Error>;
 }
@@ -133,7 +140,7 @@ pub(crate) trait Via<I, T> {
 struct OnStream<'s, S: ?Sized>(&'s S);
 
 impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Via<I, T> for OnStream<'_, I::Stream> {
-    fn ipc(&self, ipc: &I, op: Op, io: Io<'_>, route: Route) -> Result<(), Error> {
+    fn ipc(&self, ipc: &I, op: Op, io: Io<'_>, route: IpcRoute) -> Result<(), Error> {
         ipc.call_on_route(op, io, route, self.0)
     }
     fn transport(&self, transport: &T, op: Op, io: Io<'_>) -> Result<(), Error> {
@@ -238,7 +245,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I,
                 .ipc
                 .as_ref()
                 .ok_or(Error::InvalidConfig { detail: "no IPC backend".into() })?
-                .reduce_scatter_many_on_route(lanes, Route::IpcPushLl, stream),
+                .reduce_scatter_many_on_route(lanes, IpcRoute::PushLl, stream),
             // reduce_scatter_many has no bulk push plan: the IPC backend's own route.
             Route::Local
             | Route::IpcPush

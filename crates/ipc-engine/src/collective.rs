@@ -13,7 +13,7 @@ use collective_core::protocol::close::{self, CloseOnce};
 use collective_core::protocol::params::{self, CopyParams, ParamsMany, ParamsSingle};
 use collective_core::protocol::status::{self, RECORD_WORDS};
 use collective_core::protocol::{CLOSE_ACK, Chunks, IpcConfig, Poison};
-use collective_core::{Capabilities, Collective, Error, Io, Op, Route, RouteSelect, validate, validate_many};
+use collective_core::{Capabilities, Collective, Error, Io, IpcRoute, Op, Route, RouteSelect, validate, validate_many};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -442,18 +442,18 @@ impl<D: IpcDevice> Collective for IpcCollective<D> {
 }
 
 impl<D: IpcDevice> RouteSelect for IpcCollective<D> {
-    fn call_on_route(&self, op: Op, io: Io<'_>, route: Route, stream: &D::Stream) -> Result<(), Error> {
+    fn call_on_route(&self, op: Op, io: Io<'_>, route: IpcRoute, stream: &D::Stream) -> Result<(), Error> {
         if op == Op::ReduceScatterMany {
             return Err(Error::InvalidConfig { detail: "reduce_scatter_many takes reduce_scatter_many's call".into() });
         }
         let s = self.device.raw_stream(stream)?;
         // SAFETY: as in `all_reduce`.
-        unsafe { self.enqueue_routed(op, io, Some(route), s) }
+        unsafe { self.enqueue_routed(op, io, Some(route.route()), s) }
     }
-    fn reduce_scatter_many_on_route(&self, lanes: &[Io<'_>], route: Route, stream: &D::Stream) -> Result<(), Error> {
+    fn reduce_scatter_many_on_route(&self, lanes: &[Io<'_>], route: IpcRoute, stream: &D::Stream) -> Result<(), Error> {
         let s = self.device.raw_stream(stream)?;
         // SAFETY: as in `all_reduce`.
-        unsafe { self.enqueue_many_routed(lanes, Some(route), s) }
+        unsafe { self.enqueue_many_routed(lanes, Some(route.route()), s) }
     }
 }
 

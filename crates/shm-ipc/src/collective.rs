@@ -4,7 +4,7 @@
 use crate::config::ShmConfig;
 use crate::device::HostDevice;
 use collective_core::bootstrap::Bootstrap;
-use collective_core::{Capabilities, Collective, Error, Io, Op, Route, RouteSelect};
+use collective_core::{Capabilities, Collective, Error, Io, IpcRoute, Op, Route, RouteSelect};
 use ipc_engine::IpcCollective;
 
 /// A deterministic collective over host memory (stream type `()`: calls complete before they
@@ -77,10 +77,10 @@ impl ShmCollective {
 }
 
 impl RouteSelect for ShmCollective {
-    fn call_on_route(&self, op: Op, io: Io<'_>, route: Route, stream: &()) -> Result<(), Error> {
+    fn call_on_route(&self, op: Op, io: Io<'_>, route: IpcRoute, stream: &()) -> Result<(), Error> {
         self.inner.call_on_route(op, io, route, stream)
     }
-    fn reduce_scatter_many_on_route(&self, lanes: &[Io<'_>], route: Route, stream: &()) -> Result<(), Error> {
+    fn reduce_scatter_many_on_route(&self, lanes: &[Io<'_>], route: IpcRoute, stream: &()) -> Result<(), Error> {
         self.inner.reduce_scatter_many_on_route(lanes, route, stream)
     }
 }

@@ -8,7 +8,7 @@ use collective_core::bootstrap::LocalBootstrap;
 use collective_core::conformance::HostBuf;
 use collective_core::conformance::data::{compare, finite_values, reference_reduce};
 use collective_core::protocol::{MIN_CAPACITY, Timeouts};
-use collective_core::{Collective, DType, Error, Io, Op, Route, RouteSelect};
+use collective_core::{Collective, DType, Error, Io, IpcRoute, Op, RouteSelect};
 use shm_ipc::{ShmCollective, ShmConfig};
 use std::time::{Duration, Instant};
 
@@ -53,7 +53,7 @@ fn capacities_below_the_floor_are_refused_at_construction() {
 /// One call (`lanes` per-rank input element counts: one for a single-lane op) of `op` on
 /// `route` (`None`: the collective's own choice) on every rank, every output compared bit for
 /// bit with the fixed tree over all inputs (all_gather: the concatenation).
-fn checked(comms: &[ShmCollective], op: Op, dtype: DType, lanes: &[usize], route: Option<Route>, seed: u64) {
+fn checked(comms: &[ShmCollective], op: Op, dtype: DType, lanes: &[usize], route: Option<IpcRoute>, seed: u64) {
     let world = comms.len();
     let size = dtype.size();
     let what = format!("{op} {dtype} world {world} lanes {lanes:?} {route:?}");
@@ -137,16 +137,16 @@ fn the_floor_runs_every_op_with_the_bits_of_the_tree() {
         assert_eq!((caps.capacity_bytes, caps.max_call_bytes), (MIN_CAPACITY, usize::MAX));
         let mut seed = 0;
         for dtype in [DType::F32, DType::BF16] {
-            let single = |op: Op| -> &'static [Option<Route>] {
+            let single = |op: Op| -> &'static [Option<IpcRoute>] {
                 match op {
                     Op::AllReduce => &[
                         None,
-                        Some(Route::IpcOneShot),
-                        Some(Route::IpcReduceScatterAllGather),
-                        Some(Route::IpcPushLl),
-                        Some(Route::IpcPush),
+                        Some(IpcRoute::OneShot),
+                        Some(IpcRoute::ReduceScatterAllGather),
+                        Some(IpcRoute::PushLl),
+                        Some(IpcRoute::Push),
                     ],
-                    _ => &[None, Some(Route::IpcOneShot), Some(Route::IpcPushLl), Some(Route::IpcPush)],
+                    _ => &[None, Some(IpcRoute::OneShot), Some(IpcRoute::PushLl), Some(IpcRoute::Push)],
                 }
             };
             // Element counts per rank: one element, a few chunks, many chunks (the floor holds
@@ -165,7 +165,7 @@ fn the_floor_runs_every_op_with_the_bits_of_the_tree() {
                     checked(&comms, Op::ReduceScatter, dtype, &[m * world], route, seed);
                 }
             }
-            for route in [None, Some(Route::IpcPushLl)] {
+            for route in [None, Some(IpcRoute::PushLl)] {
                 seed += 1;
                 checked(&comms, Op::ReduceScatterMany, dtype, &[3 * world, 70 * world, world], route, seed);
             }

@@ -4,7 +4,7 @@
 //! concatenation for all_gather); `reduce_scatter_many` with lanes above capacity too; ranks
 //! whose calls share their first chunk but not their size fail with a signature mismatch.
 use collective_core::protocol::Timeouts;
-use collective_core::{Collective, Error, Io, Op, Plain, Route, RouteSelect};
+use collective_core::{Collective, Error, Io, IpcRoute, Op, Plain, RouteSelect};
 use half::bf16;
 use shm_ipc::{ShmCollective, ShmConfig};
 use std::time::Duration;
@@ -54,10 +54,10 @@ fn counts(op: Op, size: usize, world: usize) -> Vec<usize> {
     v.into_iter().map(|n| if op == Op::ReduceScatter { n.div_ceil(world) * world } else { n }).collect()
 }
 
-fn routes(op: Op) -> &'static [Route] {
+fn routes(op: Op) -> &'static [IpcRoute] {
     match op {
-        Op::AllReduce => &[Route::IpcOneShot, Route::IpcReduceScatterAllGather, Route::IpcPushLl, Route::IpcPush],
-        _ => &[Route::IpcOneShot, Route::IpcPushLl, Route::IpcPush],
+        Op::AllReduce => &[IpcRoute::OneShot, IpcRoute::ReduceScatterAllGather, IpcRoute::PushLl, IpcRoute::Push],
+        _ => &[IpcRoute::OneShot, IpcRoute::PushLl, IpcRoute::Push],
     }
 }
 
@@ -161,7 +161,7 @@ fn reduce_scatter_many_above_capacity_gives_every_lane_its_tree() {
         for sizes in layouts {
             let inputs: Vec<Vec<Vec<f32>>> =
                 (0..world).map(|r| sizes.iter().enumerate().map(|(l, &n)| values(r + 5 * l, n)).collect()).collect();
-            for route in [Route::IpcOneShot, Route::IpcPushLl] {
+            for route in [IpcRoute::OneShot, IpcRoute::PushLl] {
                 let outs = on_all(&comms, |c, r| {
                     let mut outs: Vec<Vec<f32>> = sizes.iter().map(|&n| vec![0f32; n / world]).collect();
                     let lanes: Vec<Io<'_>> =

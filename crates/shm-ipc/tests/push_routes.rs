@@ -4,14 +4,14 @@
 //! written, calls above a push route's slots take the pull route with the same bits, and push
 //! and pull calls mix across the generation wrap.
 use collective_core::protocol::Timeouts;
-use collective_core::{Collective, Error, Io, Op, Plain, Route, RouteSelect};
+use collective_core::{Collective, Error, Io, IpcRoute, Op, Plain, RouteSelect};
 use half::{bf16, f16};
 use shm_ipc::{ShmCollective, ShmConfig};
 use std::time::{Duration, Instant};
 
 const BOUND: Duration = Duration::from_secs(3);
 /// Both push routes.
-const PUSH: [Route; 2] = [Route::IpcPushLl, Route::IpcPush];
+const PUSH: [IpcRoute; 2] = [IpcRoute::PushLl, IpcRoute::Push];
 const SENTINEL: u32 = 0x7fc0_dead;
 
 fn config() -> ShmConfig {
@@ -41,7 +41,7 @@ fn special_f32(r: usize, n: usize) -> Vec<f32> {
         .collect()
 }
 
-fn push_call<T: Plain>(c: &ShmCollective, op: Op, input: &[T], out: &mut [T], route: Route) -> Result<(), Error> {
+fn push_call<T: Plain>(c: &ShmCollective, op: Op, input: &[T], out: &mut [T], route: IpcRoute) -> Result<(), Error> {
     c.call_on_route(op, Io::host(input, out), route, &())
 }
 
@@ -52,7 +52,7 @@ fn all_gather_carries_every_bit_pattern_of_every_element_type() {
     }
 }
 
-fn all_gather_bits(route: Route) {
+fn all_gather_bits(route: IpcRoute) {
     for world in [2, 4, 8] {
         let comms = ShmCollective::group(world, config()).unwrap();
         for n in [1usize, 3, 5, 17, 1000] {
@@ -107,7 +107,7 @@ fn finite_special_f32(r: usize, n: usize) -> Vec<f32> {
 
 /// Every reducing op over `T` on a push route, in place and out of place, against the tree.
 fn reduce_ops_match_the_tree<T: Plain + fixed_tree::Element + Copy + Send + Sync>(
-    route: Route,
+    route: IpcRoute,
     make: impl Fn(f32) -> T + Sync,
     bits: impl Fn(T) -> u64,
 ) {
@@ -168,7 +168,7 @@ fn reduce_scatter_many_lanes_land_in_their_own_lines() {
     let outs = on_all(&comms, |c, r| {
         let mut outs: Vec<Vec<f32>> = sizes.iter().map(|&n| vec![0f32; n / world]).collect();
         let lanes: Vec<Io<'_>> = inputs[r].iter().zip(outs.iter_mut()).map(|(i, o)| Io::host(i, o)).collect();
-        c.reduce_scatter_many_on_route(&lanes, Route::IpcPushLl, &()).map(|()| outs)
+        c.reduce_scatter_many_on_route(&lanes, IpcRoute::PushLl, &()).map(|()| outs)
     });
     for (r, out) in outs.into_iter().enumerate() {
         let out = out.unwrap();
@@ -188,12 +188,12 @@ fn another_call_or_another_route_is_a_mismatch_and_writes_nothing() {
     // (rank 0's call, rank 1's call): another count on the push route; the same call by the
     // push and by the one-shot pull route.
     let cases = [
-        ((64usize, Route::IpcPushLl), (65usize, Route::IpcPushLl)),
-        ((64, Route::IpcPushLl), (64, Route::IpcOneShot)),
-        ((64, Route::IpcOneShot), (64, Route::IpcPushLl)),
-        ((64, Route::IpcPush), (66, Route::IpcPush)),
-        ((64, Route::IpcPush), (64, Route::IpcPushLl)),
-        ((64, Route::IpcReduceScatterAllGather), (64, Route::IpcPush)),
+        ((64usize, IpcRoute::PushLl), (65usize, IpcRoute::PushLl)),
+        ((64, IpcRoute::PushLl), (64, IpcRoute::OneShot)),
+        ((64, IpcRoute::OneShot), (64, IpcRoute::PushLl)),
+        ((64, IpcRoute::Push), (66, IpcRoute::Push)),
+        ((64, IpcRoute::Push), (64, IpcRoute::PushLl)),
+        ((64, IpcRoute::ReduceScatterAllGather), (64, IpcRoute::Push)),
     ];
     for ((n0, r0), (n1, r1)) in cases {
         let comms = ShmCollective::group(2, config()).unwrap();
@@ -225,13 +225,13 @@ fn calls_above_a_push_routes_slots_take_the_pull_route_with_the_same_bits() {
     let world = 2;
     let comms = ShmCollective::group(world, config().with_ll_capacity(1024)).unwrap();
     for (route, n) in [
-        (Route::IpcPushLl, 200usize),
-        (Route::IpcPushLl, 256),
-        (Route::IpcPushLl, 257),
-        (Route::IpcPushLl, 4096),
-        (Route::IpcPush, 8192),
-        (Route::IpcPush, 8193),
-        (Route::IpcPush, 16384),
+        (IpcRoute::PushLl, 200usize),
+        (IpcRoute::PushLl, 256),
+        (IpcRoute::PushLl, 257),
+        (IpcRoute::PushLl, 4096),
+        (IpcRoute::Push, 8192),
+        (IpcRoute::Push, 8193),
+        (IpcRoute::Push, 16384),
     ] {
         let inputs: Vec<Vec<f32>> = (0..world).map(|r| finite_special_f32(r, n)).collect();
         let views: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
@@ -251,7 +251,7 @@ fn calls_above_a_push_routes_slots_take_the_pull_route_with_the_same_bits() {
 #[test]
 fn push_and_pull_calls_mix_across_the_generation_wrap() {
     let routes =
-        [Route::IpcPushLl, Route::IpcOneShot, Route::IpcPush, Route::IpcPushLl, Route::IpcReduceScatterAllGather];
+        [IpcRoute::PushLl, IpcRoute::OneShot, IpcRoute::Push, IpcRoute::PushLl, IpcRoute::ReduceScatterAllGather];
     for start in [(1u32 << 31) + 5, u32::MAX - 3] {
         for world in [2, 4] {
             let comms = ShmCollective::group_at_generation(world, config(), start).unwrap();
