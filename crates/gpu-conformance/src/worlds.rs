@@ -2,25 +2,14 @@
 //! this process (on one GPU or across GPUs) and ranks as processes.
 use crate::{GpuRank, TestGpu, checked, gpu, gpu_lock, run_ranks};
 use collective_core::conformance::{CHILD_ENV, TestBackend, run_processes, skip};
-use collective_core::protocol::{IpcConfig, Timeouts};
 use collective_core::{Collective, bootstrap::Bootstrap};
 use ipc_engine::{Device, IpcCollective};
 use std::marker::PhantomData;
 use std::time::Duration;
 
-/// The conformance suites' configuration: `capacity` bytes of staging, the LL push route up to
-/// 8 KiB per rank, one-shot above, RS+AG (all_reduce) from 32 KiB, the bulk push route from 64
-/// KiB (all_reduce and reduce_scatter calls that do not fit its frame run as bulk chunks,
-/// all_gather calls take one-shot), so every route runs (the suite's
-/// sizes go up to its 256 KiB capacity), and `peer` as the bound on every wait for a peer.
-pub fn suite_config(capacity: usize, peer: Duration) -> IpcConfig {
-    let mut config = IpcConfig::new(capacity)
-        .with_rsag_threshold(32 << 10)
-        .with_push_threshold(8 << 10)
-        .with_bulk_threshold(64 << 10);
-    config.timeouts = Some(Timeouts { peer, ..Default::default() });
-    config
-}
+/// The conformance suites' configuration (shared with the host device's suites):
+/// [`collective_core::conformance::ipc_suite_config`].
+pub use collective_core::conformance::ipc_suite_config as suite_config;
 
 /// Where the ranks of a world of `world` threads run (rank `r` on the `r`-th device; ranks of
 /// one GPU share one device value), or `Ok(None)` after printing why such a world cannot run

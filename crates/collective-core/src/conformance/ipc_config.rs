@@ -1,0 +1,17 @@
+//! The IPC engine's configuration for the conformance suites of every device (GPU or host).
+use crate::protocol::{IpcConfig, Timeouts};
+use std::time::Duration;
+
+/// `capacity` bytes of staging, the LL push route up to 8 KiB per rank, one-shot above, RS+AG
+/// (all_reduce) from 32 KiB, the bulk push route from 64 KiB (all_reduce and reduce_scatter
+/// calls that do not fit its frame run as bulk chunks, all_gather calls take one-shot), so every
+/// route runs (the suite's sizes go up to its 256 KiB capacity), and `peer` as the bound on
+/// every wait for a peer.
+pub fn ipc_suite_config(capacity: usize, peer: Duration) -> IpcConfig {
+    let mut config = IpcConfig::new(capacity)
+        .with_rsag_threshold(32 << 10)
+        .with_push_threshold(8 << 10)
+        .with_bulk_threshold(64 << 10);
+    config.timeouts = Some(Timeouts { peer, ..Default::default() });
+    config
+}
