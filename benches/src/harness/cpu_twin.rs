@@ -4,6 +4,7 @@ use super::backend::{HostBackend, HostCollective};
 use super::routes;
 use collective_core::bootstrap::Bootstrap;
 use collective_core::protocol::DEFAULT_LL_CAPACITY;
+use collective_core::{Op, Route};
 use collective_factory::{Config, NoTransport, Routed, Routing, cpu};
 use shm_ipc::{ShmCollective, ShmConfig};
 
@@ -19,20 +20,21 @@ impl HostCollective for TwinCollective {
     }
 }
 
-/// The twin's configuration for `capacity` staging bytes per rank under `routing` (RS+AG
-/// threshold and LL push capacity from the table, as the factory sets them; defaults otherwise):
-/// what the report records.
+/// The twin's configuration for `capacity` staging bytes per rank under `routing` (the table
+/// as its route policy and the LL push capacity from it, as the factory sets them): what the
+/// report records.
 pub fn config(capacity: usize, routing: &Routing) -> ShmConfig {
-    let mut c = ShmConfig::new(capacity).with_ll_capacity(routing.ll_capacity(DEFAULT_LL_CAPACITY));
-    c.rsag_threshold = routing.rsag_threshold();
-    c
+    ShmConfig::new(capacity)
+        .with_ll_capacity(routing.ll_capacity(DEFAULT_LL_CAPACITY))
+        .with_routes(routing.route_table().clone())
 }
 
 /// What the report records about the configuration.
 pub fn config_json(c: &ShmConfig, routing: &Routing) -> serde_json::Value {
     serde_json::json!({
         "capacity_bytes": c.capacity,
-        "rs_ag_threshold_bytes": c.rsag_threshold,
+        // Where the table starts all_reduce RS+AG (`usize::MAX`: never), as reports always said.
+        "rs_ag_threshold_bytes": c.routes.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX),
         "ll_capacity_bytes": c.ll_capacity,
         "routing": serde_json::from_str::<serde_json::Value>(&routing.canonical_json()).unwrap_or_default(),
         "timeouts_ms": super::report::timeouts_ms(c.timeouts),

@@ -96,12 +96,11 @@ fn context(ordinal: usize) -> anyhow::Result<Arc<CudaContext>> {
     Ok(ctx)
 }
 
-/// The IPC configuration of a thread run under `routing`: the RS+AG threshold and the LL push
-/// capacity from the table, as the factory's NVIDIA constructors set them.
+/// The IPC configuration of a thread run under `routing`: the table as its route policy and
+/// the LL push capacity from it, as the factory's NVIDIA constructors set them.
 fn thread_ipc_config(capacity: usize, routing: &Routing) -> CudaIpcConfig {
-    let threshold = routing.rsag_threshold();
     CudaIpcConfig::new(capacity)
-        .with_rsag_threshold(threshold)
+        .with_routes(routing.route_table().clone())
         .with_ll_capacity(routing.ll_capacity(DEFAULT_LL_CAPACITY))
 }
 

@@ -112,9 +112,8 @@ pub fn group(world: usize, capacity: usize, routing: &Routing) -> anyhow::Result
          threads enqueue independently, which the HIP IPC group supports for at most two ranks per GPU"
     );
     let ordinals: Vec<usize> = (0..world).map(|r| r % count).collect();
-    let threshold = routing.rsag_threshold();
     let config = HipIpcConfig::new(capacity)
-        .with_rsag_threshold(threshold)
+        .with_routes(routing.route_table().clone())
         .with_ll_capacity(routing.ll_capacity(DEFAULT_LL_CAPACITY));
     let comms = hip_ipc::group(&ordinals, &config).context("building the HIP IPC thread group")?;
     comms

@@ -84,14 +84,16 @@ pub trait RouteSelect: Collective {
 }
 
 /// The route an IPC backend takes for `op` when a table names `route`: RS+AG is an all_reduce
-/// route only (a reduce_scatter or all_gather has nothing to split), so other ops take the
-/// one-shot route; the LL push route serves every op; `Local` stays local. Shared by every backend's [`RouteSelect`] and the
-/// factory's route reporting.
+/// route only (a reduce_scatter or all_gather has nothing to split) and reduce_scatter_many has
+/// no bulk push plan, so those take the one-shot route; the LL push route serves every op;
+/// `Local` stays local. The one place an op's fallback is decided: the route tables' lookups
+/// ([`crate::RouteTable::ipc_route`]) and the factory's route reporting use it.
 pub const fn ipc_route_for(op: Op, route: Route) -> Route {
     match (op, route) {
         (_, Route::Local) => Route::Local,
         (Op::AllReduce, Route::IpcReduceScatterAllGather) => Route::IpcReduceScatterAllGather,
         (_, Route::IpcPushLl) => Route::IpcPushLl,
+        (Op::ReduceScatterMany, Route::IpcPush) => Route::IpcOneShot,
         (_, Route::IpcPush) => Route::IpcPush,
         _ => Route::IpcOneShot,
     }

@@ -31,6 +31,7 @@ mod op;
 pub mod process;
 pub mod protocol;
 mod route;
+mod route_table;
 mod validate;
 mod view;
 
@@ -42,6 +43,7 @@ pub use fixed_tree;
 pub use host::host_identity;
 pub use op::{Op, Signature};
 pub use route::{IpcRoute, Route};
+pub use route_table::{RouteTable, SizeRoutes};
 pub use validate::{Call, LaneCall, LaneCalls, validate, validate_many};
 pub use view::{Io, RawMut, RawRef};
 

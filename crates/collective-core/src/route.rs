@@ -65,6 +65,16 @@ impl Route {
         matches!(self, Route::Transport | Route::IpcReduceScatterTransportAllGather)
     }
 
+    /// The route with the same bits that needs no transport: the transport's becomes IPC
+    /// one-shot, the hybrid IPC RS+AG; IPC routes stay.
+    pub const fn without_transport(self) -> Route {
+        match self {
+            Route::Transport => Route::IpcOneShot,
+            Route::IpcReduceScatterTransportAllGather => Route::IpcReduceScatterAllGather,
+            other => other,
+        }
+    }
+
     /// snake_case name used in bench output and routing tables.
     pub const fn name(self) -> &'static str {
         match self {

@@ -7,12 +7,11 @@ use collective_core::protocol::IpcConfig;
 use collective_core::{Error, RouteSelect};
 use std::sync::Arc;
 
-/// The IPC engine's configuration. The routing table decides every call's route (`Routed`);
-/// the RS+AG threshold only serves direct users of the IPC collective's own `route()`.
+/// The IPC engine's configuration: the agreed routing table is its route policy (`Routed`
+/// decides every call's route by it; the engine's own `route()` looks up the same table).
 pub(crate) fn ipc_config(config: &Config, routing: &Routing) -> IpcConfig {
-    let threshold = routing.rsag_threshold();
     let mut c = IpcConfig::new(config.capacity())
-        .with_rsag_threshold(threshold)
+        .with_routes(routing.route_table().clone())
         .with_ll_capacity(routing.ll_capacity(config.ll_capacity()));
     c.timeouts = config.timeouts();
     c.max_blocks = config.max_blocks();

@@ -106,9 +106,10 @@ pub fn with_transport<T: Collective<Stream = ()>>(
     }
     let world = boot.world_size();
     let ipc = if d.ipc || world == 1 {
-        let mut shm = ShmConfig::new(capacity).with_ll_capacity(d.routing.ll_capacity(config.ll_capacity()));
+        let mut shm = ShmConfig::new(capacity)
+            .with_ll_capacity(d.routing.ll_capacity(config.ll_capacity()))
+            .with_routes(d.routing.route_table().clone());
         shm.timeouts = config.timeouts();
-        shm.rsag_threshold = d.routing.rsag_threshold();
         Some(ShmCollective::new(boot, shm)?)
     } else {
         None

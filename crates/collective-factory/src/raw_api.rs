@@ -96,21 +96,18 @@ impl<D: IpcDevice> Routed<IpcCollective<D>, TransportCollective<D>> {
             .collect();
         let bytes = lanes.iter().fold(0usize, |b, l| b.saturating_add(l.2.saturating_mul(dtype.size())));
         let stream = RawStream(stream);
-        let no_ipc = || Error::InvalidConfig { detail: "no IPC backend".into() };
-        // The routes of `Routed::reduce_scatter_many`: the LL push route when the table names
-        // it, the transport, else the IPC backend's own route.
+        // As `Routed::reduce_scatter_many`: the table's route, the transport's or the IPC one.
         match self.route(Op::ReduceScatterMany, bytes) {
             Route::Transport => {
                 let t = self.transport().ok_or(Error::InvalidConfig { detail: "no transport".into() })?;
                 // SAFETY: the caller vouches for the memory and the stream.
                 unsafe { t.enqueue_many(&ios, stream) }
             }
-            // SAFETY: as above.
-            Route::IpcPushLl => unsafe {
-                self.ipc().ok_or_else(no_ipc)?.enqueue_many_routed(&ios, Some(Route::IpcPushLl), stream)
-            },
-            // SAFETY: as above.
-            _ => unsafe { self.ipc().ok_or_else(no_ipc)?.enqueue_many(&ios, stream) },
+            route => {
+                let on = self.ipc_route(route)?;
+                // SAFETY: as above.
+                unsafe { self.ipc_backend()?.enqueue_many_routed(&ios, Some(on), stream) }
+            }
         }
     }
 }
@@ -121,7 +118,7 @@ struct Raw(RawStream);
 impl<D: IpcDevice> Via<IpcCollective<D>, TransportCollective<D>> for Raw {
     fn ipc(&self, ipc: &IpcCollective<D>, op: Op, io: Io<'_>, route: IpcRoute) -> Result<(), Error> {
         // SAFETY: `enqueue_raw`'s caller vouches for the memory and the stream.
-        unsafe { ipc.enqueue_routed(op, io, Some(route.route()), self.0) }
+        unsafe { ipc.enqueue_routed(op, io, Some(route), self.0) }
     }
     fn transport(&self, transport: &TransportCollective<D>, op: Op, io: Io<'_>) -> Result<(), Error> {
         // SAFETY: as above.

@@ -52,6 +52,17 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
         Ok(Routed { rank, world, capacity, routing, ipc, transport, calls: Mutex::new(()) })
     }
 
+    /// The IPC backend, or why a call routed to it cannot run.
+    pub(crate) fn ipc_backend(&self) -> Result<&I, Error> {
+        self.ipc.as_ref().ok_or(Error::InvalidConfig { detail: "no IPC backend".into() })
+    }
+
+    /// The IPC route `route` (as [`Collective::route`] reports it) names.
+    pub(crate) fn ipc_route(&self, route: Route) -> Result<IpcRoute, Error> {
+        IpcRoute::of(route)
+            .ok_or_else(|| Error::InvalidConfig { detail: format!("route {} is not an IPC route", route.name()) })
+    }
+
     /// The IPC backend, if built.
     pub fn ipc(&self) -> Option<&I> {
         self.ipc.as_ref()
@@ -78,7 +89,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
             .calls
             .lock()
             .map_err(|_| Error::Poisoned { cause: "a thread panicked inside a call of this handle".into() })?;
-        let ipc = || self.ipc.as_ref().ok_or(Error::InvalidConfig { detail: "no IPC backend".into() });
+        let ipc = || self.ipc_backend();
         let transport = || self.transport.as_ref().ok_or(Error::InvalidConfig { detail: "no transport".into() });
         match self.route(op, contributed_bytes(op, &io, self.world)) {
             Route::Transport => via.transport(transport()?, op, io),
@@ -86,12 +97,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
                 validate(op, &io, self.rank, self.world, self.capacity)?;
                 self.hybrid_all_reduce(io, ipc()?, transport()?, via)
             }
-            route => {
-                let on = IpcRoute::of(route).ok_or_else(|| Error::InvalidConfig {
-                    detail: format!("route {} is not an IPC route", route.name()),
-                })?;
-                via.ipc(ipc()?, op, io, on)
-            }
+            route => via.ipc(ipc()?, op, io, self.ipc_route(route)?),
         }
     }
 
@@ -241,26 +247,12 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I,
     fn reduce_scatter_many(&self, lanes: &[Io<'_>], stream: &Self::Stream) -> Result<(), Error> {
         let bytes = lanes.iter().map(|io| contributed_bytes(Op::ReduceScatterMany, io, self.world)).sum();
         match self.route(Op::ReduceScatterMany, bytes) {
-            Route::IpcPushLl => self
-                .ipc
-                .as_ref()
-                .ok_or(Error::InvalidConfig { detail: "no IPC backend".into() })?
-                .reduce_scatter_many_on_route(lanes, IpcRoute::PushLl, stream),
-            // reduce_scatter_many has no bulk push plan: the IPC backend's own route.
-            Route::Local
-            | Route::IpcPush
-            | Route::IpcOneShot
-            | Route::IpcReduceScatterAllGather
-            | Route::IpcReduceScatterTransportAllGather => self
-                .ipc
-                .as_ref()
-                .ok_or(Error::InvalidConfig { detail: "no IPC backend".into() })?
-                .reduce_scatter_many(lanes, stream),
             Route::Transport => self
                 .transport
                 .as_ref()
                 .ok_or(Error::InvalidConfig { detail: "no transport".into() })?
                 .reduce_scatter_many(lanes, stream),
+            route => self.ipc_backend()?.reduce_scatter_many_on_route(lanes, self.ipc_route(route)?, stream),
         }
     }
     /// The IPC backend's recorded failure, else the transport's.

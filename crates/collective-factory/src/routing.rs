@@ -9,7 +9,7 @@
 //! collective is built with it ([`Routing::check_for`]), when it was written for another
 //! platform or takes a route the world cannot (`local` above one rank).
 use crate::Platform;
-use collective_core::{Error, Op, Route};
+use collective_core::{Error, Op, Route, RouteTable};
 use serde::{Deserialize, Serialize};
 
 /// One rule: calls of `op` whose per-rank input is in `min_bytes..max_bytes` take `route`.
@@ -35,12 +35,13 @@ pub struct RoutingTable {
     pub rules: Vec<Rule>,
 }
 
-/// A checked table: for every op, rules that tile `0..∞` without gaps or overlaps.
+/// A checked table: for every op, rules that tile `0..∞` without gaps or overlaps. What it
+/// decides is a [`RouteTable`], the policy the backends are built with: the table is the only
+/// route policy (a backend looks it up, it has no thresholds of its own).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Routing {
     table: RoutingTable,
-    /// Per op (in `Op::ALL` order): sorted `(min, max, route)`.
-    ranges: Vec<Vec<(u64, Option<u64>, Route)>>,
+    routes: RouteTable,
 }
 
 const NVIDIA: &str = include_str!("../tables/nvidia-default.json");
@@ -127,34 +128,14 @@ impl Routing {
         if Platform::parse(&table.platform).is_none() {
             return Err(bad(format!("unknown platform `{}` (expected nvidia, rocm or cpu)", table.platform)));
         }
-        let mut ranges = vec![Vec::new(); Op::ALL.len()];
+        let mut rules = Vec::with_capacity(table.rules.len());
         for r in &table.rules {
             let op = Op::parse(&r.op).ok_or_else(|| bad(format!("unknown op `{}`", r.op)))?;
             let route = Route::parse(&r.route).ok_or_else(|| bad(format!("unknown route `{}`", r.route)))?;
-            if op == Op::AllGather && route.needs_ipc() && route.needs_transport() {
-                return Err(bad(format!("all_gather reduces nothing, so it cannot take `{}`", r.route)));
-            }
-            if r.max_bytes.is_some_and(|m| m <= r.min_bytes) {
-                return Err(bad(format!("{} rule {}..{:?} is empty", r.op, r.min_bytes, r.max_bytes)));
-            }
-            ranges[op_index(op)].push((r.min_bytes, r.max_bytes, route));
+            rules.push((op, r.min_bytes, r.max_bytes, route));
         }
-        for (op, rs) in Op::ALL.iter().zip(ranges.iter_mut()) {
-            rs.sort_by_key(|r| r.0);
-            let mut next = Some(0u64);
-            for &(min, max, _) in rs.iter() {
-                if Some(min) != next {
-                    return Err(bad(format!(
-                        "{op} rules leave a gap or overlap at {min} bytes (expected a rule from {next:?})"
-                    )));
-                }
-                next = max;
-            }
-            if next.is_some() {
-                return Err(bad(format!("{op} has no rule from {next:?} bytes upwards")));
-            }
-        }
-        Ok(Routing { table, ranges })
+        let routes = RouteTable::new(rules)?;
+        Ok(Routing { table, routes })
     }
 
     /// Whether a collective of `world` ranks on `platform` can be built with this table: the
@@ -195,36 +176,33 @@ impl Routing {
 
     /// The route of a call of `op` with `bytes` of per-rank input.
     pub fn route(&self, op: Op, bytes: usize) -> Route {
-        let b = bytes as u64;
-        self.ranges[op_index(op)]
-            .iter()
-            .find(|(min, max, _)| b >= *min && max.is_none_or(|m| b < m))
-            .map_or(Route::IpcOneShot, |r| r.2)
+        self.routes.route(op, bytes)
+    }
+
+    /// The policy this table decides, as the backends are built with it.
+    pub fn route_table(&self) -> &RouteTable {
+        &self.routes
     }
 
     /// Whether any rule needs the transport.
     pub fn uses_transport(&self) -> bool {
-        self.ranges.iter().flatten().any(|r| r.2.needs_transport())
+        self.routes.routes().any(|r| r.needs_transport())
     }
 
     /// Whether any rule needs IPC.
     pub fn uses_ipc(&self) -> bool {
-        self.ranges.iter().flatten().any(|r| r.2.needs_ipc())
+        self.routes.routes().any(|r| r.needs_ipc())
     }
 
     /// Every route some rule takes.
     pub fn routes(&self) -> impl Iterator<Item = Route> + '_ {
-        self.ranges.iter().flatten().map(|r| r.2)
+        self.routes.routes()
     }
 
     /// The same table with every route replaced by `f(op, route)`.
     fn mapped(&self, why: &str, f: impl Fn(Op, Route) -> Route) -> Routing {
         let mut r = self.clone();
-        for (op, rs) in Op::ALL.iter().zip(r.ranges.iter_mut()) {
-            for x in rs.iter_mut() {
-                x.2 = f(*op, x.2);
-            }
-        }
+        r.routes = self.routes.mapped(&f);
         for rule in &mut r.table.rules {
             if let (Some(op), Some(route)) = (Op::parse(&rule.op), Route::parse(&rule.route)) {
                 rule.route = f(op, route).name().to_string();
@@ -237,11 +215,7 @@ impl Routing {
     /// For ranks that can all do IPC but not all load the transport: transport ranges become
     /// IPC (one-shot; the hybrid becomes IPC RS+AG). Same bits, possibly slower.
     pub fn without_transport(&self) -> Routing {
-        self.mapped("no transport: IPC everywhere", |_, r| match r {
-            Route::Transport => Route::IpcOneShot,
-            Route::IpcReduceScatterTransportAllGather => Route::IpcReduceScatterAllGather,
-            other => other,
-        })
+        self.mapped("no transport: IPC everywhere", |_, r| r.without_transport())
     }
 
     /// For ranks that cannot all do IPC (several hosts): every call takes the transport.
@@ -255,17 +229,9 @@ impl Routing {
         if self.routes().any(|r| r == Route::IpcPushLl) { requested } else { 0 }
     }
 
-    /// The smallest all_reduce size routed to `route`, if any (IPC backends take their RS+AG
-    /// threshold from it).
+    /// The smallest size of `op` routed to `route`, if any (reports: where RS+AG starts).
     pub fn first_bytes(&self, op: Op, route: Route) -> Option<usize> {
-        self.ranges[op_index(op)].iter().filter(|r| r.2 == route).map(|r| r.0 as usize).min()
-    }
-
-    /// The all_reduce size per rank from which the table takes IPC RS+AG (`usize::MAX`: never):
-    /// the one derivation of the threshold an IPC backend's own `route()` uses, for every
-    /// constructor that builds a backend under this table.
-    pub fn rsag_threshold(&self) -> usize {
-        self.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather).unwrap_or(usize::MAX)
+        self.routes.first_bytes(op, route)
     }
 
     /// The table as stored.
@@ -287,8 +253,4 @@ fn in_env_table(e: Error, from: &str) -> Error {
         }
         other => other,
     }
-}
-
-fn op_index(op: Op) -> usize {
-    Op::ALL.iter().position(|o| *o == op).unwrap_or(0)
 }

@@ -16,7 +16,7 @@
 //!   launches on (they are taken where the device and driver allow: sm_90+, CUDA 12.4+).
 //!
 //! `cargo run --release -p cuda-ipc --example cuda_bench`. Prints `{"skipped": ...}` without a GPU.
-use collective_core::{Collective, DType, Io, RawMut, RawRef};
+use collective_core::{Collective, DType, Io, RawMut, RawRef, Route, RouteTable};
 use cuda_ipc::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, sys};
 use cuda_ipc::{CudaIpcCollective, CudaIpcConfig, FusedTree};
 use std::sync::{Arc, Barrier, Mutex};
@@ -363,12 +363,13 @@ fn latency(ctx: &Arc<CudaContext>) -> Res<()> {
                 "{{\"bench\":\"latency\",\"op\":\"memcpy\",\"world\":{world},\"bytes\":{bytes},\"eager_us_per_call\":{ce:.2},\"graph_us_per_call\":{cg:.2},\"empty_kernels_us\":{noop_us:.2}}}"
             );
             let capacity = (2 * bytes + (1 << 20)).max(4 << 20);
-            let base = CudaIpcConfig::new(capacity).with_rsag_threshold(usize::MAX);
-            let mut routes = vec![("ipc_one_shot", base.clone()), ("ipc_rs_ag", base.clone().with_rsag_threshold(0))];
+            // Each route asked for by a table that takes it at every size.
+            let only = |r: Route| CudaIpcConfig::new(capacity).with_routes(RouteTable::uniform(r));
+            let mut routes = vec![("ipc_one_shot", only(Route::IpcOneShot)), ("ipc_rs_ag", only(Route::IpcReduceScatterAllGather))];
             if bytes <= 1 << 20 {
-                routes.push(("ipc_push_ll", base.clone().with_ll_capacity(bytes).with_push_threshold(usize::MAX)));
+                routes.push(("ipc_push_ll", only(Route::IpcPushLl).with_ll_capacity(bytes)));
             }
-            routes.push(("ipc_push", base.clone().with_bulk_threshold(0)));
+            routes.push(("ipc_push", only(Route::IpcPush)));
             for (name, config) in routes {
                 let comms = cuda_ipc::group_on_device(ctx, world, &config)?;
                 let route = comms[0].route(collective_core::Op::AllReduce, bytes).name();

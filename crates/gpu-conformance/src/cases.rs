@@ -11,7 +11,7 @@ use collective_core::conformance::data::{compare, finite_values, reference_reduc
 use collective_core::conformance::faults;
 use collective_core::conformance::sequence::{self, seed};
 use collective_core::protocol::IpcConfig;
-use collective_core::{Collective, DType, Error, Io, Op, RawMut, RawRef};
+use collective_core::{Collective, DType, Error, Io, Op, RawMut, RawRef, RouteTable, SizeRoutes};
 use ipc_engine::{Device, IpcCollective};
 use std::time::{Duration, Instant};
 
@@ -187,10 +187,8 @@ pub fn generations_wrap<G: TestGpu>() {
     let _l = gpu_lock();
     let world = 2;
     for start in [(1u32 << 31) + 5, u32::MAX - 3] {
-        let config = IpcConfig::new(1 << 20)
-            .with_rsag_threshold(16 << 10)
-            .with_push_threshold(2 << 10)
-            .with_bulk_threshold(128 << 10);
+        let routes = SizeRoutes { ll_up_to: Some(2 << 10), bulk_from: Some(128 << 10), rsag_from: Some(16 << 10) };
+        let config = IpcConfig::new(1 << 20).with_routes(RouteTable::by_size(routes));
         let comms = group::<G>(&device, world, &config);
         for c in &comms {
             c.start_generation_for_test(start).expect("hook");

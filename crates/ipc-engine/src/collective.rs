@@ -99,23 +99,14 @@ impl<D: IpcDevice> IpcCollective<D> {
         Ok(())
     }
 
-    /// The route a call of `op` moving `bytes` per rank takes when the caller does not choose
-    /// one: the LL push route up to the configured push threshold, the bulk push route from the
-    /// bulk threshold (not reduce_scatter_many), RS+AG for all_reduce from the RS+AG threshold,
-    /// one-shot otherwise. Push calls that do not fit their slots take one-shot (same bits),
-    /// except bulk all_reduce and reduce_scatter, which run as bulk chunks (`protocol::Chunks`).
-    pub fn default_route(&self, op: Op, bytes: usize) -> Route {
-        if self.world == 1 {
-            Route::Local
-        } else if bytes <= self.config.push_threshold && self.config.ll_capacity > 0 {
-            Route::IpcPushLl
-        } else if bytes >= self.config.bulk_threshold && op != Op::ReduceScatterMany {
-            Route::IpcPush
-        } else if op == Op::AllReduce && bytes > 0 && bytes >= self.config.rsag_threshold {
-            Route::IpcReduceScatterAllGather
-        } else {
-            Route::IpcOneShot
-        }
+    /// The route a call of `op` moving `bytes` per rank takes when the caller does not name
+    /// one: a lookup in this collective's route table ([`IpcConfig::routes`], bound to the world
+    /// and to IPC at construction; the factory passes its agreed routing table). Push calls that
+    /// do not fit their slots take one-shot (same bits), except bulk all_reduce and
+    /// reduce_scatter, which run as bulk chunks (`protocol::Chunks`).
+    pub fn default_route(&self, op: Op, bytes: usize) -> IpcRoute {
+        // The bound table holds IPC routes only.
+        self.config.routes.ipc_route(op, bytes).unwrap_or(IpcRoute::OneShot)
     }
 
     fn fail(&self, e: Error) -> Error {
@@ -203,26 +194,24 @@ impl<D: IpcDevice> IpcCollective<D> {
         &self,
         op: Op,
         io: Io<'_>,
-        route: Option<Route>,
+        route: Option<IpcRoute>,
         stream: RawStream,
     ) -> Result<(), Error> {
         let mut order = self.lock_call()?;
         self.check()?;
         // No capacity limit: a call above the staging capacity runs in chunks (`Chunks`).
         let call = validate(op, &io, self.rank, self.world, usize::MAX)?;
-        let route = match route {
-            None => self.default_route(op, call.bytes_in()),
-            Some(r) => self.check_route(op, r)?,
-        };
-        self.device.bind()?;
-        let Some(ipc) = &self.ipc else {
+        let route = route.unwrap_or_else(|| self.default_route(op, call.bytes_in()));
+        let Some(ipc) = self.ipc_for(route)? else {
+            self.device.bind()?;
             return self.copy_local(call.dst, call.src, call.bytes_out(), stream);
         };
+        self.device.bind()?;
         // The LL push route when the payload fits the LL slots, the one-shot pull route
         // otherwise (same bits); above the staging capacity, chunks: consecutive launches on
         // this stream, one generation each (the double-buffered frames pipeline them).
-        let chunks =
-            Chunks::single(&call, self.rank, self.world, route, self.config.capacity, ipc.layout.ll_capacity())?;
+        let (capacity, ll) = (self.config.capacity, ipc.layout.ll_capacity());
+        let chunks = Chunks::single(&call, self.rank, self.world, route.route(), capacity, ll)?;
         let launch = |plan| {
             let p: ParamsSingle = params::pack(&ipc.fixed, &plan, call.in_place && op == Op::AllGather, D::BACKEND)?;
             // SAFETY: the single-lane kernel takes `DcParams<16>`; the addresses are the
@@ -275,14 +264,16 @@ impl<D: IpcDevice> IpcCollective<D> {
         unsafe { order.after(&self.device, stream) }.map_err(|e| self.fail(e))
     }
 
-    /// The route `op` takes when asked for `route`, or why it cannot.
-    fn check_route(&self, op: Op, route: Route) -> Result<Route, Error> {
-        match (self.world, route) {
-            (1, _) => Ok(Route::Local),
-            (_, Route::IpcOneShot | Route::IpcPushLl | Route::IpcPush) => Ok(route),
-            (_, Route::IpcReduceScatterAllGather) if op == Op::AllReduce => Ok(route),
+    /// The protocol state a call by `route` runs on: `None` for `Local` at world 1 (a copy).
+    /// A route this world does not have (`Local` above one rank, a protocol route at world 1)
+    /// is `InvalidConfig`, before any device work. Which IPC routes an op can take, the plan
+    /// says (`Plan::single`: RS+AG is an all_reduce route).
+    fn ipc_for(&self, route: IpcRoute) -> Result<Option<&IpcState<D>>, Error> {
+        match (&self.ipc, route) {
+            (None, IpcRoute::Local) => Ok(None),
+            (Some(ipc), r) if r != IpcRoute::Local => Ok(Some(ipc)),
             _ => Err(Error::InvalidConfig {
-                detail: format!("{op} cannot take route {route:?} on the IPC backend (a routing table asked for it)"),
+                detail: format!("route {} is not a route of a world of {} ranks", route.route().name(), self.world),
             }),
         }
     }
@@ -307,23 +298,24 @@ impl<D: IpcDevice> IpcCollective<D> {
     pub unsafe fn enqueue_many_routed(
         &self,
         lanes: &[Io<'_>],
-        route: Option<Route>,
+        route: Option<IpcRoute>,
         stream: RawStream,
     ) -> Result<(), Error> {
         let mut order = self.lock_call()?;
         self.check()?;
         let (calls, sig) = validate_many(lanes, self.rank, self.world, usize::MAX)?;
-        let route =
-            route.unwrap_or_else(|| self.default_route(Op::ReduceScatterMany, sig.count as usize * sig.dtype.size()));
-        self.device.bind()?;
-        let Some(ipc) = &self.ipc else {
+        let bytes = sig.count as usize * sig.dtype.size();
+        let route = route.unwrap_or_else(|| self.default_route(Op::ReduceScatterMany, bytes));
+        let Some(ipc) = self.ipc_for(route)? else {
+            self.device.bind()?;
             for l in &calls {
                 self.copy_local(l.call.dst, l.call.src, l.call.bytes_out(), stream)?;
             }
             return Ok(());
         };
+        self.device.bind()?;
         let (capacity, ll) = (self.config.capacity, ipc.layout.ll_capacity());
-        let chunks = Chunks::many(&calls, sig, self.rank, self.world, route, capacity, ll);
+        let chunks = Chunks::many(&calls, sig, self.rank, self.world, route.route(), capacity, ll);
         let launch = |plan| {
             let p: ParamsMany = params::pack(&ipc.fixed, &plan, false, D::BACKEND)?;
             // SAFETY: the many-lane kernel takes `DcParams<32>`; addresses as in `enqueue`.
@@ -398,7 +390,7 @@ impl<D: IpcDevice> Collective for IpcCollective<D> {
         Capabilities::strict(self.config.capacity, D::GRAPH_CAPTURE).with_max_call_bytes(usize::MAX)
     }
     fn route(&self, op: Op, bytes: usize) -> Route {
-        self.default_route(op, bytes)
+        self.default_route(op, bytes).route()
     }
     fn check(&self) -> Result<(), Error> {
         IpcCollective::check(self)
@@ -448,12 +440,12 @@ impl<D: IpcDevice> RouteSelect for IpcCollective<D> {
         }
         let s = self.device.raw_stream(stream)?;
         // SAFETY: as in `all_reduce`.
-        unsafe { self.enqueue_routed(op, io, Some(route.route()), s) }
+        unsafe { self.enqueue_routed(op, io, Some(route), s) }
     }
     fn reduce_scatter_many_on_route(&self, lanes: &[Io<'_>], route: IpcRoute, stream: &D::Stream) -> Result<(), Error> {
         let s = self.device.raw_stream(stream)?;
         // SAFETY: as in `all_reduce`.
-        unsafe { self.enqueue_many_routed(lanes, Some(route.route()), s) }
+        unsafe { self.enqueue_many_routed(lanes, Some(route), s) }
     }
 }
 

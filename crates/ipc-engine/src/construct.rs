@@ -41,7 +41,10 @@ impl<D: IpcDevice> IpcCollective<D> {
             rank,
             world,
             device: device.clone(),
-            config: config.clone(),
+            // The route policy bound to this world (a world of one: every call local) and to
+            // this backend (transport ranges of a factory's table run as the IPC route with the
+            // same bits): per call, only a lookup.
+            config: config.clone().with_routes(config.routes.clone().for_world(world).without_transport()),
             ipc,
             local_copy,
             poison: Poison::default(),

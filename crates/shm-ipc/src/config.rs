@@ -1,8 +1,9 @@
 //! Construction parameters of the CPU twin.
+use collective_core::RouteTable;
 use collective_core::protocol::{DEFAULT_LL_CAPACITY, DEFAULT_RSAG_THRESHOLD, IpcConfig, Timeouts};
 
 /// How a CPU-twin collective is built. Every rank must pass the same values (checked).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ShmConfig {
     /// Staging bytes per frame: the most one rank contributes to one generation (larger calls
@@ -14,8 +15,10 @@ pub struct ShmConfig {
     /// [`Timeouts::default`], read when the collective is built (an invalid value fails the
     /// construction with `InvalidConfig`). Agreed between ranks like the capacity.
     pub timeouts: Option<Timeouts>,
-    /// all_reduce calls of at least this many bytes take IPC reduce_scatter + all_gather.
-    pub rsag_threshold: usize,
+    /// The route policy of the collective's own calls (as [`IpcConfig::routes`]): the factory
+    /// passes its agreed routing table; by default RS+AG for all_reduce from 512 KiB per rank,
+    /// one-shot otherwise.
+    pub routes: RouteTable,
     /// Payload bytes per rank one call may send on the LL push route (`ipc_push_ll`); the
     /// receive area takes `4 * world * ll_capacity` bytes per rank. Larger calls routed there,
     /// and every call when it is 0, take the one-shot pull route (same bits).
@@ -24,16 +27,20 @@ pub struct ShmConfig {
 
 impl ShmConfig {
     /// `capacity` bytes of staging, timeouts from the environment (`DETCOLL_TIMEOUT_MS`, read
-    /// at construction), RS+AG from the engine's default (`DEFAULT_RSAG_THRESHOLD`, 512 KiB), and the
-    /// default LL push capacity (512 KiB).
+    /// at construction), the engine's default route table (`RouteTable::ipc_default` of
+    /// `DEFAULT_RSAG_THRESHOLD`, 512 KiB), and the default LL push capacity (512 KiB).
     pub fn new(capacity: usize) -> Self {
-        ShmConfig { capacity, timeouts: None, rsag_threshold: DEFAULT_RSAG_THRESHOLD, ll_capacity: DEFAULT_LL_CAPACITY }
+        ShmConfig {
+            capacity,
+            timeouts: None,
+            routes: RouteTable::ipc_default(DEFAULT_RSAG_THRESHOLD),
+            ll_capacity: DEFAULT_LL_CAPACITY,
+        }
     }
 
-    /// Builder: all_reduce calls of at least `bytes` take IPC reduce_scatter + all_gather when
-    /// the caller does not route them (as [`IpcConfig::with_rsag_threshold`]).
-    pub fn with_rsag_threshold(mut self, bytes: usize) -> Self {
-        self.rsag_threshold = bytes;
+    /// Builder: the route policy of the collective's own calls (as [`IpcConfig::with_routes`]).
+    pub fn with_routes(mut self, routes: RouteTable) -> Self {
+        self.routes = routes;
         self
     }
 
@@ -52,8 +59,7 @@ impl ShmConfig {
     /// The engine's configuration for these values (the engine checks them: a capacity every
     /// call can be chunked through, at least [`collective_core::protocol::MIN_CAPACITY`]).
     pub(crate) fn ipc(&self) -> IpcConfig {
-        let mut c =
-            IpcConfig::new(self.capacity).with_rsag_threshold(self.rsag_threshold).with_ll_capacity(self.ll_capacity);
+        let mut c = IpcConfig::new(self.capacity).with_routes(self.routes.clone()).with_ll_capacity(self.ll_capacity);
         c.timeouts = self.timeouts;
         c
     }

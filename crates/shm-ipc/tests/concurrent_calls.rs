@@ -9,8 +9,11 @@
 use collective_core::{Collective, Io};
 use shm_ipc::{ShmCollective, ShmConfig};
 
-/// `call(comm, x, y)`: one collective call of `x` into `y` (same length, all_reduce semantics).
-fn drive(ranks: &[impl Collective<Stream = ()>], call: &(dyn Fn(&dyn CallOn, &[f32], &mut [f32]) + Sync)) {
+/// One collective call of `x` into `y` on `comm` (same length, all_reduce semantics).
+type CallFn = dyn Fn(&dyn CallOn, &[f32], &mut [f32]) + Sync;
+
+/// `call(comm, x, y)` from several threads of every rank.
+fn drive(ranks: &[impl Collective<Stream = ()>], call: &CallFn) {
     let n = 4096;
     std::thread::scope(|s| {
         let mut zero = Vec::new();

@@ -19,7 +19,7 @@ impl TestBackend for Processes {
         case: &(dyn Fn(&mut Self::Rank) -> Result<(), String> + Sync),
     ) -> Result<(), String> {
         let mut config = ShmConfig::new(capacity);
-        config.rsag_threshold = 4096;
+        config.routes = collective_core::RouteTable::ipc_default(4096);
         config.timeouts = Some(collective_core::protocol::Timeouts {
             peer: std::time::Duration::from_secs(30),
             ..Default::default()

@@ -22,7 +22,7 @@ impl TestBackend for Threads {
             peer: std::time::Duration::from_secs(20),
             ..Default::default()
         });
-        config.rsag_threshold = 4096;
+        config.routes = collective_core::RouteTable::ipc_default(4096);
         let comms = ShmCollective::group(world, config).map_err(|e| e.to_string())?;
         let ranks = comms.into_iter().map(|comm| HostRank { comm }).collect();
         run_owned(ranks, case, |rank| rank.comm.close().map_err(|e| e.to_string()))

@@ -13,7 +13,7 @@ const THRESHOLD: usize = 4096;
 
 fn config() -> ShmConfig {
     let mut c = ShmConfig::new(1 << 16).with_timeouts(Timeouts { peer: BOUND, close: Duration::from_millis(300) });
-    c.rsag_threshold = THRESHOLD;
+    c.routes = collective_core::RouteTable::ipc_default(THRESHOLD);
     c
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 fn run_group(world: usize, threshold: usize, inputs: &[Vec<bf16>]) -> Vec<Vec<bf16>> {
     let mut config = ShmConfig::new(1 << 20);
-    config.rsag_threshold = threshold;
+    config.routes = collective_core::RouteTable::ipc_default(threshold);
     let comms = ShmCollective::group(world, config).unwrap();
     let bytes = inputs[0].len() * 2;
     let expect = if threshold == 0 { Route::IpcReduceScatterAllGather } else { Route::IpcOneShot };

@@ -9,7 +9,14 @@ use std::time::Duration;
 /// on the LL push route (the pull routes above, so both protocols fail closed), `peer` as the
 /// bound on every wait for a peer, close bounded by 5 s.
 pub fn config(peer: Duration) -> IpcConfig {
-    IpcConfig::new(1 << 20).with_push_threshold(4 << 10).with_timeouts(Timeouts { peer, close: Duration::from_secs(5) })
+    let routes = crate::SizeRoutes {
+        ll_up_to: Some(4 << 10),
+        rsag_from: Some(crate::protocol::DEFAULT_RSAG_THRESHOLD),
+        ..Default::default()
+    };
+    IpcConfig::new(1 << 20)
+        .with_routes(crate::RouteTable::by_size(routes))
+        .with_timeouts(Timeouts { peer, close: Duration::from_secs(5) })
 }
 
 /// Rank `me` of two reduced `counts[me]` elements while its peer reduced `counts[1 - me]`. The

@@ -295,10 +295,12 @@ fn knob(name: &str, min: u64, max: u64) -> Option<usize> {
 /// one-shot, bulk all_reduce and reduce_scatter ones run as bulk chunks), and DETCOLL_RANDOM_BLOCKS blocks per rank when set (else the backend's default:
 /// compute units / ranks sharing the GPU).
 pub fn config(capacity: usize) -> IpcConfig {
-    let config = IpcConfig::new(capacity)
-        .with_rsag_threshold(16 << 10)
-        .with_push_threshold(4 << 10)
-        .with_bulk_threshold((capacity / 4).max(16 << 10));
+    let routes = crate::SizeRoutes {
+        ll_up_to: Some(4 << 10),
+        bulk_from: Some((capacity / 4).max(16 << 10)),
+        rsag_from: Some(16 << 10),
+    };
+    let config = IpcConfig::new(capacity).with_routes(crate::RouteTable::by_size(routes));
     match knob("DETCOLL_RANDOM_BLOCKS", 1, 1024) {
         Some(b) => config.with_max_blocks(b),
         None => config,

@@ -3,7 +3,7 @@
 //! Moved verbatim from `crates/cuda-ipc/src/config.rs` (`CudaIpcConfig` there and
 //! `HipIpcConfig` in `hip-ipc` are re-exports of [`IpcConfig`]).
 use super::Timeouts;
-use crate::Error;
+use crate::{Error, RouteTable};
 
 /// Default bytes per rank from which `all_reduce` takes the IPC reduce_scatter + all_gather
 /// route instead of the one-shot route (same bits either way). One-shot reads `world` inputs
@@ -31,20 +31,15 @@ pub struct IpcConfig {
     /// Bound on every in-kernel wait and on close. `None`: `DETCOLL_TIMEOUT_MS` when set, else
     /// [`Timeouts::default`], read at construction ([`IpcConfig::resolved_timeouts`]).
     pub timeouts: Option<Timeouts>,
-    /// `all_reduce` of at least this many bytes per rank takes the RS+AG route.
-    pub rsag_threshold: usize,
+    /// The route policy of this collective's own calls ([`crate::Collective::route`], the
+    /// calls that do not name a route): the factory passes its agreed routing table; on its own,
+    /// [`RouteTable::ipc_default`] (RS+AG for all_reduce from [`DEFAULT_RSAG_THRESHOLD`]). The
+    /// engine only looks it up: it has no thresholds of its own.
+    pub routes: RouteTable,
     /// Payload bytes per rank one call may send on the LL push route; the receive area takes
     /// `2 * world * 2 * ll_capacity` bytes per rank (0: no LL route, calls routed there take
     /// the one-shot pull route).
     pub ll_capacity: usize,
-    /// Calls moving at most this many bytes per rank take the LL push route by default (when
-    /// the caller, e.g. a routing table, does not choose the route; 0: never). Default 0 until
-    /// crossovers are measured on several GPUs; the factory's tables choose routes themselves.
-    pub push_threshold: usize,
-    /// Calls moving at least this many bytes per rank take the bulk push route by default
-    /// (`usize::MAX`: never, the default until measured on several GPUs). Checked after the
-    /// push threshold and before the RS+AG threshold.
-    pub bulk_threshold: usize,
     /// Whether ranks that are threads sharing one device launch each call together (the GPU
     /// engine's lockstep: no such rank launches call `k` before all of them reached it, none
     /// returns before all launched it). `None`: `DETCOLL_LOCKSTEP` when set, else on. Turn it
@@ -55,16 +50,14 @@ pub struct IpcConfig {
 
 impl IpcConfig {
     /// `capacity` bytes of staging, automatic block count, timeouts from `DETCOLL_TIMEOUT_MS`
-    /// (default 10 s), the default RS+AG threshold.
+    /// (default 10 s), the default route table ([`RouteTable::ipc_default`]).
     pub fn new(capacity: usize) -> Self {
         IpcConfig {
             capacity,
             max_blocks: None,
             timeouts: None,
-            rsag_threshold: DEFAULT_RSAG_THRESHOLD,
+            routes: RouteTable::ipc_default(DEFAULT_RSAG_THRESHOLD),
             ll_capacity: DEFAULT_LL_CAPACITY,
-            push_threshold: 0,
-            bulk_threshold: usize::MAX,
             lockstep: None,
         }
     }
@@ -76,15 +69,9 @@ impl IpcConfig {
         self
     }
 
-    /// Builder: calls of at least `bytes` per rank take the bulk push route by default.
-    pub fn with_bulk_threshold(mut self, bytes: usize) -> Self {
-        self.bulk_threshold = bytes;
-        self
-    }
-
-    /// Builder: calls of at most `bytes` per rank take the LL push route by default.
-    pub fn with_push_threshold(mut self, bytes: usize) -> Self {
-        self.push_threshold = bytes;
+    /// Builder: the route policy of this collective's own calls (see [`IpcConfig::routes`]).
+    pub fn with_routes(mut self, routes: RouteTable) -> Self {
+        self.routes = routes;
         self
     }
 
@@ -103,12 +90,6 @@ impl IpcConfig {
     /// Builder: wait bounds.
     pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
         self.timeouts = Some(timeouts);
-        self
-    }
-
-    /// Builder: RS+AG threshold in bytes per rank.
-    pub fn with_rsag_threshold(mut self, bytes: usize) -> Self {
-        self.rsag_threshold = bytes;
         self
     }
 
@@ -137,24 +118,6 @@ impl IpcConfig {
     pub fn resolved_timeouts(&self) -> Result<Timeouts, Error> {
         Timeouts::resolve(self.timeouts)
     }
-
-    /// Words every rank must agree on: `[capacity, max_blocks (0 = auto), rsag_threshold,
-    /// peer timeout (ns), close timeout (ns), ll_capacity, push_threshold, bulk_threshold]`
-    /// (timeouts as resolved; the defaults when invalid, which [`IpcConfig::check`] reports
-    /// first).
-    pub fn agreement_words(&self) -> [u64; 8] {
-        let [peer, close] = self.resolved_timeouts().unwrap_or_default().agreement_words();
-        [
-            self.capacity as u64,
-            self.max_blocks.unwrap_or(0) as u64,
-            self.rsag_threshold as u64,
-            peer,
-            close,
-            self.ll_capacity as u64,
-            self.push_threshold as u64,
-            self.bulk_threshold as u64,
-        ]
-    }
 }
 
 #[cfg(test)]
@@ -182,13 +145,5 @@ mod tests {
             }
         }
         assert!(IpcConfig::new(super::super::MIN_CAPACITY).check().is_ok());
-    }
-
-    #[test]
-    fn agreement_words_carry_the_timeouts() {
-        let t = Timeouts { peer: Duration::from_millis(3), close: Duration::from_millis(4) };
-        let w = IpcConfig::new(1 << 20).with_timeouts(t).agreement_words();
-        assert_eq!(&w[3..5], &[3_000_000, 4_000_000]);
-        assert_eq!(w[5], DEFAULT_LL_CAPACITY as u64);
     }
 }

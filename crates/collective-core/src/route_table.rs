@@ -1,0 +1,259 @@
+//! The route policy as data: `op × per-rank input bytes → route`, the one thing that decides
+//! which route a call takes.
+//!
+//! Why a type of its own, here: the factory's routing tables (JSON, per platform, agreed by every
+//! rank) and an IPC backend used on its own must decide by the same rules, in the same way, or a
+//! call would take one route in [`Collective::route`](crate::Collective::route) and another on the
+//! device. So the backends hold a `RouteTable` (the factory hands them its agreed table) and only
+//! look it up; they keep no thresholds of their own. A world of one rank is decided here too, once,
+//! when the table is bound to a world ([`RouteTable::for_world`]): every call is then `Local`.
+use crate::{Error, IpcRoute, Op, Route, ipc_route_for};
+
+/// One op's rules: sorted `(min_bytes, max_bytes exclusive or None, route)` tiling `0..∞`.
+type Ranges = Vec<(u64, Option<u64>, Route)>;
+
+/// A checked route policy: for every op, ranges of per-rank input bytes that tile `0..∞`
+/// without gaps or overlaps, each naming a route.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RouteTable {
+    /// Per op, in [`Op::ALL`] order.
+    ranges: [Ranges; 4],
+}
+
+/// The position of `op` in [`Op::ALL`].
+const fn index(op: Op) -> usize {
+    match op {
+        Op::AllReduce => 0,
+        Op::AllGather => 1,
+        Op::ReduceScatter => 2,
+        Op::ReduceScatterMany => 3,
+    }
+}
+
+impl RouteTable {
+    /// The table of `rules` (`(op, min_bytes, max_bytes exclusive or None, route)`, any order).
+    /// `InvalidConfig` when a rule is empty, when an op's rules leave a gap or overlap or do not
+    /// reach `∞`, or when all_gather takes the hybrid route (it reduces nothing to split).
+    pub fn new(rules: impl IntoIterator<Item = (Op, u64, Option<u64>, Route)>) -> Result<RouteTable, Error> {
+        let bad = |detail: String| Error::InvalidConfig { detail: format!("routing table: {detail}") };
+        let mut ranges: [Ranges; 4] = Default::default();
+        for (op, min, max, route) in rules {
+            if op == Op::AllGather && route == Route::IpcReduceScatterTransportAllGather {
+                return Err(bad(format!("all_gather reduces nothing, so it cannot take `{}`", route.name())));
+            }
+            if max.is_some_and(|m| m <= min) {
+                return Err(bad(format!("{op} rule {min}..{max:?} is empty")));
+            }
+            ranges[index(op)].push((min, max, route));
+        }
+        for (op, rs) in Op::ALL.iter().zip(ranges.iter_mut()) {
+            rs.sort_by_key(|r| r.0);
+            let mut next = Some(0u64);
+            for &(min, max, _) in rs.iter() {
+                if Some(min) != next {
+                    return Err(bad(format!(
+                        "{op} rules leave a gap or overlap at {min} bytes (expected a rule from {next:?})"
+                    )));
+                }
+                next = max;
+            }
+            if next.is_some() {
+                return Err(bad(format!("{op} has no rule from {next:?} bytes upwards")));
+            }
+        }
+        Ok(RouteTable { ranges })
+    }
+
+    /// Every op, every size: `route`.
+    pub fn uniform(route: Route) -> RouteTable {
+        RouteTable { ranges: std::array::from_fn(|_| vec![(0, None, route)]) }
+    }
+
+    /// The table an IPC backend follows when nobody gives it one: all_reduce takes RS+AG from
+    /// `rsag_from` bytes per rank (one-shot reads `world` inputs per rank, RS+AG reads 2), every
+    /// other call one-shot. What [`crate::protocol::IpcConfig::new`] starts from.
+    pub fn ipc_default(rsag_from: usize) -> RouteTable {
+        RouteTable::by_size(SizeRoutes { rsag_from: Some(rsag_from), ..SizeRoutes::default() })
+    }
+
+    /// The table that size thresholds describe (see [`SizeRoutes`]): a compact way to write an
+    /// IPC policy in code (tests, examples, benchmarks). Adjacent ranges of one route merge.
+    pub fn by_size(s: SizeRoutes) -> RouteTable {
+        let cuts = |op: Op| -> Vec<u64> {
+            let mut c = vec![0u64, 1];
+            c.extend(s.ll_up_to.and_then(|t| t.checked_add(1)).map(|t| t as u64));
+            if op != Op::ReduceScatterMany {
+                c.extend(s.bulk_from.map(|t| t as u64));
+            }
+            if op == Op::AllReduce {
+                c.extend(s.rsag_from.map(|t| t as u64));
+            }
+            c.sort_unstable();
+            c.dedup();
+            c
+        };
+        let ranges = Op::ALL.map(|op| {
+            let cuts = cuts(op);
+            let mut rs: Ranges = Vec::new();
+            for &min in &cuts {
+                let route = s.route_at(op, min);
+                if rs.last().is_some_and(|last| last.2 == route) {
+                    continue;
+                }
+                if let Some(last) = rs.last_mut() {
+                    last.1 = Some(min);
+                }
+                rs.push((min, None, route));
+            }
+            rs
+        });
+        RouteTable { ranges }
+    }
+
+    /// This table bound to a world of `world` ranks: a single rank has nothing to exchange, so
+    /// every call is `Local` (the one place a world of one is decided); other worlds keep the
+    /// table.
+    pub fn for_world(self, world: usize) -> RouteTable {
+        if world == 1 { RouteTable::uniform(Route::Local) } else { self }
+    }
+
+    /// This table for ranks without the transport: transport ranges become IPC — one-shot, and
+    /// the hybrid IPC RS+AG. Same bits, possibly slower.
+    pub fn without_transport(&self) -> RouteTable {
+        self.mapped(|_, r| r.without_transport())
+    }
+
+    /// The route of a call of `op` with `bytes` of per-rank input.
+    pub fn route(&self, op: Op, bytes: usize) -> Route {
+        let b = bytes as u64;
+        self.ranges[index(op)]
+            .iter()
+            .find(|(min, max, _)| b >= *min && max.is_none_or(|m| b < m))
+            .map_or(Route::IpcOneShot, |r| r.2)
+    }
+
+    /// The IPC route an IPC backend takes for such a call ([`ipc_route_for`]: RS+AG is an
+    /// all_reduce route; other ops take one-shot there); `None` when the table sends the call
+    /// to the transport.
+    pub fn ipc_route(&self, op: Op, bytes: usize) -> Option<IpcRoute> {
+        let r = self.route(op, bytes);
+        if r.needs_transport() { None } else { IpcRoute::of(ipc_route_for(op, r)) }
+    }
+
+    /// The rules of `op`: sorted `(min_bytes, max_bytes exclusive or None, route)`.
+    pub fn rules(&self, op: Op) -> &[(u64, Option<u64>, Route)] {
+        &self.ranges[index(op)]
+    }
+
+    /// Every route some rule takes.
+    pub fn routes(&self) -> impl Iterator<Item = Route> + '_ {
+        self.ranges.iter().flatten().map(|r| r.2)
+    }
+
+    /// The smallest size of `op` routed to `route`, if any.
+    pub fn first_bytes(&self, op: Op, route: Route) -> Option<usize> {
+        self.rules(op).iter().filter(|r| r.2 == route).map(|r| usize::try_from(r.0).unwrap_or(usize::MAX)).min()
+    }
+
+    /// The same table with every route replaced by `f(op, route)` (adjacent equal routes stay
+    /// separate rules; lookups are unaffected).
+    pub fn mapped(&self, f: impl Fn(Op, Route) -> Route) -> RouteTable {
+        let mut t = self.clone();
+        for (op, rs) in Op::ALL.iter().zip(t.ranges.iter_mut()) {
+            for r in rs.iter_mut() {
+                r.2 = f(*op, r.2);
+            }
+        }
+        t
+    }
+}
+
+/// An IPC route policy written as size thresholds (bytes of per-rank input), checked in this
+/// order: the LL push route up to `ll_up_to` (inclusive), the bulk push route from `bulk_from`
+/// (not reduce_scatter_many, which has no bulk plan), IPC RS+AG for non-empty all_reduce from
+/// `rsag_from`, one-shot otherwise. `None`: never.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SizeRoutes {
+    pub ll_up_to: Option<usize>,
+    pub bulk_from: Option<usize>,
+    pub rsag_from: Option<usize>,
+}
+
+impl SizeRoutes {
+    /// The route these thresholds give a call of `op` with `bytes` per rank.
+    fn route_at(&self, op: Op, bytes: u64) -> Route {
+        let at_least = |t: Option<usize>| t.is_some_and(|t| bytes >= t as u64);
+        if self.ll_up_to.is_some_and(|t| bytes <= t as u64) {
+            Route::IpcPushLl
+        } else if at_least(self.bulk_from) && op != Op::ReduceScatterMany {
+            Route::IpcPush
+        } else if op == Op::AllReduce && bytes > 0 && at_least(self.rsag_from) {
+            Route::IpcReduceScatterAllGather
+        } else {
+            Route::IpcOneShot
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_routes_give_the_route_their_thresholds_describe_at_every_boundary() {
+        let s = SizeRoutes { ll_up_to: Some(2048), bulk_from: Some(128 << 10), rsag_from: Some(16 << 10) };
+        let t = RouteTable::by_size(s);
+        for op in Op::ALL {
+            for b in [0u64, 1, 2047, 2048, 2049, (16 << 10) - 1, 16 << 10, (128 << 10) - 1, 128 << 10, u64::MAX / 2] {
+                assert_eq!(t.route(op, b as usize), s.route_at(op, b), "{op} at {b}");
+            }
+        }
+        assert_eq!(t.route(Op::AllReduce, 2049), Route::IpcOneShot);
+        assert_eq!(t.route(Op::AllReduce, 16 << 10), Route::IpcReduceScatterAllGather);
+        assert_eq!(t.route(Op::ReduceScatter, 16 << 10), Route::IpcOneShot);
+        assert_eq!(t.route(Op::ReduceScatterMany, 1 << 30), Route::IpcOneShot);
+        assert_eq!(t.route(Op::AllGather, 1 << 30), Route::IpcPush);
+        // The rules tile 0..∞ (the checked constructor accepts them back).
+        let rules = Op::ALL.iter().flat_map(|&op| t.rules(op).iter().map(move |r| (op, r.0, r.1, r.2)));
+        assert_eq!(RouteTable::new(rules.collect::<Vec<_>>()).unwrap(), t);
+    }
+
+    #[test]
+    fn the_default_ipc_table_is_one_shot_with_rsag_for_large_all_reduce() {
+        let t = RouteTable::ipc_default(512 << 10);
+        assert_eq!(t.route(Op::AllReduce, 0), Route::IpcOneShot);
+        assert_eq!(t.route(Op::AllReduce, (512 << 10) - 1), Route::IpcOneShot);
+        assert_eq!(t.route(Op::AllReduce, 512 << 10), Route::IpcReduceScatterAllGather);
+        assert_eq!(t.ipc_route(Op::ReduceScatter, 1 << 30), Some(IpcRoute::OneShot));
+        assert_eq!(t.first_bytes(Op::AllReduce, Route::IpcReduceScatterAllGather), Some(512 << 10));
+    }
+
+    #[test]
+    fn a_world_of_one_is_local_whatever_the_table() {
+        let t = RouteTable::uniform(Route::Transport).for_world(1);
+        for op in Op::ALL {
+            assert_eq!(t.ipc_route(op, 12345), Some(IpcRoute::Local));
+        }
+        assert_eq!(RouteTable::uniform(Route::Transport).for_world(2).ipc_route(Op::AllReduce, 1), None);
+    }
+
+    #[test]
+    fn gaps_overlaps_empty_rules_and_a_gathering_hybrid_are_refused() {
+        let ok = |op| [(op, 0, None, Route::IpcOneShot)];
+        let rest = |skip: Op| Op::ALL.into_iter().filter(move |o| *o != skip).flat_map(ok);
+        let with = |extra: Vec<(Op, u64, Option<u64>, Route)>| {
+            RouteTable::new(rest(Op::AllReduce).chain(extra)).map_err(|e| e.to_string())
+        };
+        assert!(with(vec![(Op::AllReduce, 0, Some(10), Route::IpcOneShot)]).unwrap_err().contains("no rule from"));
+        assert!(
+            with(vec![(Op::AllReduce, 0, Some(10), Route::IpcOneShot), (Op::AllReduce, 11, None, Route::IpcPush)])
+                .unwrap_err()
+                .contains("gap or overlap")
+        );
+        assert!(with(vec![(Op::AllReduce, 5, Some(5), Route::IpcOneShot)]).unwrap_err().contains("empty"));
+        let hybrid = RouteTable::new(
+            rest(Op::AllGather).chain([(Op::AllGather, 0, None, Route::IpcReduceScatterTransportAllGather)]),
+        );
+        assert!(matches!(hybrid, Err(Error::InvalidConfig { .. })));
+    }
+}
