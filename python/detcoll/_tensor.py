@@ -5,6 +5,12 @@ current stream), ``__cuda_array_interface__`` (CuPy, Numba: its ``stream``),
 ``__array_interface__`` (numpy), ``__dlpack__`` (anything else). Nothing is copied: a
 non-contiguous or read-only tensor is refused (``detcoll.NotContiguous``,
 ``detcoll.InvalidArgument``) instead of silently staged.
+
+The stream of a CUDA call: torch's current stream of the device for a torch tensor; the
+``stream`` of a ``__cuda_array_interface__`` when it names one; otherwise (no ``stream`` or
+``None``, and every DLPack tensor) :func:`default_stream`, the stream ``synchronize()`` waits on
+by default. A DLPack producer is asked for that stream (``__dlpack__(stream=...)``), so it
+orders its pending work before the call, as the DLPack protocol has it.
 """
 
 import ctypes
@@ -35,10 +41,12 @@ class View:
     __slots__ = ("addr", "count", "dtype", "shape", "device", "stream", "writable", "keep")
 
     def __init__(self, addr: int, count: int, dtype: str, shape: Tuple[int, ...],
-                 device: Tuple[str, Optional[int]], stream: int, writable: bool, keep: Any = None):
+                 device: Tuple[str, Optional[int]], stream: Optional[int], writable: bool, keep: Any = None):
         self.addr, self.count, self.dtype, self.shape = addr, count, dtype, shape
         self.device = device  # ("cpu", None) or ("cuda", ordinal or None if unknown)
-        self.stream = stream  # CUstream to enqueue on (0: the legacy default stream; CPU: 0)
+        # CUstream to enqueue on (0: the legacy default stream; CPU: 0); None: the tensor named
+        # none, the collective puts the default_stream() of its device here
+        self.stream = stream
         self.writable = writable
         self.keep = keep  # keeps a DLPack capsule alive for the call
 
@@ -80,6 +88,22 @@ def _torch_raw_stream(torch, index: int) -> int:
     return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
 
 
+def default_stream(index: Optional[int]) -> int:
+    """The stream of a CUDA call whose tensor names none (an array interface without ``stream``,
+    every DLPack tensor), and the one ``Collective.synchronize()`` waits on by default: torch's
+    current stream of CUDA device ``index`` (None: torch's current device) when torch is
+    imported, else 0, the legacy default stream (CuPy's and Numba's default)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return 0
+    try:
+        if index is None:
+            index = torch.cuda.current_device()
+        return int(_torch_raw_stream(torch, index))
+    except Exception:  # torch without CUDA (a CPU build, a stand-in): it has no stream to order on
+        return 0
+
+
 def _torch_view(x, what: str) -> View:
     import torch
 
@@ -112,6 +136,8 @@ def _numpy_view(x, what: str) -> View:
         dtype = _NAMES.get(x.dtype.name)
         if dtype is None:
             raise _dtype_error(x.dtype.name, what)
+        if not x.dtype.isnative:
+            raise _detcoll.UnsupportedDtype(f"{what}: dtype {x.dtype.str}: not the host's byte order")
         _NUMPY_DTYPES[x.dtype] = dtype
     flags = x.flags
     if not flags.c_contiguous:
@@ -119,28 +145,47 @@ def _numpy_view(x, what: str) -> View:
     return View(x.ctypes.data if x.size else 0, x.size, dtype, x.shape, _CPU, 0, flags.writeable)
 
 
+def _typestr_dtype(ai: dict, what: str) -> str:
+    """detcoll's dtype of an array interface's ``typestr`` (``descr`` for ``V2``)."""
+    typestr = str(ai["typestr"])
+    order, kind, size = typestr[:1], typestr[1:2], typestr[2:]
+    dtype = _TYPESTR.get((kind, int(size))) if size.isdigit() else None
+    if kind == "V" and size == "2":
+        # bf16: torch's and ml_dtypes' typestr (no standard one exists), unless ``descr`` says
+        # it is a record of named fields
+        descr = ai.get("descr")
+        if not descr or all(not field[0] for field in descr):
+            dtype = "bf16"
+    if dtype is None:
+        raise _dtype_error(typestr, what)
+    if _SIZES[dtype] > 1 and order != ("<" if sys.byteorder == "little" else ">"):
+        # another byte order (or "|" for a multi-byte type): the bits would be misread
+        raise _detcoll.UnsupportedDtype(f"{what}: typestr {typestr}: not the host's byte order")
+    return dtype
+
+
 def _interface_view(x, ai: dict, device, what: str) -> View:
-    typestr = ai["typestr"]
-    np_name = getattr(getattr(x, "dtype", None), "name", None)
-    dtype = _NAMES.get(np_name) if np_name else None
-    if dtype is None:
-        dtype = _TYPESTR.get((typestr[1], int(typestr[2:])))
-    if dtype is None:
-        raise _dtype_error(np_name or typestr, what)
+    dtype = _typestr_dtype(ai, what)
+    if ai.get("mask") is not None:
+        raise _detcoll.InvalidArgument(f"{what}: a masked array (the interface's mask is not None)")
     shape = tuple(int(s) for s in ai["shape"])
     if not _c_contiguous(shape, ai.get("strides"), _SIZES[dtype]):
         raise _detcoll.NotContiguous(f"{what}: the array is not C-contiguous (use ascontiguousarray)")
     addr, readonly = ai["data"]
     stream = 0
     if device[0] == "cuda":
-        # CUDA array interface v3: None is the legacy default stream; 1 and 2 are the legacy
-        # and per-thread default stream handles, which are CUstream values as they are.
+        # CUDA array interface v3: an int names the stream (1 and 2 are the legacy and
+        # per-thread default stream handles, CUstream values as they are); None or no entry
+        # (v2, torch's own): the default stream, which the collective fills in.
         s = ai.get("stream")
-        stream = 0 if s is None else int(s)
+        stream = None if s is None else int(s)
     return View(int(addr or 0), _prod(shape), dtype, shape, device, stream, not readonly)
 
 
-# DLPack (v0.x "dltensor" capsule): the C structs, read through ctypes.
+# DLPack: the C structs, read through ctypes. A "dltensor" capsule points at a DLManagedTensor,
+# which starts with its DLTensor; a "dltensor_versioned" one (DLPack >= 1.0, which a producer
+# returns only when asked, but reading it costs nothing) at a DLManagedTensorVersioned: version
+# (2 x u32), manager_ctx, deleter, flags (u64, bit 0 read-only), then the DLTensor.
 class _DLDevice(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
 
@@ -158,32 +203,74 @@ class _DLTensor(ctypes.Structure):
 
 
 _DL_KIND = {0: "i", 1: "u", 2: "f", 6: "b"}  # kDLInt, kDLUInt, kDLFloat, kDLBool; 4 is kDLBfloat
+_DL_CPU = (1, 3)  # kDLCPU, kDLCUDAHost
+_DL_CUDA = (2, 13)  # kDLCUDA, kDLCUDAManaged
+_VERSIONED_FLAGS, _VERSIONED_TENSOR = 24, 32  # byte offsets in DLManagedTensorVersioned
+
+# Own prototypes of the C API calls (setting ctypes.pythonapi's argtypes would change them for
+# every other user in the process).
+_capsule_name = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.py_object)(("PyCapsule_GetName", ctypes.pythonapi))
+_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
+
+
+def _dlpack_export(x, what: str):
+    """``x``'s capsule, and the stream the call will go on if the producer was asked for one
+    (else None: host memory, or exported as it stands). A CUDA tensor's producer is asked for
+    that stream (``default_stream`` of its device; the legacy default stream is DLPack's 1,
+    never 0) so it orders its pending work before the call; a producer without the ``stream``
+    argument, or without ``__dlpack_device__`` (the device is then read from the capsule), is
+    exported as it stands."""
+    try:
+        device = x.__dlpack_device__() if hasattr(x, "__dlpack_device__") else None
+        if device is not None and int(device[0]) in _DL_CUDA:
+            stream = default_stream(int(device[1]))
+            try:
+                return x.__dlpack__(stream=stream or 1), stream
+            except TypeError:  # a producer older than the stream argument
+                pass
+        capsule = x.__dlpack__()
+    except _detcoll.DetcollError:
+        raise
+    except Exception as e:  # BufferError and the like: a tensor the producer will not export
+        raise _detcoll.InvalidArgument(f"{what}: __dlpack__ refused: {type(e).__name__}: {e}") from e
+    return capsule, None
 
 
 def _dlpack_view(x, what: str) -> View:
-    capsule = x.__dlpack__()
-    get = ctypes.pythonapi.PyCapsule_GetPointer
-    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-    ptr = get(capsule, b"dltensor")
-    # DLManagedTensor starts with its DLTensor.
-    t = _DLTensor.from_address(ptr)
+    capsule, stream = _dlpack_export(x, what)
+    try:
+        name = _capsule_name(capsule)
+        ptr = _capsule_pointer(capsule, name)
+    except Exception as e:  # not a capsule
+        raise _detcoll.InvalidArgument(
+            f"{what}: __dlpack__ returned {type(capsule).__name__}, not a DLPack capsule") from e
+    if name == b"dltensor":
+        t, readonly = _DLTensor.from_address(ptr), False
+    elif name == b"dltensor_versioned":
+        t = _DLTensor.from_address(ptr + _VERSIONED_TENSOR)
+        readonly = bool(ctypes.c_uint64.from_address(ptr + _VERSIONED_FLAGS).value & 1)
+    else:  # "used_dltensor": consumed already
+        raise _detcoll.InvalidArgument(f"{what}: __dlpack__ returned a capsule named {name!r}")
     code, bits = t.dtype.code, t.dtype.bits
     dtype = "bf16" if (code == 4 and bits == 16) else _TYPESTR.get((_DL_KIND.get(code, "?"), bits // 8))
-    if dtype is None or t.dtype.lanes != 1:
+    if dtype is None or t.dtype.lanes != 1 or bits % 8:
         raise _dtype_error(f"DLPack code {code} bits {bits} lanes {t.dtype.lanes}", what)
     shape = tuple(t.shape[i] for i in range(t.ndim))
     strides = None if not t.strides else tuple(t.strides[i] * _SIZES[dtype] for i in range(t.ndim))
     if not _c_contiguous(shape, strides, _SIZES[dtype]):
         raise _detcoll.NotContiguous(f"{what}: the tensor is not contiguous")
     kind = t.device.device_type
-    if kind in (1, 3):  # kDLCPU, kDLCUDAHost
-        device = ("cpu", None)
-    elif kind in (2, 13):  # kDLCUDA, kDLCUDAManaged
+    if kind in _DL_CPU:
+        device, stream = _CPU, 0
+    elif kind in _DL_CUDA:
         device = ("cuda", t.device.device_id)
+        if stream is None:  # exported without a stream: ours is the default one of its device
+            stream = default_stream(t.device.device_id)
     else:
         raise _detcoll.WrongDevice(f"{what}: DLPack device type {kind}: detcoll takes CPU and CUDA memory")
     addr = (t.data or 0) + t.byte_offset
-    return View(addr, _prod(shape), dtype, shape, device, 0, True, keep=capsule)
+    return View(addr, _prod(shape), dtype, shape, device, stream, not readonly, keep=capsule)
 
 
 _READERS = {}  # torch and numpy types -> reader: a call does one dict lookup to find it

@@ -8,7 +8,7 @@ current stream, and a failure the device detects later is raised by ``check()`` 
 from typing import List, Optional, Sequence
 
 from . import _detcoll
-from ._tensor import View, new_empty, view
+from ._tensor import View, default_stream, new_empty, view
 
 
 class Collective:
@@ -68,6 +68,8 @@ class Collective:
             raise _detcoll.WrongDevice(f"{what}: on cuda:{index}, but this collective runs on cuda:{self._device_index}")
         if write and not v.writable:
             raise _detcoll.InvalidArgument(f"{what}: the array is read-only")
+        if v.stream is None:  # an array interface without a stream: the one synchronize() waits on
+            v.stream = default_stream(index if index is not None else self._device_index)
         return v
 
     def _call(self, op: str, vin: View, vout: View, in_addr: Optional[int] = None) -> None:
@@ -152,22 +154,17 @@ class Collective:
         self._raw.check()
 
     def synchronize(self, stream=None) -> None:
-        """Waits until ``stream`` (default: torch's current stream of this device; a
-        ``torch.cuda.Stream``, CuPy stream or raw ``CUstream`` int) has run every call enqueued
-        on it, then ``check()``. Read results after it returns."""
+        """Waits until ``stream`` (default: torch's current stream of this device when torch is
+        imported, else the legacy default stream; a ``torch.cuda.Stream``, CuPy stream or raw
+        ``CUstream`` int) has run every call enqueued on it, then ``check()``. Read results
+        after it returns."""
         self._raw.synchronize(self._stream_handle(stream))
 
     def _stream_handle(self, stream) -> int:
         if self._platform != "cuda":
             return 0
-        if stream is None:
-            import sys
-
-            torch = sys.modules.get("torch")
-            if torch is None:
-                return 0
-            dev = torch.device("cuda", self._device_index) if self._device_index is not None else None
-            return torch.cuda.current_stream(dev).cuda_stream
+        if stream is None:  # the stream of calls whose tensor names none (_tensor.default_stream)
+            return default_stream(self._device_index)
         for attr in ("cuda_stream", "ptr"):  # torch, CuPy
             if hasattr(stream, attr):
                 return int(getattr(stream, attr))

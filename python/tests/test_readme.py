@@ -4,6 +4,7 @@
 import os
 import subprocess
 import sys
+import tempfile
 
 README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
 
@@ -14,6 +15,8 @@ def test_readme_quick_start_runs():
     block = section.split("```sh\n", 1)[1].split("```", 1)[0]
     assert block.startswith("pip install ./python"), "the quick start installs the package first"
     script = block.split("<<'PY'\n", 1)[1].split("\nPY\n", 1)[0]
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    # Out of the checkout: from python/, `-c` would import the source folder detcoll/ (no extension).
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=tempfile.gettempdir())
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"

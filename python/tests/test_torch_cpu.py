@@ -5,6 +5,7 @@ import pytest
 
 import detcoll
 from conftest import close_all, on_ranks
+from standins import ArrayInterfaceOnly, DLPackNoDevice, DLPackOnly
 from tree import tree
 
 torch = pytest.importorskip("torch", reason="torch is not installed: its tensor paths run where it is (device run)")
@@ -62,6 +63,31 @@ def test_torch_errors_write_nothing(group):
     if torch.cuda.is_available():
         with pytest.raises(detcoll.WrongDevice):
             group[0].all_reduce(torch.ones(4, device="cuda"))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("kind", [DLPackOnly, DLPackNoDevice, ArrayInterfaceOnly], ids=lambda k: k.__name__)
+def test_interface_only_objects_over_torch_tensors(group, kind, dtype):
+    """torch CPU tensors handed over through DLPack alone or the array interface alone (bf16
+    as "<V2"): the same bits as the plain tensors, every op."""
+    w = len(group)
+    xs = [data(dtype, r, (8 * w, 33)) for r in range(w)]
+
+    def call(c, wrap):
+        x = xs[c.rank]
+        y, ar = x.clone(), torch.empty_like(x)
+        c.all_reduce(wrap(y))
+        c.all_reduce(wrap(x), out=wrap(ar))
+        ag, rs = x.new_empty(w * 8 * w, 33), x.new_empty(8, 33)
+        c.all_gather(wrap(x), out=wrap(ag))
+        c.reduce_scatter(wrap(x), out=wrap(rs))
+        many = [x.new_empty(8, 33), x.new_empty(2, 33)]
+        c.reduce_scatter_many([wrap(x), wrap(x[: 2 * w])], outs=[wrap(m) for m in many])
+        return [y, ar, ag, rs] + many
+
+    for plain, through in zip(on_ranks(group, call, lambda t: t), on_ranks(group, call, kind)):
+        for p, t in zip(plain, through):
+            assert torch.equal(bits(p), bits(t))
 
 
 def vllm_shaped(comm):

@@ -1,6 +1,7 @@
 """One rank process of the GPU checks: ``python gpu_worker.py MODE OUT_DIR`` under
 ``detcoll.launch`` (torchrun's variables). A gloo group is the bootstrap; the tensors are CUDA
-tensors on ``LOCAL_RANK % device count``; results are saved as ``rank<r>.pt`` (bit patterns)."""
+tensors on ``LOCAL_RANK % device count``; results are saved as ``rank<r>.pt`` (bit patterns),
+or, for the stand-in modes (standin_checks.py), compared on the rank into ``rank<r>.json``."""
 
 import json
 import os
@@ -12,6 +13,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(__file__))
 import detcoll  # noqa: E402
+import standin_checks  # noqa: E402
 from torch_reference import DTYPES, bits, contribution  # noqa: E402
 
 SMALL = 8 * 129  # a tail past the vector widths
@@ -21,6 +23,8 @@ CAPACITY = 1 << 20
 
 def setup():
     dist.init_process_group("gloo")
+    if os.environ.get("DETCOLL_STANDIN_DEVICE") == "cpu":  # standin_checks.py's dry run without a GPU
+        return detcoll.create_deterministic_collective(capacity=CAPACITY, device="cpu")
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     return detcoll.create_deterministic_collective(capacity=CAPACITY)  # the default (gloo) group
 
@@ -115,7 +119,12 @@ def capture(comm, mode, r, w, res):
 def main():
     mode, out_dir = sys.argv[1], sys.argv[2]
     comm = setup()
-    {"ops": ops, "graph": graph}[mode](comm, out_dir)
+    if mode in standin_checks.MODES:  # compared on the rank: a report, no tensors
+        report = standin_checks.MODES[mode](comm)
+        with open(os.path.join(out_dir, f"rank{comm.rank}.json"), "w") as f:
+            json.dump(report, f)
+    else:
+        {"ops": ops, "graph": graph}[mode](comm, out_dir)
     comm.close()
     dist.destroy_process_group()
 

@@ -6,10 +6,13 @@
 #
 # Installs the wheel into a private folder (no network, no dependencies), starts MPS (several
 # rank processes on one GPU), runs test_gpu.py (torch bf16/f16/f32 tensors at worlds 1/2/4/8 as
-# processes with a gloo bootstrap group, a CUDA graph capture, the TP MLP example), the CPU suite
-# when numpy is there, and the benchmark at world 1 (NCCL default, then NCCL Tree/Simple merged
-# into the same table). Logs and JSON under $OUT; a compact summary on stdout and in
-# $OUT/summary.txt. Budget: under 8 minutes (steps limited to 300 + 3 x 50 s, plus setup).
+# processes with a gloo bootstrap group, a CUDA graph capture, the same tensors as stand-ins with
+# only __cuda_array_interface__ or only __dlpack__ (standin_checks.py: bits against plain torch
+# calls at worlds 1/2/8, the stream of each call, strided/misaligned refusals at worlds 1/2), the
+# TP MLP example), the CPU suite when numpy is there, and the benchmark at world 1 (NCCL default,
+# then NCCL Tree/Simple merged into the same table). Logs and JSON under $OUT; a compact summary
+# (PASS/FAIL per step and per check) on stdout and in $OUT/summary.txt. Budget: under 8 minutes
+# (steps limited to 300 + 3 x 50 s, plus setup; the GPU checks took ~95 s before the stand-ins).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 : "${WHEEL:?set WHEEL to the detcoll wheel (built with maturin on a machine with Rust)}"
@@ -83,7 +86,7 @@ if "$PY" -c "import pytest" 2>/dev/null; then
 else
     step "gpu checks (no pytest: built-in runner)" 300 gpu_tests.log "$PY" python/tests/device/test_gpu.py
 fi
-grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed" "$OUT/gpu_tests.log" | tail -n 20 | tee -a "$OUT/summary.txt"
+grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed" "$OUT/gpu_tests.log" | tail -n 40 | tee -a "$OUT/summary.txt"
 
 # 2. The benchmark at world 1 (NCCL refuses two ranks on one GPU): defaults, then NCCL pinned
 #    to Tree/Simple (what deterministic stacks use today) merged into the same table.

@@ -1,6 +1,9 @@
 """GPU checks (run by run.sh on a CUDA host): torch tensors at worlds 1/2/4/8 as processes on
 the GPUs present (several ranks per GPU under MPS, gloo as the bootstrap group), bit for bit
-against torch_reference.tree; a CUDA graph capture; the TP MLP example.
+against torch_reference.tree; a CUDA graph capture; the same CUDA tensors handed over as
+objects with only ``__cuda_array_interface__`` or only ``__dlpack__`` (standin_checks.py: bits
+against plain torch calls, the stream each call goes on, strided/misaligned refusals); the TP
+MLP example.
 
 Runs under pytest, or as ``python test_gpu.py`` where pytest is not installed."""
 
@@ -133,6 +136,42 @@ def test_cuda_graph_replay(world):
     assert not bad, "\n".join(bad)
 
 
+def run_standin_mode(mode, world):
+    """One stand-in mode (standin_checks.py) at ``world``: the ranks' reports, recorded."""
+    tmp = os.path.join(OUT, f"{mode}_w{world}")
+    run_ranks(mode, world, tmp)
+    reports = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(world)]
+    failures = [f"rank {r}: {f}" for r, rep in enumerate(reports) for f in rep["failures"]]
+    summary = {k: v for k, v in reports[0].items() if k not in ("checked", "failures")}
+    record(f"{mode}_w{world}", {"results_checked": sum(rep["checked"] for rep in reports),
+                                "failures": len(failures), **summary, "first_failures": failures[:5]})
+    assert all(rep["checked"] for rep in reports), f"{mode} world {world}: a rank checked nothing"
+    assert not failures, "\n".join(failures[:30])
+
+
+@parametrize("world", [1, 2, 8])
+def test_standins_bitwise(world):
+    """CUDA tensors as __cuda_array_interface__-only / DLPack-only objects: every op and form,
+    bit for bit against the same calls on the plain torch tensors."""
+    need_gpu_ranks(world)
+    run_standin_mode("standins", world)
+
+
+@parametrize("world", [1, 2])
+def test_standins_stream(world):
+    """The array interface's stream is the call's stream; without one (and for DLPack) the
+    default stream, torch's current one; graph capture through each kind."""
+    need_gpu_ranks(world)
+    run_standin_mode("standin_streams", world)
+
+
+@parametrize("world", [1, 2])
+def test_standins_refused(world):
+    """Strided and misaligned stand-ins: NotContiguous / Misaligned, nothing written."""
+    need_gpu_ranks(world)
+    run_standin_mode("standin_refusals", world)
+
+
 def test_tp_mlp_example():
     need_gpu_ranks(8)
     example = os.path.join(REPO, "python", "examples", "tp_mlp.py")
@@ -152,7 +191,9 @@ def _main():
     for name, fn in sorted(globals().items()):
         if not name.startswith("test_") or not callable(fn):
             continue
-        pname, values = getattr(fn, "params", (None, [None]))
+        # pytest's marks when pytest is installed (the file run by hand)
+        marks = [m.args for m in getattr(fn, "pytestmark", []) if m.name == "parametrize"]
+        pname, values = getattr(fn, "params", marks[0] if marks else (None, [None]))
         for v in values:
             label = f"{name}[{v}]" if pname else name
             try:
