@@ -2,7 +2,7 @@
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Error {
-    /// The number of ranks is not one of 1, 2, 4, 8.
+    /// The number of ranks is 0 or above [`crate::MAX_WORLD_SIZE`].
     UnsupportedWorldSize { world: usize },
     /// A slice has the wrong number of elements.
     LengthMismatch { argument: &'static str, expected: usize, got: usize },
@@ -18,7 +18,7 @@ impl core::fmt::Display for Error {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             Error::UnsupportedWorldSize { world } => {
-                write!(f, "world size {world} is not supported: expected 1, 2, 4 or 8 ranks")
+                write!(f, "world size {world} is not supported: expected 1 to {} ranks", crate::MAX_WORLD_SIZE)
             }
             Error::LengthMismatch { argument, expected, got } => {
                 write!(f, "`{argument}` has {got} elements, expected {expected}")

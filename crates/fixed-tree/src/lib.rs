@@ -1,13 +1,17 @@
-//! The canonical balanced rank tree and the CPU reference of every detcoll operation.
+//! The canonical rank tree and the CPU reference of every detcoll operation.
 //!
-//! Every reduction in detcoll evaluates, per element,
+//! Every reduction in detcoll evaluates, per element, one fixed tree over the ranks in rank
+//! order. For 8 ranks it is the balanced tree
 //!
 //! ```text
 //! ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
 //! ```
 //!
-//! (the prefix of that tree for 1, 2 or 4 ranks), with every add done in the element's own
-//! dtype and rounded to nearest even. This crate is the oracle every backend is compared to,
+//! (its prefix for 1, 2 or 4 ranks). For any world size `W` from 1 to [`MAX_WORLD_SIZE`]: one
+//! rank is the leaf; otherwise, with `m` the largest power of two strictly below `W`, the tree
+//! of the first `m` ranks plus the tree of the other `W - m`, so `((r0+r1)+(r2+r3))+(r4+r5)`
+//! for 6 ranks ([`tree`] module docs, [`tree_expression`]). Every add is done in the element's
+//! own dtype and rounded to nearest even. This crate is the oracle every backend is compared to,
 //! bit for bit. It is pure Rust: no unsafe, no GPU.
 //!
 //! A NaN result is NaN; its payload (sign and quiet bit included) is not part of the contract,
@@ -24,9 +28,9 @@
 pub mod element;
 mod error;
 mod ops;
-mod tree;
+pub mod tree;
 
 pub use element::Element;
 pub use error::Error;
 pub use ops::{all_gather, cross_tp_leaves, reduce, reduce_scatter, reduce_scatter_many};
-pub use tree::{SUPPORTED_WORLD_SIZES, tree_sum};
+pub use tree::{MAX_WORLD_SIZE, SUPPORTED_WORLD_SIZES, tree_expression, tree_sum};

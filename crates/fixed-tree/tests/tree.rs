@@ -1,7 +1,7 @@
 //! The reference collectives: the tree shape, bit for bit, and argument checking.
 use fixed_tree::{
-    Element, Error, SUPPORTED_WORLD_SIZES, all_gather, cross_tp_leaves, reduce, reduce_scatter, reduce_scatter_many,
-    tree_sum,
+    Element, Error, MAX_WORLD_SIZE, SUPPORTED_WORLD_SIZES, all_gather, cross_tp_leaves, reduce, reduce_scatter,
+    reduce_scatter_many, tree_sum,
 };
 use half::{bf16, f16};
 
@@ -173,8 +173,13 @@ fn signed_zeros_and_specials_through_the_tree() {
 
 #[test]
 fn tree_sum_other_lengths() {
-    for n in [0, 3, 5, 6, 7, 9, 16] {
+    // Every length from 1 to MAX_WORLD_SIZE has a tree (any_world.rs checks its shape); 0 and
+    // anything above have none.
+    for n in [0, MAX_WORLD_SIZE + 1, 2 * MAX_WORLD_SIZE] {
         assert_eq!(tree_sum(&vec![1.0f32; n]), None, "length {n}");
+    }
+    for n in [3, 5, 6, 7, 9, 16, MAX_WORLD_SIZE] {
+        assert_eq!(tree_sum(&vec![1.0f32; n]), Some(n as f32), "length {n}");
     }
 }
 
@@ -189,7 +194,7 @@ fn untouched(out: &[f32]) -> bool {
 
 #[test]
 fn reduce_unsupported_world_sizes() {
-    for world in [0, 3, 5, 6, 7, 9, 16] {
+    for world in [0, MAX_WORLD_SIZE + 1] {
         let data = vec![vec![1.0f32; 4]; world];
         let mut out = [SENTINEL; 4];
         assert_eq!(reduce(&refs(&data), &mut out), Err(Error::UnsupportedWorldSize { world }));
@@ -243,9 +248,12 @@ fn all_gather_concatenates_in_rank_order() {
 
 #[test]
 fn all_gather_errors() {
-    let data = vec![vec![1.0f32; 2]; 3];
+    let data: Vec<Vec<f32>> = vec![];
     let mut out = [SENTINEL; 6];
-    assert_eq!(all_gather(&refs(&data), &mut out), Err(Error::UnsupportedWorldSize { world: 3 }));
+    assert_eq!(all_gather(&refs(&data), &mut out), Err(Error::UnsupportedWorldSize { world: 0 }));
+    assert!(untouched(&out));
+    let data = vec![vec![1.0f32; 0]; MAX_WORLD_SIZE + 1];
+    assert_eq!(all_gather(&refs(&data), &mut out), Err(Error::UnsupportedWorldSize { world: MAX_WORLD_SIZE + 1 }));
     assert!(untouched(&out));
 
     let data = vec![vec![1.0f32; 2], vec![1.0; 3]];
@@ -308,11 +316,13 @@ fn reduce_scatter_errors() {
         Err(Error::LengthMismatch { expected: 2, got: 3, .. })
     ));
     assert!(untouched(&out));
-    // Unsupported world.
-    let data3 = vec![vec![1.0f32; 6]; 3];
-    let mut out = [SENTINEL; 2];
-    assert_eq!(reduce_scatter(&refs(&data3), 0, &mut out), Err(Error::UnsupportedWorldSize { world: 3 }));
-    assert!(untouched(&out));
+    // Unsupported worlds.
+    for world in [0, MAX_WORLD_SIZE + 1] {
+        let data = vec![vec![1.0f32; 0]; world];
+        let mut out = [SENTINEL; 2];
+        assert_eq!(reduce_scatter(&refs(&data), 0, &mut out), Err(Error::UnsupportedWorldSize { world }));
+        assert!(untouched(&out));
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -391,10 +401,11 @@ fn reduce_scatter_many_errors_write_nothing() {
     many_fails(&[good(), ragged, good()], 1, &[2, 2, 2], &|e| matches!(e, Error::LengthMismatch { .. }));
     // A lane with another world size (still a supported one).
     many_fails(&[good(), vec![vec![1.0; 8]; 2]], 0, &[2, 4], &|e| matches!(e, Error::LengthMismatch { .. }));
+    // A lane with another world size that is not a power of two.
+    many_fails(&[good(), vec![vec![1.0; 9]; 3]], 0, &[2, 3], &|e| matches!(e, Error::LengthMismatch { .. }));
     // A lane with an unsupported world size.
-    many_fails(&[good(), vec![vec![1.0; 9]; 3]], 0, &[2, 3], &|e| {
-        matches!(e, Error::UnsupportedWorldSize { world: 3 })
-    });
+    many_fails(&[good(), vec![]], 0, &[2, 0], &|e| matches!(e, Error::UnsupportedWorldSize { world: 0 }));
+    many_fails(&[vec![], good()], 0, &[0, 2], &|e| matches!(e, Error::UnsupportedWorldSize { world: 0 }));
     // A wrong output length, last.
     many_fails(&[good(), good()], 2, &[2, 3], &|e| matches!(e, Error::LengthMismatch { expected: 2, got: 3, .. }));
     // Rank out of range.
@@ -454,5 +465,6 @@ fn errors_display() {
         assert!(!m.is_empty());
     }
     assert!(msgs[0].contains('3'));
+    assert!(msgs[0].contains(&MAX_WORLD_SIZE.to_string()));
     assert!(msgs[1].contains("out"));
 }
