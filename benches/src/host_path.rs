@@ -2,9 +2,9 @@
 //! protocol plan and the kernel-parameter packing — as one function, shared by the criterion
 //! bench (`benches/host_path.rs`, time) and `examples/hp_count.rs` (a fixed number of calls,
 //! for exact instruction counts under callgrind).
-use collective_core::protocol::params::{Fixed, ParamsSingle, RankMemory, THREADS, pack};
-use collective_core::protocol::{Layout, Plan};
 use collective_core::{DType, Io, Op, RawMut, RawRef, Route, validate};
+use detcoll_protocol::params::{Fixed, ParamsSingle, RankMemory, THREADS, pack};
+use detcoll_protocol::{Layout, Plan};
 use std::hint::black_box;
 
 /// Staging capacity of the measured collective.

@@ -3,8 +3,8 @@
 //! every rank, write nothing, and poison — on the CPU twin, ranks as threads. (Before the split
 //! was part of the signature these calls returned `Ok` with the lanes' trees mixed.) The GPU
 //! twins run the same judgement in their `tests/gpu.rs`.
+use collective_core::Timeouts;
 use collective_core::conformance::faults::{expect_split_mismatch, split_lanes};
-use collective_core::protocol::Timeouts;
 use collective_core::{Collective, Io};
 use shm_ipc::{ShmCollective, ShmConfig};
 use std::time::{Duration, Instant};

@@ -3,9 +3,9 @@
 use super::backend::{HostBackend, HostCollective};
 use super::routes;
 use collective_core::bootstrap::Bootstrap;
-use collective_core::protocol::DEFAULT_LL_CAPACITY;
 use collective_core::{Op, Route};
 use collective_factory::{Config, NoTransport, Routed, Routing, cpu};
+use detcoll_protocol::DEFAULT_LL_CAPACITY;
 use shm_ipc::{ShmCollective, ShmConfig};
 
 /// `backend` field of reports made with the CPU twin.

@@ -29,13 +29,13 @@ use super::native::{self, Natives};
 use anyhow::Context;
 use ccl_transport::TransportCollective;
 use collective_core::bootstrap::Bootstrap;
-use collective_core::protocol::DEFAULT_LL_CAPACITY;
 use collective_core::{Collective, DType, Io, RawMut, RawRef};
 use collective_factory::{Config, Routing, nvidia};
 use collective_factory::{NoTransport, Routed};
 use cuda_ipc::cudarc::driver::{CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, DevicePtr, sys};
 use cuda_ipc::{CudaDevice, FusedTree};
 use cuda_ipc::{CudaIpcCollective, CudaIpcConfig};
+use detcoll_protocol::DEFAULT_LL_CAPACITY;
 use std::sync::Arc;
 use std::time::Duration;
 

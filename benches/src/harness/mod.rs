@@ -336,7 +336,7 @@ fn thread_config(args: &BenchArgs, routing: &collective_factory::Routing) -> ser
     serde_json::json!({
         "capacity_bytes": args.capacity(),
         "routing": serde_json::from_str::<serde_json::Value>(&routing.canonical_json()).unwrap_or_default(),
-        "ll_capacity_bytes": routing.ll_capacity(collective_core::protocol::DEFAULT_LL_CAPACITY),
+        "ll_capacity_bytes": routing.ll_capacity(detcoll_protocol::DEFAULT_LL_CAPACITY),
     })
 }
 

@@ -25,8 +25,8 @@ pub fn reduction_order(world: usize) -> String {
 
 /// Timeouts as numbers of milliseconds (`null` when the configured ones are invalid), the way
 /// every duration in the report is written.
-pub fn timeouts_ms(t: Option<collective_core::protocol::Timeouts>) -> serde_json::Value {
-    collective_core::protocol::Timeouts::resolve(t).ok().map_or(
+pub fn timeouts_ms(t: Option<collective_core::Timeouts>) -> serde_json::Value {
+    collective_core::Timeouts::resolve(t).ok().map_or(
         serde_json::Value::Null,
         |t| serde_json::json!({ "peer": t.peer.as_secs_f64() * 1e3, "close": t.close.as_secs_f64() * 1e3 }),
     )
@@ -201,7 +201,7 @@ mod tests {
 
     #[test]
     fn timeouts_are_milliseconds() {
-        use collective_core::protocol::Timeouts;
+        use collective_core::Timeouts;
         use std::time::Duration;
         let t = Timeouts { peer: Duration::from_millis(1500), close: Duration::from_secs(2) };
         let v = timeouts_ms(Some(t));

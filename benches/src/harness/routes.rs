@@ -6,9 +6,9 @@
 //! [`run_routing`]: the `--route` table ([`forced_table`]) when given, else
 //! `DETCOLL_ROUTING_TABLE`, else the platform's built-in table for the world size.
 use super::args::BenchOp;
-use collective_core::protocol::{bulk_all_reduce_elements, bulk_scatter_elements};
 use collective_core::{DType, Op, Route};
 use collective_factory::{Platform, Routing, RoutingTable, Rule};
+use detcoll_protocol::{bulk_all_reduce_elements, bulk_scatter_elements};
 
 /// `--route` values: every [`Route`] name but `local` (world 1 is always local).
 pub fn parse_route(s: &str) -> Result<String, String> {
@@ -87,7 +87,7 @@ pub fn check_no_transport(routing: &Routing, what: &str) -> anyhow::Result<()> {
 }
 
 /// Payload bytes one rank pushes to one peer on the LL push route for a call of `op` on `size`
-/// per-rank input bytes (`collective_core::protocol::Plan::push_payload_bytes`): the whole
+/// per-rank input bytes (`detcoll_protocol::Plan::push_payload_bytes`): the whole
 /// input for all_reduce and all_gather, one shard for reduce_scatter, and for
 /// reduce_scatter_many the lanes' shards back to back, each starting on a 16-byte boundary
 /// (the end of the last one).
@@ -105,7 +105,7 @@ pub fn push_payload_bytes(op: BenchOp, size: usize, dtype: DType, world: usize) 
 }
 
 /// Frame bytes the bulk push route (`ipc_push`) needs on each receiver for a call of `op` on
-/// `size` per-rank input bytes (`collective_core::protocol::Plan::frame_elems`): one slot per
+/// `size` per-rank input bytes (`detcoll_protocol::Plan::frame_elems`): one slot per
 /// sender of the largest shard (all_gather: the input) in whole 16 bytes, twice for all_reduce
 /// (the reduced shards). `None` for reduce_scatter_many, which has no bulk plan.
 pub fn bulk_frame_bytes(op: BenchOp, size: usize, dtype: DType, world: usize) -> Option<usize> {
@@ -182,7 +182,7 @@ mod tests {
                     }
                 }
                 // The LL slots are allocated exactly when the forced route is the push route.
-                let ll = routing.ll_capacity(collective_core::protocol::DEFAULT_LL_CAPACITY);
+                let ll = routing.ll_capacity(detcoll_protocol::DEFAULT_LL_CAPACITY);
                 assert_eq!(ll > 0, route == Route::IpcPushLl);
                 assert_eq!(check_no_transport(&routing, "x").is_err(), route.needs_transport());
             }
@@ -242,8 +242,8 @@ mod tests {
     /// (`Plan::single_fitted`) for sizes around every boundary.
     #[test]
     fn bulk_fit_matches_the_engine_plans() {
-        use collective_core::protocol::Chunks;
         use collective_core::{Io, RawMut, RawRef, validate};
+        use detcoll_protocol::Chunks;
         for world in [2usize, 4, 8] {
             for op in [BenchOp::AllReduce, BenchOp::AllGather, BenchOp::ReduceScatter] {
                 for elems in [world, 7 * world, 1000 * world, 4096 * world + 8 * world] {

@@ -3,7 +3,7 @@
 //! `watchdog`) are not.
 use crate::comm::CommOptions;
 use collective_core::Error;
-use collective_core::protocol::Timeouts;
+use collective_core::Timeouts;
 use std::time::Duration;
 
 /// Default payload (bytes per rank, all lanes together) up to which `reduce_scatter_many`

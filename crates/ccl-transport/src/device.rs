@@ -3,4 +3,4 @@
 //! everything in this crate is vendor-neutral; `cuda-ipc`'s `CudaDevice` and `hip-ipc`'s
 //! `HipDevice` implement the trait with the IPC twins' own kernels, so a transport reduction is
 //! the IPC route's bits by construction, and this crate depends on neither.
-pub use ipc_engine::{Device, RawStream};
+pub use detcoll_protocol::{Device, RawStream};

@@ -21,7 +21,7 @@ pub const LIBRARY_ENV: &str = "DETCOLL_NCCL_LIBRARY";
 /// Default ROCm installation prefix.
 pub const DEFAULT_ROCM_PATH: &str = "/opt/rocm";
 
-pub use ipc_engine::Vendor;
+pub use detcoll_protocol::Vendor;
 
 /// The candidate libraries for `vendor` (`None`: NVIDIA's, then ROCm's), given the values of
 /// `$DETCOLL_NCCL_LIBRARY` and `$ROCM_PATH`.

@@ -31,8 +31,8 @@
 use crate::comm::Communicator;
 use crate::device::{Device, RawStream};
 use crate::error::{BACKEND, NcclError};
-use collective_core::protocol::Poison;
 use collective_core::{Error, Op};
+use detcoll_protocol::Poison;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::thread::JoinHandle;

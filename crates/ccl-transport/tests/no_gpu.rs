@@ -116,7 +116,7 @@ fn unsupported_world_sizes_fail_on_every_rank() {
 #[test]
 fn invalid_timeouts_are_refused() {
     let c = TransportConfig::default()
-        .with_timeouts(collective_core::protocol::Timeouts { peer: std::time::Duration::ZERO, ..Default::default() });
+        .with_timeouts(collective_core::Timeouts { peer: std::time::Duration::ZERO, ..Default::default() });
     let got = build(1, |_| c.clone());
     assert!(matches!(got[0], Err(Error::InvalidConfig { .. })), "{:?}", got[0]);
 }

@@ -9,13 +9,14 @@
 //! * [`Error`] and [`validate`]: fail-closed checks done before any device work;
 //! * [`bootstrap`]: rank rendezvous;
 //! * [`env`](mod@env): fail-closed parsing of the `DETCOLL_*` environment variables;
-//! * [`protocol`]: the backend-neutral IPC protocol (layout, generations, signatures, plans);
+//! * [`Timeouts`]: the bounds on every wait for a peer;
+//! * [`RouteTable`]: the route policy (`op × bytes → route`) every backend looks up;
 //! * `conformance` (feature `conformance`): the suite every backend instantiates.
 //!
 //! Stability: the user-facing vocabulary (dtypes, views, `Collective`, `Error`, `bootstrap`,
-//! `env`) is the API. [`protocol`] (the staging layout, flag words, plans, the kernel parameter
-//! ABI and error record) and `conformance` exist for detcoll's own backend crates and tests;
-//! they change with the kernel ABI and are not covered by semver.
+//! `env`) is the API. `conformance` exists for detcoll's own backend crates and tests and is not
+//! covered by semver. The IPC protocol (staging layout, flag words, plans, the kernel parameter
+//! ABI, the device traits) is the crate `detcoll-protocol`.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod bootstrap;
@@ -29,9 +30,9 @@ mod error;
 mod host;
 mod op;
 pub mod process;
-pub mod protocol;
 mod route;
 mod route_table;
+mod timeouts;
 mod validate;
 mod view;
 
@@ -44,6 +45,7 @@ pub use host::host_identity;
 pub use op::{Op, Signature};
 pub use route::{IpcRoute, Route};
 pub use route_table::{RouteTable, SizeRoutes};
+pub use timeouts::{MAX_TIMEOUT, TIMEOUT_ENV, Timeouts};
 pub use validate::{Call, LaneCall, LaneCalls, validate, validate_many};
 pub use view::{Io, RawMut, RawRef};
 

@@ -71,7 +71,7 @@ impl RouteTable {
 
     /// The table an IPC backend follows when nobody gives it one: all_reduce takes RS+AG from
     /// `rsag_from` bytes per rank (one-shot reads `world` inputs per rank, RS+AG reads 2), every
-    /// other call one-shot. What [`crate::protocol::IpcConfig::new`] starts from.
+    /// other call one-shot. What `detcoll_protocol::IpcConfig::new` starts from.
     pub fn ipc_default(rsag_from: usize) -> RouteTable {
         RouteTable::by_size(SizeRoutes { rsag_from: Some(rsag_from), ..SizeRoutes::default() })
     }
@@ -251,9 +251,12 @@ mod tests {
                 .contains("gap or overlap")
         );
         assert!(with(vec![(Op::AllReduce, 5, Some(5), Route::IpcOneShot)]).unwrap_err().contains("empty"));
-        let hybrid = RouteTable::new(
-            rest(Op::AllGather).chain([(Op::AllGather, 0, None, Route::IpcReduceScatterTransportAllGather)]),
-        );
+        let hybrid = RouteTable::new(rest(Op::AllGather).chain([(
+            Op::AllGather,
+            0,
+            None,
+            Route::IpcReduceScatterTransportAllGather,
+        )]));
         assert!(matches!(hybrid, Err(Error::InvalidConfig { .. })));
     }
 }

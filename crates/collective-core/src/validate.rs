@@ -63,7 +63,7 @@ fn overlaps(a: u64, a_bytes: usize, b: u64, b_bytes: usize) -> bool {
 ///
 /// `capacity` is the most bytes one rank may contribute (`CapacityExceeded` above it). The IPC
 /// backends pass `usize::MAX`: they run a larger call in chunks of their staging
-/// (`protocol::Chunks`), so their staging capacity bounds no call; a backend with a hard
+/// (`detcoll_protocol::Chunks`), so their staging capacity bounds no call; a backend with a hard
 /// limit (the transport, the conformance memory backend) passes its own.
 pub fn validate(op: Op, io: &Io<'_>, rank: usize, world: usize, capacity: usize) -> Result<Call, Error> {
     if !crate::SUPPORTED_WORLD_SIZES.contains(&world) {

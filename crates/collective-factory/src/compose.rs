@@ -3,8 +3,8 @@
 use crate::{Config, Decision, Facts, Routed, Routing};
 use ccl_transport::{Device, TransportCollective, TransportConfig};
 use collective_core::bootstrap::{Bootstrap, LocalBootstrap};
-use collective_core::protocol::IpcConfig;
 use collective_core::{Error, RouteSelect};
+use detcoll_protocol::IpcConfig;
 use std::sync::Arc;
 
 /// The IPC engine's configuration: the agreed routing table is its route policy (`Routed`

@@ -1,7 +1,7 @@
 //! [`Config`]: the one configuration of every platform's constructor.
 use crate::Routing;
 use collective_core::Error;
-use collective_core::protocol::{DEFAULT_LL_CAPACITY, Timeouts};
+use detcoll_protocol::{DEFAULT_LL_CAPACITY, Timeouts};
 
 /// Staging bytes per rank when [`Config::with_capacity`] is not called: 16 MiB (two frames of
 /// it per rank, see [`Config::capacity`]).
@@ -105,7 +105,7 @@ impl Config {
     /// flags) on its device for the collective's lifetime; the IPC routes run larger calls in
     /// chunks of it, the NCCL/RCCL transport route takes calls of at most `bytes` per rank and,
     /// when built, grows a workspace of at most about `world * capacity` bytes on first use.
-    /// Below 128 bytes (`collective_core::protocol::MIN_CAPACITY`) is refused at construction
+    /// Below 128 bytes (`detcoll_protocol::MIN_CAPACITY`) is refused at construction
     /// (`InvalidConfig`, [`Config::validate`]).
     pub fn with_capacity(mut self, bytes: usize) -> Self {
         self.capacity = bytes;
@@ -181,7 +181,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), Error> {
         // The IPC backends' floor (every op, dtype and world can chunk through it); the
         // transport has no smaller use for a capacity.
-        collective_core::protocol::check_capacity(self.capacity)
+        detcoll_protocol::check_capacity(self.capacity)
             .map_err(|e| Error::InvalidConfig { detail: format!("Config::with_capacity({}): {e}", self.capacity) })
     }
 

@@ -79,7 +79,7 @@ pub fn with_transport<T: Collective<Stream = ()>>(
     Facts::local(&mut errors, routing.check_for(Platform::Cpu, boot.world_size()), || ());
     let platform = Facts::local(&mut errors, Platform::from_env(), || None).unwrap_or(Platform::Cpu);
     let host = Facts::local(&mut errors, host_identity(), String::new);
-    if let Err(e) = collective_core::protocol::Timeouts::resolve(config.timeouts()) {
+    if let Err(e) = collective_core::Timeouts::resolve(config.timeouts()) {
         errors.push(e.to_string());
     }
     let facts = Facts {

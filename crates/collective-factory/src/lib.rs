@@ -63,7 +63,9 @@ pub use rocm::RocmCollective;
 
 // What an application uses with the constructors, so that it depends on this crate alone.
 pub use collective_core::bootstrap;
-pub use collective_core::{Capabilities, Collective, DType, Error, Io, Op, Plain, RawMut, RawRef, Reducible, Route};
+pub use collective_core::{
+    Capabilities, Collective, DType, Error, Io, Op, Plain, RawMut, RawRef, Reducible, Route, Timeouts,
+};
 /// The `half` crate: `bf16` and `f16`, the 16-bit dtypes of host and cudarc buffers.
 pub use half;
 

@@ -14,8 +14,8 @@
 use crate::compose::{ipc_config, thread_ranks, transport};
 use crate::{Config, DeviceSelect, Facts, Platform, Routed, Routing};
 use ccl_transport::{TransportCollective, Vendor};
+use collective_core::Timeouts;
 use collective_core::bootstrap::Bootstrap;
-use collective_core::protocol::Timeouts;
 use collective_core::{Error, host_identity};
 use hip_ipc::{HipDevice, HipIpcCollective};
 use std::sync::Arc;

@@ -68,6 +68,6 @@ fn cuda_build_pulls_no_hip() {
 
 #[test]
 fn the_transport_pulls_no_vendor() {
-    // It runs on the engine's device trait; the factory brings the vendor's device.
-    check("ccl-transport", "", &["ipc-engine"], &["cudarc", "cuda-ipc", "hip-ipc"]);
+    // It runs on the protocol crate's device trait; the factory brings the vendor's device.
+    check("ccl-transport", "", &["detcoll-protocol"], &["cudarc", "cuda-ipc", "hip-ipc", "ipc-engine"]);
 }

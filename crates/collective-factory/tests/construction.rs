@@ -27,7 +27,7 @@ fn a_world_of_zero_ranks_is_invalid_config() {
 fn capacity_zero_is_invalid_config_at_construction_on_every_rank() {
     assert!(Config::new().with_capacity(0).validate().is_err());
     assert!(Config::new().with_capacity(127).validate().is_err());
-    assert!(Config::new().with_capacity(collective_core::protocol::MIN_CAPACITY).validate().is_ok());
+    assert!(Config::new().with_capacity(detcoll_protocol::MIN_CAPACITY).validate().is_ok());
     invalid_config(cpu::thread_group(2, &Config::new().with_capacity(0)), "with_capacity(0)");
     // One process per rank: through the agreement, every rank names the ranks that have it,
     // also when only one rank passes it (no rank waits for one that dropped out).

@@ -62,8 +62,8 @@ fn nvidia_worlds_of_two_take_the_measured_push_and_pull_table() {
         }
         // The LL ranges stay within the default LL capacity, so no call the table sends there
         // falls back for lack of LL slots.
-        assert!(r.route(Op::AllReduce, collective_core::protocol::DEFAULT_LL_CAPACITY) == Route::IpcPushLl);
-        assert!(r.route(Op::AllReduce, collective_core::protocol::DEFAULT_LL_CAPACITY + 1) != Route::IpcPushLl);
+        assert!(r.route(Op::AllReduce, detcoll_protocol::DEFAULT_LL_CAPACITY) == Route::IpcPushLl);
+        assert!(r.route(Op::AllReduce, detcoll_protocol::DEFAULT_LL_CAPACITY + 1) != Route::IpcPushLl);
     }
     for world in [4, 8] {
         assert_eq!(Routing::default_for_world(Platform::Nvidia, world), Routing::default_for(Platform::Nvidia));

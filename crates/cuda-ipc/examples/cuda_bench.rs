@@ -365,7 +365,8 @@ fn latency(ctx: &Arc<CudaContext>) -> Res<()> {
             let capacity = (2 * bytes + (1 << 20)).max(4 << 20);
             // Each route asked for by a table that takes it at every size.
             let only = |r: Route| CudaIpcConfig::new(capacity).with_routes(RouteTable::uniform(r));
-            let mut routes = vec![("ipc_one_shot", only(Route::IpcOneShot)), ("ipc_rs_ag", only(Route::IpcReduceScatterAllGather))];
+            let mut routes =
+                vec![("ipc_one_shot", only(Route::IpcOneShot)), ("ipc_rs_ag", only(Route::IpcReduceScatterAllGather))];
             if bytes <= 1 << 20 {
                 routes.push(("ipc_push_ll", only(Route::IpcPushLl).with_ll_capacity(bytes)));
             }

@@ -7,11 +7,11 @@ use crate::kernels::Module;
 use crate::launch::{self, THREADS};
 use crate::memory::{self, ErrorRecord, IpcMapping, Staging};
 use crate::tree::FusedTree;
-use collective_core::protocol::params::{RankMemory, TreeParams};
-use collective_core::protocol::status::RECORD_WORDS;
-use collective_core::protocol::{Header, Layout};
 use collective_core::{DType, Error};
 use cudarc::driver::{CudaContext, CudaStream, sys};
+use detcoll_protocol::params::{RankMemory, TreeParams};
+use detcoll_protocol::status::RECORD_WORDS;
+use detcoll_protocol::{Header, Layout};
 use ipc_engine::{Device, IpcDevice, Launch, RawStream, Vendor};
 use std::sync::{Arc, OnceLock};
 

@@ -1,13 +1,13 @@
 //! The one `cuLaunchKernel` per call. The kernel parameter structs, their packing from a
-//! protocol [`Plan`](collective_core::protocol::Plan) and the launch shape are backend-neutral
-//! and live in [`collective_core::protocol::params`] (shared with `hip-ipc` through the
+//! protocol [`Plan`](detcoll_protocol::Plan) and the launch shape are backend-neutral
+//! and live in [`detcoll_protocol::params`] (shared with `hip-ipc` through the
 //! engine).
 use crate::driver::check;
 use crate::programmatic::Programmatic;
 use collective_core::Error;
 use cudarc::driver::sys;
 
-pub(crate) use collective_core::protocol::params::{
+pub(crate) use detcoll_protocol::params::{
     ABI_VERSION, CopyParams, ParamsMany, ParamsSingle, Seg, THREADS, TreeParams,
 };
 

@@ -4,7 +4,7 @@
 //! `((r0+r1)+(r2+r3))+((r4+r5)+(r6+r7))` in the element's own dtype, rounded to nearest even,
 //! so results are identical on every rank, run to run, route to route, and to `fixed-tree`.
 //!
-//! * One kernel launch per call runs the protocol of [`collective_core::protocol`]: stage into
+//! * One kernel launch per call runs the protocol of [`detcoll_protocol`]: stage into
 //!   the own frame, publish a per-block `generation | signature digest` flag with a system-scope
 //!   release, acquire every peer's, evaluate the tree reading peers' frames in rank order.
 //!   Generations live on the device, so captured CUDA graphs replay correctly.

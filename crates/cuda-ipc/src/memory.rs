@@ -5,8 +5,8 @@
 //! stream-ordered (pool) allocations.
 use crate::driver::{self, check};
 use collective_core::Error;
-use collective_core::protocol::{Header, Layout};
 use cudarc::driver::{CudaContext, sys};
+use detcoll_protocol::{Header, Layout};
 use std::sync::Arc;
 
 /// One rank's control block + two staging frames, zeroed, header written. Freed on drop.
@@ -122,7 +122,7 @@ impl Drop for IpcMapping {
 }
 
 /// Words of the error record a kernel writes on failure (see kernels/detcoll_protocol.h).
-pub(crate) use collective_core::protocol::status::RECORD_WORDS;
+pub(crate) use detcoll_protocol::status::RECORD_WORDS;
 
 /// Pinned host memory the device writes failures into (`cuMemHostAlloc(DEVICEMAP)`): the host
 /// reads it with a plain volatile load on every call, no driver round trip.

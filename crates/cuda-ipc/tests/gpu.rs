@@ -108,11 +108,8 @@ fn graph_capture_of_mixed_ops_replays_bitwise() {
     let Some(device) = gpu::<Cuda>() else { return };
     let _l = gpu_lock();
     let world = 8;
-    let routes = collective_core::SizeRoutes {
-        ll_up_to: Some(6 << 10),
-        bulk_from: Some(512 << 10),
-        rsag_from: Some(64 << 10),
-    };
+    let routes =
+        collective_core::SizeRoutes { ll_up_to: Some(6 << 10), bulk_from: Some(512 << 10), rsag_from: Some(64 << 10) };
     let config = CudaIpcConfig::new(8 << 20).with_routes(collective_core::RouteTable::by_size(routes));
     let comms = IpcCollective::group_on(&device, world, &config).expect("group");
     let steps = graph_steps(world);

@@ -108,7 +108,7 @@ fn missing_driver_is_an_error_not_a_panic() {
 /// a new kernel constant cannot be forgotten here.
 #[test]
 fn kernel_constants_match_the_host() {
-    use collective_core::protocol::{CLOSE_ACK, params, status};
+    use detcoll_protocol::{CLOSE_ACK, params, status};
     let header = cuda_ipc::kernels::PROTOCOL_HEADER;
     let define = |name: &str| -> u64 {
         let line = header

@@ -10,8 +10,8 @@ use crate::{DevBuf, GpuRank, TestGpu, TreeLaunch, gpu, gpu_lock, raw_stream, run
 use collective_core::conformance::data::{compare, finite_values, reference_reduce, special_values};
 use collective_core::conformance::faults;
 use collective_core::conformance::sequence::{self, seed};
-use collective_core::protocol::IpcConfig;
 use collective_core::{Collective, DType, Error, Io, Op, RawMut, RawRef, RouteTable, SizeRoutes};
+use detcoll_protocol::IpcConfig;
 use ipc_engine::{Device, IpcCollective};
 use std::time::{Duration, Instant};
 
@@ -122,7 +122,7 @@ fn failure<G: TestGpu>(rank: &GpuRank<G>, i: usize, c: &sequence::Call, e: &Erro
 pub fn randomized<G: TestGpu>(world: usize, total: usize, capacity: usize) {
     let Some(device) = gpu::<G>() else { return };
     let _l = gpu_lock();
-    let config = sequence::config(capacity);
+    let config = detcoll_protocol::suite::random_config(capacity);
     let comms = group::<G>(&device, world, &config);
     let host_inputs = sequence::inputs(world, capacity);
     let batch = 500;
@@ -240,7 +240,7 @@ pub fn generations_wrap<G: TestGpu>() {
 // ---------------------------------------------------------------------------------------------
 
 /// Runs `f` on both ranks of a world of two threads on device 0 with the fault tests'
-/// configuration ([`faults::config`], `bound` on every wait for a peer); `Ok` after printing
+/// configuration ([`detcoll_protocol::suite::fault_config`], `bound` on every wait for a peer); `Ok` after printing
 /// the skip without a device.
 fn two_ranks<G, F>(bound: Duration, f: F) -> Result<(), String>
 where
@@ -249,7 +249,7 @@ where
 {
     let Some(device) = gpu::<G>() else { return Ok(()) };
     let _l = gpu_lock();
-    let comms = group::<G>(&device, 2, &faults::config(bound));
+    let comms = group::<G>(&device, 2, &detcoll_protocol::suite::fault_config(bound));
     run_ranks::<G, _>(comms, G::REGION_BYTES, f)
 }
 

@@ -32,8 +32,8 @@ mod worlds;
 pub use rank::{DevBuf, Gate, GpuRank, checked, run_ranks};
 pub use worlds::{Processes, Threads, across_gpus, one_gpu, suite_config};
 
-use collective_core::protocol::IpcConfig;
 use collective_core::{DType, Error};
+use detcoll_protocol::IpcConfig;
 use ipc_engine::{Device, IpcDevice};
 use std::borrow::Borrow;
 use std::sync::{Mutex, MutexGuard};

@@ -8,8 +8,8 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 /// The conformance suites' configuration (shared with the host device's suites):
-/// [`collective_core::conformance::ipc_suite_config`].
-pub use collective_core::conformance::ipc_suite_config as suite_config;
+/// [`detcoll_protocol::suite::ipc_suite_config`].
+pub use detcoll_protocol::suite::ipc_suite_config as suite_config;
 
 /// Where the ranks of a world of `world` threads run (rank `r` on the `r`-th device; ranks of
 /// one GPU share one device value), or `Ok(None)` after printing why such a world cannot run

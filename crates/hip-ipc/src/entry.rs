@@ -7,8 +7,8 @@ use crate::result::{api, check};
 use crate::runtime;
 use crate::sys::{HipFunction, HipStream};
 use collective_core::Error;
-use collective_core::protocol::params;
 use core::ffi::c_void;
+use detcoll_protocol::params;
 use std::sync::Arc;
 
 /// The kernels of one device: the loaded code object and the functions the collective launches.

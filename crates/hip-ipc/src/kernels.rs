@@ -26,7 +26,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// `DC_ABI_VERSION` of kernels/detcoll_protocol.h.
-pub const ABI_VERSION: u32 = collective_core::protocol::params::ABI_VERSION;
+pub const ABI_VERSION: u32 = detcoll_protocol::params::ABI_VERSION;
 const _: () = assert!(ABI_VERSION == detcoll_kernels::ABI_VERSION, "host and kernel ABI versions differ");
 
 /// Stem of the code objects: `detcoll_hip.<gfx>.co`.

@@ -43,7 +43,7 @@ mod tree;
 pub const BACKEND: &str = "hip-ipc";
 
 /// The configuration of a HIP IPC collective: the backend-neutral one `cuda-ipc` uses too.
-pub use collective_core::protocol::{DEFAULT_RSAG_THRESHOLD, IpcConfig as HipIpcConfig};
+pub use detcoll_protocol::{DEFAULT_RSAG_THRESHOLD, IpcConfig as HipIpcConfig};
 pub use device::{FALLBACK_WALL_CLOCK_KHZ, HipDevice, khz_from_samples, wait_ticks};
 pub use group::{
     ALLOW_SHARED_GPU_ENV, DEFAULT_HW_QUEUES, HW_QUEUES_ENV, check_hw_queues, check_shared_gpu, group, group_on_ordinal,

@@ -17,8 +17,8 @@ use crate::BACKEND;
 use crate::runtime::{self, DeviceMemory, IpcMapping};
 use crate::sys::{self, HIP_IPC_HANDLE_SIZE};
 use collective_core::Error;
-use collective_core::protocol::params::RankMemory;
-use collective_core::protocol::{Header, Layout};
+use detcoll_protocol::params::RankMemory;
+use detcoll_protocol::{Header, Layout};
 
 /// Selects the memory of the control block: `uncached` (default) or `fine-grained`.
 pub const CONTROL_MEMORY_ENV: &str = "DETCOLL_HIP_CONTROL_MEMORY";

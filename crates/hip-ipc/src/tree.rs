@@ -1,7 +1,7 @@
 //! The standalone fused tree kernel on the host side: W inputs (in rank order) -> one output,
 //! in one pass (`detcoll_tree`, kernels/detcoll_protocol.h). The HIP twin of
 //! `cuda-ipc/src/tree.rs`: the same kernel body, the same parameter packing
-//! ([`TreeParams::pack`], shared through `collective_core::protocol::params`), only the launch
+//! ([`TreeParams::pack`], shared through `detcoll_protocol::params`), only the launch
 //! call differs.
 //!
 //! Used by the RCCL transport (`ccl-transport`'s `HipDevice`: gathered ranks -> local tree), so
@@ -11,8 +11,8 @@
 use crate::entry::{Kernels, launch};
 use crate::runtime;
 use crate::sys::HipStream;
-use collective_core::protocol::params::{THREADS, TreeParams};
 use collective_core::{DType, Error};
+use detcoll_protocol::params::{THREADS, TreeParams};
 use std::sync::Arc;
 
 /// Which arithmetic a tree launch uses. Both give the dtype add's bits (the fixed-tree

@@ -4,16 +4,16 @@
 //! error record), `validate`, `Plan`, parameter packing into a stack struct, one launch (a
 //! call above the staging capacity: one `Plan` and launch per chunk, see `Chunks`). No
 //! host synchronisation, no host allocation, no round trip.
-use crate::device::{IpcDevice, Launch, RawStream};
 use crate::lockstep::Member;
 use crate::order::StreamOrder;
 use crate::state::{IpcState, Owner};
 use collective_core::process::ProcessOwner;
-use collective_core::protocol::close::{self, CloseOnce};
-use collective_core::protocol::params::{self, CopyParams, ParamsMany, ParamsSingle};
-use collective_core::protocol::status::{self, RECORD_WORDS};
-use collective_core::protocol::{CLOSE_ACK, Chunks, IpcConfig, Poison};
 use collective_core::{Capabilities, Collective, Error, Io, IpcRoute, Op, Route, RouteSelect, validate, validate_many};
+use detcoll_protocol::close::{self, CloseOnce};
+use detcoll_protocol::params::{self, CopyParams, ParamsMany, ParamsSingle};
+use detcoll_protocol::status::{self, RECORD_WORDS};
+use detcoll_protocol::{CLOSE_ACK, Chunks, IpcConfig, Poison};
+use detcoll_protocol::{IpcDevice, Launch, RawStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -74,7 +74,7 @@ impl<D: IpcDevice> IpcCollective<D> {
     }
 
     /// The raw device error record (`[code, peer, generation, observed flag word, our
-    /// signature, their signature]`, see `collective_core::protocol::status`), for diagnostics
+    /// signature, their signature]`, see `detcoll_protocol::status`), for diagnostics
     /// beyond the typed error. `None` for world 1 (no protocol).
     pub fn error_record(&self) -> Option<[u64; RECORD_WORDS]> {
         self.ipc.as_ref().map(|ipc| D::record_words(&ipc.err))

@@ -1,15 +1,15 @@
 //! Construction: N ranks as threads of one process (one GPU or several, peer pointers used
 //! directly), or one process per rank over a bootstrap (IPC handles exchanged once).
 use crate::collective::IpcCollective;
-use crate::device::IpcDevice;
 use crate::lockstep::Lockstep;
 use crate::order::StreamOrder;
 use crate::state::{IpcState, Owner};
 use collective_core::bootstrap::Bootstrap;
 use collective_core::process::ProcessOwner;
-use collective_core::protocol::params::{Fixed, RankMemory, THREADS};
-use collective_core::protocol::{HEADER_WORDS, Header, IpcConfig, Layout, Poison, close, failure};
 use collective_core::{Error, SUPPORTED_WORLD_SIZES};
+use detcoll_protocol::IpcDevice;
+use detcoll_protocol::params::{Fixed, RankMemory, THREADS};
+use detcoll_protocol::{HEADER_WORDS, Header, IpcConfig, Layout, Poison, close, failure};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 

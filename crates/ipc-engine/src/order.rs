@@ -14,8 +14,8 @@
 //! stream may even be destroyed by now), synchronises the device once. While the new stream is
 //! being captured into a graph no dependency is made (an event of uncaptured work cannot join a
 //! capture): a graph's replays are ordered by the caller, as for any captured work.
-use crate::device::{IpcDevice, RawStream};
 use collective_core::Error;
+use detcoll_protocol::{IpcDevice, RawStream};
 
 /// What ordering needs from a device; implemented by every [`IpcDevice`].
 pub(crate) trait OrderOps {

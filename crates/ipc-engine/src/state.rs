@@ -3,8 +3,8 @@
 //! the allocations.
 use crate::IpcDevice;
 use collective_core::bootstrap::Bootstrap;
-use collective_core::protocol::Layout;
-use collective_core::protocol::params::{Fixed, RankMemory};
+use detcoll_protocol::Layout;
+use detcoll_protocol::params::{Fixed, RankMemory};
 use std::sync::{Arc, Mutex};
 
 /// Who owns the staging allocations a rank reads.

@@ -20,7 +20,7 @@ impl ShmCollective {
     /// every rank of `boot` must call it with the same `config`, or all fail with
     /// [`Error::ConfigMismatch`]. A failure on one rank (a full `/dev/shm`: [`Error::OutOfMemory`];
     /// a truncated peer object: [`Error::ConfigMismatch`]; a capacity below
-    /// [`collective_core::protocol::MIN_CAPACITY`]: [`Error::InvalidConfig`]) is sent to the
+    /// [`detcoll_protocol::MIN_CAPACITY`]: [`Error::InvalidConfig`]) is sent to the
     /// others in its place in the exchange, so every rank returns an error at once.
     ///
     /// ```no_run
@@ -32,7 +32,7 @@ impl ShmCollective {
     /// # let _ = comm; Ok(()) }
     /// ```
     pub fn new(boot: &dyn Bootstrap, config: ShmConfig) -> Result<Self, Error> {
-        IpcCollective::connect(boot, HostDevice::process(), &config.ipc()).map(|inner| ShmCollective { inner })
+        IpcCollective::connect(boot, HostDevice::process(), &config).map(|inner| ShmCollective { inner })
     }
 
     /// A world of `world` ranks as threads of this process: staging is heap memory that every
@@ -50,7 +50,7 @@ impl ShmCollective {
     /// ```
     pub fn group(world: usize, config: ShmConfig) -> Result<Vec<ShmCollective>, Error> {
         let devices: Vec<HostDevice> = (0..world).map(|_| HostDevice::threads()).collect();
-        let ranks = IpcCollective::group(&devices, &config.ipc())?;
+        let ranks = IpcCollective::group(&devices, &config)?;
         Ok(ranks.into_iter().map(|inner| ShmCollective { inner }).collect())
     }
 

@@ -12,10 +12,10 @@
 use crate::executor::{self, Watch};
 use crate::liveness::alive;
 use crate::region::{Handle, Region, Share};
-use collective_core::protocol::params::{MAX_WORLD, RankMemory};
-use collective_core::protocol::status::RECORD_WORDS;
-use collective_core::protocol::{Header, Layout};
 use collective_core::{DType, Error};
+use detcoll_protocol::params::{MAX_WORLD, RankMemory};
+use detcoll_protocol::status::RECORD_WORDS;
+use detcoll_protocol::{Header, Layout};
 use ipc_engine::{Device, IpcDevice, Launch, RawStream, Vendor};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -272,7 +272,7 @@ impl IpcDevice for HostDevice {
         if record[0] == 0 {
             return Ok(());
         }
-        Err(collective_core::protocol::status::decode(&record, Duration::from_nanos(h.timeout_ns), BACKEND))
+        Err(detcoll_protocol::status::decode(&record, Duration::from_nanos(h.timeout_ns), BACKEND))
     }
     fn alloc_staging(&self, layout: &Layout, header: &Header) -> Result<HostStaging, Error> {
         let len = layout.total_bytes();

@@ -1,5 +1,5 @@
 //! The staging capacity's floor (issue 25): a capacity below
-//! [`collective_core::protocol::MIN_CAPACITY`] used to be accepted while some calls (every f32
+//! [`detcoll_protocol::MIN_CAPACITY`] used to be accepted while some calls (every f32
 //! call at 0-3 bytes, f32 reduce_scatter at world 8 with 16 or 31) then failed one by one; it
 //! is refused at construction on every rank, and the floor itself runs every op, dtype, world
 //! and route — in chunks of 16 bytes per piece — with the bits of the fixed tree, so
@@ -7,8 +7,8 @@
 use collective_core::bootstrap::LocalBootstrap;
 use collective_core::conformance::HostBuf;
 use collective_core::conformance::data::{compare, finite_values, reference_reduce};
-use collective_core::protocol::{MIN_CAPACITY, Timeouts};
 use collective_core::{Collective, DType, Error, Io, IpcRoute, Op, RouteSelect};
+use detcoll_protocol::{MIN_CAPACITY, Timeouts};
 use shm_ipc::{ShmCollective, ShmConfig};
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! unaligned sizes, in place and out of place, gives exactly the bits of the fixed tree (the
 //! concatenation for all_gather); `reduce_scatter_many` with lanes above capacity too; ranks
 //! whose calls share their first chunk but not their size fail with a signature mismatch.
-use collective_core::protocol::Timeouts;
+use collective_core::Timeouts;
 use collective_core::{Collective, Error, Io, IpcRoute, Op, Plain, RouteSelect};
 use half::bf16;
 use shm_ipc::{ShmCollective, ShmConfig};

@@ -20,10 +20,8 @@ impl TestBackend for Processes {
     ) -> Result<(), String> {
         let mut config = ShmConfig::new(capacity);
         config.routes = collective_core::RouteTable::ipc_default(4096);
-        config.timeouts = Some(collective_core::protocol::Timeouts {
-            peer: std::time::Duration::from_secs(30),
-            ..Default::default()
-        });
+        config.timeouts =
+            Some(collective_core::Timeouts { peer: std::time::Duration::from_secs(30), ..Default::default() });
         run_processes(
             world,
             test,

@@ -18,7 +18,7 @@ impl TestBackend for Threads {
         _test: &str,
         case: &(dyn Fn(&mut Self::Rank) -> Result<(), String> + Sync),
     ) -> Result<(), String> {
-        let mut config = ShmConfig::new(capacity).with_timeouts(collective_core::protocol::Timeouts {
+        let mut config = ShmConfig::new(capacity).with_timeouts(collective_core::Timeouts {
             peer: std::time::Duration::from_secs(20),
             ..Default::default()
         });

@@ -1,6 +1,6 @@
 //! The conformance suite on the CPU twin as a device of the engine with every rank a real
 //! process: `IpcCollective::new` over the TCP bootstrap, staging in `/dev/shm` exchanged as
-//! handles, every route taken (see `collective_core::conformance::ipc_suite_config`).
+//! handles, every route taken (see `detcoll_protocol::suite::ipc_suite_config`).
 use collective_core::Collective;
 use collective_core::conformance::{HostRank, TestBackend, run_processes};
 use ipc_engine::IpcCollective;
@@ -21,7 +21,7 @@ impl TestBackend for EngineProcesses {
         test: &str,
         case: &(dyn Fn(&mut Self::Rank) -> Result<(), String> + Sync),
     ) -> Result<(), String> {
-        let config = collective_core::conformance::ipc_suite_config(capacity, Duration::from_secs(30));
+        let config = detcoll_protocol::suite::ipc_suite_config(capacity, Duration::from_secs(30));
         run_processes(
             world,
             test,

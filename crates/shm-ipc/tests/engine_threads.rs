@@ -1,5 +1,5 @@
 //! The conformance suite on the CPU twin as a device of the engine: `IpcCollective<HostDevice>`
-//! with ranks as threads of one process, every route taken (see `collective_core::conformance::ipc_suite_config`), the
+//! with ranks as threads of one process, every route taken (see `detcoll_protocol::suite::ipc_suite_config`), the
 //! protocol run by the host executor of the kernel ABI.
 use collective_core::Collective;
 use collective_core::conformance::{HostRank, TestBackend, run_owned};
@@ -21,7 +21,7 @@ impl TestBackend for EngineThreads {
         _test: &str,
         case: &(dyn Fn(&mut Self::Rank) -> Result<(), String> + Sync),
     ) -> Result<(), String> {
-        let config = collective_core::conformance::ipc_suite_config(capacity, Duration::from_secs(20));
+        let config = detcoll_protocol::suite::ipc_suite_config(capacity, Duration::from_secs(20));
         let devices: Vec<HostDevice> = (0..world).map(|_| HostDevice::threads()).collect();
         let comms = IpcCollective::group(&devices, &config).map_err(|e| e.to_string())?;
         let ranks = comms.into_iter().map(|comm| HostRank { comm }).collect();

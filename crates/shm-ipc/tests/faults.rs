@@ -4,9 +4,9 @@
 //! (survivors are not torn down when a rank dies: `stop_on_failure = false`), each child runs its
 //! role and prints `VERDICT ok ...` or fails; the parent checks every rank's verdict.
 use collective_core::bootstrap::TcpBootstrap;
-use collective_core::protocol::{TIMEOUT_ENV, Timeouts};
 use collective_core::{Collective, Error, Io};
 use detcoll_launch::{LaunchSpec, launch_captured};
+use detcoll_protocol::{TIMEOUT_ENV, Timeouts};
 use shm_ipc::{ShmCollective, ShmConfig};
 use std::sync::{RwLock, RwLockWriteGuard};
 use std::time::{Duration, Instant};

@@ -1,6 +1,6 @@
 //! Issue 12 on the CPU twin, ranks as threads: generation wrap-around, close diagnostics, a peer
 //! that closed, and capacities no layout can hold.
-use collective_core::protocol::Timeouts;
+use collective_core::Timeouts;
 use collective_core::{Collective, Error, Io, Op, Route};
 use shm_ipc::{ShmCollective, ShmConfig};
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! mismatches (another call, or the same call by another route) are errors before any output is
 //! written, calls above a push route's slots take the pull route with the same bits, and push
 //! and pull calls mix across the generation wrap.
-use collective_core::protocol::Timeouts;
+use collective_core::Timeouts;
 use collective_core::{Collective, Error, Io, IpcRoute, Op, Plain, RouteSelect};
 use half::{bf16, f16};
 use shm_ipc::{ShmCollective, ShmConfig};

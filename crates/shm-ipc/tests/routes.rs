@@ -56,10 +56,8 @@ fn one_shot_and_rs_ag_give_identical_bits() {
 #[test]
 fn a_rank_that_never_arrives_times_out_and_poisons() {
     let mut config = ShmConfig::new(1 << 12);
-    config.timeouts = Some(collective_core::protocol::Timeouts {
-        peer: Duration::from_millis(300),
-        close: Duration::from_millis(300),
-    });
+    config.timeouts =
+        Some(collective_core::Timeouts { peer: Duration::from_millis(300), close: Duration::from_millis(300) });
     let comms = ShmCollective::group(2, config).unwrap();
     let input = vec![1.0f32; 16];
     let mut out = vec![0.0f32; 16];

@@ -8,9 +8,9 @@
 //! owner still keeps its object reachable for the peers, it opens it from the handle the owner
 //! announced (a wrapping bootstrap sees the construction messages).
 use collective_core::bootstrap::{Bootstrap, BootstrapError, TcpBootstrap};
-use collective_core::protocol::{Layout, Timeouts};
 use collective_core::{Collective, Error, Io};
 use detcoll_launch::{LaunchSpec, launch_captured};
+use detcoll_protocol::{Layout, Timeouts};
 use shm_ipc::{ShmCollective, ShmConfig};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;

@@ -13,8 +13,13 @@
 # then NCCL Tree/Simple merged into the same table). Logs and JSON under $OUT; a compact summary
 # (PASS/FAIL per step and per check) on stdout and in $OUT/summary.txt. Budget: under 8 minutes
 # (steps limited to 300 + 3 x 50 s, plus setup; the GPU checks took ~95 s before the stand-ins).
+#
+# STEPS (default "gpu bench cpu"): which of the three steps run, e.g. STEPS=gpu for the GPU checks
+# alone when a device call also runs other suites.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
+STEPS="${STEPS:-gpu bench cpu}"
+want() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 : "${WHEEL:?set WHEEL to the detcoll wheel (built with maturin on a machine with Rust)}"
 OUT="${OUT:-$(mktemp -d)}"
 mkdir -p "$OUT"
@@ -80,7 +85,9 @@ fi
 # 1. GPU checks (pytest when installed, else the file's own runner).
 export DETCOLL_TEST_OUT="$OUT/gpu"
 mkdir -p "$DETCOLL_TEST_OUT"
-if "$PY" -c "import pytest" 2>/dev/null; then
+if ! want gpu; then
+    say "SKIP gpu checks (STEPS=$STEPS)"
+elif "$PY" -c "import pytest" 2>/dev/null; then
     step "gpu checks (pytest)" 300 gpu_tests.log \
         "$PY" -m pytest -v -rs -p no:cacheprovider python/tests/device/test_gpu.py
 else
@@ -90,6 +97,7 @@ grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed" "$OUT/gpu_tests.log" | tail 
 
 # 2. The benchmark at world 1 (NCCL refuses two ranks on one GPU): defaults, then NCCL pinned
 #    to Tree/Simple (what deterministic stacks use today) merged into the same table.
+if want bench; then
 BENCH=(python/benchmarks/benchmark_collectives.py --dtype bf16 --operations all_reduce all_gather reduce_scatter
        --size-bytes 4096 65536 1048576 16777216 --warmup 10 --iterations 50 --samples 5)
 step "benchmark world 1 (NCCL defaults)" 50 bench_default.log \
@@ -100,9 +108,14 @@ step "benchmark world 1 (NCCL_ALGO=Tree NCCL_PROTO=Simple, merged)" 50 bench_tre
 for f in "$OUT/bench_w1.md" "$OUT/bench_w1_default.md"; do
     [ -f "$f" ] && { cat "$f" | tee -a "$OUT/summary.txt"; break; }
 done
+else
+    say "SKIP benchmark (STEPS=$STEPS)"
+fi
 
 # 3. The CPU suite with this host's torch (the gloo-group bootstrap), when numpy is there.
-if "$PY" -c "import numpy, pytest" 2>/dev/null; then
+if ! want cpu; then
+    say "SKIP cpu suite (STEPS=$STEPS)"
+elif "$PY" -c "import numpy, pytest" 2>/dev/null; then
     step "cpu suite with torch" 50 cpu_tests.log "$PY" -m pytest -q -rs -p no:cacheprovider python/tests \
         --ignore=python/tests/device
     tail -n 3 "$OUT/cpu_tests.log" | tee -a "$OUT/summary.txt"

@@ -14,9 +14,9 @@
 //! Each returns after printing a skip when the GPU (or the library) is missing.
 use super::{Gpu, Rank, SYNC_BOUND, gpu, gpu_lock, library_devices, upload, world1};
 use ccl_transport::{Device, TransportCollective, TransportConfig, Watchdog};
+use collective_core::Timeouts;
 use collective_core::bootstrap::LocalBootstrap;
 use collective_core::conformance::data::{compare, finite_values, reference_reduce, special_values};
-use collective_core::protocol::Timeouts;
 use collective_core::{Collective, DType, Error, Io, Op, RawMut, RawRef};
 use std::borrow::Borrow;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};

@@ -1,7 +1,7 @@
 //! Bounds of the bootstrap's timeouts, and deadlines computed without overflow.
 //!
 //! Every bootstrap timeout (TCP connect and exchange, in-process exchange, `split`'s) is at most
-//! [`MAX_BOOTSTRAP_TIMEOUT`], like the protocol's bounds ([`crate::protocol::MAX_TIMEOUT`]):
+//! [`MAX_BOOTSTRAP_TIMEOUT`], like the protocol's bounds ([`crate::MAX_TIMEOUT`]):
 //! a longer bound is indistinguishable from a hang, and `Instant::now() + Duration::MAX`
 //! panics ("overflow when adding duration to instant"). Deadlines are computed with
 //! [`deadline`], which never panics.
@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use super::BootstrapError;
 
-/// The longest bootstrap timeout accepted: one day (= [`crate::protocol::MAX_TIMEOUT`]).
-pub const MAX_BOOTSTRAP_TIMEOUT: Duration = crate::protocol::MAX_TIMEOUT;
+/// The longest bootstrap timeout accepted: one day (= [`crate::MAX_TIMEOUT`]).
+pub const MAX_BOOTSTRAP_TIMEOUT: Duration = crate::MAX_TIMEOUT;
 
 /// Whether `timeout` is a usable bootstrap bound: more than zero and at most
 /// [`MAX_BOOTSTRAP_TIMEOUT`]; otherwise [`BootstrapError::InvalidConfig`] naming `what` (e.g.

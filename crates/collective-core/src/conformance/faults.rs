@@ -2,22 +2,7 @@
 //! `hip-ipc`): a call mismatched between two ranks, and a rank that never arrives. The tests
 //! make the calls; these judge what came back.
 use crate::Error;
-use crate::protocol::{IpcConfig, Timeouts};
 use std::time::Duration;
-
-/// The IPC twins' configuration of the fault tests: 1 MiB of staging, calls up to 4 KiB per rank
-/// on the LL push route (the pull routes above, so both protocols fail closed), `peer` as the
-/// bound on every wait for a peer, close bounded by 5 s.
-pub fn config(peer: Duration) -> IpcConfig {
-    let routes = crate::SizeRoutes {
-        ll_up_to: Some(4 << 10),
-        rsag_from: Some(crate::protocol::DEFAULT_RSAG_THRESHOLD),
-        ..Default::default()
-    };
-    IpcConfig::new(1 << 20)
-        .with_routes(crate::RouteTable::by_size(routes))
-        .with_timeouts(Timeouts { peer, close: Duration::from_secs(5) })
-}
 
 /// Rank `me` of two reduced `counts[me]` elements while its peer reduced `counts[1 - me]`. The
 /// call must have ended (`waited`, enqueue to stream drained) before the peer timeout `bound`,

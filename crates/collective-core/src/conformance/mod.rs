@@ -17,13 +17,11 @@ pub mod cases;
 pub mod data;
 pub mod faults;
 mod harness;
-mod ipc_config;
 pub mod memory;
 mod process;
 pub mod sequence;
 
 pub use harness::{HostBuf, HostRank, RankEnv, TestBackend, run_owned, run_threads, skip};
-pub use ipc_config::ipc_suite_config;
 pub use process::{CHILD_ENV, run_processes};
 
 /// Staging capacity, in bytes per rank, every suite world is built with.

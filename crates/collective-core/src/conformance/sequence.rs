@@ -6,7 +6,6 @@
 //! What stays in each backend: memory, streams, the in-place setup copy and the rank loop.
 use super::cases::{call, expected};
 use super::data::{Rng, compare, finite_values};
-use crate::protocol::IpcConfig;
 use crate::{Collective, DType, Error, Io, Op, RawMut, RawRef};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -289,22 +288,10 @@ fn knob(name: &str, min: u64, max: u64) -> Option<usize> {
     parsed.unwrap_or_else(|e| panic!("{e}")).map(|v| v as usize)
 }
 
-/// The IPC twins' configuration of a randomized run: `capacity` bytes of staging, the LL push
-/// route up to 4 KiB, one-shot above, RS+AG (all_reduce) from 16 KiB, the bulk push route from
-/// `capacity / 4` (so every route runs; bulk all_gather calls that do not fit its frame take
-/// one-shot, bulk all_reduce and reduce_scatter ones run as bulk chunks), and DETCOLL_RANDOM_BLOCKS blocks per rank when set (else the backend's default:
-/// compute units / ranks sharing the GPU).
-pub fn config(capacity: usize) -> IpcConfig {
-    let routes = crate::SizeRoutes {
-        ll_up_to: Some(4 << 10),
-        bulk_from: Some((capacity / 4).max(16 << 10)),
-        rsag_from: Some(16 << 10),
-    };
-    let config = IpcConfig::new(capacity).with_routes(crate::RouteTable::by_size(routes));
-    match knob("DETCOLL_RANDOM_BLOCKS", 1, 1024) {
-        Some(b) => config.with_max_blocks(b),
-        None => config,
-    }
+/// DETCOLL_RANDOM_BLOCKS: blocks per rank of a randomized run on a GPU (`None`: the backend's
+/// default, compute units / ranks sharing the GPU).
+pub fn random_blocks() -> Option<usize> {
+    knob("DETCOLL_RANDOM_BLOCKS", 1, 1024)
 }
 
 /// DETCOLL_RANDOM_NO_INPLACE=1: only out-of-place calls (no setup copies inside a batch).

@@ -7,10 +7,10 @@
 //! (feature `rocm`).
 #![allow(dead_code)]
 use ccl_transport::{Device, TransportCollective};
+use collective_core::Timeouts;
 use collective_core::bootstrap::{Bootstrap, LocalBootstrap};
 use collective_core::conformance::data::{compare, finite_values, reference_reduce};
 use collective_core::conformance::{CHILD_ENV, run_processes, skip};
-use collective_core::protocol::Timeouts;
 use collective_core::{Collective, DType, Error, Io, Op, RawMut, RawRef, Route};
 use collective_factory::{Routed, Routing, RoutingTable, Rule};
 use std::borrow::Borrow;

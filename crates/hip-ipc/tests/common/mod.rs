@@ -4,8 +4,8 @@
 //! Never executed on an AMD GPU (none was available).
 #![allow(dead_code)]
 use collective_core::Error;
-use collective_core::protocol::IpcConfig;
-use collective_core::protocol::params::TreeParams;
+use detcoll_protocol::IpcConfig;
+use detcoll_protocol::params::TreeParams;
 use gpu_conformance::{TestGpu, TreeLaunch};
 use hip_ipc::{Arithmetic, FusedTree, HipDevice, Stream, runtime};
 use ipc_engine::IpcDevice;

@@ -5,8 +5,8 @@
 //! copy the gathered slots out. all_gather is the second half alone.
 use super::memory::{copy, tree, word};
 use super::{Call, for_tiles};
-use collective_core::protocol::params::{MAX_WORLD, SEG_AG, SEG_GATHER, SEG_WRITE_BACK, Seg};
-use collective_core::protocol::status::{ERR_TIMEOUT_PHASE2, ERR_TIMEOUT_READY};
+use detcoll_protocol::params::{MAX_WORLD, SEG_AG, SEG_GATHER, SEG_WRITE_BACK, Seg};
+use detcoll_protocol::status::{ERR_TIMEOUT_PHASE2, ERR_TIMEOUT_READY};
 use std::sync::atomic::{Ordering, fence};
 
 /// Address of the bulk flag (phase, block, sender) in `owner`'s control block (`dc_pflag`).

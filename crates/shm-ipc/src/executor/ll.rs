@@ -6,8 +6,8 @@
 //! `2 * o` (16 payload bytes per 32-byte line).
 use super::memory::{Vec16, ll_load, ll_store, load16, store16, tree};
 use super::{Call, for_tiles};
-use collective_core::protocol::params::{MAX_WORLD, SEG_GATHER, SEG_SCATTER, Seg};
-use collective_core::protocol::status::ERR_TIMEOUT_READY;
+use detcoll_protocol::params::{MAX_WORLD, SEG_GATHER, SEG_SCATTER, Seg};
+use detcoll_protocol::status::ERR_TIMEOUT_READY;
 
 /// Address of the LL slot (parity, sender) in `owner`'s control block (`dc_ll_slot`).
 fn slot(c: &Call<'_>, owner: u32, parity: u32, sender: u32) -> u64 {

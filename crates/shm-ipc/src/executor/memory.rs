@@ -9,7 +9,7 @@
 //! bytes are plain memory whose hand-over between ranks the protocol's flags order
 //! (release/acquire), exactly as on the GPU.
 use collective_core::DType;
-use collective_core::protocol::params::MAX_WORLD;
+use detcoll_protocol::params::MAX_WORLD;
 use half::{bf16, f16};
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -15,12 +15,12 @@ mod ll;
 pub(crate) mod memory;
 mod pull;
 
-use collective_core::protocol::params::{Header, MODE_PUSH, MODE_PUSH_LL, Seg};
-use collective_core::protocol::status::{
+use detcoll_protocol::params::{Header, MODE_PUSH, MODE_PUSH_LL, Seg};
+use detcoll_protocol::status::{
     ERR_CORRUPT, ERR_HOST_FAULT, ERR_MISMATCH, ERR_PEER_CLOSED, ERR_PEER_EXITED, ERR_PEER_FAILED, LL_EPOCH_MASK,
     ST_ABORT, ST_GEN, ST_REFRESH,
 };
-use collective_core::protocol::{CLOSE_ACK, FlagState, FlagWord};
+use detcoll_protocol::{CLOSE_ACK, FlagState, FlagWord};
 use memory::word;
 use std::sync::atomic::{Ordering, fence};
 use std::time::{Duration, Instant};
@@ -122,7 +122,7 @@ impl Call<'_> {
     /// The call's invariant (see [`collective`]).
     unsafe fn prologue(&self, refresh: bool) {
         let h = self.h;
-        let push = h.mode != collective_core::protocol::params::MODE_PULL;
+        let push = h.mode != detcoll_protocol::params::MODE_PULL;
         let w = self.word;
         let store = |addr: u64, v: u64, o: Ordering| {
             // SAFETY: a control word of a live staging (the call's invariant).
@@ -154,7 +154,7 @@ impl Call<'_> {
                 store(own(h.off_phase2, k), w, Ordering::Relaxed);
             }
             let bulk = h.mode == MODE_PUSH;
-            let gathered = bulk && h.nstage > 0 && self.seg[0].flags & collective_core::protocol::params::SEG_AG != 0;
+            let gathered = bulk && h.nstage > 0 && self.seg[0].flags & detcoll_protocol::params::SEG_AG != 0;
             for k in 0..2u32 {
                 let used = bulk && if k == 0 { !gathered } else { gathered || h.nphase2 > 0 };
                 for blk in (if used { h.grid } else { 0 })..h.layout_blocks {

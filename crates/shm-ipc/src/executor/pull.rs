@@ -4,8 +4,8 @@
 //! phase 2 (release `phase2[b]`, wait, gather the peers' reduced shards).
 use super::memory::{copy, tree, word};
 use super::{Call, for_tiles};
-use collective_core::protocol::params::{MAX_WORLD, SEG_GATHER, SEG_WRITE_BACK, Seg};
-use collective_core::protocol::status::{ERR_TIMEOUT_PHASE2, ERR_TIMEOUT_READY};
+use detcoll_protocol::params::{MAX_WORLD, SEG_GATHER, SEG_WRITE_BACK, Seg};
+use detcoll_protocol::status::{ERR_TIMEOUT_PHASE2, ERR_TIMEOUT_READY};
 use std::sync::atomic::Ordering;
 
 /// Runs every block of a pull call.

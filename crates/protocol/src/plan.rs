@@ -3,7 +3,7 @@
 //! A plan is a list of [`Segment`]s per [`Phase`], in element offsets of the staging frame and
 //! caller addresses. It is built without heap allocation (fixed arrays), so building one on the
 //! per-call hot path costs a few dozen instructions.
-use crate::{Call, Error, LaneCall, MAX_LANES, Op, Route, Signature};
+use collective_core::{Call, Error, LaneCall, MAX_LANES, Op, Route, Signature};
 
 /// Most segments one phase can hold (one per lane, or one per peer).
 const MAX_SEGMENTS: usize = if MAX_LANES > 8 { MAX_LANES } else { 8 };
@@ -398,7 +398,7 @@ mod tests {
     /// one-shot: no overflow, no panic.
     #[test]
     fn bulk_slots_of_huge_calls_are_checked_arithmetic() {
-        use crate::DType;
+        use collective_core::DType;
         let n = usize::MAX / 8; // 8 slots of n rounded up to 16 bytes: 2^64, one past usize
         let call = Call {
             op: Op::AllGather,

@@ -5,7 +5,7 @@
 //! Record words (kernels/detcoll_protocol.h, `dc_fail`): `[code, peer, generation, observed flag
 //! or peer status, our signature (2 words), their signature (2 words, mismatch only)]`.
 use super::FlagWord;
-use crate::{Error, Signature};
+use collective_core::{Error, Signature};
 use std::time::Duration;
 
 /// Words of the error record a kernel writes on failure.

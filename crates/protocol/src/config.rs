@@ -3,7 +3,7 @@
 //! Moved verbatim from `crates/cuda-ipc/src/config.rs` (`CudaIpcConfig` there and
 //! `HipIpcConfig` in `hip-ipc` are re-exports of [`IpcConfig`]).
 use super::Timeouts;
-use crate::{Error, RouteTable};
+use collective_core::{Error, RouteTable};
 
 /// Default bytes per rank from which `all_reduce` takes the IPC reduce_scatter + all_gather
 /// route instead of the one-shot route (same bits either way). One-shot reads `world` inputs
@@ -31,7 +31,7 @@ pub struct IpcConfig {
     /// Bound on every in-kernel wait and on close. `None`: `DETCOLL_TIMEOUT_MS` when set, else
     /// [`Timeouts::default`], read at construction ([`IpcConfig::resolved_timeouts`]).
     pub timeouts: Option<Timeouts>,
-    /// The route policy of this collective's own calls ([`crate::Collective::route`], the
+    /// The route policy of this collective's own calls ([`collective_core::Collective::route`], the
     /// calls that do not name a route): the factory passes its agreed routing table; on its own,
     /// [`RouteTable::ipc_default`] (RS+AG for all_reduce from [`DEFAULT_RSAG_THRESHOLD`]). The
     /// engine only looks it up: it has no thresholds of its own.

@@ -29,7 +29,7 @@ pub const HEADER_WORDS: usize = 8;
 pub const MAX_LL_CAPACITY: usize = 64 << 20;
 /// LL bytes per payload byte: every 4-byte payload word travels with a 4-byte flag.
 pub const LL_EXPANSION: usize = 2;
-use crate::Error;
+use collective_core::Error;
 
 /// Value a peer stores into `ack[peer]` at close.
 pub const CLOSE_ACK: u64 = 0xC105_EDAC;

@@ -1,13 +1,13 @@
 //! The one small trait a device implements (the wgpu-hal of detcoll): memory, IPC
 //! export/import, kernels, launches, streams and events. Everything above it — the IPC
-//! collective ([`crate::IpcCollective`]) and the NCCL/RCCL transport (`ccl-transport`) — is
+//! collective ((`ipc_engine::IpcCollective`)) and the NCCL/RCCL transport (`ccl-transport`) — is
 //! written once. The CUDA implementation lives in `cuda-ipc` (cudarc), the HIP one in `hip-ipc`
 //! (our own runtime-loaded binding), the host one in `shm-ipc` (`HostDevice`: host memory, and
 //! the reference executor of the kernel ABI as its kernel); they differ only where the
 //! hardware does.
-use collective_core::protocol::params::{CopyParams, ParamsMany, ParamsSingle, RankMemory};
-use collective_core::protocol::status::RECORD_WORDS;
-use collective_core::protocol::{Header, Layout};
+use crate::params::{CopyParams, ParamsMany, ParamsSingle, RankMemory};
+use crate::status::RECORD_WORDS;
+use crate::{Header, Layout};
 use collective_core::{DType, Error};
 use core::ffi::c_void;
 use core::fmt;
@@ -231,7 +231,7 @@ pub trait IpcDevice: Device + Clone {
     /// Most blocks of the grid-stride kernels (copy, tree): enough to fill the device.
     fn grid_limit(kernels: &Self::Kernels) -> u32;
     /// Enqueues one launch of the entry point that takes `params`, `grid` blocks of
-    /// [`collective_core::protocol::params::THREADS`] threads.
+    /// [`crate::params::THREADS`] threads.
     ///
     /// # Safety
     /// Every address in `params` must be valid for the kernel's accesses until `stream` has

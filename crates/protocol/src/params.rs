@@ -5,7 +5,7 @@
 //! Moved verbatim from `crates/cuda-ipc/src/launch.rs` (only the backend name of the
 //! "too many segments" error became a parameter of [`pack`]).
 use super::{Layout, Phase, Plan};
-use crate::{DType, Error, Op, Route, SUPPORTED_WORLD_SIZES};
+use collective_core::{DType, Error, Op, Route, SUPPORTED_WORLD_SIZES};
 
 /// Must equal `DC_ABI_VERSION` in the kernels (checked when a module is loaded).
 pub const ABI_VERSION: u32 = 6;
@@ -130,7 +130,7 @@ impl TreeParams {
     /// The parameters of one fused-tree launch (`detcoll_tree`): `out[i] = tree(inputs[0][i],
     /// ..., inputs[W-1][i])` for `i < count`, `W = inputs.len()`, in `dtype`'s arithmetic.
     ///
-    /// Refuses (typed errors, before any launch) a `W` outside [`crate::SUPPORTED_WORLD_SIZES`],
+    /// Refuses (typed errors, before any launch) a `W` outside [`collective_core::SUPPORTED_WORLD_SIZES`],
     /// a dtype without an add, and any address not aligned to the element size. Shared by the
     /// CUDA and HIP host wrappers of the kernel.
     pub fn pack(inputs: &[u64], out: u64, count: usize, dtype: DType) -> Result<TreeParams, Error> {
@@ -381,7 +381,7 @@ pub const fn abi_table() -> [u32; 6] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{DType, Io, Op, RawMut, RawRef, Route, validate, validate_many};
+    use collective_core::{DType, Io, Op, RawMut, RawRef, Route, validate, validate_many};
     use core::mem::offset_of;
 
     // Mirrored by hand from kernels/detcoll_protocol.h (`DcSeg`, `DcHeader`, `DcParams<N>`,

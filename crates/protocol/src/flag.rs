@@ -2,7 +2,7 @@
 //!
 //! One 64-bit release store publishes both, so one acquire load tells a waiter whether the
 //! peer reached this generation and whether it is making the same call.
-use crate::Signature;
+use collective_core::Signature;
 
 /// A flag word as stored in a control block line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,7 +60,7 @@ impl FlagWord {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{DType, Op};
+    use collective_core::{DType, Op};
 
     #[test]
     fn flag_states() {
@@ -70,7 +70,7 @@ mod tests {
             count: 10,
             lanes: 1,
             split: 0,
-            route: crate::Route::IpcOneShot,
+            route: collective_core::Route::IpcOneShot,
         };
         let b = Signature { count: 11, ..a };
         let f = FlagWord::publish(7, &a);

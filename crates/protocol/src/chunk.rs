@@ -28,7 +28,7 @@
 //! bulk frame holds a slot per sender, `world` times the one-shot staging, so bulk chunks would
 //! take `world` times the generations.
 use super::plan::{Phase, Plan, Segment};
-use crate::{Call, Error, LaneCall, LaneCalls, MAX_LANES, Op, Route, Signature};
+use collective_core::{Call, Error, LaneCall, LaneCalls, MAX_LANES, Op, Route, Signature};
 
 /// The smallest staging capacity (bytes per frame) an IPC collective accepts: 128, one 16-byte
 /// piece for each of the 8 shards a reduce_scatter chunk stages at world 8.
@@ -374,7 +374,7 @@ mod balanced_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{DType, Io, RawMut, validate, validate_many};
+    use collective_core::{DType, Io, RawMut, validate, validate_many};
 
     fn call(op: Op, n: usize, world: usize, dtype: DType) -> Call {
         let len = if op == Op::AllGather { n * world } else { n };

@@ -2,7 +2,7 @@
 //! message, so every rank of a collective construction returns at once with an error of the
 //! same kind instead of waiting for the bootstrap's timeout (the way the exchanges of
 //! `IpcCollective::new` and the factory's agreement fail).
-use crate::Error;
+use collective_core::Error;
 
 /// First byte of a step's message: what follows is this rank's payload.
 const OK: u8 = b'+';

@@ -1,6 +1,6 @@
 //! The backend-neutral halves of construction and close that device twins run on the host.
 use super::{CLOSE_ACK, HEADER_WORDS, Header, Layout};
-use crate::Error;
+use collective_core::Error;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 

@@ -1,4 +1,6 @@
-//! The backend-neutral IPC protocol (design brief §4).
+//! The backend-neutral IPC protocol (design brief §4) and the device traits its host side runs
+//! on: what every IPC backend and the NCCL/RCCL transport share, beside the kernels
+//! (`detcoll-kernels`) that run it on a GPU.
 //!
 //! **Unstable**: for detcoll's backend crates (the engine, the CPU twin); it changes with the
 //! kernel ABI and is not covered by semver.
@@ -15,7 +17,11 @@
 //! * [`Timeouts`]: the bounds on every wait;
 //! * [`params`]: the GPU kernels' parameter structs and the packing of a [`Plan`] into them;
 //! * [`status`]: decoding the error record a GPU kernel wrote;
-//! * [`IpcConfig`]: the construction-time configuration of the GPU twins.
+//! * [`IpcConfig`]: the construction-time configuration of the GPU twins;
+//! * [`Device`] / [`IpcDevice`]: the small traits a runtime implements (streams, memory, events,
+//!   the tree kernel; staging, IPC handles, the collective kernels, the error record), in the
+//!   spirit of wgpu-hal: the engine (`ipc-engine`) and the transport (`ccl-transport`) are
+//!   generic over them; `cuda-ipc`, `hip-ipc` and the CPU twin implement them.
 //!
 //! ```text
 //!  rank r allocation:  [header][status][sig slot 0][sig slot 1][ready x B][phase2 x B][ack x W]
@@ -33,10 +39,12 @@
 //! Double-buffered frames make a second ("done") flag per call unnecessary: a rank starts call
 //! `g` only after it saw every peer's ready flag of call `g-1`, which every peer publishes only
 //! after it finished reading call `g-2`'s frame — the frame call `g` overwrites.
+#![deny(unsafe_op_in_unsafe_fn)]
 
 mod chunk;
 pub mod close;
 mod config;
+pub mod device;
 pub mod failure;
 mod flag;
 mod layout;
@@ -44,14 +52,18 @@ pub mod params;
 mod plan;
 mod poison;
 pub mod status;
+#[cfg(feature = "conformance")]
+pub mod suite;
 
 pub use chunk::{
     Chunks, MIN_CAPACITY, bulk_all_reduce_elements, bulk_scatter_elements, check_capacity, chunk_elements,
 };
+pub use collective_core::{MAX_TIMEOUT, TIMEOUT_ENV, Timeouts};
 pub use config::{DEFAULT_LL_CAPACITY, DEFAULT_RSAG_THRESHOLD, IpcConfig};
+pub use device::{Device, IpcDevice, Launch, RawStream, Vendor};
 pub use flag::{FlagState, FlagWord};
 pub use layout::{
     CLOSE_ACK, HEADER_MAGIC, HEADER_WORDS, Header, LINE, LL_EXPANSION, Layout, MAX_LL_CAPACITY, PROTOCOL_VERSION,
 };
 pub use plan::{Phase, Plan, Segment};
-pub use poison::{MAX_TIMEOUT, Poison, TIMEOUT_ENV, Timeouts};
+pub use poison::Poison;
