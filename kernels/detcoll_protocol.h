@@ -45,8 +45,9 @@
 #include "detcoll_tree.h"
 
 // Bumped whenever the parameter layout or the protocol changes; checked by the host against
-// `detcoll_abi` so a stale prebuilt cubin is refused instead of misread.
-#define DC_ABI_VERSION 6u
+// `detcoll_abi` so a stale prebuilt cubin is refused instead of misread. 7: worlds 3, 5, 6 and 7
+// (a version-6 image would run them as 8 ranks).
+#define DC_ABI_VERSION 7u
 
 #define DC_MAX_WORLD 8
 #define DC_THREADS 512
@@ -290,7 +291,11 @@ DC_DEV void dc_reduce_piece_w(const DcHeader& h, dc_u64 frame, dc_u64 x, dc_u64 
     switch (h.world) {
         case 1: dc_reduce_piece<1, DT>(h, frame, x, n, dst, wb); break;
         case 2: dc_reduce_piece<2, DT>(h, frame, x, n, dst, wb); break;
+        case 3: dc_reduce_piece<3, DT>(h, frame, x, n, dst, wb); break;
         case 4: dc_reduce_piece<4, DT>(h, frame, x, n, dst, wb); break;
+        case 5: dc_reduce_piece<5, DT>(h, frame, x, n, dst, wb); break;
+        case 6: dc_reduce_piece<6, DT>(h, frame, x, n, dst, wb); break;
+        case 7: dc_reduce_piece<7, DT>(h, frame, x, n, dst, wb); break;
         default: dc_reduce_piece<8, DT>(h, frame, x, n, dst, wb); break;
     }
 }
@@ -447,7 +452,11 @@ template <int DT>
 DC_DEV bool dc_push_reduce_w(const DcHeader& h, dc_u64* status, const DcSeg& s, dc_u32 g) {
     switch (h.world) {
         case 2: return dc_push_reduce<2, DT>(h, status, s, g);
+        case 3: return dc_push_reduce<3, DT>(h, status, s, g);
         case 4: return dc_push_reduce<4, DT>(h, status, s, g);
+        case 5: return dc_push_reduce<5, DT>(h, status, s, g);
+        case 6: return dc_push_reduce<6, DT>(h, status, s, g);
+        case 7: return dc_push_reduce<7, DT>(h, status, s, g);
         default: return dc_push_reduce<8, DT>(h, status, s, g);
     }
 }
@@ -559,7 +568,11 @@ template <int DT>
 DC_DEV void dc_bulk_reduce_w(const DcHeader& h, const DcSeg& s, dc_u64 frame) {
     switch (h.world) {
         case 2: dc_bulk_reduce<2, DT>(h, s, frame); break;
+        case 3: dc_bulk_reduce<3, DT>(h, s, frame); break;
         case 4: dc_bulk_reduce<4, DT>(h, s, frame); break;
+        case 5: dc_bulk_reduce<5, DT>(h, s, frame); break;
+        case 6: dc_bulk_reduce<6, DT>(h, s, frame); break;
+        case 7: dc_bulk_reduce<7, DT>(h, s, frame); break;
         default: dc_bulk_reduce<8, DT>(h, s, frame); break;
     }
 }
@@ -846,7 +859,11 @@ DC_DEV void dc_tree_w(const DcTreeParams& p) {
     switch (p.world) {
         case 1: dc_tree_kernel<1, DT, SOFT>(p); break;
         case 2: dc_tree_kernel<2, DT, SOFT>(p); break;
+        case 3: dc_tree_kernel<3, DT, SOFT>(p); break;
         case 4: dc_tree_kernel<4, DT, SOFT>(p); break;
+        case 5: dc_tree_kernel<5, DT, SOFT>(p); break;
+        case 6: dc_tree_kernel<6, DT, SOFT>(p); break;
+        case 7: dc_tree_kernel<7, DT, SOFT>(p); break;
         default: dc_tree_kernel<8, DT, SOFT>(p); break;
     }
 }

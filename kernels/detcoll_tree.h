@@ -248,9 +248,12 @@ DC_DEV dc_u32x4 dc_add_vec(dc_u32x4 a, dc_u32x4 b) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The tree. `v[0..W)` are the leaves in rank order; W is 1, 2, 4 or 8. Level s adds v[i] and
-// v[i + s] for i = 0, 2s, 4s, ...: (0,1)(2,3)(4,5)(6,7), then (0,2)(4,6), then (0,4) — exactly
-// ((r0+r1)+(r2+r3))+((r4+r5)+(r6+r7)) and its prefixes.
+// The tree. `v[0..W)` are the leaves in rank order; W is 1 to 8. Level s adds v[i] and
+// v[i + s] for i = 0, 2s, 4s, ... while i + s < W: (0,1)(2,3)(4,5)(6,7), then (0,2)(4,6), then
+// (0,4) — exactly ((r0+r1)+(r2+r3))+((r4+r5)+(r6+r7)) for 8. For any W this is the canonical
+// tree (docs/contract.md): the last level adds v[0] (the balanced tree of the first m ranks, m
+// the largest power of two below W) and v[m] (the tree of the rest, built the same way), e.g.
+// ((r0+r1)+(r2+r3))+(r4+r5) for 6 and ((r0+r1)+(r2+r3))+((r4+r5)+r6) for 7.
 // ---------------------------------------------------------------------------------------------
 
 template <int W, int DT, bool SOFT>

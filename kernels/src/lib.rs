@@ -31,7 +31,7 @@ pub const HEADERS: [(&str, &str); 2] = [("detcoll_tree.h", TREE_HEADER), ("detco
 /// of the control blocks. Every loaded module exports it in its `detcoll_abi` table; the host
 /// refuses a module with another value. Duplicated here (a `const` cannot parse the header);
 /// a unit test keeps the two equal.
-pub const ABI_VERSION: u32 = 6;
+pub const ABI_VERSION: u32 = 7;
 
 /// The environment variable naming a folder of prebuilt kernel images.
 pub const KERNEL_DIR_ENV: &str = "DETCOLL_KERNEL_DIR";

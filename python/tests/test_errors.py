@@ -92,7 +92,7 @@ def test_lanes_must_share_a_dtype(pair):
 
 def test_bad_construction():
     with pytest.raises(detcoll.UnsupportedWorldSize):
-        detcoll.thread_group(3, capacity=4096)
+        detcoll.thread_group(9, capacity=4096)
     with pytest.raises(detcoll.InvalidConfig):
         detcoll.thread_group(0)
     with pytest.raises(detcoll.InvalidConfig):

@@ -120,7 +120,7 @@ impl E2eLayer {
 /// `cargo xtask bench` arguments. Sizes are per-rank input bytes (see `SIZE_CONVENTION`).
 #[derive(Debug, Clone, PartialEq, Eq, Args, Serialize)]
 pub struct BenchArgs {
-    /// Ranks to start (1, 2, 4 or 8). Ignored when RANK/WORLD_SIZE are set (torchrun/mpirun
+    /// Ranks to start (1 to 8). Ignored when RANK/WORLD_SIZE are set (torchrun/mpirun
     /// started this process as one rank).
     #[arg(long, default_value_t = DEFAULT_NPROC, value_parser = parse_world)]
     pub nproc: usize,
@@ -212,7 +212,7 @@ pub struct BenchArgs {
     pub tokens: Vec<usize>,
 
     /// `--e2e` only: the TP (FFN) or CP (attention) sizes to run, each of 1, 2, 4, 8.
-    #[arg(long, num_args = 1.., value_delimiter = ',', value_parser = parse_world)]
+    #[arg(long, num_args = 1.., value_delimiter = ',', value_parser = parse_tp)]
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tp: Vec<usize>,
 
@@ -376,10 +376,21 @@ fn parse_positive(s: &str) -> Result<usize, String> {
 
 fn parse_world(s: &str) -> Result<usize, String> {
     let n: usize = s.trim().parse().map_err(|_| format!("`{s}` is not a number"))?;
+    if collective_core::check_world_size(n).is_ok() {
+        Ok(n)
+    } else {
+        Err(format!("{n} ranks: expected 1 to {}", collective_core::MAX_WORLD_SIZE))
+    }
+}
+
+/// A TP/CP size of the invariant layers: a power of two up to 8 (cross-TP invariance holds
+/// for those only, docs/contract.md).
+fn parse_tp(s: &str) -> Result<usize, String> {
+    let n: usize = s.trim().parse().map_err(|_| format!("`{s}` is not a number"))?;
     if collective_core::SUPPORTED_WORLD_SIZES.contains(&n) {
         Ok(n)
     } else {
-        Err(format!("{n} ranks: expected 1, 2, 4 or 8"))
+        Err(format!("TP/CP size {n}: expected 1, 2, 4 or 8 (cross-TP invariance is a power-of-two property)"))
     }
 }
 
@@ -483,8 +494,12 @@ pub(crate) mod tests {
 
     #[test]
     fn bad_values_are_rejected() {
-        assert!(parse(&["--nproc", "3"]).is_err());
+        assert!(parse(&["--nproc", "0"]).is_err());
+        assert!(parse(&["--nproc", "9"]).is_err());
         assert!(parse(&["--nproc", "16"]).is_err());
+        for w in 1..=8 {
+            assert!(parse(&["--nproc", &w.to_string()]).is_ok(), "--nproc {w}");
+        }
         assert!(parse(&["--dtype", "f64"]).is_err());
         assert!(parse(&["--operations", "broadcast"]).is_err());
         assert!(parse(&["--size-bytes", "12X"]).is_err());

@@ -256,10 +256,7 @@ pub fn rank_main(args: BenchArgs, frontend: &Frontend) -> anyhow::Result<ExitCod
     let boot = Arc::new(TcpBootstrap::from_env().context("joining the bench ranks (torchrun variables)")?);
     let (rank, world) = (boot.rank(), boot.world_size());
     let result = (|| {
-        anyhow::ensure!(
-            collective_core::SUPPORTED_WORLD_SIZES.contains(&world),
-            "WORLD_SIZE={world}: expected 1, 2, 4 or 8 ranks"
-        );
+        collective_core::check_world_size(world).with_context(|| format!("WORLD_SIZE={world}"))?;
         if rank == 0 && args.nproc != world && std::env::var_os(LAUNCH_ENV).is_none() {
             eprintln!("[bench] WORLD_SIZE={world} from the launcher overrides --nproc {}", args.nproc);
         }

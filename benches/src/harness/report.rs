@@ -8,19 +8,16 @@ use serde::{Deserialize, Serialize};
 /// of milliseconds (`timeouts_ms`); `git_commit` added.
 pub const SCHEMA_VERSION: u32 = 2;
 
-/// The balanced tree every reduction of a `world`-rank run evaluates, per element, e.g.
-/// `((r0+r1)+(r2+r3))` for 4 ranks (the prefix of the 8-rank tree of
-/// `collective_core::REDUCTION_ORDER`; `r0` for one rank). Worlds that are not a power of two
-/// (refused by the harness) get the left-leaning split the same recursion gives.
+/// The canonical tree every reduction of a `world`-rank run evaluates, per element
+/// (`fixed_tree::tree_expression`, in parentheses), e.g. `((r0+r1)+(r2+r3))` for 4 ranks (the
+/// prefix of the 8-rank tree of `collective_core::REDUCTION_ORDER`) and
+/// `(((r0+r1)+(r2+r3))+(r4+r5))` for 6; `r0` for one rank.
 pub fn reduction_order(world: usize) -> String {
-    fn tree(lo: usize, n: usize) -> String {
-        if n <= 1 {
-            return format!("r{lo}");
-        }
-        let half = n.div_ceil(2);
-        format!("({}+{})", tree(lo, half), tree(lo + half, n - half))
+    match fixed_tree::tree_expression(world.max(1)) {
+        Ok(e) if world > 1 => format!("({e})"),
+        Ok(e) => e,
+        Err(e) => format!("({e})"),
     }
-    tree(0, world.max(1))
 }
 
 /// Timeouts as numbers of milliseconds (`null` when the configured ones are invalid), the way
@@ -197,6 +194,8 @@ mod tests {
         assert_eq!(reduction_order(4), "((r0+r1)+(r2+r3))");
         assert_eq!(reduction_order(8), format!("({})", collective_core::REDUCTION_ORDER));
         assert_eq!(reduction_order(0), "r0");
+        assert_eq!(reduction_order(3), "((r0+r1)+r2)");
+        assert_eq!(reduction_order(6), "(((r0+r1)+(r2+r3))+(r4+r5))");
     }
 
     #[test]

@@ -156,9 +156,7 @@ impl<D: Device> TransportCollective<D> {
         let resolved = config.resolved();
         let local = (|| {
             let config = resolved?;
-            if !collective_core::SUPPORTED_WORLD_SIZES.contains(&world) {
-                return Err(Error::UnsupportedWorldSize { world });
-            }
+            collective_core::check_world_size(world)?;
             // Everything that can fail locally happens before the agreement, so no rank drops
             // out after it and leaves its peers waiting in the unique-id exchange.
             let device = make_device()?;

@@ -109,8 +109,8 @@ fn every_rank_fails_when_one_rank_cannot_load_the_library() {
 
 #[test]
 fn unsupported_world_sizes_fail_on_every_rank() {
-    let got = build(3, |_| TransportConfig::default());
-    assert!(got.iter().all(|r| matches!(r, Err(Error::UnsupportedWorldSize { world: 3 }))), "{got:?}");
+    let got = build(9, |_| TransportConfig::default());
+    assert!(got.iter().all(|r| matches!(r, Err(Error::UnsupportedWorldSize { world: 9 }))), "{got:?}");
 }
 
 #[test]

@@ -18,7 +18,7 @@ pub trait Collective: Send + Sync {
 
     /// This rank, in `0..world_size()`.
     fn rank(&self) -> usize;
-    /// Number of ranks: 1, 2, 4 or 8.
+    /// Number of ranks: 1 to [`crate::MAX_WORLD_SIZE`].
     fn world_size(&self) -> usize;
     /// What this collective supports.
     fn capabilities(&self) -> Capabilities;

@@ -8,7 +8,7 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    #[error("world size {world} is not supported: expected 1, 2, 4 or 8 ranks")]
+    #[error("world size {world} is not supported: expected 1 to 8 ranks")]
     UnsupportedWorldSize { world: usize },
     #[error("{op} does not reduce {dtype}: expected f32, f16 or bf16")]
     UnsupportedDtype { op: Op, dtype: DType },

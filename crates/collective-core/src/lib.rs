@@ -49,8 +49,21 @@ pub use timeouts::{MAX_TIMEOUT, TIMEOUT_ENV, Timeouts};
 pub use validate::{Call, LaneCall, LaneCalls, validate, validate_many};
 pub use view::{Io, RawMut, RawRef};
 
-/// World sizes a collective can be built for.
+/// The power-of-two world sizes up to 8: the TP sizes across which a TP-invariant layer gives
+/// the same bits (`fixed_tree::cross_tp_leaves`). A collective is built for any world of 1 to
+/// [`MAX_WORLD_SIZE`] ranks ([`check_world_size`]).
 pub const SUPPORTED_WORLD_SIZES: [usize; 4] = fixed_tree::SUPPORTED_WORLD_SIZES;
+
+/// The most ranks one collective spans today: one node of up to 8 GPUs (or processes). Every
+/// world from 1 to 8 takes the canonical tree (`fixed_tree::tree_expression`), powers of two or
+/// not (3, 5, 6, 7: six-GPU hosts, TP=3 or 6 groups).
+pub const MAX_WORLD_SIZE: usize = 8;
+
+/// `Ok` for a world of 1 to [`MAX_WORLD_SIZE`] ranks, [`Error::UnsupportedWorldSize`] otherwise:
+/// the one check of a world size, used by validation, construction and the kernel parameters.
+pub fn check_world_size(world: usize) -> Result<(), Error> {
+    if (1..=MAX_WORLD_SIZE).contains(&world) { Ok(()) } else { Err(Error::UnsupportedWorldSize { world }) }
+}
 
 /// Most lanes one `reduce_scatter_many` call may carry.
 pub const MAX_LANES: usize = 16;

@@ -66,9 +66,7 @@ fn overlaps(a: u64, a_bytes: usize, b: u64, b_bytes: usize) -> bool {
 /// (`detcoll_protocol::Chunks`), so their staging capacity bounds no call; a backend with a hard
 /// limit (the transport, the conformance memory backend) passes its own.
 pub fn validate(op: Op, io: &Io<'_>, rank: usize, world: usize, capacity: usize) -> Result<Call, Error> {
-    if !crate::SUPPORTED_WORLD_SIZES.contains(&world) {
-        return Err(Error::UnsupportedWorldSize { world });
-    }
+    crate::check_world_size(world)?;
     let (in_addr, in_len, in_dtype, out_addr, out_len, out_dtype, in_place) = match io {
         Io::InPlace(b) => (b.addr(), b.len(), b.dtype(), b.addr(), b.len(), b.dtype(), true),
         Io::OutOfPlace { input, output } => {

@@ -4,9 +4,9 @@ use crate::collective::IpcCollective;
 use crate::lockstep::Lockstep;
 use crate::order::StreamOrder;
 use crate::state::{IpcState, Owner};
+use collective_core::Error;
 use collective_core::bootstrap::Bootstrap;
 use collective_core::process::ProcessOwner;
-use collective_core::{Error, SUPPORTED_WORLD_SIZES};
 use detcoll_protocol::IpcDevice;
 use detcoll_protocol::params::{Fixed, RankMemory, THREADS};
 use detcoll_protocol::{HEADER_WORDS, Header, IpcConfig, Layout, Poison, close, failure};
@@ -14,7 +14,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 fn check_world(world: usize) -> Result<(), Error> {
-    if SUPPORTED_WORLD_SIZES.contains(&world) { Ok(()) } else { Err(Error::UnsupportedWorldSize { world }) }
+    collective_core::check_world_size(world)
 }
 
 /// `config` with the block count and the timeouts every rank settled on.

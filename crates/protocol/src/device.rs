@@ -99,7 +99,7 @@ pub trait Device: Send + Sync + fmt::Debug + Sized + 'static {
     unsafe fn copy(&self, dst: u64, src: u64, bytes: usize, stream: RawStream) -> Result<(), Error>;
 
     /// Enqueues `out[i] = tree(inputs[0][i], ..., inputs[W-1][i])` for `i < count`, `W =
-    /// inputs.len()` in {1, 2, 4, 8}, in `dtype`'s own arithmetic.
+    /// inputs.len()` in 1..=8 (the canonical tree of that many ranks), in `dtype`'s own arithmetic.
     ///
     /// # Safety
     /// Every input holds `count` readable and `out` `count` writable elements of `dtype`,
@@ -167,9 +167,7 @@ pub trait Device: Send + Sync + fmt::Debug + Sized + 'static {
         dtype: DType,
         stream: RawStream,
     ) -> Result<(), Error> {
-        if world == 0 || world > 8 {
-            return Err(Error::UnsupportedWorldSize { world });
-        }
+        collective_core::check_world_size(world)?;
         let mut inputs = [0u64; 8];
         for (q, x) in inputs.iter_mut().enumerate().take(world) {
             *x = first + (q * stride) as u64;

@@ -5,10 +5,10 @@
 //! Moved verbatim from `crates/cuda-ipc/src/launch.rs` (only the backend name of the
 //! "too many segments" error became a parameter of [`pack`]).
 use super::{Layout, Phase, Plan};
-use collective_core::{DType, Error, Op, Route, SUPPORTED_WORLD_SIZES};
+use collective_core::{DType, Error, Op, Route, check_world_size};
 
 /// Must equal `DC_ABI_VERSION` in the kernels (checked when a module is loaded).
-pub const ABI_VERSION: u32 = 6;
+pub const ABI_VERSION: u32 = 7;
 /// Threads per block (the kernels' `__launch_bounds__`).
 pub const THREADS: u32 = 512;
 /// Frame bytes per tile: tile `t` belongs to block `t % grid` in every phase on every rank.
@@ -130,14 +130,12 @@ impl TreeParams {
     /// The parameters of one fused-tree launch (`detcoll_tree`): `out[i] = tree(inputs[0][i],
     /// ..., inputs[W-1][i])` for `i < count`, `W = inputs.len()`, in `dtype`'s arithmetic.
     ///
-    /// Refuses (typed errors, before any launch) a `W` outside [`collective_core::SUPPORTED_WORLD_SIZES`],
+    /// Refuses (typed errors, before any launch) a `W` outside `1..=`[`collective_core::MAX_WORLD_SIZE`],
     /// a dtype without an add, and any address not aligned to the element size. Shared by the
     /// CUDA and HIP host wrappers of the kernel.
     pub fn pack(inputs: &[u64], out: u64, count: usize, dtype: DType) -> Result<TreeParams, Error> {
         let world = inputs.len();
-        if !SUPPORTED_WORLD_SIZES.contains(&world) {
-            return Err(Error::UnsupportedWorldSize { world });
-        }
+        check_world_size(world)?;
         if !dtype.is_reducible() {
             return Err(Error::UnsupportedDtype { op: Op::AllReduce, dtype });
         }
@@ -506,7 +504,7 @@ mod tests {
         assert_eq!((p.out, p.count, p.world, p.dtype), (0x9000, 77, 4, DType::BF16 as u32));
         // Two-byte elements need two-byte alignment only.
         assert!(TreeParams::pack(&[0x1002, 0x2006], 0x900A, 1, DType::F16).is_ok());
-        for bad in [0usize, 3, 5, 9] {
+        for bad in [0usize, 9, 16] {
             let inputs = vec![0x1000u64; bad];
             assert!(matches!(
                 TreeParams::pack(&inputs, 0x9000, 1, DType::F32),

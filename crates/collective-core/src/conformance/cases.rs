@@ -314,6 +314,14 @@ fn special<R: RankEnv>(env: &mut R) -> Result<(), String> {
 fn cross_tp<R: RankEnv>(env: &mut R) -> Result<(), String> {
     let world = env.comm().world_size();
     let rank = env.comm().rank();
+    if !crate::SUPPORTED_WORLD_SIZES.contains(&world) {
+        // Eight leaves split evenly only over power-of-two TP sizes (docs/contract.md): the
+        // canonical tree of this world is what the other cases check.
+        if rank == 0 {
+            super::skip(&format!("cross_tp at world {world}: cross-TP invariance is a power-of-two property"));
+        }
+        return Ok(());
+    }
     let mut fails = Failures::default();
     for dtype in DType::REDUCIBLE {
         for n in [8, 4096] {

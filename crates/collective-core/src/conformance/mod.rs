@@ -54,7 +54,11 @@ macro_rules! conformance_suite {
                 }
                 #[test] fn world1() { run(1, "world1") }
                 #[test] fn world2() { run(2, "world2") }
+                #[test] fn world3() { run(3, "world3") }
                 #[test] fn world4() { run(4, "world4") }
+                #[test] fn world5() { run(5, "world5") }
+                #[test] fn world6() { run(6, "world6") }
+                #[test] fn world7() { run(7, "world7") }
                 #[test] fn world8() { run(8, "world8") }
             }
         )*
