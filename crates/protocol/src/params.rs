@@ -384,7 +384,7 @@ mod tests {
 
     // Mirrored by hand from kernels/detcoll_protocol.h (`DcSeg`, `DcHeader`, `DcParams<N>`,
     // `DcTreeParams`, `DcCopyParams`, natural C alignment): byte offsets of every field.
-    const DC_ABI_VERSION: u32 = 6;
+    const DC_ABI_VERSION: u32 = 7;
     const DC_MAX_WORLD: usize = 8;
     const DC_THREADS: u32 = 512;
     const DC_SEGS_SINGLE: usize = 16;
