@@ -19,6 +19,9 @@
 #define DC_ATOMIC_ADD_U32(p, v) atomicAdd((dc_u32*)(p), (v))
 #define DC_SHARED __shared__
 #define DC_DEV_NOINLINE __device__ __noinline__
+// A launch for a world this image was not built for (never issued by the host): stop the kernel
+// with an error the stream reports, rather than return with the output unwritten.
+#define DC_UNSUPPORTED_WORLD() __trap()
 // Programmatic dependent launch (sm_90+): the wait blocks until the grids this launch depends on
 // have completed and their memory is visible (it returns at once for a launch without the
 // programmatic attribute); the trigger lets a dependent launch start its blocks early.

@@ -96,6 +96,8 @@ __device__ __forceinline__ unsigned long long wall_clock64() { return __builtin_
     __hip_atomic_fetch_add((dc_u32*)(p), (dc_u32)(v), __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT)
 #define DC_SHARED __attribute__((shared))
 #define DC_DEV_NOINLINE __device__ __noinline__
+// A launch for a world this image was not built for (never issued by the host): stop the kernel.
+#define DC_UNSUPPORTED_WORLD() __builtin_trap()
 // HIP has no programmatic dependent launch: every launch starts after the previous one ends.
 #define DC_GRID_DEP_WAIT() ((void)0)
 #define DC_GRID_DEP_TRIGGER() ((void)0)

@@ -50,6 +50,62 @@
 #define DC_ABI_VERSION 7u
 
 #define DC_MAX_WORLD 8
+
+// The world sizes this image instantiates: bit w for world w (default: every world 1..8, what
+// prebuilt images and the HIP build carry). A process compiling at run time builds only the
+// worlds it launches (`-DDC_WORLDS=...`, crates/cuda-ipc/src/kernels.rs): every world is its own
+// unrolled instantiation of every reduction body, and NVRTC's time grows with each. The host
+// picks the image by world, so no launch names a world its image lacks; a kernel that was sent
+// one anyway traps (DC_UNSUPPORTED_WORLD) instead of returning without writing the output.
+#ifndef DC_WORLDS
+#define DC_WORLDS 0x1FEu
+#endif
+#define DC_HAS_WORLD(w) (((DC_WORLDS) >> (w)) & 1u)
+#if DC_HAS_WORLD(1)
+#define DC_IF_WORLD_1(x) x
+#else
+#define DC_IF_WORLD_1(x)
+#endif
+#if DC_HAS_WORLD(2)
+#define DC_IF_WORLD_2(x) x
+#else
+#define DC_IF_WORLD_2(x)
+#endif
+#if DC_HAS_WORLD(3)
+#define DC_IF_WORLD_3(x) x
+#else
+#define DC_IF_WORLD_3(x)
+#endif
+#if DC_HAS_WORLD(4)
+#define DC_IF_WORLD_4(x) x
+#else
+#define DC_IF_WORLD_4(x)
+#endif
+#if DC_HAS_WORLD(5)
+#define DC_IF_WORLD_5(x) x
+#else
+#define DC_IF_WORLD_5(x)
+#endif
+#if DC_HAS_WORLD(6)
+#define DC_IF_WORLD_6(x) x
+#else
+#define DC_IF_WORLD_6(x)
+#endif
+#if DC_HAS_WORLD(7)
+#define DC_IF_WORLD_7(x) x
+#else
+#define DC_IF_WORLD_7(x)
+#endif
+#if DC_HAS_WORLD(8)
+#define DC_IF_WORLD_8(x) x
+#else
+#define DC_IF_WORLD_8(x)
+#endif
+// `X(w)` for every world of this image with peers (2..8), and with world 1 as well.
+#define DC_FOR_PEER_WORLDS(X) \
+    DC_IF_WORLD_2(X(2)) DC_IF_WORLD_3(X(3)) DC_IF_WORLD_4(X(4)) DC_IF_WORLD_5(X(5)) \
+    DC_IF_WORLD_6(X(6)) DC_IF_WORLD_7(X(7)) DC_IF_WORLD_8(X(8))
+#define DC_FOR_WORLDS(X) DC_IF_WORLD_1(X(1)) DC_FOR_PEER_WORLDS(X)
 #define DC_THREADS 512
 
 // Segment flags.
@@ -288,16 +344,12 @@ DC_DEV void dc_reduce_piece(const DcHeader& h, dc_u64 frame, dc_u64 x, dc_u64 n,
 
 template <int DT>
 DC_DEV void dc_reduce_piece_w(const DcHeader& h, dc_u64 frame, dc_u64 x, dc_u64 n, dc_u8* dst, dc_u8* wb) {
+#define DC_CASE(w) case w: dc_reduce_piece<w, DT>(h, frame, x, n, dst, wb); break;
     switch (h.world) {
-        case 1: dc_reduce_piece<1, DT>(h, frame, x, n, dst, wb); break;
-        case 2: dc_reduce_piece<2, DT>(h, frame, x, n, dst, wb); break;
-        case 3: dc_reduce_piece<3, DT>(h, frame, x, n, dst, wb); break;
-        case 4: dc_reduce_piece<4, DT>(h, frame, x, n, dst, wb); break;
-        case 5: dc_reduce_piece<5, DT>(h, frame, x, n, dst, wb); break;
-        case 6: dc_reduce_piece<6, DT>(h, frame, x, n, dst, wb); break;
-        case 7: dc_reduce_piece<7, DT>(h, frame, x, n, dst, wb); break;
-        default: dc_reduce_piece<8, DT>(h, frame, x, n, dst, wb); break;
+        DC_FOR_WORLDS(DC_CASE)
+        default: DC_UNSUPPORTED_WORLD();
     }
+#undef DC_CASE
 }
 
 DC_DEV void dc_reduce_piece_any(const DcHeader& h, dc_u64 frame, dc_u64 x, dc_u64 n, dc_u8* dst, dc_u8* wb) {
@@ -450,15 +502,12 @@ DC_DEV bool dc_push_reduce(const DcHeader& h, dc_u64* status, const DcSeg& s, dc
 
 template <int DT>
 DC_DEV bool dc_push_reduce_w(const DcHeader& h, dc_u64* status, const DcSeg& s, dc_u32 g) {
+#define DC_CASE(w) case w: return dc_push_reduce<w, DT>(h, status, s, g);
     switch (h.world) {
-        case 2: return dc_push_reduce<2, DT>(h, status, s, g);
-        case 3: return dc_push_reduce<3, DT>(h, status, s, g);
-        case 4: return dc_push_reduce<4, DT>(h, status, s, g);
-        case 5: return dc_push_reduce<5, DT>(h, status, s, g);
-        case 6: return dc_push_reduce<6, DT>(h, status, s, g);
-        case 7: return dc_push_reduce<7, DT>(h, status, s, g);
-        default: return dc_push_reduce<8, DT>(h, status, s, g);
+        DC_FOR_PEER_WORLDS(DC_CASE)
+        default: DC_UNSUPPORTED_WORLD(); return false;
     }
+#undef DC_CASE
 }
 
 DC_DEV bool dc_push_gather(const DcHeader& h, dc_u64* status, const DcSeg& s, dc_u32 g) {
@@ -566,15 +615,12 @@ DC_DEV void dc_bulk_reduce(const DcHeader& h, const DcSeg& s, dc_u64 frame) {
 
 template <int DT>
 DC_DEV void dc_bulk_reduce_w(const DcHeader& h, const DcSeg& s, dc_u64 frame) {
+#define DC_CASE(w) case w: dc_bulk_reduce<w, DT>(h, s, frame); break;
     switch (h.world) {
-        case 2: dc_bulk_reduce<2, DT>(h, s, frame); break;
-        case 3: dc_bulk_reduce<3, DT>(h, s, frame); break;
-        case 4: dc_bulk_reduce<4, DT>(h, s, frame); break;
-        case 5: dc_bulk_reduce<5, DT>(h, s, frame); break;
-        case 6: dc_bulk_reduce<6, DT>(h, s, frame); break;
-        case 7: dc_bulk_reduce<7, DT>(h, s, frame); break;
-        default: dc_bulk_reduce<8, DT>(h, s, frame); break;
+        DC_FOR_PEER_WORLDS(DC_CASE)
+        default: DC_UNSUPPORTED_WORLD();
     }
+#undef DC_CASE
 }
 
 // Copies a peer's slot of the own frame (or, for this rank, its own input) to the output.
@@ -856,16 +902,12 @@ DC_DEV void dc_tree_kernel(const DcTreeParams& p) {
 
 template <int DT, bool SOFT>
 DC_DEV void dc_tree_w(const DcTreeParams& p) {
+#define DC_CASE(w) case w: dc_tree_kernel<w, DT, SOFT>(p); break;
     switch (p.world) {
-        case 1: dc_tree_kernel<1, DT, SOFT>(p); break;
-        case 2: dc_tree_kernel<2, DT, SOFT>(p); break;
-        case 3: dc_tree_kernel<3, DT, SOFT>(p); break;
-        case 4: dc_tree_kernel<4, DT, SOFT>(p); break;
-        case 5: dc_tree_kernel<5, DT, SOFT>(p); break;
-        case 6: dc_tree_kernel<6, DT, SOFT>(p); break;
-        case 7: dc_tree_kernel<7, DT, SOFT>(p); break;
-        default: dc_tree_kernel<8, DT, SOFT>(p); break;
+        DC_FOR_WORLDS(DC_CASE)
+        default: DC_UNSUPPORTED_WORLD();
     }
+#undef DC_CASE
 }
 
 template <bool SOFT>

@@ -161,7 +161,7 @@ impl<D: Device> TransportCollective<D> {
             // out after it and leaves its peers waiting in the unique-id exchange.
             let device = make_device()?;
             device.bind()?;
-            device.load_tree()?;
+            device.load_tree(world)?;
             let ws = Workspace::new(&device)?;
             let tracking = Tracking::new(&device, config.watchdog_bound())?;
             let lib = load_library(&config, D::VENDOR)?;

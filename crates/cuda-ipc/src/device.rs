@@ -3,7 +3,7 @@
 //! streams and events. Everything above it (the IPC collective, the NCCL transport) is the
 //! shared engine's.
 use crate::driver::{self, BACKEND, check};
-use crate::kernels::Module;
+use crate::kernels::{Module, Worlds};
 use crate::launch::{self, THREADS};
 use crate::memory::{self, ErrorRecord, IpcMapping, Staging};
 use crate::tree::FusedTree;
@@ -13,14 +13,16 @@ use detcoll_protocol::params::{RankMemory, TreeParams};
 use detcoll_protocol::status::RECORD_WORDS;
 use detcoll_protocol::{Header, Layout};
 use ipc_engine::{Device, IpcDevice, Launch, RawStream, Vendor};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 
 /// One CUDA context (one GPU) as the engine uses it. Cheap to clone: clones share the context
 /// and the loaded kernels.
 #[derive(Debug, Clone)]
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
-    kernels: Arc<OnceLock<Arc<Module>>>,
+    /// The kernel modules loaded so far: one per world size compiled at run time, or one
+    /// prebuilt image for every world ([`crate::kernels::Worlds`]).
+    kernels: Arc<Mutex<Vec<Arc<Module>>>>,
 }
 
 impl CudaDevice {
@@ -43,15 +45,23 @@ impl CudaDevice {
 
     /// The fused tree kernel of this device (W inputs -> 1 output), sharing its kernels.
     pub fn fused_tree(&self) -> Result<FusedTree, Error> {
-        Ok(FusedTree::from_module(&self.ctx, self.module()?))
+        FusedTree::from_device(self.clone())
     }
 
-    fn module(&self) -> Result<Arc<Module>, Error> {
-        if let Some(m) = self.kernels.get() {
+    /// The kernels that run launches of `world` ranks: a module already loaded for it, else one
+    /// loaded now (compiled for `world` alone when no prebuilt image exists). Concurrent first
+    /// users of one device wait for one load.
+    pub(crate) fn module(&self, world: usize) -> Result<Arc<Module>, Error> {
+        let mut loaded = self
+            .kernels
+            .lock()
+            .map_err(|_| Error::Backend { backend: BACKEND, detail: "kernel module lock poisoned".into() })?;
+        if let Some(m) = loaded.iter().find(|m| m.has_world(world)) {
             return Ok(m.clone());
         }
-        let m = Module::load(&self.ctx)?;
-        Ok(self.kernels.get_or_init(|| m).clone())
+        let m = Module::load(&self.ctx, Worlds::for_world(world)?)?;
+        loaded.push(m.clone());
+        Ok(m)
     }
 }
 
@@ -107,7 +117,9 @@ impl Device for CudaDevice {
     type Event = CudaEvent;
     const VENDOR: Vendor = Vendor::Nvidia;
     fn describe(&self) -> String {
-        let origin = self.kernels.get().map_or_else(|| "not loaded".to_string(), |m| m.origin().to_string());
+        let origins: Vec<String> =
+            self.kernels.lock().map(|l| l.iter().map(|m| m.origin().to_string()).collect()).unwrap_or_default();
+        let origin = if origins.is_empty() { "not loaded".to_string() } else { origins.join("; ") };
         format!("CUDA device {} (kernels: {origin})", self.ctx.ordinal())
     }
     fn bind(&self) -> Result<(), Error> {
@@ -149,7 +161,7 @@ impl Device for CudaDevice {
         stream: RawStream,
     ) -> Result<(), Error> {
         let p = TreeParams::pack(inputs, out, count, dtype)?;
-        let m = self.module()?;
+        let m = self.module(inputs.len())?;
         driver::bind(&self.ctx)?;
         // SAFETY: `detcoll_tree` takes `DcTreeParams`; addresses and stream: the caller's.
         unsafe { launch::launch(m.tree, m.tree_grid, THREADS, &p, stream.0.cast()) }
@@ -193,8 +205,8 @@ impl Device for CudaDevice {
         check(unsafe { sys::cuStreamSynchronize(stream.0.cast()) }, "cuStreamSynchronize")
     }
 
-    fn load_tree(&self) -> Result<(), Error> {
-        self.module().map(drop)
+    fn load_tree(&self, world: usize) -> Result<(), Error> {
+        self.module(world).map(drop)
     }
 }
 
@@ -244,8 +256,8 @@ impl IpcDevice for CudaDevice {
     fn synchronize(&self) -> Result<(), Error> {
         driver::synchronize(&self.ctx)
     }
-    fn kernels(&self) -> Result<Arc<Module>, Error> {
-        self.module()
+    fn kernels(&self, world: usize) -> Result<Arc<Module>, Error> {
+        self.module(world)
     }
     fn kernel_origin(kernels: &Module) -> String {
         kernels.origin().to_string()

@@ -1,5 +1,12 @@
 //! Getting the device code: a prebuilt cubin/PTX when one is present, otherwise the embedded
-//! source compiled with NVRTC (loaded at run time), once per process and GPU architecture.
+//! source compiled with NVRTC (loaded at run time), once per process, GPU architecture and
+//! world size.
+//!
+//! A run-time compilation builds only the world size it is asked for ([`Worlds::for_world`]:
+//! that world and world 1, `-DDC_WORLDS=<mask>`): every world is its own unrolled
+//! instantiation of every reduction body, so compiling all eight costs about eight times one
+//! (issue 27 measured 433 s against 118 s for the test's five images once worlds 3/5/6/7
+//! existed). A prebuilt image carries every world ([`Worlds::ALL`]).
 //!
 //! Prebuilt images are looked up in [`detcoll_kernels::prebuilt_dirs`] (`$DETCOLL_KERNEL_DIR`,
 //! then the running executable's directory and its `kernels/` subdirectory), as
@@ -35,6 +42,34 @@ pub const PROTOCOL_HEADER: &str = detcoll_kernels::PROTOCOL_HEADER;
 /// information (no effect on the code) lets compute-sanitizer and profilers name source lines.
 pub const NVRTC_FLAGS: [&str; 6] =
     ["--ftz=false", "--prec-div=true", "--prec-sqrt=true", "--fmad=false", "--std=c++17", "--generate-line-info"];
+
+/// The world sizes one image instantiates: bit `w` for world `w` (`DC_WORLDS` in
+/// `kernels/detcoll_protocol.h`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Worlds(u16);
+
+impl Worlds {
+    /// Every world 1..=8 (prebuilt images, the header's default).
+    pub const ALL: Worlds = Worlds(0x1FE);
+
+    /// What a process launching collectives of `world` ranks needs: that world, and world 1
+    /// (the tree and reduction of one input are trivial and cost nothing to build). `world`
+    /// outside 1..=8 is [`Error::UnsupportedWorldSize`].
+    pub fn for_world(world: usize) -> Result<Worlds, Error> {
+        collective_core::check_world_size(world)?;
+        Ok(Worlds((1 << 1) | (1 << world)))
+    }
+
+    /// Whether an image of these worlds can run a launch of `world` ranks.
+    pub fn has(self, world: usize) -> bool {
+        world < 16 && (self.0 >> world) & 1 == 1
+    }
+
+    /// The `DC_WORLDS` mask.
+    pub fn mask(self) -> u16 {
+        self.0
+    }
+}
 
 /// Which module of the entry file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -167,15 +202,22 @@ fn c_string(s: &str) -> Result<CString, Error> {
     CString::new(s).map_err(|_| Error::Backend { backend: BACKEND, detail: "NUL byte in kernel source".into() })
 }
 
-/// Compiles the embedded main module for `arch` (`"sm_90"`, `"sm_100"`, ...) with NVRTC.
+/// Compiles the embedded main module for `arch` (`"sm_90"`, `"sm_100"`, ...) with NVRTC, every
+/// world size (what `cargo xtask build` ships).
 ///
 /// PTX images keep their trailing NUL, as `cuModuleLoadData` expects.
 pub fn compile(arch: &str, kind: ImageKind) -> Result<Vec<u8>, Error> {
     compile_variant(arch, kind, Variant::Main)
 }
 
-/// Compiles one [`Variant`] of the embedded kernels for `arch` with NVRTC.
+/// Compiles one [`Variant`] of the embedded kernels for `arch` with NVRTC, every world size.
 pub fn compile_variant(arch: &str, kind: ImageKind, variant: Variant) -> Result<Vec<u8>, Error> {
+    compile_worlds(arch, kind, variant, Worlds::ALL)
+}
+
+/// Compiles one [`Variant`] of the embedded kernels for `arch` with NVRTC, instantiating only
+/// `worlds`.
+pub fn compile_worlds(arch: &str, kind: ImageKind, variant: Variant, worlds: Worlds) -> Result<Vec<u8>, Error> {
     ensure_nvrtc()?;
     let src = c_string(KERNEL_SOURCE)?;
     let headers = [c_string(TREE_HEADER)?, c_string(PROTOCOL_HEADER)?];
@@ -193,6 +235,9 @@ pub fn compile_variant(arch: &str, kind: ImageKind, variant: Variant) -> Result<
     }
     if variant == Variant::Soft {
         opts.push(c_string("-DDETCOLL_SOFT_MODULE")?);
+    }
+    if worlds != Worlds::ALL {
+        opts.push(c_string(&format!("-DDC_WORLDS={:#x}u", worlds.mask()))?);
     }
     let opt_ptrs: Vec<*const core::ffi::c_char> = opts.iter().map(|o| o.as_ptr()).collect();
     let mut prog = Program(core::ptr::null_mut());
@@ -274,19 +319,20 @@ fn prebuilt(arch: &str, variant: Variant) -> Result<Option<(PathBuf, Vec<u8>)>, 
     Ok(None)
 }
 
-/// The image of `variant` for `arch`: one compilation per process, variant and architecture.
-fn image_for(arch: &str, variant: Variant) -> Result<Arc<Vec<u8>>, Error> {
-    type Images = HashMap<(String, Variant), Arc<Vec<u8>>>;
+/// The image of `variant` for `arch` and `worlds`: one compilation per process, variant,
+/// architecture and world set.
+fn image_for(arch: &str, variant: Variant, worlds: Worlds) -> Result<Arc<Vec<u8>>, Error> {
+    type Images = HashMap<(String, Variant, Worlds), Arc<Vec<u8>>>;
     static CACHE: OnceLock<Mutex<Images>> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
     // Holding the lock while compiling makes concurrent first users wait for one compilation.
     let mut map =
         cache.lock().map_err(|_| Error::Backend { backend: BACKEND, detail: "kernel cache lock poisoned".into() })?;
-    let key = (arch.to_string(), variant);
+    let key = (arch.to_string(), variant, worlds);
     if let Some(img) = map.get(&key) {
         return Ok(img.clone());
     }
-    let img = Arc::new(compile_variant(arch, ImageKind::Cubin, variant)?);
+    let img = Arc::new(compile_worlds(arch, ImageKind::Cubin, variant, worlds)?);
     map.insert(key, img.clone());
     Ok(img)
 }
@@ -298,6 +344,8 @@ struct RawModule {
     module: sys::CUmodule,
     /// Where the image came from (for logs and bench output).
     origin: String,
+    /// The world sizes it instantiates.
+    worlds: Worlds,
 }
 
 // SAFETY: module and function handles may be used from any thread of the process once the
@@ -307,32 +355,33 @@ unsafe impl Send for RawModule {}
 unsafe impl Sync for RawModule {}
 
 impl RawModule {
-    /// Loads `variant` into `ctx`: a prebuilt image when present (falling back to NVRTC if the
-    /// driver or the ABI check refuses it), else NVRTC.
-    fn load(ctx: &Arc<CudaContext>, variant: Variant) -> Result<RawModule, Error> {
+    /// Loads `variant` into `ctx`: a prebuilt image (every world) when present, falling back to
+    /// NVRTC if the driver or the ABI check refuses it; else NVRTC for `worlds`.
+    fn load(ctx: &Arc<CudaContext>, variant: Variant, worlds: Worlds) -> Result<RawModule, Error> {
         driver::ensure_driver()?;
         let arch = driver::arch(ctx)?;
         let pre = prebuilt(&arch, variant)?;
+        let nvrtc = |worlds: Worlds| format!("NVRTC {arch}, worlds {:#x}", worlds.mask());
         let first = match &pre {
-            Some((p, bytes)) => Self::load_image(ctx, bytes, p.display().to_string()),
-            None => Self::load_image(ctx, &image_for(&arch, variant)?, format!("NVRTC {arch}")),
+            Some((p, bytes)) => Self::load_image(ctx, bytes, p.display().to_string(), Worlds::ALL),
+            None => Self::load_image(ctx, &image_for(&arch, variant, worlds)?, nvrtc(worlds), worlds),
         };
         match first {
             Err(e) if pre.is_some() => {
                 let origin = pre.map(|(p, _)| p.display().to_string()).unwrap_or_default();
-                let Ok(img) = image_for(&arch, variant) else { return Err(e) };
-                Self::load_image(ctx, &img, format!("NVRTC {arch} (prebuilt {origin} refused: {e})"))
+                let Ok(img) = image_for(&arch, variant, worlds) else { return Err(e) };
+                Self::load_image(ctx, &img, format!("{} (prebuilt {origin} refused: {e})", nvrtc(worlds)), worlds)
             }
             other => other,
         }
     }
 
-    fn load_image(ctx: &Arc<CudaContext>, image: &[u8], origin: String) -> Result<RawModule, Error> {
+    fn load_image(ctx: &Arc<CudaContext>, image: &[u8], origin: String, worlds: Worlds) -> Result<RawModule, Error> {
         driver::bind(ctx)?;
         let mut module: sys::CUmodule = core::ptr::null_mut();
         // SAFETY: `image` is a cubin or a NUL-terminated PTX string, alive during the call.
         check(unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr().cast()) }, "cuModuleLoadData")?;
-        let m = RawModule { ctx: ctx.clone(), module, origin };
+        let m = RawModule { ctx: ctx.clone(), module, origin, worlds };
         m.check_abi()?;
         Ok(m)
     }
@@ -427,9 +476,10 @@ unsafe impl Send for Module {}
 unsafe impl Sync for Module {}
 
 impl Module {
-    /// Loads the main kernels into `ctx` and checks their ABI.
-    pub(crate) fn load(ctx: &Arc<CudaContext>) -> Result<Arc<Module>, Error> {
-        let raw = RawModule::load(ctx, Variant::Main)?;
+    /// Loads the main kernels for `worlds` into `ctx` and checks their ABI (a prebuilt image
+    /// brings every world).
+    pub(crate) fn load(ctx: &Arc<CudaContext>, worlds: Worlds) -> Result<Arc<Module>, Error> {
+        let raw = RawModule::load(ctx, Variant::Main, worlds)?;
         let tree = raw.function("detcoll_tree")?;
         let mut per_sm = 0i32;
         // SAFETY: valid function handle, out-pointer to a local.
@@ -456,6 +506,11 @@ impl Module {
     pub(crate) fn origin(&self) -> &str {
         &self.raw.origin
     }
+
+    /// Whether it can run launches of `world` ranks.
+    pub(crate) fn has_world(&self, world: usize) -> bool {
+        self.raw.worlds.has(world)
+    }
 }
 
 /// The software-arithmetic fused tree of one context (built on first use).
@@ -473,7 +528,8 @@ unsafe impl Sync for SoftModule {}
 
 impl SoftModule {
     pub(crate) fn load(ctx: &Arc<CudaContext>) -> Result<Arc<SoftModule>, Error> {
-        let raw = RawModule::load(ctx, Variant::Soft)?;
+        // Tests and parity checks only: every world in one image.
+        let raw = RawModule::load(ctx, Variant::Soft, Worlds::ALL)?;
         Ok(Arc::new(SoftModule { tree_soft: raw.function("detcoll_tree_soft")?, raw }))
     }
 }

@@ -2,6 +2,7 @@
 //!
 //! Used by transports that gather ranks' inputs first and then evaluate the tree locally, and
 //! by the bandwidth bench. Same arithmetic as the collectives.
+use crate::CudaDevice;
 use crate::driver;
 use crate::kernels::{Module, SoftModule};
 use crate::launch::{self, THREADS, TreeParams};
@@ -13,19 +14,24 @@ use std::sync::{Arc, OnceLock};
 #[derive(Debug, Clone)]
 pub struct FusedTree {
     ctx: Arc<CudaContext>,
+    device: CudaDevice,
+    /// The module loaded first (every module has the empty kernel and world 1): the empty
+    /// kernel and the grid come from it; a launch of W inputs uses the device's module for W.
     module: Arc<Module>,
     soft: Arc<OnceLock<Arc<SoftModule>>>,
 }
 
 impl FusedTree {
-    /// Loads the kernels into `ctx` (NVRTC or prebuilt; see [`crate::kernels`]).
+    /// Loads the kernels into `ctx` (NVRTC or prebuilt; see [`crate::kernels`]): the world-1
+    /// module now, a world's module at its first launch.
     pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, Error> {
-        Ok(Self::from_module(ctx, Module::load(ctx)?))
+        Self::from_device(CudaDevice::new(ctx)?)
     }
 
-    /// Over kernels already loaded into `ctx` (a [`crate::CudaDevice`]'s).
-    pub(crate) fn from_module(ctx: &Arc<CudaContext>, module: Arc<Module>) -> Self {
-        FusedTree { ctx: ctx.clone(), module, soft: Arc::new(OnceLock::new()) }
+    /// Over the kernels of `device` (shared with its collectives).
+    pub(crate) fn from_device(device: CudaDevice) -> Result<Self, Error> {
+        let module = device.module(1)?;
+        Ok(FusedTree { ctx: device.context().clone(), device, module, soft: Arc::new(OnceLock::new()) })
     }
 
     /// Blocks one launch uses (all SMs full).
@@ -48,9 +54,10 @@ impl FusedTree {
         stream: sys::CUstream,
     ) -> Result<(), Error> {
         let p = TreeParams::pack(inputs, out, count, dtype)?;
+        let m = self.device.module(inputs.len())?;
         driver::bind(&self.ctx)?;
         // SAFETY: forwarded from the caller; `detcoll_tree` takes `DcTreeParams`.
-        unsafe { launch::launch(self.module.tree, self.module.tree_grid, THREADS, &p, stream) }
+        unsafe { launch::launch(m.tree, m.tree_grid, THREADS, &p, stream) }
     }
 
     /// As [`FusedTree::launch`], with the software arithmetic (f16/bf16 widened to f32, one f32

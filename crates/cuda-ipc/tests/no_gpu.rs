@@ -2,7 +2,7 @@
 //! architecture and keep the arithmetic strict, and a missing driver is an error, not a panic.
 use collective_core::Error;
 use cuda_ipc::CudaIpcConfig;
-use cuda_ipc::kernels::{ImageKind, Variant, compile, compile_variant, ensure_nvrtc, load_nvrtc_from};
+use cuda_ipc::kernels::{ImageKind, Variant, Worlds, compile, compile_variant, compile_worlds, ensure_nvrtc, load_nvrtc_from};
 use std::path::PathBuf;
 
 /// NVRTC from the loader's path, the usual toolkit places, or a pip wheel
@@ -44,15 +44,24 @@ fn kernels_compile_for_every_target_with_strict_arithmetic() {
         collective_core::conformance::skip("NVRTC not found (pip install nvidia-cuda-nvrtc, or set DETCOLL_NVRTC)");
         return;
     }
-    for arch in ["sm_80", "sm_90", "sm_100"] {
-        let cubin = compile(arch, ImageKind::Cubin).unwrap_or_else(|e| panic!("{arch}: {e}"));
+    // sm_90 with every world (what `cargo xtask build` ships); the other targets with the one
+    // world a process compiles at run time (the arithmetic does not depend on the world, and a
+    // full image per target would triple this test's time on CI).
+    let images = [
+        ("sm_80", Worlds::for_world(6).expect("world 6")),
+        ("sm_90", Worlds::ALL),
+        ("sm_100", Worlds::for_world(8).expect("world 8")),
+    ];
+    for (arch, worlds) in images {
+        let t = std::time::Instant::now();
+        let cubin = compile_worlds(arch, ImageKind::Cubin, Variant::Main, worlds).unwrap_or_else(|e| panic!("{arch}: {e}"));
         assert!(cubin.len() > 1000 && cubin.starts_with(b"\x7fELF"), "{arch}: not an ELF cubin");
-        println!("{arch}: cubin {} bytes", cubin.len());
+        println!("{arch} worlds {:#x}: cubin {} bytes in {:.1} s", worlds.mask(), cubin.len(), t.elapsed().as_secs_f64());
         if arch == "sm_100" {
             // Same source path as sm_90 (arch >= 900); its PTX check would repeat sm_90's.
             continue;
         }
-        let ptx = compile(arch, ImageKind::Ptx).unwrap_or_else(|e| panic!("{arch} PTX: {e}"));
+        let ptx = compile_worlds(arch, ImageKind::Ptx, Variant::Main, worlds).unwrap_or_else(|e| panic!("{arch} PTX: {e}"));
         let ptx = String::from_utf8_lossy(&ptx);
         // No flush to zero anywhere, no fused multiply-add of f32/f16 values.
         assert!(!ptx.contains(".ftz"), "{arch}: PTX contains a flush-to-zero instruction");
@@ -71,6 +80,29 @@ fn kernels_compile_for_every_target_with_strict_arithmetic() {
         }
         println!("{arch}: PTX strict");
     }
+}
+
+/// A run-time image instantiates only its worlds: the world-1 image (what the fused tree's
+/// empty kernel and copies load first) is a fraction of one with a world of peers, and a world
+/// outside the image traps instead of returning with the output unwritten.
+#[test]
+fn a_world_image_instantiates_only_its_worlds() {
+    if !nvrtc() {
+        collective_core::conformance::skip("NVRTC not found (pip install nvidia-cuda-nvrtc, or set DETCOLL_NVRTC)");
+        return;
+    }
+    let ptx = |w: usize| {
+        let img = compile_worlds("sm_90", ImageKind::Ptx, Variant::Main, Worlds::for_world(w).expect("world"))
+            .unwrap_or_else(|e| panic!("world {w}: {e}"));
+        String::from_utf8_lossy(&img).into_owned()
+    };
+    let (one, eight) = (ptx(1), ptx(8));
+    println!("sm_90 PTX: world 1 {} bytes, world 8 {} bytes", one.len(), eight.len());
+    assert!(one.len() * 2 < eight.len(), "the world-1 image should not carry the reductions of 8 ranks");
+    assert!(one.contains("trap;"), "a world outside the image must trap");
+    assert!(Worlds::for_world(0).is_err() && Worlds::for_world(9).is_err());
+    assert!(Worlds::for_world(6).expect("6").has(6) && Worlds::for_world(6).expect("6").has(1));
+    assert!(!Worlds::for_world(6).expect("6").has(8) && (1..=8).all(|w| Worlds::ALL.has(w)));
 }
 
 #[test]
@@ -148,6 +180,7 @@ fn kernel_constants_match_the_host() {
         ("DC_ST_FINISHED", status::ST_FINISHED as u64),
         ("DC_ST_REFRESH", status::ST_REFRESH as u64),
         ("DC_LL_EPOCH_MASK", u64::from(status::LL_EPOCH_MASK)),
+        ("DC_WORLDS", u64::from(Worlds::ALL.mask())),
     ];
     for (name, value) in &host {
         assert_eq!(define(name), *value, "{name}: the header and the host disagree");
@@ -172,4 +205,18 @@ fn kernel_constants_match_the_host() {
 
 /// `#define DC_*` names of detcoll_protocol.h that have no host mirror (function-like macros,
 /// device-side tuning).
-const NOT_MIRRORED: &[&str] = &[];
+const NOT_MIRRORED: &[&str] = &[
+    // The world-set machinery around DC_WORLDS (which is mirrored: `Worlds::ALL`).
+    "DC_HAS_WORLD",
+    "DC_IF_WORLD_1",
+    "DC_IF_WORLD_2",
+    "DC_IF_WORLD_3",
+    "DC_IF_WORLD_4",
+    "DC_IF_WORLD_5",
+    "DC_IF_WORLD_6",
+    "DC_IF_WORLD_7",
+    "DC_IF_WORLD_8",
+    "DC_FOR_PEER_WORLDS",
+    "DC_FOR_WORLDS",
+    "DC_CASE",
+];

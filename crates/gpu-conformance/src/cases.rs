@@ -137,7 +137,7 @@ pub fn randomized<G: TestGpu>(world: usize, total: usize, capacity: usize) {
     // In-place setup copies in the middle of a batch go through a kernel (the 1-leaf tree),
     // never a runtime copy: a copy queued behind a pending collective can block a peer's copies
     // (see `GpuRank::upload`). Loaded before any rank starts (loading can synchronise).
-    device.load_tree().expect("kernels");
+    device.load_tree(1).expect("kernels");
     let started = Instant::now();
     let r = run_ranks::<G, _>(comms, G::REGION_BYTES, |rank| {
         let me = rank.comm.rank();

@@ -203,7 +203,7 @@ impl Device for HipDevice {
         unsafe { runtime::stream_synchronize(stream.0) }
     }
 
-    fn load_tree(&self) -> Result<(), Error> {
+    fn load_tree(&self, _world: usize) -> Result<(), Error> {
         self.loaded().map(drop)
     }
 }
@@ -265,7 +265,7 @@ impl IpcDevice for HipDevice {
         // SAFETY: plain call on the current device.
         check(api, unsafe { (api.hipDeviceSynchronize)() }, "hipDeviceSynchronize")
     }
-    fn kernels(&self) -> Result<Arc<Kernels>, Error> {
+    fn kernels(&self, _world: usize) -> Result<Arc<Kernels>, Error> {
         self.loaded()
     }
     fn kernel_origin(kernels: &Kernels) -> String {

@@ -36,7 +36,7 @@ pub const LOCKSTEP_ENV: &str = "DETCOLL_LOCKSTEP";
 impl<D: IpcDevice> IpcCollective<D> {
     fn assemble(rank: usize, world: usize, device: &D, config: &IpcConfig, ipc: Option<IpcState<D>>) -> Self {
         // World 1: the copy kernel when the kernels load, the runtime's copy otherwise.
-        let local_copy = if ipc.is_none() { device.kernels().ok() } else { None };
+        let local_copy = if ipc.is_none() { device.kernels(world).ok() } else { None };
         IpcCollective {
             rank,
             world,
@@ -134,7 +134,7 @@ impl<D: IpcDevice> IpcCollective<D> {
         let shared = Arc::new(staging);
         let mut out = Vec::with_capacity(world);
         for (r, d) in devices.iter().enumerate() {
-            let kernels = d.kernels()?;
+            let kernels = d.kernels(world)?;
             let err = d.error_record()?;
             let bound = d.wait_bound(config.timeouts().peer)?;
             let fixed = Fixed::new(&layout, &mems, r, D::record_address(&err), bound, THREADS);
@@ -245,7 +245,7 @@ impl<D: IpcDevice> IpcCollective<D> {
         };
         let prepared = resolved(config, blocks).and_then(|config| {
             let layout = Layout::with_ll(config.capacity, blocks, world, config.ll_capacity)?;
-            let kernels = device.kernels()?;
+            let kernels = device.kernels(world)?;
             let header = Header { ll_capacity: layout.ll_capacity() as u64, ..header };
             let own = device.alloc_staging(&layout, &header)?;
             let exported = device.export_staging(&own)?;

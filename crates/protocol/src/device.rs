@@ -77,9 +77,10 @@ pub trait Device: Send + Sync + fmt::Debug + Sized + 'static {
     fn raw_stream(&self, stream: &Self::Stream) -> Result<RawStream, Error>;
     /// Makes this device current on the calling thread.
     fn bind(&self) -> Result<(), Error>;
-    /// Loads what [`Device::tree`] runs (compiling it if need be), so that a missing compiler
-    /// or a stale image fails at construction, not at the first reduction.
-    fn load_tree(&self) -> Result<(), Error> {
+    /// Loads what [`Device::tree`] runs for `world` inputs (compiling it if need be), so that a
+    /// missing compiler or a stale image fails at construction, not at the first reduction.
+    fn load_tree(&self, world: usize) -> Result<(), Error> {
+        let _ = world;
         Ok(())
     }
 
@@ -221,9 +222,10 @@ pub trait IpcDevice: Device + Clone {
 
     // ---- kernels ----
 
-    /// The kernels of `kernels/` for this device, loaded once (prebuilt or compiled at run
-    /// time) and ABI-checked.
-    fn kernels(&self) -> Result<Arc<Self::Kernels>, Error>;
+    /// The kernels of `kernels/` that run collectives of `world` ranks on this device, loaded
+    /// once (prebuilt, or compiled at run time for the worlds asked for: a run-time compiler's
+    /// time grows with every world instantiated) and ABI-checked.
+    fn kernels(&self, world: usize) -> Result<Arc<Self::Kernels>, Error>;
     /// Where `kernels` came from (a file, or the run-time compiler and target).
     fn kernel_origin(kernels: &Self::Kernels) -> String;
     /// Most blocks of the grid-stride kernels (copy, tree): enough to fill the device.

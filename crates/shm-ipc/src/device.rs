@@ -225,7 +225,7 @@ impl IpcDevice for HostDevice {
     fn synchronize(&self) -> Result<(), Error> {
         Ok(())
     }
-    fn kernels(&self) -> Result<Arc<HostKernels>, Error> {
+    fn kernels(&self, _world: usize) -> Result<Arc<HostKernels>, Error> {
         Ok(Arc::new(HostKernels))
     }
     fn kernel_origin(_kernels: &HostKernels) -> String {
