@@ -4,15 +4,17 @@ use super::backend::{HostBackend, HostCollective};
 use super::routes;
 use collective_core::bootstrap::Bootstrap;
 use collective_core::{Op, Route};
-use collective_factory::{Config, NoTransport, Routed, Routing, cpu};
+use collective_factory::{Config, CpuCollective, Routing, cpu};
 use detcoll_protocol::DEFAULT_LL_CAPACITY;
 use shm_ipc::{ShmCollective, ShmConfig};
+use std::sync::Arc;
 
 /// `backend` field of reports made with the CPU twin.
 pub const NAME: &str = "cpu-twin";
 
-/// The twin as the bench runs it: routed by the run's table.
-pub type TwinCollective = Routed<ShmCollective, NoTransport<()>>;
+/// The twin as the bench runs it: routed by the run's table (across virtual nodes: the twin
+/// inside each, the host transport across).
+pub type TwinCollective = CpuCollective;
 
 impl HostCollective for TwinCollective {
     fn workspace_bytes(&self) -> usize {
@@ -54,13 +56,12 @@ fn backend(routed: TwinCollective, c: &ShmConfig) -> HostBackend<TwinCollective>
 /// factory (`collective_factory::cpu`): every rank must pass the same `routing` (the factory's
 /// agreement checks it).
 pub fn process(
-    boot: &dyn Bootstrap,
+    boot: Arc<dyn Bootstrap>,
     capacity: usize,
     routing: &Routing,
 ) -> anyhow::Result<HostBackend<TwinCollective>> {
     routes::check_no_transport(routing, "the CPU twin")?;
-    let no_transport = None::<fn() -> Result<NoTransport<()>, collective_core::Error>>;
-    let routed = cpu::with_transport(boot, &factory_config(capacity, routing), no_transport)?;
+    let routed = cpu::from_bootstrap(boot, &factory_config(capacity, routing))?;
     Ok(backend(routed, &config(capacity, routing)))
 }
 

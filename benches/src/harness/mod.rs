@@ -282,7 +282,7 @@ fn run_process_rank(args: &BenchArgs, resolved: Resolved, boot: Arc<TcpBootstrap
         Resolved::CpuTwin => {
             let routing = routes::run_routing(args.route.as_deref(), Platform::Cpu, boot.world_size())?;
             let cfg = cpu_twin::config(args.capacity(), &routing);
-            let b = cpu_twin::process(&*boot, args.capacity(), &routing)?;
+            let b = cpu_twin::process(boot.clone(), args.capacity(), &routing)?;
             let ok = run_rank(&b, &*boot, args, launch, cpu_twin::config_json(&cfg, &routing))?;
             b.comm().close().context("closing the collective")?;
             Ok(ok)

@@ -156,7 +156,8 @@ impl<D: Device> TransportCollective<D> {
         let resolved = config.resolved();
         let local = (|| {
             let config = resolved?;
-            collective_core::check_world_size(world)?;
+            // The device's fused tree takes at most 8 inputs.
+            collective_core::check_node_world_size(world)?;
             // Everything that can fail locally happens before the agreement, so no rank drops
             // out after it and leaves its peers waiting in the unique-id exchange.
             let device = make_device()?;

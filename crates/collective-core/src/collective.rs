@@ -18,7 +18,8 @@ pub trait Collective: Send + Sync {
 
     /// This rank, in `0..world_size()`.
     fn rank(&self) -> usize;
-    /// Number of ranks: 1 to [`crate::MAX_WORLD_SIZE`].
+    /// Number of ranks: 1 to [`crate::MAX_WORLD_SIZE`] (at most [`crate::MAX_NODE_WORLD_SIZE`] in
+    /// one IPC world).
     fn world_size(&self) -> usize;
     /// What this collective supports.
     fn capabilities(&self) -> Capabilities;

@@ -8,7 +8,10 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    #[error("world size {world} is not supported: expected 1 to 8 ranks")]
+    #[error(
+        "world size {world} is not supported here: expected 1 to 8 ranks in one node (IPC, the device's tree), \
+         1 to 4096 across nodes"
+    )]
     UnsupportedWorldSize { world: usize },
     #[error("{op} does not reduce {dtype}: expected f32, f16 or bf16")]
     UnsupportedDtype { op: Op, dtype: DType },

@@ -51,18 +51,32 @@ pub use view::{Io, RawMut, RawRef};
 
 /// The power-of-two world sizes up to 8: the TP sizes across which a TP-invariant layer gives
 /// the same bits (`fixed_tree::cross_tp_leaves`). A collective is built for any world of 1 to
-/// [`MAX_WORLD_SIZE`] ranks ([`check_world_size`]).
+/// [`MAX_WORLD_SIZE`] ranks ([`check_world_size`]), at most [`MAX_NODE_WORLD_SIZE`] of them in
+/// one IPC world.
 pub const SUPPORTED_WORLD_SIZES: [usize; 4] = fixed_tree::SUPPORTED_WORLD_SIZES;
 
-/// The most ranks one collective spans today: one node of up to 8 GPUs (or processes). Every
-/// world from 1 to 8 takes the canonical tree (`fixed_tree::tree_expression`), powers of two or
-/// not (3, 5, 6, 7: six-GPU hosts, TP=3 or 6 groups).
-pub const MAX_WORLD_SIZE: usize = 8;
+/// The most ranks one collective spans: the canonical tree's limit (`fixed_tree`), reached
+/// across nodes (the transport routes; the hierarchical route with up to
+/// [`MAX_NODE_WORLD_SIZE`] ranks per node). Every world takes the canonical tree
+/// (`fixed_tree::tree_expression`), powers of two or not.
+pub const MAX_WORLD_SIZE: usize = fixed_tree::MAX_WORLD_SIZE;
+
+/// The most ranks one IPC world (one node: the kernels' `DC_MAX_WORLD`, the CPU twin, the
+/// device's fused tree) spans: up to 8 GPUs or processes, 3/5/6/7 included (six-GPU hosts,
+/// TP=3 or 6 groups).
+pub const MAX_NODE_WORLD_SIZE: usize = 8;
 
 /// `Ok` for a world of 1 to [`MAX_WORLD_SIZE`] ranks, [`Error::UnsupportedWorldSize`] otherwise:
-/// the one check of a world size, used by validation, construction and the kernel parameters.
+/// the check of a collective's world size (validation of every call).
 pub fn check_world_size(world: usize) -> Result<(), Error> {
     if (1..=MAX_WORLD_SIZE).contains(&world) { Ok(()) } else { Err(Error::UnsupportedWorldSize { world }) }
+}
+
+/// `Ok` for an IPC world of 1 to [`MAX_NODE_WORLD_SIZE`] ranks, [`Error::UnsupportedWorldSize`]
+/// otherwise: the check of the IPC engine's construction, the kernel parameters and the
+/// device's fused tree.
+pub fn check_node_world_size(world: usize) -> Result<(), Error> {
+    if (1..=MAX_NODE_WORLD_SIZE).contains(&world) { Ok(()) } else { Err(Error::UnsupportedWorldSize { world }) }
 }
 
 /// Most lanes one `reduce_scatter_many` call may carry.

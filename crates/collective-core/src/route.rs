@@ -24,11 +24,17 @@ pub enum Route {
     /// every peer's frame. reduce_scatter is the first half, all_gather the second; no staging
     /// copy, no remote poll.
     IpcPush,
+    /// Several nodes, ranks node-major with a power-of-two number of ranks per node: IPC
+    /// reduce_scatter inside each node (its subtree of the canonical tree), the transport among
+    /// the ranks of equal local rank across nodes (the tree's top levels over the node
+    /// partials), IPC all_gather inside the node. The canonical tree splits on node boundaries
+    /// for such layouts, so the bits are the flat route's. On one host it is IPC RS+AG.
+    Hierarchical,
 }
 
 impl Route {
     /// Every route.
-    pub const ALL: [Route; 7] = [
+    pub const ALL: [Route; 8] = [
         Route::Local,
         Route::IpcOneShot,
         Route::IpcReduceScatterAllGather,
@@ -36,6 +42,7 @@ impl Route {
         Route::IpcReduceScatterTransportAllGather,
         Route::IpcPushLl,
         Route::IpcPush,
+        Route::Hierarchical,
     ];
     /// A small code of the route (its index in [`Route::ALL`]), carried in signatures.
     pub const fn code(self) -> u8 {
@@ -62,16 +69,39 @@ impl Route {
     }
     /// Whether the route needs the transport.
     pub const fn needs_transport(self) -> bool {
-        matches!(self, Route::Transport | Route::IpcReduceScatterTransportAllGather)
+        matches!(self, Route::Transport | Route::IpcReduceScatterTransportAllGather | Route::Hierarchical)
+    }
+
+    /// Whether the route runs per node (IPC inside each node, the transport across them).
+    pub const fn needs_nodes(self) -> bool {
+        matches!(self, Route::Hierarchical)
     }
 
     /// The route with the same bits that needs no transport: the transport's becomes IPC
-    /// one-shot, the hybrid IPC RS+AG; IPC routes stay.
+    /// one-shot, the hybrid and the hierarchical route IPC RS+AG; IPC routes stay.
     pub const fn without_transport(self) -> Route {
         match self {
             Route::Transport => Route::IpcOneShot,
-            Route::IpcReduceScatterTransportAllGather => Route::IpcReduceScatterAllGather,
+            Route::IpcReduceScatterTransportAllGather | Route::Hierarchical => Route::IpcReduceScatterAllGather,
             other => other,
+        }
+    }
+
+    /// The route on one host: the hierarchical route of a single node is IPC RS+AG (its
+    /// reduce_scatter and all_gather, nothing across nodes); every other route stays.
+    pub const fn on_one_host(self) -> Route {
+        match self {
+            Route::Hierarchical => Route::IpcReduceScatterAllGather,
+            other => other,
+        }
+    }
+
+    /// The route across several nodes whose layout allows the hierarchical route: every route
+    /// that needs same-host IPC between all ranks becomes hierarchical; the transport stays.
+    pub const fn across_nodes(self) -> Route {
+        match self {
+            Route::Local | Route::Transport => self,
+            _ => Route::Hierarchical,
         }
     }
 
@@ -85,6 +115,7 @@ impl Route {
             Route::IpcReduceScatterTransportAllGather => "ipc_rs_transport_ag",
             Route::IpcPushLl => "ipc_push_ll",
             Route::IpcPush => "ipc_push",
+            Route::Hierarchical => "hierarchical",
         }
     }
 }
@@ -125,7 +156,7 @@ impl IpcRoute {
             Route::IpcReduceScatterAllGather => Some(IpcRoute::ReduceScatterAllGather),
             Route::IpcPushLl => Some(IpcRoute::PushLl),
             Route::IpcPush => Some(IpcRoute::Push),
-            Route::Transport | Route::IpcReduceScatterTransportAllGather => None,
+            Route::Transport | Route::IpcReduceScatterTransportAllGather | Route::Hierarchical => None,
         }
     }
 }

@@ -1,4 +1,5 @@
 //! Collective agreement: every rank decides the same from everyone's facts.
+use crate::nodes::NodeLayout;
 use crate::{Platform, Routing};
 use collective_core::bootstrap::Bootstrap;
 use collective_core::{Error, Route};
@@ -39,6 +40,11 @@ pub struct Facts {
     /// the same next step (another platform) and none waits for a peer that took another.
     #[serde(default)]
     pub missing: Vec<(String, String)>,
+    /// Whether this rank can run the hierarchical route (the node's IPC collective and a
+    /// transport among the ranks of its local rank): ranks on several hosts then take it when
+    /// their layout allows ([`NodeLayout::of_hosts`]), else the flat transport route.
+    #[serde(default)]
+    pub nodes: bool,
 }
 
 impl Facts {
@@ -71,6 +77,8 @@ pub struct Decision {
     pub transport: bool,
     /// The routing every rank follows (the table, with routes nobody can take replaced).
     pub routing: Routing,
+    /// The node layout of the hierarchical route, when the routing takes it (several hosts).
+    pub nodes: Option<NodeLayout>,
 }
 
 impl Facts {
@@ -124,8 +132,16 @@ pub fn decide(facts: &[Facts]) -> Result<Decision, Error> {
     let transport = facts.iter().all(|f| f.transport) && shared_device(facts).is_none();
     let single = facts.len() == 1;
     if single {
-        return Ok(Decision { platform, ipc: false, transport: false, routing });
+        return Ok(Decision { platform, ipc: false, transport: false, routing, nodes: None });
     }
+    // Several hosts: the hierarchical route where every rank can run it and the layout
+    // allows (node-major, the same power-of-two number of ranks on every host).
+    let layout = if same_host || !facts.iter().all(|f| f.nodes && f.ipc) {
+        None
+    } else {
+        NodeLayout::of_hosts(&facts.iter().map(|f| f.host.as_str()).collect::<Vec<_>>())
+    };
+    let routing = if same_host { routing.on_one_host() } else { routing };
     if let (Some((a, b)), false) = (shared_device(facts), ipc) {
         return Err(Error::InvalidConfig {
             detail: format!(
@@ -142,7 +158,10 @@ pub fn decide(facts: &[Facts]) -> Result<Decision, Error> {
     let routing = match (ipc, transport) {
         (true, true) => routing,
         (true, false) => routing.without_transport(),
-        (false, true) => routing.transport_only(),
+        (false, true) => match layout {
+            Some(_) => routing.across_nodes(),
+            None => routing.transport_only(),
+        },
         (false, false) => {
             return Err(Error::InvalidConfig {
                 detail: format!("no route is possible: {why_no_ipc}, and not every rank has a transport"),
@@ -150,7 +169,11 @@ pub fn decide(facts: &[Facts]) -> Result<Decision, Error> {
         }
     };
     let uses = |f: fn(Route) -> bool| routing.routes().any(f);
-    Ok(Decision { platform, ipc: uses(Route::needs_ipc), transport: uses(Route::needs_transport), routing })
+    let nodes = layout.filter(|_| uses(Route::needs_nodes));
+    // The flat transport is built only for the ranges that take it (the hierarchical route
+    // brings its own transport across nodes).
+    let flat = routing.routes().any(|r| r.needs_transport() && !r.needs_nodes());
+    Ok(Decision { platform, ipc: uses(Route::needs_ipc), transport: flat, routing, nodes })
 }
 
 /// The error of a world where some rank failed locally, naming each failing rank: every rank's

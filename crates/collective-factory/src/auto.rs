@@ -270,6 +270,7 @@ fn fail_collectively(boot: &dyn Bootstrap, config: &Config, e: Error) -> Error {
         device: String::new(),
         errors: vec![e.to_string()],
         missing: Vec::new(),
+        nodes: false,
     };
     match facts.agree(boot) {
         Err(agreed) => agreed,

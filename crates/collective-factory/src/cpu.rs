@@ -1,13 +1,17 @@
-//! The CPU platform: the CPU twin for IPC routes, and an optional caller-supplied transport.
+//! The CPU platform: the CPU twin for IPC routes inside a host, the host transport (over the
+//! bootstrap) across hosts — flat, or hierarchical when the ranks' layout allows — or a
+//! caller-supplied transport.
 use crate::Config;
-use crate::{Facts, Platform, Routed, Routing};
-use collective_core::bootstrap::{Bootstrap, LocalBootstrap};
+use crate::nodes::{HostScratch, Nodes};
+use crate::{Decision, Facts, Platform, Routed, Routing};
+use collective_core::bootstrap::{Bootstrap, LocalBootstrap, split};
 use collective_core::{Collective, Error, host_identity};
+use detcoll_host_transport::HostTransport;
 use shm_ipc::{ShmCollective, ShmConfig};
 use std::sync::Arc;
 
-/// The CPU platform's collective with no transport.
-pub type CpuCollective = Routed<ShmCollective, crate::NoTransport<()>>;
+/// The CPU platform's collective: the CPU twin inside a host, the host transport across hosts.
+pub type CpuCollective = Routed<ShmCollective, HostTransport>;
 
 /// This rank of the CPU-twin collective of every rank of `boot` (one process per rank: host
 /// shared memory between the processes of one host). Collective: every rank calls it.
@@ -22,7 +26,7 @@ pub type CpuCollective = Routed<ShmCollective, crate::NoTransport<()>>;
 /// # let _ = comm; Ok(()) }
 /// ```
 pub fn from_bootstrap(boot: Arc<dyn Bootstrap>, config: &Config) -> Result<CpuCollective, Error> {
-    with_transport(&*boot, config, None::<fn() -> Result<crate::NoTransport<()>, Error>>)
+    build(boot, config, None)
 }
 
 /// `world` ranks as threads of this process (host memory every rank reads directly). Hand one
@@ -52,12 +56,70 @@ pub fn thread_group(world: usize, config: &Config) -> Result<Vec<CpuCollective>,
     config.validate_world(world)?;
     let boots = LocalBootstrap::group(world);
     std::thread::scope(|s| {
+        let hs: Vec<_> = boots.into_iter().map(|b| s.spawn(move || build(Arc::new(b), config, None))).collect();
+        crate::threads::join_ranks(hs)
+    })
+}
+
+/// `nodes * local` ranks as threads of this process, on `nodes` simulated hosts of `local`
+/// ranks each (node-major: rank `r` on node `r / local`): what [`thread_group`] builds on
+/// `nodes` machines, for tests and benchmarks on one. Each rank reports the host identity
+/// `virtual-node-<n>` to the agreement — the in-process form of `DETCOLL_HOST_ID`, which
+/// processes set instead — so the world routes as it would across hosts: hierarchical
+/// (the CPU twin inside each node, the host transport across) when `local` is a power of two
+/// from 2 to 8, else the flat transport route; the bits are the same.
+pub fn virtual_nodes(nodes: usize, local: usize, config: &Config) -> Result<Vec<CpuCollective>, Error> {
+    let world = nodes.checked_mul(local).ok_or(Error::InvalidConfig { detail: "too many ranks".into() })?;
+    config.validate_world(world)?;
+    collective_core::check_world_size(world)?;
+    let boots = LocalBootstrap::group(world);
+    std::thread::scope(|s| {
         let hs: Vec<_> = boots
-            .iter()
-            .map(|b| s.spawn(move || with_transport(b, config, None::<fn() -> Result<crate::NoTransport<()>, Error>>)))
+            .into_iter()
+            .enumerate()
+            .map(|(r, b)| s.spawn(move || build(Arc::new(b), config, Some(format!("virtual-node-{}", r / local)))))
             .collect();
         crate::threads::join_ranks(hs)
     })
+}
+
+/// This rank of the CPU platform over `boot`, the host transport offered for every route
+/// that needs one. `host`: the identity this rank reports instead of its host's
+/// ([`virtual_nodes`]).
+fn build(boot: Arc<dyn Bootstrap>, config: &Config, host: Option<String>) -> Result<CpuCollective, Error> {
+    let flat = {
+        let boot = boot.clone();
+        move || HostTransport::new(boot)
+    };
+    let (d, ipc, transport) = agree_and_build(&*boot, config, host, true, Some(flat))?;
+    let world = boot.world_size();
+    let routed = Routed::new(boot.rank(), world, config.capacity(), d.routing.clone(), ipc, transport)?;
+    let Some(layout) = d.nodes else { return Ok(routed) };
+    // The node's ranks (by local rank) and the ranks of this local rank (by node): the two
+    // groups of the hierarchical route, made in the same order on every rank.
+    let rank = boot.rank();
+    let (node, local_rank) = (layout.node(rank), layout.local_rank(rank));
+    let group = |color: usize, key: usize| -> Result<Arc<dyn Bootstrap>, Error> {
+        let sub = split(&*boot, Some(color as u32), key as u32)?
+            .ok_or(Error::InvalidConfig { detail: "split returned no group for a colored rank".into() })?;
+        Ok(Arc::new(sub))
+    };
+    let node_boot = group(node, local_rank)?;
+    let cross_boot = group(layout.nodes + local_rank, node)?;
+    let local = ShmCollective::new(&*node_boot, shm_config(config, &d.routing))?;
+    let cross = HostTransport::new(cross_boot)?;
+    let nodes =
+        Nodes::new(layout, rank, local, d.routing.route_table().clone(), cross, Box::new(HostScratch::default()))?;
+    Ok(routed.with_nodes(nodes))
+}
+
+/// The CPU twin's configuration: the agreed table is its route policy.
+fn shm_config(config: &Config, routing: &Routing) -> ShmConfig {
+    let mut shm = ShmConfig::new(config.capacity())
+        .with_ll_capacity(routing.ll_capacity(config.ll_capacity()))
+        .with_routes(routing.route_table().clone());
+    shm.timeouts = config.timeouts();
+    shm
 }
 
 /// The CPU collective with a transport this rank offers (`transport`, when given: ranks on
@@ -67,6 +129,21 @@ pub fn with_transport<T: Collective<Stream = ()>>(
     config: &Config,
     transport: Option<impl FnOnce() -> Result<T, Error>>,
 ) -> Result<Routed<ShmCollective, T>, Error> {
+    // A caller's transport spans the whole world: no groups to run the hierarchical route on.
+    let (d, ipc, transport) = agree_and_build(boot, config, None, false, transport)?;
+    Routed::new(boot.rank(), boot.world_size(), config.capacity(), d.routing, ipc, transport)
+}
+
+/// The agreement of the CPU platform's ranks, then the CPU twin and the flat transport where
+/// the decision takes them. `nodes`: whether this rank offers the hierarchical route.
+#[allow(clippy::type_complexity)]
+fn agree_and_build<T: Collective<Stream = ()>>(
+    boot: &dyn Bootstrap,
+    config: &Config,
+    host: Option<String>,
+    nodes: bool,
+    transport: Option<impl FnOnce() -> Result<T, Error>>,
+) -> Result<(Decision, Option<ShmCollective>, Option<T>), Error> {
     let capacity = config.capacity();
     let routing = config.routing().cloned();
     let mut errors = Vec::new();
@@ -78,7 +155,10 @@ pub fn with_transport<T: Collective<Stream = ()>>(
     };
     Facts::local(&mut errors, routing.check_for(Platform::Cpu, boot.world_size()), || ());
     let platform = Facts::local(&mut errors, Platform::from_env(), || None).unwrap_or(Platform::Cpu);
-    let host = Facts::local(&mut errors, host_identity(), String::new);
+    let host = match host {
+        Some(h) => h,
+        None => Facts::local(&mut errors, host_identity(), String::new),
+    };
     if let Err(e) = collective_core::Timeouts::resolve(config.timeouts()) {
         errors.push(e.to_string());
     }
@@ -97,6 +177,7 @@ pub fn with_transport<T: Collective<Stream = ()>>(
         device: String::new(),
         errors,
         missing: Vec::new(),
+        nodes,
     };
     let d = facts.agree(boot)?;
     if d.platform != Platform::Cpu {
@@ -105,18 +186,10 @@ pub fn with_transport<T: Collective<Stream = ()>>(
         });
     }
     let world = boot.world_size();
-    let ipc = if d.ipc || world == 1 {
-        let mut shm = ShmConfig::new(capacity)
-            .with_ll_capacity(d.routing.ll_capacity(config.ll_capacity()))
-            .with_routes(d.routing.route_table().clone());
-        shm.timeouts = config.timeouts();
-        Some(ShmCollective::new(boot, shm)?)
-    } else {
-        None
-    };
+    let ipc = if d.ipc || world == 1 { Some(ShmCollective::new(boot, shm_config(config, &d.routing))?) } else { None };
     let transport = match (d.transport, transport) {
         (true, Some(make)) => Some(make()?),
         _ => None,
     };
-    Routed::new(boot.rank(), world, capacity, d.routing, ipc, transport)
+    Ok((d, ipc, transport))
 }

@@ -28,11 +28,13 @@ pub mod auto;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 mod compose;
 mod config;
+pub mod nodes;
 mod platform;
 mod routed;
 mod routing;
 #[cfg(any(feature = "cpu", feature = "cuda", feature = "rocm"))]
 mod threads;
+mod via;
 
 /// The agreement's internals (facts every rank reports, the pure decision): for tests and
 /// tools, not covered by semver.

@@ -159,6 +159,7 @@ fn facts(device: &CudaDevice, routing: Routing, config: &Config, nccl: bool) -> 
         device: uuid,
         errors,
         missing: Vec::new(),
+        nodes: false,
     }
 }
 
@@ -197,6 +198,7 @@ fn build(
                 device: String::new(),
                 errors: Vec::new(),
                 missing: Vec::new(),
+                nodes: false,
             };
             f.fail("opening its CUDA device", e);
             (f, None)

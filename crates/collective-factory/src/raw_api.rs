@@ -4,7 +4,7 @@
 //! the memory and orders the buffers itself (unsafe); the call is validated and routed exactly
 //! as the safe ones (the same dispatch, [`crate::Routed`]).
 use crate::Routed;
-use crate::routed::Via;
+use crate::via::Via;
 use ccl_transport::TransportCollective;
 use collective_core::{Collective, DType, Error, Io, IpcRoute, MAX_LANES, Op, RawMut, RawRef, Route};
 use ipc_engine::{IpcCollective, IpcDevice, RawStream};
@@ -98,6 +98,7 @@ impl<D: IpcDevice> Routed<IpcCollective<D>, TransportCollective<D>> {
         let stream = RawStream(stream);
         // As `Routed::reduce_scatter_many`: the table's route, the transport's or the IPC one.
         match self.route(Op::ReduceScatterMany, bytes) {
+            Route::Hierarchical => self.hierarchical_many(&ios, &Raw(stream)),
             Route::Transport => {
                 let t = self.transport().ok_or(Error::InvalidConfig { detail: "no transport".into() })?;
                 // SAFETY: the caller vouches for the memory and the stream.
@@ -123,5 +124,9 @@ impl<D: IpcDevice> Via<IpcCollective<D>, TransportCollective<D>> for Raw {
     fn transport(&self, transport: &TransportCollective<D>, op: Op, io: Io<'_>) -> Result<(), Error> {
         // SAFETY: as above.
         unsafe { transport.enqueue(op, io, self.0) }
+    }
+    fn ipc_many(&self, ipc: &IpcCollective<D>, lanes: &[Io<'_>], route: IpcRoute) -> Result<(), Error> {
+        // SAFETY: as above.
+        unsafe { ipc.enqueue_many_routed(lanes, Some(route), self.0) }
     }
 }

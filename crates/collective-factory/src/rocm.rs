@@ -137,6 +137,7 @@ fn facts(ordinal: Result<usize, Error>, routing: Routing, config: &Config, rccl:
         device,
         errors,
         missing: Vec::new(),
+        nodes: false,
     };
     if let Err(e) = ordinal {
         // A rank without its GPU reports the platform it was asked to drive; its failure makes

@@ -1,6 +1,8 @@
 //! [`Routed`]: one collective composed of an IPC backend and a transport, calling each by the
 //! agreed routing. Every route evaluates the same tree, so the bits never depend on the choice.
 use crate::Routing;
+use crate::nodes::Nodes;
+use crate::via::Via;
 use collective_core::{
     Capabilities, Collective, Error, Io, IpcRoute, Op, RawMut, Route, RouteSelect, ipc_route_for, validate,
 };
@@ -19,6 +21,9 @@ pub struct Routed<I, T> {
     routing: Routing,
     ipc: Option<I>,
     transport: Option<T>,
+    /// The hierarchical route's backends (several nodes): this node's IPC collective and the
+    /// transport across nodes.
+    nodes: Option<Nodes<I, T>>,
     /// Held for the whole of every single-lane call: a call routed to the hybrid makes two
     /// backend calls (IPC reduce_scatter, transport all_gather), which another thread's call
     /// on this handle must not come between (each backend would see another order than the
@@ -44,12 +49,39 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
     ) -> Result<Self, Error> {
         if world > 1 {
             for r in routing.routes() {
-                if (r.needs_ipc() && ipc.is_none()) || (r.needs_transport() && transport.is_none()) {
+                let transport_missing = r.needs_transport() && !r.needs_nodes() && transport.is_none();
+                if (r.needs_ipc() && ipc.is_none()) || transport_missing {
                     return Err(Error::InvalidConfig { detail: format!("route {} has no backend", r.name()) });
                 }
             }
         }
-        Ok(Routed { rank, world, capacity, routing, ipc, transport, calls: Mutex::new(()) })
+        Ok(Routed { rank, world, capacity, routing, ipc, transport, nodes: None, calls: Mutex::new(()) })
+    }
+
+    /// With the hierarchical route's backends (what the table's `hierarchical` ranges run on).
+    pub fn with_nodes(mut self, nodes: Nodes<I, T>) -> Self {
+        self.nodes = Some(nodes);
+        self
+    }
+
+    /// The hierarchical route's backends, or why a call routed to them cannot run.
+    pub(crate) fn nodes_backend(&self) -> Result<&Nodes<I, T>, Error> {
+        self.nodes.as_ref().ok_or(Error::InvalidConfig { detail: "no hierarchical backends (one node)".into() })
+    }
+
+    /// `reduce_scatter_many` by the hierarchical route: several backend calls, held together
+    /// against other threads' calls on this handle (as the hybrid's).
+    pub(crate) fn hierarchical_many(&self, lanes: &[Io<'_>], via: &impl Via<I, T>) -> Result<(), Error> {
+        let _call = self
+            .calls
+            .lock()
+            .map_err(|_| Error::Poisoned { cause: "a thread panicked inside a call of this handle".into() })?;
+        self.nodes_backend()?.reduce_scatter_many(lanes, via)
+    }
+
+    /// The hierarchical route's backends, if built (several nodes).
+    pub fn nodes(&self) -> Option<&Nodes<I, T>> {
+        self.nodes.as_ref()
     }
 
     /// The IPC backend, or why a call routed to it cannot run.
@@ -93,6 +125,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
         let transport = || self.transport.as_ref().ok_or(Error::InvalidConfig { detail: "no transport".into() });
         match self.route(op, contributed_bytes(op, &io, self.world)) {
             Route::Transport => via.transport(transport()?, op, io),
+            Route::Hierarchical => self.nodes_backend()?.dispatch(op, io, via),
             Route::IpcReduceScatterTransportAllGather => {
                 validate(op, &io, self.rank, self.world, self.capacity)?;
                 self.hybrid_all_reduce(io, ipc()?, transport()?, via)
@@ -133,15 +166,6 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
     }
 }
 
-/// How one call reaches the backends of a [`Routed`]: through their safe stream type
-/// ([`Routed`]'s `Collective` impl) or a raw stream (the NVIDIA raw entry points).
-pub(crate) trait Via<I, T> {
-    /// `op` on the IPC backend, by `route` (an IPC route or `Local`).
-    fn ipc(&self, ipc: &I, op: Op, io: Io<'_>, route: IpcRoute) -> Result<(), Error>;
-    /// `op` on the transport.
-    fn transport(&self, transport: &T, op: Op, io: Io<'_>) -> Result<(), Error>;
-}
-
 /// The safe path: the backends' own stream type.
 struct OnStream<'s, S: ?Sized>(&'s S);
 
@@ -151,6 +175,9 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Via<I, T> for OnStream<'
     }
     fn transport(&self, transport: &T, op: Op, io: Io<'_>) -> Result<(), Error> {
         transport.call(op, io, self.0)
+    }
+    fn ipc_many(&self, ipc: &I, lanes: &[Io<'_>], route: IpcRoute) -> Result<(), Error> {
+        ipc.reduce_scatter_many_on_route(lanes, route, self.0)
     }
 }
 
@@ -198,7 +225,10 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I,
     fn capabilities(&self) -> Capabilities {
         let ipc = self.ipc.as_ref().map(|i| i.capabilities());
         let transport = self.transport.as_ref().map(|t| t.capabilities());
-        let graph = ipc.is_none_or(|c| c.supports_graph_capture) && transport.is_none_or(|c| c.supports_graph_capture);
+        let nodes = self.nodes.as_ref().map(|n| n.capabilities());
+        let graph = ipc.is_none_or(|c| c.supports_graph_capture)
+            && transport.is_none_or(|c| c.supports_graph_capture)
+            && nodes.is_none_or(|c| c.supports_graph_capture);
         let ipc_max = ipc.map_or(self.capacity, |c| c.max_call_bytes);
         if self.world == 1 {
             return Capabilities::strict(self.capacity, graph).with_max_call_bytes(ipc_max);
@@ -209,6 +239,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I,
             let (Some(op), Some(route)) = (Op::parse(&rule.op), Route::parse(&rule.route)) else { continue };
             let limit = match route {
                 Route::Transport => transport_max,
+                Route::Hierarchical => nodes.map_or(self.capacity, |c| c.max_call_bytes),
                 Route::IpcReduceScatterTransportAllGather if op == Op::AllReduce => self.capacity,
                 _ => ipc_max,
             };
@@ -229,6 +260,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I,
         }
         match self.routing.route(op, bytes) {
             Route::Transport => Route::Transport,
+            Route::Hierarchical => Route::Hierarchical,
             Route::IpcReduceScatterTransportAllGather if op == Op::AllReduce => {
                 Route::IpcReduceScatterTransportAllGather
             }
@@ -247,6 +279,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I,
     fn reduce_scatter_many(&self, lanes: &[Io<'_>], stream: &Self::Stream) -> Result<(), Error> {
         let bytes = lanes.iter().map(|io| contributed_bytes(Op::ReduceScatterMany, io, self.world)).sum();
         match self.route(Op::ReduceScatterMany, bytes) {
+            Route::Hierarchical => self.hierarchical_many(lanes, &OnStream(stream)),
             Route::Transport => self
                 .transport
                 .as_ref()
@@ -258,11 +291,15 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I,
     /// The IPC backend's recorded failure, else the transport's.
     fn check(&self) -> Result<(), Error> {
         self.ipc.as_ref().map_or(Ok(()), |i| i.check())?;
+        self.nodes.as_ref().map_or(Ok(()), |n| n.check())?;
         self.transport.as_ref().map_or(Ok(()), |t| t.check())
     }
     /// One stream synchronisation (both backends enqueue on the caller's stream), then both
     /// backends' checks.
     fn synchronize(&self, stream: &Self::Stream) -> Result<(), Error> {
+        if let Some(n) = &self.nodes {
+            n.synchronize(stream)?;
+        }
         match (&self.ipc, &self.transport) {
             (Some(i), t) => {
                 i.synchronize(stream)?;
@@ -274,8 +311,9 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I,
     }
     fn close(&self) -> Result<(), Error> {
         let a = self.ipc.as_ref().map_or(Ok(()), |i| i.close());
+        let n = self.nodes.as_ref().map_or(Ok(()), |n| n.close());
         let b = self.transport.as_ref().map_or(Ok(()), |t| t.close());
-        a.and(b)
+        a.and(n).and(b)
     }
 }
 

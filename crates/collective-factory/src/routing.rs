@@ -223,6 +223,21 @@ impl Routing {
         self.mapped("no IPC: transport everywhere", |_, _| Route::Transport)
     }
 
+    /// This routing on one host: `hierarchical` ranges become IPC RS+AG (a single node's
+    /// reduce_scatter and all_gather). Same bits.
+    pub fn on_one_host(&self) -> Routing {
+        if !self.routes().any(Route::needs_nodes) {
+            return self.clone();
+        }
+        self.mapped("one host: hierarchical is IPC RS+AG", |_, r| r.on_one_host())
+    }
+
+    /// This routing across nodes whose layout allows the hierarchical route: every range that
+    /// needs IPC between all ranks becomes `hierarchical`; transport ranges stay. Same bits.
+    pub fn across_nodes(&self) -> Routing {
+        self.mapped("several nodes: IPC inside each, the transport across", |_, r| r.across_nodes())
+    }
+
     /// The LL push capacity a backend needs under this table: `requested` when some rule takes
     /// `ipc_push_ll`, else 0 (no LL receive slots are allocated).
     pub fn ll_capacity(&self, requested: usize) -> usize {

@@ -16,6 +16,7 @@ fn facts(n: usize) -> Vec<Facts> {
             device: String::new(),
             errors: Vec::new(),
             missing: Vec::new(),
+            nodes: false,
         })
         .collect()
 }

@@ -56,7 +56,7 @@ impl Worlds {
     /// (the tree and reduction of one input are trivial and cost nothing to build). `world`
     /// outside 1..=8 is [`Error::UnsupportedWorldSize`].
     pub fn for_world(world: usize) -> Result<Worlds, Error> {
-        collective_core::check_world_size(world)?;
+        collective_core::check_node_world_size(world)?;
         Ok(Worlds((1 << 1) | (1 << world)))
     }
 

@@ -2,7 +2,9 @@
 //! architecture and keep the arithmetic strict, and a missing driver is an error, not a panic.
 use collective_core::Error;
 use cuda_ipc::CudaIpcConfig;
-use cuda_ipc::kernels::{ImageKind, Variant, Worlds, compile, compile_variant, compile_worlds, ensure_nvrtc, load_nvrtc_from};
+use cuda_ipc::kernels::{
+    ImageKind, Variant, Worlds, compile, compile_variant, compile_worlds, ensure_nvrtc, load_nvrtc_from,
+};
 use std::path::PathBuf;
 
 /// NVRTC from the loader's path, the usual toolkit places, or a pip wheel
@@ -54,14 +56,21 @@ fn kernels_compile_for_every_target_with_strict_arithmetic() {
     ];
     for (arch, worlds) in images {
         let t = std::time::Instant::now();
-        let cubin = compile_worlds(arch, ImageKind::Cubin, Variant::Main, worlds).unwrap_or_else(|e| panic!("{arch}: {e}"));
+        let cubin =
+            compile_worlds(arch, ImageKind::Cubin, Variant::Main, worlds).unwrap_or_else(|e| panic!("{arch}: {e}"));
         assert!(cubin.len() > 1000 && cubin.starts_with(b"\x7fELF"), "{arch}: not an ELF cubin");
-        println!("{arch} worlds {:#x}: cubin {} bytes in {:.1} s", worlds.mask(), cubin.len(), t.elapsed().as_secs_f64());
+        println!(
+            "{arch} worlds {:#x}: cubin {} bytes in {:.1} s",
+            worlds.mask(),
+            cubin.len(),
+            t.elapsed().as_secs_f64()
+        );
         if arch == "sm_100" {
             // Same source path as sm_90 (arch >= 900); its PTX check would repeat sm_90's.
             continue;
         }
-        let ptx = compile_worlds(arch, ImageKind::Ptx, Variant::Main, worlds).unwrap_or_else(|e| panic!("{arch} PTX: {e}"));
+        let ptx =
+            compile_worlds(arch, ImageKind::Ptx, Variant::Main, worlds).unwrap_or_else(|e| panic!("{arch} PTX: {e}"));
         let ptx = String::from_utf8_lossy(&ptx);
         // No flush to zero anywhere, no fused multiply-add of f32/f16 values.
         assert!(!ptx.contains(".ftz"), "{arch}: PTX contains a flush-to-zero instruction");

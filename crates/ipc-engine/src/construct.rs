@@ -14,7 +14,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 fn check_world(world: usize) -> Result<(), Error> {
-    collective_core::check_world_size(world)
+    collective_core::check_node_world_size(world)
 }
 
 /// `config` with the block count and the timeouts every rank settled on.

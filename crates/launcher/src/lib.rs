@@ -68,6 +68,12 @@ pub struct LaunchSpec {
     /// Stop the other ranks as soon as one fails (torchrun's behaviour; default). Fault tests
     /// that kill a rank on purpose turn it off to see how the survivors react.
     pub stop_on_failure: bool,
+    /// Simulate this many hosts ("virtual nodes") on this one: rank `r` of `L = nproc / n`
+    /// per node gets `DETCOLL_HOST_ID=virtual-node-<r / L>`, `LOCAL_RANK = r % L`,
+    /// `LOCAL_WORLD_SIZE = L` and `GROUP_RANK = r / L` — what torchrun gives the ranks of `n`
+    /// nodes — so detcoll routes the world as it would across hosts. For tests and benchmarks;
+    /// `nproc` must divide by it. `None`: one host.
+    pub virtual_nodes: Option<usize>,
 }
 
 impl LaunchSpec {
@@ -82,6 +88,7 @@ impl LaunchSpec {
             master_port: None,
             prefix_output: true,
             stop_on_failure: true,
+            virtual_nodes: None,
         }
     }
 
@@ -130,6 +137,14 @@ pub enum LaunchError {
     /// `nproc` was 0.
     #[error("nproc must be at least 1")]
     NoProcesses,
+    /// `virtual_nodes` is 0 or does not divide `nproc`.
+    #[error("{nproc} ranks cannot be spread evenly over {nodes} virtual nodes")]
+    VirtualNodes {
+        /// `nproc`.
+        nproc: usize,
+        /// `virtual_nodes`.
+        nodes: usize,
+    },
     /// No free port could be picked for `MASTER_PORT`.
     #[error("cannot pick a free MASTER_PORT on {addr}: {source}")]
     Port {
@@ -306,6 +321,11 @@ fn run(spec: &LaunchSpec, sink: Sink) -> Result<LaunchOutcome, LaunchError> {
     if spec.nproc == 0 {
         return Err(LaunchError::NoProcesses);
     }
+    let per_node = match spec.virtual_nodes {
+        None => spec.nproc,
+        Some(nodes) if nodes > 0 && spec.nproc % nodes == 0 => spec.nproc / nodes,
+        Some(nodes) => return Err(LaunchError::VirtualNodes { nproc: spec.nproc, nodes }),
+    };
     let port = match spec.master_port {
         Some(p) => p,
         None => free_port(&spec.master_addr)?,
@@ -326,10 +346,14 @@ fn run(spec: &LaunchSpec, sink: Sink) -> Result<LaunchOutcome, LaunchError> {
         cmd.args(&spec.args)
             .env("RANK", rank.to_string())
             .env("WORLD_SIZE", spec.nproc.to_string())
-            .env("LOCAL_RANK", rank.to_string())
-            .env("LOCAL_WORLD_SIZE", spec.nproc.to_string())
+            .env("LOCAL_RANK", (rank % per_node).to_string())
+            .env("LOCAL_WORLD_SIZE", per_node.to_string())
             .env("MASTER_ADDR", &spec.master_addr)
             .env("MASTER_PORT", port.to_string());
+        if spec.virtual_nodes.is_some() {
+            cmd.env("DETCOLL_HOST_ID", format!("virtual-node-{}", rank / per_node))
+                .env("GROUP_RANK", (rank / per_node).to_string());
+        }
         if let Some(t) = &token {
             cmd.env(JOB_TOKEN_ENV, t);
         }

@@ -168,7 +168,7 @@ pub trait Device: Send + Sync + fmt::Debug + Sized + 'static {
         dtype: DType,
         stream: RawStream,
     ) -> Result<(), Error> {
-        collective_core::check_world_size(world)?;
+        collective_core::check_node_world_size(world)?;
         let mut inputs = [0u64; 8];
         for (q, x) in inputs.iter_mut().enumerate().take(world) {
             *x = first + (q * stride) as u64;

@@ -5,7 +5,7 @@
 //! Moved verbatim from `crates/cuda-ipc/src/launch.rs` (only the backend name of the
 //! "too many segments" error became a parameter of [`pack`]).
 use super::{Layout, Phase, Plan};
-use collective_core::{DType, Error, Op, Route, check_world_size};
+use collective_core::{DType, Error, Op, Route, check_node_world_size};
 
 /// Must equal `DC_ABI_VERSION` in the kernels (checked when a module is loaded).
 pub const ABI_VERSION: u32 = 7;
@@ -130,12 +130,12 @@ impl TreeParams {
     /// The parameters of one fused-tree launch (`detcoll_tree`): `out[i] = tree(inputs[0][i],
     /// ..., inputs[W-1][i])` for `i < count`, `W = inputs.len()`, in `dtype`'s arithmetic.
     ///
-    /// Refuses (typed errors, before any launch) a `W` outside `1..=`[`collective_core::MAX_WORLD_SIZE`],
+    /// Refuses (typed errors, before any launch) a `W` outside `1..=`[`collective_core::MAX_NODE_WORLD_SIZE`],
     /// a dtype without an add, and any address not aligned to the element size. Shared by the
     /// CUDA and HIP host wrappers of the kernel.
     pub fn pack(inputs: &[u64], out: u64, count: usize, dtype: DType) -> Result<TreeParams, Error> {
         let world = inputs.len();
-        check_world_size(world)?;
+        check_node_world_size(world)?;
         if !dtype.is_reducible() {
             return Err(Error::UnsupportedDtype { op: Op::AllReduce, dtype });
         }

@@ -32,6 +32,10 @@ struct Cli {
     /// Do not prefix output lines with `[rank N] `; ranks write straight to the terminal.
     #[arg(long)]
     no_prefix: bool,
+    /// Simulate N hosts on this one (tests, benchmarks): rank r of L = nproc/N per node gets
+    /// DETCOLL_HOST_ID=virtual-node-<r/L>, LOCAL_RANK=r%L, LOCAL_WORLD_SIZE=L, GROUP_RANK=r/L.
+    #[arg(long, value_parser = parse_nproc)]
+    virtual_nodes: Option<usize>,
     /// The program and its arguments (after `--`).
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, num_args = 1..)]
     command: Vec<OsString>,
@@ -72,6 +76,7 @@ fn main() -> anyhow::Result<ExitCode> {
         master_port: cli.master_port,
         prefix_output: !cli.no_prefix,
         stop_on_failure: true,
+        virtual_nodes: cli.virtual_nodes,
     };
     let outcome = match launch(&spec) {
         Ok(o) => o,

@@ -1,0 +1,332 @@
+//! The hierarchical route: IPC inside each node, the transport across nodes, the same bits as
+//! the flat route.
+//!
+//! Ranks are node-major (`rank = node * L + local rank`) with `L`, the ranks per node, a power
+//! of two: then every split of the canonical tree (first `m` ranks, `m` the largest power of
+//! two below the size, then the rest) falls on a node boundary, so the tree over `W` ranks is
+//! the canonical tree over the `N` node partials, each the canonical tree over its node's `L`
+//! ranks. The route evaluates exactly that:
+//!
+//! * all_reduce: IPC reduce_scatter inside the node (local rank `l` holds shard `l` of the node
+//!   partial), the transport's all_reduce of that shard among the `N` ranks of local rank `l`
+//!   (a rank-ordered gather and the tree over `N`: the top levels), IPC all_gather inside the
+//!   node. Elements past the last whole multiple of `L` (fewer than `L`) take an IPC
+//!   all_reduce and a transport all_reduce of their own.
+//! * reduce_scatter: IPC reduce_scatter_many inside the node (lane `m` is node block `m`, its
+//!   shard `l` lands in slot `m` of a scratch row), then the transport's reduce_scatter of the
+//!   scratch row across nodes (node `n` receives the tree of slot `n`: its own shard).
+//! * all_gather: IPC all_gather of the node's block, then the transport's all_gather of node
+//!   blocks. No add, nothing to order.
+//!
+//! The layout comes from the agreement: every rank's host identity, in rank order
+//! ([`NodeLayout::of_hosts`]); other layouts take the flat transport route (same bits).
+use crate::via::Via;
+use collective_core::{
+    Call, Capabilities, Collective, DType, Error, Io, IpcRoute, MAX_LANES, Op, RawMut, RawRef, RouteSelect, RouteTable,
+    validate, validate_many,
+};
+use std::sync::Mutex;
+
+/// How the ranks of a world sit on nodes: `nodes` nodes of `local` ranks, node-major.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeLayout {
+    /// Number of nodes, `N` (at least 2).
+    pub nodes: usize,
+    /// Ranks per node, `L` (a power of two, 2 to [`collective_core::MAX_NODE_WORLD_SIZE`]).
+    pub local: usize,
+}
+
+impl NodeLayout {
+    /// The layout of ranks whose hosts are `hosts` (rank order) when the hierarchical route can
+    /// serve it: two or more hosts, each host's ranks one contiguous run (node-major), every run
+    /// of the same power-of-two length `L` with `2 <= L <= 8`. `None` otherwise (one host, or
+    /// a layout the flat transport route serves with the same bits).
+    pub fn of_hosts<S: AsRef<str>>(hosts: &[S]) -> Option<NodeLayout> {
+        let mut runs: Vec<(&str, usize)> = Vec::new();
+        for h in hosts {
+            match runs.last_mut() {
+                Some((last, n)) if *last == h.as_ref() => *n += 1,
+                _ => runs.push((h.as_ref(), 1)),
+            }
+        }
+        let local = runs.first()?.1;
+        let node_major = runs.iter().enumerate().all(|(i, (h, _))| runs[..i].iter().all(|(g, _)| g != h));
+        let even = runs.iter().all(|&(_, n)| n == local);
+        let fits = local.is_power_of_two() && (2..=collective_core::MAX_NODE_WORLD_SIZE).contains(&local);
+        (runs.len() >= 2 && node_major && even && fits).then_some(NodeLayout { nodes: runs.len(), local })
+    }
+
+    /// The node of `rank`.
+    pub const fn node(&self, rank: usize) -> usize {
+        rank / self.local
+    }
+
+    /// `rank`'s index inside its node.
+    pub const fn local_rank(&self, rank: usize) -> usize {
+        rank % self.local
+    }
+
+    /// Ranks in all.
+    pub const fn world(&self) -> usize {
+        self.nodes * self.local
+    }
+}
+
+/// Host memory a hierarchical reduce_scatter stages its node partials in between its two
+/// steps: one row of `N` shards, reused by every call (calls of a handle are serialised).
+pub trait Scratch: Send + Sync + std::fmt::Debug {
+    /// The address of at least `bytes` bytes, valid until the next call of this method.
+    fn region(&self, bytes: usize) -> Result<u64, Error>;
+}
+
+/// [`Scratch`] in host memory (the CPU platform).
+#[derive(Debug, Default)]
+pub struct HostScratch(Mutex<Vec<u64>>);
+
+impl Scratch for HostScratch {
+    fn region(&self, bytes: usize) -> Result<u64, Error> {
+        let mut v = self.0.lock().map_err(|_| Error::Poisoned { cause: "a thread panicked in a call".into() })?;
+        let words = bytes.div_ceil(8).max(1);
+        if v.len() < words {
+            v.resize(words, 0);
+        }
+        Ok(v.as_mut_ptr() as u64)
+    }
+}
+
+/// One rank's backends of the hierarchical route: the node's IPC collective, the transport
+/// among the ranks of its local rank across nodes, and the scratch row.
+#[derive(Debug)]
+pub struct Nodes<I, T> {
+    layout: NodeLayout,
+    rank: usize,
+    /// The IPC backend of this rank's node (`L` ranks).
+    local: I,
+    /// How the node's IPC calls are routed (the agreed table on one host).
+    routes: RouteTable,
+    /// The transport of the `N` ranks of this local rank (one per node, node order).
+    cross: T,
+    scratch: Box<dyn Scratch>,
+}
+
+/// The address `offset` elements of `size` bytes past `addr`.
+fn at(addr: u64, offset: usize, size: usize) -> u64 {
+    addr + (offset * size) as u64
+}
+
+/// A writable view of `len` elements of `dtype` at `addr`. Only for this module, which passes
+/// sub-ranges of the validated views of the call it is making (or of its scratch row).
+fn out_view(addr: u64, len: usize, dtype: DType) -> RawMut<'static> {
+    // SAFETY: every caller in this module names a range inside the validated output (or
+    // in-place buffer) of the call in progress, or inside the scratch row, which the call
+    // borrows for its whole duration; the steps that use the views run in order on one stream.
+    unsafe { RawMut::from_raw(addr, len, dtype) }
+}
+
+/// A readable view, as [`out_view`].
+fn in_view(addr: u64, len: usize, dtype: DType) -> RawRef<'static> {
+    // SAFETY: as in `out_view`, inside the validated input of the call or the scratch row.
+    unsafe { RawRef::from_raw(addr, len, dtype) }
+}
+
+impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
+    /// Composes the node's IPC collective `local` (rank `layout.local_rank(rank)` of `L`) and
+    /// the cross-node transport `cross` (rank `layout.node(rank)` of `N`).
+    pub fn new(
+        layout: NodeLayout,
+        rank: usize,
+        local: I,
+        routes: RouteTable,
+        cross: T,
+        scratch: Box<dyn Scratch>,
+    ) -> Result<Self, Error> {
+        let bad = |what: &str, got: usize, want: usize| {
+            Err(Error::InvalidConfig { detail: format!("hierarchical route: {what} is {got}, expected {want}") })
+        };
+        if local.world_size() != layout.local || local.rank() != layout.local_rank(rank) {
+            return bad("the node collective's world", local.world_size(), layout.local);
+        }
+        if cross.world_size() != layout.nodes || cross.rank() != layout.node(rank) {
+            return bad("the cross-node transport's world", cross.world_size(), layout.nodes);
+        }
+        let routes = routes.without_transport().for_world(layout.local);
+        Ok(Nodes { layout, rank, local, routes, cross, scratch })
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> NodeLayout {
+        self.layout
+    }
+
+    fn route(&self, op: Op, bytes: usize) -> Result<IpcRoute, Error> {
+        self.routes.ipc_route(op, bytes).ok_or_else(|| Error::InvalidConfig {
+            detail: format!("hierarchical route: no IPC route for {op} of {bytes} bytes inside the node"),
+        })
+    }
+
+    /// One single-lane call by the hierarchical route.
+    pub(crate) fn dispatch(&self, op: Op, io: Io<'_>, via: &impl Via<I, T>) -> Result<(), Error> {
+        let world = self.layout.world();
+        let call = validate(op, &io, self.rank, world, usize::MAX)?;
+        match op {
+            Op::AllReduce => self.all_reduce(call, via),
+            Op::AllGather => self.all_gather(call, via),
+            Op::ReduceScatter => self.reduce_scatter_lane(call.src, call.dst, call.count_out, call.dtype, via),
+            Op::ReduceScatterMany => self.reduce_scatter_many(&[io], via),
+        }
+    }
+
+    fn all_reduce(&self, call: Call, via: &impl Via<I, T>) -> Result<(), Error> {
+        let (l, size, dtype) = (self.layout.local, call.dtype.size(), call.dtype);
+        let n = call.count_in;
+        let main = n / l * l;
+        let shard = main / l;
+        let me = self.layout.local_rank(self.rank);
+        if main > 0 {
+            let mine = at(call.dst, me * shard, size);
+            let rs = self.route(Op::ReduceScatter, main * size)?;
+            if call.in_place {
+                let whole = out_view(call.dst, main, dtype);
+                via.ipc(&self.local, Op::ReduceScatter, Io::InPlace(whole), rs)?;
+            } else {
+                let input = in_view(call.src, main, dtype);
+                let output = out_view(mine, shard, dtype);
+                via.ipc(&self.local, Op::ReduceScatter, Io::OutOfPlace { input, output }, rs)?;
+            }
+            let partial = out_view(mine, shard, dtype);
+            via.transport(&self.cross, Op::AllReduce, Io::InPlace(partial))?;
+            let ag = self.route(Op::AllGather, shard * size)?;
+            let whole = out_view(call.dst, main, dtype);
+            via.ipc(&self.local, Op::AllGather, Io::InPlace(whole), ag)?;
+        }
+        let tail = n - main;
+        if tail > 0 {
+            let out = at(call.dst, main, size);
+            let ar = self.route(Op::AllReduce, tail * size)?;
+            let io = if call.in_place {
+                Io::InPlace(out_view(out, tail, dtype))
+            } else {
+                Io::OutOfPlace {
+                    input: in_view(at(call.src, main, size), tail, dtype),
+                    output: out_view(out, tail, dtype),
+                }
+            };
+            via.ipc(&self.local, Op::AllReduce, io, ar)?;
+            via.transport(&self.cross, Op::AllReduce, Io::InPlace(out_view(out, tail, dtype)))?;
+        }
+        Ok(())
+    }
+
+    fn all_gather(&self, call: Call, via: &impl Via<I, T>) -> Result<(), Error> {
+        let (l, size, dtype) = (self.layout.local, call.dtype.size(), call.dtype);
+        let k = call.count_in;
+        if k == 0 {
+            return Ok(());
+        }
+        let node = self.layout.node(self.rank);
+        let block = at(call.dst, node * l * k, size);
+        let ag = self.route(Op::AllGather, k * size)?;
+        let io = if call.in_place {
+            Io::InPlace(out_view(block, l * k, dtype))
+        } else {
+            Io::OutOfPlace { input: in_view(call.src, k, dtype), output: out_view(block, l * k, dtype) }
+        };
+        via.ipc(&self.local, Op::AllGather, io, ag)?;
+        // The whole output; this node's block is at position `node`.
+        let whole = out_view(call.dst, self.layout.world() * k, dtype);
+        via.transport(&self.cross, Op::AllGather, Io::InPlace(whole))
+    }
+
+    /// One reduce_scatter lane: `W * k` elements at `src`, this rank's `k` to `dst`.
+    fn reduce_scatter_lane(
+        &self,
+        src: u64,
+        dst: u64,
+        k: usize,
+        dtype: DType,
+        via: &impl Via<I, T>,
+    ) -> Result<(), Error> {
+        let (l, n, size) = (self.layout.local, self.layout.nodes, dtype.size());
+        if k == 0 {
+            return Ok(());
+        }
+        let row_bytes = n.checked_mul(k).and_then(|e| e.checked_mul(size)).ok_or(Error::SizeOverflow {
+            op: Op::ReduceScatter,
+            argument: "input",
+            len: k,
+        })?;
+        let row = self.scratch.region(row_bytes)?;
+        let nodes: Vec<usize> = (0..n).collect();
+        for group in nodes.chunks(MAX_LANES) {
+            // Node block `m` of the input into slot `m` of the scratch row.
+            let lanes: Vec<Io<'_>> = group
+                .iter()
+                .map(|&m| Io::OutOfPlace {
+                    input: in_view(at(src, m * l * k, size), l * k, dtype),
+                    output: out_view(at(row, m * k, size), k, dtype),
+                })
+                .collect();
+            let route = self.route(Op::ReduceScatterMany, group.len() * l * k * size)?;
+            via.ipc_many(&self.local, &lanes, route)?;
+        }
+        let io = Io::OutOfPlace { input: in_view(row, n * k, dtype), output: out_view(dst, k, dtype) };
+        via.transport(&self.cross, Op::ReduceScatter, io)
+    }
+
+    /// reduce_scatter_many: every lane validated first, then each by
+    /// [`Nodes::reduce_scatter_lane`].
+    pub(crate) fn reduce_scatter_many(&self, lanes: &[Io<'_>], via: &impl Via<I, T>) -> Result<(), Error> {
+        let (calls, _) = validate_many(lanes, self.rank, self.layout.world(), usize::MAX)?;
+        for c in calls.iter() {
+            self.reduce_scatter_lane(c.call.src, c.call.dst, c.call.count_out, c.call.dtype, via)?;
+        }
+        Ok(())
+    }
+
+    /// Graph capture when both backends support it; the largest call the cross step allows
+    /// (an all_gather sends `L` times its input across).
+    pub(crate) fn capabilities(&self) -> Capabilities {
+        let (a, b) = (self.local.capabilities(), self.cross.capabilities());
+        let graph = a.supports_graph_capture && b.supports_graph_capture;
+        Capabilities::strict(b.max_call_bytes, graph).with_max_call_bytes(b.max_call_bytes / self.layout.local)
+    }
+
+    pub(crate) fn check(&self) -> Result<(), Error> {
+        self.local.check()?;
+        self.cross.check()
+    }
+
+    pub(crate) fn synchronize(&self, stream: &I::Stream) -> Result<(), Error> {
+        self.local.synchronize(stream)?;
+        self.cross.check()
+    }
+
+    pub(crate) fn close(&self) -> Result<(), Error> {
+        let a = self.local.close();
+        let b = self.cross.close();
+        a.and(b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NodeLayout;
+
+    #[test]
+    fn layouts_the_hierarchical_route_serves() {
+        let l = |hosts: &[&str]| NodeLayout::of_hosts(hosts);
+        assert_eq!(l(&["a", "a", "b", "b"]), Some(NodeLayout { nodes: 2, local: 2 }));
+        assert_eq!(
+            l(&["a", "a", "a", "a", "b", "b", "b", "b", "c", "c", "c", "c"]),
+            Some(NodeLayout { nodes: 3, local: 4 })
+        );
+        // One host, one rank per node, uneven, not node-major, not a power of two, too many.
+        assert_eq!(l(&["a", "a"]), None);
+        assert_eq!(l(&["a", "b"]), None);
+        assert_eq!(l(&["a", "a", "b"]), None);
+        assert_eq!(l(&["a", "a", "b", "b", "a", "a"]), None);
+        assert_eq!(l(&["a", "a", "a", "b", "b", "b"]), None);
+        assert_eq!(l(&[["a"; 16], ["b"; 16]].concat()), None);
+        assert_eq!(l(&[]), None);
+    }
+}

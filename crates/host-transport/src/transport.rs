@@ -1,0 +1,205 @@
+//! [`HostTransport`]: one `all_gather_bytes` of the bootstrap per call, then `fixed-tree`.
+use crate::tree::reduce_rows;
+use collective_core::bootstrap::Bootstrap;
+use collective_core::{Call, Capabilities, Collective, Error, Io, Op, Route, Signature, validate, validate_many};
+use std::sync::{Arc, Mutex};
+
+/// Bytes of the signature that prefixes every contribution.
+const SIG_BYTES: usize = 16;
+/// The bootstrap's largest frame (rank 0 sends every contribution in one): a rank contributes
+/// at most this over the world size.
+const MAX_FRAME: usize = 1 << 30;
+
+/// A transport over `boot`: host memory, synchronous calls (`Stream = ()`), one call at a time
+/// per handle (the ranks' exchanges must come in the same order). See the crate docs.
+#[derive(Debug)]
+pub struct HostTransport {
+    boot: Arc<dyn Bootstrap>,
+    rank: usize,
+    world: usize,
+    capacity: usize,
+    /// Held for a whole call; the first failure's cause once poisoned.
+    state: Mutex<Option<String>>,
+}
+
+impl HostTransport {
+    /// The transport of this rank of `boot` (every rank builds it; nothing is exchanged
+    /// until the first call).
+    pub fn new(boot: Arc<dyn Bootstrap>) -> Result<Self, Error> {
+        let (rank, world) = (boot.rank(), boot.world_size());
+        collective_core::check_world_size(world)?;
+        let capacity = (MAX_FRAME / world).saturating_sub(SIG_BYTES + 64);
+        Ok(HostTransport { boot, rank, world, capacity, state: Mutex::new(None) })
+    }
+
+    /// Runs `body` as this handle's one call: refused once poisoned, poisons on a failure
+    /// that leaves the ranks' exchanges out of step.
+    fn call(&self, body: impl FnOnce() -> Result<(), Error>) -> Result<(), Error> {
+        let mut state = self
+            .state
+            .lock()
+            .map_err(|_| Error::Poisoned { cause: "a thread panicked inside a call of this handle".into() })?;
+        if let Some(cause) = state.as_ref() {
+            return Err(Error::Poisoned { cause: cause.clone() });
+        }
+        let r = body();
+        if let Err(e) = &r
+            && e.poisons()
+        {
+            *state = Some(e.to_string());
+        }
+        r
+    }
+
+    /// Every rank's contribution (`payload` is this rank's), in rank order, after checking that
+    /// every rank made the same call.
+    fn exchange(&self, sig: Signature, payload: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
+        let mut mine = Vec::with_capacity(SIG_BYTES + payload.len());
+        for w in sig.pack() {
+            mine.extend_from_slice(&w.to_le_bytes());
+        }
+        mine.extend_from_slice(payload);
+        let all = self.boot.all_gather_bytes(&mine)?;
+        let mut rows = Vec::with_capacity(all.len());
+        for (peer, mut row) in all.into_iter().enumerate() {
+            let theirs = (row.len() >= SIG_BYTES)
+                .then(|| {
+                    let w = |i: usize| u64::from_le_bytes(row[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+                    Signature::unpack([w(0), w(1)])
+                })
+                .flatten();
+            match theirs {
+                Some(t) if t == sig && row.len() == mine.len() => {}
+                Some(t) => return Err(Error::SignatureMismatch { peer, ours: sig, theirs: t }),
+                None => {
+                    return Err(Error::ConfigMismatch {
+                        detail: format!("rank {peer} sent the host transport a contribution it cannot read"),
+                    });
+                }
+            }
+            row.drain(..SIG_BYTES);
+            rows.push(row);
+        }
+        Ok(rows)
+    }
+
+    fn signature(call: &Call) -> Signature {
+        Signature { route: Route::Transport, ..call.signature() }
+    }
+
+    /// A validated all_reduce (`at` 0) or reduce_scatter (`at`: this rank's shard): every
+    /// rank's whole input, then the tree over elements `at..` into the output.
+    fn reduce(&self, call: Call, at: usize) -> Result<(), Error> {
+        self.call(|| {
+            // SAFETY: the validated views of this call.
+            let mine = unsafe { bytes(call.src, call.bytes_in()) }.to_vec();
+            let rows = self.exchange(Self::signature(&call), &mine)?;
+            let views: Vec<&[u8]> = rows.iter().map(Vec::as_slice).collect();
+            // SAFETY: as above; the input has been copied.
+            reduce_rows(call.dtype, &views, at, unsafe { bytes_mut(call.dst, call.bytes_out()) })
+        })
+    }
+}
+
+/// The `bytes` bytes at `addr` of host memory.
+///
+/// # Safety
+/// A validated view of this call: readable for its length during the call.
+unsafe fn bytes<'a>(addr: u64, bytes: usize) -> &'a [u8] {
+    if bytes == 0 {
+        return &[];
+    }
+    // SAFETY: the caller's view (validated: in bounds, no wrap).
+    unsafe { std::slice::from_raw_parts(addr as *const u8, bytes) }
+}
+
+/// As [`bytes`], writable.
+///
+/// # Safety
+/// A validated output view of this call, borrowed uniquely by it, not overlapping what the
+/// call still reads.
+unsafe fn bytes_mut<'a>(addr: u64, bytes: usize) -> &'a mut [u8] {
+    if bytes == 0 {
+        return &mut [];
+    }
+    // SAFETY: as above.
+    unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, bytes) }
+}
+
+impl Collective for HostTransport {
+    type Stream = ();
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.world
+    }
+    fn capabilities(&self) -> Capabilities {
+        // Synchronous host calls: nothing to capture in a graph.
+        Capabilities::strict(self.capacity, false)
+    }
+    fn route(&self, _op: Op, _bytes: usize) -> Route {
+        if self.world == 1 { Route::Local } else { Route::Transport }
+    }
+
+    fn all_gather(&self, io: Io<'_>, _: &()) -> Result<(), Error> {
+        let call = validate(Op::AllGather, &io, self.rank, self.world, self.capacity)?;
+        self.call(|| {
+            // SAFETY: validated views of this call (here and below).
+            let mine = unsafe { bytes(call.src, call.bytes_in()) }.to_vec();
+            let rows = self.exchange(Self::signature(&call), &mine)?;
+            // SAFETY: as above; the input has been copied (in place, it is this rank's chunk).
+            let out = unsafe { bytes_mut(call.dst, call.bytes_out()) };
+            for (chunk, row) in out.chunks_exact_mut(call.bytes_in().max(1)).zip(&rows) {
+                chunk.copy_from_slice(row);
+            }
+            Ok(())
+        })
+    }
+
+    fn all_reduce(&self, io: Io<'_>, _: &()) -> Result<(), Error> {
+        let call = validate(Op::AllReduce, &io, self.rank, self.world, self.capacity)?;
+        self.reduce(call, 0)
+    }
+
+    fn reduce_scatter(&self, io: Io<'_>, _: &()) -> Result<(), Error> {
+        let call = validate(Op::ReduceScatter, &io, self.rank, self.world, self.capacity)?;
+        self.reduce(call, self.rank * call.count_out)
+    }
+
+    fn reduce_scatter_many(&self, lanes: &[Io<'_>], _: &()) -> Result<(), Error> {
+        let (calls, sig) = validate_many(lanes, self.rank, self.world, self.capacity)?;
+        self.call(|| {
+            let mut mine = Vec::new();
+            for l in calls.iter() {
+                // SAFETY: as in `all_gather`.
+                mine.extend_from_slice(unsafe { bytes(l.call.src, l.call.bytes_in()) });
+            }
+            let rows = self.exchange(Signature { route: Route::Transport, ..sig }, &mine)?;
+            let mut at = 0usize;
+            for l in calls.iter() {
+                let c = l.call;
+                let views: Vec<&[u8]> = rows.iter().map(|r| &r[at..at + c.bytes_in()]).collect();
+                // SAFETY: as above; lanes do not overlap (validated).
+                let out = unsafe { bytes_mut(c.dst, c.bytes_out()) };
+                reduce_rows(c.dtype, &views, self.rank * c.count_out, out)?;
+                at += c.bytes_in();
+            }
+            Ok(())
+        })
+    }
+
+    fn check(&self) -> Result<(), Error> {
+        match self.state.lock() {
+            Ok(s) => s.as_ref().map_or(Ok(()), |cause| Err(Error::Poisoned { cause: cause.clone() })),
+            Err(_) => Err(Error::Poisoned { cause: "a thread panicked inside a call of this handle".into() }),
+        }
+    }
+    fn synchronize(&self, _: &()) -> Result<(), Error> {
+        self.check()
+    }
+    fn close(&self) -> Result<(), Error> {
+        Ok(())
+    }
+}
