@@ -120,8 +120,8 @@ impl E2eLayer {
 /// `cargo xtask bench` arguments. Sizes are per-rank input bytes (see `SIZE_CONVENTION`).
 #[derive(Debug, Clone, PartialEq, Eq, Args, Serialize)]
 pub struct BenchArgs {
-    /// Ranks to start (1 to 8). Ignored when RANK/WORLD_SIZE are set (torchrun/mpirun
-    /// started this process as one rank).
+    /// Ranks to start (1 to 8 on one host; more with --virtual-nodes). Ignored when
+    /// RANK/WORLD_SIZE are set (torchrun/mpirun started this process as one rank).
     #[arg(long, default_value_t = DEFAULT_NPROC, value_parser = parse_world)]
     pub nproc: usize,
 
@@ -168,6 +168,14 @@ pub struct BenchArgs {
     /// Run the ranks as threads of this process instead of one process per rank.
     #[arg(long)]
     pub threads: bool,
+
+    /// Spread the ranks over N simulated hosts (processes, CPU twin): each gets
+    /// DETCOLL_HOST_ID=virtual-node-<n> and its node's LOCAL_RANK/LOCAL_WORLD_SIZE, so the
+    /// world routes as across hosts (hierarchical with 2/4/8 ranks per node, else the flat
+    /// transport route). Needed above 8 ranks.
+    #[arg(long, value_parser = parse_positive)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub virtual_nodes: Option<usize>,
 
     /// Measure this build even when it is unoptimised (by default a debug xtask — run
     /// without the `cargo xtask` alias, which builds release — builds the release xtask and
@@ -311,6 +319,23 @@ impl BenchArgs {
             self.size_bytes = if gpu { default_gpu_sizes() } else { default_cpu_sizes() };
         }
         self
+    }
+
+    /// Checks the world the launch makes: above 8 ranks (one IPC world) only on virtual
+    /// nodes, which are processes of the CPU twin spread evenly.
+    pub fn check_world(&self) -> anyhow::Result<()> {
+        match self.virtual_nodes {
+            None if self.nproc > collective_core::MAX_NODE_WORLD_SIZE => anyhow::bail!(
+                "--nproc {}: one host runs at most {} ranks in one IPC world; spread them over nodes with --virtual-nodes",
+                self.nproc,
+                collective_core::MAX_NODE_WORLD_SIZE
+            ),
+            Some(n) if self.nproc % n != 0 => {
+                anyhow::bail!("--virtual-nodes {n}: {} ranks do not spread evenly over {n} nodes", self.nproc)
+            }
+            Some(_) if self.threads => anyhow::bail!("--virtual-nodes runs ranks as processes, not --threads"),
+            _ => Ok(()),
+        }
     }
 
     /// Checks that every (operation, size) divides evenly for `world` ranks in this dtype.
@@ -495,11 +520,17 @@ pub(crate) mod tests {
     #[test]
     fn bad_values_are_rejected() {
         assert!(parse(&["--nproc", "0"]).is_err());
-        assert!(parse(&["--nproc", "9"]).is_err());
-        assert!(parse(&["--nproc", "16"]).is_err());
+        assert!(parse(&["--nproc", "5000"]).is_err());
         for w in 1..=8 {
             assert!(parse(&["--nproc", &w.to_string()]).is_ok(), "--nproc {w}");
+            assert!(parse(&["--nproc", &w.to_string()]).unwrap().check_world().is_ok(), "--nproc {w}");
         }
+        // Above 8 ranks: only on virtual nodes, spread evenly, as processes.
+        assert!(parse(&["--nproc", "16"]).unwrap().check_world().is_err());
+        assert!(parse(&["--nproc", "16", "--virtual-nodes", "2"]).unwrap().check_world().is_ok());
+        assert!(parse(&["--nproc", "12", "--virtual-nodes", "5"]).unwrap().check_world().is_err());
+        assert!(parse(&["--nproc", "16", "--virtual-nodes", "2", "--threads"]).unwrap().check_world().is_err());
+        assert!(parse(&["--virtual-nodes", "0"]).is_err());
         assert!(parse(&["--dtype", "f64"]).is_err());
         assert!(parse(&["--operations", "broadcast"]).is_err());
         assert!(parse(&["--size-bytes", "12X"]).is_err());

@@ -200,6 +200,7 @@ pub fn main(args: BenchArgs, frontend: &Frontend) -> anyhow::Result<ExitCode> {
         return rank_main(args, frontend);
     }
     // The GPU defaults include the CPU ones: checked before the backend is known.
+    args.check_world()?;
     args.clone().or_default_sizes(true).check_shapes(args.nproc)?;
     if cfg!(debug_assertions) && !args.debug_build {
         match frontend.release {
@@ -216,12 +217,17 @@ pub fn main(args: BenchArgs, frontend: &Frontend) -> anyhow::Result<ExitCode> {
         return run_threads(&args, resolved, frontend.tool);
     }
     anyhow::ensure!(resolved != Resolved::Memory, "--backend memory runs with --threads only");
+    anyhow::ensure!(
+        args.virtual_nodes.is_none() || resolved == Resolved::CpuTwin,
+        "--virtual-nodes simulates hosts with the CPU twin (--backend cpu): GPU ranks on one host cannot have a transport between them"
+    );
     let exe = std::env::current_exe().context("locating this executable to start the ranks")?;
     let mut rank_args = args.clone();
     rank_args.backend = resolved.choice();
     let mut spec = detcoll_launch::LaunchSpec::new(args.nproc, exe)
         .args(std::iter::once(RANK_COMMAND.to_owned()).chain(rank_args.to_cli_args()))
         .env(LAUNCH_ENV, "processes");
+    spec.virtual_nodes = args.virtual_nodes;
     if resolved == Resolved::Cuda && args.nproc > cuda::device_count() {
         eprintln!(
             "[bench] {} ranks on {} GPU(s): ranks share GPUs, which runs concurrently only under MPS \
