@@ -23,7 +23,9 @@ pub struct Routed<I, T> {
     transport: Option<T>,
     /// The hierarchical route's backends (several nodes): this node's IPC collective and the
     /// transport across nodes.
-    nodes: Option<Nodes<I, T>>,
+    /// Boxed: a node's backends are as large as the rest of the handle, and one-node handles
+    /// should not carry their space.
+    nodes: Option<Box<Nodes<I, T>>>,
     /// Held for the whole of every single-lane call: a call routed to the hybrid makes two
     /// backend calls (IPC reduce_scatter, transport all_gather), which another thread's call
     /// on this handle must not come between (each backend would see another order than the
@@ -60,13 +62,13 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
 
     /// With the hierarchical route's backends (what the table's `hierarchical` ranges run on).
     pub fn with_nodes(mut self, nodes: Nodes<I, T>) -> Self {
-        self.nodes = Some(nodes);
+        self.nodes = Some(Box::new(nodes));
         self
     }
 
     /// The hierarchical route's backends, or why a call routed to them cannot run.
     pub(crate) fn nodes_backend(&self) -> Result<&Nodes<I, T>, Error> {
-        self.nodes.as_ref().ok_or(Error::InvalidConfig { detail: "no hierarchical backends (one node)".into() })
+        self.nodes.as_deref().ok_or(Error::InvalidConfig { detail: "no hierarchical backends (one node)".into() })
     }
 
     /// `reduce_scatter_many` by the hierarchical route: several backend calls, held together
@@ -81,7 +83,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
 
     /// The hierarchical route's backends, if built (several nodes).
     pub fn nodes(&self) -> Option<&Nodes<I, T>> {
-        self.nodes.as_ref()
+        self.nodes.as_deref()
     }
 
     /// The IPC backend, or why a call routed to it cannot run.
