@@ -241,9 +241,14 @@ fn child() {
     let ctx = CudaContext::new(0).expect("context");
     // The node's IPC collective as the factory configures it: the table is its route policy.
     let node_routing = Routing::default_for_world(Platform::Nvidia, local);
+    // Every virtual node's IPC world shares this one GPU: the engine gives each rank of a world
+    // 1/L of the SMs, which two worlds at once oversubscribe (the first 2x8 run: a ready-flag
+    // timeout, typed, at 256 KiB). Split the SMs over all the ranks instead.
+    let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).expect("SMs");
     let config = CudaIpcConfig::new(1 << 22)
         .with_routes(node_routing.route_table().clone())
-        .with_ll_capacity(node_routing.ll_capacity(detcoll_protocol::DEFAULT_LL_CAPACITY));
+        .with_ll_capacity(node_routing.ll_capacity(detcoll_protocol::DEFAULT_LL_CAPACITY))
+        .with_max_blocks((sms as usize / world).max(1));
     let local_comm: CudaIpcCollective = cuda_ipc::new(Box::new(node_boot), &ctx, &config).expect("node collective");
     let cross = Staged { ctx: ctx.clone(), host: HostTransport::new(Arc::new(cross_boot)).expect("host transport") };
     let routing = node_routing.across_nodes();
