@@ -30,6 +30,7 @@ use std::time::Duration;
 
 mod deadline;
 pub mod env;
+mod fds;
 mod local;
 mod split;
 mod tcp;
@@ -38,6 +39,7 @@ mod wire;
 
 pub use deadline::MAX_BOOTSTRAP_TIMEOUT;
 pub use env::TorchrunEnv;
+pub use fds::reserve_descriptors;
 pub use local::LocalBootstrap;
 pub use split::{GroupTransport, SplitEntry, SplitOptions, SubBootstrap, group_members, split, split_with};
 pub use tcp::{HANDSHAKE_TIMEOUT, MAX_PENDING_HANDSHAKES, TcpBootstrap, TcpConfig};
