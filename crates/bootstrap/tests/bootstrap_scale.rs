@@ -15,7 +15,7 @@
 //! the split for 8 to 1024 ranks:
 //!
 //! ```text
-//! cargo test --release -p collective-core --test bootstrap_scale -- --ignored --nocapture
+//! cargo test --release -p detcoll-bootstrap --test bootstrap_scale -- --ignored --nocapture
 //! ```
 
 use std::io::{ErrorKind, Read, Write};
@@ -24,7 +24,7 @@ use std::sync::{Barrier, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use collective_core::bootstrap::{
+use detcoll_bootstrap::{
     Bootstrap, BootstrapError, GroupTransport, SplitOptions, SubBootstrap, TcpBootstrap, TcpConfig,
     reserve_descriptors, split_with,
 };
@@ -342,7 +342,7 @@ fn measure(world: usize) -> Times {
 }
 
 #[test]
-#[ignore = "a measurement: cargo test --release -p collective-core --test bootstrap_scale -- --ignored --nocapture"]
+#[ignore = "a measurement: cargo test --release -p detcoll-bootstrap --test bootstrap_scale -- --ignored --nocapture"]
 fn measure_control_plane() {
     reserve_descriptors(fds_needed(WORLD)).unwrap();
     println!("| ranks | rendezvous | all_gather (300-499 B/rank) | split rank/8 | split rank%8 |");

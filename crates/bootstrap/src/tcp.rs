@@ -31,7 +31,7 @@
 //! not held back by a full queue.
 //!
 //! Timeouts are more than zero and at most
-//! [`MAX_BOOTSTRAP_TIMEOUT`](super::MAX_BOOTSTRAP_TIMEOUT) (one day; anything else is
+//! [`MAX_BOOTSTRAP_TIMEOUT`](crate::MAX_BOOTSTRAP_TIMEOUT) (one day; anything else is
 //! [`BootstrapError::InvalidConfig`]), and deadlines never overflow.
 //!
 //! `all_gather_bytes`: each other rank sends one length-prefixed frame carrying the exchange
@@ -57,13 +57,11 @@ use std::sync::{Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::deadline::{check_timeout, deadline as deadline_after};
-use super::fds::{self, RESERVED_FDS, fd_limit, open_fds};
-use super::token::{self, DIGEST_LEN};
-use super::wire::{self, DeadlineReader, Frame, Kind, ReadError};
-use super::{
-    Bootstrap, BootstrapError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_EXCHANGE_TIMEOUT, TorchrunEnv, validate_layout,
-};
+use crate::deadline::{check_timeout, deadline as deadline_after};
+use crate::fds::{self, RESERVED_FDS, fd_limit, open_fds};
+use crate::token::{self, DIGEST_LEN};
+use crate::wire::{self, DeadlineReader, Frame, Kind, ReadError};
+use crate::{Bootstrap, BootstrapError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_EXCHANGE_TIMEOUT, validate_layout};
 
 /// The longest rank 0 waits for one connection's whole hello after it accepted it (less when
 /// its connect deadline is nearer). A real rank answers within a round trip; anything slower is
@@ -95,13 +93,13 @@ pub struct TcpConfig {
     /// Rank 0's port (not 0).
     pub master_port: u16,
     /// How long non-zero ranks retry connecting, and how long rank 0 waits for all of them
-    /// (more than zero, at most [`MAX_BOOTSTRAP_TIMEOUT`](super::MAX_BOOTSTRAP_TIMEOUT)).
+    /// (more than zero, at most [`MAX_BOOTSTRAP_TIMEOUT`](crate::MAX_BOOTSTRAP_TIMEOUT)).
     pub connect_timeout: Duration,
     /// How long one exchange waits for every rank's contribution (more than zero, at most
-    /// [`MAX_BOOTSTRAP_TIMEOUT`](super::MAX_BOOTSTRAP_TIMEOUT)).
+    /// [`MAX_BOOTSTRAP_TIMEOUT`](crate::MAX_BOOTSTRAP_TIMEOUT)).
     pub exchange_timeout: Duration,
     /// The job identity every rank proves in its handshake (`DETCOLL_JOB_TOKEN`; 1 to
-    /// [`MAX_TOKEN_LEN`](super::MAX_TOKEN_LEN) bytes). `None` derives one from `master_addr` and
+    /// [`MAX_TOKEN_LEN`](crate::MAX_TOKEN_LEN) bytes). `None` derives one from `master_addr` and
     /// `master_port` (see [`TcpConfig::job_token_or_default`]), which separates jobs at different
     /// addresses but is no secret: set a secret token on networks shared with untrusted users.
     pub job_token: Option<String>,
@@ -231,27 +229,11 @@ impl fmt::Debug for TcpBootstrap {
 }
 
 impl TcpBootstrap {
-    /// From the torchrun variables `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`,
-    /// `MASTER_ADDR`, `MASTER_PORT` (see [`TorchrunEnv`]). `DETCOLL_BOOTSTRAP_TIMEOUT_MS`, when
-    /// set, is used for both the connect and the per-exchange timeout; defaults are 60 000 ms to
-    /// connect and 30 000 ms per exchange.
-    ///
-    /// ```no_run
-    /// use collective_core::bootstrap::{Bootstrap, TcpBootstrap};
-    /// // Under torchrun, mpirun wrappers or `detcoll-run --nproc 2 -- ...`:
-    /// let boot = TcpBootstrap::from_env().expect("rendezvous");
-    /// let all = boot.all_gather_bytes(&[boot.rank() as u8]).expect("exchange");
-    /// assert_eq!(all.len(), boot.world_size());
-    /// ```
-    pub fn from_env() -> Result<Self, BootstrapError> {
-        Self::new(TorchrunEnv::from_env()?.tcp_config())
-    }
-
     /// Joins (or, on rank 0, serves) the rendezvous. Returns when every rank has connected, or
     /// with the error that made the group fail.
     ///
     /// ```no_run
-    /// use collective_core::bootstrap::{TcpBootstrap, TcpConfig};
+    /// use detcoll_bootstrap::{TcpBootstrap, TcpConfig};
     /// let cfg = TcpConfig::single_host(1, 2, "127.0.0.1", 29500).with_job_token("a secret");
     /// let boot = TcpBootstrap::new(cfg).expect("rank 0 serves at 127.0.0.1:29500");
     /// # let _ = boot;
@@ -262,7 +244,7 @@ impl TcpBootstrap {
 
     /// Like [`TcpBootstrap::new`] on rank 0 of `cfg`, serving on an already bound `listener`
     /// (`split` binds an ephemeral port before it can publish it). Other ranks ignore it.
-    pub(super) fn with_listener(cfg: TcpConfig, listener: TcpListener) -> Result<Self, BootstrapError> {
+    pub(crate) fn with_listener(cfg: TcpConfig, listener: TcpListener) -> Result<Self, BootstrapError> {
         Self::start(cfg, Some(listener))
     }
 
@@ -517,7 +499,7 @@ fn read_failure(rank: usize, e: ReadError, waited: Duration, what: &'static str)
 // ---------------------------------------------------------------------------------------------
 // Rank 0
 
-pub(super) fn bind_listener(cfg: &TcpConfig) -> Result<TcpListener, BootstrapError> {
+pub(crate) fn bind_listener(cfg: &TcpConfig) -> Result<TcpListener, BootstrapError> {
     let addr = cfg.addr();
     let host = cfg.host();
     let port = cfg.master_port;

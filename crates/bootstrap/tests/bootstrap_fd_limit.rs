@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use collective_core::bootstrap::{Bootstrap, TcpBootstrap, TcpConfig};
+use detcoll_bootstrap::{Bootstrap, TcpBootstrap, TcpConfig};
 
 const ADDR: &str = "127.0.0.1";
 const TOKEN: &str = "fd-limit-job";

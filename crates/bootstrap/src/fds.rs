@@ -9,18 +9,18 @@
 //! [`BootstrapError::InvalidConfig`] naming the limit, instead of waiting out its connect
 //! timeout with ranks it cannot take in.
 
-use super::BootstrapError;
+use crate::BootstrapError;
 
 /// Descriptors left free beyond the counted ones (the rest of the process may open files
 /// meanwhile).
-pub(super) const RESERVED_FDS: usize = 32;
+pub(crate) const RESERVED_FDS: usize = 32;
 
 /// Makes room in this process for `count` more descriptors than it has open now (and a small
 /// reserve): raises the soft `RLIMIT_NOFILE` as far as that needs, up to the hard limit.
 /// [`BootstrapError::InvalidConfig`] when the hard limit is too low, naming it and how to raise
 /// it.
 ///
-/// Rank 0 of a [`TcpBootstrap`](super::TcpBootstrap) does this for its world itself. Call it
+/// Rank 0 of a [`TcpBootstrap`](crate::TcpBootstrap) does this for its world itself. Call it
 /// in a process that holds many connections besides, e.g. one that runs many ranks as threads
 /// (both ends of every connection are then in the process).
 pub fn reserve_descriptors(count: usize) -> Result<(), BootstrapError> {
@@ -30,7 +30,7 @@ pub fn reserve_descriptors(count: usize) -> Result<(), BootstrapError> {
 /// Raises the soft limit to make room for `wanted` more descriptors if the hard limit allows
 /// (else to the hard limit); `Err` when not even `required` more fit. `what` names what they
 /// are for, in the error.
-pub(super) fn ensure(required: usize, wanted: usize, what: &str) -> Result<(), BootstrapError> {
+pub(crate) fn ensure(required: usize, wanted: usize, what: &str) -> Result<(), BootstrapError> {
     let Some(open) = open_fds() else { return Ok(()) };
     let need = |count: usize| open.saturating_add(count).saturating_add(RESERVED_FDS);
     match raise_soft_limit(need(wanted.max(required))) {
@@ -80,18 +80,18 @@ fn raise_soft_limit(_want: usize) -> Option<(usize, usize)> {
 
 /// The soft `RLIMIT_NOFILE`, if finite.
 #[cfg(unix)]
-pub(super) fn fd_limit() -> Option<usize> {
+pub(crate) fn fd_limit() -> Option<usize> {
     finite_limit().and_then(|rl| usize::try_from(rl.rlim_cur).ok())
 }
 
 #[cfg(not(unix))]
-pub(super) fn fd_limit() -> Option<usize> {
+pub(crate) fn fd_limit() -> Option<usize> {
     None
 }
 
 /// How many descriptors this process has open (not counting the one listing them), where the
 /// system lists them.
-pub(super) fn open_fds() -> Option<usize> {
+pub(crate) fn open_fds() -> Option<usize> {
     ["/proc/self/fd", "/dev/fd"]
         .iter()
         .find_map(|d| std::fs::read_dir(d).ok())
