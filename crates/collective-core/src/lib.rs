@@ -7,7 +7,8 @@
 //! * [`Collective`]: the one call shape every backend implements;
 //! * [`Capabilities`], [`Route`], [`Op`] and [`Signature`];
 //! * [`Error`] and [`validate`]: fail-closed checks done before any device work;
-//! * [`bootstrap`]: rank rendezvous;
+//! * [`bootstrap`]: rank rendezvous (the crate `detcoll-bootstrap`, re-exported; its errors
+//!   convert into [`Error`]);
 //! * [`env`](mod@env): fail-closed parsing of the `DETCOLL_*` environment variables;
 //! * [`Timeouts`]: the bounds on every wait for a peer;
 //! * [`RouteTable`]: the route policy (`op × bytes → route`) every backend looks up;
@@ -19,7 +20,6 @@
 //! ABI, the device traits) is the crate `detcoll-protocol`.
 #![deny(unsafe_op_in_unsafe_fn)]
 
-pub mod bootstrap;
 mod capabilities;
 mod collective;
 #[cfg(feature = "conformance")]
@@ -38,6 +38,10 @@ mod view;
 
 pub use capabilities::{Capabilities, REDUCTION_ORDER};
 pub use collective::{Collective, RouteSelect, ipc_route_for};
+/// Rank rendezvous: TCP with job tokens (torchrun variables), in-process groups, `split` into
+/// groups. The crate `detcoll-bootstrap`, at the bottom of detcoll's graph; its
+/// `BootstrapError` converts into [`Error::Bootstrap`].
+pub use detcoll_bootstrap as bootstrap;
 pub use dtype::{DType, Plain, Reducible};
 pub use error::Error;
 pub use fixed_tree;

@@ -24,6 +24,8 @@ pub const TIMEOUT_ENV: &str = "DETCOLL_TIMEOUT_MS";
 /// The largest bound `DETCOLL_TIMEOUT_MS` accepts: one day. Longer bounds are indistinguishable
 /// from a hang for every user, and the kernels carry the bound in nanoseconds.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+// The bootstrap's bound is the same day (its crate cannot name this one).
+const _: () = assert!(MAX_TIMEOUT.as_nanos() == crate::bootstrap::MAX_BOOTSTRAP_TIMEOUT.as_nanos());
 
 impl Timeouts {
     /// The defaults, overridden by `DETCOLL_TIMEOUT_MS` (both bounds) when it is set.

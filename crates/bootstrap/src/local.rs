@@ -4,8 +4,8 @@ use std::fmt;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::deadline::{check_timeout, deadline, timeout_problem};
-use super::{Bootstrap, BootstrapError, DEFAULT_LOCAL_TIMEOUT};
+use crate::deadline::{check_timeout, deadline, timeout_problem};
+use crate::{Bootstrap, BootstrapError, DEFAULT_LOCAL_TIMEOUT};
 
 const WHAT_EXCHANGE: &str = "join all_gather_bytes";
 /// How errors name the group's timeout.
@@ -49,7 +49,7 @@ struct State {
 struct Shared {
     world: usize,
     timeout: Duration,
-    /// Why `timeout` is unusable (zero, or above [`MAX_BOOTSTRAP_TIMEOUT`](super::MAX_BOOTSTRAP_TIMEOUT)):
+    /// Why `timeout` is unusable (zero, or above [`MAX_BOOTSTRAP_TIMEOUT`](crate::MAX_BOOTSTRAP_TIMEOUT)):
     /// every exchange then fails at once, on every rank alike, before anything is exchanged.
     invalid: Option<String>,
     state: Mutex<State>,
@@ -99,7 +99,7 @@ impl LocalBootstrap {
     /// per-exchange timeout [`DEFAULT_LOCAL_TIMEOUT`]. `world == 0` gives an empty vector.
     ///
     /// ```
-    /// use collective_core::bootstrap::{Bootstrap, LocalBootstrap};
+    /// use detcoll_bootstrap::{Bootstrap, LocalBootstrap};
     /// let boots = LocalBootstrap::group(3);
     /// std::thread::scope(|s| for b in &boots { s.spawn(move || {
     ///     let all = b.all_gather_bytes(&[b.rank() as u8]).unwrap();
@@ -114,7 +114,7 @@ impl LocalBootstrap {
     /// its own arrival).
     ///
     /// The timeout must be more than zero and at most
-    /// [`MAX_BOOTSTRAP_TIMEOUT`](super::MAX_BOOTSTRAP_TIMEOUT) (one day); with any other value
+    /// [`MAX_BOOTSTRAP_TIMEOUT`](crate::MAX_BOOTSTRAP_TIMEOUT) (one day); with any other value
     /// every exchange of every rank returns [`BootstrapError::InvalidConfig`] at once, before
     /// anything is exchanged. [`LocalBootstrap::try_group_with_timeout`] refuses it here instead.
     pub fn group_with_timeout(world: usize, timeout: Duration) -> Vec<LocalBootstrap> {
@@ -143,7 +143,7 @@ impl LocalBootstrap {
     }
 
     /// [`LocalBootstrap::group_with_timeout`], refusing a timeout that is zero or above
-    /// [`MAX_BOOTSTRAP_TIMEOUT`](super::MAX_BOOTSTRAP_TIMEOUT) with
+    /// [`MAX_BOOTSTRAP_TIMEOUT`](crate::MAX_BOOTSTRAP_TIMEOUT) with
     /// [`BootstrapError::InvalidConfig`].
     pub fn try_group_with_timeout(world: usize, timeout: Duration) -> Result<Vec<LocalBootstrap>, BootstrapError> {
         check_timeout(TIMEOUT_WHAT, timeout)?;

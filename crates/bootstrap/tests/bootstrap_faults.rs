@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use collective_core::bootstrap::{Bootstrap, BootstrapError, TcpBootstrap, TcpConfig};
+use detcoll_bootstrap::{Bootstrap, BootstrapError, TcpBootstrap, TcpConfig};
 
 const ADDR: &str = "127.0.0.1";
 const TOKEN: &str = "the-real-job";

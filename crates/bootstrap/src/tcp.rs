@@ -26,10 +26,12 @@
 //! `accept` runs out of descriptors, and with none to close accepting pauses (backing off)
 //! rather than spinning. Idle, trickling or flooding connections therefore neither delay the
 //! real ranks nor keep rank 0 past its deadline; when ranks are missing at the deadline,
-//! [`BootstrapError::MissingRanks`] lists them all.
+//! [`BootstrapError::MissingRanks`] lists them all. The listener's accept queue holds the
+//! whole world (up to the system's `somaxconn`), so a thousand ranks that start together are
+//! not held back by a full queue.
 //!
 //! Timeouts are more than zero and at most
-//! [`MAX_BOOTSTRAP_TIMEOUT`](super::MAX_BOOTSTRAP_TIMEOUT) (one day; anything else is
+//! [`MAX_BOOTSTRAP_TIMEOUT`](crate::MAX_BOOTSTRAP_TIMEOUT) (one day; anything else is
 //! [`BootstrapError::InvalidConfig`]), and deadlines never overflow.
 //!
 //! `all_gather_bytes`: each other rank sends one length-prefixed frame carrying the exchange
@@ -55,12 +57,11 @@ use std::sync::{Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::deadline::{check_timeout, deadline as deadline_after};
-use super::token::{self, DIGEST_LEN};
-use super::wire::{self, DeadlineReader, Frame, Kind, ReadError};
-use super::{
-    Bootstrap, BootstrapError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_EXCHANGE_TIMEOUT, TorchrunEnv, validate_layout,
-};
+use crate::deadline::{check_timeout, deadline as deadline_after};
+use crate::fds::{self, RESERVED_FDS, fd_limit, open_fds};
+use crate::token::{self, DIGEST_LEN};
+use crate::wire::{self, DeadlineReader, Frame, Kind, ReadError};
+use crate::{Bootstrap, BootstrapError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_EXCHANGE_TIMEOUT, validate_layout};
 
 /// The longest rank 0 waits for one connection's whole hello after it accepted it (less when
 /// its connect deadline is nearer). A real rank answers within a round trip; anything slower is
@@ -92,13 +93,13 @@ pub struct TcpConfig {
     /// Rank 0's port (not 0).
     pub master_port: u16,
     /// How long non-zero ranks retry connecting, and how long rank 0 waits for all of them
-    /// (more than zero, at most [`MAX_BOOTSTRAP_TIMEOUT`](super::MAX_BOOTSTRAP_TIMEOUT)).
+    /// (more than zero, at most [`MAX_BOOTSTRAP_TIMEOUT`](crate::MAX_BOOTSTRAP_TIMEOUT)).
     pub connect_timeout: Duration,
     /// How long one exchange waits for every rank's contribution (more than zero, at most
-    /// [`MAX_BOOTSTRAP_TIMEOUT`](super::MAX_BOOTSTRAP_TIMEOUT)).
+    /// [`MAX_BOOTSTRAP_TIMEOUT`](crate::MAX_BOOTSTRAP_TIMEOUT)).
     pub exchange_timeout: Duration,
     /// The job identity every rank proves in its handshake (`DETCOLL_JOB_TOKEN`; 1 to
-    /// [`MAX_TOKEN_LEN`](super::MAX_TOKEN_LEN) bytes). `None` derives one from `master_addr` and
+    /// [`MAX_TOKEN_LEN`](crate::MAX_TOKEN_LEN) bytes). `None` derives one from `master_addr` and
     /// `master_port` (see [`TcpConfig::job_token_or_default`]), which separates jobs at different
     /// addresses but is no secret: set a secret token on networks shared with untrusted users.
     pub job_token: Option<String>,
@@ -228,27 +229,11 @@ impl fmt::Debug for TcpBootstrap {
 }
 
 impl TcpBootstrap {
-    /// From the torchrun variables `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`,
-    /// `MASTER_ADDR`, `MASTER_PORT` (see [`TorchrunEnv`]). `DETCOLL_BOOTSTRAP_TIMEOUT_MS`, when
-    /// set, is used for both the connect and the per-exchange timeout; defaults are 60 000 ms to
-    /// connect and 30 000 ms per exchange.
-    ///
-    /// ```no_run
-    /// use collective_core::bootstrap::{Bootstrap, TcpBootstrap};
-    /// // Under torchrun, mpirun wrappers or `detcoll-run --nproc 2 -- ...`:
-    /// let boot = TcpBootstrap::from_env().expect("rendezvous");
-    /// let all = boot.all_gather_bytes(&[boot.rank() as u8]).expect("exchange");
-    /// assert_eq!(all.len(), boot.world_size());
-    /// ```
-    pub fn from_env() -> Result<Self, BootstrapError> {
-        Self::new(TorchrunEnv::from_env()?.tcp_config())
-    }
-
     /// Joins (or, on rank 0, serves) the rendezvous. Returns when every rank has connected, or
     /// with the error that made the group fail.
     ///
     /// ```no_run
-    /// use collective_core::bootstrap::{TcpBootstrap, TcpConfig};
+    /// use detcoll_bootstrap::{TcpBootstrap, TcpConfig};
     /// let cfg = TcpConfig::single_host(1, 2, "127.0.0.1", 29500).with_job_token("a secret");
     /// let boot = TcpBootstrap::new(cfg).expect("rank 0 serves at 127.0.0.1:29500");
     /// # let _ = boot;
@@ -259,7 +244,7 @@ impl TcpBootstrap {
 
     /// Like [`TcpBootstrap::new`] on rank 0 of `cfg`, serving on an already bound `listener`
     /// (`split` binds an ephemeral port before it can publish it). Other ranks ignore it.
-    pub(super) fn with_listener(cfg: TcpConfig, listener: TcpListener) -> Result<Self, BootstrapError> {
+    pub(crate) fn with_listener(cfg: TcpConfig, listener: TcpListener) -> Result<Self, BootstrapError> {
         Self::start(cfg, Some(listener))
     }
 
@@ -514,7 +499,7 @@ fn read_failure(rank: usize, e: ReadError, waited: Duration, what: &'static str)
 // ---------------------------------------------------------------------------------------------
 // Rank 0
 
-pub(super) fn bind_listener(cfg: &TcpConfig) -> Result<TcpListener, BootstrapError> {
+pub(crate) fn bind_listener(cfg: &TcpConfig) -> Result<TcpListener, BootstrapError> {
     let addr = cfg.addr();
     let host = cfg.host();
     let port = cfg.master_port;
@@ -545,6 +530,26 @@ pub(super) fn bind_listener(cfg: &TcpConfig) -> Result<TcpListener, BootstrapErr
     TcpListener::bind(bind_to.as_slice()).map_err(|e| {
         BootstrapError::io(format!("rank 0: cannot listen on {bind_to:?} (MASTER_ADDR:MASTER_PORT = {addr})"), e)
     })
+}
+
+/// Lets the listener's accept queue hold every rank of the world at once (and an accept burst
+/// of strangers besides), not std's 128: at 1024 ranks starting together, the connections
+/// beyond a full queue had their handshake's last packet dropped by the kernel and waited for
+/// its retransmission (1 s, then 3 s...) or for their handshake timeout, and a rendezvous that
+/// takes about a second took 5 to 12. Calling `listen` again on a listening socket only
+/// changes its backlog; the kernel caps it at `net.core.somaxconn` (4096 since Linux 5.4, 128
+/// before), and should the call fail, std's backlog stays.
+fn widen_backlog(listener: &TcpListener, world: usize) {
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsRawFd;
+        let backlog = libc::c_int::try_from(world.saturating_add(ACCEPT_BURST)).unwrap_or(libc::c_int::MAX).max(128);
+        // SAFETY: listen(2) on the descriptor `listener` owns and keeps open for the call; it
+        // reads no memory of ours.
+        let _ = unsafe { libc::listen(listener.as_raw_fd(), backlog) };
+    }
+    #[cfg(not(unix))]
+    let _ = (listener, world);
 }
 
 /// One connection rank 0 accepted whose hello is not complete yet.
@@ -631,9 +636,6 @@ struct Door {
 /// The longest pause of accepting while this process has no descriptor left (the pause starts
 /// at 1 ms and doubles).
 const ACCEPT_PAUSE_MAX: Duration = Duration::from_millis(100);
-/// Descriptors rank 0 leaves free beyond its peers' when it sizes the pending handshakes from
-/// `RLIMIT_NOFILE` (the rest of the process may open files meanwhile).
-const RESERVED_FDS: usize = 32;
 /// The fewest pending handshakes rank 0 allows, however low its descriptor limit.
 const MIN_PENDING_HANDSHAKES: usize = 8;
 
@@ -765,31 +767,6 @@ fn pending_budget(world: usize) -> usize {
         .clamp(MIN_PENDING_HANDSHAKES, MAX_PENDING_HANDSHAKES)
 }
 
-/// The soft `RLIMIT_NOFILE`, if finite.
-#[cfg(unix)]
-fn fd_limit() -> Option<usize> {
-    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: `rl` is a valid, writable rlimit for the call.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 || rl.rlim_cur == libc::RLIM_INFINITY {
-        return None;
-    }
-    usize::try_from(rl.rlim_cur).ok()
-}
-
-#[cfg(not(unix))]
-fn fd_limit() -> Option<usize> {
-    None
-}
-
-/// How many descriptors this process has open (not counting the one listing them), where the
-/// system lists them.
-fn open_fds() -> Option<usize> {
-    ["/proc/self/fd", "/dev/fd"]
-        .iter()
-        .find_map(|d| std::fs::read_dir(d).ok())
-        .map(|entries| entries.count().saturating_sub(1))
-}
-
 /// `EMFILE`/`ENFILE`: no descriptor for a new connection.
 fn is_fd_exhaustion(e: &io::Error) -> bool {
     #[cfg(unix)]
@@ -903,7 +880,19 @@ fn serve(cfg: &TcpConfig, listener: Option<TcpListener>) -> Result<Role, Bootstr
         None => bind_listener(cfg)?,
     };
     listener.set_nonblocking(true).map_err(|e| BootstrapError::io("rank 0: configuring the listener", e))?;
+    widen_backlog(&listener, world);
+    // A connection per rank, and a full set of pending handshakes when the hard limit allows.
+    let room = fds::ensure(
+        world - 1 + MIN_PENDING_HANDSHAKES,
+        world - 1 + MAX_PENDING_HANDSHAKES,
+        &format!("the connections of {} ranks and their handshakes", world - 1),
+    );
     let mut door = Door::new(listener, world);
+    if let Err(e) = room {
+        // Tell the ranks that come while this process lives; strangers still get nothing.
+        answer_late(door, token, addr, &e, deadline, Told::new(world));
+        return Err(e);
+    }
     let mut peers: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
     let mut connected = 0usize;
     let mut told = Told::new(world);

@@ -16,13 +16,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// Longest accepted job token, in bytes.
 pub const MAX_TOKEN_LEN: usize = 256;
 /// Length of a nonce and of a MAC.
-pub(super) const DIGEST_LEN: usize = 32;
+pub(crate) const DIGEST_LEN: usize = 32;
 
 /// Domain separation of the handshake MAC (a MAC of this protocol is not valid elsewhere).
 const HELLO_CONTEXT: &[u8] = b"detcoll-bootstrap-hello-v2\0";
 
 /// Why a token is unusable (empty or longer than [`MAX_TOKEN_LEN`]).
-pub(super) fn check_token(token: &str) -> Result<(), String> {
+pub(crate) fn check_token(token: &str) -> Result<(), String> {
     if token.is_empty() {
         return Err("the job token is empty".to_owned());
     }
@@ -34,7 +34,7 @@ pub(super) fn check_token(token: &str) -> Result<(), String> {
 
 /// A token derived from public facts of the job (`parts`, e.g. the torchelastic run id and the
 /// port). It separates jobs that differ in these facts; it is no secret.
-pub(super) fn derive_token(kind: &str, parts: &[&str]) -> String {
+pub(crate) fn derive_token(kind: &str, parts: &[&str]) -> String {
     let mut msg = Vec::new();
     msg.extend_from_slice(b"detcoll-job-token-v1\0");
     msg.extend_from_slice(kind.as_bytes());
@@ -48,7 +48,7 @@ pub(super) fn derive_token(kind: &str, parts: &[&str]) -> String {
 }
 
 /// The MAC a rank sends in its hello.
-pub(super) fn hello_mac(token: &str, nonce: &[u8; DIGEST_LEN], rank: u64, world: u64) -> [u8; DIGEST_LEN] {
+pub(crate) fn hello_mac(token: &str, nonce: &[u8; DIGEST_LEN], rank: u64, world: u64) -> [u8; DIGEST_LEN] {
     let mut msg = Vec::with_capacity(HELLO_CONTEXT.len() + DIGEST_LEN + 16);
     msg.extend_from_slice(HELLO_CONTEXT);
     msg.extend_from_slice(nonce);
@@ -59,7 +59,7 @@ pub(super) fn hello_mac(token: &str, nonce: &[u8; DIGEST_LEN], rank: u64, world:
 
 /// Constant-time equality (no early exit on the first differing byte), so the time rank 0
 /// takes to drop a hello does not reveal how much of a MAC was right.
-pub(super) fn ct_eq(a: &[u8; DIGEST_LEN], b: &[u8; DIGEST_LEN]) -> bool {
+pub(crate) fn ct_eq(a: &[u8; DIGEST_LEN], b: &[u8; DIGEST_LEN]) -> bool {
     let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
     std::hint::black_box(diff) == 0
 }
@@ -67,7 +67,7 @@ pub(super) fn ct_eq(a: &[u8; DIGEST_LEN], b: &[u8; DIGEST_LEN]) -> bool {
 /// 32 random bytes: `getrandom(2)`, else `/dev/urandom`, else (neither available) a digest of
 /// the time, the process id and a counter, which is still unique per challenge. Nonces need to
 /// be unpredictable to strangers only so that a recorded answer cannot be replayed.
-pub(super) fn nonce() -> [u8; DIGEST_LEN] {
+pub(crate) fn nonce() -> [u8; DIGEST_LEN] {
     let mut out = [0u8; DIGEST_LEN];
     if fill_random(&mut out) {
         return out;
@@ -106,7 +106,7 @@ fn fill_random(buf: &mut [u8]) -> bool {
     std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(buf)).is_ok()
 }
 
-pub(super) fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
     for &b in bytes {
@@ -129,7 +129,7 @@ const K: [u32; 64] = [
     0xc67178f2,
 ];
 
-pub(super) fn sha256(data: &[u8]) -> [u8; DIGEST_LEN] {
+pub(crate) fn sha256(data: &[u8]) -> [u8; DIGEST_LEN] {
     let mut h: [u32; 8] =
         [0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19];
     let bit_len = (data.len() as u64).wrapping_mul(8);
@@ -177,7 +177,7 @@ pub(super) fn sha256(data: &[u8]) -> [u8; DIGEST_LEN] {
     out
 }
 
-pub(super) fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; DIGEST_LEN] {
+pub(crate) fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; DIGEST_LEN] {
     let mut k = [0u8; 64];
     if key.len() > 64 {
         k[..DIGEST_LEN].copy_from_slice(&sha256(key));

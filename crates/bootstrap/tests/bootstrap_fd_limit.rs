@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use collective_core::bootstrap::{Bootstrap, TcpBootstrap, TcpConfig};
+use detcoll_bootstrap::{Bootstrap, TcpBootstrap, TcpConfig};
 
 const ADDR: &str = "127.0.0.1";
 const TOKEN: &str = "fd-limit-job";
@@ -31,7 +31,11 @@ fn free_port() -> u16 {
 }
 
 fn cfg(rank: usize, port: u16, timeout: Duration) -> TcpConfig {
-    TcpConfig::single_host(rank, 2, ADDR, port).with_timeout(timeout).with_job_token(TOKEN)
+    cfg_of(rank, 2, port, timeout)
+}
+
+fn cfg_of(rank: usize, world: usize, port: u16, timeout: Duration) -> TcpConfig {
+    TcpConfig::single_host(rank, world, ADDR, port).with_timeout(timeout).with_job_token(TOKEN)
 }
 
 /// This process's user + system CPU time.
@@ -44,21 +48,26 @@ fn cpu_time() -> Duration {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
-/// In the child: lowers the limit, runs rank 0 (rendezvous and one exchange) and prints
+/// In the child: lowers the soft limit to [`LIMIT`] (and the hard limit too when the spec says
+/// so), runs rank 0 (rendezvous and one exchange) and prints
 /// `RESULT ok|err <what> elapsed_ms=<ms> cpu_ms=<ms>`. Returns whether this is the child.
 fn child_rank_0() -> bool {
     let Ok(spec) = std::env::var(CHILD) else { return false };
     let mut it = spec.split(' ').map(|v| v.parse::<u64>().unwrap());
     let (port, timeout) = (it.next().unwrap() as u16, Duration::from_millis(it.next().unwrap()));
+    let (world, hard_too) = (it.next().unwrap() as usize, it.next().unwrap() == 1);
     let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: valid, writable rlimit structs for the calls.
     unsafe {
         assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl), 0);
         rl.rlim_cur = LIMIT;
+        if hard_too {
+            rl.rlim_max = LIMIT;
+        }
         assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &rl), 0);
     }
     let (cpu, start) = (cpu_time(), Instant::now());
-    let r = TcpBootstrap::new(cfg(0, port, timeout)).and_then(|b| b.all_gather_bytes(b"zero"));
+    let r = TcpBootstrap::new(cfg_of(0, world, port, timeout)).and_then(|b| b.all_gather_bytes(b"zero"));
     let (elapsed, cpu) = (start.elapsed(), cpu_time() - cpu);
     let what = match r {
         Ok(parts) => format!("ok {parts:?}"),
@@ -68,12 +77,24 @@ fn child_rank_0() -> bool {
     true
 }
 
-/// Rank 0 in a child process running `test`; returns its `RESULT` line (or everything it
-/// printed when there is none).
+/// Rank 0 of a world of 2 in a child process running `test`; returns its `RESULT` line (or
+/// everything it printed when there is none).
 fn spawn_rank_0(test: &'static str, port: u16, timeout: Duration) -> thread::JoinHandle<String> {
+    spawn_rank_0_of(test, port, timeout, 2, false)
+}
+
+/// [`spawn_rank_0`] for a world of `world`; `hard_too`: the child lowers its hard limit to
+/// [`LIMIT`] as well.
+fn spawn_rank_0_of(
+    test: &'static str,
+    port: u16,
+    timeout: Duration,
+    world: usize,
+    hard_too: bool,
+) -> thread::JoinHandle<String> {
     let child = Command::new(std::env::current_exe().unwrap())
         .args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD, format!("{port} {}", timeout.as_millis()))
+        .env(CHILD, format!("{port} {} {world} {}", timeout.as_millis(), u8::from(hard_too)))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -222,4 +243,52 @@ fn rank_0_at_its_descriptor_limit_does_not_spin() {
     // Spinning on EMFILE took a whole core for the whole wait.
     assert!(cpu * 4 < elapsed, "rank 0 spent {cpu} ms of CPU in {elapsed} ms: it spins at its descriptor limit");
     println!("rank 0: {root} ({made} flood connections)");
+}
+
+#[test]
+fn rank_0_of_a_world_beyond_its_soft_descriptor_limit_raises_it() {
+    const TEST: &str = "rank_0_of_a_world_beyond_its_soft_descriptor_limit_raises_it";
+    if child_rank_0() {
+        return;
+    }
+    // 200 ranks against a soft limit of 128: rank 0 needs a descriptor per rank. (Before it
+    // raised its soft limit, it took in about 120 ranks and failed at its bound naming the
+    // others; so would a rank 0 of 1024 ranks under the usual soft limit of 1024.)
+    let (world, timeout) = (200, Duration::from_secs(20));
+    let port = free_port();
+    let root = spawn_rank_0_of(TEST, port, timeout, world, false);
+    let start = Instant::now();
+    let results: Vec<_> = thread::scope(|s| {
+        let hs: Vec<_> = (1..world)
+            .map(|r| {
+                s.spawn(move || {
+                    TcpBootstrap::new(cfg_of(r, world, port, timeout)).and_then(|b| b.all_gather_bytes(b"one"))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let root = root.join().unwrap();
+    for (i, r) in results.into_iter().enumerate() {
+        let parts = r.unwrap_or_else(|e| panic!("rank {}: {e}\nrank 0: {root}", i + 1));
+        assert_eq!(parts.len(), world);
+        assert_eq!(parts[0], b"zero");
+    }
+    assert!(root.starts_with("RESULT ok"), "rank 0: {root}");
+    assert!(start.elapsed() < timeout, "{:?}", start.elapsed());
+}
+
+#[test]
+fn rank_0_of_a_world_beyond_its_hard_descriptor_limit_fails_at_once_naming_it() {
+    const TEST: &str = "rank_0_of_a_world_beyond_its_hard_descriptor_limit_fails_at_once_naming_it";
+    if child_rank_0() {
+        return;
+    }
+    // Hard limit 128, world 200: no rank 1 needed, rank 0 cannot hold the world's connections.
+    let timeout = Duration::from_secs(10);
+    let root = spawn_rank_0_of(TEST, free_port(), timeout, 200, true).join().unwrap();
+    assert!(root.starts_with("RESULT err") && root.contains("RLIMIT_NOFILE hard limit is 128"), "rank 0: {root}");
+    assert!(root.contains("the connections of 199 ranks"), "rank 0: {root}");
+    // At once, not at its connect timeout.
+    assert!(field(&root, "elapsed_ms") < 2000, "rank 0: {root}");
 }

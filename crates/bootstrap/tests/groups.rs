@@ -6,7 +6,7 @@ use std::net::TcpListener;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use collective_core::bootstrap::{
+use detcoll_bootstrap::{
     Bootstrap, BootstrapError, GroupTransport, LocalBootstrap, SplitOptions, SubBootstrap, TcpBootstrap, TcpConfig,
     split, split_with,
 };

@@ -2,6 +2,11 @@
 //! (to exchange IPC handles, NCCL unique ids, host identity, capabilities) and to notice dead
 //! peers.
 //!
+//! This crate is the bottom of detcoll's graph: it depends on nothing of detcoll. Users reach
+//! it as `collective_core::bootstrap` or `collective_factory::bootstrap` (re-exports of this
+//! crate); collective-core converts a [`BootstrapError`] into its `Error` (`Error::Bootstrap`,
+//! with this error's `source()` chain).
+//!
 //! Three ways in:
 //!
 //! * [`TcpBootstrap`] — one process per rank. Rank 0 serves a small TCP rendezvous at
@@ -28,8 +33,15 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The README's example, compiled as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 mod deadline;
 pub mod env;
+mod fds;
+mod host;
 mod local;
 mod split;
 mod tcp;
@@ -38,6 +50,8 @@ mod wire;
 
 pub use deadline::MAX_BOOTSTRAP_TIMEOUT;
 pub use env::TorchrunEnv;
+pub use fds::reserve_descriptors;
+pub use host::{HOST_ID_ENV, host_identity};
 pub use local::LocalBootstrap;
 pub use split::{GroupTransport, SplitEntry, SplitOptions, SubBootstrap, group_members, split, split_with};
 pub use tcp::{HANDSHAKE_TIMEOUT, MAX_PENDING_HANDSHAKES, TcpBootstrap, TcpConfig};

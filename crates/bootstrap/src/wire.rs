@@ -25,33 +25,33 @@ use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use super::BootstrapError;
-use super::token::DIGEST_LEN;
+use crate::BootstrapError;
+use crate::token::DIGEST_LEN;
 
-pub(super) const MAGIC: u32 = u32::from_le_bytes(*b"DCBS");
+pub(crate) const MAGIC: u32 = u32::from_le_bytes(*b"DCBS");
 /// 2: challenge/response handshake with the job token (1: plain hello, no job identity).
-pub(super) const PROTOCOL_VERSION: u64 = 2;
+pub(crate) const PROTOCOL_VERSION: u64 = 2;
 /// Largest payload accepted (a bound for garbage lengths; payloads are read incrementally, so
 /// the bound is on what a peer must actually send, not on an up-front allocation).
-pub(super) const MAX_PAYLOAD: u64 = 1 << 30;
-pub(super) const HEADER_LEN: usize = 24;
+pub(crate) const MAX_PAYLOAD: u64 = 1 << 30;
+pub(crate) const HEADER_LEN: usize = 24;
 /// Payload of a `Hello`: rank, world size, MAC.
-pub(super) const HELLO_PAYLOAD_LEN: usize = 16 + DIGEST_LEN;
+pub(crate) const HELLO_PAYLOAD_LEN: usize = 16 + DIGEST_LEN;
 /// A whole `Hello` frame.
-pub(super) const HELLO_FRAME_LEN: usize = HEADER_LEN + HELLO_PAYLOAD_LEN;
+pub(crate) const HELLO_FRAME_LEN: usize = HEADER_LEN + HELLO_PAYLOAD_LEN;
 /// A whole `Challenge` frame.
-pub(super) const CHALLENGE_FRAME_LEN: usize = HEADER_LEN + DIGEST_LEN;
+pub(crate) const CHALLENGE_FRAME_LEN: usize = HEADER_LEN + DIGEST_LEN;
 
-pub(super) const WHAT_CONNECT: &str = "connect to rank 0's rendezvous";
-pub(super) const WHAT_WELCOME: &str = "confirm that all ranks connected";
-pub(super) const WHAT_EXCHANGE: &str = "contribute to all_gather_bytes";
-pub(super) const WHAT_RESULT: &str = "send the result of all_gather_bytes";
-pub(super) const WHAT_ACCEPT: &str = "accept this rank's contribution to all_gather_bytes";
+pub(crate) const WHAT_CONNECT: &str = "connect to rank 0's rendezvous";
+pub(crate) const WHAT_WELCOME: &str = "confirm that all ranks connected";
+pub(crate) const WHAT_EXCHANGE: &str = "contribute to all_gather_bytes";
+pub(crate) const WHAT_RESULT: &str = "send the result of all_gather_bytes";
+pub(crate) const WHAT_ACCEPT: &str = "accept this rank's contribution to all_gather_bytes";
 const WHATS: &[&str] = &[WHAT_CONNECT, WHAT_WELCOME, WHAT_EXCHANGE, WHAT_RESULT, WHAT_ACCEPT];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
-pub(super) enum Kind {
+pub(crate) enum Kind {
     Hello = 1,
     Ack = 2,
     Welcome = 3,
@@ -77,26 +77,26 @@ impl Kind {
 }
 
 #[derive(Debug)]
-pub(super) struct Frame {
+pub(crate) struct Frame {
     pub kind: Kind,
     pub seq: u64,
     pub payload: Vec<u8>,
 }
 
 #[derive(Debug)]
-pub(super) enum ReadError {
+pub(crate) enum ReadError {
     Io(io::Error),
     Malformed(String),
 }
 
 impl ReadError {
     /// Timeouts (as opposed to closed/reset connections).
-    pub(super) fn is_timeout(&self) -> bool {
+    pub(crate) fn is_timeout(&self) -> bool {
         matches!(self, ReadError::Io(e) if is_timeout(e))
     }
 }
 
-pub(super) fn is_timeout(e: &io::Error) -> bool {
+pub(crate) fn is_timeout(e: &io::Error) -> bool {
     matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
 }
 
@@ -110,7 +110,7 @@ impl std::fmt::Display for ReadError {
     }
 }
 
-pub(super) fn encode_frame(kind: Kind, seq: u64, payload: &[u8]) -> Vec<u8> {
+pub(crate) fn encode_frame(kind: Kind, seq: u64, payload: &[u8]) -> Vec<u8> {
     let mut buf = Vec::with_capacity(HEADER_LEN + payload.len());
     buf.extend_from_slice(&MAGIC.to_le_bytes());
     buf.push(kind as u8);
@@ -121,20 +121,20 @@ pub(super) fn encode_frame(kind: Kind, seq: u64, payload: &[u8]) -> Vec<u8> {
     buf
 }
 
-pub(super) fn write_frame<W: Write>(w: &mut W, kind: Kind, seq: u64, payload: &[u8]) -> io::Result<()> {
+pub(crate) fn write_frame<W: Write>(w: &mut W, kind: Kind, seq: u64, payload: &[u8]) -> io::Result<()> {
     w.write_all(&encode_frame(kind, seq, payload))?;
     w.flush()
 }
 
 /// A parsed header.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Header {
+pub(crate) struct Header {
     pub kind: Kind,
     pub seq: u64,
     pub len: u64,
 }
 
-pub(super) fn parse_header(h: &[u8; HEADER_LEN]) -> Result<Header, String> {
+pub(crate) fn parse_header(h: &[u8; HEADER_LEN]) -> Result<Header, String> {
     let magic = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
     if magic != MAGIC {
         return Err(format!("bad magic {magic:#010x}"));
@@ -147,7 +147,7 @@ pub(super) fn parse_header(h: &[u8; HEADER_LEN]) -> Result<Header, String> {
 
 /// Reads one frame of at most `max` payload bytes. The payload buffer grows with the bytes
 /// received (never `vec![0; len]` up front).
-pub(super) fn read_frame_max<R: Read>(r: &mut R, max: u64) -> Result<Frame, ReadError> {
+pub(crate) fn read_frame_max<R: Read>(r: &mut R, max: u64) -> Result<Frame, ReadError> {
     let mut h = [0u8; HEADER_LEN];
     r.read_exact(&mut h).map_err(ReadError::Io)?;
     let Header { kind, seq, len } = parse_header(&h).map_err(ReadError::Malformed)?;
@@ -165,20 +165,20 @@ pub(super) fn read_frame_max<R: Read>(r: &mut R, max: u64) -> Result<Frame, Read
     Ok(Frame { kind, seq, payload })
 }
 
-pub(super) fn read_frame<R: Read>(r: &mut R) -> Result<Frame, ReadError> {
+pub(crate) fn read_frame<R: Read>(r: &mut R) -> Result<Frame, ReadError> {
     read_frame_max(r, MAX_PAYLOAD)
 }
 
 /// A reader over a blocking stream that fails with `TimedOut` once `deadline` has passed: a
 /// deadline for a whole frame, not per `read` call (a peer trickling one byte at a time cannot
 /// extend it).
-pub(super) struct DeadlineReader<'a> {
+pub(crate) struct DeadlineReader<'a> {
     stream: &'a TcpStream,
     deadline: Instant,
 }
 
 impl<'a> DeadlineReader<'a> {
-    pub(super) fn new(stream: &'a TcpStream, deadline: Instant) -> Self {
+    pub(crate) fn new(stream: &'a TcpStream, deadline: Instant) -> Self {
         Self { stream, deadline }
     }
 }
@@ -196,7 +196,7 @@ impl Read for DeadlineReader<'_> {
 }
 
 /// Reads one frame before `deadline` (the whole frame, see [`DeadlineReader`]).
-pub(super) fn read_frame_by(stream: &TcpStream, deadline: Instant) -> Result<Frame, ReadError> {
+pub(crate) fn read_frame_by(stream: &TcpStream, deadline: Instant) -> Result<Frame, ReadError> {
     read_frame(&mut DeadlineReader::new(stream, deadline))
 }
 
@@ -244,7 +244,7 @@ fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
 }
 
 /// The hello payload: rank, world size and the MAC over rank 0's nonce.
-pub(super) fn encode_hello(rank: usize, world: usize, mac: &[u8; DIGEST_LEN]) -> Vec<u8> {
+pub(crate) fn encode_hello(rank: usize, world: usize, mac: &[u8; DIGEST_LEN]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HELLO_PAYLOAD_LEN);
     put_u64(&mut out, rank as u64);
     put_u64(&mut out, world as u64);
@@ -254,7 +254,7 @@ pub(super) fn encode_hello(rank: usize, world: usize, mac: &[u8; DIGEST_LEN]) ->
 
 /// A hello as rank 0 received it (`rank`/`world` as sent, not yet validated).
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Hello {
+pub(crate) struct Hello {
     pub rank: u64,
     pub world: u64,
     pub mac: [u8; DIGEST_LEN],
@@ -262,7 +262,7 @@ pub(super) struct Hello {
 
 /// Checks a hello header (the first [`HEADER_LEN`] bytes of a connection after the challenge):
 /// magic, kind, this protocol version and the exact hello size.
-pub(super) fn check_hello_header(h: &[u8; HEADER_LEN]) -> Result<(), String> {
+pub(crate) fn check_hello_header(h: &[u8; HEADER_LEN]) -> Result<(), String> {
     let hd = parse_header(h)?;
     if hd.kind != Kind::Hello {
         return Err(format!("expected a hello, got a {:?} frame", hd.kind));
@@ -277,7 +277,7 @@ pub(super) fn check_hello_header(h: &[u8; HEADER_LEN]) -> Result<(), String> {
 }
 
 /// Decodes a complete hello frame (header already checked by [`check_hello_header`]).
-pub(super) fn decode_hello(frame: &[u8; HELLO_FRAME_LEN]) -> Hello {
+pub(crate) fn decode_hello(frame: &[u8; HELLO_FRAME_LEN]) -> Hello {
     let p = &frame[HEADER_LEN..];
     let rank = u64::from_le_bytes(p[0..8].try_into().expect("8 bytes"));
     let world = u64::from_le_bytes(p[8..16].try_into().expect("8 bytes"));
@@ -287,7 +287,7 @@ pub(super) fn decode_hello(frame: &[u8; HELLO_FRAME_LEN]) -> Hello {
 }
 
 /// Parses a challenge frame; `Err` describes what the peer sent instead.
-pub(super) fn decode_challenge(frame: &[u8; CHALLENGE_FRAME_LEN]) -> Result<[u8; DIGEST_LEN], String> {
+pub(crate) fn decode_challenge(frame: &[u8; CHALLENGE_FRAME_LEN]) -> Result<[u8; DIGEST_LEN], String> {
     let h: &[u8; HEADER_LEN] = frame[..HEADER_LEN].try_into().expect("header");
     let hd = parse_header(h)?;
     if hd.kind != Kind::Challenge {
@@ -308,7 +308,7 @@ pub(super) fn decode_challenge(frame: &[u8; CHALLENGE_FRAME_LEN]) -> Result<[u8;
     Ok(nonce)
 }
 
-pub(super) fn encode_result(parts: &[Vec<u8>]) -> Vec<u8> {
+pub(crate) fn encode_result(parts: &[Vec<u8>]) -> Vec<u8> {
     let total: usize = parts.iter().map(|p| p.len() + 8).sum::<usize>() + 8;
     let mut out = Vec::with_capacity(total);
     put_u64(&mut out, parts.len() as u64);
@@ -318,7 +318,7 @@ pub(super) fn encode_result(parts: &[Vec<u8>]) -> Vec<u8> {
     out
 }
 
-pub(super) fn decode_result(p: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+pub(crate) fn decode_result(p: &[u8]) -> Result<Vec<Vec<u8>>, String> {
     let mut c = Cursor { buf: p };
     let n = c.usize()?;
     if n > p.len() {
@@ -334,7 +334,7 @@ pub(super) fn decode_result(p: &[u8]) -> Result<Vec<Vec<u8>>, String> {
 
 /// Encodes the error rank 0 forwards to the other ranks. Errors that do not name a rank travel
 /// as their message and arrive as [`BootstrapError::Protocol`].
-pub(super) fn encode_error(e: &BootstrapError) -> Vec<u8> {
+pub(crate) fn encode_error(e: &BootstrapError) -> Vec<u8> {
     let mut out = Vec::new();
     match e {
         BootstrapError::PeerTimeout { rank, waited, what } => {
@@ -387,7 +387,7 @@ pub(super) fn encode_error(e: &BootstrapError) -> Vec<u8> {
 
 /// Decodes an error frame from rank 0 (from rank 0's point of view; see the caller for the
 /// world-size perspective).
-pub(super) fn decode_error(p: &[u8]) -> BootstrapError {
+pub(crate) fn decode_error(p: &[u8]) -> BootstrapError {
     fn inner(p: &[u8]) -> Result<BootstrapError, String> {
         let mut c = Cursor { buf: p };
         let e = match c.u8()? {

@@ -27,13 +27,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::deadline::{MAX_BOOTSTRAP_TIMEOUT, check_timeout, deadline};
-use super::tcp::bind_listener;
-use super::token::{self, DIGEST_LEN};
-use super::{
-    Bootstrap, BootstrapError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_EXCHANGE_TIMEOUT, LocalBootstrap, TcpBootstrap,
-    TcpConfig,
-};
+use crate::deadline::{MAX_BOOTSTRAP_TIMEOUT, check_timeout, deadline};
+use crate::local::LocalBootstrap;
+use crate::tcp::{TcpBootstrap, TcpConfig, bind_listener};
+use crate::token::{self, DIGEST_LEN};
+use crate::{Bootstrap, BootstrapError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_EXCHANGE_TIMEOUT, host};
 
 const HELLO_MAGIC: &[u8; 8] = b"DCSPLIT1";
 const ROUTE_NONE: u8 = 0;
@@ -97,7 +95,7 @@ enum Transport {
 
 /// One rank's bootstrap of a group made by [`split`]. Rank and world size are the position
 /// and size in the group; `local_rank`/`local_world_size` count the group's members on this
-/// host (by [`host_identity`](crate::host_identity)), in group order.
+/// host (by [`host_identity`](crate::host::host_identity)), in group order.
 pub struct SubBootstrap {
     rank: usize,
     world: usize,
@@ -182,7 +180,7 @@ impl Bootstrap for SubBootstrap {
 /// Tensor- and data-parallel groups of 8 thread ranks (TP = 4):
 ///
 /// ```
-/// use collective_core::bootstrap::{Bootstrap, LocalBootstrap, split};
+/// use detcoll_bootstrap::{Bootstrap, LocalBootstrap, split};
 ///
 /// let ranks = LocalBootstrap::group(8);
 /// std::thread::scope(|s| {
@@ -233,7 +231,7 @@ pub fn split_with<B: Bootstrap + ?Sized>(
 
     // Round 1: colors, keys, hosts, processes. A rank whose host identity is invalid still
     // contributes (with the reason), so every rank fails alike instead of timing out.
-    let host = crate::host_identity().map_err(|e| e.to_string());
+    let host = host::identity();
     let hello = encode_hello(&Hello { entry: SplitEntry { color, key }, process: *process_id(), host });
     let gathered = parent.all_gather_bytes(&hello)?;
     if gathered.len() != world {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use collective_core::bootstrap::{
+use detcoll_bootstrap::{
     Bootstrap, BootstrapError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_EXCHANGE_TIMEOUT, LocalBootstrap, TcpBootstrap,
     TcpConfig, TorchrunEnv, env,
 };
@@ -555,7 +555,7 @@ fn tcp_explicit_job_token_group_exchanges() {
 
 #[test]
 fn tcp_timeouts_above_a_day_are_typed_errors_not_panics() {
-    use collective_core::bootstrap::MAX_BOOTSTRAP_TIMEOUT;
+    use detcoll_bootstrap::MAX_BOOTSTRAP_TIMEOUT;
     let port = free_port();
     // `Duration::MAX` used to panic on rank 0 ("overflow when adding duration to instant").
     for (rank, world) in [(0, 2), (1, 2), (0, 1)] {

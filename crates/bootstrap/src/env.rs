@@ -27,9 +27,10 @@
 
 use std::time::Duration;
 
-use super::{
-    BootstrapError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_EXCHANGE_TIMEOUT, MAX_BOOTSTRAP_TIMEOUT, TcpConfig, token,
-};
+use crate::deadline::MAX_BOOTSTRAP_TIMEOUT;
+use crate::tcp::{TcpBootstrap, TcpConfig};
+use crate::token;
+use crate::{BootstrapError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_EXCHANGE_TIMEOUT};
 
 /// `RANK`
 pub const RANK: &str = "RANK";
@@ -194,6 +195,24 @@ impl TorchrunEnv {
             exchange_timeout: self.timeout.unwrap_or(DEFAULT_EXCHANGE_TIMEOUT),
             job_token: self.job_token.clone(),
         }
+    }
+}
+
+impl TcpBootstrap {
+    /// From the torchrun variables `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`,
+    /// `MASTER_ADDR`, `MASTER_PORT` (see [`TorchrunEnv`]). `DETCOLL_BOOTSTRAP_TIMEOUT_MS`, when
+    /// set, is used for both the connect and the per-exchange timeout; defaults are 60 000 ms to
+    /// connect and 30 000 ms per exchange.
+    ///
+    /// ```no_run
+    /// use detcoll_bootstrap::{Bootstrap, TcpBootstrap};
+    /// // Under torchrun, mpirun wrappers or `detcoll-run --nproc 2 -- ...`:
+    /// let boot = TcpBootstrap::from_env().expect("rendezvous");
+    /// let all = boot.all_gather_bytes(&[boot.rank() as u8]).expect("exchange");
+    /// assert_eq!(all.len(), boot.world_size());
+    /// ```
+    pub fn from_env() -> Result<Self, BootstrapError> {
+        Self::new(TorchrunEnv::from_env()?.tcp_config())
     }
 }
 

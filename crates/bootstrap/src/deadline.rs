@@ -1,17 +1,18 @@
 //! Bounds of the bootstrap's timeouts, and deadlines computed without overflow.
 //!
 //! Every bootstrap timeout (TCP connect and exchange, in-process exchange, `split`'s) is at most
-//! [`MAX_BOOTSTRAP_TIMEOUT`], like the protocol's bounds ([`crate::MAX_TIMEOUT`]):
+//! [`MAX_BOOTSTRAP_TIMEOUT`], like the protocol's bounds (`collective_core::MAX_TIMEOUT`):
 //! a longer bound is indistinguishable from a hang, and `Instant::now() + Duration::MAX`
 //! panics ("overflow when adding duration to instant"). Deadlines are computed with
 //! [`deadline`], which never panics.
 
 use std::time::{Duration, Instant};
 
-use super::BootstrapError;
+use crate::BootstrapError;
 
-/// The longest bootstrap timeout accepted: one day (= [`crate::MAX_TIMEOUT`]).
-pub const MAX_BOOTSTRAP_TIMEOUT: Duration = crate::MAX_TIMEOUT;
+/// The longest bootstrap timeout accepted: one day (= `collective_core::MAX_TIMEOUT`, which
+/// checks that they are equal).
+pub const MAX_BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
 /// Whether `timeout` is a usable bootstrap bound: more than zero and at most
 /// [`MAX_BOOTSTRAP_TIMEOUT`]; otherwise [`BootstrapError::InvalidConfig`] naming `what` (e.g.
