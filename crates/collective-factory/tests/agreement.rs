@@ -178,3 +178,67 @@ fn facts_fail_sorts_missing_libraries_from_other_failures() {
     let old: Facts = serde_json::from_value(json).unwrap();
     assert!(old.missing.is_empty());
 }
+
+/// Several hosts: the hierarchical route where every rank offers it and the hosts' layout
+/// allows (node-major, the same power-of-two ranks per host), the flat transport route
+/// otherwise; on one host a `hierarchical` range is IPC RS+AG.
+#[test]
+fn the_node_layout_decides_hierarchical_or_flat() {
+    use collective_core::{Op, Route};
+    use collective_factory::nodes::NodeLayout;
+    let ipc_only = r#"{ "platform": "rocm", "source": "test", "rules": [
+        { "op": "all_reduce", "min_bytes": 0, "max_bytes": null, "route": "ipc_rs_ag" },
+        { "op": "all_gather", "min_bytes": 0, "max_bytes": null, "route": "ipc_one_shot" },
+        { "op": "reduce_scatter", "min_bytes": 0, "max_bytes": null, "route": "ipc_one_shot" },
+        { "op": "reduce_scatter_many", "min_bytes": 0, "max_bytes": null, "route": "ipc_one_shot" } ] }"#;
+    let ipc_only = Routing::from_json(ipc_only).unwrap().canonical_json();
+    let on_table = |hosts: &[&str], nodes: bool, table: Option<&str>| {
+        let mut all = facts(hosts.len());
+        for (f, h) in all.iter_mut().zip(hosts) {
+            f.host = (*h).into();
+            f.nodes = nodes;
+            if let Some(t) = table {
+                f.routing = t.to_string();
+            }
+        }
+        decide(&all).unwrap()
+    };
+    let on = |hosts: &[&str], nodes: bool| on_table(hosts, nodes, Some(&ipc_only));
+    let d = on(&["a", "a", "b", "b", "c", "c", "d", "d"], true);
+    assert_eq!(d.nodes, Some(NodeLayout { nodes: 4, local: 2 }));
+    assert!(!d.ipc && !d.transport, "no world-wide IPC, no flat transport: {d:?}");
+    for op in Op::ALL {
+        assert_eq!(d.routing.route(op, 1 << 20), Route::Hierarchical, "{op}");
+    }
+    // A table's transport ranges stay flat (and build the flat transport) beside it.
+    let d = on_table(&["a", "a", "b", "b"], true, None);
+    assert_eq!(d.nodes, Some(NodeLayout { nodes: 2, local: 2 }));
+    assert_eq!(d.routing.route(Op::AllReduce, 1 << 20), Route::Transport);
+    assert_eq!(d.routing.route(Op::AllReduce, 4096), Route::Hierarchical);
+    assert!(d.transport);
+    // A rank that cannot run it, ranks not node-major, uneven or odd hosts: flat.
+    for (hosts, nodes) in [
+        (&["a", "a", "b", "b"][..], false),
+        (&["a", "b", "a", "b"][..], true),
+        (&["a", "a", "a", "b"][..], true),
+        (&["a", "a", "a", "b", "b", "b"][..], true),
+    ] {
+        let d = on(hosts, nodes);
+        assert_eq!(d.nodes, None, "{hosts:?}");
+        assert!(d.transport && d.routing.routes().all(|r| r == Route::Transport), "{hosts:?}: {d:?}");
+    }
+    // One host: a table naming `hierarchical` runs IPC RS+AG there.
+    let table = r#"{ "platform": "rocm", "source": "test", "rules": [
+        { "op": "all_reduce", "min_bytes": 0, "max_bytes": null, "route": "hierarchical" },
+        { "op": "all_gather", "min_bytes": 0, "max_bytes": null, "route": "ipc_one_shot" },
+        { "op": "reduce_scatter", "min_bytes": 0, "max_bytes": null, "route": "ipc_one_shot" },
+        { "op": "reduce_scatter_many", "min_bytes": 0, "max_bytes": null, "route": "ipc_one_shot" } ] }"#;
+    let mut all = facts(4);
+    for f in &mut all {
+        f.routing = Routing::from_json(table).unwrap().canonical_json();
+        f.nodes = true;
+    }
+    let d = decide(&all).unwrap();
+    assert_eq!(d.nodes, None);
+    assert_eq!(d.routing.route(Op::AllReduce, 4096), Route::IpcReduceScatterAllGather);
+}

@@ -33,6 +33,7 @@ fn facts(rank: usize) -> Facts {
         device: format!("cpu-{rank}"),
         errors: Vec::new(),
         missing: Vec::new(),
+        nodes: false,
     }
 }
 
