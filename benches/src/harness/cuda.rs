@@ -5,8 +5,8 @@
 //!   GPU `local_rank % device count`; where every rank has its own GPU it also builds two plain
 //!   NCCL communicators for the native, NON-deterministic reference columns (library default,
 //!   and `NCCL_ALGO=Tree NCCL_PROTO=Simple`).
-//! * Threads (`--threads`): the CUDA IPC twin as a thread group, rank r on GPU r % count,
-//!   each rank wrapped in `collective_factory::Routed` with the run's routing table (the
+//! * Threads (`--threads`): the factory's thread group (`nvidia::thread_group`), rank r on GPU
+//!   r % count, routed by the run's routing table (the
 //!   `--route` table, else `DETCOLL_ROUTING_TABLE`, else the built-in table for the world), so
 //!   thread runs route every call as process runs do. No NCCL: it refuses two ranks of one
 //!   process on one GPU, and the factory's IPC exchange needs processes; a table with a
@@ -31,11 +31,9 @@ use ccl_transport::TransportCollective;
 use collective_core::bootstrap::Bootstrap;
 use collective_core::{Collective, DType, Io, RawMut, RawRef};
 use collective_factory::{Config, Routing, nvidia};
-use collective_factory::{NoTransport, Routed};
+use cuda_ipc::CudaIpcCollective;
 use cuda_ipc::cudarc::driver::{CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, DevicePtr, sys};
 use cuda_ipc::{CudaDevice, FusedTree};
-use cuda_ipc::{CudaIpcCollective, CudaIpcConfig};
-use detcoll_protocol::DEFAULT_LL_CAPACITY;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,8 +42,8 @@ pub const NAME: &str = "cuda";
 /// `backend` of thread runs (the IPC twin alone, routed by the table).
 pub const THREADS_NAME: &str = "cuda-ipc-threads";
 
-/// A thread rank's collective: the IPC twin routed by the run's table, no transport.
-pub type ThreadCollective = Routed<CudaIpcCollective, NoTransport<CudaStream>>;
+/// A thread rank's collective: the factory's, routed by the run's table (no transport route).
+pub type ThreadCollective = collective_factory::NvidiaCollective;
 
 /// Whether this process can drive an NVIDIA GPU (libcuda loadable, a device present). Never
 /// panics without libcuda.
@@ -96,14 +94,6 @@ fn context(ordinal: usize) -> anyhow::Result<Arc<CudaContext>> {
     Ok(ctx)
 }
 
-/// The IPC configuration of a thread run under `routing`: the table as its route policy and
-/// the LL push capacity from it, as the factory's NVIDIA constructors set them.
-fn thread_ipc_config(capacity: usize, routing: &Routing) -> CudaIpcConfig {
-    CudaIpcConfig::new(capacity)
-        .with_routes(routing.route_table().clone())
-        .with_ll_capacity(routing.ll_capacity(DEFAULT_LL_CAPACITY))
-}
-
 /// One rank of a process world: the factory's collective on GPU `local_rank % count`, plus the
 /// native references when every rank has its own GPU. `routing`: the `--route` table (every
 /// rank builds the same one from the same arguments), else the factory's own choice
@@ -145,24 +135,21 @@ pub fn process(
     Ok(CudaBackend { comm, name: NAME, ctx, stream, natives, noop, ll_capacity })
 }
 
-/// A world of `world` ranks as threads, rank r on GPU r % count: the IPC twin routed by
-/// `routing` (which must take no transport route).
+/// A world of `world` ranks as threads, rank r on GPU r % count, built by the factory as users
+/// build it (`nvidia::thread_group`) under `routing` (which must take no transport route).
 pub fn group(world: usize, capacity: usize, routing: &Routing) -> anyhow::Result<Vec<CudaBackend<ThreadCollective>>> {
     super::routes::check_no_transport(routing, "a --threads run")?;
-    let count = cuda_ipc::driver::device_count()?;
-    anyhow::ensure!(count > 0, "no CUDA device");
-    let ctxs = (0..world).map(|r| context(r % count)).collect::<anyhow::Result<Vec<_>>>()?;
-    let config = thread_ipc_config(capacity, routing);
-    let comms = cuda_ipc::group(&ctxs, &config).context("building the CUDA IPC thread group")?;
+    let config = Config::new().with_capacity(capacity).with_routing(routing.clone());
+    let comms = nvidia::thread_group(world, &config).context("building the CUDA thread group")?;
     comms
         .into_iter()
-        .zip(ctxs)
-        .map(|(ipc, ctx)| {
+        .map(|comm| {
+            let ipc = comm.ipc().context("the thread group built no IPC backend")?;
+            let ctx = ipc.device().context().clone();
+            // SAFETY: as in `context`: every buffer of the bench is used on its rank's stream.
+            unsafe { ctx.disable_event_tracking() };
             let stream = ctx.new_stream()?;
-            let (noop, ll_capacity) = ipc_extras(Some(&ipc))?;
-            let rank = ipc.rank();
-            let comm = Routed::new(rank, world, capacity, routing.clone(), Some(ipc), None::<NoTransport<CudaStream>>)
-                .context("routing the CUDA IPC thread group")?;
+            let (noop, ll_capacity) = ipc_extras(Some(ipc))?;
             Ok(CudaBackend { comm, name: THREADS_NAME, ctx, stream, natives: Natives::none(), noop, ll_capacity })
         })
         .collect()
@@ -176,13 +163,6 @@ pub trait Retained {
 impl Retained for CudaIpcCollective {
     fn retained_bytes(&self) -> usize {
         self.staging_bytes()
-    }
-}
-
-impl Retained for ThreadCollective {
-    /// IPC staging (no transport).
-    fn retained_bytes(&self) -> usize {
-        self.ipc().map_or(0, CudaIpcCollective::staging_bytes)
     }
 }
 

@@ -4,9 +4,8 @@
 //!   `collective_factory::rocm::from_bootstrap` (HIP IPC routes, RCCL where the MI300X table says),
 //!   on GPU `local_rank % device count`, plus the native (NOT deterministic) RCCL columns
 //!   from plain RCCL communicators (`super::native`), as on NVIDIA.
-//! * Threads (`--threads`): the HIP IPC twin as a thread group, rank r on GPU r % count, each
-//!   rank wrapped in `collective_factory::Routed` with the run's routing table (as on NVIDIA;
-//!   a transport route is an error).
+//! * Threads (`--threads`): the factory's thread group (`rocm::thread_group`), rank r on GPU
+//!   r % count, routed by the run's routing table (as on NVIDIA; a transport route is an error).
 //!
 //! No `--graph` and no empty-kernel row here: hip-ipc exposes no graph capture to the bench
 //! and no empty kernel.
@@ -25,11 +24,10 @@ use anyhow::Context;
 use ccl_transport::TransportCollective;
 use collective_core::bootstrap::Bootstrap;
 use collective_core::{Collective, DType, Io, RawMut, RawRef};
-use collective_factory::{Config, NoTransport, RocmCollective, Routed, Routing, rocm};
-use detcoll_protocol::DEFAULT_LL_CAPACITY;
+use collective_factory::{Config, RocmCollective, Routing, rocm};
 use hip_ipc::HipDevice;
 use hip_ipc::runtime::{DeviceMemory, Event};
-use hip_ipc::{HipIpcCollective, HipIpcConfig, Stream};
+use hip_ipc::{HipIpcCollective, Stream};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,8 +36,8 @@ pub const NAME: &str = "hip";
 /// `backend` of thread runs (the IPC twin alone, routed by the table).
 pub const THREADS_NAME: &str = "hip-ipc-threads";
 
-/// A thread rank's collective: the HIP IPC twin routed by the run's table, no transport.
-pub type ThreadCollective = Routed<HipIpcCollective, NoTransport<Stream>>;
+/// A thread rank's collective: the factory's, routed by the run's table (no transport route).
+pub type ThreadCollective = RocmCollective;
 
 /// Whether this process can drive an AMD GPU (libamdhip64 loadable, a device present). Never
 /// panics without libamdhip64.
@@ -99,8 +97,8 @@ pub fn process(
     Ok(HipBackend { comm, name: NAME, stream, natives, ll_capacity })
 }
 
-/// A world of `world` ranks as threads, rank r on GPU r % count: the IPC twin routed by
-/// `routing` (which must take no transport route).
+/// A world of `world` ranks as threads, rank r on GPU r % count, built by the factory as users
+/// build it (`rocm::thread_group`) under `routing` (which must take no transport route).
 pub fn group(world: usize, capacity: usize, routing: &Routing) -> anyhow::Result<Vec<HipBackend<ThreadCollective>>> {
     super::routes::check_no_transport(routing, "a --threads run")?;
     let count = hip_ipc::runtime::device_count()?;
@@ -111,18 +109,14 @@ pub fn group(world: usize, capacity: usize, routing: &Routing) -> anyhow::Result
         "--threads with {world} ranks on {count} AMD GPU(s) puts {per_gpu} ranks on one GPU; the bench's rank \
          threads enqueue independently, which the HIP IPC group supports for at most two ranks per GPU"
     );
-    let ordinals: Vec<usize> = (0..world).map(|r| r % count).collect();
-    let config = HipIpcConfig::new(capacity)
-        .with_routes(routing.route_table().clone())
-        .with_ll_capacity(routing.ll_capacity(DEFAULT_LL_CAPACITY));
-    let comms = hip_ipc::group(&ordinals, &config).context("building the HIP IPC thread group")?;
+    let config = Config::new().with_capacity(capacity).with_routing(routing.clone());
+    let comms = rocm::thread_group(world, &config).context("building the HIP thread group")?;
     comms
         .into_iter()
-        .map(|ipc| {
+        .map(|comm| {
+            let ipc = comm.ipc().context("the thread group built no IPC backend")?;
             let stream = Stream::new(ipc.device().ordinal()).context("creating the bench stream")?;
-            let (rank, ll_capacity) = (ipc.rank(), Some(ipc.config().ll_capacity));
-            let comm = Routed::new(rank, world, capacity, routing.clone(), Some(ipc), None::<NoTransport<Stream>>)
-                .context("routing the HIP IPC thread group")?;
+            let ll_capacity = Some(ipc.config().ll_capacity);
             Ok(HipBackend { comm, name: THREADS_NAME, stream, natives: Natives::none(), ll_capacity })
         })
         .collect()
@@ -132,13 +126,6 @@ pub fn group(world: usize, capacity: usize, routing: &Routing) -> anyhow::Result
 impl Retained for HipIpcCollective {
     fn retained_bytes(&self) -> usize {
         self.staging_bytes()
-    }
-}
-
-impl Retained for ThreadCollective {
-    /// IPC staging (no transport).
-    fn retained_bytes(&self) -> usize {
-        self.ipc().map_or(0, HipIpcCollective::staging_bytes)
     }
 }
 

@@ -479,21 +479,25 @@ impl<D: Device> Collective for TransportCollective<D> {
     fn route(&self, _op: Op, _bytes: usize) -> Route {
         Route::Transport
     }
-    fn all_reduce(&self, io: Io<'_>, stream: &D::Stream) -> Result<(), Error> {
+    /// The one entry of single-lane calls: the op goes to `enqueue` as a value.
+    fn call(&self, op: Op, io: Io<'_>, stream: &D::Stream) -> Result<(), Error> {
         let raw = self.device.raw_stream(stream)?;
-        // SAFETY: a live stream of this device; the views' validity is the contract of their
-        // (unsafe) constructors, documented on this type.
-        unsafe { self.enqueue(Op::AllReduce, io, raw) }
+        if op == Op::ReduceScatterMany {
+            // SAFETY: a live stream of this device; the views' validity is the contract of
+            // their (unsafe) constructors, documented on this type.
+            return unsafe { self.enqueue_many(&[io], raw) };
+        }
+        // SAFETY: as above.
+        unsafe { self.enqueue(op, io, raw) }
+    }
+    fn all_reduce(&self, io: Io<'_>, stream: &D::Stream) -> Result<(), Error> {
+        self.call(Op::AllReduce, io, stream)
     }
     fn all_gather(&self, io: Io<'_>, stream: &D::Stream) -> Result<(), Error> {
-        let raw = self.device.raw_stream(stream)?;
-        // SAFETY: as in `all_reduce`.
-        unsafe { self.enqueue(Op::AllGather, io, raw) }
+        self.call(Op::AllGather, io, stream)
     }
     fn reduce_scatter(&self, io: Io<'_>, stream: &D::Stream) -> Result<(), Error> {
-        let raw = self.device.raw_stream(stream)?;
-        // SAFETY: as in `all_reduce`.
-        unsafe { self.enqueue(Op::ReduceScatter, io, raw) }
+        self.call(Op::ReduceScatter, io, stream)
     }
     fn reduce_scatter_many(&self, lanes: &[Io<'_>], stream: &D::Stream) -> Result<(), Error> {
         let raw = self.device.raw_stream(stream)?;

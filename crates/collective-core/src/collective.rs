@@ -36,6 +36,19 @@ pub trait Collective: Send + Sync {
     /// All lanes share one dtype.
     fn reduce_scatter_many(&self, lanes: &[Io<'_>], stream: &Self::Stream) -> Result<(), Error>;
 
+    /// `op` on `io` (`reduce_scatter_many` as one lane): the call by its op, for a caller that
+    /// holds the op as a value (a composed collective routing a call). Backends whose ops share
+    /// one path override it to enter that path directly, so a routed call's op is dispatched
+    /// once on its way down instead of turned into a method and back into a value.
+    fn call(&self, op: Op, io: Io<'_>, stream: &Self::Stream) -> Result<(), Error> {
+        match op {
+            Op::AllReduce => self.all_reduce(io, stream),
+            Op::AllGather => self.all_gather(io, stream),
+            Op::ReduceScatter => self.reduce_scatter(io, stream),
+            Op::ReduceScatterMany => self.reduce_scatter_many(&[io], stream),
+        }
+    }
+
     /// The first failure any call of this handle recorded, as the analogue of NCCL's
     /// `ncclCommGetAsyncError`. Calls are asynchronous: a call returns `Ok` once it is enqueued,
     /// and a failure the device detects later (a peer that never arrives, a peer making a

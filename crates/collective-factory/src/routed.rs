@@ -193,22 +193,6 @@ fn contributed_bytes(op: Op, io: &Io<'_>, world: usize) -> usize {
     }
 }
 
-/// Object-safe dispatch of one op, so `backend` can return either backend.
-trait Dispatch<S: ?Sized> {
-    fn call(&self, op: Op, io: Io<'_>, stream: &S) -> Result<(), Error>;
-}
-
-impl<C: Collective> Dispatch<C::Stream> for C {
-    fn call(&self, op: Op, io: Io<'_>, stream: &C::Stream) -> Result<(), Error> {
-        match op {
-            Op::AllReduce => self.all_reduce(io, stream),
-            Op::AllGather => self.all_gather(io, stream),
-            Op::ReduceScatter => self.reduce_scatter(io, stream),
-            Op::ReduceScatterMany => self.reduce_scatter_many(&[io], stream),
-        }
-    }
-}
-
 impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I, T> {
     type Stream = I::Stream;
 

@@ -34,7 +34,7 @@ impl HostTransport {
 
     /// Runs `body` as this handle's one call: refused once poisoned, poisons on a failure
     /// that leaves the ranks' exchanges out of step.
-    fn call(&self, body: impl FnOnce() -> Result<(), Error>) -> Result<(), Error> {
+    fn one_call(&self, body: impl FnOnce() -> Result<(), Error>) -> Result<(), Error> {
         let mut state = self
             .state
             .lock()
@@ -90,7 +90,7 @@ impl HostTransport {
     /// A validated all_reduce (`at` 0) or reduce_scatter (`at`: this rank's shard): every
     /// rank's whole input, then the tree over elements `at..` into the output.
     fn reduce(&self, call: Call, at: usize) -> Result<(), Error> {
-        self.call(|| {
+        self.one_call(|| {
             // SAFETY: the validated views of this call.
             let mine = unsafe { bytes(call.src, call.bytes_in()) }.to_vec();
             let rows = self.exchange(Self::signature(&call), &mine)?;
@@ -145,7 +145,7 @@ impl Collective for HostTransport {
 
     fn all_gather(&self, io: Io<'_>, _: &()) -> Result<(), Error> {
         let call = validate(Op::AllGather, &io, self.rank, self.world, self.capacity)?;
-        self.call(|| {
+        self.one_call(|| {
             // SAFETY: validated views of this call (here and below).
             let mine = unsafe { bytes(call.src, call.bytes_in()) }.to_vec();
             let rows = self.exchange(Self::signature(&call), &mine)?;
@@ -170,7 +170,7 @@ impl Collective for HostTransport {
 
     fn reduce_scatter_many(&self, lanes: &[Io<'_>], _: &()) -> Result<(), Error> {
         let (calls, sig) = validate_many(lanes, self.rank, self.world, self.capacity)?;
-        self.call(|| {
+        self.one_call(|| {
             let mut mine = Vec::new();
             for l in calls.iter() {
                 // SAFETY: as in `all_gather`.

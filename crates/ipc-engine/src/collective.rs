@@ -401,21 +401,25 @@ impl<D: IpcDevice> Collective for IpcCollective<D> {
         unsafe { self.device.synchronize_stream(s) }.map_err(|e| self.fail(e))?;
         IpcCollective::check(self)
     }
-    fn all_reduce(&self, io: Io<'_>, stream: &D::Stream) -> Result<(), Error> {
+    /// The one entry of single-lane calls: the op goes to `enqueue` as a value.
+    fn call(&self, op: Op, io: Io<'_>, stream: &D::Stream) -> Result<(), Error> {
         let s = self.device.raw_stream(stream)?;
-        // SAFETY: the stream is this device's (checked); the views' validity is the contract
-        // of their (unsafe) constructors, documented on this type.
-        unsafe { self.enqueue(Op::AllReduce, io, s) }
+        if op == Op::ReduceScatterMany {
+            // SAFETY: the stream is this device's (checked); the views' validity is the
+            // contract of their (unsafe) constructors, documented on this type.
+            return unsafe { self.enqueue_many(&[io], s) };
+        }
+        // SAFETY: as above.
+        unsafe { self.enqueue(op, io, s) }
+    }
+    fn all_reduce(&self, io: Io<'_>, stream: &D::Stream) -> Result<(), Error> {
+        self.call(Op::AllReduce, io, stream)
     }
     fn all_gather(&self, io: Io<'_>, stream: &D::Stream) -> Result<(), Error> {
-        let s = self.device.raw_stream(stream)?;
-        // SAFETY: as in `all_reduce`.
-        unsafe { self.enqueue(Op::AllGather, io, s) }
+        self.call(Op::AllGather, io, stream)
     }
     fn reduce_scatter(&self, io: Io<'_>, stream: &D::Stream) -> Result<(), Error> {
-        let s = self.device.raw_stream(stream)?;
-        // SAFETY: as in `all_reduce`.
-        unsafe { self.enqueue(Op::ReduceScatter, io, s) }
+        self.call(Op::ReduceScatter, io, stream)
     }
     fn reduce_scatter_many(&self, lanes: &[Io<'_>], stream: &D::Stream) -> Result<(), Error> {
         let s = self.device.raw_stream(stream)?;
