@@ -65,7 +65,14 @@ fn decode_hello(b: &[u8]) -> Result<(i32, Vec<u64>), String> {
 
 /// The decision every rank takes from every rank's announcement (`all[q]` from rank `q`) and
 /// this rank's word names: `Ok` when all are ready with one version and equal words.
+#[cfg(test)]
 pub(crate) fn decide(all: &[Vec<u8>], names: &[&'static str]) -> Result<(), String> {
+    decide_checked(all, names, true)
+}
+
+/// [`decide`]; with `check` false only readiness counts (a composer's agreement compared the
+/// versions and the configuration already).
+pub(crate) fn decide_checked(all: &[Vec<u8>], names: &[&'static str], check: bool) -> Result<(), String> {
     let decoded: Vec<Result<(i32, Vec<u64>), String>> = all.iter().map(|b| decode_hello(b)).collect();
     let failed: Vec<String> =
         decoded.iter().enumerate().filter_map(|(q, d)| d.as_ref().err().map(|e| format!("rank {q}: {e}"))).collect();
@@ -73,7 +80,7 @@ pub(crate) fn decide(all: &[Vec<u8>], names: &[&'static str]) -> Result<(), Stri
         return Err(format!("the NCCL/RCCL transport cannot be built: {}", failed.join("; ")));
     }
     let ok: Vec<&(i32, Vec<u64>)> = decoded.iter().filter_map(|d| d.as_ref().ok()).collect();
-    let Some(first) = ok.first() else { return Ok(()) };
+    let Some(first) = ok.first().filter(|_| check) else { return Ok(()) };
     let mut problems = Vec::new();
     for (q, (version, words)) in ok.iter().enumerate().skip(1) {
         if *version != first.0 {
@@ -100,14 +107,25 @@ pub(crate) fn decide(all: &[Vec<u8>], names: &[&'static str]) -> Result<(), Stri
 /// Collective readiness check. `local` is this rank's outcome (the thing it built and its
 /// announcement, or its error). Returns the built thing when every rank is ready and agrees;
 /// otherwise every rank fails (this rank's own error if it failed, else `ConfigMismatch`).
+#[cfg(test)]
 pub(crate) fn agree<T>(boot: &dyn Bootstrap, local: Result<(T, Hello), Error>) -> Result<T, Error> {
+    agree_checked(boot, local, true)
+}
+
+/// [`agree`]; with `check` false the exchange carries readiness only: a rank that failed
+/// locally still fails every rank at once with its reason.
+pub(crate) fn agree_checked<T>(
+    boot: &dyn Bootstrap,
+    local: Result<(T, Hello), Error>,
+    check: bool,
+) -> Result<T, Error> {
     let (names, mine) = match &local {
         Ok((_, h)) => (h.words.iter().map(|(n, _)| *n).collect::<Vec<_>>(), encode_hello(Ok(h))),
         Err(e) => (Vec::new(), encode_hello(Err(&e.to_string()))),
     };
     let all = boot.all_gather_bytes(&mine)?;
     let (thing, _) = local?;
-    decide(&all, &names).map_err(|detail| Error::ConfigMismatch { detail })?;
+    decide_checked(&all, &names, check).map_err(|detail| Error::ConfigMismatch { detail })?;
     Ok(thing)
 }
 

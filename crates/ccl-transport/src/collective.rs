@@ -150,6 +150,26 @@ impl<D: Device> TransportCollective<D> {
         boot: &dyn Bootstrap,
         config: &TransportConfig,
     ) -> Result<Self, Error> {
+        Self::build(make_device, boot, config, true)
+    }
+
+    /// [`TransportCollective::with_device`] for a composer whose own agreement already compared
+    /// every rank's library version and [`TransportConfig::agreement`] (the factory's): the
+    /// handshake here exchanges readiness and the NCCL/RCCL unique id only.
+    pub fn with_agreed_device(
+        make_device: impl FnOnce() -> Result<D, Error>,
+        boot: &dyn Bootstrap,
+        config: &TransportConfig,
+    ) -> Result<Self, Error> {
+        Self::build(make_device, boot, config, false)
+    }
+
+    fn build(
+        make_device: impl FnOnce() -> Result<D, Error>,
+        boot: &dyn Bootstrap,
+        config: &TransportConfig,
+        check: bool,
+    ) -> Result<Self, Error> {
         let world = boot.world_size();
         // Resolved inside the agreement: a rank whose environment is invalid reports it to
         // every peer instead of leaving them waiting.
@@ -170,7 +190,7 @@ impl<D: Device> TransportCollective<D> {
             let hello = Hello { version, words: config.agreement_words() };
             Ok(((device, ws, tracking, lib, version, config), hello))
         })();
-        let (device, ws, tracking, lib, version, config) = agree::agree(boot, local)?;
+        let (device, ws, tracking, lib, version, config) = agree::agree_checked(boot, local, check)?;
         let library = lib.path().to_string();
         let comm = Communicator::new(lib, boot, config.comm_options())?;
         Self::assemble(&config, device, version, library, State { comm, ws, tracking })

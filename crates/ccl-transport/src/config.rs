@@ -203,6 +203,13 @@ impl TransportConfig {
         Ok(())
     }
 
+    /// What every rank must share (resolved from the environment), `name=value`: for a composer
+    /// whose own agreement compares it before building the transport with
+    /// [`crate::TransportCollective::with_agreed_device`].
+    pub fn agreement(&self) -> Result<Vec<String>, Error> {
+        Ok(self.resolved()?.agreement_words().into_iter().map(|(n, v)| format!("{n}={v}")).collect())
+    }
+
     /// Words every rank must share, with their names: what shapes the NCCL calls, and the wait
     /// bounds (so every rank gives up on a dead peer at the same time, as the IPC routes do).
     /// Not `init_timeout` and `watchdog`, which are local.

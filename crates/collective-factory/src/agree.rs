@@ -45,6 +45,11 @@ pub struct Facts {
     /// their layout allows ([`NodeLayout::of_hosts`]), else the flat transport route.
     #[serde(default)]
     pub nodes: bool,
+    /// The transport's configuration as this rank resolved it (`name=value`,
+    /// `ccl_transport`'s `TransportConfig::agreement`; empty without a transport): compared
+    /// here, so the transport's own handshake exchanges readiness and its unique id only.
+    #[serde(default)]
+    pub transport_config: Vec<String>,
 }
 
 impl Facts {
@@ -122,6 +127,14 @@ pub fn decide(facts: &[Facts]) -> Result<Decision, Error> {
         }
         if f.versions != first.versions {
             return Err(mismatch("libraries", q, &first.versions.join(","), &f.versions.join(",")));
+        }
+        if f.transport_config != first.transport_config {
+            return Err(mismatch(
+                "transport configuration",
+                q,
+                &first.transport_config.join(","),
+                &f.transport_config.join(","),
+            ));
         }
     }
     let platform = Platform::parse(&first.platform)

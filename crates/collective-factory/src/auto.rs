@@ -271,6 +271,7 @@ fn fail_collectively(boot: &dyn Bootstrap, config: &Config, e: Error) -> Error {
         errors: vec![e.to_string()],
         missing: Vec::new(),
         nodes: false,
+        transport_config: Vec::new(),
     };
     match facts.agree(boot) {
         Err(agreed) => agreed,

@@ -29,9 +29,21 @@ pub(crate) fn transport<D: Device + Clone>(
     if !d.transport {
         return Ok(None);
     }
+    // The agreement compared every rank's library version and transport configuration.
+    TransportCollective::with_agreed_device(|| Ok(device.clone()), boot, &transport_config(config)).map(Some)
+}
+
+/// The transport's configuration from `config`.
+pub(crate) fn transport_config(config: &Config) -> TransportConfig {
     let mut t = TransportConfig::new(config.capacity());
     t.timeouts = config.timeouts();
-    TransportCollective::with_device(|| Ok(device.clone()), boot, &t).map(Some)
+    t
+}
+
+/// What a rank with a transport reports to the agreement about its configuration (its
+/// failure to resolve it goes to `errors`).
+pub(crate) fn transport_facts(config: &Config, errors: &mut Vec<String>) -> Vec<String> {
+    Facts::local(errors, transport_config(config).agreement(), Vec::new)
 }
 
 /// Ranks as threads: `ipc[r]` on `devices[r]`, each rank agreeing (with the facts `facts`

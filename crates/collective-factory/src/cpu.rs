@@ -178,6 +178,7 @@ fn agree_and_build<T: Collective<Stream = ()>>(
         errors,
         missing: Vec::new(),
         nodes,
+        transport_config: Vec::new(),
     };
     let d = facts.agree(boot)?;
     if d.platform != Platform::Cpu {

@@ -148,6 +148,7 @@ fn facts(device: &CudaDevice, routing: Routing, config: &Config, nccl: bool) -> 
     let uuid = cuda_ipc::driver::uuid(device.context()).map(hex).unwrap_or_default();
     let lib = nccl.then(|| ccl_transport::load(Some(ccl_transport::Vendor::Nvidia)).ok()).flatten();
     let version = lib.as_ref().and_then(|l| l.version().ok()).map(|v| format!("nccl={v}"));
+    let transport_config = crate::compose::transport_facts(config, &mut errors);
     Facts {
         platform: platform.name().to_string(),
         host,
@@ -160,6 +161,7 @@ fn facts(device: &CudaDevice, routing: Routing, config: &Config, nccl: bool) -> 
         errors,
         missing: Vec::new(),
         nodes: false,
+        transport_config,
     }
 }
 
@@ -199,6 +201,7 @@ fn build(
                 errors: Vec::new(),
                 missing: Vec::new(),
                 nodes: false,
+                transport_config: crate::compose::transport_facts(config, &mut Vec::new()),
             };
             f.fail("opening its CUDA device", e);
             (f, None)

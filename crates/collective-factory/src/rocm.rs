@@ -126,6 +126,7 @@ fn facts(ordinal: Result<usize, Error>, routing: Routing, config: &Config, rccl:
     let lib = rccl.then(|| ccl_transport::load(Some(Vendor::Amd)).ok()).flatten();
     let hip = hip_ipc::runtime::versions().ok().map(|(r, d)| format!("hip-runtime={r},hip-driver={d}"));
     let rccl_version = lib.as_ref().and_then(|l| l.version().ok()).map(|v| format!("rccl={v}"));
+    let transport_config = crate::compose::transport_facts(config, &mut errors);
     let mut f = Facts {
         platform: platform.name().to_string(),
         host,
@@ -138,6 +139,7 @@ fn facts(ordinal: Result<usize, Error>, routing: Routing, config: &Config, rccl:
         errors,
         missing: Vec::new(),
         nodes: false,
+        transport_config,
     };
     if let Err(e) = ordinal {
         // A rank without its GPU reports the platform it was asked to drive; its failure makes

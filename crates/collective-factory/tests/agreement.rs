@@ -17,6 +17,7 @@ fn facts(n: usize) -> Vec<Facts> {
             errors: Vec::new(),
             missing: Vec::new(),
             nodes: false,
+            transport_config: Vec::new(),
         })
         .collect()
 }
@@ -48,6 +49,7 @@ fn disagreements_fail_with_one_error_naming_the_rank() {
         (|f| f.capacity = 1 << 19, "capacity"),
         (|f| f.versions = vec!["rccl=2.21".into()], "libraries"),
         (|f| f.routing = Routing::default_for(Platform::Nvidia).canonical_json(), "routing"),
+        (|f| f.transport_config = vec!["blocking=1".into()], "transport configuration"),
     ];
     for (change, what) in cases {
         let mut all = facts(4);

@@ -34,6 +34,7 @@ fn facts(rank: usize) -> Facts {
         errors: Vec::new(),
         missing: Vec::new(),
         nodes: false,
+        transport_config: Vec::new(),
     }
 }
 
