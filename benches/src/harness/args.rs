@@ -170,7 +170,7 @@ pub struct BenchArgs {
     pub threads: bool,
 
     /// Spread the ranks over N simulated hosts (processes, CPU twin): each gets
-    /// DETCOLL_HOST_ID=virtual-node-<n> and its node's LOCAL_RANK/LOCAL_WORLD_SIZE, so the
+    /// DETCOLL_HOST_ID=virtual-node-{n} and its node's LOCAL_RANK/LOCAL_WORLD_SIZE, so the
     /// world routes as across hosts (hierarchical with 2/4/8 ranks per node, else the flat
     /// transport route). Needed above 8 ranks.
     #[arg(long, value_parser = parse_positive)]

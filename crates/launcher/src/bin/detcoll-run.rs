@@ -33,7 +33,7 @@ struct Cli {
     #[arg(long)]
     no_prefix: bool,
     /// Simulate N hosts on this one (tests, benchmarks): rank r of L = nproc/N per node gets
-    /// DETCOLL_HOST_ID=virtual-node-<r/L>, LOCAL_RANK=r%L, LOCAL_WORLD_SIZE=L, GROUP_RANK=r/L.
+    /// DETCOLL_HOST_ID=virtual-node-{r/L}, LOCAL_RANK=r%L, LOCAL_WORLD_SIZE=L, GROUP_RANK=r/L.
     #[arg(long, value_parser = parse_nproc)]
     virtual_nodes: Option<usize>,
     /// The program and its arguments (after `--`).
