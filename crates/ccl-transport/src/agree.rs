@@ -64,15 +64,9 @@ fn decode_hello(b: &[u8]) -> Result<(i32, Vec<u64>), String> {
 }
 
 /// The decision every rank takes from every rank's announcement (`all[q]` from rank `q`) and
-/// this rank's word names: `Ok` when all are ready with one version and equal words.
-#[cfg(test)]
-pub(crate) fn decide(all: &[Vec<u8>], names: &[&'static str]) -> Result<(), String> {
-    decide_checked(all, names, true)
-}
-
-/// [`decide`]; with `check` false only readiness counts (a composer's agreement compared the
-/// versions and the configuration already).
-pub(crate) fn decide_checked(all: &[Vec<u8>], names: &[&'static str], check: bool) -> Result<(), String> {
+/// this rank's word names: `Ok` when all are ready and, with `check`, run one version with
+/// equal words (`check` false: a composer's agreement compared those already).
+pub(crate) fn decide(all: &[Vec<u8>], names: &[&'static str], check: bool) -> Result<(), String> {
     let decoded: Vec<Result<(i32, Vec<u64>), String>> = all.iter().map(|b| decode_hello(b)).collect();
     let failed: Vec<String> =
         decoded.iter().enumerate().filter_map(|(q, d)| d.as_ref().err().map(|e| format!("rank {q}: {e}"))).collect();
@@ -105,27 +99,18 @@ pub(crate) fn decide_checked(all: &[Vec<u8>], names: &[&'static str], check: boo
 }
 
 /// Collective readiness check. `local` is this rank's outcome (the thing it built and its
-/// announcement, or its error). Returns the built thing when every rank is ready and agrees;
-/// otherwise every rank fails (this rank's own error if it failed, else `ConfigMismatch`).
-#[cfg(test)]
-pub(crate) fn agree<T>(boot: &dyn Bootstrap, local: Result<(T, Hello), Error>) -> Result<T, Error> {
-    agree_checked(boot, local, true)
-}
-
-/// [`agree`]; with `check` false the exchange carries readiness only: a rank that failed
-/// locally still fails every rank at once with its reason.
-pub(crate) fn agree_checked<T>(
-    boot: &dyn Bootstrap,
-    local: Result<(T, Hello), Error>,
-    check: bool,
-) -> Result<T, Error> {
+/// announcement, or its error). Returns the built thing when every rank is ready and (with
+/// `check`) agrees; otherwise every rank fails (this rank's own error if it failed, else
+/// `ConfigMismatch`). With `check` false a rank that failed locally still fails every rank at
+/// once with its reason.
+pub(crate) fn agree<T>(boot: &dyn Bootstrap, local: Result<(T, Hello), Error>, check: bool) -> Result<T, Error> {
     let (names, mine) = match &local {
         Ok((_, h)) => (h.words.iter().map(|(n, _)| *n).collect::<Vec<_>>(), encode_hello(Ok(h))),
         Err(e) => (Vec::new(), encode_hello(Err(&e.to_string()))),
     };
     let all = boot.all_gather_bytes(&mine)?;
     let (thing, _) = local?;
-    decide_checked(&all, &names, check).map_err(|detail| Error::ConfigMismatch { detail })?;
+    decide(&all, &names, check).map_err(|detail| Error::ConfigMismatch { detail })?;
     Ok(thing)
 }
 
@@ -204,14 +189,14 @@ mod tests {
     #[test]
     fn ready_ranks_that_agree_go() {
         let h = encode_hello(Ok(&hello(22803, &[1 << 20, 65536, u64::MAX, 0])));
-        assert_eq!(decide(&[h.clone(), h.clone(), h], &names()), Ok(()));
+        assert_eq!(decide(&[h.clone(), h.clone(), h], &names(), true), Ok(()));
     }
 
     #[test]
     fn one_failed_rank_fails_everyone_with_its_reason() {
         let ok = encode_hello(Ok(&hello(22803, &[1, 2, 3, 4])));
         let bad = encode_hello(Err("libnccl.so.2 could not be loaded: not found"));
-        let e = decide(&[ok.clone(), bad, ok], &names()).expect_err("must fail");
+        let e = decide(&[ok.clone(), bad, ok], &names(), true).expect_err("must fail");
         assert!(e.contains("rank 1: libnccl.so.2 could not be loaded"), "{e}");
     }
 
@@ -219,10 +204,10 @@ mod tests {
     fn version_and_config_mismatches_are_named() {
         let a = encode_hello(Ok(&hello(22803, &[1, 2, 3, 4])));
         let b = encode_hello(Ok(&hello(22703, &[1, 9, 3, 4])));
-        let e = decide(&[a, b], &names()).expect_err("must fail");
+        let e = decide(&[a, b], &names(), true).expect_err("must fail");
         assert!(e.contains("rank 1 runs NCCL/RCCL 2.27.3 but rank 0 runs 2.28.3"), "{e}");
         assert!(e.contains("rank 1 has pack_threshold = 9 but rank 0 has 2"), "{e}");
-        assert!(decide(&[vec![7, 7]], &names()).is_err());
+        assert!(decide(&[vec![7, 7]], &names(), true).is_err());
     }
 
     #[test]
@@ -277,7 +262,7 @@ mod tests {
                         } else {
                             Ok((b.rank() as u32, hello(22803, &[1, 2, 3, 4])))
                         };
-                        agree(&b, local)
+                        agree(&b, local, true)
                     })
                 })
                 .collect();
