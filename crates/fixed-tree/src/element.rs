@@ -49,6 +49,35 @@
 //! exponent-field pair, ties, subnormals, signed zeros, specials, the overflow boundary, random
 //! pairs); its ignored `exhaustive_*` tests check all 2^32 operand pairs of each type
 //! (`cargo test --release -p fixed-tree --test exact_add -- --ignored`).
+//!
+//! # Conversions to and from `f32`
+//!
+//! The fused residual + RMSNorm reference ([`crate::rmsnorm`]) computes in `f32` and rounds its
+//! output to `T` once, so `Element` also carries the two conversions:
+//!
+//! * [`Element::to_f32_exact`] widens exactly: every f16 and bf16 value (subnormals, `±0`, `±∞`
+//!   included) is an f32 value. A NaN stays a NaN (`half` sets the quiet bit of a bf16 NaN;
+//!   payloads are not part of the contract anyway).
+//! * [`Element::from_f32_rounded`] rounds to nearest, ties to even, with gradual underflow and
+//!   overflow to `±∞`; it is the identity for `f32`. This is what `half` 2.7's conversions do:
+//!   - `bf16::from_f32` is always software: it keeps the top 16 bits and adds one when the
+//!     round bit is set and a lower (sticky) bit or the last kept bit is set, i.e. ties to even.
+//!     A carry ripples into the exponent field, up to the infinity pattern `0x7f80` (overflow);
+//!     bf16 has f32's exponent range, so f32 subnormals round to bf16 subnormals by the same
+//!     rule. A NaN keeps its sign and high payload and gets the quiet bit, so a payload confined
+//!     to the dropped bits cannot turn it into `∞`.
+//!   - `f16::from_f32` uses the F16C `vcvtps2ph` instruction with `_MM_FROUND_TO_NEAREST_INT`
+//!     (x86, detected at run time), `fcvt` under the default FPCR (aarch64 with FP16), or the
+//!     software `f32_to_f16_fallback`: all round to nearest even, produce f16 subnormals
+//!     (round bit / sticky bit at the subnormal quantum), return a signed zero at or below half
+//!     the smallest subnormal (`2^-25` is a tie, to the even zero; every f32 subnormal is far
+//!     below), overflow to `±∞` from
+//!     `65504 + 16 = 65520` (the tie rounds to the even neighbour, `2^16`) up, and map NaN to
+//!     a NaN.
+//!
+//! `tests/convert.rs` checks both against an integer reference (every f16/bf16 pattern; ties,
+//! subnormals, the overflow boundary and random f32 patterns; all 2^32 f32 patterns in its
+//! ignored `exhaustive_*` test).
 use half::{bf16, f16};
 
 mod sealed {
@@ -72,6 +101,16 @@ pub trait Element: Copy + PartialEq + core::fmt::Debug + Send + Sync + 'static +
     fn from_bits_u32(bits: u32) -> Self;
     /// Whether the value is a NaN (NaN payloads are not part of the contract).
     fn is_nan(self) -> bool;
+    /// The value as an `f32`: exact (f16 and bf16 are subsets of f32); a NaN stays a NaN.
+    ///
+    /// Not named `to_f32`: traits built on `Element` (`detcoll_layers::Scalar`) have their own
+    /// `to_f32`, and one name on both would make every call on a generic `T` ambiguous.
+    fn to_f32_exact(self) -> f32;
+    /// `v` rounded to `Self`, to nearest, ties to even, with subnormals and overflow to `±∞`
+    /// (the identity for `f32`); a NaN gives a NaN. See the [module docs](self) for why `half`'s
+    /// conversions are this rounding. (Not `from_f32`, for the reason given at
+    /// [`Element::to_f32_exact`].)
+    fn from_f32_rounded(v: f32) -> Self;
 }
 
 impl Element for f32 {
@@ -92,6 +131,14 @@ impl Element for f32 {
     #[inline]
     fn is_nan(self) -> bool {
         f32::is_nan(self)
+    }
+    #[inline]
+    fn to_f32_exact(self) -> f32 {
+        self
+    }
+    #[inline]
+    fn from_f32_rounded(v: f32) -> Self {
+        v
     }
 }
 
@@ -115,6 +162,14 @@ impl Element for f16 {
     fn is_nan(self) -> bool {
         f16::is_nan(self)
     }
+    #[inline]
+    fn to_f32_exact(self) -> f32 {
+        f16::to_f32(self)
+    }
+    #[inline]
+    fn from_f32_rounded(v: f32) -> Self {
+        f16::from_f32(v)
+    }
 }
 
 impl Element for bf16 {
@@ -135,5 +190,13 @@ impl Element for bf16 {
     #[inline]
     fn is_nan(self) -> bool {
         bf16::is_nan(self)
+    }
+    #[inline]
+    fn to_f32_exact(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    #[inline]
+    fn from_f32_rounded(v: f32) -> Self {
+        bf16::from_f32(v)
     }
 }

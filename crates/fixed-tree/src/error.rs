@@ -12,6 +12,15 @@ pub enum Error {
     RankOutOfRange { rank: usize, world: usize },
     /// Cross-TP needs 8 leaves split over k ranks, k in {1, 2, 4, 8}.
     UnsupportedTpSplit { leaves: usize, ranks: usize },
+    /// `rows * hidden` does not fit in `usize`.
+    ShapeOverflow { rows: usize, hidden: usize },
+    /// A row length the RMSNorm reference does not take: 0, or above
+    /// [`crate::RMSNORM_MAX_HIDDEN`] (`2^24`, the largest `hidden` that converts to `f32` exactly
+    /// for the mean).
+    UnsupportedHidden { hidden: usize },
+    /// An RMSNorm `eps` that is NaN, infinite or negative. The field is the bit pattern of the
+    /// rejected `f32` (bits, so that `Error` stays `Eq`).
+    InvalidEps { bits: u32 },
 }
 
 impl core::fmt::Display for Error {
@@ -31,6 +40,15 @@ impl core::fmt::Display for Error {
             }
             Error::UnsupportedTpSplit { leaves, ranks } => {
                 write!(f, "cannot split {leaves} leaves over {ranks} ranks: expected 8 leaves and 1, 2, 4 or 8 ranks")
+            }
+            Error::ShapeOverflow { rows, hidden } => {
+                write!(f, "{rows} rows of {hidden} elements overflow usize")
+            }
+            Error::UnsupportedHidden { hidden } => {
+                write!(f, "hidden size {hidden} is not supported: expected 1 to {}", crate::RMSNORM_MAX_HIDDEN)
+            }
+            Error::InvalidEps { bits } => {
+                write!(f, "eps {} is not a finite, non-negative f32", f32::from_bits(*bits))
             }
         }
     }

@@ -23,14 +23,26 @@
 //! f16 (bf16) gives the same bits as rounding it once, because f32's 24 bits are at least
 //! 2p + 2 for p = 11 (f16) and p = 8 (bf16), the bound under which double rounding of a sum is
 //! innocuous; zeros, subnormals, overflow and NaN are handled there case by case.
+//!
+//! # Fused all_reduce + residual + RMSNorm
+//!
+//! [`residual_rmsnorm`] is the reference of the fused op `h = residual + all_reduce(x)`,
+//! `y = rmsnorm(h) * weight`: the tree above for the all_reduce, one add in the dtype, then a
+//! sum of squares in `f32` in one fixed lane order ([`RMSNORM_LANES`], [`RMSNORM_VECTOR`]), a
+//! correctly rounded `1 / sqrt(mean + eps)`, and one rounding to the dtype. The [`rmsnorm`]
+//! module states the evaluation step by step and why that order.
 #![forbid(unsafe_code)]
 
 pub mod element;
 mod error;
 mod ops;
+pub mod rmsnorm;
 pub mod tree;
 
 pub use element::Element;
 pub use error::Error;
 pub use ops::{all_gather, cross_tp_leaves, reduce, reduce_scatter, reduce_scatter_many};
+pub use rmsnorm::{
+    RMSNORM_LANES, RMSNORM_MAX_HIDDEN, RMSNORM_VECTOR, RmsNormShape, residual_rmsnorm, rmsnorm_row, sum_of_squares,
+};
 pub use tree::{MAX_WORLD_SIZE, SUPPORTED_WORLD_SIZES, tree_expression, tree_sum};

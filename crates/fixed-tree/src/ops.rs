@@ -23,7 +23,7 @@ const CHUNK: usize = 256;
 /// The caller has checked the world size and that every rank holds those elements. One loop per
 /// world size 1, 2, 4 and 8, over columns of equal length, so the per-element work is the tree
 /// alone; any other world goes through [`tree_cols`] in chunks of [`CHUNK`] elements.
-fn tree_into<T: Element>(ranks: &[&[T]], start: usize, out: &mut [T]) {
+pub(crate) fn tree_into<T: Element>(ranks: &[&[T]], start: usize, out: &mut [T]) {
     match ranks.len() {
         1 | 2 | 4 | 8 => tree_small(ranks, start, out),
         _ => {
