@@ -25,12 +25,19 @@ pub(crate) fn identity() -> Result<String, String> {
         Err(std::env::VarError::NotPresent) => {}
         Err(std::env::VarError::NotUnicode(v)) => return Err(invalid(&v.to_string_lossy(), "valid UTF-8")),
     }
+    Ok(machine_identity())
+}
+
+/// `hostname/boot-id` of the machine itself, which `DETCOLL_HOST_ID` never overrides: what
+/// names a physical device together with a per-machine id (a PCI bus id), so that ranks of
+/// simulated hosts on one machine still see that they share a GPU.
+pub fn machine_identity() -> String {
     let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string()).unwrap_or_default();
     let mut name = read("/proc/sys/kernel/hostname");
     if name.is_empty() {
         name = std::env::var("HOSTNAME").unwrap_or_else(|_| "unknown-host".into());
     }
-    Ok(format!("{name}/{}", read("/proc/sys/kernel/random/boot_id")))
+    format!("{name}/{}", read("/proc/sys/kernel/random/boot_id"))
 }
 
 /// Whether `id` is a usable `DETCOLL_HOST_ID`: not empty (nor only whitespace), no control

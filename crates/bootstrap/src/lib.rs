@@ -51,7 +51,7 @@ mod wire;
 pub use deadline::MAX_BOOTSTRAP_TIMEOUT;
 pub use env::TorchrunEnv;
 pub use fds::reserve_descriptors;
-pub use host::{HOST_ID_ENV, host_identity};
+pub use host::{HOST_ID_ENV, host_identity, machine_identity};
 pub use local::LocalBootstrap;
 pub use split::{GroupTransport, SplitEntry, SplitOptions, SubBootstrap, group_members, split, split_with};
 pub use tcp::{HANDSHAKE_TIMEOUT, MAX_PENDING_HANDSHAKES, TcpBootstrap, TcpConfig};

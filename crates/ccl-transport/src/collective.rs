@@ -30,7 +30,7 @@ use crate::plan::{Addr, Exchange, Plan, Step, Transfer};
 use crate::sys::NcclLibrary;
 use crate::version::Version;
 use crate::watchdog::{Call, Tracking, WatchdogThread, Watched};
-use crate::workspace::Workspace;
+use detcoll_protocol::Workspace;
 use collective_core::bootstrap::Bootstrap;
 use collective_core::process::ProcessOwner;
 use collective_core::{Capabilities, Collective, Error, Io, Op, Route, validate, validate_many};
@@ -183,7 +183,7 @@ impl<D: Device> TransportCollective<D> {
             let device = make_device()?;
             device.bind()?;
             device.load_tree(world)?;
-            let ws = Workspace::new(&device)?;
+            let ws = Workspace::new(&device, BACKEND)?;
             let tracking = Tracking::new(&device, config.watchdog_bound())?;
             let lib = load_library(&config, D::VENDOR)?;
             let version = lib.version()?;
@@ -230,7 +230,7 @@ impl<D: Device> TransportCollective<D> {
     /// A collective over a communicator made elsewhere (tests: a fake NCCL's).
     #[cfg(test)]
     pub(crate) fn from_parts(device: D, comm: Communicator, config: &TransportConfig) -> Result<Self, Error> {
-        let ws = Workspace::new(&device)?;
+        let ws = Workspace::new(&device, BACKEND)?;
         let tracking = Tracking::new(&device, config.watchdog_bound())?;
         let library = comm.library().path().to_string();
         Self::assemble(config, device, Version::from_code(0), library, State { comm, ws, tracking })

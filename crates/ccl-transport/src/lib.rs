@@ -42,7 +42,6 @@ mod sim;
 pub mod sys;
 mod version;
 pub mod watchdog;
-mod workspace;
 
 pub use collective::TransportCollective;
 pub use comm::{CommOptions, Communicator};

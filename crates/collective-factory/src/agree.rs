@@ -22,10 +22,10 @@ pub struct Facts {
     pub capacity: usize,
     /// The routing table it would use, canonically serialised.
     pub routing: String,
-    /// Identity of its GPU (NVIDIA: the device UUID; ROCm: the PCI bus id), empty when unknown.
-    /// Two ranks on one host with the same device cannot share a transport communicator
-    /// (NCCL/RCCL refuse two ranks on one GPU), so such a world is routed without the
-    /// transport.
+    /// Identity of its GPU, unique across machines (NVIDIA: the device UUID; ROCm: the
+    /// machine's `hostname/boot-id` and the PCI bus id), empty when unknown. Two ranks with the
+    /// same device cannot share a transport communicator (NCCL/RCCL refuse two ranks on one
+    /// GPU), so such a group is routed without it (one IPC world) or through the host.
     #[serde(default)]
     pub device: String,
     /// What failed locally before the agreement (an invalid `DETCOLL_*` variable, an unreadable
@@ -50,6 +50,13 @@ pub struct Facts {
     /// here, so the transport's own handshake exchanges readiness and its unique id only.
     #[serde(default)]
     pub transport_config: Vec<String>,
+    /// Whether this rank can run a host-staged transport (a GPU rank: device to host, the host
+    /// transport over the bootstrap, host to device). Taken only where no IPC collective spans
+    /// the world (several hosts, or more ranks than one IPC world holds) and NCCL/RCCL cannot
+    /// serve a group: a GPU shared by two of its ranks (they refuse that) or a rank without
+    /// the library.
+    #[serde(default)]
+    pub staged: bool,
 }
 
 impl Facts {
@@ -82,8 +89,18 @@ pub struct Decision {
     pub transport: bool,
     /// The routing every rank follows (the table, with routes nobody can take replaced).
     pub routing: Routing,
-    /// The node layout of the hierarchical route, when the routing takes it (several hosts).
+    /// The node layout of the hierarchical route, when the routing takes it (several hosts,
+    /// or one host with more ranks than one IPC world holds).
     pub nodes: Option<NodeLayout>,
+    /// The flat transport is the host-staged one (NCCL/RCCL cannot serve the world).
+    pub staged: bool,
+    /// The hierarchical route's transport across nodes is the host-staged one (NCCL/RCCL
+    /// cannot serve some group of ranks of one local rank).
+    pub cross_staged: bool,
+    /// The most ranks of the world on one device (1 when none is shared or none is known):
+    /// the IPC collectives of several nodes on one GPU split its multiprocessors among all of
+    /// them, so that every rank's kernel is resident at once.
+    pub device_sharers: usize,
 }
 
 impl Facts {
@@ -141,21 +158,44 @@ pub fn decide(facts: &[Facts]) -> Result<Decision, Error> {
         .ok_or_else(|| Error::InvalidConfig { detail: format!("unknown platform {}", first.platform) })?;
     let routing = Routing::from_json(&first.routing)?;
     let same_host = facts.iter().all(|f| f.host == first.host);
-    let ipc = same_host && facts.iter().all(|f| f.ipc);
-    let transport = facts.iter().all(|f| f.transport) && shared_device(facts).is_none();
-    let single = facts.len() == 1;
-    if single {
-        return Ok(Decision { platform, ipc: false, transport: false, routing, nodes: None });
+    let world = facts.len();
+    let every = |f: fn(&Facts) -> bool| facts.iter().all(f);
+    // One IPC collective spans the world only on one host and up to its world limit.
+    let ipc = same_host && world <= collective_core::MAX_NODE_WORLD_SIZE && every(|f| f.ipc);
+    let native = every(|f| f.transport);
+    let can_stage = every(|f| f.staged);
+    if world == 1 {
+        return Ok(Decision {
+            platform,
+            ipc: false,
+            transport: false,
+            routing,
+            nodes: None,
+            staged: false,
+            cross_staged: false,
+            device_sharers: 1,
+        });
     }
-    // Several hosts: the hierarchical route where every rank can run it and the layout
-    // allows (node-major, the same power-of-two number of ranks on every host).
-    let layout = if same_host || !facts.iter().all(|f| f.nodes && f.ipc) {
+    // Several hosts, or one host with more ranks than an IPC world: the hierarchical route
+    // where every rank can run it and the layout allows (node-major, the same power-of-two
+    // number of ranks on every node).
+    let layout = if ipc || !every(|f| f.nodes && f.ipc) {
         None
+    } else if same_host {
+        NodeLayout::of_one_host(world)
     } else {
         NodeLayout::of_hosts(&facts.iter().map(|f| f.host.as_str()).collect::<Vec<_>>())
     };
-    let routing = if same_host { routing.on_one_host() } else { routing };
-    if let (Some((a, b)), false) = (shared_device(facts), ipc) {
+    // Which transport each group gets: NCCL/RCCL where every rank has it and no GPU is shared
+    // inside the group, else the host-staged one where every rank can run it and no IPC
+    // collective spans the world (one host's IPC world never falls back to staging).
+    let cross_native = layout.is_some_and(|l| native && cross_shared_device(facts, l).is_none());
+    let layout = layout.filter(|_| cross_native || can_stage);
+    let flat_native = native && shared_device(facts).is_none();
+    let flat_staged = !flat_native && !ipc && can_stage;
+    let transport = flat_native || flat_staged;
+    let routing = if ipc { routing.on_one_host() } else { routing };
+    if let (Some((a, b)), false, false) = (shared_device(facts), ipc, transport || layout.is_some()) {
         return Err(Error::InvalidConfig {
             detail: format!(
                 "no route is possible: ranks {a} and {b} share one GPU (the transport needs one GPU per rank) and same-host IPC is not available"
@@ -164,18 +204,19 @@ pub fn decide(facts: &[Facts]) -> Result<Decision, Error> {
     }
     let why_no_ipc = if !same_host {
         "the ranks run on more than one host".to_string()
+    } else if world > collective_core::MAX_NODE_WORLD_SIZE {
+        format!("{world} ranks are more than one IPC world holds ({})", collective_core::MAX_NODE_WORLD_SIZE)
     } else {
         let q = facts.iter().position(|f| !f.ipc).unwrap_or(0);
         format!("rank {q} cannot do same-host IPC")
     };
-    let routing = match (ipc, transport) {
-        (true, true) => routing,
-        (true, false) => routing.without_transport(),
-        (false, true) => match layout {
-            Some(_) => routing.across_nodes(),
-            None => routing.transport_only(),
-        },
-        (false, false) => {
+    let routing = match (ipc, transport, layout) {
+        (true, true, _) => routing,
+        (true, false, _) => routing.without_transport(),
+        (false, _, Some(_)) if flat_native => routing.across_nodes(),
+        (false, _, Some(_)) => routing.hierarchical_only(),
+        (false, true, None) => routing.transport_only(),
+        (false, false, None) => {
             return Err(Error::InvalidConfig {
                 detail: format!("no route is possible: {why_no_ipc}, and not every rank has a transport"),
             });
@@ -185,8 +226,17 @@ pub fn decide(facts: &[Facts]) -> Result<Decision, Error> {
     let nodes = layout.filter(|_| uses(Route::needs_nodes));
     // The flat transport is built only for the ranges that take it (the hierarchical route
     // brings its own transport across nodes).
-    let flat = routing.routes().any(|r| r.needs_transport() && !r.needs_nodes());
-    Ok(Decision { platform, ipc: uses(Route::needs_ipc), transport: flat, routing, nodes })
+    let flat = transport && routing.routes().any(|r| r.needs_transport() && !r.needs_nodes());
+    Ok(Decision {
+        platform,
+        ipc: uses(Route::needs_ipc) && ipc,
+        transport: flat,
+        routing,
+        nodes,
+        staged: flat && !flat_native,
+        cross_staged: nodes.is_some() && !cross_native,
+        device_sharers: device_sharers(facts),
+    })
 }
 
 /// The error of a world where some rank failed locally, naming each failing rank: every rank's
@@ -236,13 +286,46 @@ fn rank_list(ranks: &[usize]) -> String {
     format!("{} {}", if ranks.len() == 1 { "rank" } else { "ranks" }, runs.join(", "))
 }
 
-/// Two ranks on one host that report the same (known) device, if any.
+/// Two ranks of one group of the hierarchical route's transport (the ranks of one local
+/// rank, one per node) that share a device, if any.
+fn cross_shared_device(facts: &[Facts], layout: NodeLayout) -> Option<(usize, usize)> {
+    (0..layout.local).find_map(|l| shared_in(facts, (0..layout.nodes).map(|n| n * layout.local + l)))
+}
+
+/// The most ranks on one (known) device, at least 1.
+fn device_sharers(facts: &[Facts]) -> usize {
+    let mut count: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for f in facts.iter().filter(|f| !f.device.is_empty()) {
+        *count.entry(f.device.as_str()).or_default() += 1;
+    }
+    count.into_values().max().unwrap_or(1)
+}
+
+/// Two ranks that report the same (known) device, if any: device identities name one physical
+/// GPU across machines (NVIDIA: its UUID; ROCm: the machine and the PCI bus id), whatever host
+/// identity the ranks report (virtual nodes on one GPU share it).
 fn shared_device(facts: &[Facts]) -> Option<(usize, usize)> {
-    facts.iter().enumerate().find_map(|(a, fa)| {
-        let b = facts
-            .iter()
-            .skip(a + 1)
-            .position(|fb| !fa.device.is_empty() && fb.device == fa.device && fb.host == fa.host)?;
-        Some((a, a + 1 + b))
-    })
+    shared_in(facts, 0..facts.len())
+}
+
+/// Two of the ranks `group` (ascending) that report the same (known) device: the first such pair in rank order. Linear in the group (a world of 1024 decides this on every
+/// rank).
+fn shared_in(facts: &[Facts], group: impl Iterator<Item = usize>) -> Option<(usize, usize)> {
+    let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let mut first: Option<(usize, usize)> = None;
+    for q in group {
+        let f = &facts[q];
+        if f.device.is_empty() {
+            continue;
+        }
+        if let Some(&a) = seen.get(f.device.as_str()) {
+            // The pair with the smallest first rank, then the smallest second one.
+            if first.is_none_or(|(fa, _)| a < fa) {
+                first = Some((a, q));
+            }
+        } else {
+            seen.insert(f.device.as_str(), q);
+        }
+    }
+    first
 }

@@ -272,6 +272,7 @@ fn fail_collectively(boot: &dyn Bootstrap, config: &Config, e: Error) -> Error {
         missing: Vec::new(),
         nodes: false,
         transport_config: Vec::new(),
+        staged: false,
     };
     match facts.agree(boot) {
         Err(agreed) => agreed,

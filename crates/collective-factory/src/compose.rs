@@ -1,10 +1,14 @@
 //! What the GPU platforms (`nvidia`, `rocm`) build the same way from one [`Config`]: the IPC
-//! engine's configuration and the NCCL/RCCL transport where the agreement chose it.
+//! engine's configuration, the transport where the agreement chose it (NCCL/RCCL or the
+//! host-staged one), and the hierarchical route's backends.
+use crate::gpu_transport::GpuTransport;
+use crate::nodes::{DeviceScratch, NodeLayout, Nodes, node_groups};
 use crate::{Config, Decision, Facts, Routed, Routing};
 use ccl_transport::{Device, TransportCollective, TransportConfig};
 use collective_core::bootstrap::{Bootstrap, LocalBootstrap};
-use collective_core::{Error, RouteSelect};
-use detcoll_protocol::IpcConfig;
+use collective_core::{Error, RouteSelect, Timeouts};
+use detcoll_host_transport::StagedTransport;
+use detcoll_protocol::{IpcConfig, IpcDevice};
 use std::sync::Arc;
 
 /// The IPC engine's configuration: the agreed routing table is its route policy (`Routed`
@@ -19,18 +23,76 @@ pub(crate) fn ipc_config(config: &Config, routing: &Routing) -> IpcConfig {
     c
 }
 
-/// The transport on `device` when the agreement chose one (collective: every rank calls it).
+/// The flat transport on `device` when the agreement chose one (collective: every rank calls
+/// it).
 pub(crate) fn transport<D: Device + Clone>(
     d: &Decision,
     device: &D,
-    boot: &dyn Bootstrap,
+    boot: &Arc<dyn Bootstrap>,
     config: &Config,
-) -> Result<Option<TransportCollective<D>>, Error> {
+) -> Result<Option<GpuTransport<D>>, Error> {
     if !d.transport {
         return Ok(None);
     }
+    make_transport(d.staged, device, boot, config).map(Some)
+}
+
+/// NCCL/RCCL over `boot`, or the host-staged transport (`staged`). Collective over `boot`.
+fn make_transport<D: Device + Clone>(
+    staged: bool,
+    device: &D,
+    boot: &Arc<dyn Bootstrap>,
+    config: &Config,
+) -> Result<GpuTransport<D>, Error> {
+    if staged {
+        return StagedTransport::new(device.clone(), boot.clone()).map(GpuTransport::HostStaged);
+    }
     // The agreement compared every rank's library version and transport configuration.
-    TransportCollective::with_agreed_device(|| Ok(device.clone()), boot, &transport_config(config)).map(Some)
+    TransportCollective::with_agreed_device(|| Ok(device.clone()), &**boot, &transport_config(config))
+        .map(GpuTransport::Ccl)
+}
+
+/// This rank's backends of the hierarchical route (collective over `boot`): the node's IPC
+/// collective (`local`, built over the node's group with the configuration given), the
+/// transport across nodes among the ranks of this local rank (NCCL/RCCL per rail, or
+/// host-staged where the agreement said so), and a device scratch row reserved for calls up to
+/// the capacity.
+pub(crate) fn nodes<D, I>(
+    d: &Decision,
+    layout: NodeLayout,
+    device: &D,
+    boot: &Arc<dyn Bootstrap>,
+    config: &Config,
+    local: impl FnOnce(Arc<dyn Bootstrap>, &IpcConfig) -> Result<I, Error>,
+) -> Result<Nodes<I, GpuTransport<D>>, Error>
+where
+    D: IpcDevice,
+    I: RouteSelect<Stream = D::Stream>,
+{
+    let (node_boot, cross_boot) = node_groups(&**boot, layout)?;
+    let local = local(node_boot, &node_ipc_config(config, &d.routing, device, d.device_sharers)?)?;
+    let cross = make_transport(d.cross_staged, device, &cross_boot, config)?;
+    let timeout = Timeouts::resolve(config.timeouts())?.peer;
+    let scratch = DeviceScratch::new(device.clone(), config.capacity() / layout.local, timeout)?;
+    Nodes::new(layout, boot.rank(), local, d.routing.route_table().clone(), cross, Box::new(scratch))
+}
+
+/// The IPC configuration of a node's collective: [`ipc_config`], and where more ranks than the
+/// node's share one GPU (several virtual nodes, or one host's nodes, on it) and the caller did
+/// not set a block count, the GPU's multiprocessors split among all `sharers` of them — each
+/// node's engine only counts its own ranks, and two worlds' kernels that together want more
+/// than the GPU holds would not all be resident (a ready-flag timeout).
+pub(crate) fn node_ipc_config<D: IpcDevice>(
+    config: &Config,
+    routing: &Routing,
+    device: &D,
+    sharers: usize,
+) -> Result<IpcConfig, Error> {
+    let mut c = ipc_config(config, routing);
+    if c.max_blocks.is_none() && sharers > 1 {
+        c.max_blocks = Some((device.multiprocessors()? / sharers).max(1));
+    }
+    Ok(c)
 }
 
 /// The transport's configuration from `config`.
@@ -46,35 +108,67 @@ pub(crate) fn transport_facts(config: &Config, errors: &mut Vec<String>) -> Vec<
     Facts::local(errors, transport_config(config).agreement(), Vec::new)
 }
 
-/// Ranks as threads: `ipc[r]` on `devices[r]`, each rank agreeing (with the facts `facts`
-/// reports for its device and the routing it asks for) and building its transport on its own
-/// thread, since NCCL's and RCCL's init is collective.
+/// `c` for the node collectives of ranks as threads on `devices` (every rank of the world):
+/// without a block count set, each GPU's multiprocessors split among all the world's ranks on
+/// it, not only a node's (as [`node_ipc_config`]).
+pub(crate) fn world_blocks<D: IpcDevice>(devices: &[D], mut c: IpcConfig) -> Result<IpcConfig, Error> {
+    if c.max_blocks.is_none() {
+        let mut b = usize::MAX;
+        for d in devices {
+            let sharing = devices.iter().filter(|o| o.same_device(d)).count();
+            b = b.min((d.multiprocessors()? / sharing).max(1));
+        }
+        c.max_blocks = Some(b);
+    }
+    Ok(c)
+}
+
+/// The IPC collectives of ranks as threads: one spanning the world, or one per node when the
+/// world is more than one IPC world holds ([`NodeLayout::of_one_host`]).
+pub(crate) enum ThreadIpc<I> {
+    /// `ipc[r]`: rank `r` of the world's IPC collective.
+    World(Vec<I>),
+    /// `local[r]`: rank `r`'s handle in its node's IPC collective.
+    Nodes(Vec<I>),
+}
+
+/// Ranks as threads: rank `r` on `devices[r]` with its IPC handle from `ipc`, each rank
+/// agreeing (with the facts `facts` reports for its device and the routing it asks for) and
+/// building its transport on its own thread, since NCCL's and RCCL's init is collective.
 pub(crate) fn thread_ranks<D, I>(
     devices: &[D],
-    ipc: Vec<I>,
+    ipc: ThreadIpc<I>,
     routing: &Routing,
     config: &Config,
     facts: impl Fn(&D, Routing) -> Facts + Sync,
-) -> Result<Vec<Routed<I, TransportCollective<D>>>, Error>
+) -> Result<Vec<Routed<I, GpuTransport<D>>>, Error>
 where
-    D: Device + Clone,
+    D: IpcDevice,
     I: RouteSelect<Stream = D::Stream> + Send,
 {
     let world = devices.len();
-    let mut ipc = ipc.into_iter();
+    let (mut world_ipc, mut node_ipc) = match ipc {
+        ThreadIpc::World(v) => (v.into_iter().map(Some).collect::<Vec<_>>(), Vec::new()),
+        ThreadIpc::Nodes(v) => (Vec::new(), v.into_iter().map(Some).collect::<Vec<_>>()),
+    };
+    world_ipc.resize_with(world, || None);
+    node_ipc.resize_with(world, || None);
     let facts = &facts;
     std::thread::scope(|s| {
         let handles: Vec<_> = LocalBootstrap::group(world)
             .into_iter()
             .zip(devices.iter().cloned())
-            .map(|(boot, device)| {
-                let ipc = ipc.next();
+            .zip(world_ipc.into_iter().zip(node_ipc))
+            .map(|((boot, device), (ipc, local))| {
                 let routing = routing.clone();
                 s.spawn(move || {
                     let boot: Arc<dyn Bootstrap> = Arc::new(boot);
                     let d = facts(&device, routing).agree(&*boot)?;
-                    let transport = transport(&d, &device, &*boot, config)?;
-                    Routed::new(boot.rank(), world, config.capacity(), d.routing, ipc, transport)
+                    let transport = transport(&d, &device, &boot, config)?;
+                    let routed = Routed::new(boot.rank(), world, config.capacity(), d.routing.clone(), ipc, transport)?;
+                    let (Some(layout), Some(local)) = (d.nodes, local) else { return Ok(routed) };
+                    let nodes = nodes(&d, layout, &device, &boot, config, |_, _| Ok(local))?;
+                    Ok(routed.with_nodes(nodes))
                 })
             })
             .collect();

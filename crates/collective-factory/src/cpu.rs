@@ -2,9 +2,9 @@
 //! bootstrap) across hosts — flat, or hierarchical when the ranks' layout allows — or a
 //! caller-supplied transport.
 use crate::Config;
-use crate::nodes::{HostScratch, Nodes};
+use crate::nodes::{HostScratch, Nodes, node_groups};
 use crate::{Decision, Facts, Platform, Routed, Routing};
-use collective_core::bootstrap::{Bootstrap, LocalBootstrap, split};
+use collective_core::bootstrap::{Bootstrap, LocalBootstrap};
 use collective_core::{Collective, Error, host_identity};
 use detcoll_host_transport::HostTransport;
 use shm_ipc::{ShmCollective, ShmConfig};
@@ -95,17 +95,8 @@ fn build(boot: Arc<dyn Bootstrap>, config: &Config, host: Option<String>) -> Res
     let world = boot.world_size();
     let routed = Routed::new(boot.rank(), world, config.capacity(), d.routing.clone(), ipc, transport)?;
     let Some(layout) = d.nodes else { return Ok(routed) };
-    // The node's ranks (by local rank) and the ranks of this local rank (by node): the two
-    // groups of the hierarchical route, made in the same order on every rank.
     let rank = boot.rank();
-    let (node, local_rank) = (layout.node(rank), layout.local_rank(rank));
-    let group = |color: usize, key: usize| -> Result<Arc<dyn Bootstrap>, Error> {
-        let sub = split(&*boot, Some(color as u32), key as u32)?
-            .ok_or(Error::InvalidConfig { detail: "split returned no group for a colored rank".into() })?;
-        Ok(Arc::new(sub))
-    };
-    let node_boot = group(node, local_rank)?;
-    let cross_boot = group(layout.nodes + local_rank, node)?;
+    let (node_boot, cross_boot) = node_groups(&*boot, layout)?;
     let local = ShmCollective::new(&*node_boot, shm_config(config, &d.routing))?;
     let cross = HostTransport::new(cross_boot)?;
     let nodes =
@@ -179,6 +170,7 @@ fn agree_and_build<T: Collective<Stream = ()>>(
         missing: Vec::new(),
         nodes,
         transport_config: Vec::new(),
+        staged: false,
     };
     let d = facts.agree(boot)?;
     if d.platform != Platform::Cpu {

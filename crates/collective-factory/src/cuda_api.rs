@@ -40,10 +40,11 @@ use std::sync::Arc;
 impl NvidiaCollective {
     /// The CUDA context this rank runs in (the caller's, with [`crate::nvidia::from_context`]).
     pub fn context(&self) -> &Arc<CudaContext> {
-        match (self.ipc(), self.transport()) {
-            (Some(i), _) => i.device().context(),
-            (None, Some(t)) => t.device().context(),
-            (None, None) => unreachable!("a composed collective has at least one backend"),
+        match (self.ipc(), self.transport(), self.nodes()) {
+            (Some(i), _, _) => i.device().context(),
+            (None, Some(t), _) => t.device().context(),
+            (None, None, Some(n)) => n.local().device().context(),
+            (None, None, None) => unreachable!("a composed collective has at least one backend"),
         }
     }
 

@@ -28,10 +28,13 @@ pub mod auto;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 mod compose;
 mod config;
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+pub mod gpu_transport;
 pub mod nodes;
 mod platform;
 mod routed;
 mod routing;
+mod scratch;
 #[cfg(any(feature = "cpu", feature = "cuda", feature = "rocm"))]
 mod threads;
 mod via;
@@ -58,6 +61,8 @@ pub mod nvidia;
 pub mod raw_api;
 #[cfg(feature = "cuda")]
 pub use nvidia::NvidiaCollective;
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+pub use gpu_transport::GpuTransport;
 #[cfg(feature = "rocm")]
 pub mod rocm;
 #[cfg(feature = "rocm")]

@@ -20,12 +20,13 @@
 //!
 //! The layout comes from the agreement: every rank's host identity, in rank order
 //! ([`NodeLayout::of_hosts`]); other layouts take the flat transport route (same bits).
+pub use crate::scratch::{CallStream, DeviceScratch, HostScratch, Scratch};
 use crate::via::Via;
+use collective_core::bootstrap::{Bootstrap, split};
 use collective_core::{
     Call, Capabilities, Collective, DType, Error, Io, IpcRoute, MAX_LANES, Op, RawMut, RawRef, RouteSelect, RouteTable,
     validate, validate_many,
 };
-use std::sync::Mutex;
 
 /// How the ranks of a world sit on nodes: `nodes` nodes of `local` ranks, node-major.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +57,20 @@ impl NodeLayout {
         (runs.len() >= 2 && node_major && even && fits).then_some(NodeLayout { nodes: runs.len(), local })
     }
 
+    /// The layout of `world` ranks on one host, more than one IPC world holds
+    /// ([`collective_core::MAX_NODE_WORLD_SIZE`]): consecutive groups of `L` ranks, `L` the
+    /// largest power of two that divides `world`, at most the IPC world limit, each group a
+    /// node of the hierarchical route (16 ranks on one host: 2 nodes of 8; 24: 3 of 8; 12:
+    /// 3 of 4). `None` for a world one IPC collective holds, or an odd one (the flat
+    /// transport route serves it, with the same bits).
+    pub fn of_one_host(world: usize) -> Option<NodeLayout> {
+        if world <= collective_core::MAX_NODE_WORLD_SIZE {
+            return None;
+        }
+        let local = (1usize << world.trailing_zeros()).min(collective_core::MAX_NODE_WORLD_SIZE);
+        (local >= 2).then_some(NodeLayout { nodes: world / local, local })
+    }
+
     /// The node of `rank`.
     pub const fn node(&self, rank: usize) -> usize {
         rank / self.local
@@ -72,32 +87,28 @@ impl NodeLayout {
     }
 }
 
-/// Host memory a hierarchical reduce_scatter stages its node partials in between its two
-/// steps: one row of `N` shards, reused by every call (calls of a handle are serialised).
-pub trait Scratch: Send + Sync + std::fmt::Debug {
-    /// The address of at least `bytes` bytes, valid until the next call of this method.
-    fn region(&self, bytes: usize) -> Result<u64, Error>;
-}
-
-/// [`Scratch`] in host memory (the CPU platform).
-#[derive(Debug, Default)]
-pub struct HostScratch(Mutex<Vec<u64>>);
-
-impl Scratch for HostScratch {
-    fn region(&self, bytes: usize) -> Result<u64, Error> {
-        let mut v = self.0.lock().map_err(|_| Error::Poisoned { cause: "a thread panicked in a call".into() })?;
-        let words = bytes.div_ceil(8).max(1);
-        if v.len() < words {
-            v.resize(words, 0);
-        }
-        Ok(v.as_mut_ptr() as u64)
-    }
+/// The two groups of the hierarchical route that `boot`'s rank belongs to, made in the same
+/// order on every rank (collective over `boot`): its node's ranks (by local rank) and the ranks
+/// of its local rank (by node).
+pub(crate) fn node_groups(
+    boot: &dyn Bootstrap,
+    layout: NodeLayout,
+) -> Result<(std::sync::Arc<dyn Bootstrap>, std::sync::Arc<dyn Bootstrap>), Error> {
+    let rank = boot.rank();
+    let (node, local_rank) = (layout.node(rank), layout.local_rank(rank));
+    let group = |color: usize, key: usize| -> Result<std::sync::Arc<dyn Bootstrap>, Error> {
+        let sub = split(boot, Some(color as u32), key as u32)?
+            .ok_or(Error::InvalidConfig { detail: "split returned no group for a colored rank".into() })?;
+        Ok(std::sync::Arc::new(sub))
+    };
+    let node_boot = group(node, local_rank)?;
+    let cross_boot = group(layout.nodes + local_rank, node)?;
+    Ok((node_boot, cross_boot))
 }
 
 /// One rank's backends of the hierarchical route: the node's IPC collective, the transport
 /// among the ranks of its local rank across nodes, and the scratch row.
-#[derive(Debug)]
-pub struct Nodes<I, T> {
+pub struct Nodes<I: Collective, T> {
     layout: NodeLayout,
     rank: usize,
     /// The IPC backend of this rank's node (`L` ranks).
@@ -106,7 +117,19 @@ pub struct Nodes<I, T> {
     routes: RouteTable,
     /// The transport of the `N` ranks of this local rank (one per node, node order).
     cross: T,
-    scratch: Box<dyn Scratch>,
+    scratch: Box<dyn Scratch<I::Stream>>,
+}
+
+impl<I: Collective + std::fmt::Debug, T: std::fmt::Debug> std::fmt::Debug for Nodes<I, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Nodes")
+            .field("layout", &self.layout)
+            .field("rank", &self.rank)
+            .field("local", &self.local)
+            .field("cross", &self.cross)
+            .field("scratch", &self.scratch)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The address `offset` elements of `size` bytes past `addr`.
@@ -138,7 +161,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
         local: I,
         routes: RouteTable,
         cross: T,
-        scratch: Box<dyn Scratch>,
+        scratch: Box<dyn Scratch<I::Stream>>,
     ) -> Result<Self, Error> {
         let bad = |what: &str, got: usize, want: usize| {
             Err(Error::InvalidConfig { detail: format!("hierarchical route: {what} is {got}, expected {want}") })
@@ -156,6 +179,16 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
     /// The layout.
     pub fn layout(&self) -> NodeLayout {
         self.layout
+    }
+
+    /// The IPC collective of this rank's node.
+    pub fn local(&self) -> &I {
+        &self.local
+    }
+
+    /// The transport among the ranks of this rank's local rank, one per node.
+    pub fn cross(&self) -> &T {
+        &self.cross
     }
 
     fn route(&self, op: Op, bytes: usize) -> Result<IpcRoute, Error> {
@@ -246,7 +279,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
         dtype: DType,
         via: &impl Via<I, T>,
     ) -> Result<(), Error> {
-        let (l, n, size) = (self.layout.local, self.layout.nodes, dtype.size());
+        let (n, size) = (self.layout.nodes, dtype.size());
         if k == 0 {
             return Ok(());
         }
@@ -255,7 +288,23 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
             argument: "input",
             len: k,
         })?;
-        let row = self.scratch.region(row_bytes)?;
+        let row = self.scratch.acquire(row_bytes, via.stream())?;
+        let staged = self.stage_row(src, row, k, dtype, via);
+        // The row's last use is enqueued (or the call failed after enqueuing some of it):
+        // either way the next call must wait for what is on the stream.
+        let released = self.scratch.release(via.stream());
+        staged?;
+        released?;
+        let io = Io::OutOfPlace { input: in_view(row, n * k, dtype), output: out_view(dst, k, dtype) };
+        let crossed = via.transport(&self.cross, Op::ReduceScatter, io);
+        let released = self.scratch.release(via.stream());
+        crossed.and(released)
+    }
+
+    /// The node's IPC step of a reduce_scatter lane: node block `m` of the input reduced
+    /// inside the node into slot `m` of the scratch row at `row`.
+    fn stage_row(&self, src: u64, row: u64, k: usize, dtype: DType, via: &impl Via<I, T>) -> Result<(), Error> {
+        let (l, n, size) = (self.layout.local, self.layout.nodes, dtype.size());
         let nodes: Vec<usize> = (0..n).collect();
         for group in nodes.chunks(MAX_LANES) {
             // Node block `m` of the input into slot `m` of the scratch row.
@@ -269,8 +318,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
             let route = self.route(Op::ReduceScatterMany, group.len() * l * k * size)?;
             via.ipc_many(&self.local, &lanes, route)?;
         }
-        let io = Io::OutOfPlace { input: in_view(row, n * k, dtype), output: out_view(dst, k, dtype) };
-        via.transport(&self.cross, Op::ReduceScatter, io)
+        Ok(())
     }
 
     /// reduce_scatter_many: every lane validated first, then each by
@@ -328,5 +376,20 @@ mod tests {
         assert_eq!(l(&["a", "a", "a", "b", "b", "b"]), None);
         assert_eq!(l(&[["a"; 16], ["b"; 16]].concat()), None);
         assert_eq!(l(&[]), None);
+    }
+
+    #[test]
+    fn one_host_above_the_ipc_world_splits_into_power_of_two_nodes() {
+        let one = NodeLayout::of_one_host;
+        assert_eq!(one(16), Some(NodeLayout { nodes: 2, local: 8 }));
+        assert_eq!(one(24), Some(NodeLayout { nodes: 3, local: 8 }));
+        assert_eq!(one(12), Some(NodeLayout { nodes: 3, local: 4 }));
+        assert_eq!(one(18), Some(NodeLayout { nodes: 9, local: 2 }));
+        assert_eq!(one(1024), Some(NodeLayout { nodes: 128, local: 8 }));
+        // What one IPC world holds, and odd worlds (flat transport).
+        assert_eq!(one(8), None);
+        assert_eq!(one(2), None);
+        assert_eq!(one(9), None);
+        assert_eq!(one(15), None);
     }
 }

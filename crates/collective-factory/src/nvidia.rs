@@ -20,9 +20,10 @@
 //! other local failure (a device that does not open, a `DETCOLL_*` variable that does not
 //! parse, an invalid [`Config`]) is `InvalidConfig` on every rank, naming the ranks; a world of
 //! 0 ranks is `InvalidConfig`.
-use crate::compose::{ipc_config, thread_ranks, transport};
+use crate::compose::{ThreadIpc, ipc_config, nodes, thread_ranks, transport, world_blocks};
+use crate::gpu_transport::GpuTransport;
+use crate::nodes::NodeLayout;
 use crate::{Config, DeviceSelect, Facts, Platform, Routed, Routing};
-use ccl_transport::TransportCollective;
 use collective_core::Timeouts;
 use collective_core::bootstrap::Bootstrap;
 use collective_core::{Error, host_identity};
@@ -32,7 +33,7 @@ use std::sync::Arc;
 
 /// The NVIDIA platform's collective: typed entry points for cudarc buffers are in
 /// [`crate::cuda_api`], raw ones (`u64` device pointers and a `CUstream`) beside them.
-pub type NvidiaCollective = Routed<CudaIpcCollective, TransportCollective<CudaDevice>>;
+pub type NvidiaCollective = Routed<CudaIpcCollective, GpuTransport<CudaDevice>>;
 
 /// Whether this process can drive an NVIDIA GPU (libcuda loadable, a device present).
 pub(crate) fn present() -> bool {
@@ -120,11 +121,22 @@ pub fn thread_group(world: usize, config: &Config) -> Result<Vec<NvidiaCollectiv
     let routing = local_routing(config, world)?;
     routing.check_for(Platform::Nvidia, world)?;
     let ipc_config = ipc_config(config, &routing);
-    let ipc = CudaIpcCollective::group(&devices, &ipc_config)?;
-    let shared =
-        devices.iter().any(|d| devices.iter().filter(|o| o.context().cu_ctx() == d.context().cu_ctx()).count() > 1);
-    // NCCL refuses two ranks of one process on one GPU: offered only where no GPU is shared.
-    let nccl = !shared && ccl_transport::load(Some(ccl_transport::Vendor::Nvidia)).is_ok();
+    // More ranks than one IPC world holds: one IPC collective per node of the one-host layout
+    // (the agreement takes the same layout), the hierarchical route across them.
+    let ipc = match NodeLayout::of_one_host(world) {
+        Some(layout) => {
+            let node_config = world_blocks(&devices, ipc_config.clone())?;
+            let mut local = Vec::with_capacity(world);
+            for node in devices.chunks(layout.local) {
+                local.extend(CudaIpcCollective::group(node, &node_config)?);
+            }
+            ThreadIpc::Nodes(local)
+        }
+        None => ThreadIpc::World(CudaIpcCollective::group(&devices, &ipc_config)?),
+    };
+    // NCCL refuses two ranks of one process on one GPU; the agreement compares the devices of
+    // every group that would use it (GPU UUIDs) and stages through the host where one is shared.
+    let nccl = ccl_transport::load(Some(ccl_transport::Vendor::Nvidia)).is_ok();
     thread_ranks(&devices, ipc, &routing, config, |device, routing| facts(device, routing, config, nccl))
 }
 
@@ -160,8 +172,10 @@ fn facts(device: &CudaDevice, routing: Routing, config: &Config, nccl: bool) -> 
         device: uuid,
         errors,
         missing: Vec::new(),
-        nodes: false,
+        // The node's IPC collective and a transport across nodes (NCCL per rail, or staged).
+        nodes: true,
         transport_config,
+        staged: true,
     }
 }
 
@@ -202,6 +216,7 @@ fn build(
                 missing: Vec::new(),
                 nodes: false,
                 transport_config: crate::compose::transport_facts(config, &mut Vec::new()),
+                staged: false,
             };
             f.fail("opening its CUDA device", e);
             (f, None)
@@ -221,8 +236,13 @@ fn build(
     } else {
         None
     };
-    let transport = transport(&d, &device, &*boot, config)?;
-    Routed::new(boot.rank(), world, config.capacity(), d.routing, ipc, transport)
+    let transport = transport(&d, &device, &boot, config)?;
+    let routed = Routed::new(boot.rank(), world, config.capacity(), d.routing.clone(), ipc, transport)?;
+    let Some(layout) = d.nodes else { return Ok(routed) };
+    let nodes = nodes(&d, layout, &device, &boot, config, |node, c| {
+        CudaIpcCollective::new(Box::new(node), device.clone(), c)
+    })?;
+    Ok(routed.with_nodes(nodes))
 }
 
 fn hex(bytes: [u8; 16]) -> String {

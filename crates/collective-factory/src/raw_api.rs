@@ -4,13 +4,14 @@
 //! the memory and orders the buffers itself (unsafe); the call is validated and routed exactly
 //! as the safe ones (the same dispatch, [`crate::Routed`]).
 use crate::Routed;
+use crate::scratch::CallStream;
 use crate::via::Via;
-use ccl_transport::TransportCollective;
+use crate::gpu_transport::GpuTransport;
 use collective_core::{Collective, DType, Error, Io, IpcRoute, MAX_LANES, Op, RawMut, RawRef, Route};
 use ipc_engine::{IpcCollective, IpcDevice, RawStream};
 use std::ffi::c_void;
 
-impl<D: IpcDevice> Routed<IpcCollective<D>, TransportCollective<D>> {
+impl<D: IpcDevice> Routed<IpcCollective<D>, GpuTransport<D>> {
     /// `op` (all_reduce, all_gather or reduce_scatter) on raw device memory, enqueued on a raw
     /// stream (`CUstream` / `hipStream_t`; null: the default stream): `input` holds `count`
     /// elements of `dtype` (what this rank contributes), `output` what `op` writes (all_gather:
@@ -116,17 +117,20 @@ impl<D: IpcDevice> Routed<IpcCollective<D>, TransportCollective<D>> {
 /// The raw path: a stream handed in by the caller.
 struct Raw(RawStream);
 
-impl<D: IpcDevice> Via<IpcCollective<D>, TransportCollective<D>> for Raw {
+impl<D: IpcDevice> Via<IpcCollective<D>, GpuTransport<D>> for Raw {
     fn ipc(&self, ipc: &IpcCollective<D>, op: Op, io: Io<'_>, route: IpcRoute) -> Result<(), Error> {
         // SAFETY: `enqueue_raw`'s caller vouches for the memory and the stream.
         unsafe { ipc.enqueue_routed(op, io, Some(route), self.0) }
     }
-    fn transport(&self, transport: &TransportCollective<D>, op: Op, io: Io<'_>) -> Result<(), Error> {
+    fn transport(&self, transport: &GpuTransport<D>, op: Op, io: Io<'_>) -> Result<(), Error> {
         // SAFETY: as above.
         unsafe { transport.enqueue(op, io, self.0) }
     }
     fn ipc_many(&self, ipc: &IpcCollective<D>, lanes: &[Io<'_>], route: IpcRoute) -> Result<(), Error> {
         // SAFETY: as above.
         unsafe { ipc.enqueue_many_routed(lanes, Some(route), self.0) }
+    }
+    fn stream(&self) -> CallStream<'_, D::Stream> {
+        CallStream::Raw(self.0)
     }
 }

@@ -11,9 +11,11 @@
 //! [`from_bootstrap`] on every rank, naming the ranks that lack it); any other local failure
 //! or an invalid [`Config`] is `InvalidConfig` on every rank, naming the ranks; a world of 0
 //! ranks is `InvalidConfig`.
-use crate::compose::{ipc_config, thread_ranks, transport};
+use crate::compose::{ThreadIpc, ipc_config, nodes, thread_ranks, transport, world_blocks};
+use crate::gpu_transport::GpuTransport;
+use crate::nodes::NodeLayout;
 use crate::{Config, DeviceSelect, Facts, Platform, Routed, Routing};
-use ccl_transport::{TransportCollective, Vendor};
+use ccl_transport::Vendor;
 use collective_core::Timeouts;
 use collective_core::bootstrap::Bootstrap;
 use collective_core::{Error, host_identity};
@@ -21,7 +23,7 @@ use hip_ipc::{HipDevice, HipIpcCollective};
 use std::sync::Arc;
 
 /// The ROCm platform's collective.
-pub type RocmCollective = Routed<HipIpcCollective, TransportCollective<HipDevice>>;
+pub type RocmCollective = Routed<HipIpcCollective, GpuTransport<HipDevice>>;
 
 /// Whether this process can drive an AMD GPU (libamdhip64 loadable, a device present).
 pub(crate) fn present() -> bool {
@@ -104,10 +106,22 @@ pub fn thread_group(world: usize, config: &Config) -> Result<Vec<RocmCollective>
         None => Routing::from_env(Platform::Rocm)?,
     };
     routing.check_for(Platform::Rocm, world)?;
-    let ipc = HipIpcCollective::group(&devices, &ipc_config(config, &routing))?;
-    // RCCL refuses two ranks of one process on one GPU: offered only where no GPU is shared.
-    let rccl = !(1..world).any(|r| ordinals[..r].contains(&ordinals[r]));
-    thread_ranks(&devices, ipc, &routing, config, |device, routing| facts(Ok(device.ordinal()), routing, config, rccl))
+    let ipc_config = ipc_config(config, &routing);
+    // More ranks than one IPC world holds: one IPC collective per node of the one-host layout.
+    let ipc = match NodeLayout::of_one_host(world) {
+        Some(layout) => {
+            let node_config = world_blocks(&devices, ipc_config.clone())?;
+            let mut local = Vec::with_capacity(world);
+            for node in devices.chunks(layout.local) {
+                local.extend(HipIpcCollective::group(node, &node_config)?);
+            }
+            ThreadIpc::Nodes(local)
+        }
+        None => ThreadIpc::World(HipIpcCollective::group(&devices, &ipc_config)?),
+    };
+    // RCCL refuses two ranks of one process on one GPU: the agreement compares every group's
+    // devices (PCI bus ids) and stages through the host where one is shared.
+    thread_ranks(&devices, ipc, &routing, config, |device, routing| facts(Ok(device.ordinal()), routing, config, true))
 }
 
 /// What this rank reports to the agreement: on GPU `ordinal` (a failure to find it travels in
@@ -121,8 +135,14 @@ fn facts(ordinal: Result<usize, Error>, routing: Routing, config: &Config, rccl:
     if let Err(e) = Timeouts::resolve(config.timeouts()) {
         errors.push(e.to_string());
     }
-    // The device's PCI bus id tells the agreement which ranks share a GPU.
-    let device = ordinal.as_ref().ok().and_then(|&o| hip_ipc::runtime::pci_bus_id(o).ok()).unwrap_or_default();
+    // The device's PCI bus id on this machine tells the agreement which ranks share a GPU
+    // (the machine, not `DETCOLL_HOST_ID`: simulated hosts on one machine share its GPUs).
+    let device = ordinal
+        .as_ref()
+        .ok()
+        .and_then(|&o| hip_ipc::runtime::pci_bus_id(o).ok())
+        .map(|bus| format!("{}/{bus}", collective_core::bootstrap::machine_identity()))
+        .unwrap_or_default();
     let lib = rccl.then(|| ccl_transport::load(Some(Vendor::Amd)).ok()).flatten();
     let hip = hip_ipc::runtime::versions().ok().map(|(r, d)| format!("hip-runtime={r},hip-driver={d}"));
     let rccl_version = lib.as_ref().and_then(|l| l.version().ok()).map(|v| format!("rccl={v}"));
@@ -138,8 +158,9 @@ fn facts(ordinal: Result<usize, Error>, routing: Routing, config: &Config, rccl:
         device,
         errors,
         missing: Vec::new(),
-        nodes: false,
+        nodes: true,
         transport_config,
+        staged: true,
     };
     if let Err(e) = ordinal {
         // A rank without its GPU reports the platform it was asked to drive; its failure makes
@@ -181,6 +202,11 @@ fn build(boot: Arc<dyn Bootstrap>, config: &Config, ordinal: Result<usize, Error
     } else {
         None
     };
-    let transport = transport(&d, &device, &*boot, config)?;
-    Routed::new(boot.rank(), world, config.capacity(), d.routing, ipc, transport)
+    let transport = transport(&d, &device, &boot, config)?;
+    let routed = Routed::new(boot.rank(), world, config.capacity(), d.routing.clone(), ipc, transport)?;
+    let Some(layout) = d.nodes else { return Ok(routed) };
+    let nodes = nodes(&d, layout, &device, &boot, config, |node, c| {
+        hip_ipc::new_on(Box::new(node), device.clone(), c)
+    })?;
+    Ok(routed.with_nodes(nodes))
 }

@@ -2,6 +2,7 @@
 //! agreed routing. Every route evaluates the same tree, so the bits never depend on the choice.
 use crate::Routing;
 use crate::nodes::Nodes;
+use crate::scratch::CallStream;
 use crate::via::Via;
 use collective_core::{
     Capabilities, Collective, Error, Io, IpcRoute, Op, RawMut, Route, RouteSelect, ipc_route_for, validate,
@@ -14,7 +15,7 @@ use std::sync::Mutex;
 /// its routes to take ([`RouteSelect`]), so any table — monotone or not — is honoured and
 /// [`Collective::route`] reports what runs.
 #[derive(Debug)]
-pub struct Routed<I, T> {
+pub struct Routed<I: Collective, T> {
     rank: usize,
     world: usize,
     capacity: usize,
@@ -180,6 +181,9 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Via<I, T> for OnStream<'
     }
     fn ipc_many(&self, ipc: &I, lanes: &[Io<'_>], route: IpcRoute) -> Result<(), Error> {
         ipc.reduce_scatter_many_on_route(lanes, route, self.0)
+    }
+    fn stream(&self) -> CallStream<'_, I::Stream> {
+        CallStream::Safe(self.0)
     }
 }
 

@@ -238,6 +238,16 @@ impl Routing {
         self.mapped("several nodes: IPC inside each, the transport across", |_, r| r.across_nodes())
     }
 
+    /// This routing across nodes where the flat transport would be the host-staged one: every
+    /// range takes the hierarchical route (it moves `1/L` of the bytes through the host that
+    /// the flat route would). Same bits.
+    pub fn hierarchical_only(&self) -> Routing {
+        self.mapped("several nodes, no native transport: hierarchical everywhere", |_, r| match r {
+            Route::Local => r,
+            _ => Route::Hierarchical,
+        })
+    }
+
     /// The LL push capacity a backend needs under this table: `requested` when some rule takes
     /// `ipc_push_ll`, else 0 (no LL receive slots are allocated).
     pub fn ll_capacity(&self, requested: usize) -> usize {

@@ -18,6 +18,7 @@ fn facts(n: usize) -> Vec<Facts> {
             missing: Vec::new(),
             nodes: false,
             transport_config: Vec::new(),
+            staged: false,
         })
         .collect()
 }
@@ -243,4 +244,59 @@ fn the_node_layout_decides_hierarchical_or_flat() {
     let d = decide(&all).unwrap();
     assert_eq!(d.nodes, None);
     assert_eq!(d.routing.route(Op::AllReduce, 4096), Route::IpcReduceScatterAllGather);
+}
+
+/// GPU ranks (as `nvidia`/`rocm` report them: the hierarchical route and host staging
+/// possible, NCCL/RCCL loaded) on `hosts`, rank `r` on device `devices[r]` (identities unique
+/// across machines, like GPU UUIDs).
+fn gpu(hosts: &[&str], devices: &[String]) -> Vec<Facts> {
+    let mut all = facts(hosts.len());
+    for (r, f) in all.iter_mut().enumerate() {
+        f.host = hosts[r].to_string();
+        f.device = devices[r].clone();
+        f.nodes = true;
+        f.staged = true;
+    }
+    all
+}
+
+#[test]
+fn the_transport_of_each_group_is_native_unless_a_gpu_is_shared_in_it() {
+    use collective_core::{Op, Route};
+    use collective_factory::nodes::NodeLayout;
+    // Two hosts of 8 GPUs each: NCCL/RCCL per rail, nothing staged.
+    let hosts: Vec<&str> = [["a"; 8], ["b"; 8]].concat();
+    let devices: Vec<String> = (0..16).map(|r| format!("{}-gpu-{}", hosts[r], r % 8)).collect();
+    let d = decide(&gpu(&hosts, &devices)).unwrap();
+    assert_eq!(d.nodes, Some(NodeLayout { nodes: 2, local: 8 }));
+    assert!(!d.cross_staged && !d.staged, "{d:?}");
+    assert_eq!(d.routing.route(Op::AllReduce, 4096), Route::Hierarchical);
+    // 16 ranks on one host of 8 GPUs: two nodes of 8, the ranks of one local rank share a GPU,
+    // so the step across nodes is staged through the host.
+    let one_gpu = |n: usize| vec!["gpu-0".to_string(); n];
+    let devices: Vec<String> = (0..16).map(|r| format!("h-gpu-{}", r % 8)).collect();
+    let d = decide(&gpu(&["h"; 16], &devices)).unwrap();
+    assert_eq!(d.nodes, Some(NodeLayout { nodes: 2, local: 8 }));
+    assert!(d.cross_staged, "{d:?}");
+    assert!(!d.ipc, "no IPC collective spans 16 ranks");
+    // Nothing takes the flat route through the host: every range is hierarchical.
+    assert!(!d.transport && d.routing.routes().all(|r| r == Route::Hierarchical), "{d:?}");
+    // Virtual nodes on one GPU (2 x 2): staged across.
+    let d = decide(&gpu(&["v0", "v0", "v1", "v1"], &one_gpu(4))).unwrap();
+    assert_eq!(d.nodes, Some(NodeLayout { nodes: 2, local: 2 }));
+    assert!(d.cross_staged);
+    // Odd virtual nodes on one GPU (3 x 3): the flat transport route, staged.
+    let d = decide(&gpu(&["v0", "v0", "v0", "v1", "v1", "v1", "v2", "v2", "v2"], &one_gpu(9))).unwrap();
+    assert_eq!(d.nodes, None);
+    assert!(d.transport && d.staged, "{d:?}");
+    assert!(d.routing.routes().all(|r| r == Route::Transport));
+    // One host, one IPC world, ranks sharing a GPU: IPC only, never staged.
+    let d = decide(&gpu(&["h"; 4], &one_gpu(4))).unwrap();
+    assert!(d.ipc && !d.transport && !d.staged && d.nodes.is_none(), "{d:?}");
+    assert!(d.routing.routes().all(|r| r.needs_ipc()), "{d:?}");
+    // Ranks that cannot stage (the CPU platform's facts) and share a device across hosts:
+    // no route, one error everywhere.
+    let mut all = gpu(&["v0", "v0", "v1", "v1"], &one_gpu(4));
+    all.iter_mut().for_each(|f| f.staged = false);
+    assert!(matches!(decide(&all), Err(Error::InvalidConfig { .. })));
 }

@@ -25,7 +25,9 @@ fn facts(rank: usize) -> Facts {
         platform: Platform::Cpu.name().to_string(),
         host: collective_core::host_identity().unwrap(),
         ipc: true,
-        transport: false,
+        // What `cpu::from_bootstrap` reports: the host transport, the hierarchical route
+        // (1024 ranks on one host: 128 nodes of 8).
+        transport: true,
         versions: Vec::new(),
         capacity: 1 << 20,
         routing: Routing::default_for(Platform::Cpu).canonical_json(),
@@ -33,8 +35,9 @@ fn facts(rank: usize) -> Facts {
         device: format!("cpu-{rank}"),
         errors: Vec::new(),
         missing: Vec::new(),
-        nodes: false,
+        nodes: true,
         transport_config: Vec::new(),
+        staged: false,
     }
 }
 
@@ -46,6 +49,7 @@ fn agreement_of_1024_ranks_over_tcp() {
     }
     let all: Vec<Facts> = (0..WORLD).map(facts).collect();
     let want = decide(&all).expect("the CPU twin's facts agree");
+    assert_eq!(want.nodes, Some(collective_factory::nodes::NodeLayout { nodes: 128, local: 8 }));
     let port = TcpListener::bind(("127.0.0.1", 0)).unwrap().local_addr().unwrap().port();
     let ready = Barrier::new(WORLD);
     // When phase 0 (an all_gather of the facts' bytes alone) and phase 1 (the agreement)

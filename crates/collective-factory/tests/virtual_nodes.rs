@@ -211,3 +211,31 @@ fn worlds_24_32_and_64() {
         check(n, l, &[DType::BF16]);
     }
 }
+
+/// More ranks on one host than one IPC world holds (`cpu::thread_group(16)`, as
+/// `detcoll-run --nproc 16` on one machine): nodes of the one-host layout (16 = 2 x 8, 12 = 3 x 4,
+/// 24 = 3 x 8) by the hierarchical route, an odd world (9) by the flat transport route; bits equal
+/// to the flat route's and `fixed-tree`'s.
+#[test]
+fn one_host_above_the_ipc_world_is_split_into_nodes() {
+    for (world, want) in [(16, Some((2, 8))), (12, Some((3, 4))), (24, Some((3, 8))), (9, None)] {
+        let comms = cpu::thread_group(world, &config()).expect("thread group");
+        let layout = comms[0].nodes().map(|n| (n.layout().nodes, n.layout().local));
+        assert_eq!(layout, want, "world {world}");
+        let route = if want.is_some() { Route::Hierarchical } else { Route::Transport };
+        for op in Op::ALL {
+            assert_eq!(comms[0].route(op, 4096), route, "world {world}: {op}");
+        }
+        let flat = cpu::thread_group(world, &config().with_routing(Routing::from_json(FLAT).expect("flat")))
+            .expect("flat thread group");
+        let seed = world as u64 * 7;
+        assert!(run_ops(&comms, DType::BF16, seed) == run_ops(&flat, DType::BF16, seed), "world {world}");
+        for group in [&comms, &flat] {
+            std::thread::scope(|s| {
+                for c in group.iter() {
+                    s.spawn(move || c.close().expect("close"));
+                }
+            });
+        }
+    }
+}

@@ -52,6 +52,7 @@ pub mod params;
 mod plan;
 mod poison;
 pub mod status;
+mod workspace;
 #[cfg(feature = "conformance")]
 pub mod suite;
 
@@ -67,3 +68,4 @@ pub use layout::{
 };
 pub use plan::{Phase, Plan, Segment};
 pub use poison::Poison;
+pub use workspace::{GRANULE, Workspace};
