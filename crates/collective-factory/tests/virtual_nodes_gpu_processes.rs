@@ -1,21 +1,21 @@
 //! Virtual nodes on one GPU: MPS processes grouped into simulated hosts
 //! (`LaunchSpec::virtual_nodes`: `DETCOLL_HOST_ID`, per-node `LOCAL_RANK`), the hierarchical
 //! route composed as the factory composes it for the CPU — the CUDA IPC collective inside each
-//! virtual node (`cuda_ipc::new` over the node's `split`), a host-staged transport across nodes
-//! (NCCL refuses two ranks on one GPU, so the cross-node step copies to the host and runs the
-//! host transport over the bootstrap) — and every op's bits checked against `fixed-tree` at
+//! virtual node (`cuda_ipc::new` over the node's `split`), the host-staged transport across
+//! nodes (`StagedTransport<CudaDevice>`: NCCL refuses two ranks on one GPU, so the cross-node
+//! step copies to the host and runs the host transport over the bootstrap) — and every op's bits checked against `fixed-tree` at
 //! sizes from 4 KiB to 4 MiB per rank. Prints each layout's time per call. Skips, saying so,
 //! without a GPU.
 #![cfg(all(feature = "cuda", feature = "cpu"))]
 
 use collective_core::bootstrap::{Bootstrap, TcpBootstrap, split};
 use collective_core::conformance::data::{finite_values, reference_reduce};
-use collective_core::{Capabilities, Collective, DType, Error, Io, Op, RawMut, RawRef, Route, validate, validate_many};
+use collective_core::{Collective, DType, Error, Io, Op, RawMut, RawRef, Route};
 use collective_factory::nodes::{NodeLayout, Nodes, Scratch};
 use collective_factory::{Platform, Routed, Routing};
-use cuda_ipc::cudarc::driver::{CudaContext, CudaStream, sys};
-use cuda_ipc::{CudaIpcCollective, CudaIpcConfig};
-use detcoll_host_transport::HostTransport;
+use cuda_ipc::cudarc::driver::{CudaContext, sys};
+use cuda_ipc::{CudaDevice, CudaIpcCollective, CudaIpcConfig};
+use detcoll_host_transport::StagedTransport;
 use detcoll_launch::{LaunchSpec, launch_captured};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -85,7 +85,7 @@ impl Scratch for DevScratch {
         }
         self.ctx.bind_to_thread().expect("bind");
         if let Some((ptr, _)) = row.take() {
-            // SAFETY: the previous row; the call that used it was synchronised (Staged syncs).
+            // SAFETY: the previous row; the call that used it was synchronised (the staged transport waits for its copies).
             unsafe { sys::cuMemFree_v2(ptr) };
         }
         let mut ptr = 0;
@@ -93,141 +93,6 @@ impl Scratch for DevScratch {
         check(unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes.max(256)) }, "scratch alloc");
         *row = Some((ptr, bytes));
         Ok(ptr)
-    }
-}
-
-/// The cross-node step on one GPU: synchronise the stream, copy the call's device memory to
-/// the host, run the host transport over the bootstrap, copy the output back.
-#[derive(Debug)]
-struct Staged {
-    ctx: Arc<CudaContext>,
-    host: HostTransport,
-}
-
-/// Host memory, 8-byte aligned, `len` elements of `dtype`.
-fn host_buf(bytes: usize) -> Vec<u64> {
-    vec![0u64; bytes.div_ceil(8).max(1)]
-}
-
-/// Stream-ordered copies, waited for: a "synchronous" copy from pageable memory may return
-/// before its DMA lands, and a later kernel on a non-blocking stream would read stale data (the
-/// first run of this test caught exactly that: one all_reduce of 4 MiB wrong at 2x4).
-fn ok(r: sys::CUresult, stream: &CudaStream) -> Result<(), Error> {
-    if r != sys::CUresult::CUDA_SUCCESS {
-        return Err(Error::InvalidConfig { detail: format!("{r:?}") });
-    }
-    stream.synchronize().map_err(|e| Error::InvalidConfig { detail: e.to_string() })
-}
-
-impl Staged {
-    fn d2h(&self, dst: &mut [u64], src: u64, bytes: usize, stream: &CudaStream) -> Result<(), Error> {
-        // SAFETY: `dst` holds at least `bytes`; `src` is a validated device view of the call;
-        // waited for before `dst` is read.
-        let r = unsafe { sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast(), src, bytes, stream.cu_stream()) };
-        ok(r, stream)
-    }
-    fn h2d(&self, dst: u64, src: &[u64], bytes: usize, stream: &CudaStream) -> Result<(), Error> {
-        // SAFETY: as above, the other way; `src` outlives the wait.
-        let r = unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr().cast(), bytes, stream.cu_stream()) };
-        ok(r, stream)
-    }
-    /// One single-lane op through the host.
-    fn staged(&self, op: Op, io: Io<'_>, stream: &CudaStream) -> Result<(), Error> {
-        let (rank, world) = (self.host.rank(), self.host.world_size());
-        let call = validate(op, &io, rank, world, usize::MAX)?;
-        stream.synchronize().map_err(|e| Error::InvalidConfig { detail: e.to_string() })?;
-        self.ctx.bind_to_thread().map_err(|e| Error::InvalidConfig { detail: e.to_string() })?;
-        let (dtype, size) = (call.dtype, call.dtype.size());
-        if call.in_place {
-            // The whole buffer: all_gather's is its output, reduce_scatter's its input.
-            let (start, len) = match op {
-                Op::AllGather => (call.dst, call.count_out),
-                Op::ReduceScatter | Op::ReduceScatterMany => (call.src, call.count_in),
-                Op::AllReduce => (call.dst, call.count_in),
-            };
-            let mut buf = host_buf(len * size);
-            self.d2h(&mut buf, start, len * size, stream)?;
-            // SAFETY: `buf`, borrowed for the call.
-            let view = unsafe { RawMut::from_raw(buf.as_mut_ptr() as u64, len, dtype) };
-            self.host.call_op(op, Io::InPlace(view))?;
-            self.h2d(start, &buf, len * size, stream)
-        } else {
-            let mut input = host_buf(call.bytes_in());
-            self.d2h(&mut input, call.src, call.bytes_in(), stream)?;
-            let mut out = host_buf(call.bytes_out());
-            // SAFETY: the two host buffers, borrowed for the call.
-            let io = unsafe {
-                Io::OutOfPlace {
-                    input: RawRef::from_raw(input.as_ptr() as u64, call.count_in, dtype),
-                    output: RawMut::from_raw(out.as_mut_ptr() as u64, call.count_out, dtype),
-                }
-            };
-            self.host.call_op(op, io)?;
-            self.h2d(call.dst, &out, call.bytes_out(), stream)
-        }
-    }
-}
-
-trait CallOp {
-    fn call_op(&self, op: Op, io: Io<'_>) -> Result<(), Error>;
-}
-
-impl CallOp for HostTransport {
-    fn call_op(&self, op: Op, io: Io<'_>) -> Result<(), Error> {
-        match op {
-            Op::AllReduce => self.all_reduce(io, &()),
-            Op::AllGather => self.all_gather(io, &()),
-            Op::ReduceScatter => self.reduce_scatter(io, &()),
-            Op::ReduceScatterMany => self.reduce_scatter_many(&[io], &()),
-        }
-    }
-}
-
-impl Collective for Staged {
-    type Stream = CudaStream;
-    fn rank(&self) -> usize {
-        self.host.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.host.world_size()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.host.capabilities()
-    }
-    fn route(&self, op: Op, bytes: usize) -> Route {
-        self.host.route(op, bytes)
-    }
-    fn all_reduce(&self, io: Io<'_>, s: &CudaStream) -> Result<(), Error> {
-        self.staged(Op::AllReduce, io, s)
-    }
-    fn all_gather(&self, io: Io<'_>, s: &CudaStream) -> Result<(), Error> {
-        self.staged(Op::AllGather, io, s)
-    }
-    fn reduce_scatter(&self, io: Io<'_>, s: &CudaStream) -> Result<(), Error> {
-        self.staged(Op::ReduceScatter, io, s)
-    }
-    fn reduce_scatter_many(&self, lanes: &[Io<'_>], s: &CudaStream) -> Result<(), Error> {
-        let (calls, _) = validate_many(lanes, self.rank(), self.world_size(), usize::MAX)?;
-        for c in calls.iter().map(|l| l.call) {
-            // SAFETY: the validated lane's own views.
-            let io = unsafe {
-                Io::OutOfPlace {
-                    input: RawRef::from_raw(c.src, c.count_in, c.dtype),
-                    output: RawMut::from_raw(c.dst, c.count_out, c.dtype),
-                }
-            };
-            self.staged(Op::ReduceScatter, io, s)?;
-        }
-        Ok(())
-    }
-    fn check(&self) -> Result<(), Error> {
-        self.host.check()
-    }
-    fn synchronize(&self, s: &CudaStream) -> Result<(), Error> {
-        s.synchronize().map_err(|e| Error::InvalidConfig { detail: e.to_string() })
-    }
-    fn close(&self) -> Result<(), Error> {
-        self.host.close()
     }
 }
 
@@ -250,7 +115,8 @@ fn child() {
         .with_ll_capacity(node_routing.ll_capacity(detcoll_protocol::DEFAULT_LL_CAPACITY))
         .with_max_blocks((sms as usize / world).max(1));
     let local_comm: CudaIpcCollective = cuda_ipc::new(Box::new(node_boot), &ctx, &config).expect("node collective");
-    let cross = Staged { ctx: ctx.clone(), host: HostTransport::new(Arc::new(cross_boot)).expect("host transport") };
+    let device = CudaDevice::new(&ctx).expect("CUDA device");
+    let cross = StagedTransport::new(device, Arc::new(cross_boot)).expect("host-staged transport");
     let routing = node_routing.across_nodes();
     let scratch = Box::new(DevScratch { ctx: ctx.clone(), row: Mutex::new(None) });
     let nodes = Nodes::new(layout, rank, local_comm, routing.route_table().clone(), cross, scratch).expect("nodes");

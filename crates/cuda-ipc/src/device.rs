@@ -152,6 +152,19 @@ impl Device for CudaDevice {
         // SAFETY: forwarded from the caller.
         check(unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream.0.cast()) }, "cuMemcpyDtoDAsync")
     }
+    unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, bytes: usize, stream: RawStream) -> Result<(), Error> {
+        driver::bind(&self.ctx)?;
+        // SAFETY: `src` device memory of this context and `dst` host memory, both valid for
+        // `bytes` bytes until the stream ran the copy; `stream` is live (the caller's contract).
+        let r = unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, bytes, stream.0.cast()) };
+        check(r, &format!("cuMemcpyDtoHAsync of {bytes} bytes"))
+    }
+    unsafe fn copy_from_host(&self, dst: u64, src: *const u8, bytes: usize, stream: RawStream) -> Result<(), Error> {
+        driver::bind(&self.ctx)?;
+        // SAFETY: as above, the other way (the caller's contract).
+        let r = unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), bytes, stream.0.cast()) };
+        check(r, &format!("cuMemcpyHtoDAsync of {bytes} bytes"))
+    }
     unsafe fn tree(
         &self,
         inputs: &[u64],

@@ -164,6 +164,19 @@ impl Device for HipDevice {
         // SAFETY: forwarded from the caller.
         unsafe { runtime::memcpy_async(dst as *mut _, src as *const _, bytes, kind, stream.0) }
     }
+    unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, bytes: usize, stream: RawStream) -> Result<(), Error> {
+        runtime::set_device(self.ordinal)?;
+        let kind = sys::HIP_MEMCPY_DEVICE_TO_HOST;
+        // SAFETY: `src` device memory of this device and `dst` host memory, both valid for
+        // `bytes` bytes until the stream ran the copy; `stream` is live (the caller's contract).
+        unsafe { runtime::memcpy_async(dst.cast(), src as *const _, bytes, kind, stream.0) }
+    }
+    unsafe fn copy_from_host(&self, dst: u64, src: *const u8, bytes: usize, stream: RawStream) -> Result<(), Error> {
+        runtime::set_device(self.ordinal)?;
+        let kind = sys::HIP_MEMCPY_HOST_TO_DEVICE;
+        // SAFETY: as above, the other way (the caller's contract).
+        unsafe { runtime::memcpy_async(dst as *mut _, src.cast(), bytes, kind, stream.0) }
+    }
     unsafe fn tree(
         &self,
         inputs: &[u64],

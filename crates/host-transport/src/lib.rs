@@ -13,9 +13,15 @@
 //! transport route and in the hierarchical route's cross-node step. It is not fast: the
 //! rendezvous is a star through rank 0, meant for CPU runs, virtual nodes in CI and control-
 //! sized data, not for bandwidth.
+//!
+//! [`StagedTransport`] runs it on device memory of any `detcoll_protocol::Device`: each call
+//! copies its device bytes to the host, runs the host transport and copies the result back.
+//! The transport of ranks that share a GPU (NCCL/RCCL refuse two ranks on one GPU).
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod staged;
 mod transport;
 mod tree;
 
+pub use staged::StagedTransport;
 pub use transport::HostTransport;

@@ -99,6 +99,28 @@ pub trait Device: Send + Sync + fmt::Debug + Sized + 'static {
     /// copy; they do not overlap; `stream` is a live stream of this device.
     unsafe fn copy(&self, dst: u64, src: u64, bytes: usize, stream: RawStream) -> Result<(), Error>;
 
+    /// Enqueues a copy of `bytes` bytes from device memory `src` to host memory `dst`: how a
+    /// transport that runs on the host (the host-staged transport of ranks sharing a GPU) reads
+    /// a call's device bytes. Binds the device first. The copy may still be in flight when this
+    /// returns (a runtime may return before the DMA lands even for pageable memory): read `dst`
+    /// only after [`Device::synchronize_stream`].
+    ///
+    /// # Safety
+    /// `src` is device memory of this device, readable for `bytes` bytes until `stream` has
+    /// executed the copy; `dst` is host memory writable for `bytes` bytes, valid and otherwise
+    /// untouched until `stream` has executed the copy; `stream` is a live stream of this device.
+    unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, bytes: usize, stream: RawStream) -> Result<(), Error>;
+
+    /// Enqueues a copy of `bytes` bytes from host memory `src` to device memory `dst` (the way
+    /// back of [`Device::copy_to_host`]). Binds the device first. `src` must stay valid until
+    /// the stream has executed the copy: synchronise the stream before freeing or reusing it.
+    ///
+    /// # Safety
+    /// `dst` is device memory of this device, writable for `bytes` bytes until `stream` has
+    /// executed the copy; `src` is host memory readable for `bytes` bytes, valid and unchanged
+    /// until `stream` has executed the copy; `stream` is a live stream of this device.
+    unsafe fn copy_from_host(&self, dst: u64, src: *const u8, bytes: usize, stream: RawStream) -> Result<(), Error>;
+
     /// Enqueues `out[i] = tree(inputs[0][i], ..., inputs[W-1][i])` for `i < count`, `W =
     /// inputs.len()` in 1..=8 (the canonical tree of that many ranks), in `dtype`'s own arithmetic.
     ///

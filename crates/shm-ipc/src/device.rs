@@ -162,6 +162,26 @@ impl Device for HostDevice {
         unsafe { core::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, bytes) };
         Ok(())
     }
+    /// Host memory is this device's memory, and its "stream" is synchronous: a plain copy,
+    /// done when this returns.
+    unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, bytes: usize, _stream: RawStream) -> Result<(), Error> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: `src` readable and `dst` writable for `bytes` bytes, disjoint (the caller's
+        // contract: one is the caller's buffer, the other its staging copy).
+        unsafe { core::ptr::copy_nonoverlapping(src as *const u8, dst, bytes) };
+        Ok(())
+    }
+    /// As [`Device::copy_to_host`]: a plain copy, done at once.
+    unsafe fn copy_from_host(&self, dst: u64, src: *const u8, bytes: usize, _stream: RawStream) -> Result<(), Error> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: as above, the other way.
+        unsafe { core::ptr::copy_nonoverlapping(src, dst as *mut u8, bytes) };
+        Ok(())
+    }
     unsafe fn tree(
         &self,
         inputs: &[u64],

@@ -194,6 +194,12 @@ impl Device for FakeDevice {
     unsafe fn copy(&self, _: u64, _: u64, _: usize, _: RawStream) -> Result<(), Error> {
         Ok(())
     }
+    unsafe fn copy_to_host(&self, _: *mut u8, _: u64, _: usize, _: RawStream) -> Result<(), Error> {
+        Ok(())
+    }
+    unsafe fn copy_from_host(&self, _: u64, _: *const u8, _: usize, _: RawStream) -> Result<(), Error> {
+        Ok(())
+    }
     unsafe fn tree(&self, _: &[u64], _: u64, _: usize, _: DType, _: RawStream) -> Result<(), Error> {
         Ok(())
     }
