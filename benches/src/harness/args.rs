@@ -120,7 +120,7 @@ impl E2eLayer {
 /// `cargo xtask bench` arguments. Sizes are per-rank input bytes (see `SIZE_CONVENTION`).
 #[derive(Debug, Clone, PartialEq, Eq, Args, Serialize)]
 pub struct BenchArgs {
-    /// Ranks to start (1 to 8 on one host; more with --virtual-nodes). Ignored when
+    /// Ranks to start (above 8 on one host: nodes of up to 8, the hierarchical route). Ignored when
     /// RANK/WORLD_SIZE are set (torchrun/mpirun started this process as one rank).
     #[arg(long, default_value_t = DEFAULT_NPROC, value_parser = parse_world)]
     pub nproc: usize,
@@ -169,10 +169,11 @@ pub struct BenchArgs {
     #[arg(long)]
     pub threads: bool,
 
-    /// Spread the ranks over N simulated hosts (processes, CPU twin): each gets
+    /// Spread the ranks over N simulated hosts (processes): each gets
     /// DETCOLL_HOST_ID=virtual-node-{n} and its node's LOCAL_RANK/LOCAL_WORLD_SIZE, so the
     /// world routes as across hosts (hierarchical with 2/4/8 ranks per node, else the flat
-    /// transport route). Needed above 8 ranks.
+    /// transport route; on GPUs the step across nodes is NCCL where each node's ranks of one
+    /// local rank are on different GPUs, else staged through the host).
     #[arg(long, value_parser = parse_positive)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub virtual_nodes: Option<usize>,
@@ -321,15 +322,10 @@ impl BenchArgs {
         self
     }
 
-    /// Checks the world the launch makes: above 8 ranks (one IPC world) only on virtual
-    /// nodes, which are processes of the CPU twin spread evenly.
+    /// Checks the world the launch makes: virtual nodes spread the ranks evenly, as processes.
+    /// Above 8 ranks on one host (one IPC world) the factory splits the host into nodes.
     pub fn check_world(&self) -> anyhow::Result<()> {
         match self.virtual_nodes {
-            None if self.nproc > collective_core::MAX_NODE_WORLD_SIZE => anyhow::bail!(
-                "--nproc {}: one host runs at most {} ranks in one IPC world; spread them over nodes with --virtual-nodes",
-                self.nproc,
-                collective_core::MAX_NODE_WORLD_SIZE
-            ),
             Some(n) if self.nproc % n != 0 => {
                 anyhow::bail!("--virtual-nodes {n}: {} ranks do not spread evenly over {n} nodes", self.nproc)
             }
@@ -525,9 +521,10 @@ pub(crate) mod tests {
             assert!(parse(&["--nproc", &w.to_string()]).is_ok(), "--nproc {w}");
             assert!(parse(&["--nproc", &w.to_string()]).unwrap().check_world().is_ok(), "--nproc {w}");
         }
-        // Above 8 ranks: only on virtual nodes, spread evenly, as processes.
-        assert!(parse(&["--nproc", "16"]).unwrap().check_world().is_err());
+        // Virtual nodes spread evenly, as processes; above 8 ranks on one host the factory
+        // splits the host into nodes.
         assert!(parse(&["--nproc", "16", "--virtual-nodes", "2"]).unwrap().check_world().is_ok());
+        assert!(parse(&["--nproc", "16"]).unwrap().check_world().is_ok());
         assert!(parse(&["--nproc", "12", "--virtual-nodes", "5"]).unwrap().check_world().is_err());
         assert!(parse(&["--nproc", "16", "--virtual-nodes", "2", "--threads"]).unwrap().check_world().is_err());
         assert!(parse(&["--virtual-nodes", "0"]).is_err());

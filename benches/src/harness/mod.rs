@@ -217,10 +217,6 @@ pub fn main(args: BenchArgs, frontend: &Frontend) -> anyhow::Result<ExitCode> {
         return run_threads(&args, resolved, frontend.tool);
     }
     anyhow::ensure!(resolved != Resolved::Memory, "--backend memory runs with --threads only");
-    anyhow::ensure!(
-        args.virtual_nodes.is_none() || resolved == Resolved::CpuTwin,
-        "--virtual-nodes simulates hosts with the CPU twin (--backend cpu): GPU ranks on one host cannot have a transport between them"
-    );
     let exe = std::env::current_exe().context("locating this executable to start the ranks")?;
     let mut rank_args = args.clone();
     rank_args.backend = resolved.choice();

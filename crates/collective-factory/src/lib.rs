@@ -59,10 +59,10 @@ pub mod cuda_api;
 pub mod nvidia;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 pub mod raw_api;
-#[cfg(feature = "cuda")]
-pub use nvidia::NvidiaCollective;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 pub use gpu_transport::GpuTransport;
+#[cfg(feature = "cuda")]
+pub use nvidia::NvidiaCollective;
 #[cfg(feature = "rocm")]
 pub mod rocm;
 #[cfg(feature = "rocm")]

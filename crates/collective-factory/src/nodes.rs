@@ -87,16 +87,16 @@ impl NodeLayout {
     }
 }
 
+/// A group of ranks made by `split`, shared by the backends built over it.
+pub(crate) type Group = std::sync::Arc<dyn Bootstrap>;
+
 /// The two groups of the hierarchical route that `boot`'s rank belongs to, made in the same
 /// order on every rank (collective over `boot`): its node's ranks (by local rank) and the ranks
 /// of its local rank (by node).
-pub(crate) fn node_groups(
-    boot: &dyn Bootstrap,
-    layout: NodeLayout,
-) -> Result<(std::sync::Arc<dyn Bootstrap>, std::sync::Arc<dyn Bootstrap>), Error> {
+pub(crate) fn node_groups(boot: &dyn Bootstrap, layout: NodeLayout) -> Result<(Group, Group), Error> {
     let rank = boot.rank();
     let (node, local_rank) = (layout.node(rank), layout.local_rank(rank));
-    let group = |color: usize, key: usize| -> Result<std::sync::Arc<dyn Bootstrap>, Error> {
+    let group = |color: usize, key: usize| -> Result<Group, Error> {
         let sub = split(boot, Some(color as u32), key as u32)?
             .ok_or(Error::InvalidConfig { detail: "split returned no group for a colored rank".into() })?;
         Ok(std::sync::Arc::new(sub))

@@ -4,9 +4,9 @@
 //! the memory and orders the buffers itself (unsafe); the call is validated and routed exactly
 //! as the safe ones (the same dispatch, [`crate::Routed`]).
 use crate::Routed;
+use crate::gpu_transport::GpuTransport;
 use crate::scratch::CallStream;
 use crate::via::Via;
-use crate::gpu_transport::GpuTransport;
 use collective_core::{Collective, DType, Error, Io, IpcRoute, MAX_LANES, Op, RawMut, RawRef, Route};
 use ipc_engine::{IpcCollective, IpcDevice, RawStream};
 use std::ffi::c_void;

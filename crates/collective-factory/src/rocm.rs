@@ -205,8 +205,7 @@ fn build(boot: Arc<dyn Bootstrap>, config: &Config, ordinal: Result<usize, Error
     let transport = transport(&d, &device, &boot, config)?;
     let routed = Routed::new(boot.rank(), world, config.capacity(), d.routing.clone(), ipc, transport)?;
     let Some(layout) = d.nodes else { return Ok(routed) };
-    let nodes = nodes(&d, layout, &device, &boot, config, |node, c| {
-        hip_ipc::new_on(Box::new(node), device.clone(), c)
-    })?;
+    let nodes =
+        nodes(&d, layout, &device, &boot, config, |node, c| hip_ipc::new_on(Box::new(node), device.clone(), c))?;
     Ok(routed.with_nodes(nodes))
 }

@@ -114,3 +114,31 @@ fn two_threads_with_their_own_streams_on_one_rank_are_atomic() {
     });
     println!("two threads on rank 0 with their own streams: {} calls each, atomic", CALLS);
 }
+
+/// 16 ranks as threads on one GPU: more than one IPC world holds, so the factory splits them
+/// into two nodes of 8 (one CUDA IPC group each, the GPU's multiprocessors split among all 16)
+/// joined by the host-staged transport; the README pattern, every result bit-exact, every call
+/// by the hierarchical route.
+#[test]
+fn readme_pattern_world16_threads_on_one_gpu_by_the_hierarchical_route() {
+    if !shared_gpu::gpu_present() {
+        return;
+    }
+    let _one = ONE_WORLD.lock().unwrap_or_else(|e| e.into_inner());
+    let config = Config::new().with_capacity(shared_gpu::CAPACITY);
+    let ranks = nvidia::thread_group(16, &config).expect("thread group of 16");
+    let n = ranks[0].nodes().expect("hierarchical backends");
+    assert_eq!((n.layout().nodes, n.layout().local), (2, 8));
+    assert!(n.cross().is_host_staged());
+    let calls = (shared_gpu::calls() / 50).max(100);
+    let t = Instant::now();
+    let results: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = ranks.iter().map(|comm| s.spawn(move || shared_gpu::run_rank(comm, calls))).collect();
+        hs.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
+    });
+    for (r, res) in results.into_iter().enumerate() {
+        let routes = res.unwrap_or_else(|e| panic!("world 16, rank {r}: {e}"));
+        assert!(routes.keys().all(|k| k == "hierarchical" || k == "chunked"), "{routes:?}");
+    }
+    println!("world 16 as threads on one GPU (2 nodes of 8): {calls} calls per rank in {:?}, 0 errors", t.elapsed());
+}

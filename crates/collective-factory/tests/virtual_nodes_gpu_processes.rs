@@ -1,26 +1,27 @@
-//! Virtual nodes on one GPU: MPS processes grouped into simulated hosts
-//! (`LaunchSpec::virtual_nodes`: `DETCOLL_HOST_ID`, per-node `LOCAL_RANK`), the hierarchical
-//! route composed as the factory composes it for the CPU — the CUDA IPC collective inside each
-//! virtual node (`cuda_ipc::new` over the node's `split`), the host-staged transport across
-//! nodes (`StagedTransport<CudaDevice>`: NCCL refuses two ranks on one GPU, so the cross-node
-//! step copies to the host and runs the host transport over the bootstrap) — and every op's bits checked against `fixed-tree` at
-//! sizes from 4 KiB to 4 MiB per rank. Prints each layout's time per call. Skips, saying so,
-//! without a GPU.
+//! The hierarchical route on one GPU through the factory, as a user builds it
+//! (`nvidia::from_context`): MPS processes grouped into simulated hosts
+//! (`LaunchSpec::virtual_nodes`: `DETCOLL_HOST_ID`, per-node `LOCAL_RANK`), and 16 or 12
+//! processes on this one host, more than one IPC world holds. The agreement finds the layout,
+//! the factory builds the CUDA IPC collective of each node, the host-staged transport across
+//! nodes (NCCL refuses two ranks on one GPU) and the device scratch row; every op's bits are
+//! checked against `fixed-tree` at sizes from 4 KiB to 4 MiB per rank, reduce_scatter on a
+//! second stream (the scratch row reused across streams). Prints each layout's time per call.
+//! Skips, saying so, without a GPU.
 #![cfg(all(feature = "cuda", feature = "cpu"))]
 
-use collective_core::bootstrap::{Bootstrap, TcpBootstrap, split};
+use collective_core::bootstrap::{Bootstrap, TcpBootstrap};
 use collective_core::conformance::data::{finite_values, reference_reduce};
-use collective_core::{Collective, DType, Error, Io, Op, RawMut, RawRef, Route};
-use collective_factory::nodes::{NodeLayout, Nodes, Scratch};
-use collective_factory::{Platform, Routed, Routing};
+use collective_core::{Collective, DType, Io, Op, RawMut, RawRef, Route};
+use collective_factory::nodes::NodeLayout;
+use collective_factory::{Config, nvidia};
 use cuda_ipc::cudarc::driver::{CudaContext, sys};
-use cuda_ipc::{CudaDevice, CudaIpcCollective, CudaIpcConfig};
-use detcoll_host_transport::StagedTransport;
 use detcoll_launch::{LaunchSpec, launch_captured};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 const CHILD: &str = "DETCOLL_VNODES_GPU_CHILD";
+/// The layout the child expects, `nodes x local` (the factory must find it).
+const LAYOUT: &str = "DETCOLL_VNODES_GPU_LAYOUT";
 
 fn check(r: sys::CUresult, what: &str) {
     assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "{what}");
@@ -68,61 +69,26 @@ impl Drop for Dev {
     }
 }
 
-/// The hierarchical route's scratch row in device memory.
-#[derive(Debug)]
-struct DevScratch {
-    ctx: Arc<CudaContext>,
-    row: Mutex<Option<(u64, usize)>>,
-}
-
-impl Scratch for DevScratch {
-    fn region(&self, bytes: usize) -> Result<u64, Error> {
-        let mut row = self.row.lock().expect("scratch");
-        if let Some((ptr, have)) = *row
-            && have >= bytes
-        {
-            return Ok(ptr);
-        }
-        self.ctx.bind_to_thread().expect("bind");
-        if let Some((ptr, _)) = row.take() {
-            // SAFETY: the previous row; the call that used it was synchronised (the staged transport waits for its copies).
-            unsafe { sys::cuMemFree_v2(ptr) };
-        }
-        let mut ptr = 0;
-        // SAFETY: out-pointer to a local; the context is current.
-        check(unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes.max(256)) }, "scratch alloc");
-        *row = Some((ptr, bytes));
-        Ok(ptr)
-    }
-}
-
 fn child() {
     let boot: Arc<dyn Bootstrap> = Arc::new(TcpBootstrap::from_env().expect("bootstrap"));
-    let (rank, world, local) = (boot.rank(), boot.world_size(), boot.local_world_size());
-    let layout = NodeLayout { nodes: world / local, local };
-    let (node, lr) = (layout.node(rank), layout.local_rank(rank));
-    let node_boot = split(&*boot, Some(node as u32), lr as u32).expect("split").expect("node group");
-    let cross_boot = split(&*boot, Some((layout.nodes + lr) as u32), node as u32).expect("split").expect("cross");
+    let (rank, world) = (boot.rank(), boot.world_size());
+    let (nodes, local) = std::env::var(LAYOUT)
+        .ok()
+        .and_then(|v| v.split_once('x').map(|(a, b)| (a.parse().unwrap(), b.parse().unwrap())))
+        .expect("layout");
     let ctx = CudaContext::new(0).expect("context");
-    // The node's IPC collective as the factory configures it: the table is its route policy.
-    let node_routing = Routing::default_for_world(Platform::Nvidia, local);
-    // Every virtual node's IPC world shares this one GPU: the engine gives each rank of a world
-    // 1/L of the SMs, which two worlds at once oversubscribe (the first 2x8 run: a ready-flag
-    // timeout, typed, at 256 KiB). Split the SMs over all the ranks instead.
-    let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).expect("SMs");
-    let config = CudaIpcConfig::new(1 << 22)
-        .with_routes(node_routing.route_table().clone())
-        .with_ll_capacity(node_routing.ll_capacity(detcoll_protocol::DEFAULT_LL_CAPACITY))
-        .with_max_blocks((sms as usize / world).max(1));
-    let local_comm: CudaIpcCollective = cuda_ipc::new(Box::new(node_boot), &ctx, &config).expect("node collective");
-    let device = CudaDevice::new(&ctx).expect("CUDA device");
-    let cross = StagedTransport::new(device, Arc::new(cross_boot)).expect("host-staged transport");
-    let routing = node_routing.across_nodes();
-    let scratch = Box::new(DevScratch { ctx: ctx.clone(), row: Mutex::new(None) });
-    let nodes = Nodes::new(layout, rank, local_comm, routing.route_table().clone(), cross, scratch).expect("nodes");
-    let comm = Routed::new(rank, world, 1 << 22, routing, None, None).expect("routed").with_nodes(nodes);
+    // What a user writes: the factory agrees on the layout (host identities), builds the node's
+    // CUDA IPC collective, the transport across nodes (host-staged: every rank is on this one
+    // GPU) and the device scratch row.
+    let comm = nvidia::from_context(boot, &ctx, &Config::new().with_capacity(1 << 22)).expect("nvidia");
     assert_eq!(comm.route(Op::AllReduce, 4096), Route::Hierarchical);
+    let n = comm.nodes().expect("the hierarchical route's backends");
+    assert_eq!(n.layout(), NodeLayout { nodes, local });
+    assert!(n.cross().is_host_staged(), "one GPU: the step across nodes is staged through the host");
+    let layout = n.layout();
     let stream = ctx.new_stream().expect("stream");
+    // reduce_scatter on a second stream: the scratch row is reused across streams.
+    let other = ctx.new_stream().expect("stream");
     let mut wrong = Vec::new();
     for bytes in [4096usize, 256 << 10, 4 << 20] {
         for dtype in [DType::BF16, DType::F32] {
@@ -152,8 +118,8 @@ fn child() {
             let io = unsafe {
                 Io::OutOfPlace { input: RawRef::from_raw(x.ptr, n, dtype), output: RawMut::from_raw(rs.ptr, k, dtype) }
             };
-            comm.reduce_scatter(io, &stream).expect("reduce_scatter");
-            comm.synchronize(&stream).expect("sync");
+            comm.reduce_scatter(io, &other).expect("reduce_scatter");
+            comm.synchronize(&other).expect("sync");
             if rs.download() != shard(&want) {
                 wrong.push(format!("reduce_scatter {dtype} {bytes}"));
             }
@@ -223,12 +189,18 @@ fn virtual_nodes_of_mps_processes_give_fixed_tree_bits() {
     }
     let exe = std::env::current_exe().expect("test binary");
     // 2x8: 16 ranks on one host (and one GPU), above the 8 of one IPC world.
-    for (nodes, local) in [(2, 2), (2, 4), (4, 2), (2, 8)] {
+    // (nodes, ranks per node, simulated hosts): virtual nodes of 2x2, 2x4, 4x2, 2x8; then 16
+    // and 12 processes on this one host (no override), which the factory splits into nodes of
+    // 8 and 4 because one IPC world holds at most 8 ranks.
+    for (nodes, local, virtual_nodes) in
+        [(2, 2, true), (2, 4, true), (4, 2, true), (2, 8, true), (2, 8, false), (3, 4, false)]
+    {
         let mut spec = LaunchSpec::new(nodes * local, &exe)
             .args(["virtual_nodes_of_mps_processes_give_fixed_tree_bits", "--exact", "--nocapture", "--test-threads=1"])
             .env(CHILD, "1")
+            .env(LAYOUT, format!("{nodes}x{local}"))
             .env("CUDA_VISIBLE_DEVICES", std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_else(|_| "0".into()));
-        spec.virtual_nodes = Some(nodes);
+        spec.virtual_nodes = virtual_nodes.then_some(nodes);
         let t = Instant::now();
         let (outcome, outputs) = launch_captured(&spec).expect("launch");
         assert!(outcome.success(), "{nodes}x{local}: {outcome:?}: {outputs:#?}");

@@ -52,9 +52,9 @@ pub mod params;
 mod plan;
 mod poison;
 pub mod status;
-mod workspace;
 #[cfg(feature = "conformance")]
 pub mod suite;
+mod workspace;
 
 pub use chunk::{
     Chunks, MIN_CAPACITY, bulk_all_reduce_elements, bulk_scatter_elements, check_capacity, chunk_elements,

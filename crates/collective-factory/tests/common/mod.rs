@@ -6,7 +6,7 @@
 //! GPU). Generic over a [`Platform`]: [`nvidia::Nvidia`] (feature `cuda`) or [`rocm::Rocm`]
 //! (feature `rocm`).
 #![allow(dead_code)]
-use ccl_transport::{Device, TransportCollective};
+use ccl_transport::Device;
 use collective_core::Timeouts;
 use collective_core::bootstrap::{Bootstrap, LocalBootstrap};
 use collective_core::conformance::data::{compare, finite_values, reference_reduce};
@@ -104,7 +104,7 @@ impl Build {
 }
 
 /// The factory's collective on platform `P`.
-pub type Comm<P> = Routed<<P as Platform>::Ipc, TransportCollective<<P as Platform>::Dev>>;
+pub type Comm<P> = Routed<<P as Platform>::Ipc, collective_factory::GpuTransport<<P as Platform>::Dev>>;
 
 /// One call: `lanes` holds each lane's per-rank input element count (one lane unless the op is
 /// reduce_scatter_many).
@@ -212,7 +212,7 @@ impl<P: Platform> Rank<P> {
     /// for an absent peer forever; IPC kernels time out on their own), and surfaces any failure
     /// an IPC kernel recorded.
     fn sync(&self) -> Result<(), String> {
-        match self.comm.transport() {
+        match self.comm.transport().and_then(|t| t.ccl()) {
             Some(t) => t.synchronize(self.stream.borrow(), self.bound).map_err(|e| format!("synchronize: {e}"))?,
             None => P::synchronize(&self.stream).map_err(|e| format!("synchronize: {e}"))?,
         }
