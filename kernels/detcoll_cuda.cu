@@ -3,7 +3,7 @@
 //
 // The kernel bodies (the one-launch collective protocol, the fused tree, the copy) live in
 // detcoll_protocol.h, shared with the HIP entry (detcoll_hip.hip); the arithmetic and flags in
-// detcoll_tree.h. This file maps the protocol header's execution-model macros onto CUDA's
+// detcoll_tree.h; the residual + RMSNorm in detcoll_norm.h. This file maps the protocol header's execution-model macros onto CUDA's
 // built-ins and declares the `extern "C"` kernels (the ABI table `detcoll_abi` comes with the header).
 
 // Execution model for detcoll_protocol.h: CUDA's built-in variables and intrinsics.
@@ -34,6 +34,7 @@
 #endif
 
 #include "detcoll_protocol.h"
+#include "detcoll_norm.h"
 
 // One launch per collective call; `h` and `seg` are read in place from parameter space.
 #ifndef DETCOLL_SOFT_MODULE
@@ -57,6 +58,12 @@ extern "C" __global__ void detcoll_noop() {}
 // Byte copy over the whole grid (world 1 out of place).
 extern "C" __global__ void __launch_bounds__(DC_THREADS) detcoll_copy(const DcCopyParams p) {
     dc_copy_range((dc_u8*)p.dst, (const dc_u8*)p.src, p.bytes, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
+}
+
+// Residual add + RMSNorm after an all_reduce (detcoll_norm.h): one block of DC_NORM_THREADS per
+// row, grid-stride over rows. Independent of the world: in every image.
+extern "C" __global__ void __launch_bounds__(DC_NORM_THREADS) detcoll_residual_rmsnorm(const DcNormParams p) {
+    dc_residual_rmsnorm(p);
 }
 #else
 // Built only into the separate "soft" module (-DDETCOLL_SOFT_MODULE), loaded on demand: the

@@ -118,6 +118,7 @@ DC_DEV dc_u64 dc_hip_cas_u64(dc_u64* p, dc_u64 cmp, dc_u64 val) {
 }
 
 #include "detcoll_protocol.h"
+#include "detcoll_norm.h"
 
 // One launch per collective call. Kernel arguments live in the kernarg segment; the body reads
 // them by reference.
@@ -149,4 +150,11 @@ extern "C" __global__ void detcoll_clock(const DcClockParams p) {
 // Byte copy over the whole grid (world 1 out of place).
 extern "C" __global__ void DC_HIP_BOUNDS detcoll_copy(const DcCopyParams p) {
     dc_copy_range((dc_u8*)p.dst, (const dc_u8*)p.src, p.bytes, DC_BID * DC_NTID + DC_TID, DC_NBLOCKS * DC_NTID);
+}
+
+// Residual add + RMSNorm after an all_reduce (detcoll_norm.h): one workgroup of DC_NORM_THREADS
+// per row, grid-stride over rows.
+extern "C" __global__ void __attribute__((amdgpu_flat_work_group_size(1, DC_NORM_THREADS)))
+detcoll_residual_rmsnorm(const DcNormParams p) {
+    dc_residual_rmsnorm(p);
 }

@@ -46,8 +46,9 @@
 
 // Bumped whenever the parameter layout or the protocol changes; checked by the host against
 // `detcoll_abi` so a stale prebuilt cubin is refused instead of misread. 7: worlds 3, 5, 6 and 7
-// (a version-6 image would run them as 8 ranks).
-#define DC_ABI_VERSION 7u
+// (a version-6 image would run them as 8 ranks). 8: the residual + RMSNorm entry
+// (`detcoll_residual_rmsnorm`, DcNormParams; a version-7 image lacks it).
+#define DC_ABI_VERSION 8u
 
 #define DC_MAX_WORLD 8
 
@@ -188,6 +189,22 @@ struct DcCopyParams {
     dc_u64 bytes;
 };
 
+// Residual add + RMSNorm after an all_reduce (detcoll_norm.h): for each of `rows` rows of
+// `hidden` elements, h = residual + sum, y = rmsnorm(h) * weight. Addresses are row-major
+// [rows, hidden] tensors of `dtype`, `weight` is [hidden].
+struct DcNormParams {
+    dc_u64 sum;       // the all_reduce's output
+    dc_u64 residual;
+    dc_u64 weight;
+    dc_u64 h;         // out: residual + sum (may be exactly sum or residual)
+    dc_u64 y;         // out: the normalised rows (may be exactly sum or residual)
+    dc_u64 rows;
+    dc_u32 hidden;    // 1 .. 2^24
+    dc_u32 dtype;     // DC_F32, DC_F16, DC_BF16
+    float eps;        // finite, >= 0
+    dc_u32 pad;
+};
+
 #define DC_SEGS_SINGLE 16
 #define DC_SEGS_MANY 32
 
@@ -205,9 +222,10 @@ struct DcCopyParams {
 // The ABI table, exported by every image and checked by the host (cuda-ipc, hip-ipc) so a stale
 // prebuilt image is refused. Defined here, at this point of the translation unit, rather than
 // in the entry files: moving it would reorder the globals of the generated PTX.
-extern "C" __device__ const dc_u32 detcoll_abi[6] = {
+extern "C" __device__ const dc_u32 detcoll_abi[7] = {
     DC_ABI_VERSION, (dc_u32)sizeof(DcParams<DC_SEGS_SINGLE>), (dc_u32)sizeof(DcParams<DC_SEGS_MANY>),
-    (dc_u32)sizeof(DcTreeParams), (dc_u32)sizeof(DcSeg), (dc_u32)sizeof(DcCopyParams)};
+    (dc_u32)sizeof(DcTreeParams), (dc_u32)sizeof(DcSeg), (dc_u32)sizeof(DcCopyParams),
+    (dc_u32)sizeof(DcNormParams)};
 
 DC_DEV dc_u64* dc_at(dc_u64 base, dc_u64 off) { return (dc_u64*)(base + off); }
 

@@ -18,6 +18,9 @@ pub const TREE_HEADER: &str = include_str!("../detcoll_tree.h");
 /// The portable kernel bodies (`detcoll_protocol.h`): parameter structs (the ABI), the
 /// one-launch collective, the fused tree and the copy.
 pub const PROTOCOL_HEADER: &str = include_str!("../detcoll_protocol.h");
+/// The residual add + RMSNorm kernel body (`detcoll_norm.h`): the step after an all_reduce,
+/// whose bits `fixed_tree::residual_rmsnorm` defines.
+pub const NORM_HEADER: &str = include_str!("../detcoll_norm.h");
 /// The CUDA entry file (`detcoll_cuda.cu`).
 pub const CUDA_ENTRY: &str = include_str!("../detcoll_cuda.cu");
 /// The HIP entry file (`detcoll_hip.hip`).
@@ -25,13 +28,14 @@ pub const HIP_ENTRY: &str = include_str!("../detcoll_hip.hip");
 
 /// The headers both entry files `#include`, by the names they use: what an RTC compiler is
 /// given as in-memory headers.
-pub const HEADERS: [(&str, &str); 2] = [("detcoll_tree.h", TREE_HEADER), ("detcoll_protocol.h", PROTOCOL_HEADER)];
+pub const HEADERS: [(&str, &str); 3] =
+    [("detcoll_tree.h", TREE_HEADER), ("detcoll_protocol.h", PROTOCOL_HEADER), ("detcoll_norm.h", NORM_HEADER)];
 
 /// `DC_ABI_VERSION` of `detcoll_protocol.h`: the layout version of the parameter structs and
 /// of the control blocks. Every loaded module exports it in its `detcoll_abi` table; the host
 /// refuses a module with another value. Duplicated here (a `const` cannot parse the header);
 /// a unit test keeps the two equal.
-pub const ABI_VERSION: u32 = 7;
+pub const ABI_VERSION: u32 = 8;
 
 /// The environment variable naming a folder of prebuilt kernel images.
 pub const KERNEL_DIR_ENV: &str = "DETCOLL_KERNEL_DIR";
@@ -126,6 +130,12 @@ mod tests {
             }
         }
         assert!(source_dir().join("detcoll_protocol.h").is_file());
+        for (name, _) in HEADERS {
+            assert!(source_dir().join(name).is_file(), "{name} is not in the kernel source folder");
+        }
+        for entry in [CUDA_ENTRY, HIP_ENTRY] {
+            assert!(entry.contains("#include \"detcoll_norm.h\"") && entry.contains("detcoll_residual_rmsnorm"));
+        }
     }
 
     #[test]

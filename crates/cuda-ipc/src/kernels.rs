@@ -16,11 +16,12 @@
 //! sizes of the parameter structs), so a stale prebuilt image is refused with an error instead
 //! of being misread.
 use crate::driver::{self, BACKEND, check};
-use crate::launch::{ABI_VERSION, CopyParams, ParamsMany, ParamsSingle, Seg, TreeParams};
+use crate::launch::ABI_VERSION;
 use crate::programmatic::Programmatic;
 use collective_core::Error;
 use cudarc::driver::{CudaContext, sys};
 use cudarc::nvrtc::sys as nvrtc;
+use detcoll_protocol::params::{ABI_WORDS, abi_table};
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::path::{Path, PathBuf};
@@ -36,6 +37,9 @@ pub const TREE_HEADER: &str = detcoll_kernels::TREE_HEADER;
 /// The portable kernel bodies (protocol, fused tree, copy) shared with the HIP entry, embedded
 /// (passed to NVRTC as a header).
 pub const PROTOCOL_HEADER: &str = detcoll_kernels::PROTOCOL_HEADER;
+/// The residual add + RMSNorm kernel body shared with the HIP entry, embedded (passed to NVRTC
+/// as a header).
+pub const NORM_HEADER: &str = detcoll_kernels::NORM_HEADER;
 
 /// NVRTC flags. The adds are explicit `.rn` PTX without `.ftz`, so these are a second line of
 /// defence: no flush to zero, no contraction into FMA, IEEE division and square root. Line
@@ -74,7 +78,7 @@ impl Worlds {
 /// Which module of the entry file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Variant {
-    /// The collectives, the fused tree and the empty kernel.
+    /// The collectives, the fused tree, the empty kernel, the copy and the residual + RMSNorm.
     Main,
     /// Only the software-arithmetic fused tree (`-DDETCOLL_SOFT_MODULE`), built on demand.
     Soft,
@@ -220,8 +224,10 @@ pub fn compile_variant(arch: &str, kind: ImageKind, variant: Variant) -> Result<
 pub fn compile_worlds(arch: &str, kind: ImageKind, variant: Variant, worlds: Worlds) -> Result<Vec<u8>, Error> {
     ensure_nvrtc()?;
     let src = c_string(KERNEL_SOURCE)?;
-    let headers = [c_string(TREE_HEADER)?, c_string(PROTOCOL_HEADER)?];
-    let header_names = [c_string("detcoll_tree.h")?, c_string("detcoll_protocol.h")?];
+    // Every header the entry file includes, by the name it includes it by.
+    let headers = detcoll_kernels::HEADERS.iter().map(|(_, text)| c_string(text)).collect::<Result<Vec<_>, _>>()?;
+    let header_names =
+        detcoll_kernels::HEADERS.iter().map(|(name, _)| c_string(name)).collect::<Result<Vec<_>, _>>()?;
     let header_ptrs: Vec<*const core::ffi::c_char> = headers.iter().map(|h| h.as_ptr()).collect();
     let header_name_ptrs: Vec<*const core::ffi::c_char> = header_names.iter().map(|h| h.as_ptr()).collect();
     let name = c_string("detcoll_cuda.cu")?;
@@ -411,20 +417,13 @@ impl RawModule {
         // SAFETY: valid module; out-pointers to locals.
         let r = unsafe { sys::cuModuleGetGlobal_v2(&mut ptr, &mut bytes, self.module, name.as_ptr()) };
         check(r, "detcoll_abi lookup")?;
-        let mut abi = [0u32; 6];
+        let mut abi = [0u32; ABI_WORDS];
         if bytes != size_of_val(&abi) {
             return Err(abi_error(format!("detcoll_abi has {bytes} bytes")));
         }
         // SAFETY: `ptr` is a device global of exactly `bytes` bytes.
         check(unsafe { sys::cuMemcpyDtoH_v2(abi.as_mut_ptr().cast(), ptr, bytes) }, "reading detcoll_abi")?;
-        let want = [
-            ABI_VERSION,
-            size_of::<ParamsSingle>() as u32,
-            size_of::<ParamsMany>() as u32,
-            size_of::<TreeParams>() as u32,
-            size_of::<Seg>() as u32,
-            size_of::<CopyParams>() as u32,
-        ];
+        let want = abi_table();
         if abi != want {
             return Err(abi_error(format!("kernels export {abi:?}, this crate expects {want:?}")));
         }
@@ -463,6 +462,9 @@ pub struct Module {
     pub(crate) tree: sys::CUfunction,
     pub(crate) noop: sys::CUfunction,
     pub(crate) copy: sys::CUfunction,
+    /// The residual add + RMSNorm (`detcoll_residual_rmsnorm`, [`crate::norm`]): in every
+    /// image, whatever its worlds.
+    pub(crate) norm: sys::CUfunction,
     /// Grid of the fused tree kernel: every SM full.
     pub(crate) tree_grid: u32,
     /// Programmatic dependent launches of one-block collectives, where the device, the driver
@@ -493,6 +495,7 @@ impl Module {
             tree,
             noop: raw.function("detcoll_noop")?,
             copy: raw.function("detcoll_copy")?,
+            norm: raw.function("detcoll_residual_rmsnorm")?,
             tree_grid: (driver::multiprocessors(ctx)? * per_sm.max(1) as usize) as u32,
             programmatic: Programmatic::probe(
                 ctx.compute_capability().map_err(|e| driver::backend("cuDeviceGetAttribute", e))?.0,

@@ -7,9 +7,7 @@ use crate::programmatic::Programmatic;
 use collective_core::Error;
 use cudarc::driver::sys;
 
-pub(crate) use detcoll_protocol::params::{
-    ABI_VERSION, CopyParams, ParamsMany, ParamsSingle, Seg, THREADS, TreeParams,
-};
+pub(crate) use detcoll_protocol::params::{ABI_VERSION, THREADS, TreeParams};
 
 /// One `cuLaunchKernel` of `f` with `params` (a single by-value struct argument).
 ///

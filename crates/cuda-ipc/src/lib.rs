@@ -32,11 +32,13 @@ mod group;
 pub mod kernels;
 mod launch;
 mod memory;
+mod norm;
 mod programmatic;
 mod tree;
 
 pub use config::{CudaIpcConfig, DEFAULT_RSAG_THRESHOLD};
 pub use cudarc;
+pub use detcoll_protocol::norm::{NormArgs, NormDevice};
 pub use device::{CudaAllocation, CudaDevice, CudaEvent};
 pub use group::{group, group_on_device, group_on_ordinal, new, new_on_ordinal};
 pub use ipc_engine::{Device, IpcCollective, RawStream};

@@ -84,11 +84,63 @@ fn kernels_compile_for_every_target_with_strict_arithmetic() {
         } else {
             assert!(ptx.contains("add.rn.bf16x2"), "{arch}: expected add.rn.bf16x2");
         }
-        for entry in ["detcoll_collective_s", "detcoll_collective_m", "detcoll_tree", "detcoll_noop"] {
+        for entry in [
+            "detcoll_collective_s",
+            "detcoll_collective_m",
+            "detcoll_tree",
+            "detcoll_noop",
+            "detcoll_copy",
+            "detcoll_residual_rmsnorm",
+        ] {
             assert!(ptx.contains(&format!(".entry {entry}(")), "{arch}: entry {entry} missing");
         }
+        check_norm_ptx(arch, &ptx);
         println!("{arch}: PTX strict");
     }
+}
+
+/// The residual + RMSNorm entry in a PTX image: its one parameter is `DcNormParams` of the
+/// host's size, it runs blocks of 256 threads, and its f32 arithmetic is the contract's: the
+/// explicit round-to-nearest multiply, add, division and square root (no approximate
+/// reciprocal square root, no flush to zero, no contraction; the whole-image checks of the
+/// caller cover `.ftz` and `fma`).
+fn check_norm_ptx(arch: &str, ptx: &str) {
+    let start = ptx.find(".entry detcoll_residual_rmsnorm(").unwrap_or_else(|| panic!("{arch}: no norm entry"));
+    let body = &ptx[start..];
+    let body = &body[..body.find("\n}\n").map_or(body.len(), |e| e + 3)];
+    let size = size_of::<detcoll_protocol::NormParams>();
+    assert!(
+        body.contains(&format!(".param .align 8 .b8 detcoll_residual_rmsnorm_param_0[{size}]")),
+        "{arch}: the norm entry's parameter is not a {size}-byte DcNormParams:\n{}",
+        &body[..body.len().min(400)]
+    );
+    assert!(body.contains(".maxntid 256, 1, 1"), "{arch}: the norm entry is not bounded to 256 threads");
+    for insn in ["mul.rn.f32", "add.rn.f32", "div.rn.f32", "sqrt.rn.f32", "shfl.sync.down"] {
+        assert!(body.contains(insn), "{arch}: no {insn} in the norm entry");
+    }
+    for banned in ["rsqrt", "sqrt.approx", "div.approx", "div.full", "fma.rn.f32", "mad."] {
+        assert!(!body.contains(banned), "{arch}: {banned} in the norm entry");
+    }
+}
+
+/// The norm's constants in detcoll_norm.h are the reference's lanes and vector and the host's
+/// launch shape.
+#[test]
+fn norm_constants_match_the_reference() {
+    let header = cuda_ipc::kernels::NORM_HEADER;
+    let define = |name: &str| -> usize {
+        let line = header
+            .lines()
+            .find(|l| l.split_whitespace().take(2).eq(["#define", name]))
+            .unwrap_or_else(|| panic!("#define {name} missing from detcoll_norm.h"));
+        line.split_whitespace().nth(2).expect("a value").parse().expect("decimal")
+    };
+    use detcoll_protocol::norm::{NORM_MAX_HIDDEN, NORM_THREADS, NORM_VECTOR};
+    assert_eq!(define("DC_NORM_THREADS"), fixed_tree::rmsnorm::RMSNORM_LANES);
+    assert_eq!(define("DC_NORM_THREADS"), NORM_THREADS as usize);
+    assert_eq!(define("DC_NORM_VECTOR"), fixed_tree::rmsnorm::RMSNORM_VECTOR);
+    assert_eq!(define("DC_NORM_VECTOR"), NORM_VECTOR);
+    assert_eq!(NORM_MAX_HIDDEN, fixed_tree::rmsnorm::RMSNORM_MAX_HIDDEN);
 }
 
 /// A run-time image instantiates only its worlds: the world-1 image (what the fused tree's
@@ -109,6 +161,10 @@ fn a_world_image_instantiates_only_its_worlds() {
     println!("sm_90 PTX: world 1 {} bytes, world 8 {} bytes", one.len(), eight.len());
     assert!(one.len() * 2 < eight.len(), "the world-1 image should not carry the reductions of 8 ranks");
     assert!(one.contains("trap;"), "a world outside the image must trap");
+    // The norm does not depend on the world: every image has it.
+    for (w, img) in [(1, &one), (8, &eight)] {
+        assert!(img.contains(".entry detcoll_residual_rmsnorm("), "world {w}: no norm entry");
+    }
     assert!(Worlds::for_world(0).is_err() && Worlds::for_world(9).is_err());
     assert!(Worlds::for_world(6).expect("6").has(6) && Worlds::for_world(6).expect("6").has(1));
     assert!(!Worlds::for_world(6).expect("6").has(8) && (1..=8).all(|w| Worlds::ALL.has(w)));

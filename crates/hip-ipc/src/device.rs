@@ -116,7 +116,7 @@ impl HipDevice {
         khz_from_samples(t1.wrapping_sub(t0), h1 - h0)
     }
 
-    fn loaded(&self) -> Result<Arc<Kernels>, Error> {
+    pub(crate) fn loaded(&self) -> Result<Arc<Kernels>, Error> {
         if let Some(k) = self.kernels.get() {
             return Ok(k.clone());
         }

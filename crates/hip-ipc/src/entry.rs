@@ -23,6 +23,8 @@ pub struct Kernels {
     pub(crate) tree: HipFunction,
     /// The same tree in the software arithmetic (`detcoll_tree_soft`), for parity tests.
     pub(crate) tree_soft: HipFunction,
+    /// The residual add + RMSNorm (`detcoll_residual_rmsnorm`, [`crate::norm`]).
+    pub(crate) norm: HipFunction,
     /// One reading of the wait clock (`detcoll_clock`), for calibrating its rate; `None` in a
     /// code object built before the entry existed (then the documented default rate is used).
     pub(crate) clock: Option<HipFunction>,
@@ -47,6 +49,7 @@ impl Kernels {
             copy: module.function("detcoll_copy")?,
             tree: module.function("detcoll_tree")?,
             tree_soft: module.function("detcoll_tree_soft")?,
+            norm: module.function("detcoll_residual_rmsnorm")?,
             clock: module.function("detcoll_clock").ok(),
             grid: (runtime::multiprocessors(ordinal)? * 4) as u32,
             module,

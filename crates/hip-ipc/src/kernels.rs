@@ -5,7 +5,7 @@
 //!    running executable's directory and its `kernels/` subdirectory), as `detcoll_hip.<gfx>.co`
 //!    (what `cargo xtask build --arch gfx942` writes into `kernels/build/`).
 //! 2. Otherwise hiprtc ([`crate::rtc`], `libhiprtc` loaded at run time): the embedded
-//!    kernels/detcoll_hip.hip and its two headers, compiled for the device's gfx with the strict
+//!    kernels/detcoll_hip.hip and its headers, compiled for the device's gfx with the strict
 //!    flags of the offline build ([`rtc_options`]), once per process and gfx.
 //! 3. Neither: an error naming both remedies (`cargo xtask build --arch <gfx>`, or installing
 //!    ROCm's hiprtc).
@@ -20,6 +20,7 @@ use crate::rtc::{self, Source};
 use crate::runtime;
 use crate::sys::{HipFunction, HipModule};
 use collective_core::Error;
+use detcoll_protocol::params::ABI_WORDS;
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::path::PathBuf;
@@ -53,8 +54,10 @@ pub const TREE_HEADER: &str = detcoll_kernels::TREE_HEADER;
 /// The portable kernel bodies (protocol, fused tree, copy), embedded (passed to hiprtc as a
 /// header).
 pub const PROTOCOL_HEADER: &str = detcoll_kernels::PROTOCOL_HEADER;
+/// The residual add + RMSNorm kernel body, embedded (passed to hiprtc as a header).
+pub const NORM_HEADER: &str = detcoll_kernels::NORM_HEADER;
 /// The headers handed to hiprtc, by the names the sources `#include`.
-pub const HEADERS: [(&str, &str); 2] = [("detcoll_tree.h", TREE_HEADER), ("detcoll_protocol.h", PROTOCOL_HEADER)];
+pub const HEADERS: [(&str, &str); 3] = detcoll_kernels::HEADERS;
 /// The entry's name in hiprtc's log.
 pub const SOURCE_NAME: &str = "detcoll_hip.hip";
 
@@ -138,8 +141,8 @@ unsafe impl Sync for Module {}
 impl Module {
     /// Loads the code object for device `ordinal`'s arch (prebuilt, else compiled by hiprtc) and
     /// checks its ABI table; the expected table is `[ABI_VERSION, sizes of DcParams<16>,
-    /// DcParams<32>, DcTreeParams, DcSeg, DcCopyParams]`.
-    pub fn load(ordinal: usize, expected_abi: [u32; 6]) -> Result<Module, Error> {
+    /// DcParams<32>, DcTreeParams, DcSeg, DcCopyParams, DcNormParams]`.
+    pub fn load(ordinal: usize, expected_abi: [u32; ABI_WORDS]) -> Result<Module, Error> {
         let gfx = runtime::arch_name(ordinal)?;
         let (origin, image) = image_for(&gfx)?;
         let api = api()?;
@@ -162,19 +165,19 @@ impl Module {
         Ok(f)
     }
 
-    fn check_abi(&self, want: [u32; 6]) -> Result<(), Error> {
+    fn check_abi(&self, want: [u32; ABI_WORDS]) -> Result<(), Error> {
         let api = api()?;
         let mut ptr = core::ptr::null_mut();
         let mut bytes = 0usize;
         // SAFETY: valid module; out-pointers to locals; the name is NUL-terminated.
         let r = unsafe { (api.hipModuleGetGlobal)(&mut ptr, &mut bytes, self.raw, c"detcoll_abi".as_ptr()) };
         check(api, r, "detcoll_abi lookup")?;
-        let mut raw = [0u8; 24];
+        let mut raw = [0u8; 4 * ABI_WORDS];
         if bytes != raw.len() {
             return Err(abi_error(format!("detcoll_abi has {bytes} bytes")));
         }
         runtime::copy_to_host(ptr as u64, &mut raw)?;
-        let mut got = [0u32; 6];
+        let mut got = [0u32; ABI_WORDS];
         for (g, c) in got.iter_mut().zip(raw.chunks_exact(4)) {
             *g = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
         }

@@ -32,6 +32,7 @@ mod device;
 mod entry;
 mod group;
 pub mod kernels;
+mod norm;
 pub mod result;
 pub mod rtc;
 pub mod runtime;
@@ -42,6 +43,7 @@ mod tree;
 /// Backend name used in [`collective_core::Error::Backend`].
 pub const BACKEND: &str = "hip-ipc";
 
+pub use detcoll_protocol::norm::{NormArgs, NormDevice};
 /// The configuration of a HIP IPC collective: the backend-neutral one `cuda-ipc` uses too.
 pub use detcoll_protocol::{DEFAULT_RSAG_THRESHOLD, IpcConfig as HipIpcConfig};
 pub use device::{FALLBACK_WALL_CLOCK_KHZ, HipDevice, khz_from_samples, wait_ticks};

@@ -14,6 +14,7 @@ fn check_assembly(gfx: &str, s: &str) {
         "detcoll_noop",
         "detcoll_copy",
         "detcoll_clock",
+        "detcoll_residual_rmsnorm",
     ] {
         assert!(s.contains(&format!(".name:           {k}")), "{gfx}: kernel {k} missing");
     }

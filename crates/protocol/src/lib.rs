@@ -21,7 +21,9 @@
 //! * [`Device`] / [`IpcDevice`]: the small traits a runtime implements (streams, memory, events,
 //!   the tree kernel; staging, IPC handles, the collective kernels, the error record), in the
 //!   spirit of wgpu-hal: the engine (`ipc-engine`) and the transport (`ccl-transport`) are
-//!   generic over them; `cuda-ipc`, `hip-ipc` and the CPU twin implement them.
+//!   generic over them; `cuda-ipc`, `hip-ipc` and the CPU twin implement them;
+//! * [`NormDevice`] ([`norm`]): the residual add + RMSNorm after an all_reduce, on the same
+//!   devices.
 //!
 //! ```text
 //!  rank r allocation:  [header][status][sig slot 0][sig slot 1][ready x B][phase2 x B][ack x W]
@@ -48,6 +50,7 @@ pub mod device;
 pub mod failure;
 mod flag;
 mod layout;
+pub mod norm;
 pub mod params;
 mod plan;
 mod poison;
@@ -66,6 +69,7 @@ pub use flag::{FlagState, FlagWord};
 pub use layout::{
     CLOSE_ACK, HEADER_MAGIC, HEADER_WORDS, Header, LINE, LL_EXPANSION, Layout, MAX_LL_CAPACITY, PROTOCOL_VERSION,
 };
+pub use norm::{NormArgs, NormDevice, NormParams};
 pub use plan::{Phase, Plan, Segment};
 pub use poison::Poison;
 pub use workspace::{GRANULE, Workspace};

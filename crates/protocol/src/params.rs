@@ -5,10 +5,11 @@
 //! Moved verbatim from `crates/cuda-ipc/src/launch.rs` (only the backend name of the
 //! "too many segments" error became a parameter of [`pack`]).
 use super::{Layout, Phase, Plan};
+use crate::norm::NormParams;
 use collective_core::{DType, Error, Op, Route, check_node_world_size};
 
 /// Must equal `DC_ABI_VERSION` in the kernels (checked when a module is loaded).
-pub const ABI_VERSION: u32 = 7;
+pub const ABI_VERSION: u32 = 8;
 /// Threads per block (the kernels' `__launch_bounds__`).
 pub const THREADS: u32 = 512;
 /// Frame bytes per tile: tile `t` belongs to block `t % grid` in every phase on every rank.
@@ -364,8 +365,8 @@ pub fn pack<const N: usize>(
 
 /// The `detcoll_abi` table every kernel image must export for this host code:
 /// `[ABI_VERSION, sizeof DcParams<16>, sizeof DcParams<32>, sizeof DcTreeParams, sizeof DcSeg,
-/// sizeof DcCopyParams]`.
-pub const fn abi_table() -> [u32; 6] {
+/// sizeof DcCopyParams, sizeof DcNormParams]`.
+pub const fn abi_table() -> [u32; ABI_WORDS] {
     [
         ABI_VERSION,
         size_of::<ParamsSingle>() as u32,
@@ -373,8 +374,12 @@ pub const fn abi_table() -> [u32; 6] {
         size_of::<TreeParams>() as u32,
         size_of::<Seg>() as u32,
         size_of::<CopyParams>() as u32,
+        size_of::<NormParams>() as u32,
     ]
 }
+
+/// Words of the `detcoll_abi` table ([`abi_table`]).
+pub const ABI_WORDS: usize = 7;
 
 #[cfg(test)]
 mod tests {
@@ -384,7 +389,7 @@ mod tests {
 
     // Mirrored by hand from kernels/detcoll_protocol.h (`DcSeg`, `DcHeader`, `DcParams<N>`,
     // `DcTreeParams`, `DcCopyParams`, natural C alignment): byte offsets of every field.
-    const DC_ABI_VERSION: u32 = 7;
+    const DC_ABI_VERSION: u32 = 8;
     const DC_MAX_WORLD: usize = 8;
     const DC_THREADS: u32 = 512;
     const DC_SEGS_SINGLE: usize = 16;
@@ -407,6 +412,7 @@ mod tests {
     const TREE_OFFSETS: [usize; 4] = [64, 72, 80, 84]; // out, count, world, dtype
     const TREE_SIZE: usize = 88;
     const COPY_SIZE: usize = 24;
+    const NORM_SIZE: usize = 64;
 
     #[test]
     fn layouts_match_the_kernel_header() {
@@ -492,7 +498,8 @@ mod tests {
                 (HEADER_SIZE + DC_SEGS_MANY * SEG_SIZE) as u32,
                 TREE_SIZE as u32,
                 SEG_SIZE as u32,
-                COPY_SIZE as u32
+                COPY_SIZE as u32,
+                NORM_SIZE as u32
             ]
         );
     }

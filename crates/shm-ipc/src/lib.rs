@@ -42,6 +42,7 @@ mod device;
 mod executor;
 mod guard;
 mod liveness;
+mod norm;
 mod region;
 #[doc(hidden)]
 pub mod testing;
