@@ -29,6 +29,13 @@ pub enum Error {
     SizeOverflow { op: Op, argument: &'static str, len: usize },
     #[error("{op}: input and output overlap; use the in-place form instead")]
     Overlap { op: Op },
+    /// Two arguments of a call with several buffers (the fused all_reduce + residual +
+    /// RMSNorm) share memory in a way the call cannot evaluate correctly.
+    #[error("{op}: {first} and {second} overlap; they must be separate buffers")]
+    ArgumentsOverlap { op: Op, first: &'static str, second: &'static str },
+    /// An argument that is not a buffer (a shape, a constant) is out of its range.
+    #[error("{op}: {argument} {detail}")]
+    InvalidArgument { op: Op, argument: &'static str, detail: String },
     /// Two lanes of one `reduce_scatter_many` call share memory that one of them writes (in
     /// place or not: a lane's output must not overlap another lane's input or output).
     #[error(

@@ -55,7 +55,7 @@ fn check_span(op: Op, argument: &'static str, addr: u64, len: usize, size: usize
         .ok_or_else(|| Error::SizeOverflow { op, argument, len })
 }
 
-fn overlaps(a: u64, a_bytes: usize, b: u64, b_bytes: usize) -> bool {
+pub(crate) fn overlaps(a: u64, a_bytes: usize, b: u64, b_bytes: usize) -> bool {
     a_bytes > 0 && b_bytes > 0 && a < b + b_bytes as u64 && b < a + a_bytes as u64
 }
 

@@ -33,7 +33,7 @@
 //!
 //! Raw entry points (`u64` device pointers and a raw `CUstream`): [`crate::raw_api`].
 use crate::NvidiaCollective;
-use collective_core::{Collective, Error, Io, MAX_LANES, Op, Plain, RawMut, RawRef, Reducible};
+use collective_core::{Collective, Error, Io, MAX_LANES, Op, Plain, RawMut, RawRef, Reducible, RmsNorm};
 use cuda_ipc::cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
 use std::sync::Arc;
 
@@ -130,6 +130,66 @@ impl NvidiaCollective {
         stream: &CudaStream,
     ) -> Result<(), Error> {
         self.typed(Op::ReduceScatter, None, buf, stream)
+    }
+
+    /// The fused all_reduce + residual + RMSNorm on cudarc buffers of `[rows, hidden]`
+    /// elements: `y = tree(x)`, then the residual updated in place to `h = residual + y`, then
+    /// `y = rmsnorm(h) * weight` (`weight`: `hidden` elements), in `T`'s own arithmetic and
+    /// the fixed evaluation of `fixed_tree::rmsnorm` — bit-identical across batch sizes,
+    /// routes and runs. A refused call writes nothing.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use collective_core::Collective;
+    /// use collective_factory::{Config, half::bf16, nvidia};
+    /// let comm = nvidia::thread_group(1, &Config::new())?.remove(0);
+    /// let stream = comm.context().new_stream()?;
+    /// let (rows, hidden) = (4, 4096);
+    /// let x = stream.clone_htod(&vec![bf16::from_f32(0.5); rows * hidden])?;
+    /// let mut residual = stream.clone_htod(&vec![bf16::from_f32(1.0); rows * hidden])?;
+    /// let weight = stream.clone_htod(&vec![bf16::ONE; hidden])?;
+    /// let mut y = stream.alloc_zeros::<bf16>(rows * hidden)?;
+    /// comm.all_reduce_residual_rmsnorm_into(&x, &mut y, &mut residual, &weight, hidden, 1e-6, &stream)?;
+    /// comm.synchronize(&stream)?;
+    /// # Ok(()) }
+    /// ```
+    #[allow(clippy::too_many_arguments)] // the tensors and the shape of the call, one for one
+    pub fn all_reduce_residual_rmsnorm_into<T: Reducible>(
+        &self,
+        x: &impl DevicePtr<T>,
+        y: &mut impl DevicePtrMut<T>,
+        residual: &mut impl DevicePtrMut<T>,
+        weight: &impl DevicePtr<T>,
+        hidden: usize,
+        eps: f32,
+        stream: &CudaStream,
+    ) -> Result<(), Error> {
+        // Guards first (they order the stream after earlier writes), dropped after the enqueue
+        // (they record this call's read/write events), as in `typed`.
+        let (x_len, y_len, r_len, w_len) = (x.len(), y.len(), residual.len(), weight.len());
+        let (x_ptr, x_guard) = x.device_ptr(stream);
+        let (w_ptr, w_guard) = weight.device_ptr(stream);
+        let (y_ptr, y_guard) = y.device_ptr_mut(stream);
+        let (r_ptr, r_guard) = residual.device_ptr_mut(stream);
+        // SAFETY: the views cover exactly the cudarc buffers, borrowed for this call (shared
+        // for `x` and the weight, exclusive for `y` and the residual), which cudarc keeps alive
+        // and orders through the guards.
+        let (io, norm) = unsafe {
+            let io = Io::OutOfPlace {
+                input: RawRef::from_raw(x_ptr, x_len, T::DTYPE),
+                output: RawMut::from_raw(y_ptr, y_len, T::DTYPE),
+            };
+            let norm = RmsNorm {
+                residual: Io::InPlace(RawMut::from_raw(r_ptr, r_len, T::DTYPE)),
+                weight: RawRef::from_raw(w_ptr, w_len, T::DTYPE),
+                hidden,
+                eps,
+            };
+            (io, norm)
+        };
+        let r = self.all_reduce_residual_rmsnorm(io, norm, stream);
+        drop((x_guard, w_guard, y_guard, r_guard));
+        r
     }
 
     /// reduce_scatter_many: lane `i` reduce_scatters its input `lanes[i].0` into its output

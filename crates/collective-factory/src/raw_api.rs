@@ -59,6 +59,54 @@ impl<D: IpcDevice> Routed<IpcCollective<D>, GpuTransport<D>> {
         self.dispatch(op, io, &Raw(RawStream(stream)))
     }
 
+    /// The fused all_reduce + residual + RMSNorm on raw device memory, enqueued on a raw
+    /// stream (as [`Routed::enqueue_raw`]): `x` holds `count = rows * hidden` elements of
+    /// `dtype`, `y` receives the norm (`y == x`: in place), `residual` is read and `h` written
+    /// (`h == residual`: the residual updated in place), `weight` holds `hidden` elements.
+    /// See [`Routed::all_reduce_residual_rmsnorm`].
+    ///
+    /// # Safety
+    /// Every range must be device memory of this rank's device, valid and otherwise untouched
+    /// until `stream` has executed the call; `stream` must be a live stream of this device.
+    #[allow(clippy::too_many_arguments)] // the tensors and the shape of the call, one for one
+    pub unsafe fn all_reduce_residual_rmsnorm_raw(
+        &self,
+        x: u64,
+        y: u64,
+        residual: u64,
+        h: u64,
+        weight: u64,
+        count: usize,
+        hidden: usize,
+        eps: f32,
+        dtype: DType,
+        stream: *mut c_void,
+    ) -> Result<(), Error>
+    where
+        D: detcoll_protocol::norm::NormDevice,
+    {
+        // SAFETY: the caller's contract; validation checks lengths, alignment and overlap
+        // before any work.
+        let (x, residual, weight) = unsafe {
+            let x = if x == y {
+                Io::InPlace(RawMut::from_raw(y, count, dtype))
+            } else {
+                Io::OutOfPlace { input: RawRef::from_raw(x, count, dtype), output: RawMut::from_raw(y, count, dtype) }
+            };
+            let residual = if residual == h {
+                Io::InPlace(RawMut::from_raw(h, count, dtype))
+            } else {
+                Io::OutOfPlace {
+                    input: RawRef::from_raw(residual, count, dtype),
+                    output: RawMut::from_raw(h, count, dtype),
+                }
+            };
+            (x, residual, RawRef::from_raw(weight, hidden, dtype))
+        };
+        let norm = collective_core::RmsNorm { residual, weight, hidden, eps };
+        self.fused_norm(x, norm, &Raw(RawStream(stream)))
+    }
+
     /// `reduce_scatter_many` on raw device memory, enqueued on a raw stream (as
     /// [`Routed::enqueue_raw`]): lane `i` is `lanes[i] = (input, output, count)`, `count`
     /// elements of `dtype` in and `count / world` out (this rank's shard); `input == output` is

@@ -37,7 +37,7 @@ pub struct Routed<I: Collective, T> {
 /// The transport of platforms that have none: uninhabited, so `Routed<I, NoTransport<_>>` costs
 /// nothing and can never take a transport route (agreement removed them).
 #[derive(Debug)]
-pub struct NoTransport<S: ?Sized>(core::convert::Infallible, core::marker::PhantomData<fn(&S)>);
+pub struct NoTransport<S: ?Sized>(pub(crate) core::convert::Infallible, core::marker::PhantomData<fn(&S)>);
 
 impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
     /// Composes the agreed backends. `routing` must only take routes the backends given serve
@@ -170,7 +170,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
 }
 
 /// The safe path: the backends' own stream type.
-struct OnStream<'s, S: ?Sized>(&'s S);
+pub(crate) struct OnStream<'s, S: ?Sized>(pub(crate) &'s S);
 
 impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Via<I, T> for OnStream<'_, I::Stream> {
     fn ipc(&self, ipc: &I, op: Op, io: Io<'_>, route: IpcRoute) -> Result<(), Error> {

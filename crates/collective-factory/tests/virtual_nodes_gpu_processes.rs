@@ -92,7 +92,8 @@ fn child() {
     let mut wrong = Vec::new();
     for bytes in [4096usize, 256 << 10, 4 << 20] {
         for dtype in [DType::BF16, DType::F32] {
-            let n = bytes / dtype.size();
+            // A whole number of elements per rank (12 ranks do not divide 4 KiB of bf16).
+            let n = bytes / dtype.size() / world * world;
             let seed = (bytes + dtype as usize) as u64;
             let ins: Vec<Vec<u8>> = (0..world).map(|q| finite_values(dtype, n, seed * 100 + q as u64)).collect();
             let want = reference_reduce(&ins, dtype);
@@ -101,7 +102,7 @@ fn child() {
             let t = Instant::now();
             // all_reduce, out of place.
             let x = Dev::upload(&ctx, &ins[rank]);
-            let out = Dev::new(&ctx, bytes);
+            let out = Dev::new(&ctx, n * dtype.size());
             // SAFETY: the test's device buffers, alive until synchronised below.
             let io = unsafe {
                 Io::OutOfPlace { input: RawRef::from_raw(x.ptr, n, dtype), output: RawMut::from_raw(out.ptr, n, dtype) }
@@ -124,7 +125,7 @@ fn child() {
                 wrong.push(format!("reduce_scatter {dtype} {bytes}"));
             }
             // all_gather, out of place, of this rank's shard of its input.
-            let g = Dev::new(&ctx, bytes);
+            let g = Dev::new(&ctx, n * dtype.size());
             let mine = Dev::upload(&ctx, &shard(&ins[rank]));
             // SAFETY: as above.
             let io = unsafe {

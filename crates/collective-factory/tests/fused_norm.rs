@@ -1,0 +1,207 @@
+//! The fused all_reduce + residual + RMSNorm at the front door of the CPU platform, as users
+//! call it: every result bit for bit `fixed_tree::residual_rmsnorm` (the reference that
+//! defines the bits) at worlds 1, 2, 3, 4, 8 (IPC), on virtual nodes (hierarchical 2 x 4, flat
+//! 3 x 3), in every dtype and in-place form; a row's bits the same in any batch; refused calls
+//! write nothing.
+#![cfg(feature = "cpu")]
+
+use collective_core::fixed_tree::{Element, RmsNormShape, residual_rmsnorm};
+use collective_factory::half::{bf16, f16};
+use collective_factory::{Collective, Config, CpuCollective, Error, Io, RawMut, RawRef, RmsNorm, cpu};
+
+fn config() -> Config {
+    Config::new().with_capacity(1 << 16)
+}
+
+/// Deterministic values of every sign and a wide range of magnitudes.
+fn values<T: Element>(n: usize, seed: u64) -> Vec<T> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let m = ((s >> 11) % 2001) as f32 / 1000.0 - 1.0;
+            let e = ((s >> 40) % 9) as i32 - 4;
+            T::from_f32_rounded(m * 2f32.powi(e))
+        })
+        .collect()
+}
+
+fn bits<T: Element>(v: &[T]) -> Vec<u32> {
+    v.iter().map(|x| if x.is_nan() { u32::MAX } else { x.to_bits_u32() }).collect()
+}
+
+/// One fused call on every rank (threads), in the form `in_place_x` / `in_place_residual`
+/// asks; returns every rank's (h, y).
+fn run<T: Element + collective_factory::Reducible>(
+    comms: &[CpuCollective],
+    rows: usize,
+    hidden: usize,
+    in_place_x: bool,
+    in_place_residual: bool,
+    seed: u64,
+) -> Vec<(Vec<T>, Vec<T>)> {
+    let n = rows * hidden;
+    std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .map(|comm| {
+                s.spawn(move || {
+                    let r = comm.rank();
+                    let x: Vec<T> = values(n, seed * 100 + r as u64);
+                    let residual: Vec<T> = values(n, seed * 7 + 1);
+                    let weight: Vec<T> = values(hidden, seed * 7 + 2);
+                    let (mut xb, mut y) = (x.clone(), vec![T::from_f32_rounded(0.0); n]);
+                    let (mut rb, mut h) = (residual.clone(), vec![T::from_f32_rounded(0.0); n]);
+                    let io = if in_place_x { Io::host_in_place(&mut xb) } else { Io::host(&x, &mut y) };
+                    let res = if in_place_residual { Io::host_in_place(&mut rb) } else { Io::host(&residual, &mut h) };
+                    let norm = RmsNorm { residual: res, weight: RawRef::host(&weight), hidden, eps: 1e-6 };
+                    comm.all_reduce_residual_rmsnorm(io, norm, &()).expect("fused call");
+                    let y = if in_place_x { xb } else { y };
+                    let h = if in_place_residual { rb } else { h };
+                    (h, y)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank")).collect()
+    })
+}
+
+/// The reference for `world` ranks of `run`'s inputs.
+fn reference<T: Element>(world: usize, rows: usize, hidden: usize, seed: u64) -> (Vec<T>, Vec<T>) {
+    let n = rows * hidden;
+    let xs: Vec<Vec<T>> = (0..world).map(|r| values(n, seed * 100 + r as u64)).collect();
+    let refs: Vec<&[T]> = xs.iter().map(|v| v.as_slice()).collect();
+    let (residual, weight): (Vec<T>, Vec<T>) = (values(n, seed * 7 + 1), values(hidden, seed * 7 + 2));
+    let (mut h, mut y) = (vec![T::from_f32_rounded(0.0); n], vec![T::from_f32_rounded(0.0); n]);
+    residual_rmsnorm(&refs, &residual, &weight, 1e-6, RmsNormShape { rows, hidden }, &mut h, &mut y)
+        .expect("reference");
+    (h, y)
+}
+
+fn check_world<T: Element + collective_factory::Reducible>(comms: &[CpuCollective], what: &str) {
+    let world = comms.len();
+    for (rows, hidden) in [(1, 8), (3, 4096), (5, 2049), (2, 7)] {
+        let seed = (rows * 31 + hidden) as u64;
+        let (h, y) = reference::<T>(world, rows, hidden, seed);
+        for (ipx, ipr) in [(false, false), (true, true), (false, true), (true, false)] {
+            for (r, (gh, gy)) in run::<T>(comms, rows, hidden, ipx, ipr, seed).into_iter().enumerate() {
+                assert_eq!(bits(&gh), bits(&h), "{what} rank {r}: h, {rows}x{hidden}, in place {ipx}/{ipr}");
+                assert_eq!(bits(&gy), bits(&y), "{what} rank {r}: y, {rows}x{hidden}, in place {ipx}/{ipr}");
+            }
+        }
+    }
+}
+
+fn close(comms: &[CpuCollective]) {
+    std::thread::scope(|s| {
+        for c in comms {
+            s.spawn(move || c.close().expect("close"));
+        }
+    });
+}
+
+#[test]
+fn every_world_and_dtype_equals_the_reference() {
+    for world in [1, 2, 3, 4, 8] {
+        let comms = cpu::thread_group(world, &config()).expect("thread group");
+        check_world::<f32>(&comms, &format!("world {world} f32"));
+        check_world::<bf16>(&comms, &format!("world {world} bf16"));
+        check_world::<f16>(&comms, &format!("world {world} f16"));
+        close(&comms);
+    }
+}
+
+#[test]
+fn across_virtual_nodes_hierarchical_and_flat() {
+    for (nodes, local) in [(2, 4), (3, 3)] {
+        let comms = cpu::virtual_nodes(nodes, local, &config()).expect("virtual nodes");
+        check_world::<bf16>(&comms, &format!("{nodes}x{local}"));
+        close(&comms);
+    }
+}
+
+#[test]
+fn a_row_has_the_same_bits_in_any_batch() {
+    let comms = cpu::thread_group(4, &config()).expect("thread group");
+    let hidden = 4096;
+    // Row 0 of a batch of 1 and of a batch of 6 (the same inputs: `values` of the same seed
+    // start with the same row only for row 0, so compare row 0).
+    let one = run::<bf16>(&comms, 1, hidden, false, false, 9);
+    let six = run::<bf16>(&comms, 6, hidden, false, false, 9);
+    for r in 0..4 {
+        assert_eq!(bits(&one[r].1), bits(&six[r].1[..hidden]), "rank {r}");
+    }
+    close(&comms);
+}
+
+#[test]
+fn refused_calls_write_nothing() {
+    let comm = cpu::thread_group(1, &config()).expect("world 1").remove(0);
+    let (rows, hidden) = (2, 8);
+    let n = rows * hidden;
+    let x = vec![1.0f32; n];
+    let weight = vec![1.0f32; hidden];
+    let short = vec![1.0f32; hidden - 1];
+    let residual = vec![2.0f32; n];
+    let sentinel = -7.0f32;
+    let cases: Vec<(&str, Box<dyn Fn(&mut [f32], &mut [f32]) -> Result<(), Error>>)> = vec![
+        (
+            "weight length",
+            Box::new(|y, h| {
+                let norm =
+                    RmsNorm { residual: Io::host(&residual, h), weight: RawRef::host(&short), hidden, eps: 1e-6 };
+                comm.all_reduce_residual_rmsnorm(Io::host(&x, y), norm, &())
+            }),
+        ),
+        (
+            "hidden not dividing",
+            Box::new(|y, h| {
+                let norm = RmsNorm {
+                    residual: Io::host(&residual, h),
+                    weight: RawRef::host(&weight[..3]),
+                    hidden: 3,
+                    eps: 1e-6,
+                };
+                comm.all_reduce_residual_rmsnorm(Io::host(&x, y), norm, &())
+            }),
+        ),
+        (
+            "eps NaN",
+            Box::new(|y, h| {
+                let norm =
+                    RmsNorm { residual: Io::host(&residual, h), weight: RawRef::host(&weight), hidden, eps: f32::NAN };
+                comm.all_reduce_residual_rmsnorm(Io::host(&x, y), norm, &())
+            }),
+        ),
+        (
+            "h over y",
+            Box::new(|y, _h| {
+                // SAFETY: `y`, borrowed for the call; the call must refuse before touching it.
+                let (yv, hv) = unsafe {
+                    (
+                        RawMut::from_raw(y.as_mut_ptr() as u64, n, collective_core::DType::F32),
+                        RawMut::from_raw(y.as_mut_ptr() as u64, n, collective_core::DType::F32),
+                    )
+                };
+                let norm = RmsNorm {
+                    residual: Io::OutOfPlace { input: RawRef::host(&residual), output: hv },
+                    weight: RawRef::host(&weight),
+                    hidden,
+                    eps: 1e-6,
+                };
+                comm.all_reduce_residual_rmsnorm(Io::OutOfPlace { input: RawRef::host(&x), output: yv }, norm, &())
+            }),
+        ),
+    ];
+    for (what, call) in cases {
+        let (mut y, mut h) = (vec![sentinel; n], vec![sentinel; n]);
+        let e = call(&mut y, &mut h).expect_err(what);
+        assert!(
+            matches!(e, Error::LengthMismatch { .. } | Error::InvalidArgument { .. } | Error::ArgumentsOverlap { .. }),
+            "{what}: {e}"
+        );
+        assert!(y.iter().chain(&h).all(|v| v.to_bits() == sentinel.to_bits()), "{what}: an output was written");
+    }
+}
