@@ -94,7 +94,29 @@ fn context(ordinal: usize) -> anyhow::Result<Arc<CudaContext>> {
     Ok(ctx)
 }
 
-/// One rank of a process world: the factory's collective on GPU `local_rank % count`, plus the
+/// `DETCOLL_BENCH_GPU`: which GPU a process rank drives — `local-rank` (the default, what
+/// torchrun users get: `LOCAL_RANK % count`), `rank` (`RANK % count`: virtual nodes of a
+/// several-GPU host, every rank on a GPU of its own, so NCCL carries the step across nodes)
+/// or `node` (`GROUP_RANK % count`: one GPU per virtual node, its ranks sharing it under MPS).
+pub const GPU_ENV: &str = "DETCOLL_BENCH_GPU";
+
+/// The GPU of this rank by [`GPU_ENV`].
+fn gpu_of(boot: &dyn Bootstrap, count: usize) -> anyhow::Result<usize> {
+    let by = std::env::var(GPU_ENV).unwrap_or_else(|_| "local-rank".into());
+    let index = match by.as_str() {
+        "local-rank" => boot.local_rank(),
+        "rank" => boot.rank(),
+        "node" => std::env::var("GROUP_RANK")
+            .ok()
+            .and_then(|g| g.parse().ok())
+            .unwrap_or_else(|| boot.rank() / boot.local_world_size().max(1)),
+        other => anyhow::bail!("{GPU_ENV}={other}: expected local-rank, rank or node"),
+    };
+    Ok(index % count)
+}
+
+/// One rank of a process world: the factory's collective on GPU `local_rank % count` (see
+/// [`GPU_ENV`]), plus the
 /// native references when every rank has its own GPU. `routing`: the `--route` table (every
 /// rank builds the same one from the same arguments), else the factory's own choice
 /// (`DETCOLL_ROUTING_TABLE`, else the built-in table). Collective: every rank calls it.
@@ -105,10 +127,17 @@ pub fn process(
 ) -> anyhow::Result<CudaBackend<collective_factory::NvidiaCollective>> {
     let count = cuda_ipc::driver::device_count()?;
     anyhow::ensure!(count > 0, "no CUDA device");
-    let ctx = context(boot.local_rank() % count)?;
+    let ctx = context(gpu_of(&*boot, count)?)?;
     // Every rank has its own GPU when the world fits on this host's devices (same decision on
     // every rank of one host; NCCL refuses two ranks on one GPU).
-    let own_gpu = boot.world_size() <= count;
+    let own_gpu = boot.world_size() <= count
+        && match std::env::var(GPU_ENV).as_deref() {
+            Ok("rank") => true,
+            Ok("node") => false,
+            // By local rank: distinct GPUs when one host holds the whole world (virtual nodes
+            // repeat local ranks).
+            _ => boot.local_world_size() == boot.world_size(),
+        };
     let natives = if own_gpu && native::wanted()? {
         Natives::build(&*boot, capacity, |b, c| TransportCollective::with_device(|| CudaDevice::new(&ctx), b, c))
     } else {

@@ -146,7 +146,8 @@ fn refused_calls_write_nothing() {
     let short = vec![1.0f32; hidden - 1];
     let residual = vec![2.0f32; n];
     let sentinel = -7.0f32;
-    let cases: Vec<(&str, Box<dyn Fn(&mut [f32], &mut [f32]) -> Result<(), Error>>)> = vec![
+    type Call<'a> = Box<dyn Fn(&mut [f32], &mut [f32]) -> Result<(), Error> + 'a>;
+    let cases: Vec<(&str, Call<'_>)> = vec![
         (
             "weight length",
             Box::new(|y, h| {

@@ -1,0 +1,190 @@
+//! The fused all_reduce + residual + RMSNorm next to its parts, ranks as threads on the GPUs
+//! there are, in one run (issue 29's measurement, eager): per world, hidden and row count, the
+//! slowest rank's median time per call (CUDA events on each rank's stream) of
+//!
+//! * `ar`: the all_reduce alone (`x` -> `y`, the agreed route);
+//! * `unfused`: the all_reduce, then the residual + RMSNorm kernel launched on its own;
+//! * `fused`: `all_reduce_residual_rmsnorm` (today the same two launches in one call);
+//!
+//! with `fused / ar` (the issue's goal: at most 1.10) and a check that `fused` and `unfused`
+//! give the same bits (`y` and `h`).
+//!
+//! ```text
+//! fused_norm_bench [--worlds 2,4,8] [--hidden 4096,8192] [--rows 1,8,64,512,2048,8192]
+//! ```
+#![cfg_attr(not(feature = "cuda"), allow(unused))]
+
+#[cfg(feature = "cuda")]
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    use collective_core::{Collective, DType, Io, RawMut, RawRef, RmsNorm};
+    use collective_factory::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, sys};
+    use collective_factory::half::bf16;
+    use collective_factory::nodes::CallStream;
+    use collective_factory::{Config, NormBackend, nvidia};
+    use cuda_ipc::NormArgs;
+
+    let arg = |name: &str, default: &str| -> Vec<usize> {
+        let a: Vec<String> = std::env::args().collect();
+        let v = a.iter().position(|x| x == name).and_then(|i| a.get(i + 1)).map_or(default.to_string(), |s| s.clone());
+        v.split(',').map(|x| x.trim().parse().expect("a number")).collect()
+    };
+    let (worlds, hiddens, rows_list) =
+        (arg("--worlds", "2,4,8"), arg("--hidden", "4096,8192"), arg("--rows", "1,8,64,512,2048,8192"));
+    println!(
+        "| world | hidden | rows | bytes/rank | ar us | unfused us | fused us | fused/ar | unfused/ar | fused = unfused |"
+    );
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |");
+    for &world in &worlds {
+        let comms = nvidia::thread_group(world, &Config::new().with_capacity(64 << 20))?;
+        for &hidden in &hiddens {
+            for &rows in &rows_list {
+                let n = rows * hidden;
+                // Per rank: (ar, unfused, fused) median microseconds and the outputs' bits.
+                let per_rank: Vec<Result<([f64; 3], bool), String>> = std::thread::scope(|s| {
+                    let hs: Vec<_> = comms
+                        .iter()
+                        .map(|comm| {
+                            s.spawn(move || -> Result<([f64; 3], bool), String> {
+                                let e = |e: &dyn std::fmt::Display| e.to_string();
+                                let stream = comm.context().new_stream().map_err(|x| e(&x))?;
+                                let fill = |v: f32| vec![bf16::from_f32(v); n];
+                                let x = stream.clone_htod(&fill(0.25 + comm.rank() as f32)).map_err(|x| e(&x))?;
+                                let res0 = stream.clone_htod(&fill(1.5)).map_err(|x| e(&x))?;
+                                let weight =
+                                    stream.clone_htod(&vec![bf16::from_f32(0.75); hidden]).map_err(|x| e(&x))?;
+                                let mut y: CudaSlice<bf16> = stream.alloc_zeros(n).map_err(|x| e(&x))?;
+                                let mut residual: CudaSlice<bf16> = stream.alloc_zeros(n).map_err(|x| e(&x))?;
+                                let (xp, _g1) = x.device_ptr(&stream);
+                                let (wp, _g2) = weight.device_ptr(&stream);
+                                let (yp, _g3) = y.device_ptr_mut(&stream);
+                                let (rp, _g4) = residual.device_ptr_mut(&stream);
+                                let (r0p, _g5) = res0.device_ptr(&stream);
+                                // The bits of `n` bf16 at `ptr`, after the stream's work.
+                                let dl = |ptr: u64| {
+                                    let mut out = vec![0u16; n];
+                                    comm.context().bind_to_thread().expect("bind");
+                                    // SAFETY: `ptr` holds `n` bf16 of this context; synchronous
+                                    // copy after the stream was synchronised.
+                                    let r = unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), ptr, n * 2) };
+                                    assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+                                    out
+                                };
+                                let reset = || {
+                                    // SAFETY: both hold `n` bf16; ordered on this stream.
+                                    let r = unsafe { sys::cuMemcpyDtoDAsync_v2(rp, r0p, n * 2, stream.cu_stream()) };
+                                    assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+                                };
+                                // SAFETY: the buffers above, alive and borrowed for the
+                                // whole measurement, ordered on `stream`.
+                                let ar = || unsafe {
+                                    let io = Io::OutOfPlace {
+                                        input: RawRef::from_raw(xp, n, DType::BF16),
+                                        output: RawMut::from_raw(yp, n, DType::BF16),
+                                    };
+                                    comm.all_reduce(io, &stream).map_err(|x| e(&x))
+                                };
+                                let norm_args = NormArgs {
+                                    sum: yp,
+                                    residual: rp,
+                                    weight: wp,
+                                    h: rp,
+                                    y: yp,
+                                    rows,
+                                    hidden,
+                                    eps: 1e-6,
+                                    dtype: DType::BF16,
+                                };
+                                let unfused = || {
+                                    ar()?;
+                                    let ipc = comm.ipc().ok_or("no IPC backend")?;
+                                    ipc.residual_rmsnorm(&norm_args, CallStream::Safe(&stream)).map_err(|x| e(&x))
+                                };
+                                // SAFETY: as for `ar`.
+                                let fused = || unsafe {
+                                    let io = Io::OutOfPlace {
+                                        input: RawRef::from_raw(xp, n, DType::BF16),
+                                        output: RawMut::from_raw(yp, n, DType::BF16),
+                                    };
+                                    let norm = RmsNorm {
+                                        residual: Io::InPlace(RawMut::from_raw(rp, n, DType::BF16)),
+                                        weight: RawRef::from_raw(wp, hidden, DType::BF16),
+                                        hidden,
+                                        eps: 1e-6,
+                                    };
+                                    comm.all_reduce_residual_rmsnorm(io, norm, &stream).map_err(|x| e(&x))
+                                };
+                                let ctx = comm.context();
+                                let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+                                let time = |f: &dyn Fn() -> Result<(), String>| -> Result<f64, String> {
+                                    let mut samples = Vec::new();
+                                    for _ in 0..3 {
+                                        f()?;
+                                        let (a, b) = (
+                                            ctx.new_event(flags).map_err(|x| e(&x))?,
+                                            ctx.new_event(flags).map_err(|x| e(&x))?,
+                                        );
+                                        a.record(&stream).map_err(|x| e(&x))?;
+                                        for _ in 0..20 {
+                                            f()?;
+                                        }
+                                        b.record(&stream).map_err(|x| e(&x))?;
+                                        b.synchronize().map_err(|x| e(&x))?;
+                                        samples.push(f64::from(a.elapsed_ms(&b).map_err(|x| e(&x))?) * 1e3 / 20.0);
+                                    }
+                                    samples.sort_by(f64::total_cmp);
+                                    Ok(samples[1])
+                                };
+                                let t_ar = time(&ar)?;
+                                let t_unfused = time(&|| {
+                                    reset();
+                                    unfused()
+                                })?;
+                                let t_fused = time(&|| {
+                                    reset();
+                                    fused()
+                                })?;
+                                // Bits: one unfused and one fused call from the same residual.
+                                reset();
+                                unfused()?;
+                                stream.synchronize().map_err(|x| e(&x))?;
+                                let (ya, ha) = (dl(yp), dl(rp));
+                                reset();
+                                fused()?;
+                                stream.synchronize().map_err(|x| e(&x))?;
+                                let (yb, hb) = (dl(yp), dl(rp));
+                                let same = ya == yb && ha == hb;
+                                Ok(([t_ar, t_unfused, t_fused], same))
+                            })
+                        })
+                        .collect();
+                    hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+                });
+                let mut worst = [0f64; 3];
+                let mut same = true;
+                for r in per_rank {
+                    let (t, s) = r?;
+                    for i in 0..3 {
+                        worst[i] = worst[i].max(t[i]);
+                    }
+                    same &= s;
+                }
+                println!(
+                    "| {world} | {hidden} | {rows} | {} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {} |",
+                    n * 2,
+                    worst[0],
+                    worst[1],
+                    worst[2],
+                    worst[2] / worst[0],
+                    worst[1] / worst[0],
+                    if same { "yes" } else { "NO" }
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn main() {
+    println!("fused_norm_bench needs the `cuda` feature");
+}

@@ -1,0 +1,111 @@
+//! The fused all_reduce + residual + RMSNorm through the NVIDIA front door, as a cudarc user
+//! calls it (`all_reduce_residual_rmsnorm_into`: `x` in, `y` out, the residual updated in
+//! place): ranks as threads on the GPUs there are (rank `r` on GPU `r % count`), worlds 1, 2,
+//! 4, 8; bf16, f16, f32; rows 1..64, hidden 4096, 8192 and 2049; every rank's `h` and `y`
+//! bit for bit `fixed_tree::residual_rmsnorm`, and a row's bits the same in a batch of one.
+//! Skips, saying so, without a GPU.
+#![cfg(feature = "cuda")]
+
+use collective_core::fixed_tree::{Element, RmsNormShape, residual_rmsnorm};
+use collective_factory::cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+use collective_factory::half::{bf16, f16};
+use collective_factory::{Collective, Config, NvidiaCollective, Reducible, nvidia};
+
+fn gpu() -> bool {
+    let ok = cuda_ipc::driver::driver_present() && cuda_ipc::driver::device_count().is_ok_and(|n| n > 0);
+    if !ok {
+        println!("skipped: no CUDA device");
+    }
+    ok
+}
+
+fn values<T: Element>(n: usize, seed: u64) -> Vec<T> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let m = ((s >> 11) % 2001) as f32 / 1000.0 - 1.0;
+            T::from_f32_rounded(m * 2f32.powi(((s >> 40) % 9) as i32 - 4))
+        })
+        .collect()
+}
+
+fn bits<T: Element>(v: &[T]) -> Vec<u32> {
+    v.iter().map(|x| if x.is_nan() { u32::MAX } else { x.to_bits_u32() }).collect()
+}
+
+/// Every rank's fused call on its own stream; returns every rank's (h, y).
+fn run<T>(comms: &[NvidiaCollective], rows: usize, hidden: usize, seed: u64) -> Vec<(Vec<T>, Vec<T>)>
+where
+    T: Element + Reducible + DeviceRepr + ValidAsZeroBits + Default + Clone,
+{
+    let n = rows * hidden;
+    std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .map(|comm| {
+                s.spawn(move || {
+                    let stream = comm.context().new_stream().expect("stream");
+                    let x = stream.clone_htod(&values::<T>(n, seed * 100 + comm.rank() as u64)).expect("x");
+                    let mut residual = stream.clone_htod(&values::<T>(n, seed * 7 + 1)).expect("residual");
+                    let weight = stream.clone_htod(&values::<T>(hidden, seed * 7 + 2)).expect("weight");
+                    let mut y = stream.alloc_zeros::<T>(n).expect("y");
+                    comm.all_reduce_residual_rmsnorm_into(&x, &mut y, &mut residual, &weight, hidden, 1e-6, &stream)
+                        .expect("fused call");
+                    comm.synchronize(&stream).expect("synchronize");
+                    (stream.clone_dtoh(&residual).expect("h"), stream.clone_dtoh(&y).expect("y"))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank")).collect()
+    })
+}
+
+fn reference<T: Element>(world: usize, rows: usize, hidden: usize, seed: u64) -> (Vec<T>, Vec<T>) {
+    let n = rows * hidden;
+    let xs: Vec<Vec<T>> = (0..world).map(|r| values(n, seed * 100 + r as u64)).collect();
+    let refs: Vec<&[T]> = xs.iter().map(|v| v.as_slice()).collect();
+    let (residual, weight): (Vec<T>, Vec<T>) = (values(n, seed * 7 + 1), values(hidden, seed * 7 + 2));
+    let zero = T::from_f32_rounded(0.0);
+    let (mut h, mut y) = (vec![zero; n], vec![zero; n]);
+    residual_rmsnorm(&refs, &residual, &weight, 1e-6, RmsNormShape { rows, hidden }, &mut h, &mut y)
+        .expect("reference");
+    (h, y)
+}
+
+fn check<T>(comms: &[NvidiaCollective], name: &str)
+where
+    T: Element + Reducible + DeviceRepr + ValidAsZeroBits + Default + Clone,
+{
+    let world = comms.len();
+    for (rows, hidden) in [(1, 4096), (7, 8192), (64, 4096), (3, 2049)] {
+        let seed = (rows * 31 + hidden) as u64;
+        let (h, y) = reference::<T>(world, rows, hidden, seed);
+        for (r, (gh, gy)) in run::<T>(comms, rows, hidden, seed).into_iter().enumerate() {
+            assert_eq!(bits(&gh), bits(&h), "world {world} {name} rank {r}: h, {rows}x{hidden}");
+            assert_eq!(bits(&gy), bits(&y), "world {world} {name} rank {r}: y, {rows}x{hidden}");
+        }
+    }
+    // Row 0 alone and in a batch of 64 (the same inputs: row 0 of `values` is the same).
+    let one = run::<T>(comms, 1, 4096, 5);
+    let many = run::<T>(comms, 64, 4096, 5);
+    for r in 0..world {
+        assert_eq!(bits(&one[r].1), bits(&many[r].1[..4096]), "world {world} {name} rank {r}: batch invariance");
+    }
+}
+
+#[test]
+fn fused_norm_equals_the_reference_at_every_world() {
+    if !gpu() {
+        return;
+    }
+    for world in [1, 2, 4, 8] {
+        let comms = nvidia::thread_group(world, &Config::new().with_capacity(1 << 22)).expect("thread group");
+        check::<bf16>(&comms, "bf16");
+        check::<f16>(&comms, "f16");
+        check::<f32>(&comms, "f32");
+        println!("world {world}: h and y of every rank = fixed_tree::residual_rmsnorm (bf16, f16, f32)");
+    }
+}
