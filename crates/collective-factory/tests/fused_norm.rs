@@ -4,32 +4,15 @@
 //! 3 x 3), in every dtype and in-place form; a row's bits the same in any batch; refused calls
 //! write nothing.
 #![cfg(feature = "cpu")]
+mod norm_data;
 
-use collective_core::fixed_tree::{Element, RmsNormShape, residual_rmsnorm};
+use collective_core::fixed_tree::Element;
 use collective_factory::half::{bf16, f16};
 use collective_factory::{Collective, Config, CpuCollective, Error, Io, RawMut, RawRef, RmsNorm, cpu};
+use norm_data::{bits, reference, values};
 
 fn config() -> Config {
     Config::new().with_capacity(1 << 16)
-}
-
-/// Deterministic values of every sign and a wide range of magnitudes.
-fn values<T: Element>(n: usize, seed: u64) -> Vec<T> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let m = ((s >> 11) % 2001) as f32 / 1000.0 - 1.0;
-            let e = ((s >> 40) % 9) as i32 - 4;
-            T::from_f32_rounded(m * 2f32.powi(e))
-        })
-        .collect()
-}
-
-fn bits<T: Element>(v: &[T]) -> Vec<u32> {
-    v.iter().map(|x| if x.is_nan() { u32::MAX } else { x.to_bits_u32() }).collect()
 }
 
 /// One fused call on every rank (threads), in the form `in_place_x` / `in_place_residual`
@@ -66,18 +49,6 @@ fn run<T: Element + collective_factory::Reducible>(
             .collect();
         hs.into_iter().map(|h| h.join().expect("rank")).collect()
     })
-}
-
-/// The reference for `world` ranks of `run`'s inputs.
-fn reference<T: Element>(world: usize, rows: usize, hidden: usize, seed: u64) -> (Vec<T>, Vec<T>) {
-    let n = rows * hidden;
-    let xs: Vec<Vec<T>> = (0..world).map(|r| values(n, seed * 100 + r as u64)).collect();
-    let refs: Vec<&[T]> = xs.iter().map(|v| v.as_slice()).collect();
-    let (residual, weight): (Vec<T>, Vec<T>) = (values(n, seed * 7 + 1), values(hidden, seed * 7 + 2));
-    let (mut h, mut y) = (vec![T::from_f32_rounded(0.0); n], vec![T::from_f32_rounded(0.0); n]);
-    residual_rmsnorm(&refs, &residual, &weight, 1e-6, RmsNormShape { rows, hidden }, &mut h, &mut y)
-        .expect("reference");
-    (h, y)
 }
 
 fn check_world<T: Element + collective_factory::Reducible>(comms: &[CpuCollective], what: &str) {

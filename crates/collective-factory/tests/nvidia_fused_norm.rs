@@ -5,11 +5,13 @@
 //! bit for bit `fixed_tree::residual_rmsnorm`, and a row's bits the same in a batch of one.
 //! Skips, saying so, without a GPU.
 #![cfg(feature = "cuda")]
+mod norm_data;
 
-use collective_core::fixed_tree::{Element, RmsNormShape, residual_rmsnorm};
+use collective_core::fixed_tree::Element;
 use collective_factory::cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 use collective_factory::half::{bf16, f16};
 use collective_factory::{Collective, Config, NvidiaCollective, Reducible, nvidia};
+use norm_data::{bits, reference, values};
 
 fn gpu() -> bool {
     let ok = cuda_ipc::driver::driver_present() && cuda_ipc::driver::device_count().is_ok_and(|n| n > 0);
@@ -17,23 +19,6 @@ fn gpu() -> bool {
         println!("skipped: no CUDA device");
     }
     ok
-}
-
-fn values<T: Element>(n: usize, seed: u64) -> Vec<T> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let m = ((s >> 11) % 2001) as f32 / 1000.0 - 1.0;
-            T::from_f32_rounded(m * 2f32.powi(((s >> 40) % 9) as i32 - 4))
-        })
-        .collect()
-}
-
-fn bits<T: Element>(v: &[T]) -> Vec<u32> {
-    v.iter().map(|x| if x.is_nan() { u32::MAX } else { x.to_bits_u32() }).collect()
 }
 
 /// Every rank's fused call on its own stream; returns every rank's (h, y).
@@ -61,18 +46,6 @@ where
             .collect();
         hs.into_iter().map(|h| h.join().expect("rank")).collect()
     })
-}
-
-fn reference<T: Element>(world: usize, rows: usize, hidden: usize, seed: u64) -> (Vec<T>, Vec<T>) {
-    let n = rows * hidden;
-    let xs: Vec<Vec<T>> = (0..world).map(|r| values(n, seed * 100 + r as u64)).collect();
-    let refs: Vec<&[T]> = xs.iter().map(|v| v.as_slice()).collect();
-    let (residual, weight): (Vec<T>, Vec<T>) = (values(n, seed * 7 + 1), values(hidden, seed * 7 + 2));
-    let zero = T::from_f32_rounded(0.0);
-    let (mut h, mut y) = (vec![zero; n], vec![zero; n]);
-    residual_rmsnorm(&refs, &residual, &weight, 1e-6, RmsNormShape { rows, hidden }, &mut h, &mut y)
-        .expect("reference");
-    (h, y)
 }
 
 fn check<T>(comms: &[NvidiaCollective], name: &str)
