@@ -26,7 +26,7 @@ use crate::config::TransportConfig;
 use crate::device::{Device, RawStream};
 use crate::error::{BACKEND, NcclError};
 use crate::loader;
-use crate::plan::{Addr, Exchange, Plan, Step, Transfer};
+use crate::plan::{self, Addr, Exchange, Plan, Step, Transfer};
 use crate::sys::NcclLibrary;
 use crate::version::Version;
 use crate::watchdog::{Call, Tracking, WatchdogThread, Watched};
@@ -95,8 +95,11 @@ impl<D: Device> State<D> {
 ///   form);
 /// * all_reduce / reduce_scatter / reduce_scatter_many: a rank-ordered `ncclAllGather` of the
 ///   inputs into a workspace, then the local fixed-tree kernel (the IPC twins' device code)
-///   over the `W` stacked inputs. reduce_scatter reduces only this rank's shard. NCCL never
-///   does arithmetic here, so the bits equal `fixed-tree` and every other route.
+///   over the `W` stacked inputs — for `W > 8`, in passes of at most 8 inputs (block partials
+///   in extra workspace, the same canonical tree: see the `plan` module). reduce_scatter
+///   reduces only this rank's shard. NCCL never does arithmetic here, so the bits equal
+///   `fixed-tree` and every other route. Any world from 1 to
+///   [`collective_core::MAX_WORLD_SIZE`].
 ///
 /// The native (non-deterministic) NCCL reductions exist only as a labelled benchmark
 /// reference: see [`crate::nonstrict`].
@@ -176,13 +179,17 @@ impl<D: Device> TransportCollective<D> {
         let resolved = config.resolved();
         let local = (|| {
             let config = resolved?;
-            // The device's fused tree takes at most 8 inputs.
-            collective_core::check_node_world_size(world)?;
+            // Any world the canonical tree takes: the plans split trees over more than 8
+            // inputs into passes of at most 8 (`plan::push_tree`).
+            collective_core::check_world_size(world)?;
             // Everything that can fail locally happens before the agreement, so no rank drops
             // out after it and leaves its peers waiting in the unique-id exchange.
             let device = make_device()?;
             device.bind()?;
-            device.load_tree(world)?;
+            // The kernel worlds the plans' tree steps launch (each at most 8), nothing else.
+            for w in plan::tree_worlds(world) {
+                device.load_tree(w)?;
+            }
             let ws = Workspace::new(&device, BACKEND)?;
             let tracking = Tracking::new(&device, config.watchdog_bound())?;
             let lib = load_library(&config, D::VENDOR)?;
@@ -459,9 +466,12 @@ impl<D: Device> TransportCollective<D> {
                 }
                 Step::Tree(t) => {
                     let first = base + t.first as u64;
-                    // SAFETY: see above; the output is a caller view, disjoint from the workspace.
+                    // SAFETY: see above; the output is a caller view (disjoint from the
+                    // workspace) or a scratch slot of a multi-pass tree, which the plan places
+                    // after every region the step reads; `t.world` is at most 8 (the plan
+                    // splits larger trees into passes).
                     unsafe {
-                        self.device.tree_stacked(first, t.stride, plan.world, t.out, t.count, plan.dtype, stream)?
+                        self.device.tree_stacked(first, t.stride, t.world, at(t.out), t.count, plan.dtype, stream)?
                     }
                 }
             }

@@ -21,8 +21,9 @@ pub const BLOCKING_ENV: &str = "DETCOLL_NCCL_BLOCKING";
 pub struct TransportConfig {
     /// Most bytes one rank contributes to one reducing call (all_reduce, reduce_scatter,
     /// reduce_scatter_many: all lanes together). Bounds the workspace, which is at most about
-    /// `world * capacity` bytes. all_gather writes straight into the caller's output and is
-    /// not bounded by it. Default: unbounded (the workspace grows to what calls need).
+    /// `world * capacity` bytes (above 8 ranks, all_reduce adds its multi-pass tree's partials,
+    /// about `world / 7 * capacity`). all_gather writes straight into the caller's output and
+    /// is not bounded by it. Default: unbounded (the workspace grows to what calls need).
     pub capacity: usize,
     /// `reduce_scatter_many` packs its lanes into one all_gather when their payload is at most
     /// this many bytes; above, one all_gather per lane (in one NCCL group).

@@ -14,7 +14,8 @@
 //! * [`TransportCollective`]: the [`collective_core::Collective`] — all_gather straight into
 //!   the output; all_reduce / reduce_scatter / reduce_scatter_many as a rank-ordered
 //!   all_gather into a lazily grown workspace followed by the local fixed tree
-//!   (`((r0+r1)+(r2+r3))+((r4+r5)+(r6+r7))` in the element's dtype) — over the engine's
+//!   (`((r0+r1)+(r2+r3))+((r4+r5)+(r6+r7))` in the element's dtype; for more than 8 ranks, up
+//!   to 4096, the same canonical tree in passes of at most 8 inputs) — over the engine's
 //!   [`Device`] trait: `cuda_ipc::CudaDevice` runs the CUDA twin's fused tree kernel,
 //!   `hip_ipc::HipDevice` the HIP twin's (the same `detcoll_tree` device code).
 //! * [`watchdog`]: a thread (on by default) that bounds every call's device time, so a caller

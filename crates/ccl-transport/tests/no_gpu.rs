@@ -5,6 +5,7 @@ use ccl_transport::{Device, NcclError, RawStream, TransportCollective, Transport
 use collective_core::bootstrap::{Bootstrap, LocalBootstrap};
 use collective_core::{DType, Error};
 use std::ffi::OsStr;
+use std::sync::{Arc, Mutex};
 
 #[test]
 fn a_missing_library_is_library_missing() {
@@ -23,9 +24,12 @@ fn binding_layout_matches_nccl_h() {
     assert_eq!(id.to_bytes(), [7u8; 128]);
 }
 
-/// A device side that never works: lets construction run without a GPU.
-#[derive(Debug)]
-struct NoDevice;
+/// A device side that never works: lets construction run without a GPU. Records the kernel
+/// worlds construction asks it to load.
+#[derive(Debug, Default)]
+struct NoDevice {
+    loaded: Arc<Mutex<Vec<usize>>>,
+}
 
 fn nope() -> Error {
     Error::Backend { backend: "test", detail: "no device".into() }
@@ -43,6 +47,10 @@ impl Device for NoDevice {
         Err(nope())
     }
     fn bind(&self) -> Result<(), Error> {
+        Ok(())
+    }
+    fn load_tree(&self, world: usize) -> Result<(), Error> {
+        self.loaded.lock().expect("not poisoned").push(world);
         Ok(())
     }
     fn alloc(&self, _: usize) -> Result<(), Error> {
@@ -83,12 +91,26 @@ impl Device for NoDevice {
 
 /// Builds one rank per thread; returns every rank's outcome.
 fn build(world: usize, config_of: impl Fn(usize) -> TransportConfig + Sync) -> Vec<Result<(), Error>> {
+    build_loading(world, config_of).into_iter().map(|(r, _)| r).collect()
+}
+
+/// [`build`], with the kernel worlds each rank's device was asked to load.
+fn build_loading(
+    world: usize,
+    config_of: impl Fn(usize) -> TransportConfig + Sync,
+) -> Vec<(Result<(), Error>, Vec<usize>)> {
     std::thread::scope(|s| {
         let config_of = &config_of;
         let hs: Vec<_> = LocalBootstrap::group(world)
             .into_iter()
             .map(|b| {
-                s.spawn(move || TransportCollective::with_device(|| Ok(NoDevice), &b, &config_of(b.rank())).map(drop))
+                s.spawn(move || {
+                    let dev = NoDevice::default();
+                    let loaded = dev.loaded.clone();
+                    let r = TransportCollective::with_device(|| Ok(dev), &b, &config_of(b.rank())).map(drop);
+                    let worlds = loaded.lock().expect("not poisoned").clone();
+                    (r, worlds)
+                })
             })
             .collect();
         hs.into_iter().map(|h| h.join().expect("no panic")).collect()
@@ -113,10 +135,59 @@ fn every_rank_fails_when_one_rank_cannot_load_the_library() {
     }
 }
 
+/// A bootstrap claiming `world` ranks whose every peer says what this rank says (for a world
+/// too large to run as threads: construction fails locally before any exchange matters).
+#[derive(Debug)]
+struct Echo {
+    world: usize,
+}
+
+impl Bootstrap for Echo {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world_size(&self) -> usize {
+        self.world
+    }
+    fn local_rank(&self) -> usize {
+        0
+    }
+    fn local_world_size(&self) -> usize {
+        1
+    }
+    fn all_gather_bytes(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>, collective_core::bootstrap::BootstrapError> {
+        Ok(vec![mine.to_vec(); self.world])
+    }
+}
+
 #[test]
-fn unsupported_world_sizes_fail_on_every_rank() {
-    let got = build(9, |_| TransportConfig::default());
-    assert!(got.iter().all(|r| matches!(r, Err(Error::UnsupportedWorldSize { world: 9 }))), "{got:?}");
+fn worlds_above_the_canonical_trees_limit_are_refused() {
+    let config = TransportConfig::default().with_library("/nonexistent/libnccl.so.2");
+    let boot = Echo { world: collective_core::MAX_WORLD_SIZE + 1 };
+    let dev = NoDevice::default();
+    let loaded = dev.loaded.clone();
+    let r = TransportCollective::with_device(|| Ok(dev), &boot, &config).map(drop);
+    assert!(matches!(r, Err(Error::UnsupportedWorldSize { world: 4097 })), "{r:?}");
+    assert!(loaded.lock().expect("not poisoned").is_empty(), "nothing loaded for a refused world");
+}
+
+#[test]
+fn worlds_above_8_are_built_with_the_kernel_worlds_of_their_passes() {
+    // No NCCL library: every rank fails at the library, past the world check and the kernel
+    // loads (which come first), and each device was asked for the kernel worlds its multi-pass
+    // trees launch, each at most 8: 9 = 8 + 1 then 2; 17 = 8 + 8 + 1 then 3; 100 = 12 x 8 + 4,
+    // then 13 = 8 + 5, then 2. (Worlds up to 4096: the plan's unit tests.)
+    let config = TransportConfig::default().with_library("/nonexistent/libnccl.so.2");
+    for (world, want) in [(8usize, vec![8usize]), (9, vec![1, 2, 8]), (17, vec![1, 3, 8]), (100, vec![2, 4, 5, 8])] {
+        for (rank, (r, loaded)) in build_loading(world, |_| config.clone()).into_iter().enumerate() {
+            match r {
+                Err(Error::LibraryMissing { .. }) => {}
+                Err(Error::ConfigMismatch { detail }) => assert!(detail.contains("rank"), "{detail}"),
+                other => panic!("world {world} rank {rank}: {other:?}"),
+            }
+            assert_eq!(loaded, want, "world {world} rank {rank}");
+        }
+    }
 }
 
 #[test]

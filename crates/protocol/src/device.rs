@@ -79,6 +79,8 @@ pub trait Device: Send + Sync + fmt::Debug + Sized + 'static {
     fn bind(&self) -> Result<(), Error>;
     /// Loads what [`Device::tree`] runs for `world` inputs (compiling it if need be), so that a
     /// missing compiler or a stale image fails at construction, not at the first reduction.
+    /// `world` is a kernel world (1 to 8): a collective of more ranks asks for each world its
+    /// multi-pass trees launch (the transport: 8, the blocks' remainders and the last pass's).
     fn load_tree(&self, world: usize) -> Result<(), Error> {
         let _ = world;
         Ok(())
@@ -176,6 +178,13 @@ pub trait Device: Send + Sync + fmt::Debug + Sized + 'static {
     /// The tree over `world` inputs stacked rank-major `stride` bytes apart from `first` —
     /// the layout an all_gather leaves in the workspace. This is exactly what the transport
     /// launches after each gather.
+    ///
+    /// `world` is the kernel's: 1 to 8 ([`collective_core::MAX_NODE_WORLD_SIZE`]); anything
+    /// else is [`Error::UnsupportedWorldSize`], before any launch. A collective of more ranks
+    /// (up to [`collective_core::MAX_WORLD_SIZE`]) never asks for more: the transport's plan
+    /// evaluates its canonical tree in passes of at most 8 inputs each (blocks of 8
+    /// consecutive inputs, then the tree over the block partials: the same tree, see
+    /// `ccl-transport`'s `plan` module).
     ///
     /// # Safety
     /// As [`Device::tree`] for inputs `first + q * stride`, `q < world`.
