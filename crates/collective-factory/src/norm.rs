@@ -12,7 +12,8 @@ use crate::routed::{NoTransport, OnStream};
 use crate::scratch::CallStream;
 use crate::via::Via;
 use collective_core::{Collective, Error, Io, NormCall, Op, RmsNorm, RouteSelect, validate, validate_norm};
-use detcoll_protocol::norm::{NormArgs, NormDevice, NormParams};
+use detcoll_protocol::NormDevice;
+use detcoll_protocol::norm::{NormArgs, NormParams};
 
 /// A backend that can launch the residual + RMSNorm kernel on its device.
 pub trait NormBackend: Collective {

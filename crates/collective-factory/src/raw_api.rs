@@ -83,7 +83,7 @@ impl<D: IpcDevice> Routed<IpcCollective<D>, GpuTransport<D>> {
         stream: *mut c_void,
     ) -> Result<(), Error>
     where
-        D: detcoll_protocol::norm::NormDevice,
+        D: detcoll_protocol::NormDevice,
     {
         // SAFETY: the caller's contract; validation checks lengths, alignment and overlap
         // before any work.

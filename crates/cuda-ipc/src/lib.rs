@@ -38,7 +38,8 @@ mod tree;
 
 pub use config::{CudaIpcConfig, DEFAULT_RSAG_THRESHOLD};
 pub use cudarc;
-pub use detcoll_protocol::norm::{NormArgs, NormDevice};
+pub use detcoll_protocol::NormDevice;
+pub use detcoll_protocol::norm::NormArgs;
 pub use device::{CudaAllocation, CudaDevice, CudaEvent};
 pub use group::{group, group_on_device, group_on_ordinal, new, new_on_ordinal};
 pub use ipc_engine::{Device, IpcCollective, RawStream};

@@ -8,7 +8,8 @@ use crate::CudaDevice;
 use crate::driver;
 use crate::launch;
 use collective_core::Error;
-use detcoll_protocol::norm::{NORM_THREADS, NormArgs, NormDevice, NormParams};
+use detcoll_protocol::NormDevice;
+use detcoll_protocol::norm::{NORM_THREADS, NormArgs, NormParams};
 use ipc_engine::RawStream;
 
 impl NormDevice for CudaDevice {

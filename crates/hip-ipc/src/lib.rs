@@ -43,7 +43,8 @@ mod tree;
 /// Backend name used in [`collective_core::Error::Backend`].
 pub const BACKEND: &str = "hip-ipc";
 
-pub use detcoll_protocol::norm::{NormArgs, NormDevice};
+pub use detcoll_protocol::NormDevice;
+pub use detcoll_protocol::norm::NormArgs;
 /// The configuration of a HIP IPC collective: the backend-neutral one `cuda-ipc` uses too.
 pub use detcoll_protocol::{DEFAULT_RSAG_THRESHOLD, IpcConfig as HipIpcConfig};
 pub use device::{FALLBACK_WALL_CLOCK_KHZ, HipDevice, khz_from_samples, wait_ticks};

@@ -9,7 +9,8 @@ use crate::HipDevice;
 use crate::entry::launch;
 use crate::runtime;
 use collective_core::Error;
-use detcoll_protocol::norm::{NORM_THREADS, NormArgs, NormDevice, NormParams};
+use detcoll_protocol::NormDevice;
+use detcoll_protocol::norm::{NORM_THREADS, NormArgs, NormParams};
 use ipc_engine::RawStream;
 
 impl NormDevice for HipDevice {

@@ -51,6 +51,7 @@ pub mod failure;
 mod flag;
 mod layout;
 pub mod norm;
+mod norm_device;
 pub mod params;
 mod plan;
 mod poison;
@@ -69,7 +70,8 @@ pub use flag::{FlagState, FlagWord};
 pub use layout::{
     CLOSE_ACK, HEADER_MAGIC, HEADER_WORDS, Header, LINE, LL_EXPANSION, Layout, MAX_LL_CAPACITY, PROTOCOL_VERSION,
 };
-pub use norm::{NormArgs, NormDevice, NormParams};
+pub use norm::{NormArgs, NormParams};
+pub use norm_device::NormDevice;
 pub use plan::{Phase, Plan, Segment};
 pub use poison::Poison;
 pub use workspace::{GRANULE, Workspace};

@@ -2,7 +2,7 @@
 //! of the fused `all_reduce + residual + RMSNorm` (docs/contract.md, "Fused all_reduce + residual
 //! + RMSNorm").
 //!
-//! [`NormDevice`] is what a runtime implements (CUDA and HIP launch `detcoll_residual_rmsnorm`
+//! `NormDevice` (its own file) is what a runtime implements (CUDA and HIP launch `detcoll_residual_rmsnorm`
 //! of `kernels/detcoll_norm.h`; the host device runs `fixed_tree`'s reference); [`NormArgs`] is
 //! one call's tensors; [`NormParams`] is the kernel's parameter struct (`DcNormParams` of
 //! `kernels/detcoll_protocol.h`) and [`NormParams::pack`] the checks every implementation makes
@@ -10,7 +10,6 @@
 //!
 //! The bits are `fixed_tree::residual_rmsnorm`'s steps 2-5, for every row alone: nothing but
 //! `hidden` and the values enters them (not the row index, the number of rows, the grid).
-use crate::device::{Device, RawStream};
 use collective_core::{DType, Error, Op};
 
 /// Threads of one block of the kernel, one lane of the sum of squares each
@@ -31,7 +30,7 @@ pub const NORM_MAX_GRID: u32 = 65_535;
 /// The operation named in errors: the norm is the tail of the fused all_reduce.
 const OP: Op = Op::AllReduce;
 
-/// One call of [`NormDevice::residual_rmsnorm`]: device addresses of row-major `[rows, hidden]`
+/// One call of `NormDevice::residual_rmsnorm`: device addresses of row-major `[rows, hidden]`
 /// tensors of `dtype` (and `weight`, `[hidden]`), and the scalars.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct NormArgs {
@@ -164,26 +163,6 @@ impl NormParams {
     pub fn grid(&self) -> u32 {
         self.rows.min(u64::from(NORM_MAX_GRID)) as u32
     }
-}
-
-/// A device that runs the residual add + RMSNorm after an all_reduce (the kernel of
-/// `kernels/detcoll_norm.h`, or the host reference).
-pub trait NormDevice: Device {
-    /// Enqueues, for each of `rows` rows of `hidden` elements of `dtype`:
-    /// `h = residual + sum` (the dtype add of the tree), `y = rmsnorm(h) * weight`, exactly
-    /// `fixed_tree::residual_rmsnorm`'s steps 2-5 (the sum is the all_reduce's output).
-    ///
-    /// Exact aliasing of `h` with `sum` or `residual`, and of `y` with `sum` or `residual`, is
-    /// allowed (element `j` is read and written by the same thread); `h` and `y` must not
-    /// overlap. The arguments are checked first ([`NormParams::pack`]: the same typed errors on
-    /// every device); `rows = 0` enqueues nothing.
-    ///
-    /// # Safety
-    /// `sum` and `residual` hold `rows * hidden` readable elements, `weight` `hidden` readable
-    /// ones and `h`, `y` `rows * hidden` writable ones, all memory of this device valid until
-    /// `stream` has executed the kernel and not written by other work meanwhile; `stream` is a
-    /// live stream of this device.
-    unsafe fn residual_rmsnorm(&self, args: &NormArgs, stream: RawStream) -> Result<(), Error>;
 }
 
 #[cfg(test)]

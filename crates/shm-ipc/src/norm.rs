@@ -9,7 +9,8 @@
 //! copy out.
 use crate::device::{BACKEND, HostDevice};
 use collective_core::{DType, Error};
-use detcoll_protocol::norm::{NormArgs, NormDevice, NormParams};
+use detcoll_protocol::NormDevice;
+use detcoll_protocol::norm::{NormArgs, NormParams};
 use fixed_tree::{Element, RmsNormShape};
 use half::{bf16, f16};
 use ipc_engine::RawStream;
