@@ -14,17 +14,29 @@
 // The order is the reference's: one block of DC_NORM_THREADS = 256 threads per row (grid-stride
 // over rows); thread t is lane t and handles the elements j = c * 2048 + 8t + v (v in 0..8, c the
 // chunk), in increasing j, adding each square into its own f32 partial. The block then halves
-// the 256 partials: p_t = p_t + p_{t+s} for s = 128, 64, ..., 1 and t < s. On CUDA the levels
-// s = 128, 64, 32 go through shared memory and s = 16 .. 1 through shuffles inside warp 0
-// (shfl_down by s gives lane t < s exactly p_t + p_{t+s}); on HIP (64-wide wavefronts, and no
-// HIP headers in the offline build) every level goes through shared memory. Same tree, same bits.
+// the 256 partials: p_t = p_t + p_{t+s} for s = 128, 64, ..., 1 and t < s (dc_norm_reduce: on
+// CUDA one barrier, then every warp evaluates the levels 128, 64, 32 from shared memory and 16 ..
+// 1 through shuffles; on HIP, 64-wide wavefronts and no HIP headers in the offline build, every
+// level through shared memory). Same tree, same bits.
+//
+// Three paths, chosen once per block from the parameters, all with exactly that arithmetic:
+//
+// * vector, h in registers: hidden % 8 == 0 and every address 16-byte aligned (the same test in
+//   every block: dc_norm_vector_ok), and the row short enough (<= 8192 f16/bf16 or 4096 f32
+//   elements, DC_NORM_REG_WORDS): thread t loads its 8 elements of each chunk with one (f16,
+//   bf16) or two (f32) 16-byte loads per tensor (a warp reads 512 or 1024 contiguous bytes),
+//   every load of the row up front, stores h the same way, keeps it in registers for pass 2;
+// * vector, streaming: the same for longer rows, pass 2 re-reading h (its own stores);
+// * scalar: any other shape or alignment (odd hidden, a tensor offset by one element), one
+//   element at a time, pass 2 re-reading h: the original kernel, the reference path.
 //
 // No operation is fused or approximate: multiplies, adds, the division and the square root are
 // inline PTX with an explicit `.rn` (never contracted, never flushed, whatever the NVRTC flags)
 // on CUDA, and plain IEEE operations on HIP, whose entry file is compiled with contraction off
 // (-ffp-contract=off and `#pragma clang fp contract(off)`) and with clang's default correctly
 // rounded f32 division and square root. Conversions are the software ones of detcoll_tree.h
-// (exact widening, one round-to-nearest-even narrowing, subnormals kept).
+// (exact widening, one round-to-nearest-even narrowing, subnormals kept); the vector paths
+// widen f16 with a select form of the same function (dc_norm_f16_to_f32_sel).
 //
 // Aliasing: `h` may be exactly `sum` or `residual`, `y` exactly `sum` or `residual` (element j is
 // read and written by the same thread, reads first); `h` and `y` must not overlap; `weight`
@@ -56,7 +68,12 @@ DC_DEV float dc_norm_mul(float a, float b) {
     asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
     return r;
 #else
-    return a * b;
+    // One VOP2 multiply (round to nearest even from the MODE register, f32 denormals kept:
+    // mode 3), written out so that the vector paths' independent products are not packed
+    // into v_pk_mul_f32 (the compile test allows no packed multiply in the kernels).
+    float r;
+    asm("v_mul_f32 %0, %1, %2" : "=v"(r) : "v"(a), "v"(b));
+    return r;
 #endif
 }
 
@@ -96,18 +113,103 @@ DC_DEV dc_u32 dc_norm_narrow(float f) {
     return (dc_u32)dc_f32_to_bf16(f);
 }
 
+// The vector path's widening: dc_norm_widen with the f16 case written as selects between the
+// candidates of dc_f16_to_f32 (detcoll_tree.h) instead of early returns. Each candidate is
+// computed exactly as there (man * 2^-24 is the same correctly rounded, here exact, product)
+// and the conditions are the same, so the bits are the same for every input; the unrolled lanes
+// compile to straight-line code instead of branches per element. (Narrowing keeps
+// dc_norm_narrow: its select form needs more registers than it saves.)
+DC_DEV float dc_norm_f16_to_f32_sel(dc_u32 h) {
+    const dc_u32 sign = (h & 0x8000u) << 16;
+    const dc_u32 exp = (h >> 10) & 0x1fu;
+    const dc_u32 man = h & 0x3ffu;
+    const dc_u32 special = sign | 0x7f800000u | (man << 13);                                // inf, NaN
+    const dc_u32 sub = dc_as_u32(dc_norm_mul((float)man, 5.9604644775390625e-8f)) | sign;  // zero, subnormal
+    const dc_u32 normal = sign | ((exp + 112u) << 23) | (man << 13);
+    return dc_as_f32(exp == 0x1fu ? special : exp == 0u ? sub : normal);
+}
+
+template <int DT>
+DC_DEV float dc_norm_widen_sel(dc_u32 bits) {
+    if (DT == DC_F16) return dc_norm_f16_to_f32_sel(bits);
+    return dc_norm_widen<DT>(bits);
+}
+
 // ---------------------------------------------------------------------------------------------
-// The kernel body, for one dtype. Must run with DC_NORM_THREADS threads per block.
+// The halving tree and the row's scale, shared by every path.
+// ---------------------------------------------------------------------------------------------
+
+// Shared memory of one block: two buffers of the 256 lane partials (rows alternate between
+// them, so a row's partials never overwrite ones another warp may still read) and, on HIP,
+// the row's sum of squares.
+struct DcNormShared {
+    float part[2][DC_NORM_THREADS];
+    float q[2];
+};
+
+// The sum of squares q of one row from lane t's partial `part` (every thread of the block
+// calls it; `buf` is the row's parity), in the reference's order: p_t = p_t + p_{t+s} for
+// s = 128, 64, ..., 1 and t < s; q = p_0. Returns q in every thread.
+//
+// CUDA: after one barrier every warp evaluates the whole tree itself: its lane l reads the
+// partials l + 32w (w = 0..7), adds them as the levels s = 128, 64, 32 do (a_w + a_{w+4}, then
+// b_w + b_{w+2}, then c_0 + c_1: for lane l these are exactly p_t + p_{t+s} at t = l + 32w),
+// then the levels 16 .. 1 go through shuffles (shfl_down by s gives lane l < s exactly
+// p_l + p_{l+s}) and lane 0's result is broadcast. Every warp computes the same bits; no second
+// barrier is needed, and the double buffer makes the next row's writes safe: a warp writes
+// buffer b again only two rows later, after every warp has passed the barrier of the row in
+// between, so after it read buffer b.
+// HIP (64-wide wavefronts, and no HIP headers in the offline build): every level through
+// shared memory, the same tree.
+DC_DEV float dc_norm_reduce(DcNormShared& sh, dc_u32 buf, float part) {
+    const dc_u32 t = DC_TID;
+    float* s = sh.part[buf];
+    s[t] = part;
+    DC_SYNC_BLOCK();
+#if defined(DC_CUDA)
+    const dc_u32 l = t & 31u;
+    float a[8];
+#pragma unroll
+    for (int w = 0; w < 8; ++w) a[w] = s[l + 32u * (dc_u32)w];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) a[w] = dc_norm_add(a[w], a[w + 4]);  // s = 128
+#pragma unroll
+    for (int w = 0; w < 2; ++w) a[w] = dc_norm_add(a[w], a[w + 2]);  // s = 64
+    float v = dc_norm_add(a[0], a[1]);                                // s = 32
+#pragma unroll
+    for (dc_u32 d = 16; d >= 1; d >>= 1) v = dc_norm_add(v, __shfl_down_sync(0xffffffffu, v, d));
+    return __shfl_sync(0xffffffffu, v, 0);
+#else
+    for (dc_u32 d = DC_NORM_THREADS / 2; d >= 1; d >>= 1) {
+        if (t < d) s[t] = dc_norm_add(s[t], s[t + d]);
+        DC_SYNC_BLOCK();
+    }
+    if (t == 0) sh.q[buf] = s[0];
+    DC_SYNC_BLOCK();
+    // The next barrier that lets thread 0 write q[buf] again is two rows away (see above).
+    return sh.q[buf];
+#endif
+}
+
+// inv = 1 / sqrt(q / hidden + eps). hidden <= 2^24 (checked by the host): its f32 is exact.
+DC_DEV float dc_norm_inv(const DcNormParams& p, float q) {
+    const float mean = dc_norm_div(q, (float)p.hidden);
+    const float r = dc_norm_add(mean, p.eps);
+    return dc_norm_div(1.0f, dc_norm_sqrt(r));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The scalar path: any hidden, any element-aligned address. One element at a time; pass 2
+// re-reads h from memory. The reference path for the shapes the vector path does not take.
 // ---------------------------------------------------------------------------------------------
 
 template <int DT>
-DC_DEV void dc_residual_rmsnorm_rows(const DcNormParams& p) {
-    DC_SHARED float s_part[DC_NORM_THREADS];
-    DC_SHARED float s_q;
+DC_DEV void dc_norm_rows_scalar(const DcNormParams& p, DcNormShared& sh) {
     const dc_u32 t = DC_TID;
     const dc_u64 esz = DT == DC_F32 ? 4u : 2u;
     const dc_u64 hidden = p.hidden;
-    for (dc_u64 row = DC_BID; row < p.rows; row += DC_NBLOCKS) {
+    dc_u32 buf = 0;
+    for (dc_u64 row = DC_BID; row < p.rows; row += DC_NBLOCKS, buf ^= 1u) {
         const dc_u64 off = row * hidden * esz;
         const dc_u8* sum = (const dc_u8*)p.sum + off;
         const dc_u8* res = (const dc_u8*)p.residual + off;
@@ -131,34 +233,7 @@ DC_DEV void dc_residual_rmsnorm_rows(const DcNormParams& p) {
             }
         }
 
-        // The halving tree over the 256 lanes.
-        s_part[t] = part;
-        DC_SYNC_BLOCK();
-#if defined(DC_CUDA)
-        for (dc_u32 s = DC_NORM_THREADS / 2; s >= 32; s >>= 1) {
-            if (t < s) s_part[t] = dc_norm_add(s_part[t], s_part[t + s]);
-            DC_SYNC_BLOCK();
-        }
-        if (t < 32) {
-            float v = s_part[t];
-#pragma unroll
-            for (dc_u32 s = 16; s >= 1; s >>= 1) v = dc_norm_add(v, __shfl_down_sync(0xffffffffu, v, s));
-            if (t == 0) s_q = v;
-        }
-#else
-        for (dc_u32 s = DC_NORM_THREADS / 2; s >= 1; s >>= 1) {
-            if (t < s) s_part[t] = dc_norm_add(s_part[t], s_part[t + s]);
-            DC_SYNC_BLOCK();
-        }
-        if (t == 0) s_q = s_part[0];
-#endif
-        DC_SYNC_BLOCK();
-        const float q = s_q;
-
-        // hidden <= 2^24 (checked by the host): its f32 is exact.
-        const float mean = dc_norm_div(q, (float)p.hidden);
-        const float r = dc_norm_add(mean, p.eps);
-        const float inv = dc_norm_div(1.0f, dc_norm_sqrt(r));
+        const float inv = dc_norm_inv(p, dc_norm_reduce(sh, buf, part));
 
         // Pass 2: y = dtype(f32(h) * inv * f32(w)), from this thread's own h.
         for (dc_u64 c = 0; c * DC_NORM_CHUNK < hidden; ++c) {
@@ -174,19 +249,230 @@ DC_DEV void dc_residual_rmsnorm_rows(const DcNormParams& p) {
                 }
             }
         }
-        // The next row reuses s_part and s_q.
-        DC_SYNC_BLOCK();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The vector path: hidden % 8 == 0 and every address 16-byte aligned (decided once per block,
+// dc_norm_vector_ok). Thread t's 8 elements of a chunk, 8t .. 8t+7, are one 16-byte vector for
+// f16/bf16 and two for f32, loaded and stored whole (a warp moves 512 or 1024 contiguous bytes);
+// either all 8 are in the row or none (hidden % 8 == 0). Element e of the 8 is bits
+// [16(e%2), 16(e%2) + 16) of word e/2 for f16/bf16 (little endian), word e for f32. The
+// arithmetic and its order are the scalar path's: the packed dtype add is the scalar add in
+// each half (detcoll_tree.h), the squares go into the lane's partial in increasing j.
+// ---------------------------------------------------------------------------------------------
+
+// 32-bit words of h one thread keeps in registers between the passes: DC_NORM_REG_WORDS / words
+// per lane chunks, i.e. rows of up to 4 * 2048 = 8192 f16/bf16 elements or 2 * 2048 = 4096 f32
+// ones (64 registers a thread for the whole kernel on sm_90: 4 blocks of 256 threads per SM).
+// Longer rows re-read h (the thread's own stores) in pass 2.
+#define DC_NORM_REG_WORDS 16
+
+// 16-byte loads and stores of our plain vector type (NVRTC emits ld.global.v4 / st.global.v4;
+// the no_gpu test checks). Plain accesses rather than volatile or non-coherent ones: sum,
+// residual and the outputs may alias exactly, so the compiler must keep one thread's loads and
+// stores of them in program order, which it does for ordinary accesses it cannot prove apart.
+DC_DEV dc_u32x4 dc_norm_ld16(const dc_u8* p) { return *(const dc_u32x4*)p; }
+
+DC_DEV void dc_norm_st16(dc_u8* p, dc_u32x4 v) { *(dc_u32x4*)p = v; }
+
+// 32-bit words of one lane's 8 elements, and its 16-byte vectors.
+#define DC_NORM_WORDS(DT) ((DT) == DC_F32 ? 8 : 4)
+
+template <int DT>
+DC_DEV void dc_norm_ld_lane(const dc_u8* p, dc_u32 (&w)[DC_NORM_WORDS(DT)]) {
+#pragma unroll
+    for (int k = 0; k < DC_NORM_WORDS(DT) / 4; ++k) {
+        const dc_u32x4 v = dc_norm_ld16(p + 16 * k);
+        w[4 * k] = v.x;
+        w[4 * k + 1] = v.y;
+        w[4 * k + 2] = v.z;
+        w[4 * k + 3] = v.w;
+    }
+}
+
+template <int DT>
+DC_DEV void dc_norm_st_lane(dc_u8* p, const dc_u32 (&w)[DC_NORM_WORDS(DT)]) {
+#pragma unroll
+    for (int k = 0; k < DC_NORM_WORDS(DT) / 4; ++k) {
+        dc_u32x4 v;
+        v.x = w[4 * k];
+        v.y = w[4 * k + 1];
+        v.z = w[4 * k + 2];
+        v.w = w[4 * k + 3];
+        dc_norm_st16(p + 16 * k, v);
+    }
+}
+
+// A lane's 8 elements as f32 (exact): element e is bits [16(e%2), 16(e%2) + 16) of word e/2 for
+// f16/bf16 (little endian), word e for f32.
+template <int DT>
+DC_DEV void dc_norm_widen_lane(float (&f)[DC_NORM_VECTOR], const dc_u32 (&w)[DC_NORM_WORDS(DT)]) {
+#pragma unroll
+    for (int e = 0; e < DC_NORM_VECTOR; ++e) {
+        if constexpr (DT == DC_F32) f[e] = dc_as_f32(w[e]);
+        else f[e] = dc_norm_widen_sel<DT>((w[e >> 1] >> (16 * (e & 1))) & 0xffffu);
+    }
+}
+
+// h = residual + sum for one lane's 8 elements (word by word: 1 f32 or 2 f16/bf16 each).
+template <int DT>
+DC_DEV void dc_norm_add_lane(dc_u32 (&h)[DC_NORM_WORDS(DT)], const dc_u32 (&r)[DC_NORM_WORDS(DT)],
+                             const dc_u32 (&s)[DC_NORM_WORDS(DT)]) {
+#pragma unroll
+    for (int i = 0; i < DC_NORM_WORDS(DT); ++i) h[i] = dc_add_word<DT, false>(r[i], s[i]);
+}
+
+// The lane's squares into its partial, in increasing j.
+DC_DEV float dc_norm_squares_lane(float part, const float (&hf)[DC_NORM_VECTOR]) {
+#pragma unroll
+    for (int e = 0; e < DC_NORM_VECTOR; ++e) part = dc_norm_add(part, dc_norm_mul(hf[e], hf[e]));
+    return part;
+}
+
+// y = dtype(f32(h) * inv * f32(w)) for one lane's 8 elements, as words.
+template <int DT>
+DC_DEV void dc_norm_scale_lane(dc_u32 (&y)[DC_NORM_WORDS(DT)], const float (&hf)[DC_NORM_VECTOR],
+                               const dc_u32 (&w)[DC_NORM_WORDS(DT)], float inv) {
+    float wf[DC_NORM_VECTOR];
+    dc_norm_widen_lane<DT>(wf, w);
+#pragma unroll
+    for (int i = 0; i < DC_NORM_WORDS(DT); ++i) y[i] = 0u;
+#pragma unroll
+    for (int e = 0; e < DC_NORM_VECTOR; ++e) {
+        const float n = dc_norm_mul(hf[e], inv);
+        const dc_u32 b = dc_norm_narrow<DT>(dc_norm_mul(n, wf[e]));
+        if constexpr (DT == DC_F32) y[e] = b;
+        else y[e >> 1] |= b << (16 * (e & 1));
+    }
+}
+
+// Whether the launch takes the vector path: the same answer in every block (one check each).
+DC_DEV bool dc_norm_vector_ok(const DcNormParams& p) {
+    return p.hidden % DC_NORM_VECTOR == 0 && ((p.sum | p.residual | p.weight | p.h | p.y) & 15u) == 0;
+}
+
+// The vector path with h in registers: rows of at most C chunks (hidden <= C * 2048).
+template <int DT, int C>
+DC_DEV void dc_norm_rows_regs(const DcNormParams& p, DcNormShared& sh) {
+    constexpr int NW = DC_NORM_WORDS(DT);
+    const dc_u64 esz = DT == DC_F32 ? 4u : 2u;
+    const dc_u64 hidden = p.hidden;
+    const dc_u64 lane = (dc_u64)DC_TID * DC_NORM_VECTOR;  // this thread's first element of chunk 0
+    const dc_u8* wgt = (const dc_u8*)p.weight + lane * esz;
+    dc_u32 buf = 0;
+    for (dc_u64 row = DC_BID; row < p.rows; row += DC_NBLOCKS, buf ^= 1u) {
+        const dc_u64 off = (row * hidden + lane) * esz;
+        const dc_u8* sum = (const dc_u8*)p.sum + off;
+        const dc_u8* res = (const dc_u8*)p.residual + off;
+        dc_u8* h = (dc_u8*)p.h + off;
+        dc_u8* y = (dc_u8*)p.y + off;
+
+        // Chunk c holds this thread's vector when c * 2048 + 8t < hidden. Every load of the row
+        // first, then h = residual + sum: stored, squared in order, and kept (as words).
+        dc_u32 hw[C][NW];
+        float part = 0.0f;
+        {
+            dc_u32 sw[C][NW];
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                if ((dc_u64)c * DC_NORM_CHUNK + lane < hidden) {
+                    dc_norm_ld_lane<DT>(res + (dc_u64)c * DC_NORM_CHUNK * esz, hw[c]);
+                    dc_norm_ld_lane<DT>(sum + (dc_u64)c * DC_NORM_CHUNK * esz, sw[c]);
+                }
+            }
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                if ((dc_u64)c * DC_NORM_CHUNK + lane < hidden) {
+                    dc_norm_add_lane<DT>(hw[c], hw[c], sw[c]);
+                    dc_norm_st_lane<DT>(h + (dc_u64)c * DC_NORM_CHUNK * esz, hw[c]);
+                    float hf[DC_NORM_VECTOR];
+                    dc_norm_widen_lane<DT>(hf, hw[c]);
+                    part = dc_norm_squares_lane(part, hf);
+                }
+            }
+        }
+
+        const float inv = dc_norm_inv(p, dc_norm_reduce(sh, buf, part));
+
+        // The weight (one row, read by every row: it stays in the caches) after the barrier,
+        // which keeps the registers, and so the blocks per SM, of the loads above.
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            if ((dc_u64)c * DC_NORM_CHUNK + lane < hidden) {
+                dc_u32 ww[NW], yw[NW];
+                float hf[DC_NORM_VECTOR];
+                dc_norm_ld_lane<DT>(wgt + (dc_u64)c * DC_NORM_CHUNK * esz, ww);
+                dc_norm_widen_lane<DT>(hf, hw[c]);
+                dc_norm_scale_lane<DT>(yw, hf, ww, inv);
+                dc_norm_st_lane<DT>(y + (dc_u64)c * DC_NORM_CHUNK * esz, yw);
+            }
+        }
+    }
+}
+
+// The vector path for longer rows: pass 2 re-reads h (this thread's own stores).
+template <int DT>
+DC_DEV void dc_norm_rows_stream(const DcNormParams& p, DcNormShared& sh) {
+    constexpr int NW = DC_NORM_WORDS(DT);
+    const dc_u64 esz = DT == DC_F32 ? 4u : 2u;
+    const dc_u64 hidden = p.hidden;
+    const dc_u64 lane = (dc_u64)DC_TID * DC_NORM_VECTOR;
+    const dc_u8* wgt = (const dc_u8*)p.weight + lane * esz;
+    dc_u32 buf = 0;
+    for (dc_u64 row = DC_BID; row < p.rows; row += DC_NBLOCKS, buf ^= 1u) {
+        const dc_u64 off = (row * hidden + lane) * esz;
+        const dc_u8* sum = (const dc_u8*)p.sum + off;
+        const dc_u8* res = (const dc_u8*)p.residual + off;
+        dc_u8* h = (dc_u8*)p.h + off;
+        dc_u8* y = (dc_u8*)p.y + off;
+
+        float part = 0.0f;
+        for (dc_u64 c = 0; c * DC_NORM_CHUNK + lane < hidden; ++c) {
+            dc_u32 hw[NW], sw[NW];
+            float hf[DC_NORM_VECTOR];
+            dc_norm_ld_lane<DT>(res + c * DC_NORM_CHUNK * esz, hw);
+            dc_norm_ld_lane<DT>(sum + c * DC_NORM_CHUNK * esz, sw);
+            dc_norm_add_lane<DT>(hw, hw, sw);
+            dc_norm_st_lane<DT>(h + c * DC_NORM_CHUNK * esz, hw);
+            dc_norm_widen_lane<DT>(hf, hw);
+            part = dc_norm_squares_lane(part, hf);
+        }
+
+        const float inv = dc_norm_inv(p, dc_norm_reduce(sh, buf, part));
+
+        for (dc_u64 c = 0; c * DC_NORM_CHUNK + lane < hidden; ++c) {
+            dc_u32 hw[NW], ww[NW], yw[NW];
+            float hf[DC_NORM_VECTOR];
+            dc_norm_ld_lane<DT>(h + c * DC_NORM_CHUNK * esz, hw);
+            dc_norm_ld_lane<DT>(wgt + c * DC_NORM_CHUNK * esz, ww);
+            dc_norm_widen_lane<DT>(hf, hw);
+            dc_norm_scale_lane<DT>(yw, hf, ww, inv);
+            dc_norm_st_lane<DT>(y + c * DC_NORM_CHUNK * esz, yw);
+        }
+    }
+}
+
+template <int DT>
+DC_DEV void dc_norm_rows(const DcNormParams& p, DcNormShared& sh) {
+    if (!dc_norm_vector_ok(p)) {
+        dc_norm_rows_scalar<DT>(p, sh);
+    } else if (p.hidden <= DC_NORM_REG_WORDS / DC_NORM_WORDS(DT) * DC_NORM_CHUNK) {
+        dc_norm_rows_regs<DT, DC_NORM_REG_WORDS / DC_NORM_WORDS(DT)>(p, sh);
+    } else {
+        dc_norm_rows_stream<DT>(p, sh);
     }
 }
 
 // The entry points' body: the dtype's instantiation. A block of another size, or a dtype
 // without an add, is a host bug: stop the kernel rather than return with y unwritten.
 DC_DEV void dc_residual_rmsnorm(const DcNormParams& p) {
+    DC_SHARED DcNormShared sh;
     if (DC_NTID != DC_NORM_THREADS) DC_UNSUPPORTED_WORLD();
     switch (p.dtype) {
-        case DC_F32: dc_residual_rmsnorm_rows<DC_F32>(p); break;
-        case DC_F16: dc_residual_rmsnorm_rows<DC_F16>(p); break;
-        case DC_BF16: dc_residual_rmsnorm_rows<DC_BF16>(p); break;
+        case DC_F32: dc_norm_rows<DC_F32>(p, sh); break;
+        case DC_F16: dc_norm_rows<DC_F16>(p, sh); break;
+        case DC_BF16: dc_norm_rows<DC_BF16>(p, sh); break;
         default: DC_UNSUPPORTED_WORLD();
     }
 }

@@ -1,7 +1,8 @@
 //! The residual add + RMSNorm kernel (`detcoll_residual_rmsnorm`, `NormDevice for CudaDevice`)
 //! against its definition, `fixed_tree::residual_rmsnorm`, bit for bit (any NaN equals any
 //! NaN): f32, f16 and bf16; hidden sizes around the kernel's vector (8), block (256) and chunk
-//! (2048); rows up to 64 and beyond the grid limit; adversarial rows (zeros, NaN, infinities,
+//! (2048) and its paths (vector with h in registers, vector streaming, scalar: misaligned
+//! tensors and odd sizes); rows up to 64 and beyond the grid limit; adversarial rows (zeros, NaN, infinities,
 //! subnormals, values whose squares overflow); the outputs aliasing the inputs exactly; and
 //! batch invariance (a row computed alone is the same row of a batch).
 //! Without a GPU each test prints "skipped: no CUDA device".
@@ -205,26 +206,49 @@ fn case<T: Element>(rows: usize, hidden: usize, seed: u64) -> Case<T> {
 }
 
 fn check<T: Element>(b: &Bufs, dtype: DType, rows: usize, hidden: usize, alias: Alias, c: &Case<T>) {
+    check_at(b, dtype, rows, hidden, alias, [0; 5], c);
+}
+
+/// [`check`] with the tensors at byte offsets `[sum, residual, weight, h, y]` into their
+/// allocations (an offset that is not a multiple of 16 bytes takes the kernel's scalar path).
+fn check_at<T: Element>(
+    b: &Bufs,
+    dtype: DType,
+    rows: usize,
+    hidden: usize,
+    alias: Alias,
+    offsets: [u64; 5],
+    c: &Case<T>,
+) {
     let n = rows * hidden;
-    b.upload(b.sum, &c.sum);
-    b.upload(b.residual, &c.residual);
-    b.upload(b.weight, &c.weight);
-    b.poison(b.h, n, T::SIZE);
-    b.poison(b.y, n, T::SIZE);
+    assert!(n * T::SIZE + offsets.iter().max().copied().unwrap_or(0) as usize <= MAX_BYTES);
+    let (sum, residual, weight) = (b.sum + offsets[0], b.residual + offsets[1], b.weight + offsets[2]);
+    b.upload(sum, &c.sum);
+    b.upload(residual, &c.residual);
+    b.upload(weight, &c.weight);
     let (h, y) = match alias {
-        Alias::None => (b.h, b.y),
-        Alias::HIsSum => (b.sum, b.y),
-        Alias::YIsResidual => (b.h, b.residual),
-        Alias::HIsResidualYIsSum => (b.residual, b.sum),
+        Alias::None => (b.h + offsets[3], b.y + offsets[4]),
+        Alias::HIsSum => (sum, b.y + offsets[4]),
+        Alias::YIsResidual => (b.h + offsets[3], residual),
+        Alias::HIsResidualYIsSum => (residual, sum),
     };
-    let args = NormArgs { sum: b.sum, residual: b.residual, weight: b.weight, h, y, rows, hidden, eps: c.eps, dtype };
+    // The outputs that are not inputs start as a sentinel: an element the kernel does not
+    // write shows up as a difference.
+    for out in [h, y] {
+        if out != sum && out != residual {
+            b.poison(out, n, T::SIZE);
+        }
+    }
+    let args = NormArgs { sum, residual, weight, h, y, rows, hidden, eps: c.eps, dtype };
     b.run(&args);
-    let what = |out: &str| format!("{} rows {rows} hidden {hidden} eps {} {alias:?}: {out}", T::NAME, c.eps);
+    let what = |out: &str| {
+        format!("{} rows {rows} hidden {hidden} eps {} {alias:?} offsets {offsets:?}: {out}", T::NAME, c.eps)
+    };
     assert_same(&what("h"), &b.download::<T>(h, n), &c.h);
     assert_same(&what("y"), &b.download::<T>(y, n), &c.y);
     if alias == Alias::None {
-        assert_same(&what("sum (input)"), &b.download::<T>(b.sum, n), &c.sum);
-        assert_same(&what("residual (input)"), &b.download::<T>(b.residual, n), &c.residual);
+        assert_same(&what("sum (input)"), &b.download::<T>(sum, n), &c.sum);
+        assert_same(&what("residual (input)"), &b.download::<T>(residual, n), &c.residual);
     }
 }
 
@@ -232,7 +256,9 @@ fn every_shape<T: Element>(dtype: DType) {
     let Some(b) = open() else { return };
     let _g = gpu_lock();
     let mut seed = 0x5eed_u64 + dtype as u64 * 1000;
-    for hidden in [1, 7, 8, 255, 2048, 2049, 4096, 8192, 5123] {
+    // Around the vector (8), the chunk (2048), the rows kept in registers (4096 f32, 8192
+    // f16/bf16) and beyond them (the streaming vector path: 6144 for f32, 16384 for all).
+    for hidden in [1, 7, 8, 255, 2048, 2049, 4096, 6144, 8192, 16384, 5123] {
         for rows in [1, 2, 5, 64] {
             let c = case::<T>(rows, hidden, seed);
             for alias in ALIASES {
@@ -242,6 +268,50 @@ fn every_shape<T: Element>(dtype: DType) {
         }
     }
     println!("{}: every shape and aliasing equals fixed_tree::residual_rmsnorm", T::NAME);
+}
+
+/// Tensors one element (or 8 bytes) off a 16-byte boundary, one at a time and all together,
+/// with a `hidden` the vector path would take (a multiple of 8; in registers or streamed):
+/// the launch takes the scalar path, with the same bits. An offset of 16 bytes keeps the
+/// vector path.
+fn misaligned<T: Element>(dtype: DType) {
+    let Some(b) = open() else { return };
+    let _g = gpu_lock();
+    let e = T::SIZE as u64;
+    for (k, (rows, hidden)) in [(5usize, 8usize), (3, 4096), (2, 16384)].into_iter().enumerate() {
+        let c = case::<T>(rows, hidden, 0xa11 + dtype as u64 * 100 + k as u64);
+        let mut offsets: Vec<[u64; 5]> = (0..5)
+            .map(|i| {
+                let mut o = [0; 5];
+                o[i] = e;
+                o
+            })
+            .collect();
+        offsets.extend([[e; 5], [8; 5], [16; 5], [16, 0, 32, 48, 16]]);
+        for o in offsets {
+            check_at(&b, dtype, rows, hidden, Alias::None, o, &c);
+        }
+        // Exact aliasing at an offset: the outputs share the inputs' (mis)alignment.
+        for alias in [Alias::HIsSum, Alias::HIsResidualYIsSum] {
+            check_at(&b, dtype, rows, hidden, alias, [e; 5], &c);
+        }
+    }
+    println!("{}: misaligned tensors (the scalar path) equal fixed_tree::residual_rmsnorm", T::NAME);
+}
+
+#[test]
+fn misaligned_tensors_are_the_reference_f32() {
+    misaligned::<f32>(DType::F32);
+}
+
+#[test]
+fn misaligned_tensors_are_the_reference_f16() {
+    misaligned::<f16>(DType::F16);
+}
+
+#[test]
+fn misaligned_tensors_are_the_reference_bf16() {
+    misaligned::<bf16>(DType::BF16);
 }
 
 #[test]
@@ -265,7 +335,7 @@ fn batch_invariance<T: Element>(dtype: DType) {
     let Some(b) = open() else { return };
     let _g = gpu_lock();
     let rows = 64;
-    for (k, hidden) in [7usize, 2049, 4096, 5123].into_iter().enumerate() {
+    for (k, hidden) in [7usize, 2049, 4096, 5123, 16384].into_iter().enumerate() {
         let c = case::<T>(rows, hidden, 77 + k as u64);
         let n = rows * hidden;
         b.upload(b.sum, &c.sum);
