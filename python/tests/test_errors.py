@@ -91,8 +91,10 @@ def test_lanes_must_share_a_dtype(pair):
 
 
 def test_bad_construction():
+    # Every world from 1 to 4096 takes the canonical tree; above it the group is refused
+    # before any rank is started.
     with pytest.raises(detcoll.UnsupportedWorldSize):
-        detcoll.thread_group(9, capacity=4096)
+        detcoll.thread_group(4097, capacity=4096)
     with pytest.raises(detcoll.InvalidConfig):
         detcoll.thread_group(0)
     with pytest.raises(detcoll.InvalidConfig):

@@ -8,8 +8,9 @@ import detcoll
 from conftest import close_all, need_dtype, on_ranks
 from reference import GATHER_DTYPES, REDUCE_DTYPES, assert_bits_equal, contribution, tree
 
-# 3 and 6: worlds that are not a power of two take the canonical tree (docs/contract.md).
-WORLDS = (1, 2, 3, 4, 6, 8)
+# 3 and 6: worlds that are not a power of two take the canonical tree (docs/contract.md); 12:
+# above 8 ranks on one host, nodes of 4 (hierarchical), the same bits.
+WORLDS = (1, 2, 3, 4, 6, 8, 12)
 # 104 elements: a few vector widths plus a tail; 24008 f32 (94 KiB) runs in chunks of the
 # 64 KiB staging capacity.
 SIZES = (104, 24008)

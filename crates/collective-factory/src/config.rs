@@ -185,13 +185,16 @@ impl Config {
             .map_err(|e| Error::InvalidConfig { detail: format!("Config::with_capacity({}): {e}", self.capacity) })
     }
 
-    /// [`Config::validate`], and a world of at least one rank (for the constructors that make
+    /// [`Config::validate`], and a world of 1 to `MAX_WORLD_SIZE` ranks (for the constructors that make
     /// every rank of a world: `thread_group`).
     #[cfg_attr(not(any(feature = "cpu", feature = "cuda", feature = "rocm")), allow(dead_code))]
     pub(crate) fn validate_world(&self, world: usize) -> Result<(), Error> {
         if world == 0 {
             return Err(Error::InvalidConfig { detail: "a world of 0 ranks: thread_group needs at least one".into() });
         }
+        // Before any thread is spawned: a group above the tree's limit is refused here, not
+        // after thousands of ranks were started.
+        collective_core::check_world_size(world)?;
         self.validate()
     }
 }

@@ -71,7 +71,6 @@ pub fn thread_group(world: usize, config: &Config) -> Result<Vec<CpuCollective>,
 pub fn virtual_nodes(nodes: usize, local: usize, config: &Config) -> Result<Vec<CpuCollective>, Error> {
     let world = nodes.checked_mul(local).ok_or(Error::InvalidConfig { detail: "too many ranks".into() })?;
     config.validate_world(world)?;
-    collective_core::check_world_size(world)?;
     let boots = LocalBootstrap::group(world);
     std::thread::scope(|s| {
         let hs: Vec<_> = boots

@@ -24,6 +24,16 @@ fn a_world_of_zero_ranks_is_invalid_config() {
 }
 
 #[test]
+fn a_world_above_the_trees_limit_is_refused_before_any_rank_starts() {
+    let too_many = collective_core::MAX_WORLD_SIZE + 1;
+    let t = Instant::now();
+    let got = cpu::thread_group(too_many, &Config::new()).map(|v| v.len());
+    assert!(matches!(got, Err(Error::UnsupportedWorldSize { world }) if world == too_many), "{got:?}");
+    // Refused by a check, not after 4097 threads met: well under a rendezvous of that many.
+    assert!(t.elapsed() < Duration::from_secs(2), "took {:?}", t.elapsed());
+}
+
+#[test]
 fn capacity_zero_is_invalid_config_at_construction_on_every_rank() {
     assert!(Config::new().with_capacity(0).validate().is_err());
     assert!(Config::new().with_capacity(127).validate().is_err());
