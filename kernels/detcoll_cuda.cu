@@ -65,6 +65,13 @@ extern "C" __global__ void __launch_bounds__(DC_THREADS) detcoll_copy(const DcCo
 extern "C" __global__ void __launch_bounds__(DC_NORM_THREADS) detcoll_residual_rmsnorm(const DcNormParams p) {
     dc_residual_rmsnorm(p);
 }
+
+// The fused all_reduce + residual + RMSNorm (detcoll_norm.h, dc_collective_norm): the collective
+// of the call's last launch with the norm as its epilogue, DC_THREADS per block.
+extern "C" __global__ void __launch_bounds__(DC_THREADS)
+    detcoll_collective_norm(const __grid_constant__ DcCollectiveNormParams p) {
+    dc_collective_norm(p);
+}
 #else
 // Built only into the separate "soft" module (-DDETCOLL_SOFT_MODULE), loaded on demand: the
 // software arithmetic triples the compile time and only tests and HIP-parity checks need it.

@@ -158,3 +158,9 @@ extern "C" __global__ void __attribute__((amdgpu_flat_work_group_size(1, DC_NORM
 detcoll_residual_rmsnorm(const DcNormParams p) {
     dc_residual_rmsnorm(p);
 }
+
+// The fused all_reduce + residual + RMSNorm (detcoll_norm.h, dc_collective_norm): the collective
+// of the call's last launch with the norm as its epilogue.
+extern "C" __global__ void DC_HIP_BOUNDS detcoll_collective_norm(const DcCollectiveNormParams p) {
+    dc_collective_norm(p);
+}

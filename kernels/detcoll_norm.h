@@ -164,7 +164,7 @@ struct DcNormShared {
 DC_DEV float dc_norm_reduce(DcNormShared& sh, dc_u32 buf, float part) {
     const dc_u32 t = DC_TID;
     float* s = sh.part[buf];
-    s[t] = part;
+    if (t < DC_NORM_THREADS) s[t] = part;  // a fused launch's threads beyond the lanes add nothing
     DC_SYNC_BLOCK();
 #if defined(DC_CUDA)
     const dc_u32 l = t & 31u;
@@ -206,6 +206,7 @@ DC_DEV float dc_norm_inv(const DcNormParams& p, float q) {
 template <int DT>
 DC_DEV void dc_norm_rows_scalar(const DcNormParams& p, DcNormShared& sh) {
     const dc_u32 t = DC_TID;
+    const bool active = t < DC_NORM_THREADS;  // a lane (see dc_norm_epilogue)
     const dc_u64 esz = DT == DC_F32 ? 4u : 2u;
     const dc_u64 hidden = p.hidden;
     dc_u32 buf = 0;
@@ -224,7 +225,7 @@ DC_DEV void dc_norm_rows_scalar(const DcNormParams& p, DcNormShared& sh) {
 #pragma unroll
             for (int v = 0; v < DC_NORM_VECTOR; ++v) {
                 const dc_u64 j = first + v;
-                if (j < hidden) {
+                if (active && j < hidden) {
                     const dc_u32 hb = dc_add_scalar<DT, false>(dc_load_elem<DT>(res + j * esz), dc_load_elem<DT>(sum + j * esz));
                     dc_store_elem<DT>(h + j * esz, hb);
                     const float hf = dc_norm_widen<DT>(hb);
@@ -241,7 +242,7 @@ DC_DEV void dc_norm_rows_scalar(const DcNormParams& p, DcNormShared& sh) {
 #pragma unroll
             for (int v = 0; v < DC_NORM_VECTOR; ++v) {
                 const dc_u64 j = first + v;
-                if (j < hidden) {
+                if (active && j < hidden) {
                     const float hf = dc_norm_widen<DT>(dc_load_elem<DT>(h + j * esz));
                     const float wf = dc_norm_widen<DT>(dc_load_elem<DT>(wgt + j * esz));
                     const float n = dc_norm_mul(hf, inv);
@@ -359,6 +360,7 @@ DC_DEV void dc_norm_rows_regs(const DcNormParams& p, DcNormShared& sh) {
     const dc_u64 esz = DT == DC_F32 ? 4u : 2u;
     const dc_u64 hidden = p.hidden;
     const dc_u64 lane = (dc_u64)DC_TID * DC_NORM_VECTOR;  // this thread's first element of chunk 0
+    const bool active = DC_TID < DC_NORM_THREADS;           // a lane (see dc_norm_epilogue)
     const dc_u8* wgt = (const dc_u8*)p.weight + lane * esz;
     dc_u32 buf = 0;
     for (dc_u64 row = DC_BID; row < p.rows; row += DC_NBLOCKS, buf ^= 1u) {
@@ -376,14 +378,14 @@ DC_DEV void dc_norm_rows_regs(const DcNormParams& p, DcNormShared& sh) {
             dc_u32 sw[C][NW];
 #pragma unroll
             for (int c = 0; c < C; ++c) {
-                if ((dc_u64)c * DC_NORM_CHUNK + lane < hidden) {
+                if (active && (dc_u64)c * DC_NORM_CHUNK + lane < hidden) {
                     dc_norm_ld_lane<DT>(res + (dc_u64)c * DC_NORM_CHUNK * esz, hw[c]);
                     dc_norm_ld_lane<DT>(sum + (dc_u64)c * DC_NORM_CHUNK * esz, sw[c]);
                 }
             }
 #pragma unroll
             for (int c = 0; c < C; ++c) {
-                if ((dc_u64)c * DC_NORM_CHUNK + lane < hidden) {
+                if (active && (dc_u64)c * DC_NORM_CHUNK + lane < hidden) {
                     dc_norm_add_lane<DT>(hw[c], hw[c], sw[c]);
                     dc_norm_st_lane<DT>(h + (dc_u64)c * DC_NORM_CHUNK * esz, hw[c]);
                     float hf[DC_NORM_VECTOR];
@@ -399,7 +401,7 @@ DC_DEV void dc_norm_rows_regs(const DcNormParams& p, DcNormShared& sh) {
         // which keeps the registers, and so the blocks per SM, of the loads above.
 #pragma unroll
         for (int c = 0; c < C; ++c) {
-            if ((dc_u64)c * DC_NORM_CHUNK + lane < hidden) {
+            if (active && (dc_u64)c * DC_NORM_CHUNK + lane < hidden) {
                 dc_u32 ww[NW], yw[NW];
                 float hf[DC_NORM_VECTOR];
                 dc_norm_ld_lane<DT>(wgt + (dc_u64)c * DC_NORM_CHUNK * esz, ww);
@@ -418,6 +420,7 @@ DC_DEV void dc_norm_rows_stream(const DcNormParams& p, DcNormShared& sh) {
     const dc_u64 esz = DT == DC_F32 ? 4u : 2u;
     const dc_u64 hidden = p.hidden;
     const dc_u64 lane = (dc_u64)DC_TID * DC_NORM_VECTOR;
+    const bool active = DC_TID < DC_NORM_THREADS;  // a lane (see dc_norm_epilogue)
     const dc_u8* wgt = (const dc_u8*)p.weight + lane * esz;
     dc_u32 buf = 0;
     for (dc_u64 row = DC_BID; row < p.rows; row += DC_NBLOCKS, buf ^= 1u) {
@@ -428,7 +431,7 @@ DC_DEV void dc_norm_rows_stream(const DcNormParams& p, DcNormShared& sh) {
         dc_u8* y = (dc_u8*)p.y + off;
 
         float part = 0.0f;
-        for (dc_u64 c = 0; c * DC_NORM_CHUNK + lane < hidden; ++c) {
+        for (dc_u64 c = 0; active && c * DC_NORM_CHUNK + lane < hidden; ++c) {
             dc_u32 hw[NW], sw[NW];
             float hf[DC_NORM_VECTOR];
             dc_norm_ld_lane<DT>(res + c * DC_NORM_CHUNK * esz, hw);
@@ -441,7 +444,7 @@ DC_DEV void dc_norm_rows_stream(const DcNormParams& p, DcNormShared& sh) {
 
         const float inv = dc_norm_inv(p, dc_norm_reduce(sh, buf, part));
 
-        for (dc_u64 c = 0; c * DC_NORM_CHUNK + lane < hidden; ++c) {
+        for (dc_u64 c = 0; active && c * DC_NORM_CHUNK + lane < hidden; ++c) {
             dc_u32 hw[NW], ww[NW], yw[NW];
             float hf[DC_NORM_VECTOR];
             dc_norm_ld_lane<DT>(h + c * DC_NORM_CHUNK * esz, hw);
@@ -466,9 +469,13 @@ DC_DEV void dc_norm_rows(const DcNormParams& p, DcNormShared& sh) {
 
 // The entry points' body: the dtype's instantiation. A block of another size, or a dtype
 // without an add, is a host bug: stop the kernel rather than return with y unwritten.
-DC_DEV void dc_residual_rmsnorm(const DcNormParams& p) {
+//
+// Rows go to blocks by DC_BID, DC_BID + DC_NBLOCKS, ...; lanes are the threads below
+// DC_NORM_THREADS. A block of more threads (the fused collective's DC_THREADS) runs the same
+// code: its other threads only join the barriers, so the arithmetic and its order are unchanged.
+DC_DEV void dc_norm_any(const DcNormParams& p) {
     DC_SHARED DcNormShared sh;
-    if (DC_NTID != DC_NORM_THREADS) DC_UNSUPPORTED_WORLD();
+    if (DC_NTID < DC_NORM_THREADS) DC_UNSUPPORTED_WORLD();
     switch (p.dtype) {
         case DC_F32: dc_norm_rows<DC_F32>(p, sh); break;
         case DC_F16: dc_norm_rows<DC_F16>(p, sh); break;
@@ -476,5 +483,90 @@ DC_DEV void dc_residual_rmsnorm(const DcNormParams& p) {
         default: DC_UNSUPPORTED_WORLD();
     }
 }
+
+// The standalone kernel (after an all_reduce launch). A programmatic dependent launch on CUDA
+// (crates/cuda-ipc/src/norm.rs): its blocks may start while the all_reduce still runs, and
+// wait here until it has completed and its output is visible.
+DC_DEV void dc_residual_rmsnorm(const DcNormParams& p) {
+    DC_GRID_DEP_WAIT();
+    if (DC_NTID != DC_NORM_THREADS) DC_UNSUPPORTED_WORLD();
+    dc_norm_any(p);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fused call: the all_reduce's collective kernel with the norm as its epilogue, one launch
+// (DcCollectiveNormParams). Every block of the launch first runs its part of the protocol
+// (blocks beyond the protocol's grid have none, see dc_collective_mode), then all meet at a
+// grid barrier, after which every row's sum is in `sum` (the all_reduce's output, written by any
+// block, or by the earlier chunks' launches on this stream), and the blocks normalise rows
+// DC_BID, DC_BID + DC_NBLOCKS, ... exactly as the standalone kernel does.
+//
+// The barrier needs every block of the launch resident at once, as the protocol already does
+// (its blocks wait on their peers' blocks; the host caps the grid). It is two words of the own
+// status line: an arrival count, reset by the last block to arrive, which then publishes the
+// call's generation, which the others wait for (bounded, and ended by an abort of the call).
+// Generations only grow, so a stale word never releases a later call; a failed call leaves the
+// count wrong, but the abort word it set stops every later call before it gets here.
+// ---------------------------------------------------------------------------------------------
+
+#define DC_ST_NORM_ARRIVE 4  // blocks of the running fused call at its barrier (u32 in this word)
+#define DC_ST_NORM_GEN 5     // the last fused call whose barrier every block passed
+
+struct DcCollectiveNormParams {
+    DcParams<DC_SEGS_SINGLE> c;
+    DcNormParams n;
+};
+
+// Whether the call's blocks all passed the barrier without an error of this rank's call (false:
+// the norm is skipped; the call's error is in the record).
+DC_DEV bool dc_norm_barrier(const DcHeader& h, dc_u64* status, dc_u32 g) {
+    DC_SHARED int s_ok;
+    DC_SYNC_BLOCK();
+    if (DC_TID == 0) {
+        int ok = 1;
+        if (DC_NBLOCKS > 1u) {
+            // Release: every thread's stores of this block, ordered before the fence by the barrier.
+            DC_FENCE_DEVICE();
+            const dc_u32 prev = DC_ATOMIC_ADD_U32(&status[DC_ST_NORM_ARRIVE], 1u);
+            if (prev == DC_NBLOCKS - 1u) {
+                *(volatile dc_u32*)&status[DC_ST_NORM_ARRIVE] = 0u;
+                DC_FENCE_DEVICE();
+                *(volatile dc_u64*)&status[DC_ST_NORM_GEN] = (dc_u64)g;
+            } else {
+                const dc_u64 start = dc_globaltimer();
+                for (dc_u32 iter = 1; *(volatile dc_u64*)&status[DC_ST_NORM_GEN] != (dc_u64)g; ++iter) {
+                    if ((iter & 63u) != 0) continue;
+                    if (dc_ld_relaxed_sys(&status[DC_ST_ABORT]) != 0) {
+                        ok = 0;
+                        break;
+                    }
+                    if (dc_globaltimer() - start > h.timeout_ns) {
+                        dc_fail(h, status, DC_ERR_TIMEOUT_PHASE2, h.rank, g, 0);
+                        ok = 0;
+                        break;
+                    }
+                }
+            }
+            // Acquire: the other blocks' stores are visible to this block after the barrier below.
+            DC_FENCE_DEVICE();
+            if (dc_ld_relaxed_sys(&status[DC_ST_ABORT]) != 0) ok = 0;
+        }
+        // A one-block launch skips that load (a round trip): its rows are then normalised even
+        // after a failed protocol step, from an output the failed call left undefined anyway;
+        // the call's error is reported all the same.
+        s_ok = ok;
+    }
+    DC_SYNC_BLOCK();
+    return s_ok != 0;
+}
+
+// The epilogue dc_collective_mode runs after the protocol in every block of a fused launch
+// (declared in detcoll_protocol.h).
+DC_DEV_NOINLINE void dc_norm_epilogue(const DcHeader& h, dc_u64* status, dc_u32 g, const DcNormParams& p) {
+    if (dc_norm_barrier(h, status, g)) dc_norm_any(p);
+}
+
+// The fused entry's body: the collective of the call's last launch, the norm as its epilogue.
+DC_DEV void dc_collective_norm(const DcCollectiveNormParams& p) { dc_collective(p.c.h, p.c.seg, &p.n); }
 
 #endif  // DETCOLL_NORM_H

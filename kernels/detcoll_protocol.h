@@ -47,8 +47,9 @@
 // Bumped whenever the parameter layout or the protocol changes; checked by the host against
 // `detcoll_abi` so a stale prebuilt cubin is refused instead of misread. 7: worlds 3, 5, 6 and 7
 // (a version-6 image would run them as 8 ranks). 8: the residual + RMSNorm entry
-// (`detcoll_residual_rmsnorm`, DcNormParams; a version-7 image lacks it).
-#define DC_ABI_VERSION 8u
+// (`detcoll_residual_rmsnorm`, DcNormParams; a version-7 image lacks it). 9: the fused
+// all_reduce + residual + RMSNorm entry (`detcoll_collective_norm`, DcCollectiveNormParams).
+#define DC_ABI_VERSION 9u
 
 #define DC_MAX_WORLD 8
 
@@ -686,9 +687,19 @@ DC_DEV void dc_push_bulk(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc
 // into the kernel's parameter space (CUDA: __grid_constant__; HIP: the kernarg segment), no copy.
 // The mode is a template parameter so that a call runs a function holding only its own
 // protocol's code (a smaller instruction footprint per launch), not one body with all three.
+//
+// With `norm` (the fused all_reduce + RMSNorm's launch), every block runs dc_norm_epilogue
+// (detcoll_norm.h: a barrier of the launch's blocks, then the rows) after its part of the
+// protocol and before the end of the call; plain calls pass null. A fused launch may have more
+// blocks than the protocol's grid (for rows): blocks from h.grid on take no part in the
+// protocol (no tiles, flags or counts) and only run the epilogue. One out-of-line epilogue,
+// not a template parameter: every mode's body stays one instantiation per image.
+DC_DEV_NOINLINE void dc_norm_epilogue(const DcHeader& h, dc_u64* status, dc_u32 g, const DcNormParams& p);
+
 template <dc_u32 MODE>
-DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg) {
+DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, const DcNormParams* norm) {
     const dc_u32 b = DC_BID;
+    const bool member = b < h.grid;
     const dc_u64 own = h.ctl[h.rank];
     const dc_u64 own_data = h.data[h.rank];
     dc_u64* status = dc_at(own, h.off_status);
@@ -728,95 +739,100 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg) {
     const dc_u64 frame = h.frame[g & 1u];
     const dc_u64 word = dc_flag_word(g, h.digest);
 
-    if (refresh && h.ll_slot != 0u) dc_ll_refresh(h, g);
-    if (b == 0 && DC_TID == 0) {
-        // The full signature first, so a peer that sees a mismatching digest can report it
-        // (dc_fail re-reads it until its digest is the flag's: no fence needed here); then the
-        // push headers, which an LL call's receivers wait on (other calls keep them fresh once
-        // per epoch: a push rank facing a pull peer then learns of the mismatch from the pull
-        // peer's failure, the pull peer from our ready flags).
-        dc_u64* sig = dc_at(own, (g & 1u) ? h.off_sig1 : h.off_sig0);
-        sig[0] = h.sig[0];
-        sig[1] = h.sig[1];
-        if (MODE == DC_MODE_PUSH_LL || refresh)
-            for (dc_u32 q = 0; q < h.world; ++q)
-                if (q != h.rank)
-                    dc_st_relaxed_sys(dc_at(h.ctl[q], h.off_push + ((g & 1u) * DC_MAX_WORLD + h.rank) * h.line),
-                                      word);
-    }
-    if (b == 0 && refresh) {
-        // Once per 2^30 generations (and when a test preset asks), every flag this call does
-        // not use is rewritten with its word, so none ever falls 2^31 generations behind (a
-        // flag that stale would read as Corrupt after the wrap): the pull ready flags of blocks
-        // beyond the grid, the phase-2 flags of a one-phase call, and the bulk push flags this
-        // call does not wait on, in every peer (they are the senders' to write). Safe: a peer
-        // making this same call waits on none of them; one still at g - 1 reads g as "passed"
-        // (our data of g - 1 is intact in the other frame); one making another call reads our
-        // digest as a mismatch. (Every call did this until it showed as about 1 us per call at
-        // 4 KiB and 20 % at 16 MiB on one H200: the barrier before a block's release made the
-        // release wait for these system-scope stores too.)
-        const dc_u32 used = push ? 0u : h.grid;
-        for (dc_u32 k = used + DC_TID; k < h.layout_blocks; k += DC_NTID)
-            dc_st_relaxed_sys(dc_at(own, h.off_ready + (dc_u64)k * h.line), word);
-        for (dc_u32 k = (h.nphase2 && !push ? h.grid : 0u) + DC_TID; k < h.layout_blocks; k += DC_NTID)
-            dc_st_relaxed_sys(dc_at(own, h.off_phase2 + (dc_u64)k * h.line), word);
-        const bool bulk = MODE == DC_MODE_PUSH;
-        const bool gathered = bulk && h.nstage > 0u && (seg[0].flags & DC_SEG_AG);
-        for (dc_u32 k = 0; k < 2u; ++k) {
-            const bool used = bulk && (k == 0u ? !gathered : (gathered || h.nphase2 > 0u));
-            for (dc_u32 blk = (used ? h.grid : 0u) + DC_TID; blk < h.layout_blocks; blk += DC_NTID)
-                for (dc_u32 q = 0; q < h.world; ++q)
-                    if (q != h.rank) dc_st_relaxed_sys(dc_pflag(h, q, k, blk, h.rank), word);
-        }
-    } else if (push && b == 0 && DC_TID == 0) {
-        // A push call's word in the first pull flags: a pull peer making another call waits on
-        // block 0's flags first, reads our digest as a mismatch and fails, and its other blocks
-        // stop on its own abort word. One line each is enough for that, and the epoch refresh
-        // above keeps the rest fresh.
-        dc_st_relaxed_sys(dc_at(own, h.off_ready), word);
-        dc_st_relaxed_sys(dc_at(own, h.off_phase2), word);
-    }
-
-    if (MODE == DC_MODE_PUSH_LL) {
-        dc_push_ll(h, seg, status, g);
-    } else if (MODE == DC_MODE_PUSH) {
-        dc_push_bulk(h, seg, status, g, word);
-    } else {
-        // Stage this block's tiles of the input into the own frame.
-        if (quick_mine) *(dc_u32x4*)(own_data + frame + seg[0].frame_off + (dc_u64)DC_TID * 16u) = quick_v;
-        for (dc_u32 i = quick_stage ? h.nstage : 0u; i < h.nstage; ++i) {
-            const DcSeg& s = seg[i];
-            dc_for_tiles(s.frame_off, s.bytes, h.tile_bytes, h.grid, b, [&](dc_u64 lo, dc_u64 hi) {
-                dc_copy_range((dc_u8*)(own_data + frame + lo), (const dc_u8*)(s.ptr + (lo - s.frame_off)), hi - lo,
-                              DC_TID, DC_NTID);
-            });
-        }
-        DC_SYNC_BLOCK();
-        if (DC_TID == 0) {
+    if (member) {
+        if (refresh && h.ll_slot != 0u) dc_ll_refresh(h, g);
+        if (b == 0 && DC_TID == 0) {
+            // The full signature first, so a peer that sees a mismatching digest can report it
+            // (dc_fail re-reads it until its digest is the flag's: no fence needed here); then the
+            // push headers, which an LL call's receivers wait on (other calls keep them fresh once
+            // per epoch: a push rank facing a pull peer then learns of the mismatch from the pull
+            // peer's failure, the pull peer from our ready flags).
             dc_u64* sig = dc_at(own, (g & 1u) ? h.off_sig1 : h.off_sig0);
             sig[0] = h.sig[0];
             sig[1] = h.sig[1];
-            // Release: cumulative over the block's staging stores, ordered before it by the barrier.
-            dc_st_release_sys(dc_at(own, h.off_ready + (dc_u64)b * h.line), word);
+            if (MODE == DC_MODE_PUSH_LL || refresh)
+                for (dc_u32 q = 0; q < h.world; ++q)
+                    if (q != h.rank)
+                        dc_st_relaxed_sys(dc_at(h.ctl[q], h.off_push + ((g & 1u) * DC_MAX_WORLD + h.rank) * h.line),
+                                          word);
         }
-        bool ok = dc_wait(h, status, h.off_ready + b * h.line, g, DC_ERR_TIMEOUT_READY, false);
-        DC_GRID_DEP_TRIGGER();  // every peer is running this call (see dc_collective)
-        if (ok) {
-            for (dc_u32 i = 0; i < h.nphase1; ++i) {
-                const DcSeg& s = seg[h.nstage + i];
-                dc_run_segment(h, s, frame, (s.flags & DC_SEG_GATHER) != 0);
+        if (b == 0 && refresh) {
+            // Once per 2^30 generations (and when a test preset asks), every flag this call does
+            // not use is rewritten with its word, so none ever falls 2^31 generations behind (a
+            // flag that stale would read as Corrupt after the wrap): the pull ready flags of blocks
+            // beyond the grid, the phase-2 flags of a one-phase call, and the bulk push flags this
+            // call does not wait on, in every peer (they are the senders' to write). Safe: a peer
+            // making this same call waits on none of them; one still at g - 1 reads g as "passed"
+            // (our data of g - 1 is intact in the other frame); one making another call reads our
+            // digest as a mismatch. (Every call did this until it showed as about 1 us per call at
+            // 4 KiB and 20 % at 16 MiB on one H200: the barrier before a block's release made the
+            // release wait for these system-scope stores too.)
+            const dc_u32 used = push ? 0u : h.grid;
+            for (dc_u32 k = used + DC_TID; k < h.layout_blocks; k += DC_NTID)
+                dc_st_relaxed_sys(dc_at(own, h.off_ready + (dc_u64)k * h.line), word);
+            for (dc_u32 k = (h.nphase2 && !push ? h.grid : 0u) + DC_TID; k < h.layout_blocks; k += DC_NTID)
+                dc_st_relaxed_sys(dc_at(own, h.off_phase2 + (dc_u64)k * h.line), word);
+            const bool bulk = MODE == DC_MODE_PUSH;
+            const bool gathered = bulk && h.nstage > 0u && (seg[0].flags & DC_SEG_AG);
+            for (dc_u32 k = 0; k < 2u; ++k) {
+                const bool used = bulk && (k == 0u ? !gathered : (gathered || h.nphase2 > 0u));
+                for (dc_u32 blk = (used ? h.grid : 0u) + DC_TID; blk < h.layout_blocks; blk += DC_NTID)
+                    for (dc_u32 q = 0; q < h.world; ++q)
+                        if (q != h.rank) dc_st_relaxed_sys(dc_pflag(h, q, k, blk, h.rank), word);
             }
-            if (h.nphase2) {
-                DC_SYNC_BLOCK();
-                if (DC_TID == 0) dc_st_release_sys(dc_at(own, h.off_phase2 + (dc_u64)b * h.line), word);
-                ok = dc_wait(h, status, h.off_phase2 + b * h.line, g, DC_ERR_TIMEOUT_PHASE2, false);
-                if (ok) {
-                    for (dc_u32 i = 0; i < h.nphase2; ++i)
-                        dc_run_segment(h, seg[h.nstage + h.nphase1 + i], frame, true);
+        } else if (push && b == 0 && DC_TID == 0) {
+            // A push call's word in the first pull flags: a pull peer making another call waits on
+            // block 0's flags first, reads our digest as a mismatch and fails, and its other blocks
+            // stop on its own abort word. One line each is enough for that, and the epoch refresh
+            // above keeps the rest fresh.
+            dc_st_relaxed_sys(dc_at(own, h.off_ready), word);
+            dc_st_relaxed_sys(dc_at(own, h.off_phase2), word);
+        }
+
+        if (MODE == DC_MODE_PUSH_LL) {
+            dc_push_ll(h, seg, status, g);
+        } else if (MODE == DC_MODE_PUSH) {
+            dc_push_bulk(h, seg, status, g, word);
+        } else {
+            // Stage this block's tiles of the input into the own frame.
+            if (quick_mine) *(dc_u32x4*)(own_data + frame + seg[0].frame_off + (dc_u64)DC_TID * 16u) = quick_v;
+            for (dc_u32 i = quick_stage ? h.nstage : 0u; i < h.nstage; ++i) {
+                const DcSeg& s = seg[i];
+                dc_for_tiles(s.frame_off, s.bytes, h.tile_bytes, h.grid, b, [&](dc_u64 lo, dc_u64 hi) {
+                    dc_copy_range((dc_u8*)(own_data + frame + lo), (const dc_u8*)(s.ptr + (lo - s.frame_off)), hi - lo,
+                                  DC_TID, DC_NTID);
+                });
+            }
+            DC_SYNC_BLOCK();
+            if (DC_TID == 0) {
+                dc_u64* sig = dc_at(own, (g & 1u) ? h.off_sig1 : h.off_sig0);
+                sig[0] = h.sig[0];
+                sig[1] = h.sig[1];
+                // Release: cumulative over the block's staging stores, ordered before it by the barrier.
+                dc_st_release_sys(dc_at(own, h.off_ready + (dc_u64)b * h.line), word);
+            }
+            bool ok = dc_wait(h, status, h.off_ready + b * h.line, g, DC_ERR_TIMEOUT_READY, false);
+            DC_GRID_DEP_TRIGGER();  // every peer is running this call (see dc_collective)
+            if (ok) {
+                for (dc_u32 i = 0; i < h.nphase1; ++i) {
+                    const DcSeg& s = seg[h.nstage + i];
+                    dc_run_segment(h, s, frame, (s.flags & DC_SEG_GATHER) != 0);
+                }
+                if (h.nphase2) {
+                    DC_SYNC_BLOCK();
+                    if (DC_TID == 0) dc_st_release_sys(dc_at(own, h.off_phase2 + (dc_u64)b * h.line), word);
+                    ok = dc_wait(h, status, h.off_phase2 + b * h.line, g, DC_ERR_TIMEOUT_PHASE2, false);
+                    if (ok) {
+                        for (dc_u32 i = 0; i < h.nphase2; ++i)
+                            dc_run_segment(h, seg[h.nstage + h.nphase1 + i], frame, true);
+                    }
                 }
             }
         }
-    }
+    }  // member
+
+    if (norm) dc_norm_epilogue(h, status, g, *norm);
+    if (!member) return;
 
     // The last block to finish advances the generation (next launch on this stream sees it)
     // and counts down a requested refresh. A one-block grid is its own last block: no count,
@@ -852,12 +868,12 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg) {
 // DC_GRID_DEP_WAIT, hiding their launch. Triggering no earlier than that keeps them from taking
 // the multiprocessors a peer sharing this GPU still needs to start this call (every peer's
 // blocks are resident once they have published); a block that returns early triggers by ending.
-DC_DEV void dc_collective(const DcHeader& h, const DcSeg* seg) {
+DC_DEV void dc_collective(const DcHeader& h, const DcSeg* seg, const DcNormParams* norm = 0) {
     DC_GRID_DEP_WAIT();
     switch (h.mode) {
-        case DC_MODE_PUSH_LL: dc_collective_mode<DC_MODE_PUSH_LL>(h, seg); break;
-        case DC_MODE_PUSH: dc_collective_mode<DC_MODE_PUSH>(h, seg); break;
-        default: dc_collective_mode<DC_MODE_PULL>(h, seg); break;
+        case DC_MODE_PUSH_LL: dc_collective_mode<DC_MODE_PUSH_LL>(h, seg, norm); break;
+        case DC_MODE_PUSH: dc_collective_mode<DC_MODE_PUSH>(h, seg, norm); break;
+        default: dc_collective_mode<DC_MODE_PULL>(h, seg, norm); break;
     }
 }
 

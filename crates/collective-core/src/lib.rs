@@ -47,7 +47,7 @@ pub use dtype::{DType, Plain, Reducible};
 pub use error::Error;
 pub use fixed_tree;
 pub use host::host_identity;
-pub use norm::{MAX_HIDDEN, NormCall, RmsNorm, validate_norm};
+pub use norm::{MAX_HIDDEN, NormCall, ResidualRmsNorm, RmsNorm, validate_norm};
 pub use op::{Op, Signature};
 pub use route::{IpcRoute, Route};
 pub use route_table::{RouteTable, SizeRoutes};

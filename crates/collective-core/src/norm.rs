@@ -8,7 +8,7 @@
 //! carries the residual and `h` (in place: `h` over the residual, as vLLM's
 //! `fused_add_rms_norm` updates it).
 use crate::validate::overlaps;
-use crate::{DType, Error, Io, Op, RawRef};
+use crate::{Collective, DType, Error, Io, Op, RawRef};
 
 /// The op errors of this call name: it is an all_reduce with an epilogue.
 const OP: Op = Op::AllReduce;
@@ -49,6 +49,18 @@ pub struct NormCall {
     pub eps: f32,
     /// The dtype of every tensor.
     pub dtype: DType,
+}
+
+/// A collective that runs the fused all_reduce + residual + RMSNorm of [`RmsNorm`] (the
+/// composed collectives of `collective-factory` on every backend): what a layer generic over
+/// its collective (`detcoll-layers`' decoder path) calls.
+pub trait ResidualRmsNorm: Collective {
+    /// `y = tree(x)`, `h = residual + y`, `y = rmsnorm(h) * weight` on row-major
+    /// `[rows, hidden]` tensors: `x` carries the all_reduce's input and `y`, `norm` the
+    /// residual and `h` (an [`Io`]: `h` over the residual in place, or into its own buffer),
+    /// the weight, `hidden` and `eps`. Collective like
+    /// `all_reduce`; a refused call (a typed error, [`validate_norm`]) writes nothing.
+    fn all_reduce_residual_rmsnorm(&self, x: Io<'_>, norm: RmsNorm<'_>, stream: &Self::Stream) -> Result<(), Error>;
 }
 
 /// Checks the norm's arguments against the all_reduce's `x` (itself validated by the

@@ -1,13 +1,16 @@
 //! The fused all_reduce + residual + RMSNorm next to its parts, ranks as threads on the GPUs
-//! there are, in one run (issue 29's measurement, eager): per world, hidden and row count, the
-//! slowest rank's median time per call (CUDA events on each rank's stream) of
+//! there are, in one run (issue 29's measurement): per world, hidden and row count, the
+//! slowest rank's median time per call (CUDA events on each rank's stream, 20 calls a sample)
+//! of
 //!
 //! * `ar`: the all_reduce alone (`x` -> `y`, the agreed route);
 //! * `unfused`: the all_reduce, then the residual + RMSNorm kernel launched on its own;
-//! * `fused`: `all_reduce_residual_rmsnorm` (today the same two launches in one call);
+//! * `fused`: `all_reduce_residual_rmsnorm` (one kernel on the IPC routes);
 //!
-//! with `fused / ar` (the issue's goal: at most 1.10) and a check that `fused` and `unfused`
-//! give the same bits (`y` and `h`).
+//! eager (calls enqueued one by one) and replayed from a CUDA graph of the 20 calls, with
+//! `fused / ar` (the issue's goal: at most 1.10) and a check that `fused` and `unfused` give
+//! the same bits (`y` and `h`). The residual is updated in place (`h` over it, as engines call
+//! it), so successive calls see a growing residual: the same work per call.
 //!
 //! ```text
 //! fused_norm_bench [--worlds 2,4,8] [--hidden 4096,8192] [--rows 1,8,64,512,2048,8192]
@@ -31,20 +34,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (worlds, hiddens, rows_list) =
         (arg("--worlds", "2,4,8"), arg("--hidden", "4096,8192"), arg("--rows", "1,8,64,512,2048,8192"));
     println!(
-        "| world | hidden | rows | bytes/rank | ar us | unfused us | fused us | fused/ar | unfused/ar | fused = unfused |"
+        "| world | hidden | rows | bytes/rank | ar us | unfused us | fused us | fused/ar | unfused/ar \
+         | graph: ar us | unfused us | fused us | fused/ar | fused = unfused |"
     );
-    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |");
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |");
     for &world in &worlds {
         let comms = nvidia::thread_group(world, &Config::new().with_capacity(64 << 20))?;
         for &hidden in &hiddens {
             for &rows in &rows_list {
                 let n = rows * hidden;
                 // Per rank: (ar, unfused, fused) median microseconds and the outputs' bits.
-                let per_rank: Vec<Result<([f64; 3], bool), String>> = std::thread::scope(|s| {
+                let barrier = std::sync::Barrier::new(world);
+                let barrier = &barrier;
+                let per_rank: Vec<Result<([f64; 6], bool), String>> = std::thread::scope(|s| {
                     let hs: Vec<_> = comms
                         .iter()
                         .map(|comm| {
-                            s.spawn(move || -> Result<([f64; 3], bool), String> {
+                            s.spawn(move || -> Result<([f64; 6], bool), String> {
                                 let e = |e: &dyn std::fmt::Display| e.to_string();
                                 let stream = comm.context().new_stream().map_err(|x| e(&x))?;
                                 let fill = |v: f32| vec![bf16::from_f32(v); n];
@@ -134,15 +140,48 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                                     samples.sort_by(f64::total_cmp);
                                     Ok(samples[1])
                                 };
+                                // The same 20 calls captured into a graph and replayed. Every rank
+                                // has instantiated and uploaded its graph (which may synchronise
+                                // the device) before any replays: a replay waits for its peers.
+                                let graph_time = |f: &dyn Fn() -> Result<(), String>| -> Result<f64, String> {
+                                    stream.synchronize().map_err(|x| e(&x))?;
+                                    barrier.wait();
+                                    stream
+                                        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                                        .map_err(|x| e(&x))?;
+                                    let enq = (0..20).try_for_each(|_| f());
+                                    let g = stream.end_capture(sys::CUgraphInstantiate_flags_enum(0));
+                                    enq?;
+                                    let g = g.map_err(|x| e(&x))?.ok_or("an empty graph")?;
+                                    g.upload().map_err(|x| e(&x))?;
+                                    stream.synchronize().map_err(|x| e(&x))?;
+                                    barrier.wait();
+                                    let mut samples = Vec::new();
+                                    for _ in 0..3 {
+                                        g.launch().map_err(|x| e(&x))?;
+                                        let (a, b) = (
+                                            ctx.new_event(flags).map_err(|x| e(&x))?,
+                                            ctx.new_event(flags).map_err(|x| e(&x))?,
+                                        );
+                                        a.record(&stream).map_err(|x| e(&x))?;
+                                        g.launch().map_err(|x| e(&x))?;
+                                        b.record(&stream).map_err(|x| e(&x))?;
+                                        b.synchronize().map_err(|x| e(&x))?;
+                                        samples.push(f64::from(a.elapsed_ms(&b).map_err(|x| e(&x))?) * 1e3 / 20.0);
+                                    }
+                                    samples.sort_by(f64::total_cmp);
+                                    stream.synchronize().map_err(|x| e(&x))?;
+                                    barrier.wait();
+                                    Ok(samples[1])
+                                };
+                                // No reset of the residual between timed calls (a copy per call
+                                // would be timed with them): it grows, the work does not.
                                 let t_ar = time(&ar)?;
-                                let t_unfused = time(&|| {
-                                    reset();
-                                    unfused()
-                                })?;
-                                let t_fused = time(&|| {
-                                    reset();
-                                    fused()
-                                })?;
+                                let t_unfused = time(&unfused)?;
+                                let t_fused = time(&fused)?;
+                                let g_ar = graph_time(&ar)?;
+                                let g_unfused = graph_time(&unfused)?;
+                                let g_fused = graph_time(&fused)?;
                                 // Bits: one unfused and one fused call from the same residual.
                                 reset();
                                 unfused()?;
@@ -153,29 +192,34 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                                 stream.synchronize().map_err(|x| e(&x))?;
                                 let (yb, hb) = (dl(yp), dl(rp));
                                 let same = ya == yb && ha == hb;
-                                Ok(([t_ar, t_unfused, t_fused], same))
+                                Ok(([t_ar, t_unfused, t_fused, g_ar, g_unfused, g_fused], same))
                             })
                         })
                         .collect();
                     hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
                 });
-                let mut worst = [0f64; 3];
+                let mut worst = [0f64; 6];
                 let mut same = true;
                 for r in per_rank {
                     let (t, s) = r?;
-                    for i in 0..3 {
+                    for i in 0..6 {
                         worst[i] = worst[i].max(t[i]);
                     }
                     same &= s;
                 }
+                let w = worst;
                 println!(
-                    "| {world} | {hidden} | {rows} | {} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {} |",
+                    "| {world} | {hidden} | {rows} | {} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {:.2} | {:.2} | {:.2} | {:.3} | {} |",
                     n * 2,
-                    worst[0],
-                    worst[1],
-                    worst[2],
-                    worst[2] / worst[0],
-                    worst[1] / worst[0],
+                    w[0],
+                    w[1],
+                    w[2],
+                    w[2] / w[0],
+                    w[1] / w[0],
+                    w[3],
+                    w[4],
+                    w[5],
+                    w[5] / w[3],
                     if same { "yes" } else { "NO" }
                 );
             }

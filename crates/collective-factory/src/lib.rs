@@ -46,7 +46,7 @@ mod via;
 pub use agree::{Decision, Facts, decide};
 pub use auto::AnyCollective;
 pub use config::{Config, DEFAULT_CAPACITY, DeviceSelect};
-pub use norm::NormBackend;
+pub use norm::{NormBackend, ONE_KERNEL_MAX_ROWS};
 pub use platform::Platform;
 pub use routed::{NoTransport, Routed};
 pub use routing::{Routing, RoutingTable, Rule};
@@ -73,7 +73,8 @@ pub use rocm::RocmCollective;
 // What an application uses with the constructors, so that it depends on this crate alone.
 pub use collective_core::bootstrap;
 pub use collective_core::{
-    Capabilities, Collective, DType, Error, Io, Op, Plain, RawMut, RawRef, Reducible, RmsNorm, Route, Timeouts,
+    Capabilities, Collective, DType, Error, Io, Op, Plain, RawMut, RawRef, Reducible, ResidualRmsNorm, RmsNorm, Route,
+    Timeouts,
 };
 /// The `half` crate: `bf16` and `f16`, the 16-bit dtypes of host and cudarc buffers.
 pub use half;

@@ -1,24 +1,74 @@
 //! The fused all_reduce + residual + RMSNorm at the front door
 //! ([`Routed::all_reduce_residual_rmsnorm`]): every argument validated before any device
 //! work, the all_reduce by the agreed route (any route: the bits are the tree's), then the
-//! residual + RMSNorm kernel of the rank's device on the same stream — the evaluation of
+//! residual + RMSNorm of the rank's device on the same stream — the evaluation of
 //! `fixed_tree::rmsnorm`, so `y` is bit-identical across batch sizes, routes, TP sizes (with
 //! the TP-invariant layer) and runs.
 //!
-//! Today these are two launches in one call (the norm reads the all_reduce's output back
-//! from memory); the one-kernel form on the one-shot and LL push routes is the next step.
+//! Where the table sends the all_reduce to an IPC route (one-shot, LL push, bulk push, RS+AG)
+//! and the batch has at most [`ONE_KERNEL_MAX_ROWS`] rows, the call is one kernel: the norm is the epilogue of the all_reduce's last launch
+//! (`Launch::SingleNorm`, `detcoll_collective_norm`: the collective, a barrier of the launch's
+//! blocks, then the rows). On the other routes (transport, hierarchical, the hybrid), for
+//! larger batches and at world 1 the norm is a second launch on the same stream.
 use crate::Routed;
 use crate::routed::{NoTransport, OnStream};
 use crate::scratch::CallStream;
 use crate::via::Via;
-use collective_core::{Collective, Error, Io, NormCall, Op, RmsNorm, RouteSelect, validate, validate_norm};
+use collective_core::{
+    Collective, Error, Io, IpcRoute, NormCall, Op, ResidualRmsNorm, RmsNorm, RouteSelect, validate, validate_norm,
+};
 use detcoll_protocol::NormDevice;
 use detcoll_protocol::norm::{NormArgs, NormParams};
+
+/// The most rows a fused call takes in the one-kernel form; larger batches run the norm as a
+/// second (programmatic, on CUDA) launch. The epilogue has the collective's blocks (at most its
+/// resident grid) for the rows, the separate kernel one block per row: on one H200 (bf16,
+/// hidden 4096/8192, thread ranks, benches/results/h200-2026-12-03-fused-norm.md) the one
+/// kernel was the faster eager call up to 64 rows (1.10-1.47x the all_reduce alone at world 2
+/// against 1.36-1.80x for two launches) and the slower one from 512 rows on (2.2x against
+/// 1.6x at 8192 x 4096). The bits are the same either way.
+pub const ONE_KERNEL_MAX_ROWS: usize = 64;
 
 /// A backend that can launch the residual + RMSNorm kernel on its device.
 pub trait NormBackend: Collective {
     /// Enqueues the norm of a validated call on `stream`.
     fn residual_rmsnorm(&self, args: &NormArgs, stream: CallStream<'_, Self::Stream>) -> Result<(), Error>;
+
+    /// Enqueues the all_reduce of a fused call by IPC `route` with the norm of `args` as the
+    /// epilogue of its last launch (the one-kernel form, `Launch::SingleNorm`). `Ok(true)`:
+    /// the norm is enqueued too; `Ok(false)`: only the all_reduce was (a world of one rank),
+    /// the caller enqueues the norm. A backend without IPC routes refuses (`InvalidConfig`).
+    fn all_reduce_then_norm(
+        &self,
+        io: Io<'_>,
+        route: IpcRoute,
+        args: &NormArgs,
+        stream: CallStream<'_, Self::Stream>,
+    ) -> Result<bool, Error>;
+}
+
+/// The fused call's all_reduce on `engine` (see [`NormBackend::all_reduce_then_norm`]).
+#[cfg(any(feature = "cuda", feature = "rocm", feature = "cpu"))]
+fn engine_then_norm<D: detcoll_protocol::IpcDevice>(
+    engine: &ipc_engine::IpcCollective<D>,
+    io: Io<'_>,
+    route: IpcRoute,
+    args: &NormArgs,
+    stream: CallStream<'_, D::Stream>,
+) -> Result<bool, Error> {
+    let raw = match stream {
+        CallStream::Safe(s) => engine.device().raw_stream(s)?,
+        CallStream::Raw(r) => r,
+    };
+    // SAFETY: `raw` is this device's stream (checked by `raw_stream`) or vouched for by a raw
+    // entry point's caller; the views were validated at the front door (`validate`,
+    // `validate_norm`) and their validity is the contract of their constructors.
+    unsafe { engine.enqueue_all_reduce_norm(io, Some(route), args, raw) }
+}
+
+/// What a transport answers for the one-kernel form: it has no IPC route.
+fn not_ipc() -> Error {
+    Error::InvalidConfig { detail: "the fused all_reduce + RMSNorm's one-kernel form is an IPC route".into() }
 }
 
 /// The norm on `device`, on `stream` as the caller gave it.
@@ -72,7 +122,19 @@ where
         let call = validate_norm(&x, &norm)?;
         let args = args(&call);
         NormParams::pack(&args)?;
-        self.dispatch(Op::AllReduce, x, via)?;
+        {
+            let _call = self.lock_calls()?;
+            // The one-kernel form where the table sends the all_reduce to an IPC route and the
+            // batch is small enough for it to pay (ONE_KERNEL_MAX_ROWS).
+            let one_kernel = if call.rows <= ONE_KERNEL_MAX_ROWS { self.ipc_all_reduce_route(&x)? } else { None };
+            if let (Some(route), Some(ipc)) = (one_kernel, self.ipc()) {
+                if ipc.all_reduce_then_norm(x, route, &args, via.stream())? {
+                    return Ok(());
+                }
+            } else {
+                self.dispatch_locked(Op::AllReduce, x, via)?;
+            }
+        }
         let stream = via.stream();
         match (self.ipc(), self.nodes(), self.transport()) {
             (Some(i), _, _) => i.residual_rmsnorm(&args, stream),
@@ -83,8 +145,21 @@ where
     }
 }
 
+impl<I, T> ResidualRmsNorm for Routed<I, T>
+where
+    I: RouteSelect + NormBackend,
+    T: Collective<Stream = I::Stream> + NormBackend,
+{
+    fn all_reduce_residual_rmsnorm(&self, x: Io<'_>, norm: RmsNorm<'_>, stream: &I::Stream) -> Result<(), Error> {
+        self.fused_norm(x, norm, &OnStream(stream))
+    }
+}
+
 impl<S: ?Sized> NormBackend for NoTransport<S> {
     fn residual_rmsnorm(&self, _: &NormArgs, _: CallStream<'_, S>) -> Result<(), Error> {
+        match self.0 {}
+    }
+    fn all_reduce_then_norm(&self, _: Io<'_>, _: IpcRoute, _: &NormArgs, _: CallStream<'_, S>) -> Result<bool, Error> {
         match self.0 {}
     }
 }
@@ -94,6 +169,15 @@ impl<D: detcoll_protocol::IpcDevice + NormDevice> NormBackend for ipc_engine::Ip
     fn residual_rmsnorm(&self, args: &NormArgs, stream: CallStream<'_, D::Stream>) -> Result<(), Error> {
         launch(self.device(), args, stream)
     }
+    fn all_reduce_then_norm(
+        &self,
+        io: Io<'_>,
+        route: IpcRoute,
+        args: &NormArgs,
+        stream: CallStream<'_, D::Stream>,
+    ) -> Result<bool, Error> {
+        engine_then_norm(self, io, route, args, stream)
+    }
 }
 
 #[cfg(any(feature = "cuda", feature = "rocm"))]
@@ -101,12 +185,18 @@ impl<D: NormDevice + Clone> NormBackend for crate::GpuTransport<D> {
     fn residual_rmsnorm(&self, args: &NormArgs, stream: CallStream<'_, D::Stream>) -> Result<(), Error> {
         launch(self.device(), args, stream)
     }
+    fn all_reduce_then_norm(&self, _: Io<'_>, _: IpcRoute, _: &NormArgs, _: CallStream<'_, D::Stream>) -> Result<bool, Error> {
+        Err(not_ipc())
+    }
 }
 
 #[cfg(feature = "cpu")]
 impl NormBackend for shm_ipc::ShmCollective {
     fn residual_rmsnorm(&self, args: &NormArgs, stream: CallStream<'_, ()>) -> Result<(), Error> {
         launch(self.engine().device(), args, stream)
+    }
+    fn all_reduce_then_norm(&self, io: Io<'_>, route: IpcRoute, args: &NormArgs, stream: CallStream<'_, ()>) -> Result<bool, Error> {
+        engine_then_norm(self.engine(), io, route, args, stream)
     }
 }
 
@@ -116,5 +206,8 @@ impl NormBackend for detcoll_host_transport::HostTransport {
     /// collective to borrow it from).
     fn residual_rmsnorm(&self, args: &NormArgs, stream: CallStream<'_, ()>) -> Result<(), Error> {
         launch(&shm_ipc::HostDevice::threads(), args, stream)
+    }
+    fn all_reduce_then_norm(&self, _: Io<'_>, _: IpcRoute, _: &NormArgs, _: CallStream<'_, ()>) -> Result<bool, Error> {
+        Err(not_ipc())
     }
 }

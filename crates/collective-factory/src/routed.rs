@@ -119,11 +119,29 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
     /// builds itself, so it validates the whole call first. Only all_reduce has a second half:
     /// a reduce_scatter routed to the hybrid is its IPC half alone, never an all_reduce.
     pub(crate) fn dispatch(&self, op: Op, io: Io<'_>, via: &impl Via<I, T>) -> Result<(), Error> {
-        // A thread that panicked inside a call left the backends' order unknown: fail closed.
-        let _call = self
-            .calls
+        let _call = self.lock_calls()?;
+        self.dispatch_locked(op, io, via)
+    }
+
+    /// This handle's call lock. A thread that panicked inside a call left the backends' order
+    /// unknown: fail closed.
+    pub(crate) fn lock_calls(&self) -> Result<std::sync::MutexGuard<'_, ()>, Error> {
+        self.calls
             .lock()
-            .map_err(|_| Error::Poisoned { cause: "a thread panicked inside a call of this handle".into() })?;
+            .map_err(|_| Error::Poisoned { cause: "a thread panicked inside a call of this handle".into() })
+    }
+
+    /// The IPC route the table sends an all_reduce of `io` to, or `None` when it takes
+    /// another (transport, hierarchical, hybrid).
+    pub(crate) fn ipc_all_reduce_route(&self, io: &Io<'_>) -> Result<Option<IpcRoute>, Error> {
+        match self.route(Op::AllReduce, contributed_bytes(Op::AllReduce, io, self.world)) {
+            Route::Transport | Route::Hierarchical | Route::IpcReduceScatterTransportAllGather => Ok(None),
+            route => self.ipc_route(route).map(Some),
+        }
+    }
+
+    /// [`Routed::dispatch`] under the call lock the caller holds.
+    pub(crate) fn dispatch_locked(&self, op: Op, io: Io<'_>, via: &impl Via<I, T>) -> Result<(), Error> {
         let ipc = || self.ipc_backend();
         let transport = || self.transport.as_ref().ok_or(Error::InvalidConfig { detail: "no transport".into() });
         match self.route(op, contributed_bytes(op, &io, self.world)) {

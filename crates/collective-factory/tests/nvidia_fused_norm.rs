@@ -10,7 +10,7 @@ mod norm_data;
 use collective_core::fixed_tree::Element;
 use collective_factory::cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 use collective_factory::half::{bf16, f16};
-use collective_factory::{Collective, Config, NvidiaCollective, Reducible, nvidia};
+use collective_factory::{Collective, Config, NvidiaCollective, Reducible, Routing, nvidia};
 use norm_data::{bits, reference, values};
 
 fn gpu() -> bool {
@@ -53,7 +53,8 @@ where
     T: Element + Reducible + DeviceRepr + ValidAsZeroBits + Default + Clone,
 {
     let world = comms.len();
-    for (rows, hidden) in [(1, 4096), (7, 8192), (64, 4096), (3, 2049)] {
+    // 64 rows: the most in one kernel (ONE_KERNEL_MAX_ROWS); 80: the norm as a second launch.
+    for (rows, hidden) in [(1, 4096), (7, 8192), (64, 4096), (3, 2049), (80, 2048)] {
         let seed = (rows * 31 + hidden) as u64;
         let (h, y) = reference::<T>(world, rows, hidden, seed);
         for (r, (gh, gy)) in run::<T>(comms, rows, hidden, seed).into_iter().enumerate() {
@@ -74,11 +75,43 @@ fn fused_norm_equals_the_reference_at_every_world() {
     if !gpu() {
         return;
     }
-    for world in [1, 2, 4, 8] {
+    for world in [1, 2, 3, 4, 8] {
         let comms = nvidia::thread_group(world, &Config::new().with_capacity(1 << 22)).expect("thread group");
         check::<bf16>(&comms, "bf16");
         check::<f16>(&comms, "f16");
         check::<f32>(&comms, "f32");
         println!("world {world}: h and y of every rank = fixed_tree::residual_rmsnorm (bf16, f16, f32)");
+    }
+}
+
+/// A table sending every all_reduce to `route` (the other ops to the one-shot route).
+fn every_size_by(route: &str) -> Routing {
+    let rule = |op: &str, route: &str| format!(r#"{{"op":"{op}","min_bytes":0,"max_bytes":null,"route":"{route}"}}"#);
+    let rules = [
+        rule("all_reduce", route),
+        rule("all_gather", "ipc_one_shot"),
+        rule("reduce_scatter", "ipc_one_shot"),
+        rule("reduce_scatter_many", "ipc_one_shot"),
+    ];
+    let json = format!(r#"{{"platform":"nvidia","source":"test: one route","rules":[{}]}}"#, rules.join(","));
+    Routing::from_json(&json).expect("table")
+}
+
+/// The one-kernel form on every IPC route (LL push, one-shot pull, bulk push, RS+AG) and in
+/// chunked calls (64 KiB of staging: the larger shapes run in several launches, the norm in
+/// the last one's epilogue, with more blocks than the collective's grid for 64 rows).
+#[test]
+fn fused_norm_on_every_ipc_route_and_in_chunks() {
+    if !gpu() {
+        return;
+    }
+    for route in ["ipc_push_ll", "ipc_one_shot", "ipc_push", "ipc_rs_ag"] {
+        for world in [2, 3, 4] {
+            let config = Config::new().with_capacity(64 << 10).with_routing(every_size_by(route));
+            let comms = nvidia::thread_group(world, &config).expect("thread group");
+            check::<bf16>(&comms, &format!("bf16 by {route}"));
+            check::<f32>(&comms, &format!("f32 by {route}"));
+            println!("{route}, world {world}: h and y of every rank = fixed_tree::residual_rmsnorm");
+        }
     }
 }

@@ -15,6 +15,10 @@ use detcoll_protocol::{Header, Layout};
 use ipc_engine::{Device, IpcDevice, Launch, RawStream, Vendor};
 use std::sync::{Arc, Mutex};
 
+/// Most blocks of a fused all_reduce + RMSNorm launch that is still programmatic (every
+/// decode-sized batch: one block per row up to here).
+const FUSED_PDL_GRID: u32 = 8;
+
 /// One CUDA context (one GPU) as the engine uses it. Cheap to clone: clones share the context
 /// and the loaded kernels.
 #[derive(Debug, Clone)]
@@ -281,8 +285,11 @@ impl IpcDevice for CudaDevice {
     unsafe fn launch(&self, kernels: &Module, params: Launch<'_>, grid: u32, stream: RawStream) -> Result<(), Error> {
         let s = stream.0.cast();
         // One-block collective launches are programmatic where the device allows it
-        // (crate::programmatic); the collective kernels wait for their dependencies first.
-        let pdl = if grid == 1 { kernels.programmatic.as_ref() } else { None };
+        // (crate::programmatic), and fused ones up to FUSED_PDL_GRID blocks (their blocks beyond
+        // the collective's grid are rows to normalise: few, and the call is latency-bound); the
+        // collective kernels wait for their dependencies first.
+        let pdl_grid = if matches!(params, Launch::SingleNorm { .. }) { FUSED_PDL_GRID } else { 1 };
+        let pdl = if grid <= pdl_grid { kernels.programmatic.as_ref() } else { None };
         // SAFETY: each entry point takes exactly the parameter struct it is paired with here;
         // addresses and stream are the caller's contract; the collective entry points begin
         // with `griddepcontrol.wait` (dc_collective), as a programmatic launch requires.
@@ -291,6 +298,9 @@ impl IpcDevice for CudaDevice {
                 Launch::Single(p) => launch::launch_with(pdl, kernels.collective_single, grid, THREADS, p, s),
                 Launch::Many(p) => launch::launch_with(pdl, kernels.collective_many, grid, THREADS, p, s),
                 Launch::Copy(p) => launch::launch(kernels.copy, grid, THREADS, p, s),
+                Launch::SingleNorm { params, .. } => {
+                    launch::launch_with(pdl, kernels.collective_norm, grid, THREADS, params, s)
+                }
             }
         }
     }

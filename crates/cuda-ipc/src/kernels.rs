@@ -465,6 +465,9 @@ pub struct Module {
     /// The residual add + RMSNorm (`detcoll_residual_rmsnorm`, [`crate::norm`]): in every
     /// image, whatever its worlds.
     pub(crate) norm: sys::CUfunction,
+    /// The fused all_reduce + residual + RMSNorm's last launch (`detcoll_collective_norm`):
+    /// in every image.
+    pub(crate) collective_norm: sys::CUfunction,
     /// Grid of the fused tree kernel: every SM full.
     pub(crate) tree_grid: u32,
     /// Programmatic dependent launches of one-block collectives, where the device, the driver
@@ -496,6 +499,7 @@ impl Module {
             noop: raw.function("detcoll_noop")?,
             copy: raw.function("detcoll_copy")?,
             norm: raw.function("detcoll_residual_rmsnorm")?,
+            collective_norm: raw.function("detcoll_collective_norm")?,
             tree_grid: (driver::multiprocessors(ctx)? * per_sm.max(1) as usize) as u32,
             programmatic: Programmatic::probe(
                 ctx.compute_capability().map_err(|e| driver::backend("cuDeviceGetAttribute", e))?.0,

@@ -22,10 +22,16 @@ impl NormDevice for CudaDevice {
         // Any loaded module: every one carries the norm (world 1 is in each).
         let m = self.module(1)?;
         driver::bind(self.context())?;
+        // A programmatic launch where the device allows it (crate::programmatic): the blocks
+        // start while the all_reduce before it runs and wait for it at their first
+        // instruction, hiding the launch (the norm is the second launch of a fused call whose
+        // all_reduce did not take the one-kernel form).
+        let pdl = m.programmatic.as_ref();
         // SAFETY: `detcoll_residual_rmsnorm` takes `DcNormParams` (`NormParams`, checked by the
-        // ABI table) and runs with NORM_THREADS threads per block; the addresses were checked
-        // for size, alignment and overlap by `pack`, their validity and the stream are the
-        // caller's contract.
-        unsafe { launch::launch(m.norm, grid, NORM_THREADS, &p, stream.0.cast()) }
+        // ABI table) and runs with NORM_THREADS threads per block, waiting for its
+        // dependencies before any memory access (`dc_residual_rmsnorm`); the addresses were
+        // checked for size, alignment and overlap by `pack`, their validity and the stream are
+        // the caller's contract.
+        unsafe { launch::launch_with(pdl, m.norm, grid, NORM_THREADS, &p, stream.0.cast()) }
     }
 }

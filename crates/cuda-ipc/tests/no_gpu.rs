@@ -91,10 +91,12 @@ fn kernels_compile_for_every_target_with_strict_arithmetic() {
             "detcoll_noop",
             "detcoll_copy",
             "detcoll_residual_rmsnorm",
+            "detcoll_collective_norm",
         ] {
             assert!(ptx.contains(&format!(".entry {entry}(")), "{arch}: entry {entry} missing");
         }
         check_norm_ptx(arch, &ptx);
+        check_fused_ptx(arch, &ptx);
         println!("{arch}: PTX strict");
     }
 }
@@ -131,11 +133,36 @@ fn check_norm_ptx(arch: &str, ptx: &str) {
     assert!(!body.contains("__local_depot"), "{arch}: the norm entry uses local memory");
 }
 
-/// `ptx` without the body of the norm entry (every image has it, whatever its worlds).
+/// The fused all_reduce + RMSNorm entry: its one parameter is `DcCollectiveNormParams` of the
+/// host's size, blocks of the collective's 512 threads, and the norm's correctly rounded f32
+/// operations in its body (the epilogue is inlined into the entry).
+fn check_fused_ptx(arch: &str, ptx: &str) {
+    let start = ptx.find(".entry detcoll_collective_norm(").unwrap_or_else(|| panic!("{arch}: no fused entry"));
+    let body = &ptx[start..];
+    let body = &body[..body.find("\n}\n").map_or(body.len(), |e| e + 3)];
+    let size = size_of::<detcoll_protocol::params::CollectiveNormParams>();
+    assert!(
+        body.contains(&format!(".param .align 8 .b8 detcoll_collective_norm_param_0[{size}]")),
+        "{arch}: the fused entry's parameter is not a {size}-byte DcCollectiveNormParams:\n{}",
+        &body[..body.len().min(400)]
+    );
+    assert!(body.contains(".maxntid 512, 1, 1"), "{arch}: the fused entry is not bounded to 512 threads");
+    for banned in ["rsqrt", "sqrt.approx", "div.approx", "div.full", "fma.rn.f32", "mad."] {
+        assert!(!body.contains(banned), "{arch}: {banned} in the fused entry");
+    }
+}
+
+/// `ptx` without the bodies of the norm (every image has them, whatever its worlds): the
+/// standalone entry and the fused call's out-of-line epilogue (`dc_norm_epilogue`).
 fn without_norm_entry(ptx: &str) -> String {
-    let Some(start) = ptx.find(".entry detcoll_residual_rmsnorm(") else { return ptx.to_string() };
-    let end = ptx[start..].find("\n}\n").map_or(ptx.len(), |e| start + e + 3);
-    format!("{}{}", &ptx[..start], &ptx[end..])
+    let mut out = ptx.to_string();
+    for head in [".entry detcoll_residual_rmsnorm(", "dc_norm_epilogueRK8DcHeaderPyjRK12DcNormParams("] {
+        let Some(start) = out.find(head) else { continue };
+        let start = out[..start].rfind('\n').map_or(0, |l| l + 1);
+        let end = out[start..].find("\n}\n").map_or(out.len(), |e| start + e + 3);
+        out = format!("{}{}", &out[..start], &out[end..]);
+    }
+    out
 }
 
 /// The norm's constants in detcoll_norm.h are the reference's lanes and vector and the host's

@@ -296,6 +296,7 @@ impl IpcDevice for HipDevice {
                 Launch::Single(p) => launch(kernels.collective_single, grid, THREADS, p, s),
                 Launch::Many(p) => launch(kernels.collective_many, grid, THREADS, p, s),
                 Launch::Copy(p) => launch(kernels.copy, grid, THREADS, p, s),
+                Launch::SingleNorm { params, .. } => launch(kernels.collective_norm, grid, THREADS, params, s),
             }
         }
     }

@@ -25,6 +25,8 @@ pub struct Kernels {
     pub(crate) tree_soft: HipFunction,
     /// The residual add + RMSNorm (`detcoll_residual_rmsnorm`, [`crate::norm`]).
     pub(crate) norm: HipFunction,
+    /// The fused all_reduce + residual + RMSNorm's last launch (`detcoll_collective_norm`).
+    pub(crate) collective_norm: HipFunction,
     /// One reading of the wait clock (`detcoll_clock`), for calibrating its rate; `None` in a
     /// code object built before the entry existed (then the documented default rate is used).
     pub(crate) clock: Option<HipFunction>,
@@ -50,6 +52,7 @@ impl Kernels {
             tree: module.function("detcoll_tree")?,
             tree_soft: module.function("detcoll_tree_soft")?,
             norm: module.function("detcoll_residual_rmsnorm")?,
+            collective_norm: module.function("detcoll_collective_norm")?,
             clock: module.function("detcoll_clock").ok(),
             grid: (runtime::multiprocessors(ordinal)? * 4) as u32,
             module,

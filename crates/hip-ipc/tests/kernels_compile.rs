@@ -15,6 +15,7 @@ fn check_assembly(gfx: &str, s: &str) {
         "detcoll_copy",
         "detcoll_clock",
         "detcoll_residual_rmsnorm",
+        "detcoll_collective_norm",
     ] {
         assert!(s.contains(&format!(".name:           {k}")), "{gfx}: kernel {k} missing");
     }

@@ -10,9 +10,9 @@ use crate::state::{IpcState, Owner};
 use collective_core::process::ProcessOwner;
 use collective_core::{Capabilities, Collective, Error, Io, IpcRoute, Op, Route, RouteSelect, validate, validate_many};
 use detcoll_protocol::close::{self, CloseOnce};
-use detcoll_protocol::params::{self, CopyParams, ParamsMany, ParamsSingle};
+use detcoll_protocol::params::{self, CollectiveNormParams, CopyParams, ParamsMany, ParamsSingle};
 use detcoll_protocol::status::{self, RECORD_WORDS};
-use detcoll_protocol::{CLOSE_ACK, Chunks, IpcConfig, Poison};
+use detcoll_protocol::{CLOSE_ACK, Chunks, IpcConfig, NormArgs, NormParams, Poison};
 use detcoll_protocol::{IpcDevice, Launch, RawStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -197,6 +197,49 @@ impl<D: IpcDevice> IpcCollective<D> {
         route: Option<IpcRoute>,
         stream: RawStream,
     ) -> Result<(), Error> {
+        // SAFETY: forwarded.
+        unsafe { self.enqueue_single(op, io, route, None, stream) }.map(drop)
+    }
+
+    /// Enqueues the all_reduce of a fused all_reduce + residual + RMSNorm on a raw stream by
+    /// `route` (`None`: the default route), with the norm of `norm` (`norm.sum` is the
+    /// all_reduce's output) as the epilogue of the call's last launch (`Launch::SingleNorm`):
+    /// one kernel for a call that fits one launch, and no second launch for a chunked one
+    /// (earlier chunks' sums are complete when the last launch starts: stream order).
+    ///
+    /// `Ok(true)`: the norm is enqueued too. `Ok(false)`: only the all_reduce was (a world of
+    /// one rank, whose all_reduce is a copy): the caller enqueues the norm after it. Every
+    /// argument is checked before any device work (`NormParams::pack`'s typed errors).
+    ///
+    /// # Safety
+    /// As [`IpcCollective::enqueue`], and the views of `norm` as
+    /// [`NormDevice::residual_rmsnorm`](detcoll_protocol::NormDevice::residual_rmsnorm) requires.
+    pub unsafe fn enqueue_all_reduce_norm(
+        &self,
+        io: Io<'_>,
+        route: Option<IpcRoute>,
+        norm: &NormArgs,
+        stream: RawStream,
+    ) -> Result<bool, Error> {
+        let packed = NormParams::pack(norm)?;
+        // SAFETY: forwarded.
+        unsafe { self.enqueue_single(Op::AllReduce, io, route, Some((norm, packed)), stream) }
+    }
+
+    /// One single-lane call (`enqueue_routed`), with `norm` as the epilogue of its last launch
+    /// (`enqueue_all_reduce_norm`). `Ok(false)`: no launch took the norm (none given, or a
+    /// world of one rank, whose call is a copy).
+    ///
+    /// # Safety
+    /// As [`IpcCollective::enqueue_all_reduce_norm`].
+    unsafe fn enqueue_single(
+        &self,
+        op: Op,
+        io: Io<'_>,
+        route: Option<IpcRoute>,
+        norm: Option<(&NormArgs, NormParams)>,
+        stream: RawStream,
+    ) -> Result<bool, Error> {
         let mut order = self.lock_call()?;
         self.check()?;
         // No capacity limit: a call above the staging capacity runs in chunks (`Chunks`).
@@ -204,22 +247,39 @@ impl<D: IpcDevice> IpcCollective<D> {
         let route = route.unwrap_or_else(|| self.default_route(op, call.bytes_in()));
         let Some(ipc) = self.ipc_for(route)? else {
             self.device.bind()?;
-            return self.copy_local(call.dst, call.src, call.bytes_out(), stream);
+            return self.copy_local(call.dst, call.src, call.bytes_out(), stream).map(|()| false);
         };
         self.device.bind()?;
         // The LL push route when the payload fits the LL slots, the one-shot pull route
         // otherwise (same bits); above the staging capacity, chunks: consecutive launches on
         // this stream, one generation each (the double-buffered frames pipeline them).
         let (capacity, ll) = (self.config.capacity, ipc.layout.ll_capacity());
-        let chunks = Chunks::single(&call, self.rank, self.world, route.route(), capacity, ll)?;
-        let launch = |plan| {
-            let p: ParamsSingle = params::pack(&ipc.fixed, &plan, call.in_place && op == Op::AllGather, D::BACKEND)?;
-            // SAFETY: the single-lane kernel takes `DcParams<16>`; the addresses are the
-            // group's allocations (alive while `self` is) and the caller's validated views.
-            unsafe { self.device.launch(&ipc.kernels, Launch::Single(&p), p.h.grid, stream) }.map_err(|e| self.fail(e))
+        let mut chunks = Chunks::single(&call, self.rank, self.world, route.route(), capacity, ll)?.peekable();
+        // Each plan with whether it is the call's last.
+        let plans = core::iter::from_fn(move || {
+            let plan = chunks.next()?;
+            Some(plan.map(|p| (p, chunks.peek().is_none())))
+        });
+        let gather_in_place = call.in_place && op == Op::AllGather;
+        let launch = |(plan, last)| {
+            let p: ParamsSingle = params::pack(&ipc.fixed, &plan, gather_in_place, D::BACKEND)?;
+            let r = match norm.filter(|_| last) {
+                Some((args, packed)) => {
+                    let fused = CollectiveNormParams { call: p, norm: packed };
+                    let grid = fused.grid(ipc.fixed.max_grid);
+                    // SAFETY: `detcoll_collective_norm` takes `DcCollectiveNormParams`; the
+                    // collective's addresses as below, the norm's the caller's (checked by
+                    // `pack`, valid by the caller's contract).
+                    unsafe { self.device.launch(&ipc.kernels, Launch::SingleNorm { params: &fused, args }, grid, stream) }
+                }
+                // SAFETY: the single-lane kernel takes `DcParams<16>`; the addresses are the
+                // group's allocations (alive while `self` is) and the caller's validated views.
+                None => unsafe { self.device.launch(&ipc.kernels, Launch::Single(&p), p.h.grid, stream) },
+            };
+            r.map_err(|e| self.fail(e))
         };
         // SAFETY: a live stream of this device (caller).
-        unsafe { self.run_call(&mut order, stream, chunks, launch) }
+        unsafe { self.run_call(&mut order, stream, plans, launch) }.map(|()| norm.is_some())
     }
 
     /// Takes this handle's call lock (see `calls`). A thread that panicked inside a call

@@ -156,6 +156,16 @@ impl<T: Scalar> FfnShard<T> {
     }
 
     fn check_call<C: Collective<Stream = ()>>(&self, comm: &C, x_local: &[T], out_local: &[T]) -> Result<(), Error> {
+        self.check_member(comm)?;
+        let tokens = self.shape.tokens;
+        require(tokens % self.tp == 0, || format!("{tokens} tokens do not split over {} ranks", self.tp))?;
+        let want = self.shape.local_len(self.tp);
+        require(x_local.len() == want, || format!("x_local has {} elements, expected {want}", x_local.len()))?;
+        require(out_local.len() == want, || format!("out_local has {} elements, expected {want}", out_local.len()))
+    }
+
+    /// `comm` is the rank of the TP group this shard belongs to.
+    pub(crate) fn check_member<C: Collective>(&self, comm: &C) -> Result<(), Error> {
         require(comm.world_size() == self.tp && comm.rank() == self.rank, || {
             format!(
                 "shard of rank {} of TP {} called on rank {} of a world of {}",
@@ -164,12 +174,7 @@ impl<T: Scalar> FfnShard<T> {
                 comm.rank(),
                 comm.world_size()
             )
-        })?;
-        let tokens = self.shape.tokens;
-        require(tokens % self.tp == 0, || format!("{tokens} tokens do not split over {} ranks", self.tp))?;
-        let want = self.shape.local_len(self.tp);
-        require(x_local.len() == want, || format!("x_local has {} elements, expected {want}", x_local.len()))?;
-        require(out_local.len() == want, || format!("out_local has {} elements, expected {want}", out_local.len()))
+        })
     }
 
     /// All tokens, in token order (rank order is token order: the blocks are contiguous).
@@ -189,7 +194,7 @@ impl<T: Scalar> FfnShard<T> {
     }
 
     /// This rank's part of the tree: the balanced tree over its leaves' products, `S × hidden`.
-    fn leaf_tree<G: Gemm<T>>(&self, gemm: &G, x: &[T]) -> Result<Vec<T>, Error> {
+    pub(crate) fn leaf_tree<G: Gemm<T>>(&self, gemm: &G, x: &[T]) -> Result<Vec<T>, Error> {
         let act = self.hidden(gemm, x)?;
         let (s, h, w) = (self.shape.tokens, self.shape.hidden, self.shape.leaf_width());
         let fk = self.shape.ffn / self.tp;

@@ -67,12 +67,14 @@ pub mod attention;
 #[allow(unsafe_code)]
 pub mod cuda;
 pub mod data;
+pub mod decoder;
 mod error;
 pub mod ffn;
 pub mod gemm;
 mod scalar;
 
 pub use attention::{AttentionInput, AttentionOutput, AttentionShape};
+pub use decoder::NextNorm;
 pub use error::Error;
 pub use ffn::{FfnShape, FfnShard, LEAVES};
 pub use gemm::{Gemm, ReferenceGemm};

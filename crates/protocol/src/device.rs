@@ -5,7 +5,8 @@
 //! (our own runtime-loaded binding), the host one in `shm-ipc` (`HostDevice`: host memory, and
 //! the reference executor of the kernel ABI as its kernel); they differ only where the
 //! hardware does.
-use crate::params::{CopyParams, ParamsMany, ParamsSingle, RankMemory};
+use crate::norm::NormArgs;
+use crate::params::{CollectiveNormParams, CopyParams, ParamsMany, ParamsSingle, RankMemory};
 use crate::status::RECORD_WORDS;
 use crate::{Header, Layout};
 use collective_core::{DType, Error};
@@ -52,6 +53,10 @@ pub enum Launch<'a> {
     Many(&'a ParamsMany),
     /// `detcoll_copy` (world 1).
     Copy(&'a CopyParams),
+    /// `detcoll_collective_norm`: the last launch of a fused all_reduce + residual + RMSNorm,
+    /// the collective of `params.call` and then the norm of `args` (`params.norm`, packed from
+    /// them) as one kernel. A host executor runs the two in that order.
+    SingleNorm { params: &'a CollectiveNormParams, args: &'a NormArgs },
 }
 
 /// What the NCCL/RCCL transport needs from a GPU runtime: streams, plain memory, copies,

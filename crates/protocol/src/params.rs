@@ -9,7 +9,7 @@ use crate::norm::NormParams;
 use collective_core::{DType, Error, Op, Route, check_node_world_size};
 
 /// Must equal `DC_ABI_VERSION` in the kernels (checked when a module is loaded).
-pub const ABI_VERSION: u32 = 8;
+pub const ABI_VERSION: u32 = 9;
 /// Threads per block (the kernels' `__launch_bounds__`).
 pub const THREADS: u32 = 512;
 /// Frame bytes per tile: tile `t` belongs to block `t % grid` in every phase on every rank.
@@ -116,6 +116,26 @@ pub type ParamsSingle = Params<SEGS_SINGLE>;
 /// `reduce_scatter_many`: up to 16 stage + 16 phase-1 segments.
 pub type ParamsMany = Params<SEGS_MANY>;
 
+/// `DcCollectiveNormParams` (kernels/detcoll_norm.h): the fused all_reduce + residual +
+/// RMSNorm launch (`detcoll_collective_norm`), the last launch of a fused call: its collective,
+/// then the norm of every row as the kernel's epilogue.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CollectiveNormParams {
+    pub call: ParamsSingle,
+    pub norm: NormParams,
+}
+
+impl CollectiveNormParams {
+    /// Blocks of the fused launch: the collective's grid, or more (up to `max_grid`, the most
+    /// the protocol keeps resident) when there are more rows to normalise. Blocks beyond the
+    /// collective's grid only run the norm.
+    pub fn grid(&self, max_grid: u32) -> u32 {
+        let rows = u32::try_from(self.norm.rows).unwrap_or(u32::MAX);
+        self.call.h.grid.max(rows.min(max_grid))
+    }
+}
+
 /// `DcTreeParams`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -170,6 +190,7 @@ const _: () = assert!(size_of::<Seg>() == 40);
 const _: () = assert!(size_of::<Header>() == 280);
 const _: () = assert!(size_of::<ParamsSingle>() == 280 + 16 * 40);
 const _: () = assert!(size_of::<TreeParams>() == 88);
+const _: () = assert!(size_of::<CollectiveNormParams>() == size_of::<ParamsSingle>() + size_of::<NormParams>());
 
 /// Where one rank's protocol memory is, as the kernels address it (see [`Layout`] for the two
 /// placements).
@@ -389,7 +410,7 @@ mod tests {
 
     // Mirrored by hand from kernels/detcoll_protocol.h (`DcSeg`, `DcHeader`, `DcParams<N>`,
     // `DcTreeParams`, `DcCopyParams`, natural C alignment): byte offsets of every field.
-    const DC_ABI_VERSION: u32 = 8;
+    const DC_ABI_VERSION: u32 = 9;
     const DC_MAX_WORLD: usize = 8;
     const DC_THREADS: u32 = 512;
     const DC_SEGS_SINGLE: usize = 16;

@@ -262,18 +262,25 @@ impl IpcDevice for HostDevice {
         _kernels: &HostKernels,
         params: Launch<'_>,
         _grid: u32,
-        _stream: RawStream,
+        stream: RawStream,
     ) -> Result<(), Error> {
-        let h = match params {
+        // The fused launch is the kernel's two parts in its order: the collective, then (when
+        // it succeeded) the norm of every row.
+        let (h, norm) = match params {
             Launch::Single(p) => {
                 // SAFETY: packed by the engine for this rank's live group (the caller's contract).
                 unsafe { executor::collective(&p.h, &p.seg, self) };
-                &p.h
+                (&p.h, None)
+            }
+            Launch::SingleNorm { params, args } => {
+                // SAFETY: as above.
+                unsafe { executor::collective(&params.call.h, &params.call.seg, self) };
+                (&params.call.h, Some(args))
             }
             Launch::Many(p) => {
                 // SAFETY: as above.
                 unsafe { executor::collective(&p.h, &p.seg, self) };
-                &p.h
+                (&p.h, None)
             }
             Launch::Copy(p) => {
                 // SAFETY: the engine's world-1 copy between the caller's validated views.
@@ -289,10 +296,14 @@ impl IpcDevice for HostDevice {
             // SAFETY: the launching rank's error record (the engine's own, alive while it is).
             unsafe { &*((h.err + 8 * i as u64) as *const AtomicU64) }.load(Ordering::Acquire)
         });
-        if record[0] == 0 {
-            return Ok(());
+        if record[0] != 0 {
+            return Err(detcoll_protocol::status::decode(&record, Duration::from_nanos(h.timeout_ns), BACKEND));
         }
-        Err(detcoll_protocol::status::decode(&record, Duration::from_nanos(h.timeout_ns), BACKEND))
+        match norm {
+            // SAFETY: the norm's views are the caller's, validated by the engine (`pack`).
+            Some(args) => unsafe { detcoll_protocol::NormDevice::residual_rmsnorm(self, args, stream) },
+            None => Ok(()),
+        }
     }
     fn alloc_staging(&self, layout: &Layout, header: &Header) -> Result<HostStaging, Error> {
         let len = layout.total_bytes();

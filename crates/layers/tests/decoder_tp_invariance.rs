@@ -1,0 +1,120 @@
+//! The decoder layer's tail over the CPU twin at TP = 1, 2, 4, 8: the FFN's all_reduce fused
+//! with the residual add and the next RMSNorm (`FfnShard::forward_residual_rmsnorm`, through
+//! the composed collective's `ResidualRmsNorm`) gives the same `h` and `y` bits at every TP,
+//! equal to the single-process reference, on every rank.
+mod common;
+use collective_factory::{Collective, Config, cpu};
+use common::{SIZES, bits};
+use detcoll_layers::data::SplitMix64;
+use detcoll_layers::decoder::reference_residual_rmsnorm;
+use detcoll_layers::{FfnShape, FfnShard, NextNorm, ReferenceGemm, Scalar};
+use half::bf16;
+
+struct Case<T> {
+    shape: FfnShape,
+    x: Vec<T>,
+    w1: Vec<T>,
+    w2: Vec<T>,
+    residual: Vec<T>,
+    weight: Vec<T>,
+}
+
+impl<T: Scalar> Case<T> {
+    fn new(shape: FfnShape, seed: u64) -> Self {
+        let mut rng = SplitMix64::new(seed);
+        let (s, h, f) = (shape.tokens, shape.hidden, shape.ffn);
+        Case {
+            shape,
+            x: rng.values(s * h, 1.0),
+            w1: rng.values(h * f, 1.0 / (h as f32).sqrt()),
+            w2: rng.values(f * h, 1.0 / (f as f32).sqrt()),
+            residual: rng.values(s * h, 1.0),
+            weight: rng.values(h, 1.0),
+        }
+    }
+
+    fn norm(&self) -> NextNorm<'_, T> {
+        NextNorm { weight: &self.weight, eps: 1e-6 }
+    }
+
+    /// Every rank's `(h, y)` at TP = `tp` (composed collectives of the CPU twin: the fused
+    /// call takes the IPC routes' one-kernel form).
+    fn run(&self, tp: usize) -> Vec<(Vec<T>, Vec<T>)> {
+        let comms = cpu::thread_group(tp, &Config::new().with_capacity(1 << 16)).expect("thread group");
+        let out = std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .iter()
+                .map(|comm| {
+                    s.spawn(move || {
+                        let shard = FfnShard::from_full(self.shape, &self.w1, &self.w2, tp, comm.rank()).unwrap();
+                        let mut h = self.residual.clone();
+                        let mut y = vec![T::from_f32(f32::NAN); h.len()];
+                        shard
+                            .forward_residual_rmsnorm(comm, &ReferenceGemm, &self.x, &mut h, self.norm(), &mut y)
+                            .unwrap();
+                        (h, y)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("rank")).collect()
+        });
+        close(&comms);
+        out
+    }
+}
+
+/// Close is collective: every rank on its own thread.
+fn close<C: Collective + Sync>(comms: &[C]) {
+    std::thread::scope(|s| {
+        for c in comms {
+            s.spawn(move || c.close().expect("close"));
+        }
+    });
+}
+
+fn tp_invariant<T: Scalar>(case: &Case<T>) {
+    let (h, y) = reference_residual_rmsnorm(
+        &ReferenceGemm,
+        case.shape,
+        &case.x,
+        (&case.w1, &case.w2),
+        &case.residual,
+        case.norm(),
+    )
+    .unwrap();
+    assert!(y.iter().all(|v| v.to_f32().is_finite()) && y.iter().any(|v| v.to_f32() != 0.0));
+    for tp in SIZES {
+        for (r, (gh, gy)) in case.run(tp).into_iter().enumerate() {
+            assert_eq!(bits(&gh), bits(&h), "{}: TP={tp} rank {r}: h differs from the reference", T::NAME);
+            assert_eq!(bits(&gy), bits(&y), "{}: TP={tp} rank {r}: y differs from the reference", T::NAME);
+        }
+        println!("{}: TP={tp}: h and y of every rank bit-identical to the reference", T::NAME);
+    }
+}
+
+#[test]
+fn bf16_decoder_tail_is_bit_identical_at_every_tp() {
+    tp_invariant(&Case::<bf16>::new(FfnShape { tokens: 8, hidden: 64, ffn: 256 }, 0xdec0de));
+}
+
+#[test]
+fn f32_decoder_tail_is_bit_identical_at_every_tp() {
+    tp_invariant(&Case::<f32>::new(FfnShape { tokens: 5, hidden: 48, ffn: 128 }, 0xf32));
+}
+
+#[test]
+fn a_wrong_norm_weight_is_refused_before_any_call() {
+    let case = Case::<f32>::new(FfnShape { tokens: 2, hidden: 16, ffn: 64 }, 3);
+    let comms = cpu::thread_group(2, &Config::new()).expect("thread group");
+    for comm in &comms {
+        let shard = FfnShard::from_full(case.shape, &case.w1, &case.w2, 2, comm.rank()).unwrap();
+        let mut h = case.residual.clone();
+        let mut y = vec![0f32; h.len()];
+        let norm = NextNorm { weight: &case.weight[..15], eps: 1e-6 };
+        let err = shard.forward_residual_rmsnorm(comm, &ReferenceGemm, &case.x, &mut h, norm, &mut y).unwrap_err();
+        assert!(matches!(err, detcoll_layers::Error::Shape(_)), "{err}");
+        assert_eq!(bits(&h), bits(&case.residual), "the residual was written");
+        assert!(y.iter().all(|v| *v == 0.0), "y was written");
+    }
+    close(&comms);
+}
