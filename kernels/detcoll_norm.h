@@ -199,18 +199,38 @@ DC_DEV float dc_norm_inv(const DcNormParams& p, float q) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Which rows a block normalises. Rows go to blocks in units of `group` consecutive rows: unit k
+// (rows k * group .. k * group + group - 1) to block k % blocks. The standalone kernel and a
+// fused launch with a barrier use group 1 (rows b, b + blocks, ...); a fused launch whose
+// blocks each wrote whole rows of the sum uses the protocol's rows per tile (dc_norm_local_group),
+// so that a block normalises exactly the rows it reduced. The bits of a row do not depend on
+// the block that computes it.
+// ---------------------------------------------------------------------------------------------
+
+// Calls body(row, buf) for this block's rows in increasing order; buf alternates per row (the
+// shared buffer of dc_norm_reduce).
+template <class F>
+DC_DEV void dc_norm_for_rows(const DcNormParams& p, dc_u32 group, F body) {
+    const dc_u64 m = group ? group : 1u;
+    dc_u32 buf = 0;
+    for (dc_u64 k = DC_BID; k * m < p.rows; k += DC_NBLOCKS) {
+        const dc_u64 end = (k + 1u) * m < p.rows ? (k + 1u) * m : p.rows;
+        for (dc_u64 row = k * m; row < end; ++row, buf ^= 1u) body(row, buf);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // The scalar path: any hidden, any element-aligned address. One element at a time; pass 2
 // re-reads h from memory. The reference path for the shapes the vector path does not take.
 // ---------------------------------------------------------------------------------------------
 
 template <int DT>
-DC_DEV void dc_norm_rows_scalar(const DcNormParams& p, DcNormShared& sh) {
+DC_DEV void dc_norm_rows_scalar(const DcNormParams& p, DcNormShared& sh, dc_u32 group) {
     const dc_u32 t = DC_TID;
     const bool active = t < DC_NORM_THREADS;  // a lane (see dc_norm_epilogue)
     const dc_u64 esz = DT == DC_F32 ? 4u : 2u;
     const dc_u64 hidden = p.hidden;
-    dc_u32 buf = 0;
-    for (dc_u64 row = DC_BID; row < p.rows; row += DC_NBLOCKS, buf ^= 1u) {
+    dc_norm_for_rows(p, group, [&](dc_u64 row, dc_u32 buf) {
         const dc_u64 off = row * hidden * esz;
         const dc_u8* sum = (const dc_u8*)p.sum + off;
         const dc_u8* res = (const dc_u8*)p.residual + off;
@@ -250,7 +270,7 @@ DC_DEV void dc_norm_rows_scalar(const DcNormParams& p, DcNormShared& sh) {
                 }
             }
         }
-    }
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -354,16 +374,18 @@ DC_DEV bool dc_norm_vector_ok(const DcNormParams& p) {
 }
 
 // The vector path with h in registers: rows of at most C chunks (hidden <= C * 2048).
-template <int DT, int C>
-DC_DEV void dc_norm_rows_regs(const DcNormParams& p, DcNormShared& sh) {
+// EARLY_W (the fused launch's epilogue, whose blocks have registers to spare): each row loads
+// the weight together with its residual and sum, instead of after its sum of squares, taking a
+// load's latency off the row's dependent chain. The arithmetic is the same.
+template <int DT, int C, bool EARLY_W>
+DC_DEV void dc_norm_rows_regs(const DcNormParams& p, DcNormShared& sh, dc_u32 group) {
     constexpr int NW = DC_NORM_WORDS(DT);
     const dc_u64 esz = DT == DC_F32 ? 4u : 2u;
     const dc_u64 hidden = p.hidden;
     const dc_u64 lane = (dc_u64)DC_TID * DC_NORM_VECTOR;  // this thread's first element of chunk 0
     const bool active = DC_TID < DC_NORM_THREADS;           // a lane (see dc_norm_epilogue)
     const dc_u8* wgt = (const dc_u8*)p.weight + lane * esz;
-    dc_u32 buf = 0;
-    for (dc_u64 row = DC_BID; row < p.rows; row += DC_NBLOCKS, buf ^= 1u) {
+    dc_norm_for_rows(p, group, [&](dc_u64 row, dc_u32 buf) {
         const dc_u64 off = (row * hidden + lane) * esz;
         const dc_u8* sum = (const dc_u8*)p.sum + off;
         const dc_u8* res = (const dc_u8*)p.residual + off;
@@ -373,6 +395,7 @@ DC_DEV void dc_norm_rows_regs(const DcNormParams& p, DcNormShared& sh) {
         // Chunk c holds this thread's vector when c * 2048 + 8t < hidden. Every load of the row
         // first, then h = residual + sum: stored, squared in order, and kept (as words).
         dc_u32 hw[C][NW];
+        dc_u32 w_early[EARLY_W ? C : 1][NW];
         float part = 0.0f;
         {
             dc_u32 sw[C][NW];
@@ -381,6 +404,7 @@ DC_DEV void dc_norm_rows_regs(const DcNormParams& p, DcNormShared& sh) {
                 if (active && (dc_u64)c * DC_NORM_CHUNK + lane < hidden) {
                     dc_norm_ld_lane<DT>(res + (dc_u64)c * DC_NORM_CHUNK * esz, hw[c]);
                     dc_norm_ld_lane<DT>(sum + (dc_u64)c * DC_NORM_CHUNK * esz, sw[c]);
+                    if constexpr (EARLY_W) dc_norm_ld_lane<DT>(wgt + (dc_u64)c * DC_NORM_CHUNK * esz, w_early[c]);
                 }
             }
 #pragma unroll
@@ -398,32 +422,37 @@ DC_DEV void dc_norm_rows_regs(const DcNormParams& p, DcNormShared& sh) {
         const float inv = dc_norm_inv(p, dc_norm_reduce(sh, buf, part));
 
         // The weight (one row, read by every row: it stays in the caches) after the barrier,
-        // which keeps the registers, and so the blocks per SM, of the loads above.
+        // which keeps the registers, and so the blocks per SM, of the loads above (or with
+        // them: EARLY_W).
 #pragma unroll
         for (int c = 0; c < C; ++c) {
             if (active && (dc_u64)c * DC_NORM_CHUNK + lane < hidden) {
                 dc_u32 ww[NW], yw[NW];
                 float hf[DC_NORM_VECTOR];
-                dc_norm_ld_lane<DT>(wgt + (dc_u64)c * DC_NORM_CHUNK * esz, ww);
+                if constexpr (EARLY_W) {
+#pragma unroll
+                    for (int i = 0; i < NW; ++i) ww[i] = w_early[c][i];
+                } else {
+                    dc_norm_ld_lane<DT>(wgt + (dc_u64)c * DC_NORM_CHUNK * esz, ww);
+                }
                 dc_norm_widen_lane<DT>(hf, hw[c]);
                 dc_norm_scale_lane<DT>(yw, hf, ww, inv);
                 dc_norm_st_lane<DT>(y + (dc_u64)c * DC_NORM_CHUNK * esz, yw);
             }
         }
-    }
+    });
 }
 
 // The vector path for longer rows: pass 2 re-reads h (this thread's own stores).
 template <int DT>
-DC_DEV void dc_norm_rows_stream(const DcNormParams& p, DcNormShared& sh) {
+DC_DEV void dc_norm_rows_stream(const DcNormParams& p, DcNormShared& sh, dc_u32 group) {
     constexpr int NW = DC_NORM_WORDS(DT);
     const dc_u64 esz = DT == DC_F32 ? 4u : 2u;
     const dc_u64 hidden = p.hidden;
     const dc_u64 lane = (dc_u64)DC_TID * DC_NORM_VECTOR;
     const bool active = DC_TID < DC_NORM_THREADS;  // a lane (see dc_norm_epilogue)
     const dc_u8* wgt = (const dc_u8*)p.weight + lane * esz;
-    dc_u32 buf = 0;
-    for (dc_u64 row = DC_BID; row < p.rows; row += DC_NBLOCKS, buf ^= 1u) {
+    dc_norm_for_rows(p, group, [&](dc_u64 row, dc_u32 buf) {
         const dc_u64 off = (row * hidden + lane) * esz;
         const dc_u8* sum = (const dc_u8*)p.sum + off;
         const dc_u8* res = (const dc_u8*)p.residual + off;
@@ -453,33 +482,35 @@ DC_DEV void dc_norm_rows_stream(const DcNormParams& p, DcNormShared& sh) {
             dc_norm_scale_lane<DT>(yw, hf, ww, inv);
             dc_norm_st_lane<DT>(y + c * DC_NORM_CHUNK * esz, yw);
         }
-    }
+    });
 }
 
-template <int DT>
-DC_DEV void dc_norm_rows(const DcNormParams& p, DcNormShared& sh) {
+template <int DT, bool EARLY_W>
+DC_DEV void dc_norm_rows(const DcNormParams& p, DcNormShared& sh, dc_u32 group) {
     if (!dc_norm_vector_ok(p)) {
-        dc_norm_rows_scalar<DT>(p, sh);
+        dc_norm_rows_scalar<DT>(p, sh, group);
     } else if (p.hidden <= DC_NORM_REG_WORDS / DC_NORM_WORDS(DT) * DC_NORM_CHUNK) {
-        dc_norm_rows_regs<DT, DC_NORM_REG_WORDS / DC_NORM_WORDS(DT)>(p, sh);
+        dc_norm_rows_regs<DT, DC_NORM_REG_WORDS / DC_NORM_WORDS(DT), EARLY_W>(p, sh, group);
     } else {
-        dc_norm_rows_stream<DT>(p, sh);
+        dc_norm_rows_stream<DT>(p, sh, group);
     }
 }
 
 // The entry points' body: the dtype's instantiation. A block of another size, or a dtype
 // without an add, is a host bug: stop the kernel rather than return with y unwritten.
 //
-// Rows go to blocks by DC_BID, DC_BID + DC_NBLOCKS, ...; lanes are the threads below
+// Rows go to blocks in units of `group` (dc_norm_for_rows); lanes are the threads below
 // DC_NORM_THREADS. A block of more threads (the fused collective's DC_THREADS) runs the same
 // code: its other threads only join the barriers, so the arithmetic and its order are unchanged.
-DC_DEV void dc_norm_any(const DcNormParams& p) {
+// EARLY_W: see dc_norm_rows_regs (the fused epilogue's instantiation).
+template <bool EARLY_W>
+DC_DEV void dc_norm_any(const DcNormParams& p, dc_u32 group) {
     DC_SHARED DcNormShared sh;
     if (DC_NTID < DC_NORM_THREADS) DC_UNSUPPORTED_WORLD();
     switch (p.dtype) {
-        case DC_F32: dc_norm_rows<DC_F32>(p, sh); break;
-        case DC_F16: dc_norm_rows<DC_F16>(p, sh); break;
-        case DC_BF16: dc_norm_rows<DC_BF16>(p, sh); break;
+        case DC_F32: dc_norm_rows<DC_F32, EARLY_W>(p, sh, group); break;
+        case DC_F16: dc_norm_rows<DC_F16, EARLY_W>(p, sh, group); break;
+        case DC_BF16: dc_norm_rows<DC_BF16, EARLY_W>(p, sh, group); break;
         default: DC_UNSUPPORTED_WORLD();
     }
 }
@@ -490,7 +521,7 @@ DC_DEV void dc_norm_any(const DcNormParams& p) {
 DC_DEV void dc_residual_rmsnorm(const DcNormParams& p) {
     DC_GRID_DEP_WAIT();
     if (DC_NTID != DC_NORM_THREADS) DC_UNSUPPORTED_WORLD();
-    dc_norm_any(p);
+    dc_norm_any<false>(p, 1u);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -500,6 +531,13 @@ DC_DEV void dc_residual_rmsnorm(const DcNormParams& p) {
 // grid barrier, after which every row's sum is in `sum` (the all_reduce's output, written by any
 // block, or by the earlier chunks' launches on this stream), and the blocks normalise rows
 // DC_BID, DC_BID + DC_NBLOCKS, ... exactly as the standalone kernel does.
+//
+// Without the barrier when the protocol's tiles are whole rows (dc_norm_local_group: a row
+// divides the 8 KiB tile, e.g. hidden 4096 in f16/bf16, 2048 in f32, and the launch is the
+// call's only one on the LL push or one-shot route): each block then normalises the rows it
+// reduced, after a barrier of its own threads only. (A prefetch of the block's residual rows and
+// the weight into L2 before the protocol was tried and measured: about 1 us slower per call on
+// one H200, where both are in L2 already in a decode loop.)
 //
 // The barrier needs every block of the launch resident at once, as the protocol already does
 // (its blocks wait on their peers' blocks; the host caps the grid). It is two words of the own
@@ -518,10 +556,12 @@ struct DcCollectiveNormParams {
 };
 
 // Whether the call's blocks all passed the barrier without an error of this rank's call (false:
-// the norm is skipped; the call's error is in the record).
-DC_DEV bool dc_norm_barrier(const DcHeader& h, dc_u64* status, dc_u32 g) {
+// the norm is skipped; the call's error is in the record). `local`: every block normalises only
+// rows it reduced itself (dc_norm_local_group), so a barrier of the block is enough.
+DC_DEV bool dc_norm_barrier(const DcHeader& h, dc_u64* status, dc_u32 g, bool local) {
     DC_SHARED int s_ok;
     DC_SYNC_BLOCK();
+    if (local) return true;  // the block's own stores of the sum are visible after the barrier
     if (DC_TID == 0) {
         int ok = 1;
         if (DC_NBLOCKS > 1u) {
@@ -553,17 +593,37 @@ DC_DEV bool dc_norm_barrier(const DcHeader& h, dc_u64* status, dc_u32 g) {
         }
         // A one-block launch skips that load (a round trip): its rows are then normalised even
         // after a failed protocol step, from an output the failed call left undefined anyway;
-        // the call's error is reported all the same.
+        // the call's error is reported all the same. (So does a `local` launch: its block's
+        // rows depend on no other block.)
         s_ok = ok;
     }
     DC_SYNC_BLOCK();
     return s_ok != 0;
 }
 
+// The rows per protocol tile when every block of this fused launch writes whole rows of the sum
+// and nothing else writes it, 0 otherwise. That holds when the launch is the call's only one
+// (its one reduce segment is the whole sum: rows * row bytes from frame offset 0), the protocol
+// is the LL push or the one-shot pull (one reduce segment in phase 1, no phase 2: tile t of it,
+// output bytes [t * tile, (t + 1) * tile), is block t % grid's), a row divides the tile, and the
+// launch has exactly the protocol's blocks. Then block b reduced rows k * group .. of units
+// k = b, b + grid, ...: the rows dc_norm_for_rows gives it. The host makes the same decision
+// for the grid (CollectiveNormParams::local_group); if they ever differed, the launch would only
+// fall back to the barrier.
+DC_DEV dc_u32 dc_norm_local_group(const DcHeader& h, const DcSeg* seg, const DcNormParams& p) {
+    if (h.mode == DC_MODE_PUSH || h.nphase1 != 1u || h.nphase2 != 0u || DC_NBLOCKS != h.grid) return 0u;
+    const DcSeg& s = seg[h.nstage];
+    const dc_u64 row = (dc_u64)p.hidden * (p.dtype == DC_F32 ? 4u : 2u);
+    if ((s.flags & DC_SEG_GATHER) != 0u || s.frame_off != 0u || s.ptr != p.sum) return 0u;
+    if (row == 0u || row > h.tile_bytes || h.tile_bytes % row != 0u || s.bytes != p.rows * row) return 0u;
+    return (dc_u32)(h.tile_bytes / row);
+}
+
 // The epilogue dc_collective_mode runs after the protocol in every block of a fused launch
 // (declared in detcoll_protocol.h).
-DC_DEV_NOINLINE void dc_norm_epilogue(const DcHeader& h, dc_u64* status, dc_u32 g, const DcNormParams& p) {
-    if (dc_norm_barrier(h, status, g)) dc_norm_any(p);
+DC_DEV_NOINLINE void dc_norm_epilogue(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u32 g, const DcNormParams& p) {
+    const dc_u32 group = dc_norm_local_group(h, seg, p);
+    if (dc_norm_barrier(h, status, g, group != 0u)) dc_norm_any<true>(p, group);
 }
 
 // The fused entry's body: the collective of the call's last launch, the norm as its epilogue.

@@ -694,7 +694,7 @@ DC_DEV void dc_push_bulk(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc
 // blocks than the protocol's grid (for rows): blocks from h.grid on take no part in the
 // protocol (no tiles, flags or counts) and only run the epilogue. One out-of-line epilogue,
 // not a template parameter: every mode's body stays one instantiation per image.
-DC_DEV_NOINLINE void dc_norm_epilogue(const DcHeader& h, dc_u64* status, dc_u32 g, const DcNormParams& p);
+DC_DEV_NOINLINE void dc_norm_epilogue(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u32 g, const DcNormParams& p);
 
 template <dc_u32 MODE>
 DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, const DcNormParams* norm) {
@@ -831,7 +831,7 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
         }
     }  // member
 
-    if (norm) dc_norm_epilogue(h, status, g, *norm);
+    if (norm) dc_norm_epilogue(h, seg, status, g, *norm);
     if (!member) return;
 
     // The last block to finish advances the generation (next launch on this stream sees it)

@@ -134,9 +134,31 @@ fn check_norm_ptx(arch: &str, ptx: &str) {
 }
 
 /// The fused all_reduce + RMSNorm entry: its one parameter is `DcCollectiveNormParams` of the
-/// host's size, blocks of the collective's 512 threads, and the norm's correctly rounded f32
-/// operations in its body (the epilogue is inlined into the entry).
+/// host's size, blocks of the collective's 512 threads, and no approximate operation in it; its
+/// out-of-line epilogue (`dc_norm_epilogue`, the norm's rows) keeps the per-thread arrays in
+/// registers as the standalone entry does: no local-memory frame.
 fn check_fused_ptx(arch: &str, ptx: &str) {
+    let epilogue = ptx
+        .match_indices("dc_norm_epilogue")
+        .map(|(at, _)| at)
+        .find(|&at| {
+            let line_start = ptx[..at].rfind('\n').map_or(0, |l| l + 1);
+            let rest = &ptx[at..];
+            ptx[line_start..at].contains(".func")
+                && rest.find("\n)").is_some_and(|c| rest[c + 2..].trim_start().starts_with('{'))
+        })
+        .unwrap_or_else(|| panic!("{arch}: no definition of dc_norm_epilogue"));
+    let body = &ptx[epilogue..];
+    let body = &body[..body.find("\n}\n").map_or(body.len(), |e| e + 3)];
+    // 16-byte loads and stores (generic ones: the out-of-line function's pointers come through
+    // a reference, not the kernel's parameters).
+    for insn in ["mul.rn.f32", "div.rn.f32", "sqrt.rn.f32", "ld.v4.u32", "st.v4.u32"] {
+        assert!(body.contains(insn), "{arch}: no {insn} in the fused epilogue");
+    }
+    assert!(!body.contains("__local_depot"), "{arch}: the fused epilogue uses local memory");
+    for banned in ["rsqrt", "sqrt.approx", "div.approx", "div.full", "fma.rn.f32", "mad."] {
+        assert!(!body.contains(banned), "{arch}: {banned} in the fused epilogue");
+    }
     let start = ptx.find(".entry detcoll_collective_norm(").unwrap_or_else(|| panic!("{arch}: no fused entry"));
     let body = &ptx[start..];
     let body = &body[..body.find("\n}\n").map_or(body.len(), |e| e + 3)];
@@ -153,14 +175,34 @@ fn check_fused_ptx(arch: &str, ptx: &str) {
 }
 
 /// `ptx` without the bodies of the norm (every image has them, whatever its worlds): the
-/// standalone entry and the fused call's out-of-line epilogue (`dc_norm_epilogue`).
+/// standalone entry and the fused call's out-of-line epilogue (`dc_norm_epilogue`), definitions
+/// and declarations alike. Each must be found: a renamed
+/// function would otherwise stay in and make the comparison meaningless.
 fn without_norm_entry(ptx: &str) -> String {
     let mut out = ptx.to_string();
-    for head in [".entry detcoll_residual_rmsnorm(", "dc_norm_epilogueRK8DcHeaderPyjRK12DcNormParams("] {
-        let Some(start) = out.find(head) else { continue };
-        let start = out[..start].rfind('\n').map_or(0, |l| l + 1);
-        let end = out[start..].find("\n}\n").map_or(out.len(), |e| start + e + 3);
-        out = format!("{}{}", &out[..start], &out[end..]);
+    for name in ["detcoll_residual_rmsnorm(", "dc_norm_epilogue"] {
+        let (mut found, mut from) = (false, 0);
+        while let Some(at) = out[from..].find(name).map(|i| from + i) {
+            let start = out[..at].rfind('\n').map_or(0, |l| l + 1);
+            let line = &out[start..at];
+            if !(line.contains(".func") || line.contains(".entry")) {
+                from = at + name.len(); // a call site
+                continue;
+            }
+            found = true;
+            // The parameter list ends at the first ")" line; a body follows as "{", a
+            // declaration ends with ";".
+            let close = out[at..].find("\n)").map_or(out.len(), |c| at + c + 2);
+            let rest = out[close..].trim_start();
+            let end = if rest.starts_with(';') {
+                out.len() - rest.len() + 1
+            } else {
+                out[close..].find("\n}\n").map_or(out.len(), |e| close + e + 3)
+            };
+            out = format!("{}{}", &out[..start], &out[end..]);
+            from = start;
+        }
+        assert!(found, "{name} not in the PTX");
     }
     out
 }

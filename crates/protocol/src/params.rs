@@ -127,12 +127,45 @@ pub struct CollectiveNormParams {
 }
 
 impl CollectiveNormParams {
-    /// Blocks of the fused launch: the collective's grid, or more (up to `max_grid`, the most
-    /// the protocol keeps resident) when there are more rows to normalise. Blocks beyond the
-    /// collective's grid only run the norm.
+    /// Blocks of the fused launch. When the protocol's blocks write whole rows of the sum
+    /// ([`local_group`](Self::local_group)), exactly the collective's grid: each block then
+    /// normalises the rows it reduced, with no barrier of the launch. Otherwise the collective's
+    /// grid, or more (up to `max_grid`, the most the protocol keeps resident) when there are more
+    /// rows to normalise; blocks beyond the collective's grid only run the norm.
     pub fn grid(&self, max_grid: u32) -> u32 {
+        if self.local_group() != 0 {
+            return self.call.h.grid;
+        }
         let rows = u32::try_from(self.norm.rows).unwrap_or(u32::MAX);
         self.call.h.grid.max(rows.min(max_grid))
+    }
+
+    /// Rows per protocol tile when a launch of exactly the collective's grid has every block
+    /// write whole rows of the sum and nothing else write it, 0 otherwise: the launch is the
+    /// call's only one (its single reduce segment is the whole sum, from frame offset 0), on the
+    /// LL push or the one-shot pull route (no phase 2), and a row divides the tile (hidden 4096
+    /// in f16/bf16, 2048 in f32, or a divisor of those). Tile `t` is block `t % grid`'s, so
+    /// block `b` reduced the rows of units `b, b + grid, ...` of this many rows each.
+    ///
+    /// The kernel decides the same from the same parameters (`dc_norm_local_group`,
+    /// kernels/detcoll_norm.h); the host's answer only sizes the grid.
+    pub fn local_group(&self) -> u32 {
+        let h = &self.call.h;
+        if h.mode == MODE_PUSH || h.nphase1 != 1 || h.nphase2 != 0 {
+            return 0;
+        }
+        let Some(s) = self.call.seg.get(h.nstage as usize) else { return 0 };
+        let size = if self.norm.dtype == DType::F32 as u32 { 4 } else { 2 };
+        let row = u64::from(self.norm.hidden) * size;
+        let tile = u64::from(h.tile_bytes);
+        let whole = self.norm.rows.checked_mul(row) == Some(s.bytes);
+        if s.flags & SEG_GATHER != 0 || s.frame_off != 0 || s.ptr != self.norm.sum || !whole {
+            return 0;
+        }
+        if row == 0 || row > tile || tile % row != 0 {
+            return 0;
+        }
+        (tile / row) as u32
     }
 }
 
@@ -623,6 +656,58 @@ mod tests {
             Err(Error::Backend { backend: "test", .. }) => {}
             other => panic!("expected a Backend error, got {other:?}"),
         }
+    }
+
+    /// The fused launch's row mapping: the host's `local_group` (which sizes the grid) is the
+    /// kernel's `dc_norm_local_group` condition, on plans the engine really packs.
+    #[test]
+    fn fused_launch_is_local_exactly_when_blocks_reduce_whole_rows() {
+        use crate::norm::NormArgs;
+        let (_, f) = fixed(4, 1, 1 << 22, 16);
+        let fused = |rows: usize, hidden: usize, dtype: DType, route: Route, sum_off: u64| {
+            let n = rows * hidden;
+            // SAFETY: never dereferenced: only the addresses are packed.
+            let (input, output) =
+                unsafe { (RawRef::from_raw(0x10_0000, n, dtype), RawMut::from_raw(0x4000_0000, n, dtype)) };
+            let call = validate(Op::AllReduce, &Io::OutOfPlace { input, output }, 1, 4, 1 << 22).unwrap();
+            let plan = Plan::single(&call, 1, 4, route).unwrap();
+            let p: ParamsSingle = pack(&f, &plan, false, "test").unwrap();
+            let args = NormArgs {
+                sum: 0x4000_0000 + sum_off,
+                residual: 0x5000_0000,
+                weight: 0x6000_0000,
+                h: 0x7000_0000,
+                y: 0x8000_0000,
+                rows,
+                hidden,
+                eps: 1e-6,
+                dtype,
+            };
+            CollectiveNormParams { call: p, norm: NormParams::pack(&args).unwrap() }
+        };
+        for route in [Route::IpcPushLl, Route::IpcOneShot] {
+            // A row per 8 KiB tile: block b reduced rows b, b + grid, ...; grid = the protocol's.
+            for rows in [1, 3, 8, 16, 64] {
+                let c = fused(rows, 4096, DType::BF16, route, 0);
+                assert_eq!(c.local_group(), 1, "{route:?} rows {rows}");
+                assert_eq!(c.grid(f.max_grid), c.call.h.grid);
+                assert_eq!(c.call.h.grid, rows.min(16) as u32);
+            }
+            assert_eq!(fused(8, 2048, DType::F32, route, 0).local_group(), 1);
+            assert_eq!(fused(8, 2048, DType::F16, route, 0).local_group(), 2);
+            assert_eq!(fused(8, 64, DType::BF16, route, 0).local_group(), 64);
+            // A row across tiles, a row that does not divide the tile: the barrier, more blocks.
+            for (hidden, dtype) in [(8192, DType::BF16), (4096, DType::F32), (3000, DType::BF16), (2049, DType::F16)] {
+                let c = fused(8, hidden, dtype, route, 0);
+                assert_eq!(c.local_group(), 0, "{route:?} {hidden} {dtype:?}");
+                assert_eq!(c.grid(f.max_grid), c.call.h.grid.max(8));
+            }
+            // The norm's sum is not the segment's output (only part of it, e.g. a chunk).
+            assert_eq!(fused(8, 4096, DType::BF16, route, 8192).local_group(), 0);
+        }
+        // Two phases (RS+AG), or the bulk push: blocks write other blocks' rows.
+        assert_eq!(fused(8, 4096, DType::BF16, Route::IpcReduceScatterAllGather, 0).local_group(), 0);
+        assert_eq!(fused(64, 4096, DType::BF16, Route::IpcPush, 0).local_group(), 0);
     }
 
     #[test]
