@@ -185,7 +185,13 @@ impl<D: NormDevice + Clone> NormBackend for crate::GpuTransport<D> {
     fn residual_rmsnorm(&self, args: &NormArgs, stream: CallStream<'_, D::Stream>) -> Result<(), Error> {
         launch(self.device(), args, stream)
     }
-    fn all_reduce_then_norm(&self, _: Io<'_>, _: IpcRoute, _: &NormArgs, _: CallStream<'_, D::Stream>) -> Result<bool, Error> {
+    fn all_reduce_then_norm(
+        &self,
+        _: Io<'_>,
+        _: IpcRoute,
+        _: &NormArgs,
+        _: CallStream<'_, D::Stream>,
+    ) -> Result<bool, Error> {
         Err(not_ipc())
     }
 }
@@ -195,7 +201,13 @@ impl NormBackend for shm_ipc::ShmCollective {
     fn residual_rmsnorm(&self, args: &NormArgs, stream: CallStream<'_, ()>) -> Result<(), Error> {
         launch(self.engine().device(), args, stream)
     }
-    fn all_reduce_then_norm(&self, io: Io<'_>, route: IpcRoute, args: &NormArgs, stream: CallStream<'_, ()>) -> Result<bool, Error> {
+    fn all_reduce_then_norm(
+        &self,
+        io: Io<'_>,
+        route: IpcRoute,
+        args: &NormArgs,
+        stream: CallStream<'_, ()>,
+    ) -> Result<bool, Error> {
         engine_then_norm(self.engine(), io, route, args, stream)
     }
 }

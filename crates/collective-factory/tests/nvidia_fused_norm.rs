@@ -54,7 +54,10 @@ where
 {
     let world = comms.len();
     // 64 rows: the most in one kernel (ONE_KERNEL_MAX_ROWS); 80: the norm as a second launch.
-    for (rows, hidden) in [(1, 4096), (7, 8192), (64, 4096), (3, 2049), (80, 2048)] {
+    // Rows and the 8 KiB protocol tile: 4096 (bf16: a row per tile, no barrier of the launch;
+    // f32: two tiles a row), 2048 (f32: a row per tile), 8192, 3000, 1000 and 2049 (rows across
+    // tiles or tiles across rows: the barrier).
+    for (rows, hidden) in [(1, 4096), (7, 8192), (64, 4096), (3, 2049), (80, 2048), (5, 3000), (9, 1000)] {
         let seed = (rows * 31 + hidden) as u64;
         let (h, y) = reference::<T>(world, rows, hidden, seed);
         for (r, (gh, gy)) in run::<T>(comms, rows, hidden, seed).into_iter().enumerate() {

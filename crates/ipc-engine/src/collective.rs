@@ -270,7 +270,9 @@ impl<D: IpcDevice> IpcCollective<D> {
                     // SAFETY: `detcoll_collective_norm` takes `DcCollectiveNormParams`; the
                     // collective's addresses as below, the norm's the caller's (checked by
                     // `pack`, valid by the caller's contract).
-                    unsafe { self.device.launch(&ipc.kernels, Launch::SingleNorm { params: &fused, args }, grid, stream) }
+                    unsafe {
+                        self.device.launch(&ipc.kernels, Launch::SingleNorm { params: &fused, args }, grid, stream)
+                    }
                 }
                 // SAFETY: the single-lane kernel takes `DcParams<16>`; the addresses are the
                 // group's allocations (alive while `self` is) and the caller's validated views.

@@ -116,7 +116,9 @@ pub struct LaunchOutcome {
     pub statuses: Vec<ExitStatus>,
     /// The rank that failed first (non-zero exit or killed by a signal, earliest exit time)
     /// before the launcher started stopping ranks: the one that made the launcher stop the
-    /// others. Ranks that failed later, e.g. because this one was gone, are not it.
+    /// others. Ranks that failed later, e.g. because this one was gone, are not it. Exit times
+    /// are taken when a watcher thread sees the exit, so two exits closer together than the
+    /// host's scheduling delay (a few ms on a loaded machine) may be ordered either way.
     pub first_failure: Option<(usize, ExitStatus)>,
     /// Per rank: it was still running when the launcher began stopping the group (after a
     /// failure or a signal), so its status is the launcher's doing (or a consequence of it).

@@ -222,10 +222,12 @@ fn scratch_dir(name: &str) -> std::path::PathBuf {
     d
 }
 
-/// Rank 2 fails (exit 3) after a delay; ranks 0 and 1 fail (exit 1) right after they see it
+/// Rank 2 fails (exit 3) after a delay; ranks 0 and 1 fail (exit 1) 20 ms after they see it
 /// exit (its /proc state turns to zombie, before the launcher reaps it); rank 3 hangs. The
-/// failures of ranks 0 and 1 come a few ms after rank 2's, often within one poll of the
-/// launcher, where a rank-order sweep would have blamed rank 0.
+/// failures of ranks 0 and 1 come a few tens of ms after rank 2's, within a couple of polls of
+/// the launcher, where a rank-order sweep would have blamed rank 0. (Without the 20 ms, on a
+/// loaded 2-core CI machine rank 1's exit watcher once ran before rank 2's: exits closer than
+/// the scheduling delay are not ordered, see `LaunchOutcome::first_failure`.)
 const CASCADE: &str = r#"
 d=$SCRATCH
 if [ "$RANK" = 2 ]; then echo $$ > $d/pid2.tmp; mv $d/pid2.tmp $d/pid2; sleep 0.3; exit 3; fi
@@ -233,6 +235,7 @@ if [ "$RANK" = 3 ]; then exec sleep 30; fi
 while [ ! -e $d/pid2 ]; do sleep 0.01; done
 p=$(cat $d/pid2)
 while read -r _ _ st _ < /proc/$p/stat; do [ "$st" = Z ] && break; sleep 0.002; done 2>/dev/null
+sleep 0.02
 exit 1
 "#;
 

@@ -259,15 +259,74 @@ impl<T: CudaScalar> CudaFfnShard<T> {
         hook: &mut dyn StageHook,
     ) -> Result<(), Error> {
         self.check_call(comm, gemm, kernels, ws, x_local, out_local, stream)?;
+        gather(comm, x_local, ws, stream, hook)?;
+        self.leaf_partial(gemm, kernels, ws, None, stream, hook)?;
+        scatter(comm, ws, out_local, stream, hook)
+    }
+
+    /// The end of a tensor-parallel decoder layer on the GPU ([`crate::decoder`]'s, with this
+    /// rank's leaves): every rank holds all tokens `x` (`S × H`), computes the balanced tree over
+    /// its leaf products as [`CudaFfnShard::forward`] does, and the fused call
+    /// `all_reduce_residual_rmsnorm` evaluates the tree's top levels over the ranks, then
+    /// `residual = h = residual + FFN(x)` in `T` and `y = rmsnorm(h) * weight` in the fixed order
+    /// of `fixed_tree::residual_rmsnorm` (one kernel on the IPC routes for decode batches). `h`
+    /// and `y` have the same bits at TP = 1, 2, 4 and 8 (the promise of the module, for the GEMMs;
+    /// the norm's bits are the reference's for the FFN output the GPU computed).
+    ///
+    /// Collective: every rank of `comm` calls it with the same `x`, `residual`, `weight` and
+    /// `eps`. Enqueues on `stream` only (graph capture works). Shapes (`x`, `residual`, `y`:
+    /// `S × H`; `weight`: `H`) and the handles are checked before anything is enqueued; the
+    /// norm's own arguments (`eps`, aliasing) by the collective, before any device work.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_residual_rmsnorm(
+        &self,
+        comm: &NvidiaCollective,
+        gemm: &CudaGemm,
+        kernels: &CudaKernels,
+        ws: &mut FfnWorkspace<T>,
+        x: &CudaSlice<T>,
+        residual: &mut CudaSlice<T>,
+        weight: &CudaSlice<T>,
+        eps: f32,
+        y: &mut CudaSlice<T>,
+        stream: &Arc<CudaStream>,
+        hook: &mut dyn StageHook,
+    ) -> Result<(), Error> {
+        super::check_member(comm, "FFN shard", "TP", self.layout.tp, self.rank, stream)?;
+        self.check_handles(gemm, kernels, ws, stream)?;
+        let shape = self.layout.shape;
+        let n = product("tokens x hidden", &[shape.tokens, shape.hidden])?;
+        for (name, len) in [("x", x.len()), ("residual", residual.len()), ("y", y.len())] {
+            require(len == n, || format!("{name} has {len} elements, expected {} x {}", shape.tokens, shape.hidden))?;
+        }
+        let w = weight.len();
+        require(w == shape.hidden, || format!("the norm weight has {w} elements, expected {}", shape.hidden))?;
+        self.leaf_partial(gemm, kernels, ws, Some(x), stream, hook)?;
+        hook.before(Stage::AllReduceNorm, stream)?;
+        comm.all_reduce_residual_rmsnorm_into(&ws.partial, y, residual, weight, shape.hidden, eps, stream)?;
+        hook.after(Stage::AllReduceNorm, stream)
+    }
+
+    /// `ws.partial` = the balanced tree over this rank's leaf products of the tokens `x`
+    /// (`None`: the workspace's gathered tokens): `Gemm1`, `Activation`, `Gemm2`, `LeafFold`.
+    fn leaf_partial(
+        &self,
+        gemm: &CudaGemm,
+        kernels: &CudaKernels,
+        ws: &mut FfnWorkspace<T>,
+        x: Option<&CudaSlice<T>>,
+        stream: &Arc<CudaStream>,
+        hook: &mut dyn StageHook,
+    ) -> Result<(), Error> {
         let l = self.layout;
         let (s, h, w) = (l.shape.tokens, l.shape.hidden, l.width);
-        gather(comm, x_local, ws, stream, hook)?;
+        let x = x.unwrap_or(&ws.x);
 
         hook.before(Stage::Gemm1, stream)?;
         for j in 0..l.leaves {
             let b = self.w1.slice(j * l.w1_stride..j * l.w1_stride + h * w);
             let mut c = ws.act.slice_mut(j * l.act_stride..j * l.act_stride + s * w);
-            gemm.gemm(&ws.x, &b, s, h, w, &mut c)?;
+            gemm.gemm(x, &b, s, h, w, &mut c)?;
         }
         hook.after(Stage::Gemm1, stream)?;
 
@@ -280,8 +339,7 @@ impl<T: CudaScalar> CudaFfnShard<T> {
             // shape, leading dimensions and 256-byte alignment as a product slot.
             let a = ws.act.slice(..s * w);
             gemm.gemm(&a, &self.w2.slice(..w * h), s, w, h, &mut ws.partial)?;
-            hook.after(Stage::Gemm2, stream)?;
-            return scatter(comm, ws, out_local, stream, hook);
+            return hook.after(Stage::Gemm2, stream);
         }
         for j in 0..l.leaves {
             let a = ws.act.slice(j * l.act_stride..j * l.act_stride + s * w);
@@ -293,9 +351,7 @@ impl<T: CudaScalar> CudaFfnShard<T> {
 
         hook.before(Stage::LeafFold, stream)?;
         leaf_fold(kernels, ws, stream)?;
-        hook.after(Stage::LeafFold, stream)?;
-
-        scatter(comm, ws, out_local, stream, hook)
+        hook.after(Stage::LeafFold, stream)
     }
 
     /// The naive layer, for comparison: one GEMM1 over the rank's whole `F/tp` shard, SiLU,

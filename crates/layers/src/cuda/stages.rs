@@ -22,13 +22,16 @@ pub enum Stage {
     LeafFold,
     /// The reduce_scatter of the rank's partial sums.
     ReduceScatter,
+    /// The all_reduce of the rank's partial sums fused with the residual add and the next
+    /// RMSNorm (the decoder tail, `CudaFfnShard::forward_residual_rmsnorm`).
+    AllReduceNorm,
     /// The attention kernel.
     Attention,
 }
 
 impl Stage {
     /// The stage's name: `"all_gather"`, `"gemm1"`, `"activation"`, `"gemm2"`, `"leaf_fold"`,
-    /// `"reduce_scatter"`, `"attention"`.
+    /// `"reduce_scatter"`, `"all_reduce_residual_rmsnorm"`, `"attention"`.
     pub fn name(self) -> &'static str {
         match self {
             Stage::AllGather => "all_gather",
@@ -37,6 +40,7 @@ impl Stage {
             Stage::Gemm2 => "gemm2",
             Stage::LeafFold => "leaf_fold",
             Stage::ReduceScatter => "reduce_scatter",
+            Stage::AllReduceNorm => "all_reduce_residual_rmsnorm",
             Stage::Attention => "attention",
         }
     }
@@ -163,9 +167,9 @@ impl Rendezvous {
 }
 
 /// Keeps ranks that are threads sharing one CUDA context in call order: after every
-/// `AllGather` and `ReduceScatter` is enqueued, waits on `barrier` (one party per rank), so
-/// collective `k` of every rank is enqueued before collective `k + 1` of any (the rule of
-/// `IpcCollective::group`). Only enqueues are ordered: nothing waits for the device. A rank
+/// collective stage (`AllGather`, `ReduceScatter`, `AllReduceNorm`) is enqueued, waits on
+/// `barrier` (one party per rank), so collective `k` of every rank is enqueued before
+/// collective `k + 1` of any (the rule of `IpcCollective::group`). Only enqueues are ordered: nothing waits for the device. A rank
 /// that fails should [`Rendezvous::poison`] it, so that its peers fail instead of waiting.
 #[derive(Debug, Clone, Copy)]
 pub struct Lockstep<'a> {
@@ -175,7 +179,7 @@ pub struct Lockstep<'a> {
 
 impl StageHook for Lockstep<'_> {
     fn after(&mut self, s: Stage, _stream: &Arc<CudaStream>) -> Result<(), Error> {
-        if matches!(s, Stage::AllGather | Stage::ReduceScatter) {
+        if matches!(s, Stage::AllGather | Stage::ReduceScatter | Stage::AllReduceNorm) {
             self.barrier.wait()?;
         }
         Ok(())
