@@ -135,6 +135,31 @@ class Collective:
         self._raw.call_many(lanes, stream)
         return outs
 
+    def all_reduce_residual_rmsnorm(self, x, residual, weight, eps: float = 1e-6, out=None):
+        """The end of a tensor-parallel decoder layer in one call: ``s`` = the fixed tree over
+        every rank's ``x``, ``residual`` becomes ``h = residual + s`` (in the dtype, in place: the
+        next layer's residual), and ``y = rmsnorm(h) * weight`` is written into ``out`` (``x``
+        itself when None, as vLLM's ``fused_add_rms_norm`` overwrites its input). Rows are
+        ``x``'s last dimension (``hidden``); ``residual`` and ``out`` have ``x``'s shape and
+        dtype, ``weight`` ``hidden`` elements of it; f32, f16 or bf16.
+
+        The norm is evaluated in a fixed order that depends only on ``hidden``
+        (``fixed_tree::residual_rmsnorm``: f32 sum of squares over 256 lanes, then a halving
+        tree), so ``h`` and ``y`` have the same bits on every rank, run, route, batch size and
+        TP size. On CUDA, for up to 64 rows on the IPC routes, the all_reduce and the norm are
+        one kernel. Returns ``(y, residual)``."""
+        vx = self._view(x, "x", write=out is None or out is x)
+        vy = vx if out is None or out is x else self._view(out, "out", write=True)
+        vr = self._view(residual, "residual", write=True)
+        vw = self._view(weight, "weight")
+        hidden = vx.shape[-1] if vx.shape else vx.count
+        self._raw.all_reduce_residual_rmsnorm(
+            (vx.addr, vx.count, vx.dtype), (vy.addr, vy.count, vy.dtype),
+            (vr.addr, vr.count, vr.dtype), (vw.addr, vw.count, vw.dtype),
+            hidden, float(eps), vx.stream,
+        )
+        return (x if out is None else out), residual
+
     def _shard_shape(self, v: View):
         shape = v.shape or (1,)
         if shape[0] % self.world_size:

@@ -141,6 +141,80 @@ impl Backend {
     }
 }
 
+/// The tensors of a fused all_reduce + residual + RMSNorm ([`Backend::all_reduce_residual_rmsnorm`]).
+#[derive(Debug, Clone, Copy)]
+pub struct NormBufs {
+    /// This rank's contribution, `rows * hidden` elements.
+    pub x: Buf,
+    /// Receives `y` (the all_reduce's sum first); `x`'s address: in place.
+    pub y: Buf,
+    /// Read, then updated in place to `h = residual + sum`.
+    pub residual: Buf,
+    /// `hidden` elements.
+    pub weight: Buf,
+}
+
+impl Backend {
+    /// `y = tree(x)`, `residual = h = residual + y`, `y = rmsnorm(h) * weight` over rows of
+    /// `hidden` elements, on `stream` (the collective's own typed checks follow; a refused call
+    /// writes nothing). Checked here first, since the raw GPU entry takes one count and dtype:
+    /// every tensor has `x`'s dtype, `y` and `residual` `x`'s elements, `weight` `hidden`.
+    ///
+    /// # Safety
+    /// As [`Backend::call`], for every tensor of `t`.
+    pub unsafe fn all_reduce_residual_rmsnorm(&self, t: NormBufs, hidden: usize, eps: f32, stream: u64) -> Result<(), Error> {
+        let op = Op::AllReduce;
+        let dtype = t.x.dtype;
+        for (argument, b) in [("out", t.y), ("residual", t.residual), ("weight", t.weight)] {
+            if b.dtype != dtype {
+                return Err(Error::DtypeMismatch { op, argument, got: b.dtype, reference: "x", expected: dtype });
+            }
+        }
+        for (argument, b, expected, why) in [
+            ("out", t.y, t.x.count, "x's"),
+            ("residual", t.residual, t.x.count, "x's"),
+            ("weight", t.weight, hidden, "hidden, the last dimension of x"),
+        ] {
+            if b.count != expected {
+                return Err(Error::LengthMismatch { op, argument, expected, got: b.count, why });
+            }
+        }
+        match self {
+            Backend::Cpu(c) => {
+                // SAFETY: the caller's contract (host memory of these sizes, untouched until the
+                // call returns: the CPU twin runs it to completion).
+                let (x, norm) = unsafe {
+                    let x = io_of(t.x, t.y, t.x.addr == t.y.addr);
+                    let norm = collective_factory::RmsNorm {
+                        residual: Io::InPlace(RawMut::from_raw(t.residual.addr, t.residual.count, dtype)),
+                        weight: RawRef::from_raw(t.weight.addr, t.weight.count, dtype),
+                        hidden,
+                        eps,
+                    };
+                    (x, norm)
+                };
+                c.all_reduce_residual_rmsnorm(x, norm, &())
+            }
+            // SAFETY: the caller's contract; the entry validates lengths, alignment and
+            // overlap before any work.
+            Backend::Nvidia(c) => unsafe {
+                c.all_reduce_residual_rmsnorm_raw(
+                    t.x.addr,
+                    t.y.addr,
+                    t.residual.addr,
+                    t.residual.addr,
+                    t.weight.addr,
+                    t.x.count,
+                    hidden,
+                    eps,
+                    dtype,
+                    stream as usize as *mut c_void,
+                )
+            },
+        }
+    }
+}
+
 /// The views of one call (in place: the output buffer only).
 ///
 /// # Safety

@@ -2,7 +2,7 @@
 //! calls (`thread_group`, `from_env`, `from_group`). Every call into the factory releases the
 //! GIL: peers that are threads of this process, and the Python callback of a group bootstrap,
 //! need it while this rank waits.
-use crate::backend::{Backend, Buf, parse_dtype, parse_op};
+use crate::backend::{Backend, Buf, NormBufs, parse_dtype, parse_op};
 use crate::callback::PyBootstrap;
 use crate::errors::to_py;
 use collective_factory::bootstrap::{Bootstrap, TcpBootstrap};
@@ -168,6 +168,29 @@ impl Communicator {
             .map_err(to_py)?;
         // SAFETY: as `call`, for every lane.
         py.detach(|| unsafe { b.call_many(&lanes, stream) }).map_err(to_py)
+    }
+
+    /// Raw fused all_reduce + residual + RMSNorm: `x`, `out`, `residual`, `weight` as
+    /// `(addr, count, dtype)` (`out` at `x`'s address: in place; `residual` updated in place),
+    /// rows of `hidden` elements, `eps`, on `stream`.
+    #[allow(clippy::too_many_arguments)]
+    fn all_reduce_residual_rmsnorm(
+        &self,
+        py: Python<'_>,
+        x: (u64, usize, String),
+        out: (u64, usize, String),
+        residual: (u64, usize, String),
+        weight: (u64, usize, String),
+        hidden: usize,
+        eps: f32,
+        stream: u64,
+    ) -> PyResult<()> {
+        let b = self.backend()?;
+        let t = |v: &(u64, usize, String)| buf(v.0, v.1, &v.2);
+        let bufs = (|| Ok(NormBufs { x: t(&x)?, y: t(&out)?, residual: t(&residual)?, weight: t(&weight)? }))()
+            .map_err(to_py)?;
+        // SAFETY: as `call`, for the four tensors (the wrapper keeps them referenced).
+        py.detach(|| unsafe { b.all_reduce_residual_rmsnorm(bufs, hidden, eps, stream) }).map_err(to_py)
     }
 
     fn __repr__(&self) -> String {

@@ -61,6 +61,8 @@ pub fn to_py(e: Error) -> PyErr {
         Error::LanesOverlap { .. } => LanesOverlap::new_err(msg),
         Error::CapacityExceeded { .. } => CapacityExceeded::new_err(msg),
         Error::TooManyLanes { .. } => TooManyLanes::new_err(msg),
+        // An argument outside its range (the fused norm's eps and hidden).
+        Error::InvalidArgument { .. } => InvalidArgument::new_err(msg),
         Error::Closed => Closed::new_err(msg),
         Error::CloseFailed { .. } => CloseFailed::new_err(msg),
         Error::ForkedHandle { .. } => ForkedHandle::new_err(msg),
