@@ -162,7 +162,13 @@ impl Backend {
     ///
     /// # Safety
     /// As [`Backend::call`], for every tensor of `t`.
-    pub unsafe fn all_reduce_residual_rmsnorm(&self, t: NormBufs, hidden: usize, eps: f32, stream: u64) -> Result<(), Error> {
+    pub unsafe fn all_reduce_residual_rmsnorm(
+        &self,
+        t: NormBufs,
+        hidden: usize,
+        eps: f32,
+        stream: u64,
+    ) -> Result<(), Error> {
         let op = Op::AllReduce;
         let dtype = t.x.dtype;
         for (argument, b) in [("out", t.y), ("residual", t.residual), ("weight", t.weight)] {

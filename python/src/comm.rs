@@ -186,9 +186,8 @@ impl Communicator {
         stream: u64,
     ) -> PyResult<()> {
         let b = self.backend()?;
-        let t = |v: &(u64, usize, String)| buf(v.0, v.1, &v.2);
-        let bufs = (|| Ok(NormBufs { x: t(&x)?, y: t(&out)?, residual: t(&residual)?, weight: t(&weight)? }))()
-            .map_err(to_py)?;
+        let t = |v: &(u64, usize, String)| buf(v.0, v.1, &v.2).map_err(to_py);
+        let bufs = NormBufs { x: t(&x)?, y: t(&out)?, residual: t(&residual)?, weight: t(&weight)? };
         // SAFETY: as `call`, for the four tensors (the wrapper keeps them referenced).
         py.detach(|| unsafe { b.all_reduce_residual_rmsnorm(bufs, hidden, eps, stream) }).map_err(to_py)
     }

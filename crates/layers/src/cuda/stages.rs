@@ -169,8 +169,9 @@ impl Rendezvous {
 /// Keeps ranks that are threads sharing one CUDA context in call order: after every
 /// collective stage (`AllGather`, `ReduceScatter`, `AllReduceNorm`) is enqueued, waits on
 /// `barrier` (one party per rank), so collective `k` of every rank is enqueued before
-/// collective `k + 1` of any (the rule of `IpcCollective::group`). Only enqueues are ordered: nothing waits for the device. A rank
-/// that fails should [`Rendezvous::poison`] it, so that its peers fail instead of waiting.
+/// collective `k + 1` of any (the rule of `IpcCollective::group`). Only enqueues are ordered:
+/// nothing waits for the device. A rank that fails should [`Rendezvous::poison`] it, so that its
+/// peers fail instead of waiting.
 #[derive(Debug, Clone, Copy)]
 pub struct Lockstep<'a> {
     /// One party per rank of the group.
