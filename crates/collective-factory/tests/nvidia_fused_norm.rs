@@ -10,8 +10,8 @@ mod norm_data;
 use collective_core::fixed_tree::Element;
 use collective_factory::cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 use collective_factory::half::{bf16, f16};
-use collective_factory::{Collective, Config, NvidiaCollective, Reducible, Routing, nvidia};
-use norm_data::{bits, reference, values};
+use collective_factory::{Collective, Config, NvidiaCollective, Reducible, nvidia};
+use norm_data::{bits, every_size_by, reference, values};
 
 fn gpu() -> bool {
     let ok = cuda_ipc::driver::driver_present() && cuda_ipc::driver::device_count().is_ok_and(|n| n > 0);
@@ -46,6 +46,22 @@ where
             .collect();
         hs.into_iter().map(|h| h.join().expect("rank")).collect()
     })
+}
+
+/// Every rank's h and y of `shapes` = the reference.
+fn check_shapes<T>(comms: &[NvidiaCollective], name: &str, shapes: &[(usize, usize)])
+where
+    T: Element + Reducible + DeviceRepr + ValidAsZeroBits + Default + Clone,
+{
+    let world = comms.len();
+    for &(rows, hidden) in shapes {
+        let seed = (rows * 31 + hidden) as u64;
+        let (h, y) = reference::<T>(world, rows, hidden, seed);
+        for (r, (gh, gy)) in run::<T>(comms, rows, hidden, seed).into_iter().enumerate() {
+            assert_eq!(bits(&gh), bits(&h), "world {world} {name} rank {r}: h, {rows}x{hidden}");
+            assert_eq!(bits(&gy), bits(&y), "world {world} {name} rank {r}: y, {rows}x{hidden}");
+        }
+    }
 }
 
 fn check<T>(comms: &[NvidiaCollective], name: &str)
@@ -87,17 +103,19 @@ fn fused_norm_equals_the_reference_at_every_world() {
     }
 }
 
-/// A table sending every all_reduce to `route` (the other ops to the one-shot route).
-fn every_size_by(route: &str) -> Routing {
-    let rule = |op: &str, route: &str| format!(r#"{{"op":"{op}","min_bytes":0,"max_bytes":null,"route":"{route}"}}"#);
-    let rules = [
-        rule("all_reduce", route),
-        rule("all_gather", "ipc_one_shot"),
-        rule("reduce_scatter", "ipc_one_shot"),
-        rule("reduce_scatter_many", "ipc_one_shot"),
-    ];
-    let json = format!(r#"{{"platform":"nvidia","source":"test: one route","rules":[{}]}}"#, rules.join(","));
-    Routing::from_json(&json).expect("table")
+/// Batches up to 2048 x 8192 bf16 (32 MiB a rank) on the default tables and staging (16 MiB):
+/// worlds 4 and 8 take RS+AG with the norm on the shards (two chunks for the largest), world 2
+/// bulk push then the norm as a second launch.
+#[test]
+fn large_batches_on_the_default_routes() {
+    if !gpu() {
+        return;
+    }
+    for world in [2, 4, 8] {
+        let comms = nvidia::thread_group(world, &Config::new()).expect("thread group");
+        check_shapes::<bf16>(&comms, "bf16, default routes", &[(512, 4096), (2048, 8192)]);
+        println!("world {world}: 512 x 4096 and 2048 x 8192 bf16 = fixed_tree::residual_rmsnorm");
+    }
 }
 
 /// The one-kernel form on every IPC route (LL push, one-shot pull, bulk push, RS+AG) and in
@@ -110,10 +128,18 @@ fn fused_norm_on_every_ipc_route_and_in_chunks() {
     }
     for route in ["ipc_push_ll", "ipc_one_shot", "ipc_push", "ipc_rs_ag"] {
         for world in [2, 3, 4] {
-            let config = Config::new().with_capacity(64 << 10).with_routing(every_size_by(route));
+            let config = Config::new().with_capacity(64 << 10).with_routing(every_size_by("nvidia", route));
             let comms = nvidia::thread_group(world, &config).expect("thread group");
             check::<bf16>(&comms, &format!("bf16 by {route}"));
             check::<f32>(&comms, &format!("f32 by {route}"));
+            if route == "ipc_rs_ag" {
+                // The norm on each rank's shard of rows before the all-gather, at any row count:
+                // chunks of 4 rows (bf16 4096) through the 64 KiB staging, one row of 8192 f32 and
+                // its y filling the frame, 2049 (shards of 8 rows, not a 16-byte row).
+                let shapes = [(300, 4096), (130, 2048), (9, 2049), (70, 8192)];
+                check_shapes::<bf16>(&comms, &format!("bf16 by {route}, shard norm"), &shapes);
+                check_shapes::<f32>(&comms, &format!("f32 by {route}, shard norm"), &[(130, 2048), (3, 8192)]);
+            }
             println!("{route}, world {world}: h and y of every rank = fixed_tree::residual_rmsnorm");
         }
     }

@@ -116,6 +116,49 @@ def capture(comm, mode, r, w, res):
         res[f"{mode}_ag_{replay}"] = gs.clone()
 
 
+# (rows, hidden, dtype) of the fused all_reduce + residual + RMSNorm checks: one row and 8 rows of
+# the same tokens (batch invariance), a 2-launch shape (> 64 rows), a hidden that is not a
+# multiple of 8 (the scalar path), f32, and calls large enough for the RS+AG / bulk push routes
+# and chunks of the 1 MiB staging.
+NORM_SHAPES = ((1, 4096, "bf16"), (8, 4096, "bf16"), (64, 8192, "bf16"), (3, 2049, "f16"), (100, 512, "f32"),
+               (300, 4096, "bf16"), (1024, 4096, "bf16"))
+NORM_EPS = 1e-6
+
+
+def norm_inputs(rank, rows, hidden, name):
+    """Rank ``rank``'s x, the shared residual and weight (CPU): seeded normals, the same tokens
+    for every row count (row i is the same in the 1-row and the 8-row call)."""
+    dt = DTYPES[name]
+
+    def normal(seed, shape, scale=1.0):
+        g = torch.Generator().manual_seed(seed)
+        return (torch.randn(shape, generator=g) * scale).to(dt)
+
+    x = normal(1000 + 17 * rank + hidden, (max(rows, 8), hidden))[:rows].contiguous()
+    residual = normal(2000 + hidden, (max(rows, 8), hidden), 4.0)[:rows].contiguous()
+    return x, residual, normal(3000 + hidden, (hidden,))
+
+
+def fused_norm(comm, out_dir):
+    """``all_reduce_residual_rmsnorm`` on CUDA tensors: in place (y into x) and with ``out=``;
+    the bits of y and of the updated residual of every shape."""
+    res = {}
+    for rows, hidden, name in NORM_SHAPES:
+        x, residual, weight = (t.cuda() for t in norm_inputs(comm.rank, rows, hidden, name))
+        out = torch.empty_like(x)
+        res_out = residual.clone()
+        y, h = comm.all_reduce_residual_rmsnorm(x.clone(), res_out, weight, eps=NORM_EPS, out=out)
+        assert y is out and h is res_out
+        x2, res2 = x.clone(), residual.clone()
+        y2, h2 = comm.all_reduce_residual_rmsnorm(x2, res2, weight, eps=NORM_EPS)
+        assert y2 is x2 and h2 is res2
+        key = f"{rows}x{hidden}_{name}"
+        res[f"y_out_{key}"], res[f"h_out_{key}"] = y, h
+        res[f"y_inplace_{key}"], res[f"h_inplace_{key}"] = y2, h2
+    comm.synchronize()
+    torch.save({k: bits(v) for k, v in res.items()}, os.path.join(out_dir, f"rank{comm.rank}.pt"))
+
+
 def main():
     mode, out_dir = sys.argv[1], sys.argv[2]
     comm = setup()
@@ -124,7 +167,7 @@ def main():
         with open(os.path.join(out_dir, f"rank{comm.rank}.json"), "w") as f:
             json.dump(report, f)
     else:
-        {"ops": ops, "graph": graph}[mode](comm, out_dir)
+        {"ops": ops, "graph": graph, "fused_norm": fused_norm}[mode](comm, out_dir)
     comm.close()
     dist.destroy_process_group()
 

@@ -15,7 +15,8 @@
 # (steps limited to 300 + 3 x 50 s, plus setup; the GPU checks took ~95 s before the stand-ins).
 #
 # STEPS (default "gpu bench cpu"): which of the three steps run, e.g. STEPS=gpu for the GPU checks
-# alone when a device call also runs other suites.
+# alone when a device call also runs other suites. PYTEST_ARGS: extra pytest arguments of the GPU
+# checks, e.g. PYTEST_ARGS="-k fused_norm" for one check.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 STEPS="${STEPS:-gpu bench cpu}"
@@ -89,7 +90,7 @@ if ! want gpu; then
     say "SKIP gpu checks (STEPS=$STEPS)"
 elif "$PY" -c "import pytest" 2>/dev/null; then
     step "gpu checks (pytest)" 300 gpu_tests.log \
-        "$PY" -m pytest -v -rs -p no:cacheprovider python/tests/device/test_gpu.py
+        "$PY" -m pytest -v -rs -p no:cacheprovider ${PYTEST_ARGS:-} python/tests/device/test_gpu.py
 else
     step "gpu checks (no pytest: built-in runner)" 300 gpu_tests.log "$PY" python/tests/device/test_gpu.py
 fi

@@ -136,6 +136,70 @@ def test_cuda_graph_replay(world):
     assert not bad, "\n".join(bad)
 
 
+def cpu_twin_norm(world, rows, hidden, name):
+    """(y, h) per rank of the same fused call on the CPU twin (ranks as threads of this process):
+    the oracle, itself checked bit for bit against a numpy evaluation of the contract in CI
+    (python/tests/test_fused_norm.py)."""
+    import threading
+
+    import detcoll
+    from gpu_worker import NORM_EPS, norm_inputs
+
+    comms = detcoll.thread_group(world, capacity=1 << 20)
+    out, errors = [None] * world, []
+
+    def run(c):
+        try:
+            x, residual, weight = norm_inputs(c.rank, rows, hidden, name)
+            out[c.rank] = c.all_reduce_residual_rmsnorm(x, residual, weight, eps=NORM_EPS)
+        except Exception as e:  # raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in comms]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for c in comms:
+        c.close()
+    if errors:
+        raise errors[0]
+    return out
+
+
+@parametrize("world", [1, 2, 4, 8])
+def test_fused_norm_bitwise(world):
+    """``all_reduce_residual_rmsnorm`` on CUDA tensors (rank processes): y and the updated
+    residual of every rank, in place and with ``out=``, bit for bit the CPU twin's; the 1-row
+    call's row equal to row 0 of the 8-row call (batch invariance)."""
+    need_gpu_ranks(world)
+    import torch
+    from gpu_worker import NORM_SHAPES
+    from torch_reference import differing
+
+    tmp = os.path.join(OUT, f"fused_norm_w{world}")
+    run_ranks("fused_norm", world, tmp)
+    got = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(world)]
+    checked, bad = 0, []
+    for rows, hidden, name in NORM_SHAPES:
+        key = f"{rows}x{hidden}_{name}"
+        want = cpu_twin_norm(world, rows, hidden, name)
+        for r in range(world):
+            for form in ("out", "inplace"):
+                for i, part in enumerate(("y", "h")):
+                    d = differing(got[r][f"{part}_{form}_{key}"], want[r][i])
+                    checked += 1
+                    if d:
+                        bad.append(f"rank {r} {part} {form} {key}: {d} elements differ from the CPU twin")
+    for r in range(world):
+        one, eight = got[r]["y_out_1x4096_bf16"], got[r]["y_out_8x4096_bf16"]
+        checked += 1
+        if not torch.equal(one.flatten(), eight[:1].flatten()):
+            bad.append(f"rank {r}: the 1-row call's y differs from row 0 of the 8-row call")
+    record(f"fused_norm_w{world}", {"results_checked": checked, "mismatches": len(bad)})
+    assert not bad, "\n".join(bad[:20])
+
+
 def run_standin_mode(mode, world):
     """One stand-in mode (standin_checks.py) at ``world``: the ranks' reports, recorded."""
     tmp = os.path.join(OUT, f"{mode}_w{world}")

@@ -4,6 +4,7 @@
 //! them (the bits every backend must give).
 #![allow(dead_code)]
 use collective_core::fixed_tree::{Element, RmsNormShape, residual_rmsnorm};
+use collective_factory::Routing;
 
 /// Deterministic values of every sign and a wide range of magnitudes (2^-4 .. 2^4). Row 0 of
 /// `values(n, s)` is the same for every `n`: a row alone and the first row of a batch share it.
@@ -36,4 +37,18 @@ pub fn reference<T: Element>(world: usize, rows: usize, hidden: usize, seed: u64
     residual_rmsnorm(&refs, &residual, &weight, 1e-6, RmsNormShape { rows, hidden }, &mut h, &mut y)
         .expect("reference");
     (h, y)
+}
+
+/// A table of `platform` sending every all_reduce to `route` (the other ops to the one-shot
+/// route).
+pub fn every_size_by(platform: &str, route: &str) -> Routing {
+    let rule = |op: &str, route: &str| format!(r#"{{"op":"{op}","min_bytes":0,"max_bytes":null,"route":"{route}"}}"#);
+    let rules = [
+        rule("all_reduce", route),
+        rule("all_gather", "ipc_one_shot"),
+        rule("reduce_scatter", "ipc_one_shot"),
+        rule("reduce_scatter_many", "ipc_one_shot"),
+    ];
+    let json = format!(r#"{{"platform":"{platform}","source":"test: one route","rules":[{}]}}"#, rules.join(","));
+    Routing::from_json(&json).expect("table")
 }
