@@ -558,12 +558,7 @@ struct DcCollectiveNormParams {
 // Whether the call's blocks all passed the barrier without an error of this rank's call (false:
 // the norm is skipped; the call's error is in the record). `local`: every block normalises only
 // rows it reduced itself (dc_norm_local_group), so a barrier of the block is enough.
-//
-// `tag` is what the last block publishes and the others wait for: the call's generation for the
-// epilogue's one barrier; the generation with 1 or 2 in the upper half for the two barriers of
-// dc_norm_shard. Consecutive barriers on a rank thus never publish the same word, so a stale
-// word never releases a later barrier.
-DC_DEV bool dc_norm_barrier(const DcHeader& h, dc_u64* status, dc_u32 g, dc_u64 tag, bool local) {
+DC_DEV bool dc_norm_barrier(const DcHeader& h, dc_u64* status, dc_u32 g, bool local) {
     DC_SHARED int s_ok;
     DC_SYNC_BLOCK();
     if (local) return true;  // the block's own stores of the sum are visible after the barrier
@@ -576,10 +571,10 @@ DC_DEV bool dc_norm_barrier(const DcHeader& h, dc_u64* status, dc_u32 g, dc_u64 
             if (prev == DC_NBLOCKS - 1u) {
                 *(volatile dc_u32*)&status[DC_ST_NORM_ARRIVE] = 0u;
                 DC_FENCE_DEVICE();
-                *(volatile dc_u64*)&status[DC_ST_NORM_GEN] = tag;
+                *(volatile dc_u64*)&status[DC_ST_NORM_GEN] = (dc_u64)g;
             } else {
                 const dc_u64 start = dc_globaltimer();
-                for (dc_u32 iter = 1; *(volatile dc_u64*)&status[DC_ST_NORM_GEN] != tag; ++iter) {
+                for (dc_u32 iter = 1; *(volatile dc_u64*)&status[DC_ST_NORM_GEN] != (dc_u64)g; ++iter) {
                     if ((iter & 63u) != 0) continue;
                     if (dc_ld_relaxed_sys(&status[DC_ST_ABORT]) != 0) {
                         ok = 0;
@@ -624,34 +619,11 @@ DC_DEV dc_u32 dc_norm_local_group(const DcHeader& h, const DcSeg* seg, const DcN
     return (dc_u32)(h.tile_bytes / row);
 }
 
-// The rows of a fused launch, the one instantiation of the norm both fused forms call (the
-// epilogue and dc_norm_shard): `h` and `y` at `p.h + base`, `p.y + base` (base 0: addresses;
-// the own frame's address: offsets in it).
-DC_DEV_NOINLINE void dc_norm_fused_rows(const DcNormParams& p, dc_u32 group, dc_u64 base) {
-    DcNormParams q = p;
-    q.h += base;
-    q.y += base;
-    dc_norm_any<true>(q, group);
-}
-
 // The epilogue dc_collective_mode runs after the protocol in every block of a fused launch
 // (declared in detcoll_protocol.h).
 DC_DEV_NOINLINE void dc_norm_epilogue(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u32 g, const DcNormParams& p) {
     const dc_u32 group = dc_norm_local_group(h, seg, p);
-    if (dc_norm_barrier(h, status, g, (dc_u64)g, group != 0u)) dc_norm_fused_rows(p, group, 0u);
-}
-
-// The norm of a fused launch on the RS+AG route (DC_NORM_IN_FRAME), run by every block between
-// phase 1 and phase 2 of the pull protocol. Phase 1 reduced this rank's shard — whole rows —
-// into `sum` (the caller's y, as the all_reduce writes it); after a barrier of the launch's
-// blocks, rows b, b + grid, ... of the shard are normalised with h and y stored into the own
-// frame (`p.h`, `p.y`: offsets in it), and a second barrier makes every row of both visible
-// before any block releases its phase-2 flag: a peer's block b, released by our block b, then
-// gathers tiles any of our blocks wrote. The arithmetic is the epilogue's (dc_norm_any).
-DC_DEV_NOINLINE bool dc_norm_shard(const DcHeader& h, dc_u64* status, dc_u32 g, dc_u64 frame, const DcNormParams& p) {
-    if (!dc_norm_barrier(h, status, g, (dc_u64)g | (1ull << 32), false)) return false;
-    dc_norm_fused_rows(p, 1u, h.data[h.rank] + frame);
-    return dc_norm_barrier(h, status, g, (dc_u64)g | (2ull << 32), false);
+    if (dc_norm_barrier(h, status, g, group != 0u)) dc_norm_any<true>(p, group);
 }
 
 // The fused entry's body: the collective of the call's last launch, the norm as its epilogue.

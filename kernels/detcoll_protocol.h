@@ -49,9 +49,7 @@
 // (a version-6 image would run them as 8 ranks). 8: the residual + RMSNorm entry
 // (`detcoll_residual_rmsnorm`, DcNormParams; a version-7 image lacks it). 9: the fused
 // all_reduce + residual + RMSNorm entry (`detcoll_collective_norm`, DcCollectiveNormParams).
-// 10: 18 single-lane segments and DC_NORM_IN_FRAME (the fused norm on RS+AG shards: phase 2
-// gathers every rank's h and y, 2 x 8 segments at world 8).
-#define DC_ABI_VERSION 10u
+#define DC_ABI_VERSION 9u
 
 #define DC_MAX_WORLD 8
 
@@ -205,15 +203,10 @@ struct DcNormParams {
     dc_u32 hidden;    // 1 .. 2^24
     dc_u32 dtype;     // DC_F32, DC_F16, DC_BF16
     float eps;        // finite, >= 0
-    dc_u32 flags;     // DC_NORM_IN_FRAME or 0
+    dc_u32 pad;
 };
 
-// DcNormParams::flags: the norm of a fused launch on the RS+AG route runs on this rank's shard
-// of whole rows between phase 1 and phase 2 (dc_norm_shard), and `h` and `y` are byte offsets
-// in this rank's staging frame of the call (where phase 2 gathers them from), not addresses.
-#define DC_NORM_IN_FRAME 1u
-
-#define DC_SEGS_SINGLE 18
+#define DC_SEGS_SINGLE 16
 #define DC_SEGS_MANY 32
 
 // Status line words (own allocation, Layout::status()): written only by the owner's kernels.
@@ -702,16 +695,11 @@ DC_DEV void dc_push_bulk(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc
 // protocol (no tiles, flags or counts) and only run the epilogue. One out-of-line epilogue,
 // not a template parameter: every mode's body stays one instantiation per image.
 DC_DEV_NOINLINE void dc_norm_epilogue(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u32 g, const DcNormParams& p);
-// The norm of a DC_NORM_IN_FRAME launch (detcoll_norm.h), between phase 1 and phase 2 of the
-// pull route in every block: false when the call failed (phase 2 is then skipped).
-DC_DEV_NOINLINE bool dc_norm_shard(const DcHeader& h, dc_u64* status, dc_u32 g, dc_u64 frame, const DcNormParams& p);
 
 template <dc_u32 MODE>
 DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, const DcNormParams* norm) {
     const dc_u32 b = DC_BID;
     const bool member = b < h.grid;
-    // The norm between the phases (pull route only: the host packs DC_NORM_IN_FRAME for RS+AG).
-    const bool in_frame = MODE == DC_MODE_PULL && norm && (norm->flags & DC_NORM_IN_FRAME) != 0u;
     const dc_u64 own = h.ctl[h.rank];
     const dc_u64 own_data = h.data[h.rank];
     dc_u64* status = dc_at(own, h.off_status);
@@ -830,10 +818,7 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
                     const DcSeg& s = seg[h.nstage + i];
                     dc_run_segment(h, s, frame, (s.flags & DC_SEG_GATHER) != 0);
                 }
-                // A fused launch on the RS+AG route normalises its shard of whole rows here, into
-                // the own frame, where phase 2 gathers every rank's h and y from.
-                if (in_frame) ok = dc_norm_shard(h, status, g, frame, *norm);
-                if (ok && h.nphase2) {
+                if (h.nphase2) {
                     DC_SYNC_BLOCK();
                     if (DC_TID == 0) dc_st_release_sys(dc_at(own, h.off_phase2 + (dc_u64)b * h.line), word);
                     ok = dc_wait(h, status, h.off_phase2 + b * h.line, g, DC_ERR_TIMEOUT_PHASE2, false);
@@ -846,7 +831,7 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
         }
     }  // member
 
-    if (norm && !in_frame) dc_norm_epilogue(h, seg, status, g, *norm);
+    if (norm) dc_norm_epilogue(h, seg, status, g, *norm);
     if (!member) return;
 
     // The last block to finish advances the generation (next launch on this stream sees it)

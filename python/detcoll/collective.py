@@ -147,9 +147,7 @@ class Collective:
         (``fixed_tree::residual_rmsnorm``: f32 sum of squares over 256 lanes, then a halving
         tree), so ``h`` and ``y`` have the same bits on every rank, run, route, batch size and
         TP size. On CUDA, for up to 64 rows on the IPC routes, the all_reduce and the norm are
-        one kernel; on the RS+AG route (large calls at 4 and 8 ranks) each rank normalises its
-        shard of rows before the all-gather, one kernel per staging chunk. Returns
-        ``(y, residual)``."""
+        one kernel. Returns ``(y, residual)``."""
         vx = self._view(x, "x", write=out is None or out is x)
         vy = vx if out is None or out is x else self._view(out, "out", write=True)
         vr = self._view(residual, "residual", write=True)

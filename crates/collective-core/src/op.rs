@@ -63,11 +63,8 @@ pub struct Signature {
     /// 1, or the lane count of `reduce_scatter_many` (at most [`crate::MAX_LANES`]).
     pub lanes: u16,
     /// `reduce_scatter_many`: [`Signature::lane_split`] of the lanes' element counts, in lane
-    /// order. Without it, lanes `[4, 8]` on one rank and `[8, 4]` on another had equal
-    /// signatures and their trees were silently mixed. Single-lane calls: 0, or
-    /// [`Signature::shard_norm_split`] for the fused all_reduce + RMSNorm whose norm runs on the
-    /// ranks' RS+AG shards (its phase 2 gathers h and y, not the sum: a plain all_reduce of the
-    /// same size, or another row length, must not match it).
+    /// order; 0 for single-lane calls. Without it, lanes `[4, 8]` on one rank and `[8, 4]` on
+    /// another had equal signatures and their trees were silently mixed.
     pub split: u32,
     /// The IPC route the call runs by (validation fills in `IpcOneShot`, the plan the route it
     /// takes). Part of the digest: two ranks taking different protocols for the same call
@@ -78,17 +75,7 @@ pub struct Signature {
 
 const SIG_MAGIC: u64 = 0xD7;
 
-/// [`Signature::split`] bit of a single-lane fused all_reduce + RMSNorm with the norm on the
-/// RS+AG shards (rows of `split & !SHARD_NORM_SPLIT` elements).
-const SHARD_NORM_SPLIT: u32 = 1 << 31;
-
 impl Signature {
-    /// The [`Signature::split`] of a fused all_reduce + residual + RMSNorm whose norm runs on
-    /// each rank's RS+AG shard of whole rows of `hidden` elements (`hidden < 2^31`).
-    pub const fn shard_norm_split(hidden: u32) -> u32 {
-        SHARD_NORM_SPLIT | hidden
-    }
-
     /// A 32-bit, order-sensitive hash of per-lane element counts (FNV-1a over each count's
     /// eight little-endian bytes; never 0). 32 bits because the flag word carries a 32-bit
     /// digest of the whole signature anyway: a wider hash would not make detection stronger.
@@ -146,9 +133,7 @@ impl Signature {
 impl core::fmt::Display for Signature {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         write!(f, "{} {} x {}", self.op, self.dtype, self.count)?;
-        if self.lanes == 1 && self.split & SHARD_NORM_SPLIT != 0 {
-            write!(f, " + RMSNorm of rows of {} on the shards", self.split & !SHARD_NORM_SPLIT)?;
-        } else if self.lanes != 1 || self.split != 0 {
+        if self.lanes != 1 || self.split != 0 {
             write!(f, " in {} lanes (split {:#010x})", self.lanes, self.split)?;
         }
         write!(f, " via {}", self.route.name())

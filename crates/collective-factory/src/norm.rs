@@ -6,14 +6,10 @@
 //! the TP-invariant layer) and runs.
 //!
 //! Where the table sends the all_reduce to an IPC route (one-shot, LL push, bulk push, RS+AG)
-//! and the batch has at most [`ONE_KERNEL_MAX_ROWS`] rows, the call is one kernel: the norm is
-//! the epilogue of the all_reduce's last launch (`Launch::SingleNorm`,
-//! `detcoll_collective_norm`: the collective, a barrier of the launch's blocks, then the rows).
-//! On the RS+AG route, at any batch size, each rank normalises its shard of whole rows between
-//! the reduce-scatter and the all-gather, which then gathers `h` and `y`
-//! (`detcoll_protocol::ShardNormChunks`: one launch per chunk of the staging). On the other
-//! routes (transport, hierarchical, the hybrid), for larger batches on the other IPC routes and
-//! at world 1 the norm is a second launch on the same stream.
+//! and the batch has at most [`ONE_KERNEL_MAX_ROWS`] rows, the call is one kernel: the norm is the epilogue of the all_reduce's last launch
+//! (`Launch::SingleNorm`, `detcoll_collective_norm`: the collective, a barrier of the launch's
+//! blocks, then the rows). On the other routes (transport, hierarchical, the hybrid), for
+//! larger batches and at world 1 the norm is a second launch on the same stream.
 use crate::Routed;
 use crate::routed::{NoTransport, OnStream};
 use crate::scratch::CallStream;
@@ -129,11 +125,8 @@ where
         {
             let _call = self.lock_calls()?;
             // The one-kernel form where the table sends the all_reduce to an IPC route and the
-            // batch is small enough for it to pay (ONE_KERNEL_MAX_ROWS), and on the RS+AG route
-            // at any size (the norm on each rank's shard of rows, before the all-gather).
-            let one_kernel = self
-                .ipc_all_reduce_route(&x)?
-                .filter(|r| call.rows <= ONE_KERNEL_MAX_ROWS || *r == IpcRoute::ReduceScatterAllGather);
+            // batch is small enough for it to pay (ONE_KERNEL_MAX_ROWS).
+            let one_kernel = if call.rows <= ONE_KERNEL_MAX_ROWS { self.ipc_all_reduce_route(&x)? } else { None };
             if let (Some(route), Some(ipc)) = (one_kernel, self.ipc()) {
                 if ipc.all_reduce_then_norm(x, route, &args, via.stream())? {
                     return Ok(());

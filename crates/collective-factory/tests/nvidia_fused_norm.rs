@@ -104,8 +104,8 @@ fn fused_norm_equals_the_reference_at_every_world() {
 }
 
 /// Batches up to 2048 x 8192 bf16 (32 MiB a rank) on the default tables and staging (16 MiB):
-/// worlds 4 and 8 take RS+AG with the norm on the shards (two chunks for the largest), world 2
-/// bulk push then the norm as a second launch.
+/// worlds 4 and 8 take RS+AG (two chunks for the largest), world 2 bulk push; the norm is a
+/// second launch.
 #[test]
 fn large_batches_on_the_default_routes() {
     if !gpu() {
@@ -133,12 +133,12 @@ fn fused_norm_on_every_ipc_route_and_in_chunks() {
             check::<bf16>(&comms, &format!("bf16 by {route}"));
             check::<f32>(&comms, &format!("f32 by {route}"));
             if route == "ipc_rs_ag" {
-                // The norm on each rank's shard of rows before the all-gather, at any row count:
-                // chunks of 4 rows (bf16 4096) through the 64 KiB staging, one row of 8192 f32 and
-                // its y filling the frame, 2049 (shards of 8 rows, not a 16-byte row).
+                // Batches above the one-kernel limit (the norm as a second launch) whose
+                // all_reduce runs in chunks of a few rows through the 64 KiB staging, rows of
+                // 2049 (not a 16-byte multiple) and of 32 KiB (8192 f32).
                 let shapes = [(300, 4096), (130, 2048), (9, 2049), (70, 8192)];
-                check_shapes::<bf16>(&comms, &format!("bf16 by {route}, shard norm"), &shapes);
-                check_shapes::<f32>(&comms, &format!("f32 by {route}, shard norm"), &[(130, 2048), (3, 8192)]);
+                check_shapes::<bf16>(&comms, &format!("bf16 by {route}, large batches"), &shapes);
+                check_shapes::<f32>(&comms, &format!("f32 by {route}, large batches"), &[(130, 2048), (3, 8192)]);
             }
             println!("{route}, world {world}: h and y of every rank = fixed_tree::residual_rmsnorm");
         }

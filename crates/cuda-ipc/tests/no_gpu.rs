@@ -133,10 +133,13 @@ fn check_norm_ptx(arch: &str, ptx: &str) {
     assert!(!body.contains("__local_depot"), "{arch}: the norm entry uses local memory");
 }
 
-/// The body of the definition of `.func name` in `ptx` (from its name to its closing brace).
-fn func_body<'a>(arch: &str, ptx: &'a str, name: &str) -> &'a str {
-    let at = ptx
-        .match_indices(name)
+/// The fused all_reduce + RMSNorm entry: its one parameter is `DcCollectiveNormParams` of the
+/// host's size, blocks of the collective's 512 threads, and no approximate operation in it; its
+/// out-of-line epilogue (`dc_norm_epilogue`, the norm's rows) keeps the per-thread arrays in
+/// registers as the standalone entry does: no local-memory frame.
+fn check_fused_ptx(arch: &str, ptx: &str) {
+    let epilogue = ptx
+        .match_indices("dc_norm_epilogue")
         .map(|(at, _)| at)
         .find(|&at| {
             let line_start = ptx[..at].rfind('\n').map_or(0, |l| l + 1);
@@ -144,23 +147,9 @@ fn func_body<'a>(arch: &str, ptx: &'a str, name: &str) -> &'a str {
             ptx[line_start..at].contains(".func")
                 && rest.find("\n)").is_some_and(|c| rest[c + 2..].trim_start().starts_with('{'))
         })
-        .unwrap_or_else(|| panic!("{arch}: no definition of {name}"));
-    let body = &ptx[at..];
-    &body[..body.find("\n}\n").map_or(body.len(), |e| e + 3)]
-}
-
-/// The fused all_reduce + RMSNorm entry: its one parameter is `DcCollectiveNormParams` of the
-/// host's size, blocks of the collective's 512 threads, and no approximate operation in it; the
-/// rows of both fused forms (`dc_norm_fused_rows`, out of line, called by the epilogue
-/// `dc_norm_epilogue` and by `dc_norm_shard`) keep the per-thread arrays in registers as the
-/// standalone entry does: no local-memory frame in any of the three.
-fn check_fused_ptx(arch: &str, ptx: &str) {
-    for name in ["dc_norm_epilogue", "dc_norm_shard"] {
-        let body = func_body(arch, ptx, name);
-        assert!(body.contains("dc_norm_fused_rows"), "{arch}: {name} does not call dc_norm_fused_rows");
-        assert!(!body.contains("__local_depot"), "{arch}: {name} uses local memory");
-    }
-    let body = func_body(arch, ptx, "dc_norm_fused_rows");
+        .unwrap_or_else(|| panic!("{arch}: no definition of dc_norm_epilogue"));
+    let body = &ptx[epilogue..];
+    let body = &body[..body.find("\n}\n").map_or(body.len(), |e| e + 3)];
     // 16-byte loads and stores (generic ones: the out-of-line function's pointers come through
     // a reference, not the kernel's parameters).
     for insn in ["mul.rn.f32", "div.rn.f32", "sqrt.rn.f32", "ld.v4.u32", "st.v4.u32"] {
@@ -186,12 +175,12 @@ fn check_fused_ptx(arch: &str, ptx: &str) {
 }
 
 /// `ptx` without the bodies of the norm (every image has them, whatever its worlds): the
-/// standalone entry and the fused call's out-of-line functions (`dc_norm_epilogue`,
-/// `dc_norm_shard`, `dc_norm_fused_rows`), definitions and declarations alike. Each must be found: a renamed
+/// standalone entry and the fused call's out-of-line epilogue (`dc_norm_epilogue`), definitions
+/// and declarations alike. Each must be found: a renamed
 /// function would otherwise stay in and make the comparison meaningless.
 fn without_norm_entry(ptx: &str) -> String {
     let mut out = ptx.to_string();
-    for name in ["detcoll_residual_rmsnorm(", "dc_norm_epilogue", "dc_norm_shard", "dc_norm_fused_rows"] {
+    for name in ["detcoll_residual_rmsnorm(", "dc_norm_epilogue"] {
         let (mut found, mut from) = (false, 0);
         while let Some(at) = out[from..].find(name).map(|i| from + i) {
             let start = out[..at].rfind('\n').map_or(0, |l| l + 1);
@@ -343,7 +332,6 @@ fn kernel_constants_match_the_host() {
         ("DC_ST_FINISHED", status::ST_FINISHED as u64),
         ("DC_ST_REFRESH", status::ST_REFRESH as u64),
         ("DC_LL_EPOCH_MASK", u64::from(status::LL_EPOCH_MASK)),
-        ("DC_NORM_IN_FRAME", u64::from(detcoll_protocol::norm::NORM_IN_FRAME)),
         ("DC_WORLDS", u64::from(Worlds::ALL.mask())),
     ];
     for (name, value) in &host {

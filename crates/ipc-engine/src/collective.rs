@@ -9,7 +9,6 @@ use crate::order::StreamOrder;
 use crate::state::{IpcState, Owner};
 use collective_core::process::ProcessOwner;
 use collective_core::{Capabilities, Collective, Error, Io, IpcRoute, Op, Route, RouteSelect, validate, validate_many};
-use detcoll_protocol::ShardNormChunks;
 use detcoll_protocol::close::{self, CloseOnce};
 use detcoll_protocol::params::{self, CollectiveNormParams, CopyParams, ParamsMany, ParamsSingle};
 use detcoll_protocol::status::{self, RECORD_WORDS};
@@ -223,44 +222,8 @@ impl<D: IpcDevice> IpcCollective<D> {
         stream: RawStream,
     ) -> Result<bool, Error> {
         let packed = NormParams::pack(norm)?;
-        if route == Some(IpcRoute::ReduceScatterAllGather) {
-            // SAFETY: forwarded.
-            if unsafe { self.enqueue_shard_norm(&io, norm, stream) }? {
-                return Ok(true);
-            }
-        }
         // SAFETY: forwarded.
         unsafe { self.enqueue_single(Op::AllReduce, io, route, Some((norm, packed)), stream) }
-    }
-
-    /// The fused call on the RS+AG route with the norm on this rank's shard of whole rows
-    /// between the reduce-scatter and the all-gather (`ShardNormChunks`: one launch per chunk,
-    /// each normalising its rows). `Ok(false)`: the form does not apply (one rank, or not even
-    /// one row and its `y` fit the staging frame) and nothing was enqueued.
-    ///
-    /// # Safety
-    /// As [`IpcCollective::enqueue_all_reduce_norm`].
-    unsafe fn enqueue_shard_norm(&self, io: &Io<'_>, norm: &NormArgs, stream: RawStream) -> Result<bool, Error> {
-        let call = validate(Op::AllReduce, io, self.rank, self.world, usize::MAX)?;
-        let Some(ipc) = self.ipc.as_ref() else { return Ok(false) };
-        let Some(chunks) = ShardNormChunks::new(&call, norm, self.rank, self.world, self.config.capacity) else {
-            return Ok(false);
-        };
-        let mut order = self.lock_call()?;
-        self.check()?;
-        self.device.bind()?;
-        let launch = |(plan, packed)| {
-            let fused =
-                CollectiveNormParams { call: params::pack(&ipc.fixed, &plan, false, D::BACKEND)?, norm: packed };
-            let grid = fused.grid(ipc.fixed.max_grid);
-            // SAFETY: `detcoll_collective_norm` takes `DcCollectiveNormParams`; the collective's
-            // addresses are the group's allocations and the caller's validated views, the norm's
-            // the caller's (checked by `NormParams::pack`) and offsets in the own frame.
-            unsafe { self.device.launch(&ipc.kernels, Launch::SingleNorm { params: &fused, args: norm }, grid, stream) }
-                .map_err(|e| self.fail(e))
-        };
-        // SAFETY: a live stream of this device (caller).
-        unsafe { self.run_call(&mut order, stream, chunks.map(Ok), launch) }.map(|()| true)
     }
 
     /// One single-lane call (`enqueue_routed`), with `norm` as the epilogue of its last launch

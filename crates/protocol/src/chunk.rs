@@ -295,7 +295,7 @@ impl Chunks {
 }
 
 /// One segment of a chunk's plan: `count` elements, no write-back (chunks never write back).
-pub(crate) fn piece(phase: Phase, src: u64, dst: u64, frame_offset: usize, count: usize, peer: usize) -> Segment {
+fn piece(phase: Phase, src: u64, dst: u64, frame_offset: usize, count: usize, peer: usize) -> Segment {
     Segment { phase, src, dst, frame_offset, count, peer, write_back: false }
 }
 

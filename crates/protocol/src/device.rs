@@ -55,10 +55,7 @@ pub enum Launch<'a> {
     Copy(&'a CopyParams),
     /// `detcoll_collective_norm`: the last launch of a fused all_reduce + residual + RMSNorm,
     /// the collective of `params.call` and then the norm of `args` (`params.norm`, packed from
-    /// them) as one kernel. A host executor runs the two in that order; with
-    /// [`NORM_IN_FRAME`](crate::norm::NORM_IN_FRAME) in `params.norm.flags` (the RS+AG shard
-    /// form, [`ShardNormChunks`](crate::ShardNormChunks)) the norm of `params.norm` runs between
-    /// the collective's phases instead, and `args` is the whole call's.
+    /// them) as one kernel. A host executor runs the two in that order.
     SingleNorm { params: &'a CollectiveNormParams, args: &'a NormArgs },
 }
 

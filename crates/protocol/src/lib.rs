@@ -55,7 +55,6 @@ mod norm_device;
 pub mod params;
 mod plan;
 mod poison;
-mod shard_norm;
 pub mod status;
 #[cfg(feature = "conformance")]
 pub mod suite;
@@ -75,5 +74,4 @@ pub use norm::{NormArgs, NormParams};
 pub use norm_device::NormDevice;
 pub use plan::{Phase, Plan, Segment};
 pub use poison::Poison;
-pub use shard_norm::ShardNormChunks;
 pub use workspace::{GRANULE, Workspace};

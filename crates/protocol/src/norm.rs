@@ -71,15 +71,8 @@ pub struct NormParams {
     /// `DType as u32`.
     pub dtype: u32,
     pub eps: f32,
-    /// [`NORM_IN_FRAME`] or 0 (every launch [`NormParams::pack`] makes).
-    pub flags: u32,
+    pub pad: u32,
 }
-
-/// [`NormParams::flags`]: the norm of a fused launch on the RS+AG route, run on the rank's shard
-/// of whole rows between the reduce-scatter and the all-gather (`dc_norm_shard`,
-/// [`crate::ShardNormChunks`]); `h` and `y` are byte offsets in the rank's staging frame of the
-/// call, from which the all-gather copies every rank's rows.
-pub const NORM_IN_FRAME: u32 = 1;
 
 const _: () = assert!(size_of::<NormParams>() == 64);
 
@@ -161,7 +154,7 @@ impl NormParams {
             hidden: args.hidden as u32,
             dtype: dtype as u32,
             eps: args.eps,
-            flags: 0,
+            pad: 0,
         })
     }
 
@@ -193,7 +186,7 @@ mod tests {
 
     #[test]
     fn layout_matches_the_kernel_header() {
-        // DcNormParams: five addresses, rows, then hidden, dtype, eps, flags (natural alignment).
+        // DcNormParams: five addresses, rows, then hidden, dtype, eps, pad (natural alignment).
         let offsets = [
             offset_of!(NormParams, sum),
             offset_of!(NormParams, residual),
@@ -204,7 +197,7 @@ mod tests {
             offset_of!(NormParams, hidden),
             offset_of!(NormParams, dtype),
             offset_of!(NormParams, eps),
-            offset_of!(NormParams, flags),
+            offset_of!(NormParams, pad),
         ];
         assert_eq!(offsets, [0, 8, 16, 24, 32, 40, 48, 52, 56, 60]);
         assert_eq!(size_of::<NormParams>(), 64);
@@ -213,7 +206,7 @@ mod tests {
     #[test]
     fn packs_and_grids() {
         let p = NormParams::pack(&args(DType::BF16)).unwrap();
-        assert_eq!((p.rows, p.hidden, p.dtype, p.eps, p.flags), (4, 1000, DType::BF16 as u32, 1e-6, 0));
+        assert_eq!((p.rows, p.hidden, p.dtype, p.eps, p.pad), (4, 1000, DType::BF16 as u32, 1e-6, 0));
         assert_eq!((p.sum, p.residual, p.weight, p.h, p.y), (0x10_0000, 0x20_0000, 0x30_0000, 0x40_0000, 0x50_0000));
         assert_eq!(p.grid(), 4);
         let big = NormParams::pack(&NormArgs { rows: 1 << 17, hidden: 1, ..args(DType::F32) }).unwrap();

@@ -5,11 +5,11 @@
 //! Moved verbatim from `crates/cuda-ipc/src/launch.rs` (only the backend name of the
 //! "too many segments" error became a parameter of [`pack`]).
 use super::{Layout, Phase, Plan};
-use crate::norm::{NORM_IN_FRAME, NormParams};
+use crate::norm::NormParams;
 use collective_core::{DType, Error, Op, Route, check_node_world_size};
 
 /// Must equal `DC_ABI_VERSION` in the kernels (checked when a module is loaded).
-pub const ABI_VERSION: u32 = 10;
+pub const ABI_VERSION: u32 = 9;
 /// Threads per block (the kernels' `__launch_bounds__`).
 pub const THREADS: u32 = 512;
 /// Frame bytes per tile: tile `t` belongs to block `t % grid` in every phase on every rank.
@@ -18,7 +18,7 @@ pub const TILE_BYTES: u32 = 16 * THREADS;
 /// Most ranks.
 pub const MAX_WORLD: usize = 8;
 /// Segments of a single-lane call's parameters (`DC_SEGS_SINGLE`).
-pub const SEGS_SINGLE: usize = 18;
+pub const SEGS_SINGLE: usize = 16;
 /// Segments of a `reduce_scatter_many` call's parameters (`DC_SEGS_MANY`).
 pub const SEGS_MANY: usize = 32;
 
@@ -111,8 +111,7 @@ pub struct Params<const N: usize> {
     pub seg: [Seg; N],
 }
 
-/// Single-lane calls: 1 stage + up to 8 phase-1 + 7 phase-2 segments, or (the fused norm on
-/// RS+AG shards, [`crate::ShardNormChunks`]) 1 stage + 1 phase-1 + 2 x 8 phase-2 segments.
+/// Single-lane calls: 1 stage + up to 8 phase-1 + 7 phase-2 segments.
 pub type ParamsSingle = Params<SEGS_SINGLE>;
 /// `reduce_scatter_many`: up to 16 stage + 16 phase-1 segments.
 pub type ParamsMany = Params<SEGS_MANY>;
@@ -132,11 +131,9 @@ impl CollectiveNormParams {
     /// ([`local_group`](Self::local_group)), exactly the collective's grid: each block then
     /// normalises the rows it reduced, with no barrier of the launch. Otherwise the collective's
     /// grid, or more (up to `max_grid`, the most the protocol keeps resident) when there are more
-    /// rows to normalise; blocks beyond the collective's grid only run the norm. A norm of the
-    /// rank's RS+AG shard ([`NORM_IN_FRAME`]) runs between the protocol's phases: exactly the
-    /// collective's grid.
+    /// rows to normalise; blocks beyond the collective's grid only run the norm.
     pub fn grid(&self, max_grid: u32) -> u32 {
-        if self.local_group() != 0 || self.norm.flags & NORM_IN_FRAME != 0 {
+        if self.local_group() != 0 {
             return self.call.h.grid;
         }
         let rows = u32::try_from(self.norm.rows).unwrap_or(u32::MAX);
@@ -224,7 +221,7 @@ pub fn copy_grid(bytes: usize, max_grid: u32) -> u32 {
 
 const _: () = assert!(size_of::<Seg>() == 40);
 const _: () = assert!(size_of::<Header>() == 280);
-const _: () = assert!(size_of::<ParamsSingle>() == 280 + 18 * 40);
+const _: () = assert!(size_of::<ParamsSingle>() == 280 + 16 * 40);
 const _: () = assert!(size_of::<TreeParams>() == 88);
 const _: () = assert!(size_of::<CollectiveNormParams>() == size_of::<ParamsSingle>() + size_of::<NormParams>());
 
@@ -446,10 +443,10 @@ mod tests {
 
     // Mirrored by hand from kernels/detcoll_protocol.h (`DcSeg`, `DcHeader`, `DcParams<N>`,
     // `DcTreeParams`, `DcCopyParams`, natural C alignment): byte offsets of every field.
-    const DC_ABI_VERSION: u32 = 10;
+    const DC_ABI_VERSION: u32 = 9;
     const DC_MAX_WORLD: usize = 8;
     const DC_THREADS: u32 = 512;
-    const DC_SEGS_SINGLE: usize = 18;
+    const DC_SEGS_SINGLE: usize = 16;
     const DC_SEGS_MANY: usize = 32;
     const DC_SEG_WRITE_BACK: u32 = 1;
     const DC_SEG_GATHER: u32 = 2;

@@ -13,7 +13,6 @@ use crate::executor::{self, Watch};
 use crate::liveness::alive;
 use crate::region::{Handle, Region, Share};
 use collective_core::{DType, Error};
-use detcoll_protocol::norm::{NORM_IN_FRAME, NormArgs};
 use detcoll_protocol::params::{MAX_WORLD, RankMemory};
 use detcoll_protocol::status::RECORD_WORDS;
 use detcoll_protocol::{Header, Layout};
@@ -270,45 +269,17 @@ impl IpcDevice for HostDevice {
         let (h, norm) = match params {
             Launch::Single(p) => {
                 // SAFETY: packed by the engine for this rank's live group (the caller's contract).
-                unsafe { executor::collective(&p.h, &p.seg, self, None) };
+                unsafe { executor::collective(&p.h, &p.seg, self) };
                 (&p.h, None)
-            }
-            Launch::SingleNorm { params, args } if params.norm.flags & NORM_IN_FRAME != 0 => {
-                // The RS+AG shard form: the norm of the shard's rows between the phases, its h
-                // and y into the own frame (offsets `params.norm.h`, `.y`).
-                let n = &params.norm;
-                let failed = std::cell::Cell::new(None);
-                let norm = |frame: u64| {
-                    let args = NormArgs {
-                        sum: n.sum,
-                        residual: n.residual,
-                        weight: n.weight,
-                        h: frame + n.h,
-                        y: frame + n.y,
-                        rows: n.rows as usize,
-                        hidden: n.hidden as usize,
-                        eps: n.eps,
-                        dtype: args.dtype,
-                    };
-                    // SAFETY: the caller's views (validated by the engine) and the own frame.
-                    let r = unsafe { detcoll_protocol::NormDevice::residual_rmsnorm(self, &args, stream) };
-                    r.map_err(|e| failed.set(Some(e))).is_ok()
-                };
-                // SAFETY: as above.
-                unsafe { executor::collective(&params.call.h, &params.call.seg, self, Some(&norm)) };
-                if let Some(e) = failed.take() {
-                    return Err(e);
-                }
-                (&params.call.h, None)
             }
             Launch::SingleNorm { params, args } => {
                 // SAFETY: as above.
-                unsafe { executor::collective(&params.call.h, &params.call.seg, self, None) };
+                unsafe { executor::collective(&params.call.h, &params.call.seg, self) };
                 (&params.call.h, Some(args))
             }
             Launch::Many(p) => {
                 // SAFETY: as above.
-                unsafe { executor::collective(&p.h, &p.seg, self, None) };
+                unsafe { executor::collective(&p.h, &p.seg, self) };
                 (&p.h, None)
             }
             Launch::Copy(p) => {

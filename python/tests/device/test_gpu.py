@@ -160,8 +160,11 @@ def cpu_twin_norm(world, rows, hidden, name):
         t.start()
     for t in threads:
         t.join(120)
-    for c in comms:
-        c.close()
+    closers = [threading.Thread(target=c.close) for c in comms]  # collective: every rank at once
+    for t in closers:
+        t.start()
+    for t in closers:
+        t.join(60)
     if errors:
         raise errors[0]
     return out

@@ -46,20 +46,16 @@ pub(super) struct Call<'a> {
     /// Offset of frame `g % 2` from every rank's frame 0.
     pub frame: u64,
     watch: &'a dyn Watch,
-    /// The norm of a fused launch on the RS+AG route (`dc_norm_shard`), run between phase 1 and
-    /// phase 2 with the own frame's address of this call; false: it failed (phase 2 skipped).
-    pub shard_norm: Option<&'a dyn Fn(u64) -> bool>,
 }
 
 /// Runs one collective launch of `h` with `seg` (its `nstage + nphase1 + nphase2` segments)
 /// on the calling thread. A failure is recorded in the launching rank's error record and its
-/// status word (as `dc_fail` does), never returned: the engine reads the record. `shard_norm`:
-/// the norm between the pull route's phases (a fused launch with `NORM_IN_FRAME`).
+/// status word (as `dc_fail` does), never returned: the engine reads the record.
 ///
 /// # Safety
 /// `h` and `seg` were packed by the engine for a live group: every address in them is valid
 /// for the accesses the protocol makes (see `memory`).
-pub(crate) unsafe fn collective(h: &Header, seg: &[Seg], watch: &dyn Watch, shard_norm: Option<&dyn Fn(u64) -> bool>) {
+pub(crate) unsafe fn collective(h: &Header, seg: &[Seg], watch: &dyn Watch) {
     let status = h.ctl[h.rank as usize] + u64::from(h.off_status);
     // SAFETY: the status line of this rank's live staging (caller).
     let st = |i: usize| unsafe { word(status + 8 * i as u64) };
@@ -71,8 +67,7 @@ pub(crate) unsafe fn collective(h: &Header, seg: &[Seg], watch: &dyn Watch, shar
     if abort != 0 {
         return; // later calls of a failed rank touch nothing
     }
-    let frame = h.frame[(g & 1) as usize];
-    let call = Call { h, seg, status, g, word: FlagWord::of(g, h.digest).0, frame, watch, shard_norm };
+    let call = Call { h, seg, status, g, word: FlagWord::of(g, h.digest).0, frame: h.frame[(g & 1) as usize], watch };
     // SAFETY: forwarded (caller).
     unsafe {
         call.prologue(refresh);

@@ -1,8 +1,7 @@
 //! The pull route (`DC_MODE_PULL`), per block: stage the block's tiles of the input into the
 //! own frame, publish the signature and release `ready[b]`, wait for every peer's `ready[b]`,
 //! then phase 1 (the tree over every rank's frame in rank order, or gathers) and, for RS+AG,
-//! phase 2 (release `phase2[b]`, wait, gather the peers' reduced shards — or, for the fused
-//! norm on the shards, every rank's h and y after the norm of the own shard).
+//! phase 2 (release `phase2[b]`, wait, gather the peers' reduced shards).
 use super::memory::{copy, tree, word};
 use super::{Call, for_tiles};
 use detcoll_protocol::params::{MAX_WORLD, SEG_GATHER, SEG_WRITE_BACK, Seg};
@@ -17,10 +16,6 @@ pub(super) unsafe fn run(c: &Call<'_>) {
     let h = c.h;
     let tile = u64::from(h.tile_bytes);
     let (nstage, n1, n2) = (h.nstage as usize, h.nphase1 as usize, h.nphase2 as usize);
-    let line = |off: u32, b: u32| c.ctl(c.rank(), u64::from(off) + u64::from(b) * c.line());
-    // Every block's staging and phase 1, then (a fused launch on RS+AG) the norm of the shard,
-    // then every block's phase 2: the kernel's blocks meet at barriers around the norm; without
-    // one, the blocks are independent and this order is theirs too.
     for b in 0..h.grid {
         for s in &c.seg[..nstage] {
             for_tiles(s.frame_off, s.bytes, tile, h.grid, b, |lo, hi| {
@@ -29,9 +24,10 @@ pub(super) unsafe fn run(c: &Call<'_>) {
                 unsafe { copy(c.data(c.rank(), lo), s.ptr + (lo - s.frame_off), hi - lo) };
             });
         }
+        let line = |off: u32| c.ctl(c.rank(), u64::from(off) + u64::from(b) * c.line());
         // SAFETY: this rank's ready flag of block b (the call's invariant). The signature slot
         // was written by the prologue; the release orders the staging stores before the flag.
-        unsafe { word(line(h.off_ready, b)) }.store(c.word, Ordering::Release);
+        unsafe { word(line(h.off_ready)) }.store(c.word, Ordering::Release);
         let ready = u64::from(h.off_ready) + u64::from(b) * c.line();
         if !c.wait(ready, ERR_TIMEOUT_READY, false) {
             return;
@@ -40,25 +36,17 @@ pub(super) unsafe fn run(c: &Call<'_>) {
             // SAFETY: forwarded.
             unsafe { segment(c, s, b, s.flags & SEG_GATHER != 0) };
         }
-    }
-    if let Some(norm) = c.shard_norm
-        && !norm(c.data(c.rank(), 0))
-    {
-        return;
-    }
-    if n2 == 0 {
-        return;
-    }
-    for b in 0..h.grid {
-        // SAFETY: as the ready flag.
-        unsafe { word(line(h.off_phase2, b)) }.store(c.word, Ordering::Release);
-        let phase2 = u64::from(h.off_phase2) + u64::from(b) * c.line();
-        if !c.wait(phase2, ERR_TIMEOUT_PHASE2, false) {
-            return;
-        }
-        for s in &c.seg[nstage + n1..nstage + n1 + n2] {
-            // SAFETY: forwarded.
-            unsafe { segment(c, s, b, true) };
+        if n2 > 0 {
+            // SAFETY: as the ready flag.
+            unsafe { word(line(h.off_phase2)) }.store(c.word, Ordering::Release);
+            let phase2 = u64::from(h.off_phase2) + u64::from(b) * c.line();
+            if !c.wait(phase2, ERR_TIMEOUT_PHASE2, false) {
+                return;
+            }
+            for s in &c.seg[nstage + n1..nstage + n1 + n2] {
+                // SAFETY: forwarded.
+                unsafe { segment(c, s, b, true) };
+            }
         }
     }
 }
