@@ -73,14 +73,8 @@ where
     // Rows and the 8 KiB protocol tile: 4096 (bf16: a row per tile, no barrier of the launch;
     // f32: two tiles a row), 2048 (f32: a row per tile), 8192, 3000, 1000 and 2049 (rows across
     // tiles or tiles across rows: the barrier).
-    for (rows, hidden) in [(1, 4096), (7, 8192), (64, 4096), (3, 2049), (80, 2048), (5, 3000), (9, 1000)] {
-        let seed = (rows * 31 + hidden) as u64;
-        let (h, y) = reference::<T>(world, rows, hidden, seed);
-        for (r, (gh, gy)) in run::<T>(comms, rows, hidden, seed).into_iter().enumerate() {
-            assert_eq!(bits(&gh), bits(&h), "world {world} {name} rank {r}: h, {rows}x{hidden}");
-            assert_eq!(bits(&gy), bits(&y), "world {world} {name} rank {r}: y, {rows}x{hidden}");
-        }
-    }
+    let shapes = [(1, 4096), (7, 8192), (64, 4096), (3, 2049), (80, 2048), (5, 3000), (9, 1000)];
+    check_shapes::<T>(comms, name, &shapes);
     // Row 0 alone and in a batch of 64 (the same inputs: row 0 of `values` is the same).
     let one = run::<T>(comms, 1, 4096, 5);
     let many = run::<T>(comms, 64, 4096, 5);
