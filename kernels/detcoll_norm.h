@@ -525,6 +525,168 @@ DC_DEV void dc_residual_rmsnorm(const DcNormParams& p) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The gathered-sum form (CUDA; large batches on the RS+AG and bulk push routes). The fused
+// launch's phase-2 segments carry DC_SEG_NORM_READ: the protocol skips their copies (a peer's
+// reduced shard into the output), and the norm reads every element's sum where it lies after
+// phase 2 — the peer's frame (RS+AG), the peer's reduced-shard slot of the own frame (bulk
+// push), or the output for the rank's own shard and for the rows of a chunked call's earlier
+// launches (dc_norm_sum_at, the same addresses the skipped copy would have read). That saves
+// the copy's write and the norm's re-read of the output: 2n (W - 1) / W bytes per rank.
+//
+// One warp per row, so that a block keeps as many rows in flight as it has warps (the
+// protocol's blocks are few; one 256-lane row per block at a time was the measured bottleneck
+// of an in-kernel norm). The arithmetic and its order are the block form's exactly: lane t of
+// the reference (elements c * 2048 + 8t .. + 7 of chunk c) is lane t % 32 of the warp, which
+// keeps the 8 partials of lanes t % 32 + 32k (k = 0..7) apart; the halving tree is then
+// dc_norm_reduce's CUDA evaluation without its shared-memory step (thread l already holds
+// p_{l + 32k} as partial k): levels 128, 64, 32 in registers, 16 .. 1 through shuffles.
+// Only the vector path: the host sets the flag only when dc_norm_vector_ok holds and every
+// segment and source is 16-byte aligned (CollectiveNormParams::new).
+// ---------------------------------------------------------------------------------------------
+
+// Whether this fused launch reads the gathered sums in place (the host flags every phase-2
+// segment or none).
+DC_DEV bool dc_norm_reads_gathered(const DcHeader& h, const DcSeg* seg) {
+    return h.nphase2 != 0u && (seg[h.nstage + h.nphase1].flags & DC_SEG_NORM_READ) != 0u;
+}
+
+#if defined(DC_CUDA)
+// The address of the sum of output byte `o` (the first of a 16-byte vector; no segment boundary
+// falls inside one, but one may fall between the two vectors of an f32 lane): the source the phase-2 copy of its segment reads (dc_run_segment's
+// gather on the pull route, dc_bulk_gather's on bulk push), or the output itself.
+DC_DEV const dc_u8* dc_norm_sum_at(const DcHeader& h, const DcSeg* seg, dc_u64 frame, const DcNormParams& p, dc_u64 o) {
+    const dc_u64 a = p.sum + o;
+    const dc_u32 first = h.nstage + h.nphase1;
+    for (dc_u32 i = 0; i < h.nphase2; ++i) {
+        const DcSeg& s = seg[first + i];
+        const dc_u64 rel = a - s.ptr;
+        if (rel < s.bytes) {
+            const dc_u64 base = h.mode == DC_MODE_PUSH ? (s.peer == h.rank ? s.src : h.data[h.rank] + frame + s.frame_off)
+                                                       : h.data[s.peer] + frame + s.frame_off;
+            return (const dc_u8*)(base + rel);
+        }
+    }
+    return (const dc_u8*)a;
+}
+
+template <int DT>
+DC_DEV void dc_norm_rows_gathered(const DcHeader& h, const DcSeg* seg, dc_u64 frame, const DcNormParams& p) {
+    constexpr int NW = DC_NORM_WORDS(DT);
+    constexpr int KG = 16 / NW;  // lanes of a thread whose loads are in flight together (32 words)
+    const dc_u64 esz = DT == DC_F32 ? 4u : 2u;
+    const dc_u64 hidden = p.hidden;
+    const dc_u64 row_bytes = hidden * esz;
+    const dc_u32 l = DC_TID & 31u;
+    const dc_u64 warps = DC_NTID / 32u;
+    const dc_u8* wgt = (const dc_u8*)p.weight;
+    // Rows b * warps + w, then a launch's worth of rows on (the host sizes the grid to a block
+    // per `warps` rows, up to the most it keeps resident).
+    for (dc_u64 row = (dc_u64)DC_BID * warps + DC_TID / 32u; row < p.rows; row += (dc_u64)DC_NBLOCKS * warps) {
+        const dc_u64 base = row * row_bytes;
+        float part[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) part[k] = 0.0f;
+
+        // Pass 1: h = residual + sum (stored), lane l + 32k's squares into part[k] in increasing j.
+        for (dc_u64 c = 0; c * DC_NORM_CHUNK < hidden; ++c) {
+#pragma unroll
+            for (int k0 = 0; k0 < 8; k0 += KG) {
+                dc_u32 rw[KG][NW], sw[KG][NW];
+#pragma unroll
+                for (int k = 0; k < KG; ++k) {
+                    const dc_u64 e = c * DC_NORM_CHUNK + (dc_u64)(l + 32u * (dc_u32)(k0 + k)) * DC_NORM_VECTOR;
+                    if (e < hidden) {
+                        const dc_u64 o = base + e * esz;
+                        dc_norm_ld_lane<DT>((const dc_u8*)p.residual + o, rw[k]);
+                        // Each 16-byte vector from its own source (an f32 lane is two, and a
+                        // segment boundary may fall between them).
+#pragma unroll
+                        for (int v = 0; v < NW / 4; ++v) {
+                            const dc_u32x4 x = dc_norm_ld16(dc_norm_sum_at(h, seg, frame, p, o + 16u * (dc_u64)v));
+                            sw[k][4 * v] = x.x;
+                            sw[k][4 * v + 1] = x.y;
+                            sw[k][4 * v + 2] = x.z;
+                            sw[k][4 * v + 3] = x.w;
+                        }
+                    }
+                }
+#pragma unroll
+                for (int k = 0; k < KG; ++k) {
+                    const dc_u64 e = c * DC_NORM_CHUNK + (dc_u64)(l + 32u * (dc_u32)(k0 + k)) * DC_NORM_VECTOR;
+                    if (e < hidden) {
+                        dc_norm_add_lane<DT>(rw[k], rw[k], sw[k]);
+                        dc_norm_st_lane<DT>((dc_u8*)p.h + base + e * esz, rw[k]);
+                        float hf[DC_NORM_VECTOR];
+                        dc_norm_widen_lane<DT>(hf, rw[k]);
+                        part[k0 + k] = dc_norm_squares_lane(part[k0 + k], hf);
+                    }
+                }
+            }
+        }
+
+        // The halving tree (dc_norm_reduce's levels): p_t + p_{t+128} is part[k] + part[k + 4]
+        // for t = l + 32k, and so on; every lane of the warp gets the same q.
+#pragma unroll
+        for (int w = 0; w < 4; ++w) part[w] = dc_norm_add(part[w], part[w + 4]);  // s = 128
+#pragma unroll
+        for (int w = 0; w < 2; ++w) part[w] = dc_norm_add(part[w], part[w + 2]);  // s = 64
+        float v = dc_norm_add(part[0], part[1]);                                   // s = 32
+#pragma unroll
+        for (dc_u32 d = 16; d >= 1; d >>= 1) v = dc_norm_add(v, __shfl_down_sync(0xffffffffu, v, d));
+        const float inv = dc_norm_inv(p, __shfl_sync(0xffffffffu, v, 0));
+
+        // Pass 2: y = dtype(f32(h) * inv * f32(w)) from this thread's own h.
+        for (dc_u64 c = 0; c * DC_NORM_CHUNK < hidden; ++c) {
+#pragma unroll
+            for (int k0 = 0; k0 < 8; k0 += KG) {
+                dc_u32 hw[KG][NW], ww[KG][NW];
+#pragma unroll
+                for (int k = 0; k < KG; ++k) {
+                    const dc_u64 e = c * DC_NORM_CHUNK + (dc_u64)(l + 32u * (dc_u32)(k0 + k)) * DC_NORM_VECTOR;
+                    if (e < hidden) {
+                        dc_norm_ld_lane<DT>((const dc_u8*)p.h + base + e * esz, hw[k]);
+                        dc_norm_ld_lane<DT>(wgt + e * esz, ww[k]);
+                    }
+                }
+#pragma unroll
+                for (int k = 0; k < KG; ++k) {
+                    const dc_u64 e = c * DC_NORM_CHUNK + (dc_u64)(l + 32u * (dc_u32)(k0 + k)) * DC_NORM_VECTOR;
+                    if (e < hidden) {
+                        dc_u32 yw[NW];
+                        float hf[DC_NORM_VECTOR];
+                        dc_norm_widen_lane<DT>(hf, hw[k]);
+                        dc_norm_scale_lane<DT>(yw, hf, ww[k], inv);
+                        dc_norm_st_lane<DT>((dc_u8*)p.y + base + e * esz, yw);
+                    }
+                }
+            }
+        }
+    }
+}
+#endif
+
+// The gathered-sum form's body: the dtype's instantiation (CUDA; on HIP the host never sets
+// the flag, and a launch that had it would stop rather than leave the skipped copies' rows
+// unwritten).
+DC_DEV void dc_norm_gathered_any(const DcHeader& h, const DcSeg* seg, dc_u64 frame, const DcNormParams& p) {
+#if defined(DC_CUDA)
+    if (DC_NTID % 32u != 0u) DC_UNSUPPORTED_WORLD();
+    switch (p.dtype) {
+        case DC_F32: dc_norm_rows_gathered<DC_F32>(h, seg, frame, p); break;
+        case DC_F16: dc_norm_rows_gathered<DC_F16>(h, seg, frame, p); break;
+        case DC_BF16: dc_norm_rows_gathered<DC_BF16>(h, seg, frame, p); break;
+        default: DC_UNSUPPORTED_WORLD();
+    }
+#else
+    (void)h;
+    (void)seg;
+    (void)frame;
+    (void)p;
+    DC_UNSUPPORTED_WORLD();
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
 // The fused call: the all_reduce's collective kernel with the norm as its epilogue, one launch
 // (DcCollectiveNormParams). Every block of the launch first runs its part of the protocol
 // (blocks beyond the protocol's grid have none, see dc_collective_mode), then all meet at a
@@ -622,6 +784,12 @@ DC_DEV dc_u32 dc_norm_local_group(const DcHeader& h, const DcSeg* seg, const DcN
 // The epilogue dc_collective_mode runs after the protocol in every block of a fused launch
 // (declared in detcoll_protocol.h).
 DC_DEV_NOINLINE void dc_norm_epilogue(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u32 g, const DcNormParams& p) {
+    if (dc_norm_reads_gathered(h, seg)) {
+        // Every block's phase-2 wait (each covers its own tiles) and the own shard's stores
+        // are behind the barrier: then any row may read any tile.
+        if (dc_norm_barrier(h, status, g, false)) dc_norm_gathered_any(h, seg, h.frame[g & 1u], p);
+        return;
+    }
     const dc_u32 group = dc_norm_local_group(h, seg, p);
     if (dc_norm_barrier(h, status, g, group != 0u)) dc_norm_any<true>(p, group);
 }

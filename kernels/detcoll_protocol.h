@@ -11,7 +11,8 @@
 //            an error in host-mapped memory and end the call
 //   phase 1: the tree over every rank's frame f, read in rank order (or gather copies)
 //   phase 2: (all_reduce RS+AG only) release phase2[b], acquire peers' phase2[b], gather their
-//            reduced shards
+//            reduced shards (a fused norm launch skips the segments flagged DC_SEG_NORM_READ:
+//            its norm reads those shards in place, detcoll_norm.h)
 //   the last block to finish stores the counter = g, so graph replays advance with no host.
 //
 // Block <-> element mapping. Frame bytes are cut into tiles of `tile_bytes`; tile t belongs to
@@ -117,6 +118,8 @@
 #define DC_SEG_SCATTER 8u     // push, send list: write shard q (src + q * bytes) to peer q only
 #define DC_SEG_SEND_TO 16u    // bulk push, send list: write src into peer `peer`'s frame at frame_off
 #define DC_SEG_AG 32u         // bulk push, send list: gathered data (signalled by the phase-1 flag)
+#define DC_SEG_NORM_READ 64u  // phase 2 of a fused norm launch: no copy; the norm reads the peer's
+                              // reduced shard where it lies (dc_norm_sum_at, detcoll_norm.h)
 
 // DcHeader::mode.
 #define DC_MODE_PULL 0u     // stage, publish ready flags, read the peers' frames
@@ -679,7 +682,10 @@ DC_DEV void dc_push_bulk(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc
     if (h.nphase2) {
         dc_bulk_signal(h, 1u, word);
         if (!dc_bulk_wait(h, status, 1u, g, DC_ERR_TIMEOUT_PHASE2)) return;
-        for (dc_u32 i = 0; i < h.nphase2; ++i) dc_bulk_gather(h, seg[h.nstage + h.nphase1 + i], frame);
+        for (dc_u32 i = 0; i < h.nphase2; ++i) {
+            const DcSeg& s = seg[h.nstage + h.nphase1 + i];
+            if ((s.flags & DC_SEG_NORM_READ) == 0u) dc_bulk_gather(h, s, frame);
+        }
     }
 }
 
@@ -823,8 +829,10 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
                     if (DC_TID == 0) dc_st_release_sys(dc_at(own, h.off_phase2 + (dc_u64)b * h.line), word);
                     ok = dc_wait(h, status, h.off_phase2 + b * h.line, g, DC_ERR_TIMEOUT_PHASE2, false);
                     if (ok) {
-                        for (dc_u32 i = 0; i < h.nphase2; ++i)
-                            dc_run_segment(h, seg[h.nstage + h.nphase1 + i], frame, true);
+                        for (dc_u32 i = 0; i < h.nphase2; ++i) {
+                            const DcSeg& s = seg[h.nstage + h.nphase1 + i];
+                            if ((s.flags & DC_SEG_NORM_READ) == 0u) dc_run_segment(h, s, frame, true);
+                        }
                     }
                 }
             }

@@ -6,10 +6,13 @@
 //! the TP-invariant layer) and runs.
 //!
 //! Where the table sends the all_reduce to an IPC route (one-shot, LL push, bulk push, RS+AG)
-//! and the batch has at most [`ONE_KERNEL_MAX_ROWS`] rows, the call is one kernel: the norm is the epilogue of the all_reduce's last launch
-//! (`Launch::SingleNorm`, `detcoll_collective_norm`: the collective, a barrier of the launch's
-//! blocks, then the rows). On the other routes (transport, hierarchical, the hybrid), for
-//! larger batches and at world 1 the norm is a second launch on the same stream.
+//! and the batch has at most [`ONE_KERNEL_MAX_ROWS`] rows, the call is one kernel: the norm is
+//! the epilogue of the all_reduce's last launch (`Launch::SingleNorm`, `detcoll_collective_norm`:
+//! the collective, a barrier of the launch's blocks, then the rows). So is a batch of at least
+//! [`GATHERED_MIN_ROWS`] rows on RS+AG in one launch, whose norm reads the peers' reduced shards
+//! in place ([`NormBackend::one_kernel_at_any_size`]). On the other routes (transport,
+//! hierarchical, the hybrid), for the other batches and at world 1 the norm is a second launch
+//! on the same stream.
 use crate::Routed;
 use crate::routed::{NoTransport, OnStream};
 use crate::scratch::CallStream;
@@ -29,6 +32,15 @@ use detcoll_protocol::norm::{NormArgs, NormParams};
 /// 1.6x at 8192 x 4096). The bits are the same either way.
 pub const ONE_KERNEL_MAX_ROWS: usize = 64;
 
+/// The fewest rows from which a fused call whose norm can read the gathered sums in place
+/// (RS+AG, one launch: [`NormBackend::one_kernel_at_any_size`]) is one kernel. That form runs a
+/// row per warp on the protocol's blocks, so a row costs a few dependent memory round trips:
+/// on one H200 (bf16, worlds 4/8, hidden 4096/8192,
+/// benches/results/h200-2026-12-03-fused-norm-gathered.md) it was 3-13 % faster than the
+/// all_reduce then the norm kernel from 512 rows on, and 1.3-1.7x slower at 128 rows, where the
+/// norm kernel's block per row has the whole GPU.
+pub const GATHERED_MIN_ROWS: usize = 512;
+
 /// A backend that can launch the residual + RMSNorm kernel on its device.
 pub trait NormBackend: Collective {
     /// Enqueues the norm of a validated call on `stream`.
@@ -45,6 +57,14 @@ pub trait NormBackend: Collective {
         args: &NormArgs,
         stream: CallStream<'_, Self::Stream>,
     ) -> Result<bool, Error>;
+
+    /// Whether a fused call of `io` by IPC `route` is one kernel at any batch size: its norm
+    /// reads the gathered sums in place and covers the whole call
+    /// (`IpcCollective::fused_norm_reads_gathered`). Backends without IPC routes: never.
+    fn one_kernel_at_any_size(&self, io: &Io<'_>, route: IpcRoute, norm: &NormParams) -> bool {
+        let _ = (io, route, norm);
+        false
+    }
 }
 
 /// The fused call's all_reduce on `engine` (see [`NormBackend::all_reduce_then_norm`]).
@@ -121,12 +141,22 @@ where
         validate(Op::AllReduce, &x, self.rank(), self.world_size(), usize::MAX)?;
         let call = validate_norm(&x, &norm)?;
         let args = args(&call);
-        NormParams::pack(&args)?;
+        let packed = NormParams::pack(&args)?;
         {
             let _call = self.lock_calls()?;
-            // The one-kernel form where the table sends the all_reduce to an IPC route and the
-            // batch is small enough for it to pay (ONE_KERNEL_MAX_ROWS).
-            let one_kernel = if call.rows <= ONE_KERNEL_MAX_ROWS { self.ipc_all_reduce_route(&x)? } else { None };
+            // The one-kernel form where the table sends the all_reduce to an IPC route and it
+            // pays: up to ONE_KERNEL_MAX_ROWS rows on any, at any batch size where the norm
+            // reads the gathered sums in place (NormBackend::one_kernel_at_any_size).
+            let one_kernel = match self.ipc_all_reduce_route(&x)? {
+                Some(r) if call.rows <= ONE_KERNEL_MAX_ROWS => Some(r),
+                Some(r)
+                    if call.rows >= GATHERED_MIN_ROWS
+                        && self.ipc().is_some_and(|i| i.one_kernel_at_any_size(&x, r, &packed)) =>
+                {
+                    Some(r)
+                }
+                _ => None,
+            };
             if let (Some(route), Some(ipc)) = (one_kernel, self.ipc()) {
                 if ipc.all_reduce_then_norm(x, route, &args, via.stream())? {
                     return Ok(());
@@ -178,6 +208,9 @@ impl<D: detcoll_protocol::IpcDevice + NormDevice> NormBackend for ipc_engine::Ip
     ) -> Result<bool, Error> {
         engine_then_norm(self, io, route, args, stream)
     }
+    fn one_kernel_at_any_size(&self, io: &Io<'_>, route: IpcRoute, norm: &NormParams) -> bool {
+        self.fused_norm_reads_gathered(io, route, norm)
+    }
 }
 
 #[cfg(any(feature = "cuda", feature = "rocm"))]
@@ -209,6 +242,9 @@ impl NormBackend for shm_ipc::ShmCollective {
         stream: CallStream<'_, ()>,
     ) -> Result<bool, Error> {
         engine_then_norm(self.engine(), io, route, args, stream)
+    }
+    fn one_kernel_at_any_size(&self, io: &Io<'_>, route: IpcRoute, norm: &NormParams) -> bool {
+        self.engine().fused_norm_reads_gathered(io, route, norm)
     }
 }
 

@@ -93,7 +93,8 @@ fn every_world_and_dtype_equals_the_reference() {
 /// Every IPC route forced by the table: the shapes of `check_world` and 100 x 512 f32/f16 (two
 /// launches, the all_reduce in chunks of the 64 KiB staging); on RS+AG also chunks of a few rows
 /// (300 x 256), rows that are not a 16-byte multiple (7 x 2049 f16), a row of 32 KiB (3 x 8192
-/// f32) and of 64 KiB, the whole staging (2 x 16384 f32), and 65 rows (the second launch).
+/// f32) and of 64 KiB, the whole staging (2 x 16384 f32), 65 rows (the second launch), and
+/// 512 x 24 (GATHERED_MIN_ROWS in one launch: one kernel whose norm reads the gathered sums).
 #[test]
 fn every_ipc_route_forced_by_the_table() {
     for route in ["ipc_push_ll", "ipc_one_shot", "ipc_push", "ipc_rs_ag"] {
@@ -102,7 +103,7 @@ fn every_ipc_route_forced_by_the_table() {
             let comms = cpu::thread_group(world, &config).expect("thread group");
             check_world::<bf16>(&comms, &format!("world {world} bf16 by {route}"));
             let shapes: &[(usize, usize)] = if route == "ipc_rs_ag" {
-                &[(300, 256), (100, 512), (7, 2049), (3, 8192), (2, 16384), (65, 24)]
+                &[(300, 256), (100, 512), (7, 2049), (3, 8192), (2, 16384), (65, 24), (512, 24)]
             } else {
                 &[(100, 512)]
             };

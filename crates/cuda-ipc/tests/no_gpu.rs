@@ -315,6 +315,7 @@ fn kernel_constants_match_the_host() {
         ("DC_SEG_SCATTER", u64::from(params::SEG_SCATTER)),
         ("DC_SEG_SEND_TO", u64::from(params::SEG_SEND_TO)),
         ("DC_SEG_AG", u64::from(params::SEG_AG)),
+        ("DC_SEG_NORM_READ", u64::from(params::SEG_NORM_READ)),
         ("DC_MODE_PULL", u64::from(params::MODE_PULL)),
         ("DC_MODE_PUSH_LL", u64::from(params::MODE_PUSH_LL)),
         ("DC_MODE_PUSH", u64::from(params::MODE_PUSH)),

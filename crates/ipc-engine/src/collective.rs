@@ -226,6 +226,24 @@ impl<D: IpcDevice> IpcCollective<D> {
         unsafe { self.enqueue_single(Op::AllReduce, io, route, Some((norm, packed)), stream) }
     }
 
+    /// Whether a fused all_reduce + RMSNorm of `io` by `route` (`norm` its packed norm) is one
+    /// kernel whose norm reads the gathered sums in place (`CollectiveNormParams::new`) and
+    /// covers the whole call: a runtime with that form, the RS+AG route, the norm's vector path,
+    /// and a call that fits one launch (a chunked call's last launch would normalise every row
+    /// but save the copies of its own chunk only). The form that pays at any batch size: on one
+    /// H200 it measured 3-13 % faster than the all_reduce then the norm kernel at worlds 4 and 8
+    /// (benches/results/h200-2026-12-03-fused-norm-gathered.md), and slower on bulk push (world
+    /// 2) and in chunked calls, which keep the second launch above a few rows.
+    pub fn fused_norm_reads_gathered(&self, io: &Io<'_>, route: IpcRoute, norm: &NormParams) -> bool {
+        if !D::NORM_READS_GATHERED || route != IpcRoute::ReduceScatterAllGather || !norm.vector_ok() {
+            return false;
+        }
+        let Ok(call) = validate(Op::AllReduce, io, self.rank, self.world, usize::MAX) else { return false };
+        let Ok(Some(ipc)) = self.ipc_for(route) else { return false };
+        let (capacity, ll) = (self.config.capacity, ipc.layout.ll_capacity());
+        Chunks::single(&call, self.rank, self.world, route.route(), capacity, ll).is_ok_and(|c| c.count() == 1)
+    }
+
     /// One single-lane call (`enqueue_routed`), with `norm` as the epilogue of its last launch
     /// (`enqueue_all_reduce_norm`). `Ok(false)`: no launch took the norm (none given, or a
     /// world of one rank, whose call is a copy).
@@ -265,7 +283,7 @@ impl<D: IpcDevice> IpcCollective<D> {
             let p: ParamsSingle = params::pack(&ipc.fixed, &plan, gather_in_place, D::BACKEND)?;
             let r = match norm.filter(|_| last) {
                 Some((args, packed)) => {
-                    let fused = CollectiveNormParams { call: p, norm: packed };
+                    let fused = CollectiveNormParams::new(p, packed, D::NORM_READS_GATHERED);
                     let grid = fused.grid(ipc.fixed.max_grid);
                     // SAFETY: `detcoll_collective_norm` takes `DcCollectiveNormParams`; the
                     // collective's addresses as below, the norm's the caller's (checked by

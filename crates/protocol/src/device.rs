@@ -235,6 +235,10 @@ pub trait IpcDevice: Device + Clone {
     const BACKEND: &'static str;
     /// Whether captured graphs of this runtime replay the collectives correctly (tested).
     const GRAPH_CAPTURE: bool;
+    /// Whether this runtime's fused norm launch can read the gathered sums in place
+    /// ([`CollectiveNormParams::new`]; CUDA and the host executor, not HIP: the kernel's
+    /// warp-per-row form is written for 32-wide warps).
+    const NORM_READS_GATHERED: bool = false;
 
     // ---- identity ----
 

@@ -39,6 +39,10 @@ pub const MODE_PUSH: u32 = 2;
 pub const SEG_SEND_TO: u32 = 16;
 /// Bulk push, send list: the data is gathered (all_gather), signalled by the phase-1 AG flag.
 pub const SEG_AG: u32 = 32;
+/// Phase 2 of a fused norm launch read in place ([`CollectiveNormParams::new`]): the
+/// protocol skips the segment's copy and the norm reads the peer's reduced shard where the
+/// copy would have read it.
+pub const SEG_NORM_READ: u32 = 64;
 
 /// One contiguous piece of work (`DcSeg`).
 #[repr(C)]
@@ -127,17 +131,92 @@ pub struct CollectiveNormParams {
 }
 
 impl CollectiveNormParams {
+    /// The fused launch of `call` (the call's last launch) with the norm `norm` as its
+    /// epilogue. With `reads_gathered` (a runtime whose kernel has the gathered-sum form: CUDA,
+    /// and the host executor) and [`can_read_gathered`](Self::can_read_gathered), every phase-2
+    /// segment is flagged [`SEG_NORM_READ`]: the launch skips their copies into the output and
+    /// the norm reads those sums in place, one warp per row (`dc_norm_rows_gathered`). This is
+    /// a rank's own choice: its peers' memory and flags are the same either way.
+    pub fn new(call: ParamsSingle, norm: NormParams, reads_gathered: bool) -> CollectiveNormParams {
+        let mut fused = CollectiveNormParams { call, norm };
+        if reads_gathered && fused.can_read_gathered() {
+            let h = &fused.call.h;
+            let first = (h.nstage + h.nphase1) as usize;
+            for s in &mut fused.call.seg[first..first + h.nphase2 as usize] {
+                s.flags |= SEG_NORM_READ;
+            }
+        }
+        fused
+    }
+
+    /// Whether the norm can read the phase-2 sums where they lie: the pull or bulk push route
+    /// with a phase 2 (RS+AG and bulk push all_reduce), the norm's vector path
+    /// ([`NormParams::vector_ok`]), and every phase-2 segment a range of the norm's `sum` whose
+    /// output, size and source (in either frame) are 16-byte aligned — so no vector of the norm
+    /// straddles two sources.
+    pub fn can_read_gathered(&self) -> bool {
+        let (h, n) = (&self.call.h, &self.norm);
+        if h.nphase2 == 0 || (h.mode != MODE_PULL && h.mode != MODE_PUSH) || !n.vector_ok() {
+            return false;
+        }
+        let first = (h.nstage + h.nphase1) as usize;
+        let Some(segs) = self.call.seg.get(first..first + h.nphase2 as usize) else { return false };
+        let size = if n.dtype == DType::F32 as u32 { 4 } else { 2 };
+        let Some(end) = n.rows.checked_mul(u64::from(n.hidden) * size).and_then(|b| b.checked_add(n.sum)) else {
+            return false;
+        };
+        segs.iter().all(|s| {
+            let base = |frame: u64| match (h.mode, s.peer == h.rank) {
+                (MODE_PUSH, true) => s.src,
+                (MODE_PUSH, false) => h.data[h.rank as usize].wrapping_add(frame).wrapping_add(s.frame_off),
+                _ => h.data.get(s.peer as usize).map_or(1, |d| d.wrapping_add(frame).wrapping_add(s.frame_off)),
+            };
+            let within = s.ptr >= n.sum && s.ptr.checked_add(s.bytes).is_some_and(|e| e <= end);
+            within && (s.ptr | s.bytes | base(h.frame[0]) | base(h.frame[1])) % 16 == 0
+        })
+    }
+
+    /// The address of the sum of byte `o` of the norm's `sum` (the first of a 16-byte vector)
+    /// in a launch that [reads the gathered sums](Self::reads_gathered), `frame` the call's
+    /// frame offset (`frame[g % 2]`): where the skipped phase-2 copy of its segment would have
+    /// read it, or `sum` itself (`dc_norm_sum_at`; the host executor's norm uses this).
+    pub fn sum_at(&self, frame: u64, o: u64) -> u64 {
+        let (h, a) = (&self.call.h, self.norm.sum + o);
+        let first = (h.nstage + h.nphase1) as usize;
+        for s in &self.call.seg[first..first + h.nphase2 as usize] {
+            let rel = a.wrapping_sub(s.ptr);
+            if rel < s.bytes {
+                let base = match (h.mode, s.peer == h.rank) {
+                    (MODE_PUSH, true) => s.src,
+                    (MODE_PUSH, false) => h.data[h.rank as usize] + frame + s.frame_off,
+                    _ => h.data[s.peer as usize] + frame + s.frame_off,
+                };
+                return base + rel;
+            }
+        }
+        a
+    }
+
+    /// Whether the launch's norm reads the gathered sums in place (see [`new`](Self::new)).
+    pub fn reads_gathered(&self) -> bool {
+        let h = &self.call.h;
+        h.nphase2 != 0
+            && self.call.seg.get((h.nstage + h.nphase1) as usize).is_some_and(|s| s.flags & SEG_NORM_READ != 0)
+    }
+
     /// Blocks of the fused launch. When the protocol's blocks write whole rows of the sum
     /// ([`local_group`](Self::local_group)), exactly the collective's grid: each block then
     /// normalises the rows it reduced, with no barrier of the launch. Otherwise the collective's
     /// grid, or more (up to `max_grid`, the most the protocol keeps resident) when there are more
-    /// rows to normalise; blocks beyond the collective's grid only run the norm.
+    /// rows to normalise (a block per row, or per [`THREADS`]` / 32` rows when the norm reads
+    /// the gathered sums: a warp per row); blocks beyond the collective's grid only run the norm.
     pub fn grid(&self, max_grid: u32) -> u32 {
         if self.local_group() != 0 {
             return self.call.h.grid;
         }
-        let rows = u32::try_from(self.norm.rows).unwrap_or(u32::MAX);
-        self.call.h.grid.max(rows.min(max_grid))
+        let per_block = if self.reads_gathered() { u64::from(THREADS / 32) } else { 1 };
+        let blocks = u32::try_from(self.norm.rows.div_ceil(per_block)).unwrap_or(u32::MAX);
+        self.call.h.grid.max(blocks.min(max_grid))
     }
 
     /// Rows per protocol tile when a launch of exactly the collective's grid has every block
@@ -658,32 +737,45 @@ mod tests {
         }
     }
 
+    /// The fused launch the engine packs for rank 1 of 4 (`f`): an all_reduce of `rows x
+    /// hidden` into 0x4000_0000 by `route`, the norm's sum at `sum_off` from it, its residual
+    /// `residual_off` bytes from 0x5000_0000; `reads_gathered` as the runtime says.
+    fn fused_call(
+        f: &Fixed,
+        (rows, hidden, dtype): (usize, usize, DType),
+        route: Route,
+        (sum_off, residual_off): (u64, u64),
+        reads_gathered: bool,
+    ) -> CollectiveNormParams {
+        use crate::norm::NormArgs;
+        let n = rows * hidden;
+        // SAFETY: never dereferenced: only the addresses are packed.
+        let (input, output) =
+            unsafe { (RawRef::from_raw(0x10_0000, n, dtype), RawMut::from_raw(0x4000_0000, n, dtype)) };
+        let call = validate(Op::AllReduce, &Io::OutOfPlace { input, output }, 1, 4, 1 << 22).unwrap();
+        let plan = Plan::single(&call, 1, 4, route).unwrap();
+        let p: ParamsSingle = pack(f, &plan, false, "test").unwrap();
+        let args = NormArgs {
+            sum: 0x4000_0000 + sum_off,
+            residual: 0x5000_0000 + residual_off,
+            weight: 0x6000_0000,
+            h: 0x7000_0000,
+            y: 0x8000_0000,
+            rows,
+            hidden,
+            eps: 1e-6,
+            dtype,
+        };
+        CollectiveNormParams::new(p, NormParams::pack(&args).unwrap(), reads_gathered)
+    }
+
     /// The fused launch's row mapping: the host's `local_group` (which sizes the grid) is the
     /// kernel's `dc_norm_local_group` condition, on plans the engine really packs.
     #[test]
     fn fused_launch_is_local_exactly_when_blocks_reduce_whole_rows() {
-        use crate::norm::NormArgs;
         let (_, f) = fixed(4, 1, 1 << 22, 16);
         let fused = |rows: usize, hidden: usize, dtype: DType, route: Route, sum_off: u64| {
-            let n = rows * hidden;
-            // SAFETY: never dereferenced: only the addresses are packed.
-            let (input, output) =
-                unsafe { (RawRef::from_raw(0x10_0000, n, dtype), RawMut::from_raw(0x4000_0000, n, dtype)) };
-            let call = validate(Op::AllReduce, &Io::OutOfPlace { input, output }, 1, 4, 1 << 22).unwrap();
-            let plan = Plan::single(&call, 1, 4, route).unwrap();
-            let p: ParamsSingle = pack(&f, &plan, false, "test").unwrap();
-            let args = NormArgs {
-                sum: 0x4000_0000 + sum_off,
-                residual: 0x5000_0000,
-                weight: 0x6000_0000,
-                h: 0x7000_0000,
-                y: 0x8000_0000,
-                rows,
-                hidden,
-                eps: 1e-6,
-                dtype,
-            };
-            CollectiveNormParams { call: p, norm: NormParams::pack(&args).unwrap() }
+            fused_call(&f, (rows, hidden, dtype), route, (sum_off, 0), false)
         };
         for route in [Route::IpcPushLl, Route::IpcOneShot] {
             // A row per 8 KiB tile: block b reduced rows b, b + grid, ...; grid = the protocol's.
@@ -708,6 +800,52 @@ mod tests {
         // Two phases (RS+AG), or the bulk push: blocks write other blocks' rows.
         assert_eq!(fused(8, 4096, DType::BF16, Route::IpcReduceScatterAllGather, 0).local_group(), 0);
         assert_eq!(fused(64, 4096, DType::BF16, Route::IpcPush, 0).local_group(), 0);
+    }
+
+    /// The gathered-sum form: on RS+AG and bulk push every phase-2 segment is flagged when the
+    /// runtime has the form and the norm is on its vector path, never on one-phase routes or
+    /// with a misaligned tensor; `sum_at` maps each peer's shard to where its copy would have
+    /// read it (the peer's frame on RS+AG, the own frame's slot on bulk push) and the own shard
+    /// to the output; the grid has a block per 16 rows.
+    #[test]
+    fn fused_launch_reads_the_gathered_sums_on_two_phase_routes() {
+        let (_, f) = fixed(4, 1, 1 << 22, 16);
+        let shape = (256, 4096, DType::BF16);
+        for route in [Route::IpcReduceScatterAllGather, Route::IpcPush] {
+            let c = fused_call(&f, shape, route, (0, 0), true);
+            assert!(c.can_read_gathered() && c.reads_gathered(), "{route:?}");
+            let (h, first) = (&c.call.h, (c.call.h.nstage + c.call.h.nphase1) as usize);
+            assert_eq!(h.nphase2, 3, "{route:?}: a phase-2 segment per peer");
+            for s in &c.call.seg[first..first + 3] {
+                assert_eq!(s.flags & SEG_NORM_READ, SEG_NORM_READ);
+                for (frame, rel) in [(h.frame[0], 0), (h.frame[1], s.bytes - 16)] {
+                    let o = s.ptr - c.norm.sum + rel;
+                    let expected = match route {
+                        Route::IpcPush => h.data[1] + frame + s.frame_off + rel,
+                        _ => h.data[s.peer as usize] + frame + s.frame_off + rel,
+                    };
+                    assert_eq!(c.sum_at(frame, o), expected, "{route:?} peer {}", s.peer);
+                }
+            }
+            // The own shard (rank 1's, between peer 0's and peer 2's) is read from the output.
+            assert_eq!(c.grid(f.max_grid), c.call.h.grid.max((256 / 16).min(f.max_grid)));
+            let own = c.call.seg[first].ptr + c.call.seg[first].bytes;
+            assert_ne!(c.call.seg[first + 1].ptr, own);
+            assert_eq!(c.sum_at(h.frame[1], own - c.norm.sum), own);
+            // Not without the runtime's form, nor off the vector path (a residual one element
+            // off, hidden not a multiple of 8): the copies stay, the launch has the barrier form.
+            for off in [
+                fused_call(&f, shape, route, (0, 0), false),
+                fused_call(&f, shape, route, (0, 2), true),
+                fused_call(&f, (256, 4100, DType::BF16), route, (0, 0), true),
+            ] {
+                assert!(!off.reads_gathered(), "{route:?}");
+                assert!(off.call.seg.iter().all(|s| s.flags & SEG_NORM_READ == 0));
+            }
+        }
+        for route in [Route::IpcPushLl, Route::IpcOneShot] {
+            assert!(!fused_call(&f, (8, 4096, DType::BF16), route, (0, 0), true).reads_gathered(), "{route:?}");
+        }
     }
 
     #[test]

@@ -225,6 +225,7 @@ impl IpcDevice for HostDevice {
     type Record = HostRecord;
     const BACKEND: &'static str = BACKEND;
     const GRAPH_CAPTURE: bool = false;
+    const NORM_READS_GATHERED: bool = true;
 
     fn identity(&self) -> Result<[u8; 16], Error> {
         // Every rank is a device of its own: the engine's "same GPU" questions answer no.
@@ -274,8 +275,8 @@ impl IpcDevice for HostDevice {
             }
             Launch::SingleNorm { params, args } => {
                 // SAFETY: as above.
-                unsafe { executor::collective(&params.call.h, &params.call.seg, self) };
-                (&params.call.h, Some(args))
+                let frame = unsafe { executor::collective(&params.call.h, &params.call.seg, self) };
+                (&params.call.h, Some((params, args, frame)))
             }
             Launch::Many(p) => {
                 // SAFETY: as above.
@@ -300,8 +301,14 @@ impl IpcDevice for HostDevice {
             return Err(detcoll_protocol::status::decode(&record, Duration::from_nanos(h.timeout_ns), BACKEND));
         }
         match norm {
+            // SAFETY: the launch's gathered sums lie in this rank's live group's frames (the
+            // engine packed them) and the output; the norm's views are the caller's, validated
+            // by the engine (`pack`).
+            Some((fused, args, frame)) if fused.reads_gathered() => unsafe {
+                crate::norm::gathered(fused, args, frame)
+            },
             // SAFETY: the norm's views are the caller's, validated by the engine (`pack`).
-            Some(args) => unsafe { detcoll_protocol::NormDevice::residual_rmsnorm(self, args, stream) },
+            Some((_, args, _)) => unsafe { detcoll_protocol::NormDevice::residual_rmsnorm(self, args, stream) },
             None => Ok(()),
         }
     }

@@ -118,10 +118,11 @@ def capture(comm, mode, r, w, res):
 
 # (rows, hidden, dtype) of the fused all_reduce + residual + RMSNorm checks: one row and 8 rows of
 # the same tokens (batch invariance), a 2-launch shape (> 64 rows), a hidden that is not a
-# multiple of 8 (the scalar path), f32, and calls large enough for the RS+AG / bulk push routes
-# and chunks of the 1 MiB staging.
+# multiple of 8 (the scalar path), f32, calls large enough for the RS+AG / bulk push routes
+# and chunks of the 1 MiB staging, and at least 512 rows in one launch (bf16 and f32): on RS+AG
+# one kernel whose norm reads the gathered sums in place.
 NORM_SHAPES = ((1, 4096, "bf16"), (8, 4096, "bf16"), (64, 8192, "bf16"), (3, 2049, "f16"), (100, 512, "f32"),
-               (300, 4096, "bf16"), (1024, 4096, "bf16"))
+               (300, 4096, "bf16"), (1024, 4096, "bf16"), (512, 512, "bf16"), (520, 384, "f32"))
 NORM_EPS = 1e-6
 
 

@@ -5,7 +5,7 @@
 //! copy the gathered slots out. all_gather is the second half alone.
 use super::memory::{copy, tree, word};
 use super::{Call, for_tiles};
-use detcoll_protocol::params::{MAX_WORLD, SEG_AG, SEG_GATHER, SEG_WRITE_BACK, Seg};
+use detcoll_protocol::params::{MAX_WORLD, SEG_AG, SEG_GATHER, SEG_NORM_READ, SEG_WRITE_BACK, Seg};
 use detcoll_protocol::status::{ERR_TIMEOUT_PHASE2, ERR_TIMEOUT_READY};
 use std::sync::atomic::{Ordering, fence};
 
@@ -50,7 +50,8 @@ pub(super) unsafe fn run(c: &Call<'_>) {
             if !signal_and_wait(c, 1, b, ERR_TIMEOUT_PHASE2) {
                 return;
             }
-            for s in &c.seg[nstage + n1..nstage + n1 + n2] {
+            // A fused norm launch reads the segments it flagged in place (the norm's sum_at).
+            for s in c.seg[nstage + n1..nstage + n1 + n2].iter().filter(|s| s.flags & SEG_NORM_READ == 0) {
                 // SAFETY: forwarded.
                 unsafe { gather(c, s, b) };
             }

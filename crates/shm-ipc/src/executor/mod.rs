@@ -50,12 +50,13 @@ pub(super) struct Call<'a> {
 
 /// Runs one collective launch of `h` with `seg` (its `nstage + nphase1 + nphase2` segments)
 /// on the calling thread. A failure is recorded in the launching rank's error record and its
-/// status word (as `dc_fail` does), never returned: the engine reads the record.
+/// status word (as `dc_fail` does), never returned: the engine reads the record. Returns the
+/// call's frame offset (`frame[g % 2]`, where a fused norm reads the gathered sums).
 ///
 /// # Safety
 /// `h` and `seg` were packed by the engine for a live group: every address in them is valid
 /// for the accesses the protocol makes (see `memory`).
-pub(crate) unsafe fn collective(h: &Header, seg: &[Seg], watch: &dyn Watch) {
+pub(crate) unsafe fn collective(h: &Header, seg: &[Seg], watch: &dyn Watch) -> u64 {
     let status = h.ctl[h.rank as usize] + u64::from(h.off_status);
     // SAFETY: the status line of this rank's live staging (caller).
     let st = |i: usize| unsafe { word(status + 8 * i as u64) };
@@ -64,10 +65,11 @@ pub(crate) unsafe fn collective(h: &Header, seg: &[Seg], watch: &dyn Watch) {
     let refresh_left = st(ST_REFRESH).load(Ordering::Relaxed);
     let g = (gen_word as u32).wrapping_add(1);
     let refresh = (g >> 1) & LL_EPOCH_MASK == 0 || refresh_left != 0;
+    let frame = h.frame[(g & 1) as usize];
     if abort != 0 {
-        return; // later calls of a failed rank touch nothing
+        return frame; // later calls of a failed rank touch nothing
     }
-    let call = Call { h, seg, status, g, word: FlagWord::of(g, h.digest).0, frame: h.frame[(g & 1) as usize], watch };
+    let call = Call { h, seg, status, g, word: FlagWord::of(g, h.digest).0, frame, watch };
     // SAFETY: forwarded (caller).
     unsafe {
         call.prologue(refresh);
@@ -83,6 +85,7 @@ pub(crate) unsafe fn collective(h: &Header, seg: &[Seg], watch: &dyn Watch) {
         st(ST_REFRESH).store(refresh_left - 1, Ordering::Relaxed);
     }
     st(ST_GEN).store(u64::from(g), Ordering::Release);
+    frame
 }
 
 impl Call<'_> {

@@ -4,7 +4,7 @@
 //! phase 2 (release `phase2[b]`, wait, gather the peers' reduced shards).
 use super::memory::{copy, tree, word};
 use super::{Call, for_tiles};
-use detcoll_protocol::params::{MAX_WORLD, SEG_GATHER, SEG_WRITE_BACK, Seg};
+use detcoll_protocol::params::{MAX_WORLD, SEG_GATHER, SEG_NORM_READ, SEG_WRITE_BACK, Seg};
 use detcoll_protocol::status::{ERR_TIMEOUT_PHASE2, ERR_TIMEOUT_READY};
 use std::sync::atomic::Ordering;
 
@@ -43,7 +43,8 @@ pub(super) unsafe fn run(c: &Call<'_>) {
             if !c.wait(phase2, ERR_TIMEOUT_PHASE2, false) {
                 return;
             }
-            for s in &c.seg[nstage + n1..nstage + n1 + n2] {
+            // A fused norm launch reads the segments it flagged in place (the norm's sum_at).
+            for s in c.seg[nstage + n1..nstage + n1 + n2].iter().filter(|s| s.flags & SEG_NORM_READ == 0) {
                 // SAFETY: forwarded.
                 unsafe { segment(c, s, b, true) };
             }
