@@ -33,13 +33,14 @@ use detcoll_protocol::norm::{NormArgs, NormParams};
 pub const ONE_KERNEL_MAX_ROWS: usize = 64;
 
 /// The fewest rows from which a fused call whose norm can read the gathered sums in place
-/// (RS+AG, one launch: [`NormBackend::one_kernel_at_any_size`]) is one kernel. That form runs a
-/// row per warp on the protocol's blocks, so a row costs a few dependent memory round trips:
+/// (RS+AG, one launch: [`NormBackend::one_kernel_at_any_size`]) is one kernel, and from which
+/// the engine lets a fused launch's norm read them (`CollectiveNormParams::new`). That form runs
+/// a row per warp on the protocol's blocks, so a row costs a few dependent memory round trips:
 /// on one H200 (bf16, worlds 4/8, hidden 4096/8192,
 /// benches/results/h200-2026-12-03-fused-norm-gathered.md) it was 3-13 % faster than the
 /// all_reduce then the norm kernel from 512 rows on, and 1.3-1.7x slower at 128 rows, where the
 /// norm kernel's block per row has the whole GPU.
-pub const GATHERED_MIN_ROWS: usize = 512;
+pub const GATHERED_MIN_ROWS: usize = detcoll_protocol::params::NORM_GATHERED_MIN_ROWS;
 
 /// A backend that can launch the residual + RMSNorm kernel on its device.
 pub trait NormBackend: Collective {

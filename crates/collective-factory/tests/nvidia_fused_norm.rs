@@ -98,8 +98,9 @@ fn fused_norm_equals_the_reference_at_every_world() {
 }
 
 /// Batches up to 2048 x 8192 bf16 (32 MiB a rank) on the default tables and staging (16 MiB):
-/// worlds 4 and 8 take RS+AG (two chunks for the largest), world 2 bulk push; the norm is a
-/// second launch.
+/// worlds 4 and 8 take RS+AG (512 x 4096 in one launch: one kernel whose norm reads the gathered
+/// sums; two chunks for the largest: the norm a second launch), world 2 bulk push (a second
+/// launch).
 #[test]
 fn large_batches_on_the_default_routes() {
     if !gpu() {
@@ -133,6 +134,11 @@ fn fused_norm_on_every_ipc_route_and_in_chunks() {
                 let shapes = [(300, 4096), (130, 2048), (9, 2049), (70, 8192)];
                 check_shapes::<bf16>(&comms, &format!("bf16 by {route}, large batches"), &shapes);
                 check_shapes::<f32>(&comms, &format!("f32 by {route}, large batches"), &[(130, 2048), (3, 8192)]);
+                // GATHERED_MIN_ROWS in one launch: one kernel whose norm reads the peers'
+                // reduced shards in place (512 x 16 f32 at world 3: shards of 683 16-byte
+                // vectors, so an f32 lane straddles two sources).
+                check_shapes::<f32>(&comms, &format!("f32 by {route}, gathered"), &[(512, 16), (512, 24)]);
+                check_shapes::<bf16>(&comms, &format!("bf16 by {route}, gathered"), &[(512, 24), (600, 40)]);
             }
             println!("{route}, world {world}: h and y of every rank = fixed_tree::residual_rmsnorm");
         }

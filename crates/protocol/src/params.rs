@@ -39,6 +39,13 @@ pub const MODE_PUSH: u32 = 2;
 pub const SEG_SEND_TO: u32 = 16;
 /// Bulk push, send list: the data is gathered (all_gather), signalled by the phase-1 AG flag.
 pub const SEG_AG: u32 = 32;
+/// The fewest rows for which a fused launch's norm reads the gathered sums in place
+/// ([`CollectiveNormParams::new`]). Its warp per row is latency-bound on few rows: on one H200
+/// it was 1.3-1.7x the two launches at 128 rows and slower than the block form of the epilogue
+/// at 64 (RS+AG, worlds 4/8), 3-13 % faster than the two launches from 512 rows
+/// (benches/results/h200-2026-12-03-fused-norm-gathered.md). The front door's
+/// `GATHERED_MIN_ROWS`.
+pub const NORM_GATHERED_MIN_ROWS: usize = 512;
 /// Phase 2 of a fused norm launch read in place ([`CollectiveNormParams::new`]): the
 /// protocol skips the segment's copy and the norm reads the peer's reduced shard where the
 /// copy would have read it.
@@ -133,13 +140,16 @@ pub struct CollectiveNormParams {
 impl CollectiveNormParams {
     /// The fused launch of `call` (the call's last launch) with the norm `norm` as its
     /// epilogue. With `reads_gathered` (a runtime whose kernel has the gathered-sum form: CUDA,
-    /// and the host executor) and [`can_read_gathered`](Self::can_read_gathered), every phase-2
-    /// segment is flagged [`SEG_NORM_READ`]: the launch skips their copies into the output and
-    /// the norm reads those sums in place, one warp per row (`dc_norm_rows_gathered`). This is
-    /// a rank's own choice: its peers' memory and flags are the same either way.
+    /// and the host executor), at least [`NORM_GATHERED_MIN_ROWS`] rows and
+    /// [`can_read_gathered`](Self::can_read_gathered), every phase-2 segment is flagged
+    /// [`SEG_NORM_READ`]: the launch skips their copies into the output and the norm reads those
+    /// sums in place, one warp per row (`dc_norm_rows_gathered`); fewer rows keep the block form
+    /// after the copies. This is a rank's own choice: its peers' memory and flags are the same
+    /// either way.
     pub fn new(call: ParamsSingle, norm: NormParams, reads_gathered: bool) -> CollectiveNormParams {
         let mut fused = CollectiveNormParams { call, norm };
-        if reads_gathered && fused.can_read_gathered() {
+        let rows = usize::try_from(fused.norm.rows).unwrap_or(usize::MAX);
+        if reads_gathered && rows >= NORM_GATHERED_MIN_ROWS && fused.can_read_gathered() {
             let h = &fused.call.h;
             let first = (h.nstage + h.nphase1) as usize;
             for s in &mut fused.call.seg[first..first + h.nphase2 as usize] {
@@ -810,7 +820,7 @@ mod tests {
     #[test]
     fn fused_launch_reads_the_gathered_sums_on_two_phase_routes() {
         let (_, f) = fixed(4, 1, 1 << 22, 16);
-        let shape = (256, 4096, DType::BF16);
+        let shape = (NORM_GATHERED_MIN_ROWS, 4096, DType::BF16);
         for route in [Route::IpcReduceScatterAllGather, Route::IpcPush] {
             let c = fused_call(&f, shape, route, (0, 0), true);
             assert!(c.can_read_gathered() && c.reads_gathered(), "{route:?}");
@@ -828,23 +838,25 @@ mod tests {
                 }
             }
             // The own shard (rank 1's, between peer 0's and peer 2's) is read from the output.
-            assert_eq!(c.grid(f.max_grid), c.call.h.grid.max((256 / 16).min(f.max_grid)));
+            assert_eq!(c.grid(f.max_grid), c.call.h.grid.max((512 / 16).min(f.max_grid)));
             let own = c.call.seg[first].ptr + c.call.seg[first].bytes;
             assert_ne!(c.call.seg[first + 1].ptr, own);
             assert_eq!(c.sum_at(h.frame[1], own - c.norm.sum), own);
-            // Not without the runtime's form, nor off the vector path (a residual one element
-            // off, hidden not a multiple of 8): the copies stay, the launch has the barrier form.
+            // Not without the runtime's form, off the vector path (a residual one element off,
+            // hidden not a multiple of 8) or below the rows: the copies stay, the launch has the
+            // block form after its barrier.
             for off in [
                 fused_call(&f, shape, route, (0, 0), false),
                 fused_call(&f, shape, route, (0, 2), true),
-                fused_call(&f, (256, 4100, DType::BF16), route, (0, 0), true),
+                fused_call(&f, (512, 4092, DType::BF16), route, (0, 0), true),
+                fused_call(&f, (NORM_GATHERED_MIN_ROWS - 1, 4096, DType::BF16), route, (0, 0), true),
             ] {
                 assert!(!off.reads_gathered(), "{route:?}");
                 assert!(off.call.seg.iter().all(|s| s.flags & SEG_NORM_READ == 0));
             }
         }
         for route in [Route::IpcPushLl, Route::IpcOneShot] {
-            assert!(!fused_call(&f, (8, 4096, DType::BF16), route, (0, 0), true).reads_gathered(), "{route:?}");
+            assert!(!fused_call(&f, (512, 16, DType::BF16), route, (0, 0), true).reads_gathered(), "{route:?}");
         }
     }
 

@@ -1,0 +1,113 @@
+//! The fused all_reduce + residual + RMSNorm launch whose norm reads the gathered sums in
+//! place (`CollectiveNormParams::new` flags the phase-2 segments `SEG_NORM_READ`; the executor
+//! skips their copies and the norm reads through `CollectiveNormParams::sum_at`), through the
+//! engine's own entry as the front door and raw callers reach it: on the RS+AG and the bulk push
+//! routes, in one launch and chunked (the last launch reads its chunk in place, the earlier
+//! rows from the output), in and out of place, f32 (a lane of two 16-byte vectors) and bf16 —
+//! every rank's h and y bit for bit `fixed_tree::residual_rmsnorm`.
+use collective_core::fixed_tree::{Element, RmsNormShape, residual_rmsnorm};
+use collective_core::{Collective, DType, Io, IpcRoute, Plain};
+use detcoll_protocol::params::NORM_GATHERED_MIN_ROWS;
+use detcoll_protocol::{Device, IpcDevice, NormArgs};
+use half::bf16;
+use shm_ipc::{ShmCollective, ShmConfig};
+
+/// Values of rank `r` (the residual and weight: `r` = 100, 101), distinct per element.
+fn values<T: Element>(n: usize, r: usize) -> Vec<T> {
+    (0..n).map(|i| T::from_f32_rounded(((i * 37 + r * 101) % 997) as f32 * 0.0071 - 3.3)).collect()
+}
+
+fn bits<T: Element>(v: &[T]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits_u32()).collect()
+}
+
+/// One fused call of `rows x hidden` on every rank of `comms` by `route`; `in_place`: x is y
+/// and the residual is h. Returns every rank's (h, y).
+fn run<T: Element + Plain>(
+    comms: &[ShmCollective],
+    (rows, hidden): (usize, usize),
+    route: IpcRoute,
+    dtype: DType,
+    in_place: bool,
+) -> Vec<(Vec<T>, Vec<T>)> {
+    let n = rows * hidden;
+    std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .enumerate()
+            .map(|(r, c)| {
+                s.spawn(move || {
+                    let x: Vec<T> = values(n, r);
+                    let weight: Vec<T> = values(hidden, 101);
+                    let (mut xb, mut y) = (x.clone(), vec![T::from_f32_rounded(0.0); n]);
+                    let (mut rb, mut h) = (values::<T>(n, 100), vec![T::from_f32_rounded(0.0); n]);
+                    // The norm's addresses first (writable: taken from `&mut`), then the call's views.
+                    let sum = if in_place { xb.as_mut_ptr() } else { y.as_mut_ptr() } as u64;
+                    let residual = rb.as_mut_ptr() as u64;
+                    let h_at = if in_place { residual } else { h.as_mut_ptr() as u64 };
+                    let io = if in_place { Io::host_in_place(&mut xb) } else { Io::host(&x, &mut y) };
+                    let args = NormArgs {
+                        sum,
+                        residual,
+                        weight: weight.as_ptr() as u64,
+                        h: h_at,
+                        y: sum,
+                        rows,
+                        hidden,
+                        eps: 1e-6,
+                        dtype,
+                    };
+                    let engine = c.engine();
+                    let stream = engine.device().raw_stream(&()).expect("host stream");
+                    // SAFETY: every address is a live host buffer of this thread of the sizes
+                    // `args` names (x/y and the residual/h exactly aliased in place), alive until
+                    // the call returns (a host stream completes the call before returning).
+                    let fused =
+                        unsafe { engine.enqueue_all_reduce_norm(io, Some(route), &args, stream) }.expect("fused");
+                    assert!(fused, "the engine took the norm");
+                    if in_place { (rb, xb) } else { (h, y) }
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank")).collect()
+    })
+}
+
+fn check<T: Element + Plain>(comms: &[ShmCollective], route: IpcRoute, dtype: DType, hidden: usize) {
+    let world = comms.len();
+    let rows = NORM_GATHERED_MIN_ROWS;
+    let n = rows * hidden;
+    let xs: Vec<Vec<T>> = (0..world).map(|r| values(n, r)).collect();
+    let refs: Vec<&[T]> = xs.iter().map(Vec::as_slice).collect();
+    let (mut h, mut y) = (vec![T::from_f32_rounded(0.0); n], vec![T::from_f32_rounded(0.0); n]);
+    let shape = RmsNormShape { rows, hidden };
+    residual_rmsnorm(&refs, &values(n, 100), &values(hidden, 101), 1e-6, shape, &mut h, &mut y).expect("reference");
+    for in_place in [false, true] {
+        for (r, (gh, gy)) in run::<T>(comms, (rows, hidden), route, dtype, in_place).into_iter().enumerate() {
+            let what = format!("world {world} {route:?} {} {rows}x{hidden} in place {in_place} rank {r}", T::NAME);
+            assert_eq!(bits(&gh), bits(&h), "{what}: h");
+            assert_eq!(bits(&gy), bits(&y), "{what}: y");
+        }
+    }
+}
+
+/// 64 KiB of staging: 512 x 8 and 512 x 16 f32 and 512 x 8 bf16 fit one launch on both routes;
+/// 512 x 24 f32 (48 KiB) is chunked on bulk push (its frame holds every sender's slot and the
+/// reduced shards). Shards of an odd number of 16-byte vectors (world 3 at 512 x 16, world 5 at
+/// 512 x 8 and 512 x 24) make an f32 lane straddle two sources.
+#[test]
+fn gathered_sums_read_in_place_equal_the_reference() {
+    const { assert!(<shm_ipc::HostDevice as IpcDevice>::NORM_READS_GATHERED, "the host executor has the form") };
+    for world in [2, 3, 4, 5] {
+        let comms = ShmCollective::group(world, ShmConfig::new(1 << 16)).expect("group");
+        for route in [IpcRoute::ReduceScatterAllGather, IpcRoute::Push] {
+            check::<f32>(&comms, route, DType::F32, 8);
+            check::<f32>(&comms, route, DType::F32, 16);
+            check::<f32>(&comms, route, DType::F32, 24);
+            check::<bf16>(&comms, route, DType::BF16, 8);
+        }
+        for c in comms {
+            c.close().expect("close");
+        }
+    }
+}
