@@ -305,7 +305,7 @@ impl IpcDevice for HostDevice {
             // engine packed them) and the output; the norm's views are the caller's, validated
             // by the engine (`pack`).
             Some((fused, args, frame)) if fused.reads_gathered() => unsafe {
-                crate::norm::gathered(fused, args, frame)
+                self.residual_rmsnorm_gathered(fused, args, frame)
             },
             // SAFETY: the norm's views are the caller's, validated by the engine (`pack`).
             Some((_, args, _)) => unsafe { detcoll_protocol::NormDevice::residual_rmsnorm(self, args, stream) },

@@ -26,19 +26,26 @@ impl NormDevice for HostDevice {
     }
 }
 
-/// The norm of a fused launch that [reads the gathered sums](CollectiveNormParams::reads_gathered)
-/// (`dc_norm_rows_gathered`): the collective skipped its phase-2 copies, so each 16-byte
-/// vector of a row's sum is read where [`CollectiveNormParams::sum_at`] says, as the kernel
-/// does; `frame` is the call's frame offset.
-///
-/// # Safety
-/// As [`NormDevice::residual_rmsnorm`], and the launch's segments address this rank's live
-/// group (the engine packed them) and its collective has completed.
-pub(crate) unsafe fn gathered(fused: &CollectiveNormParams, args: &NormArgs, frame: u64) -> Result<(), Error> {
-    let p = NormParams::pack(args)?;
-    // SAFETY: as `residual_rmsnorm` for the views; every address `sum_at` gives is a
-    // published reduced shard in a live frame or the caller's output (the caller).
-    unsafe { by_dtype(&p, args, Some(&|o| fused.sum_at(frame, o))) }
+impl HostDevice {
+    /// The norm of a fused launch that [reads the gathered sums](CollectiveNormParams::reads_gathered)
+    /// (`dc_norm_rows_gathered`): the collective skipped its phase-2 copies, so each 16-byte
+    /// vector of a row's sum is read where [`CollectiveNormParams::sum_at`] says, as the kernel
+    /// does; `frame` is the call's frame offset.
+    ///
+    /// # Safety
+    /// As [`NormDevice::residual_rmsnorm`], and the launch's segments address this rank's live
+    /// group (the engine packed them) and its collective has completed.
+    pub(crate) unsafe fn residual_rmsnorm_gathered(
+        &self,
+        fused: &CollectiveNormParams,
+        args: &NormArgs,
+        frame: u64,
+    ) -> Result<(), Error> {
+        let p = NormParams::pack(args)?;
+        // SAFETY: as `residual_rmsnorm` for the views; every address `sum_at` gives is a
+        // published reduced shard in a live frame or the caller's output (the caller).
+        unsafe { by_dtype(&p, args, Some(&|o| fused.sum_at(frame, o))) }
+    }
 }
 
 /// [`rows`] for the dtype of `args`.
