@@ -176,14 +176,23 @@ impl CollectiveNormParams {
             return false;
         };
         segs.iter().all(|s| {
-            let base = |frame: u64| match (h.mode, s.peer == h.rank) {
-                (MODE_PUSH, true) => s.src,
-                (MODE_PUSH, false) => h.data[h.rank as usize].wrapping_add(frame).wrapping_add(s.frame_off),
-                _ => h.data.get(s.peer as usize).map_or(1, |d| d.wrapping_add(frame).wrapping_add(s.frame_off)),
-            };
             let within = s.ptr >= n.sum && s.ptr.checked_add(s.bytes).is_some_and(|e| e <= end);
-            within && (s.ptr | s.bytes | base(h.frame[0]) | base(h.frame[1])) % 16 == 0
+            let aligned = |frame: u64| self.gather_source(s, frame).is_some_and(|b| b % 16 == 0);
+            within && (s.ptr | s.bytes) % 16 == 0 && aligned(h.frame[0]) && aligned(h.frame[1])
         })
+    }
+
+    /// Where the phase-2 copy of `s` reads its first byte in frame `frame` (`dc_run_segment`'s
+    /// gather on the pull route, `dc_bulk_gather` on bulk push); `None` for a rank outside the
+    /// header.
+    fn gather_source(&self, s: &Seg, frame: u64) -> Option<u64> {
+        let h = &self.call.h;
+        let frame_of = |q: u32| h.data.get(q as usize).map(|d| d.wrapping_add(frame).wrapping_add(s.frame_off));
+        match (h.mode, s.peer == h.rank) {
+            (MODE_PUSH, true) => Some(s.src),
+            (MODE_PUSH, false) => frame_of(h.rank),
+            _ => frame_of(s.peer),
+        }
     }
 
     /// The address of the sum of byte `o` of the norm's `sum` (the first of a 16-byte vector)
@@ -196,12 +205,8 @@ impl CollectiveNormParams {
         for s in &self.call.seg[first..first + h.nphase2 as usize] {
             let rel = a.wrapping_sub(s.ptr);
             if rel < s.bytes {
-                let base = match (h.mode, s.peer == h.rank) {
-                    (MODE_PUSH, true) => s.src,
-                    (MODE_PUSH, false) => h.data[h.rank as usize] + frame + s.frame_off,
-                    _ => h.data[s.peer as usize] + frame + s.frame_off,
-                };
-                return base + rel;
+                // A flagged launch's sources exist (can_read_gathered).
+                return self.gather_source(s, frame).map_or(a, |base| base.wrapping_add(rel));
             }
         }
         a
