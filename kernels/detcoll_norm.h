@@ -777,21 +777,30 @@ DC_DEV dc_u32 dc_norm_local_group(const DcHeader& h, const DcSeg* seg, const DcN
     const DcSeg& s = seg[h.nstage];
     const dc_u64 row = (dc_u64)p.hidden * (p.dtype == DC_F32 ? 4u : 2u);
     if ((s.flags & DC_SEG_GATHER) != 0u || s.frame_off != 0u || s.ptr != p.sum) return 0u;
-    if (row == 0u || row > h.tile_bytes || h.tile_bytes % row != 0u || s.bytes != p.rows * row) return 0u;
-    return (dc_u32)(h.tile_bytes / row);
+    if (row == 0u || row > h.tile_bytes || s.bytes != p.rows * row) return 0u;
+    // 32-bit division (row <= tile_bytes): a 64-bit one is a long software routine.
+    const dc_u32 row32 = (dc_u32)row;
+    return h.tile_bytes % row32 == 0u ? h.tile_bytes / row32 : 0u;
+}
+
+// The plan of a fused launch (declared in detcoll_protocol.h; dc_collective makes it before the
+// protocol): the parameters, and which form the epilogue takes.
+DC_DEV void dc_norm_prepare(const DcHeader& h, const DcSeg* seg, const DcNormParams& p, DcNormPlan& plan) {
+    plan.n = p;
+    plan.gathered = dc_norm_reads_gathered(h, seg) ? 1u : 0u;
+    plan.group = plan.gathered ? 0u : dc_norm_local_group(h, seg, p);
 }
 
 // The epilogue dc_collective_mode runs after the protocol in every block of a fused launch
-// (declared in detcoll_protocol.h).
-DC_DEV_NOINLINE void dc_norm_epilogue(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u32 g, const DcNormParams& p) {
-    if (dc_norm_reads_gathered(h, seg)) {
+// (declared in detcoll_protocol.h), from the plan in shared memory.
+DC_DEV_NOINLINE void dc_norm_epilogue(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u32 g, const DcNormPlan& plan) {
+    if (plan.gathered) {
         // Every block's phase-2 wait (each covers its own tiles) and the own shard's stores
         // are behind the barrier: then any row may read any tile.
-        if (dc_norm_barrier(h, status, g, false)) dc_norm_gathered_any(h, seg, h.frame[g & 1u], p);
+        if (dc_norm_barrier(h, status, g, false)) dc_norm_gathered_any(h, seg, h.frame[g & 1u], plan.n);
         return;
     }
-    const dc_u32 group = dc_norm_local_group(h, seg, p);
-    if (dc_norm_barrier(h, status, g, group != 0u)) dc_norm_any<true>(p, group);
+    if (dc_norm_barrier(h, status, g, plan.group != 0u)) dc_norm_any<true>(plan.n, plan.group);
 }
 
 // The fused entry's body: the collective of the call's last launch, the norm as its epilogue.

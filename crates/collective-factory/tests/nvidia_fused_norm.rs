@@ -3,7 +3,9 @@
 //! place): ranks as threads on the GPUs there are (rank `r` on GPU `r % count`), worlds 1, 2,
 //! 4, 8; bf16, f16, f32; rows 1..64, hidden 4096, 8192 and 2049; every rank's `h` and `y`
 //! bit for bit `fixed_tree::residual_rmsnorm`, and a row's bits the same in a batch of one.
-//! Skips, saying so, without a GPU.
+//! Fail-closed: a peer that never calls, or calls with another row count, ends the call with a
+//! typed error in bounded time, through the launch barrier of the norm. Skips, saying so,
+//! without a GPU.
 #![cfg(feature = "cuda")]
 mod norm_data;
 
@@ -142,5 +144,107 @@ fn fused_norm_on_every_ipc_route_and_in_chunks() {
             }
             println!("{route}, world {world}: h and y of every rank = fixed_tree::residual_rmsnorm");
         }
+    }
+}
+
+/// One fused call of `rows x hidden` bf16 by `comm` on a new stream, timed to the end of its
+/// stream work: (the call's, the stream's and the check's first error, how long it took, a
+/// second call's result, made only after that).
+fn fused_outcome(
+    comm: &NvidiaCollective,
+    rows: usize,
+    hidden: usize,
+) -> (Result<(), collective_core::Error>, std::time::Duration, Result<(), collective_core::Error>) {
+    let n = rows * hidden;
+    let stream = comm.context().new_stream().expect("stream");
+    let x = stream.clone_htod(&values::<bf16>(n, 3)).expect("x");
+    let mut residual = stream.clone_htod(&values::<bf16>(n, 4)).expect("residual");
+    let weight = stream.clone_htod(&values::<bf16>(hidden, 5)).expect("weight");
+    let mut y = stream.alloc_zeros::<bf16>(n).expect("y");
+    let t = std::time::Instant::now();
+    let outcome = comm
+        .all_reduce_residual_rmsnorm_into(&x, &mut y, &mut residual, &weight, hidden, 1e-6, &stream)
+        .and_then(|()| comm.synchronize(&stream))
+        .and_then(|()| comm.check());
+    let waited = t.elapsed();
+    let again = comm.all_reduce_residual_rmsnorm_into(&x, &mut y, &mut residual, &weight, hidden, 1e-6, &stream);
+    (outcome, waited, again)
+}
+
+/// The shapes whose fused launch has the barrier of its blocks before the norm: rows across
+/// tiles on world 2's LL push (16 x 8192, 16 KiB rows in 8 KiB tiles), and the gathered-sum
+/// form on RS+AG (512 x 4096, forced).
+const BARRIER_SHAPES: [(usize, usize, Option<&str>); 2] = [(16, 8192, None), (512, 4096, Some("ipc_rs_ag"))];
+
+/// World 2 with `bound` on every wait for a peer, the lockstep off (rank 0's kernel then runs
+/// and waits for its peer in the GPU; with it, the host would wait before launching), `route`
+/// forced if given.
+fn fault_group(bound: std::time::Duration, route: Option<&str>) -> Vec<NvidiaCollective> {
+    let mut config = Config::new().with_timeout(bound).with_lockstep(false);
+    if let Some(route) = route {
+        config = config.with_routing(every_size_by("nvidia", route));
+    }
+    nvidia::thread_group(2, &config).expect("thread group")
+}
+
+/// Rank 1 never makes its fused call: rank 0's call ends after the peer timeout (and within
+/// ten times it) as PeerTimeout naming rank 1 — every block of its launch stops at the launch's
+/// barrier, none waits there for ever — and its next call is refused as poisoned; rank 1
+/// itself stays healthy.
+#[test]
+fn a_fused_call_whose_peer_never_comes_times_out_and_poisons() {
+    use collective_core::conformance::faults;
+    if !gpu() {
+        return;
+    }
+    let bound = std::time::Duration::from_millis(300);
+    for (rows, hidden, route) in BARRIER_SHAPES {
+        let comms = fault_group(bound, route);
+        std::thread::scope(|s| {
+            let absent = s.spawn(|| {
+                // It keeps its handle open until rank 0 has timed out (a closed handle would
+                // fail rank 0 at once with PeerClosed).
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                let healthy = comms[1].check();
+                std::thread::sleep(bound * 4);
+                healthy
+            });
+            let (outcome, waited, again) = fused_outcome(&comms[0], rows, hidden);
+            let cause = faults::expect_timeout(waited, bound, outcome, || again)
+                .unwrap_or_else(|e| panic!("{rows} x {hidden} by {route:?}: {e}"));
+            absent.join().expect("rank 1").expect("the absent rank is not poisoned itself");
+            println!("{rows} x {hidden} by {route:?}: timed out after {waited:?}; then poisoned ({cause})");
+        });
+    }
+}
+
+/// The two ranks' fused calls differ by one row: both report SignatureMismatch naming the
+/// other, with both element counts, well before the timeout (not a hang at the launch's
+/// barrier, not a wrong `Ok`), and are poisoned.
+#[test]
+fn fused_calls_of_different_rows_fail_with_signature_mismatch() {
+    use collective_core::conformance::faults;
+    if !gpu() {
+        return;
+    }
+    let bound = std::time::Duration::from_secs(8);
+    for (rows, hidden, route) in BARRIER_SHAPES {
+        let comms = fault_group(bound, route);
+        let counts = [rows * hidden, (rows + 1) * hidden];
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .map(|me| {
+                    let comm = &comms[me];
+                    s.spawn(move || {
+                        let (outcome, waited, again) = fused_outcome(comm, counts[me] / hidden, hidden);
+                        faults::expect_mismatch(me, counts, waited, bound, outcome, || again)
+                            .map(|()| println!("rank {me}, {rows} x {hidden} by {route:?}: mismatch after {waited:?}"))
+                    })
+                })
+                .collect();
+            for (me, h) in hs.into_iter().enumerate() {
+                h.join().expect("rank").unwrap_or_else(|e| panic!("rank {me}, {rows} x {hidden} by {route:?}: {e}"));
+            }
+        });
     }
 }
