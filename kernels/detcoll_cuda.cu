@@ -12,7 +12,6 @@
 #define DC_NTID blockDim.x
 #define DC_NBLOCKS gridDim.x
 #define DC_SYNC_BLOCK() __syncthreads()
-#define DC_FENCE_DEVICE() __threadfence()
 #define DC_FENCE_SYSTEM() __threadfence_system()
 #define DC_FENCE_RELEASE_SYSTEM() asm volatile("fence.acq_rel.sys;" ::: "memory")
 #define DC_ATOMIC_CAS_U64(p, cmp, val) atomicCAS((unsigned long long*)(p), (cmp), (unsigned long long)(val))

@@ -87,8 +87,7 @@ __device__ __forceinline__ unsigned long long wall_clock64() { return __builtin_
         __builtin_amdgcn_s_barrier();                        \
         __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup"); \
     } while (0)
-// __threadfence() / __threadfence_system(): sequentially consistent at agent / system scope.
-#define DC_FENCE_DEVICE() __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent")
+// __threadfence_system(): sequentially consistent at system scope.
 #define DC_FENCE_SYSTEM() __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "")
 #define DC_FENCE_RELEASE_SYSTEM() __builtin_amdgcn_fence(__ATOMIC_RELEASE, "")
 #define DC_ATOMIC_CAS_U64(p, cmp, val) dc_hip_cas_u64((dc_u64*)(p), (cmp), (dc_u64)(val))

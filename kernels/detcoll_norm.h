@@ -702,61 +702,61 @@ DC_DEV void dc_norm_gathered_any(const DcHeader& h, const DcSeg* seg, dc_u64 fra
 // one H200, where both are in L2 already in a decode loop.)
 //
 // The barrier needs every block of the launch resident at once, as the protocol already does
-// (its blocks wait on their peers' blocks; the host caps the grid). It is two words of the own
-// status line: an arrival count, reset by the last block to arrive, which then publishes the
-// call's generation, which the others wait for (bounded, and ended by an abort of the call).
-// Generations only grow, so a stale word never releases a later call; a failed call leaves the
-// count wrong, but the abort word it set stops every later call before it gets here.
+// (its blocks wait on their peers' blocks; the host caps the grid). It is one 32-bit word of the
+// own status line, in the form of a sense-reversing grid barrier: block 0 adds
+// 2^31 - (blocks - 1), every other block 1, so the word's top bit flips exactly when the last
+// block arrives and its low bits are back where they were (0: the word starts zeroed, and a
+// barrier every block passed leaves them so). The add releases the block's stores (its part of
+// the sum, ordered before it by the block's barrier) and acquires the ones of the blocks before
+// it; a waiter's load of the flipped bit acquires the rest. The last block to arrive also ends
+// the call (dc_call_ended): every block of the launch has started by then, and the launch then
+// skips the end of the call's count, which would cost every block a second round trip after its
+// rows. A launch runs only after the previous one on its stream ended (DC_GRID_DEP_WAIT), so
+// the word is never shared by two calls; a failed call may leave it wrong, but the abort word it
+// set stops every later call in its prologue, before it gets here.
+//
+// A waiter is bounded (the call's timeout) and also stops when the call fails (the abort word,
+// polled every 64 reads). After a barrier every block passed, the norm runs even if the
+// protocol failed in some block: h and y are then as undefined as the sum, and the call
+// reports its error (checking the abort word there cost a round trip per block and call).
 // ---------------------------------------------------------------------------------------------
 
-#define DC_ST_NORM_ARRIVE 4  // blocks of the running fused call at its barrier (u32 in this word)
-#define DC_ST_NORM_GEN 5     // the last fused call whose barrier every block passed
+#define DC_ST_NORM_BARRIER 4              // the fused launches' barrier (u32 in this word)
+#define DC_NORM_BARRIER_FLIP 0x80000000u  // its sense bit
 
 struct DcCollectiveNormParams {
     DcParams<DC_SEGS_SINGLE> c;
     DcNormParams n;
 };
 
-// Whether the call's blocks all passed the barrier without an error of this rank's call (false:
-// the norm is skipped; the call's error is in the record). `local`: every block normalises only
-// rows it reduced itself (dc_norm_local_group), so a barrier of the block is enough.
-DC_DEV bool dc_norm_barrier(const DcHeader& h, dc_u64* status, dc_u32 g, bool local) {
+// The barrier of every block of a fused launch of more than one block: whether this block's
+// wait ended with the last arrival (false: it timed out or the call failed; the norm is then
+// skipped). Ends call g on the last arrival, with the prologue's `refresh_left` (thread 0's).
+DC_DEV bool dc_norm_barrier(const DcHeader& h, dc_u64* status, dc_u32 g, dc_u64 refresh_left) {
     DC_SHARED int s_ok;
     DC_SYNC_BLOCK();
-    if (local) return true;  // the block's own stores of the sum are visible after the barrier
     if (DC_TID == 0) {
         int ok = 1;
-        if (DC_NBLOCKS > 1u) {
-            // Release: every thread's stores of this block, ordered before the fence by the barrier.
-            DC_FENCE_DEVICE();
-            const dc_u32 prev = DC_ATOMIC_ADD_U32(&status[DC_ST_NORM_ARRIVE], 1u);
-            if (prev == DC_NBLOCKS - 1u) {
-                *(volatile dc_u32*)&status[DC_ST_NORM_ARRIVE] = 0u;
-                DC_FENCE_DEVICE();
-                *(volatile dc_u64*)&status[DC_ST_NORM_GEN] = (dc_u64)g;
-            } else {
-                const dc_u64 start = dc_globaltimer();
-                for (dc_u32 iter = 1; *(volatile dc_u64*)&status[DC_ST_NORM_GEN] != (dc_u64)g; ++iter) {
-                    if ((iter & 63u) != 0) continue;
-                    if (dc_ld_relaxed_sys(&status[DC_ST_ABORT]) != 0) {
-                        ok = 0;
-                        break;
-                    }
-                    if (dc_globaltimer() - start > h.timeout_ns) {
-                        dc_fail(h, status, DC_ERR_TIMEOUT_PHASE2, h.rank, g, 0);
-                        ok = 0;
-                        break;
-                    }
+        dc_u32* word = (dc_u32*)&status[DC_ST_NORM_BARRIER];
+        const dc_u32 add = DC_BID == 0u ? DC_NORM_BARRIER_FLIP - (DC_NBLOCKS - 1u) : 1u;
+        const dc_u32 before = dc_atom_add_acq_rel_dev(word, add);
+        if (((before ^ (before + add)) & DC_NORM_BARRIER_FLIP) != 0u) {
+            dc_call_ended(status, g, refresh_left);
+        } else {
+            const dc_u64 start = dc_globaltimer();
+            for (dc_u32 iter = 1; ((dc_ld_acquire_dev(word) ^ before) & DC_NORM_BARRIER_FLIP) == 0u; ++iter) {
+                if ((iter & 63u) != 0) continue;
+                if (dc_ld_relaxed_sys(&status[DC_ST_ABORT]) != 0) {
+                    ok = 0;
+                    break;
+                }
+                if (dc_globaltimer() - start > h.timeout_ns) {
+                    dc_fail(h, status, DC_ERR_TIMEOUT_PHASE2, h.rank, g, 0);
+                    ok = 0;
+                    break;
                 }
             }
-            // Acquire: the other blocks' stores are visible to this block after the barrier below.
-            DC_FENCE_DEVICE();
-            if (dc_ld_relaxed_sys(&status[DC_ST_ABORT]) != 0) ok = 0;
         }
-        // A one-block launch skips that load (a round trip): its rows are then normalised even
-        // after a failed protocol step, from an output the failed call left undefined anyway;
-        // the call's error is reported all the same. (So does a `local` launch: its block's
-        // rows depend on no other block.)
         s_ok = ok;
     }
     DC_SYNC_BLOCK();
@@ -792,15 +792,25 @@ DC_DEV void dc_norm_prepare(const DcHeader& h, const DcSeg* seg, const DcNormPar
 }
 
 // The epilogue dc_collective_mode runs after the protocol in every block of a fused launch
-// (declared in detcoll_protocol.h), from the plan in shared memory.
-DC_DEV_NOINLINE void dc_norm_epilogue(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u32 g, const DcNormPlan& plan) {
-    if (plan.gathered) {
-        // Every block's phase-2 wait (each covers its own tiles) and the own shard's stores
-        // are behind the barrier: then any row may read any tile.
-        if (dc_norm_barrier(h, status, g, false)) dc_norm_gathered_any(h, seg, h.frame[g & 1u], plan.n);
-        return;
+// (declared in detcoll_protocol.h), from the plan in shared memory. Returns whether the launch's
+// barrier ended the call: in every block of a launch of more than one block that is not `local`.
+DC_DEV_NOINLINE bool dc_norm_epilogue(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u32 g,
+                                      dc_u64 refresh_left, const DcNormPlan& plan) {
+    const bool local = !plan.gathered && plan.group != 0u;
+    const bool launch_barrier = !local && DC_NBLOCKS > 1u;
+    // Without the launch's barrier (a block normalises only rows it reduced itself, or the
+    // launch is one block), one of the block: its rows are normalised even after a failed
+    // protocol step, from an output the failed call left undefined anyway; the call reports its
+    // error all the same. With it, every block's phase-2 wait (each covers its own tiles) and
+    // its stores of the sum are behind the barrier: then any row may read any tile.
+    bool ok = true;
+    if (launch_barrier) ok = dc_norm_barrier(h, status, g, refresh_left);
+    else DC_SYNC_BLOCK();
+    if (ok) {
+        if (plan.gathered) dc_norm_gathered_any(h, seg, h.frame[g & 1u], plan.n);
+        else dc_norm_any<true>(plan.n, plan.group);
     }
-    if (dc_norm_barrier(h, status, g, plan.group != 0u)) dc_norm_any<true>(plan.n, plan.group);
+    return launch_barrier;
 }
 
 // The fused entry's body: the collective of the call's last launch, the norm as its epilogue.

@@ -388,6 +388,19 @@ DC_DEV dc_u64 dc_ld_relaxed_sys(const dc_u64* p) {
     asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
 }
+// Device-scope synchronisation between the blocks of one launch (the fused call's barrier):
+// an add that releases the block's earlier stores and acquires the ones released before it,
+// and an acquire load. Cheaper than a sequentially consistent fence around relaxed accesses.
+DC_DEV dc_u32 dc_atom_add_acq_rel_dev(dc_u32* p, dc_u32 v) {
+    dc_u32 old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+DC_DEV dc_u32 dc_ld_acquire_dev(const dc_u32* p) {
+    dc_u32 v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
 // Nanoseconds since an arbitrary epoch, the same on every SM of the device.
 DC_DEV dc_u64 dc_globaltimer() {
     dc_u64 t;
@@ -411,6 +424,12 @@ DC_DEV dc_u64 dc_ld_acquire_sys(const dc_u64* p) {
 }
 DC_DEV dc_u64 dc_ld_relaxed_sys(const dc_u64* p) {
     return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+}
+DC_DEV dc_u32 dc_atom_add_acq_rel_dev(dc_u32* p, dc_u32 v) {
+    return __hip_atomic_fetch_add(p, v, __ATOMIC_ACQ_REL, __HIP_MEMORY_SCOPE_AGENT);
+}
+DC_DEV dc_u32 dc_ld_acquire_dev(const dc_u32* p) {
+    return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_AGENT);
 }
 // Raw s_memrealtime ticks (100 MHz on gfx942, 25 MHz on MI200, unpublished for gfx950): the host
 // converts the wait bound into these ticks from hipDeviceAttributeWallClockRate (hip-ipc's
