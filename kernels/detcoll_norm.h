@@ -19,7 +19,8 @@
 // 1 through shuffles; on HIP, 64-wide wavefronts and no HIP headers in the offline build, every
 // level through shared memory). Same tree, same bits.
 //
-// Three paths, chosen once per block from the parameters, all with exactly that arithmetic:
+// Three paths, chosen once per block from the parameters, all with exactly that arithmetic (and,
+// in a fused launch, the gathered-sum form and the row form in registers, further below):
 //
 // * vector, h in registers: hidden % 8 == 0 and every address 16-byte aligned (the same test in
 //   every block: dc_norm_vector_ok), and the row short enough (<= 8192 f16/bf16 or 4096 f32
@@ -161,13 +162,11 @@ struct DcNormShared {
 // between, so after it read buffer b.
 // HIP (64-wide wavefronts, and no HIP headers in the offline build): every level through
 // shared memory, the same tree.
-DC_DEV float dc_norm_reduce(DcNormShared& sh, dc_u32 buf, float part) {
-    const dc_u32 t = DC_TID;
-    float* s = sh.part[buf];
-    if (t < DC_NORM_THREADS) s[t] = part;  // a fused launch's threads beyond the lanes add nothing
-    DC_SYNC_BLOCK();
 #if defined(DC_CUDA)
-    const dc_u32 l = t & 31u;
+// The CUDA evaluation of the tree over the 256 partials in shared memory `s` (after a barrier
+// that made them visible), by the calling warp; returns q in every lane.
+DC_DEV float dc_norm_tree_warp(const float* s) {
+    const dc_u32 l = DC_TID & 31u;
     float a[8];
 #pragma unroll
     for (int w = 0; w < 8; ++w) a[w] = s[l + 32u * (dc_u32)w];
@@ -179,6 +178,16 @@ DC_DEV float dc_norm_reduce(DcNormShared& sh, dc_u32 buf, float part) {
 #pragma unroll
     for (dc_u32 d = 16; d >= 1; d >>= 1) v = dc_norm_add(v, __shfl_down_sync(0xffffffffu, v, d));
     return __shfl_sync(0xffffffffu, v, 0);
+}
+#endif
+
+DC_DEV float dc_norm_reduce(DcNormShared& sh, dc_u32 buf, float part) {
+    const dc_u32 t = DC_TID;
+    float* s = sh.part[buf];
+    if (t < DC_NORM_THREADS) s[t] = part;  // a fused launch's threads beyond the lanes add nothing
+    DC_SYNC_BLOCK();
+#if defined(DC_CUDA)
+    return dc_norm_tree_warp(s);
 #else
     for (dc_u32 d = DC_NORM_THREADS / 2; d >= 1; d >>= 1) {
         if (t < d) s[t] = dc_norm_add(s[t], s[t + d]);
@@ -665,6 +674,85 @@ DC_DEV void dc_norm_rows_gathered(const DcHeader& h, const DcSeg* seg, dc_u64 fr
 }
 #endif
 
+// ---------------------------------------------------------------------------------------------
+// The row form in registers (CUDA; a fused launch on the LL push route where each block reduces
+// exactly one whole row of hidden 4096 in f16/bf16, the decode shape). The LL push reduce gives
+// thread i of a block the 16-byte vector i of its 8 KiB tile, which is then the block's row:
+// elements 8i .. 8i + 7, lane i % 256 of chunk i / 256 in the reference's order. So the thread
+// keeps that vector of the sum in registers (DcNormRowRegs, filled by dc_push_reduce) and loads
+// its vectors of the residual and the weight before the protocol's waits: the norm then reads
+// nothing from memory. The arithmetic and its order are the block form's: thread t < 256 adds
+// its 8 squares into a partial from 0 (chunk 0 of lane t), thread 256 + t continues that
+// partial with its own 8 squares (chunk 1 of lane t), in increasing j; the halving tree over the
+// 256 lane partials is dc_norm_reduce's; y from h and the weight in registers.
+// ---------------------------------------------------------------------------------------------
+
+// Whether a fused launch takes the row form in registers: the launch's blocks each reduce whole
+// rows (`group`, dc_norm_local_group) of exactly one 16-byte vector per thread (a row is the
+// tile: f16/bf16, hidden * 2 = tile = 16 * threads), each block at most one (rows <= grid), on
+// the LL push route, on the norm's vector path. The same answer in every block.
+DC_DEV bool dc_norm_row_regs_ok(const DcHeader& h, const DcNormParams& p, dc_u32 group) {
+#if defined(DC_CUDA)
+    return h.mode == DC_MODE_PUSH_LL && group == 1u && (p.dtype == DC_F16 || p.dtype == DC_BF16) &&
+           (dc_u64)p.hidden * 2u == h.tile_bytes && h.tile_bytes == 16u * DC_NTID &&
+           2u * DC_NORM_CHUNK == p.hidden && p.rows <= h.grid && dc_norm_vector_ok(p);
+#else
+    (void)h;
+    (void)p;
+    (void)group;
+    return false;
+#endif
+}
+
+// The row form's loads before the protocol (declared in detcoll_protocol.h): this thread's
+// vectors of its block's row of the residual and of the weight. The residual is never an
+// output of the protocol (the host refuses a residual overlapping the sum, detcoll_core's
+// validate_norm), so reading it first reads the same values.
+DC_DEV void dc_norm_row_regs_load(const DcNormPlan& plan, DcNormRowRegs& regs) {
+    const DcNormParams& p = plan.n;
+    if ((dc_u64)DC_BID >= p.rows) return;
+    const dc_u64 v = 16u * (dc_u64)DC_TID;
+    regs.residual = dc_norm_ld16((const dc_u8*)p.residual + (dc_u64)DC_BID * p.hidden * 2u + v);
+    regs.weight = dc_norm_ld16((const dc_u8*)p.weight + v);
+}
+
+#if defined(DC_CUDA)
+template <int DT>
+DC_DEV void dc_norm_row_in_regs(const DcNormParams& p, const DcNormRowRegs& r) {
+    DC_SHARED float s_chunk0[DC_NORM_THREADS];  // chunk 0's partials, continued by chunk 1's threads
+    DC_SHARED float s_part[DC_NORM_THREADS];    // the lanes' partials, for the tree
+    if ((dc_u64)DC_BID >= p.rows) return;       // a block without a row (the same for its threads)
+    const dc_u32 lane = DC_TID % DC_NORM_THREADS;
+    const dc_u64 off = (dc_u64)DC_BID * p.hidden * 2u + 16u * (dc_u64)DC_TID;
+    dc_u32 hw[4] = {r.residual.x, r.residual.y, r.residual.z, r.residual.w};
+    const dc_u32 sw[4] = {r.sum.x, r.sum.y, r.sum.z, r.sum.w};
+    const dc_u32 ww[4] = {r.weight.x, r.weight.y, r.weight.z, r.weight.w};
+    dc_norm_add_lane<DT>(hw, hw, sw);
+    dc_norm_st_lane<DT>((dc_u8*)p.h + off, hw);
+    float hf[DC_NORM_VECTOR];
+    dc_norm_widen_lane<DT>(hf, hw);
+    if (DC_TID < DC_NORM_THREADS) s_chunk0[lane] = dc_norm_squares_lane(0.0f, hf);
+    DC_SYNC_BLOCK();
+    if (DC_TID >= DC_NORM_THREADS) s_part[lane] = dc_norm_squares_lane(s_chunk0[lane], hf);
+    DC_SYNC_BLOCK();
+    const float inv = dc_norm_inv(p, dc_norm_tree_warp(s_part));
+    dc_u32 yw[4];
+    dc_norm_scale_lane<DT>(yw, hf, ww, inv);
+    dc_norm_st_lane<DT>((dc_u8*)p.y + off, yw);
+}
+#endif
+
+DC_DEV void dc_norm_row_in_regs_any(const DcNormParams& p, const DcNormRowRegs& r) {
+#if defined(DC_CUDA)
+    if (p.dtype == DC_F16) dc_norm_row_in_regs<DC_F16>(p, r);
+    else dc_norm_row_in_regs<DC_BF16>(p, r);
+#else
+    (void)p;
+    (void)r;
+    DC_UNSUPPORTED_WORLD();
+#endif
+}
+
 // The gathered-sum form's body: the dtype's instantiation (CUDA; on HIP the host never sets
 // the flag, and a launch that had it would stop rather than leave the skipped copies' rows
 // unwritten).
@@ -789,13 +877,14 @@ DC_DEV void dc_norm_prepare(const DcHeader& h, const DcSeg* seg, const DcNormPar
     plan.n = p;
     plan.gathered = dc_norm_reads_gathered(h, seg) ? 1u : 0u;
     plan.group = plan.gathered ? 0u : dc_norm_local_group(h, seg, p);
+    plan.row_in_regs = dc_norm_row_regs_ok(h, p, plan.group) ? 1u : 0u;
 }
 
 // The epilogue dc_collective_mode runs after the protocol in every block of a fused launch
 // (declared in detcoll_protocol.h), from the plan in shared memory. Returns whether the launch's
 // barrier ended the call: in every block of a launch of more than one block that is not `local`.
 DC_DEV_NOINLINE bool dc_norm_epilogue(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u32 g,
-                                      dc_u64 refresh_left, const DcNormPlan& plan) {
+                                      dc_u64 refresh_left, const DcNormPlan& plan, DcNormRowRegs regs) {
     const bool local = !plan.gathered && plan.group != 0u;
     const bool launch_barrier = !local && DC_NBLOCKS > 1u;
     // Without the launch's barrier (a block normalises only rows it reduced itself, or the
@@ -808,6 +897,7 @@ DC_DEV_NOINLINE bool dc_norm_epilogue(const DcHeader& h, const DcSeg* seg, dc_u6
     else DC_SYNC_BLOCK();
     if (ok) {
         if (plan.gathered) dc_norm_gathered_any(h, seg, h.frame[g & 1u], plan.n);
+        else if (plan.row_in_regs) dc_norm_row_in_regs_any(plan.n, regs);
         else dc_norm_any<true>(plan.n, plan.group);
     }
     return launch_barrier;

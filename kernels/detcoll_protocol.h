@@ -213,8 +213,18 @@ struct DcNormParams {
 // from the launch's header (dc_norm_prepare, detcoll_norm.h), in shared memory.
 struct DcNormPlan {
     DcNormParams n;
-    dc_u32 group;     // rows per tile when every block normalises only rows it reduced, else 0
-    dc_u32 gathered;  // 1: the norm reads the gathered sums in place (DC_SEG_NORM_READ)
+    dc_u32 group;       // rows per tile when every block normalises only rows it reduced, else 0
+    dc_u32 gathered;    // 1: the norm reads the gathered sums in place (DC_SEG_NORM_READ)
+    dc_u32 row_in_regs; // 1: the row form in registers (dc_norm_row_regs_ok, detcoll_norm.h)
+};
+
+// A fused launch's row as one thread holds it across the protocol in the row form in
+// registers: its 16-byte vector of the block's row of the sum (kept by the LL push reduce) and
+// of the residual and the weight (loaded before the protocol's waits).
+struct DcNormRowRegs {
+    dc_u32x4 sum;
+    dc_u32x4 residual;
+    dc_u32x4 weight;
 };
 
 #define DC_SEGS_SINGLE 16
@@ -511,8 +521,10 @@ DC_DEV bool dc_ll_poll_all(const DcHeader& h, dc_u64* status, dc_u64 o, dc_u32 g
     return true;
 }
 
+// `keep` (a fused launch's row in registers): also this thread's reduced vector into `kept`,
+// which is then its vector of its block's one tile.
 template <int W, int DT>
-DC_DEV bool dc_push_reduce(const DcHeader& h, dc_u64* status, const DcSeg& s, dc_u32 g) {
+DC_DEV bool dc_push_reduce(const DcHeader& h, dc_u64* status, const DcSeg& s, dc_u32 g, bool keep, dc_u32x4& kept) {
     bool ok = true;
     dc_for_chunks(h, s.frame_off, s.bytes, [&](dc_u64 o, dc_u64 n) {
         if (!ok) return;
@@ -525,14 +537,16 @@ DC_DEV bool dc_push_reduce(const DcHeader& h, dc_u64* status, const DcSeg& s, dc
             ok = false;
             return;
         }
-        dc_store16((dc_u8*)(s.ptr + rel), dc_tree_vec<W, DT, false>(v), n);
+        const dc_u32x4 r = dc_tree_vec<W, DT, false>(v);
+        dc_store16((dc_u8*)(s.ptr + rel), r, n);
+        if (keep) kept = r;
     });
     return ok;
 }
 
 template <int DT>
-DC_DEV bool dc_push_reduce_w(const DcHeader& h, dc_u64* status, const DcSeg& s, dc_u32 g) {
-#define DC_CASE(w) case w: return dc_push_reduce<w, DT>(h, status, s, g);
+DC_DEV bool dc_push_reduce_w(const DcHeader& h, dc_u64* status, const DcSeg& s, dc_u32 g, bool keep, dc_u32x4& kept) {
+#define DC_CASE(w) case w: return dc_push_reduce<w, DT>(h, status, s, g, keep, kept);
     switch (h.world) {
         DC_FOR_PEER_WORLDS(DC_CASE)
         default: DC_UNSUPPORTED_WORLD(); return false;
@@ -557,7 +571,7 @@ DC_DEV bool dc_push_gather(const DcHeader& h, dc_u64* status, const DcSeg& s, dc
     return ok;
 }
 
-DC_DEV void dc_push_ll(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u32 g) {
+DC_DEV void dc_push_ll(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u32 g, bool keep, dc_u32x4& kept) {
     for (dc_u32 i = 0; i < h.nstage; ++i) dc_push_send(h, seg[i], g);
     // Every block learns from the push headers in its own memory that every sender makes this
     // call (a mismatching sender's lines are never read) before it consumes any line.
@@ -571,9 +585,9 @@ DC_DEV void dc_push_ll(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u
             ok = dc_push_gather(h, status, s, g);
         } else {
             switch (h.dtype) {
-                case DC_F32: ok = dc_push_reduce_w<DC_F32>(h, status, s, g); break;
-                case DC_F16: ok = dc_push_reduce_w<DC_F16>(h, status, s, g); break;
-                default: ok = dc_push_reduce_w<DC_BF16>(h, status, s, g); break;
+                case DC_F32: ok = dc_push_reduce_w<DC_F32>(h, status, s, g, keep, kept); break;
+                case DC_F16: ok = dc_push_reduce_w<DC_F16>(h, status, s, g, keep, kept); break;
+                default: ok = dc_push_reduce_w<DC_BF16>(h, status, s, g, keep, kept); break;
             }
         }
         if (!ok) return;
@@ -711,7 +725,8 @@ DC_DEV void dc_push_bulk(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc
 // whether its barrier of every block of the launch ended the call (dc_call_ended), which the
 // end of the call then skips.
 DC_DEV_NOINLINE bool dc_norm_epilogue(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u32 g,
-                                      dc_u64 refresh_left, const DcNormPlan& plan);
+                                      dc_u64 refresh_left, const DcNormPlan& plan, DcNormRowRegs regs);
+DC_DEV void dc_norm_row_regs_load(const DcNormPlan& plan, DcNormRowRegs& regs);
 
 // The end of call g, once every block of its launch has started (so has read the generation
 // in its prologue): the generation advances and a requested refresh counts down from the value
@@ -746,6 +761,10 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
     // block (at its end) and the host (between calls) write it, so the end of the call counts
     // it down from this value instead of loading it again (a round trip at the kernel's end).
     dc_u64 refresh_left = 0;
+    // A fused launch's row in registers (dc_norm_row_regs_ok): filled before and by the protocol.
+    DcNormRowRegs regs;
+    regs.sum.x = regs.sum.y = regs.sum.z = regs.sum.w = 0u;
+    regs.residual = regs.weight = regs.sum;
     if (DC_TID == 0) {
         // Three independent loads, issued together (a load that waited for the generation
         // before it was issued cost a round trip per call).
@@ -818,7 +837,9 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
         }
 
         if (MODE == DC_MODE_PUSH_LL) {
-            dc_push_ll(h, seg, status, g);
+            const bool row_in_regs = norm && norm->row_in_regs != 0u;
+            if (row_in_regs) dc_norm_row_regs_load(*norm, regs);
+            dc_push_ll(h, seg, status, g, row_in_regs, regs.sum);
         } else if (MODE == DC_MODE_PUSH) {
             dc_push_bulk(h, seg, status, g, word);
         } else {
@@ -861,7 +882,7 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
         }
     }  // member
 
-    if (norm && dc_norm_epilogue(h, seg, status, g, refresh_left, *norm)) return;
+    if (norm && dc_norm_epilogue(h, seg, status, g, refresh_left, *norm, regs)) return;
     if (!member) return;
 
     // The last block to finish ends the call (dc_call_ended). A block may finish before another

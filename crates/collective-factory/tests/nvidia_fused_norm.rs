@@ -171,10 +171,12 @@ fn fused_outcome(
     (outcome, waited, again)
 }
 
-/// The shapes whose fused launch has the barrier of its blocks before the norm: rows across
-/// tiles on world 2's LL push (16 x 8192, 16 KiB rows in 8 KiB tiles), and the gathered-sum
-/// form on RS+AG (512 x 4096, forced).
-const BARRIER_SHAPES: [(usize, usize, Option<&str>); 2] = [(16, 8192, None), (512, 4096, Some("ipc_rs_ag"))];
+/// The epilogue's forms on world 2, each behind a fault: the barrier of the launch's blocks
+/// before the norm for rows across tiles on LL push (16 x 8192, 16 KiB rows in 8 KiB tiles) and
+/// for the gathered-sum form on RS+AG (512 x 4096, forced), and the row held in registers
+/// across the protocol (one row of 4096 on LL push: no barrier of the launch).
+const FAULT_SHAPES: [(usize, usize, Option<&str>); 3] =
+    [(16, 8192, None), (512, 4096, Some("ipc_rs_ag")), (1, 4096, None)];
 
 /// World 2 with `bound` on every wait for a peer, the lockstep off (rank 0's kernel then runs
 /// and waits for its peer in the GPU; with it, the host would wait before launching), `route`
@@ -188,9 +190,9 @@ fn fault_group(bound: std::time::Duration, route: Option<&str>) -> Vec<NvidiaCol
 }
 
 /// Rank 1 never makes its fused call: rank 0's call ends after the peer timeout (and within
-/// ten times it) as PeerTimeout naming rank 1 — every block of its launch stops at the launch's
-/// barrier, none waits there for ever — and its next call is refused as poisoned; rank 1
-/// itself stays healthy.
+/// ten times it) as PeerTimeout naming rank 1 — every block of its launch ends its wait (at the
+/// launch's barrier, or in the protocol before the row in registers), none waits for ever —
+/// and its next call is refused as poisoned; rank 1 itself stays healthy.
 #[test]
 fn a_fused_call_whose_peer_never_comes_times_out_and_poisons() {
     use collective_core::conformance::faults;
@@ -198,7 +200,7 @@ fn a_fused_call_whose_peer_never_comes_times_out_and_poisons() {
         return;
     }
     let bound = std::time::Duration::from_millis(300);
-    for (rows, hidden, route) in BARRIER_SHAPES {
+    for (rows, hidden, route) in FAULT_SHAPES {
         let comms = fault_group(bound, route);
         std::thread::scope(|s| {
             let absent = s.spawn(|| {
@@ -228,7 +230,7 @@ fn fused_calls_of_different_rows_fail_with_signature_mismatch() {
         return;
     }
     let bound = std::time::Duration::from_secs(8);
-    for (rows, hidden, route) in BARRIER_SHAPES {
+    for (rows, hidden, route) in FAULT_SHAPES {
         let comms = fault_group(bound, route);
         let counts = [rows * hidden, (rows + 1) * hidden];
         std::thread::scope(|s| {
