@@ -382,25 +382,17 @@ DC_DEV void dc_reduce_piece(const DcHeader& h, dc_u64 frame, dc_u64 x, dc_u64 n,
     dc_reduce_range<W, DT, false>(src, dst, wb, n, DC_TID, DC_NTID);
 }
 
-template <int DT>
-DC_DEV void dc_reduce_piece_w(const DcHeader& h, dc_u64 frame, dc_u64 x, dc_u64 n, dc_u8* dst, dc_u8* wb) {
-#define DC_CASE(w) case w: dc_reduce_piece<w, DT>(h, frame, x, n, dst, wb); break;
-    switch (h.world) {
-        DC_FOR_WORLDS(DC_CASE)
-        default: DC_UNSUPPORTED_WORLD();
-    }
-#undef DC_CASE
-}
-
+template <int W>
 DC_DEV void dc_reduce_piece_any(const DcHeader& h, dc_u64 frame, dc_u64 x, dc_u64 n, dc_u8* dst, dc_u8* wb) {
     switch (h.dtype) {
-        case DC_F32: dc_reduce_piece_w<DC_F32>(h, frame, x, n, dst, wb); break;
-        case DC_F16: dc_reduce_piece_w<DC_F16>(h, frame, x, n, dst, wb); break;
-        default: dc_reduce_piece_w<DC_BF16>(h, frame, x, n, dst, wb); break;
+        case DC_F32: dc_reduce_piece<W, DC_F32>(h, frame, x, n, dst, wb); break;
+        case DC_F16: dc_reduce_piece<W, DC_F16>(h, frame, x, n, dst, wb); break;
+        default: dc_reduce_piece<W, DC_BF16>(h, frame, x, n, dst, wb); break;
     }
 }
 
-// Phase-1/phase-2 work of one segment, for this block's tiles.
+// Phase-1/phase-2 work of one segment, for this block's tiles (W: the call's world).
+template <int W>
 DC_DEV void dc_run_segment(const DcHeader& h, const DcSeg& s, dc_u64 frame, bool gather) {
     const dc_u32 b = DC_BID;
     dc_u64 own = h.data[h.rank];
@@ -411,7 +403,7 @@ DC_DEV void dc_run_segment(const DcHeader& h, const DcSeg& s, dc_u64 frame, bool
             dc_copy_range(dst, src, hi - lo, DC_TID, DC_NTID);
         } else {
             dc_u8* wb = (s.flags & DC_SEG_WRITE_BACK) ? (dc_u8*)(own + frame + lo) : (dc_u8*)0;
-            dc_reduce_piece_any(h, frame, lo, hi - lo, dst, wb);
+            dc_reduce_piece_any<W>(h, frame, lo, hi - lo, dst, wb);
         }
     });
 }
@@ -544,14 +536,15 @@ DC_DEV bool dc_push_reduce(const DcHeader& h, dc_u64* status, const DcSeg& s, dc
     return ok;
 }
 
-template <int DT>
+// The reduce of world W (>= 2: a world of one rank never takes a push route).
+template <int W, int DT>
 DC_DEV bool dc_push_reduce_w(const DcHeader& h, dc_u64* status, const DcSeg& s, dc_u32 g, bool keep, dc_u32x4& kept) {
-#define DC_CASE(w) case w: return dc_push_reduce<w, DT>(h, status, s, g, keep, kept);
-    switch (h.world) {
-        DC_FOR_PEER_WORLDS(DC_CASE)
-        default: DC_UNSUPPORTED_WORLD(); return false;
+    if constexpr (W >= 2) {
+        return dc_push_reduce<W, DT>(h, status, s, g, keep, kept);
+    } else {
+        DC_UNSUPPORTED_WORLD();
+        return false;
     }
-#undef DC_CASE
 }
 
 DC_DEV bool dc_push_gather(const DcHeader& h, dc_u64* status, const DcSeg& s, dc_u32 g) {
@@ -571,6 +564,7 @@ DC_DEV bool dc_push_gather(const DcHeader& h, dc_u64* status, const DcSeg& s, dc
     return ok;
 }
 
+template <int W>
 DC_DEV void dc_push_ll(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u32 g, bool keep, dc_u32x4& kept) {
     for (dc_u32 i = 0; i < h.nstage; ++i) dc_push_send(h, seg[i], g);
     // Every block learns from the push headers in its own memory that every sender makes this
@@ -585,9 +579,9 @@ DC_DEV void dc_push_ll(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u
             ok = dc_push_gather(h, status, s, g);
         } else {
             switch (h.dtype) {
-                case DC_F32: ok = dc_push_reduce_w<DC_F32>(h, status, s, g, keep, kept); break;
-                case DC_F16: ok = dc_push_reduce_w<DC_F16>(h, status, s, g, keep, kept); break;
-                default: ok = dc_push_reduce_w<DC_BF16>(h, status, s, g, keep, kept); break;
+                case DC_F32: ok = dc_push_reduce_w<W, DC_F32>(h, status, s, g, keep, kept); break;
+                case DC_F16: ok = dc_push_reduce_w<W, DC_F16>(h, status, s, g, keep, kept); break;
+                default: ok = dc_push_reduce_w<W, DC_BF16>(h, status, s, g, keep, kept); break;
             }
         }
         if (!ok) return;
@@ -657,14 +651,10 @@ DC_DEV void dc_bulk_reduce(const DcHeader& h, const DcSeg& s, dc_u64 frame) {
     });
 }
 
-template <int DT>
+template <int W, int DT>
 DC_DEV void dc_bulk_reduce_w(const DcHeader& h, const DcSeg& s, dc_u64 frame) {
-#define DC_CASE(w) case w: dc_bulk_reduce<w, DT>(h, s, frame); break;
-    switch (h.world) {
-        DC_FOR_PEER_WORLDS(DC_CASE)
-        default: DC_UNSUPPORTED_WORLD();
-    }
-#undef DC_CASE
+    if constexpr (W >= 2) dc_bulk_reduce<W, DT>(h, s, frame);
+    else DC_UNSUPPORTED_WORLD();
 }
 
 // Copies a peer's slot of the own frame (or, for this rank, its own input) to the output.
@@ -675,6 +665,7 @@ DC_DEV void dc_bulk_gather(const DcHeader& h, const DcSeg& s, dc_u64 frame) {
     });
 }
 
+template <int W>
 DC_DEV void dc_push_bulk(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u32 g, dc_u64 word) {
     const dc_u64 frame = h.frame[g & 1u];
     const dc_u32 first_phase = (h.nstage > 0u && (seg[0].flags & DC_SEG_AG)) ? 1u : 0u;
@@ -695,9 +686,9 @@ DC_DEV void dc_push_bulk(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc
             dc_bulk_gather(h, s, frame);
         } else {
             switch (h.dtype) {
-                case DC_F32: dc_bulk_reduce_w<DC_F32>(h, s, frame); break;
-                case DC_F16: dc_bulk_reduce_w<DC_F16>(h, s, frame); break;
-                default: dc_bulk_reduce_w<DC_BF16>(h, s, frame); break;
+                case DC_F32: dc_bulk_reduce_w<W, DC_F32>(h, s, frame); break;
+                case DC_F16: dc_bulk_reduce_w<W, DC_F16>(h, s, frame); break;
+                default: dc_bulk_reduce_w<W, DC_BF16>(h, s, frame); break;
             }
         }
     }
@@ -739,7 +730,7 @@ DC_DEV void dc_call_ended(dc_u64* status, dc_u32 g, dc_u64 refresh_left) {
 }
 DC_DEV void dc_norm_prepare(const DcHeader& h, const DcSeg* seg, const DcNormParams& p, DcNormPlan& plan);
 
-template <dc_u32 MODE>
+template <dc_u32 MODE, int W>
 DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, const DcNormPlan* norm) {
     const dc_u32 b = DC_BID;
     const bool member = b < h.grid;
@@ -839,9 +830,9 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
         if (MODE == DC_MODE_PUSH_LL) {
             const bool row_in_regs = norm && norm->row_in_regs != 0u;
             if (row_in_regs) dc_norm_row_regs_load(*norm, regs);
-            dc_push_ll(h, seg, status, g, row_in_regs, regs.sum);
+            dc_push_ll<W>(h, seg, status, g, row_in_regs, regs.sum);
         } else if (MODE == DC_MODE_PUSH) {
-            dc_push_bulk(h, seg, status, g, word);
+            dc_push_bulk<W>(h, seg, status, g, word);
         } else {
             // Stage this block's tiles of the input into the own frame.
             if (quick_mine) *(dc_u32x4*)(own_data + frame + seg[0].frame_off + (dc_u64)DC_TID * 16u) = quick_v;
@@ -865,7 +856,7 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
             if (ok) {
                 for (dc_u32 i = 0; i < h.nphase1; ++i) {
                     const DcSeg& s = seg[h.nstage + i];
-                    dc_run_segment(h, s, frame, (s.flags & DC_SEG_GATHER) != 0);
+                    dc_run_segment<W>(h, s, frame, (s.flags & DC_SEG_GATHER) != 0);
                 }
                 if (h.nphase2) {
                     DC_SYNC_BLOCK();
@@ -874,7 +865,7 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
                     if (ok) {
                         for (dc_u32 i = 0; i < h.nphase2; ++i) {
                             const DcSeg& s = seg[h.nstage + h.nphase1 + i];
-                            if ((s.flags & DC_SEG_NORM_READ) == 0u) dc_run_segment(h, s, frame, true);
+                            if ((s.flags & DC_SEG_NORM_READ) == 0u) dc_run_segment<W>(h, s, frame, true);
                         }
                     }
                 }
@@ -903,7 +894,21 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
     }
 }
 
-// The launch's entry: the body of the call's protocol mode.
+// The body of the call's protocol mode for world W: one out-of-line function per mode and
+// world, so each is register-allocated for its own world's reductions alone. (With the worlds
+// as a switch inside one body per mode, an image of every world gave that body a 416-byte stack
+// frame of spills against 80 bytes for worlds 1/2/4/8, and LL push ran 6-34 % slower in
+// graphs on one H200; benches/results/h200-2026-12-04-per-world-bodies.md.)
+template <int W>
+DC_DEV void dc_collective_world(const DcHeader& h, const DcSeg* seg, const DcNormPlan* plan) {
+    switch (h.mode) {
+        case DC_MODE_PUSH_LL: dc_collective_mode<DC_MODE_PUSH_LL, W>(h, seg, plan); break;
+        case DC_MODE_PUSH: dc_collective_mode<DC_MODE_PUSH, W>(h, seg, plan); break;
+        default: dc_collective_mode<DC_MODE_PULL, W>(h, seg, plan); break;
+    }
+}
+
+// The launch's entry: the body of the call's protocol mode for its world.
 //
 // Programmatic dependent launch (CUDA, sm_90+; the host sets the launch attribute): before
 // touching any memory the call waits for the grids it depends on (the previous kernel on the
@@ -925,10 +930,11 @@ DC_DEV void dc_collective(const DcHeader& h, const DcSeg* seg, const DcNormParam
     if (norm && DC_TID == 0) dc_norm_prepare(h, seg, *norm, s_plan);
     const DcNormPlan* plan = norm ? &s_plan : (const DcNormPlan*)0;
     DC_GRID_DEP_WAIT();
-    switch (h.mode) {
-        case DC_MODE_PUSH_LL: dc_collective_mode<DC_MODE_PUSH_LL>(h, seg, plan); break;
-        case DC_MODE_PUSH: dc_collective_mode<DC_MODE_PUSH>(h, seg, plan); break;
-        default: dc_collective_mode<DC_MODE_PULL>(h, seg, plan); break;
+    switch (h.world) {
+#define DC_CASE(w) case w: dc_collective_world<w>(h, seg, plan); break;
+        DC_FOR_WORLDS(DC_CASE)
+#undef DC_CASE
+        default: DC_UNSUPPORTED_WORLD();
     }
 }
 
