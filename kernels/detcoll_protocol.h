@@ -930,9 +930,12 @@ DC_DEV void dc_collective(const DcHeader& h, const DcSeg* seg, const DcNormParam
     if (norm && DC_TID == 0) dc_norm_prepare(h, seg, *norm, s_plan);
     const DcNormPlan* plan = norm ? &s_plan : (const DcNormPlan*)0;
     DC_GRID_DEP_WAIT();
+    // Worlds with peers only: a world of one rank makes no collective launch (the engine copies
+    // its input, ipc-engine's IpcCollective), so an image's world 1 (every run-time image has it,
+    // for the tree kernel) carries no protocol bodies.
     switch (h.world) {
 #define DC_CASE(w) case w: dc_collective_world<w>(h, seg, plan); break;
-        DC_FOR_WORLDS(DC_CASE)
+        DC_FOR_PEER_WORLDS(DC_CASE)
 #undef DC_CASE
         default: DC_UNSUPPORTED_WORLD();
     }
