@@ -684,7 +684,10 @@ DC_DEV void dc_norm_rows_gathered(const DcHeader& h, const DcSeg* seg, dc_u64 fr
 // nothing from memory. The arithmetic and its order are the block form's: thread t < 256 adds
 // its 8 squares into a partial from 0 (chunk 0 of lane t), thread 256 + t continues that
 // partial with its own 8 squares (chunk 1 of lane t), in increasing j; the halving tree over the
-// 256 lane partials is dc_norm_reduce's; y from h and the weight in registers.
+// 256 lane partials is dc_norm_reduce's; y from h and the weight in registers. The LL push body
+// (dc_collective_mode) runs it inline right after the protocol, without the epilogue's block
+// barrier: each thread starts from its own registers, and the form's own two barriers order
+// the shared partials.
 // ---------------------------------------------------------------------------------------------
 
 // Whether a fused launch takes the row form in registers: the launch's blocks each reduce whole
@@ -881,10 +884,12 @@ DC_DEV void dc_norm_prepare(const DcHeader& h, const DcSeg* seg, const DcNormPar
 }
 
 // The epilogue dc_collective_mode runs after the protocol in every block of a fused launch
-// (declared in detcoll_protocol.h), from the plan in shared memory. Returns whether the launch's
-// barrier ended the call: in every block of a launch of more than one block that is not `local`.
+// (declared in detcoll_protocol.h), from the plan in shared memory; not for the row form in
+// registers, which the LL push body runs itself (dc_norm_row_in_regs_any). Returns whether the
+// launch's barrier ended the call: in every block of a launch of more than one block that is
+// not `local`.
 DC_DEV_NOINLINE bool dc_norm_epilogue(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u32 g,
-                                      dc_u64 refresh_left, const DcNormPlan& plan, DcNormRowRegs regs) {
+                                      dc_u64 refresh_left, const DcNormPlan& plan) {
     const bool local = !plan.gathered && plan.group != 0u;
     const bool launch_barrier = !local && DC_NBLOCKS > 1u;
     // Without the launch's barrier (a block normalises only rows it reduced itself, or the
@@ -897,7 +902,6 @@ DC_DEV_NOINLINE bool dc_norm_epilogue(const DcHeader& h, const DcSeg* seg, dc_u6
     else DC_SYNC_BLOCK();
     if (ok) {
         if (plan.gathered) dc_norm_gathered_any(h, seg, h.frame[g & 1u], plan.n);
-        else if (plan.row_in_regs) dc_norm_row_in_regs_any(plan.n, regs);
         else dc_norm_any<true>(plan.n, plan.group);
     }
     return launch_barrier;

@@ -536,17 +536,6 @@ DC_DEV bool dc_push_reduce(const DcHeader& h, dc_u64* status, const DcSeg& s, dc
     return ok;
 }
 
-// The reduce of world W (>= 2: a world of one rank never takes a push route).
-template <int W, int DT>
-DC_DEV bool dc_push_reduce_w(const DcHeader& h, dc_u64* status, const DcSeg& s, dc_u32 g, bool keep, dc_u32x4& kept) {
-    if constexpr (W >= 2) {
-        return dc_push_reduce<W, DT>(h, status, s, g, keep, kept);
-    } else {
-        DC_UNSUPPORTED_WORLD();
-        return false;
-    }
-}
-
 DC_DEV bool dc_push_gather(const DcHeader& h, dc_u64* status, const DcSeg& s, dc_u32 g) {
     bool ok = true;
     dc_for_chunks(h, s.frame_off, s.bytes, [&](dc_u64 o, dc_u64 n) {
@@ -579,9 +568,9 @@ DC_DEV void dc_push_ll(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u
             ok = dc_push_gather(h, status, s, g);
         } else {
             switch (h.dtype) {
-                case DC_F32: ok = dc_push_reduce_w<W, DC_F32>(h, status, s, g, keep, kept); break;
-                case DC_F16: ok = dc_push_reduce_w<W, DC_F16>(h, status, s, g, keep, kept); break;
-                default: ok = dc_push_reduce_w<W, DC_BF16>(h, status, s, g, keep, kept); break;
+                case DC_F32: ok = dc_push_reduce<W, DC_F32>(h, status, s, g, keep, kept); break;
+                case DC_F16: ok = dc_push_reduce<W, DC_F16>(h, status, s, g, keep, kept); break;
+                default: ok = dc_push_reduce<W, DC_BF16>(h, status, s, g, keep, kept); break;
             }
         }
         if (!ok) return;
@@ -651,12 +640,6 @@ DC_DEV void dc_bulk_reduce(const DcHeader& h, const DcSeg& s, dc_u64 frame) {
     });
 }
 
-template <int W, int DT>
-DC_DEV void dc_bulk_reduce_w(const DcHeader& h, const DcSeg& s, dc_u64 frame) {
-    if constexpr (W >= 2) dc_bulk_reduce<W, DT>(h, s, frame);
-    else DC_UNSUPPORTED_WORLD();
-}
-
 // Copies a peer's slot of the own frame (or, for this rank, its own input) to the output.
 DC_DEV void dc_bulk_gather(const DcHeader& h, const DcSeg& s, dc_u64 frame) {
     const dc_u8* from = s.peer == h.rank ? (const dc_u8*)s.src : (const dc_u8*)(h.data[h.rank] + frame + s.frame_off);
@@ -686,9 +669,9 @@ DC_DEV void dc_push_bulk(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc
             dc_bulk_gather(h, s, frame);
         } else {
             switch (h.dtype) {
-                case DC_F32: dc_bulk_reduce_w<W, DC_F32>(h, s, frame); break;
-                case DC_F16: dc_bulk_reduce_w<W, DC_F16>(h, s, frame); break;
-                default: dc_bulk_reduce_w<W, DC_BF16>(h, s, frame); break;
+                case DC_F32: dc_bulk_reduce<W, DC_F32>(h, s, frame); break;
+                case DC_F16: dc_bulk_reduce<W, DC_F16>(h, s, frame); break;
+                default: dc_bulk_reduce<W, DC_BF16>(h, s, frame); break;
             }
         }
     }
@@ -707,17 +690,21 @@ DC_DEV void dc_push_bulk(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc
 // The mode is a template parameter so that a call runs a function holding only its own
 // protocol's code (a smaller instruction footprint per launch), not one body with all three.
 //
-// With `norm` (the fused all_reduce + RMSNorm's launch), every block runs dc_norm_epilogue
-// (detcoll_norm.h: a barrier of the launch's blocks, then the rows) after its part of the
-// protocol and before the end of the call; plain calls pass null. A fused launch may have more
-// blocks than the protocol's grid (for rows): blocks from h.grid on take no part in the
-// protocol (no tiles, flags or counts) and only run the epilogue. One out-of-line epilogue,
-// not a template parameter: every mode's body stays one instantiation per image. It returns
-// whether its barrier of every block of the launch ended the call (dc_call_ended), which the
-// end of the call then skips.
+// With `norm` (the fused all_reduce + RMSNorm's launch), every block runs the norm after its
+// part of the protocol and before the end of the call; plain calls pass null. A fused launch may
+// have more blocks than the protocol's grid (for rows): blocks from h.grid on take no part in the
+// protocol (no tiles, flags or counts) and only run the norm. The norm is dc_norm_epilogue
+// (detcoll_norm.h: a barrier of the launch's blocks or of the block, then the rows), one
+// out-of-line function, not a template parameter: every mode's body stays one instantiation per
+// image. It returns whether its barrier of every block of the launch ended the call
+// (dc_call_ended), which the end of the call then skips. The exception is the row form in
+// registers on LL push (dc_norm_row_in_regs_any: one row per block, from the reduced vector each
+// thread kept), inlined into the LL push body: out of line it cost 0.4-0.65 us per fused call
+// at world 2 on one H200 (the call, and the registers passed through the stack).
 DC_DEV_NOINLINE bool dc_norm_epilogue(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u32 g,
-                                      dc_u64 refresh_left, const DcNormPlan& plan, DcNormRowRegs regs);
+                                      dc_u64 refresh_left, const DcNormPlan& plan);
 DC_DEV void dc_norm_row_regs_load(const DcNormPlan& plan, DcNormRowRegs& regs);
+DC_DEV void dc_norm_row_in_regs_any(const DcNormParams& p, const DcNormRowRegs& r);
 
 // The end of call g, once every block of its launch has started (so has read the generation
 // in its prologue): the generation advances and a requested refresh counts down from the value
@@ -873,7 +860,8 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
         }
     }  // member
 
-    if (norm && dc_norm_epilogue(h, seg, status, g, refresh_left, *norm, regs)) return;
+    if (MODE == DC_MODE_PUSH_LL && norm && norm->row_in_regs != 0u) dc_norm_row_in_regs_any(norm->n, regs);
+    else if (norm && dc_norm_epilogue(h, seg, status, g, refresh_left, *norm)) return;
     if (!member) return;
 
     // The last block to finish ends the call (dc_call_ended). A block may finish before another
@@ -901,6 +889,7 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
 // graphs on one H200; benches/results/h200-2026-12-04-per-world-bodies.md.)
 template <int W>
 DC_DEV void dc_collective_world(const DcHeader& h, const DcSeg* seg, const DcNormPlan* plan) {
+    static_assert(W >= 2, "a world of one rank makes no collective launch");
     switch (h.mode) {
         case DC_MODE_PUSH_LL: dc_collective_mode<DC_MODE_PUSH_LL, W>(h, seg, plan); break;
         case DC_MODE_PUSH: dc_collective_mode<DC_MODE_PUSH, W>(h, seg, plan); break;

@@ -5,7 +5,11 @@
 //!
 //! * `ar`: the all_reduce alone (`x` -> `y`, the agreed route);
 //! * `unfused`: the all_reduce, then the residual + RMSNorm kernel launched on its own;
-//! * `fused`: `all_reduce_residual_rmsnorm` (one kernel on the IPC routes);
+//! * `fused`: `all_reduce_residual_rmsnorm` (one kernel on the IPC routes up to
+//!   `ONE_KERNEL_MAX_ROWS` rows, and on RS+AG from `GATHERED_MIN_ROWS`);
+//! * `one kernel` (graphs only): the same call forced into the one-kernel form at every row
+//!   count (`NormBackend::all_reduce_then_norm` on the table's IPC route), the measurement
+//!   behind `ONE_KERNEL_MAX_ROWS`;
 //!
 //! eager (calls enqueued one by one) and replayed from a CUDA graph of the 20 calls, with
 //! `fused / ar` (the issue's goal: at most 1.10) and a check that `fused` and `unfused` give
@@ -19,7 +23,7 @@
 
 #[cfg(feature = "cuda")]
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    use collective_core::{Collective, DType, Io, RawMut, RawRef, RmsNorm};
+    use collective_core::{Collective, DType, Io, IpcRoute, Op, RawMut, RawRef, RmsNorm};
     use collective_factory::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, sys};
     use collective_factory::half::bf16;
     use collective_factory::nodes::CallStream;
@@ -35,9 +39,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (arg("--worlds", "2,4,8"), arg("--hidden", "4096,8192"), arg("--rows", "1,8,64,512,2048,8192"));
     println!(
         "| world | hidden | rows | bytes/rank | ar us | unfused us | fused us | fused/ar | unfused/ar \
-         | graph: ar us | unfused us | fused us | fused/ar | fused = unfused |"
+         | graph: ar us | unfused us | fused us | fused/ar | one kernel us | one kernel/ar | route | same bits |"
     );
-    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |");
+    println!(
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :--- | :---: |"
+    );
     for &world in &worlds {
         let comms = nvidia::thread_group(world, &Config::new().with_capacity(64 << 20))?;
         for &hidden in &hiddens {
@@ -46,11 +52,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 // Per rank: (ar, unfused, fused) median microseconds and the outputs' bits.
                 let barrier = std::sync::Barrier::new(world);
                 let barrier = &barrier;
-                let per_rank: Vec<Result<([f64; 6], bool), String>> = std::thread::scope(|s| {
+                // The route the table gives this all_reduce (the same on every rank).
+                let route = comms[0].route(Op::AllReduce, n * 2);
+                let per_rank: Vec<Result<([f64; 7], bool), String>> = std::thread::scope(|s| {
                     let hs: Vec<_> = comms
                         .iter()
                         .map(|comm| {
-                            s.spawn(move || -> Result<([f64; 6], bool), String> {
+                            s.spawn(move || -> Result<([f64; 7], bool), String> {
                                 let e = |e: &dyn std::fmt::Display| e.to_string();
                                 let stream = comm.context().new_stream().map_err(|x| e(&x))?;
                                 let fill = |v: f32| vec![bf16::from_f32(v); n];
@@ -119,6 +127,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                                     };
                                     comm.all_reduce_residual_rmsnorm(io, norm, &stream).map_err(|x| e(&x))
                                 };
+                                // The one-kernel form at any row count, on the table's IPC route
+                                // (world 1 and the transport routes: the fused call as it is).
+                                let one_kernel = || {
+                                    let (Some(r), Some(ipc)) = (IpcRoute::of(route), comm.ipc()) else {
+                                        return fused();
+                                    };
+                                    // SAFETY: as for `ar`.
+                                    let io = unsafe {
+                                        Io::OutOfPlace {
+                                            input: RawRef::from_raw(xp, n, DType::BF16),
+                                            output: RawMut::from_raw(yp, n, DType::BF16),
+                                        }
+                                    };
+                                    let both = ipc
+                                        .all_reduce_then_norm(io, r, &norm_args, CallStream::Safe(&stream))
+                                        .map_err(|x| e(&x))?;
+                                    if both {
+                                        Ok(())
+                                    } else {
+                                        ipc.residual_rmsnorm(&norm_args, CallStream::Safe(&stream)).map_err(|x| e(&x))
+                                    }
+                                };
                                 let ctx = comm.context();
                                 let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
                                 let time = |f: &dyn Fn() -> Result<(), String>| -> Result<f64, String> {
@@ -182,6 +212,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                                 let g_ar = graph_time(&ar)?;
                                 let g_unfused = graph_time(&unfused)?;
                                 let g_fused = graph_time(&fused)?;
+                                let g_one = graph_time(&one_kernel)?;
                                 // Bits: one unfused and one fused call from the same residual.
                                 reset();
                                 unfused()?;
@@ -191,25 +222,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                                 fused()?;
                                 stream.synchronize().map_err(|x| e(&x))?;
                                 let (yb, hb) = (dl(yp), dl(rp));
-                                let same = ya == yb && ha == hb;
-                                Ok(([t_ar, t_unfused, t_fused, g_ar, g_unfused, g_fused], same))
+                                reset();
+                                one_kernel()?;
+                                stream.synchronize().map_err(|x| e(&x))?;
+                                let (yc, hc) = (dl(yp), dl(rp));
+                                let same = ya == yb && ha == hb && ya == yc && ha == hc;
+                                Ok(([t_ar, t_unfused, t_fused, g_ar, g_unfused, g_fused, g_one], same))
                             })
                         })
                         .collect();
                     hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
                 });
-                let mut worst = [0f64; 6];
+                let mut worst = [0f64; 7];
                 let mut same = true;
                 for r in per_rank {
                     let (t, s) = r?;
-                    for i in 0..6 {
+                    for i in 0..7 {
                         worst[i] = worst[i].max(t[i]);
                     }
                     same &= s;
                 }
                 let w = worst;
                 println!(
-                    "| {world} | {hidden} | {rows} | {} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {:.2} | {:.2} | {:.2} | {:.3} | {} |",
+                    "| {world} | {hidden} | {rows} | {} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} | {:.3} | {} | {} |",
                     n * 2,
                     w[0],
                     w[1],
@@ -220,6 +255,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     w[4],
                     w[5],
                     w[5] / w[3],
+                    w[6],
+                    w[6] / w[3],
+                    route.name(),
                     if same { "yes" } else { "NO" }
                 );
             }
