@@ -675,28 +675,29 @@ DC_DEV void dc_norm_rows_gathered(const DcHeader& h, const DcSeg* seg, dc_u64 fr
 #endif
 
 // ---------------------------------------------------------------------------------------------
-// The row form in registers (CUDA; a fused launch on the LL push route where each block reduces
-// exactly one whole row of hidden 4096 in f16/bf16, the decode shape). The LL push reduce gives
-// thread i of a block the 16-byte vector i of its 8 KiB tile, which is then the block's row:
-// elements 8i .. 8i + 7, lane i % 256 of chunk i / 256 in the reference's order. So the thread
-// keeps that vector of the sum in registers (DcNormRowRegs, filled by dc_push_reduce) and loads
-// its vectors of the residual and the weight before the protocol's waits: the norm then reads
-// nothing from memory. The arithmetic and its order are the block form's: thread t < 256 adds
-// its 8 squares into a partial from 0 (chunk 0 of lane t), thread 256 + t continues that
-// partial with its own 8 squares (chunk 1 of lane t), in increasing j; the halving tree over the
-// 256 lane partials is dc_norm_reduce's; y from h and the weight in registers. The LL push body
-// (dc_collective_mode) runs it inline right after the protocol, without the epilogue's block
-// barrier: each thread starts from its own registers, and the form's own two barriers order
-// the shared partials.
+// The row form in registers (CUDA; a fused launch on the LL push or the one-shot route where
+// each block reduces exactly one whole row of hidden 4096 in f16/bf16, the decode shape). The
+// reduce (dc_push_reduce on LL push, dc_reduce_row_kept on one-shot) gives thread i of a block
+// the 16-byte vector i of its 8 KiB tile, which is then the block's row: elements 8i .. 8i + 7,
+// lane i % 256 of chunk i / 256 in the reference's order. So the thread keeps that vector of the
+// sum in registers (DcNormRowRegs) and loads its vectors of the residual and the weight before
+// the protocol's waits: the norm then reads nothing from memory. The arithmetic and its order
+// are the block form's: thread t < 256 adds its 8 squares into a partial from 0 (chunk 0 of lane
+// t), thread 256 + t continues that partial with its own 8 squares (chunk 1 of lane t), in
+// increasing j; the halving tree over the 256 lane partials is dc_norm_reduce's; y from h and
+// the weight in registers. The protocol body (dc_collective_mode) runs it inline right after
+// its reduce, without the epilogue's block barrier: each thread starts from its own registers,
+// and the form's own two barriers order the shared partials.
 // ---------------------------------------------------------------------------------------------
 
 // Whether a fused launch takes the row form in registers: the launch's blocks each reduce whole
 // rows (`group`, dc_norm_local_group) of exactly one 16-byte vector per thread (a row is the
 // tile: f16/bf16, hidden * 2 = tile = 16 * threads), each block at most one (rows <= grid), on
-// the LL push route, on the norm's vector path. The same answer in every block.
+// the LL push or the one-shot pull route (dc_norm_local_group already refuses bulk push and
+// every launch with a phase 2), on the norm's vector path. The same answer in every block.
 DC_DEV bool dc_norm_row_regs_ok(const DcHeader& h, const DcNormParams& p, dc_u32 group) {
 #if defined(DC_CUDA)
-    return h.mode == DC_MODE_PUSH_LL && group == 1u && (p.dtype == DC_F16 || p.dtype == DC_BF16) &&
+    return h.mode != DC_MODE_PUSH && group == 1u && (p.dtype == DC_F16 || p.dtype == DC_BF16) &&
            (dc_u64)p.hidden * 2u == h.tile_bytes && h.tile_bytes == 16u * DC_NTID &&
            2u * DC_NORM_CHUNK == p.hidden && p.rows <= h.grid && dc_norm_vector_ok(p);
 #else
@@ -885,7 +886,7 @@ DC_DEV void dc_norm_prepare(const DcHeader& h, const DcSeg* seg, const DcNormPar
 
 // The epilogue dc_collective_mode runs after the protocol in every block of a fused launch
 // (declared in detcoll_protocol.h), from the plan in shared memory; not for the row form in
-// registers, which the LL push body runs itself (dc_norm_row_in_regs_any). Returns whether the
+// registers, which the protocol body runs itself (dc_norm_row_in_regs_any). Returns whether the
 // launch's barrier ended the call: in every block of a launch of more than one block that is
 // not `local`.
 DC_DEV_NOINLINE bool dc_norm_epilogue(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u32 g,

@@ -219,7 +219,7 @@ struct DcNormPlan {
 };
 
 // A fused launch's row as one thread holds it across the protocol in the row form in
-// registers: its 16-byte vector of the block's row of the sum (kept by the LL push reduce) and
+// registers: its 16-byte vector of the block's row of the sum (kept by the reduce) and
 // of the residual and the weight (loaded before the protocol's waits).
 struct DcNormRowRegs {
     dc_u32x4 sum;
@@ -406,6 +406,29 @@ DC_DEV void dc_run_segment(const DcHeader& h, const DcSeg& s, dc_u64 frame, bool
             dc_reduce_piece_any<W>(h, frame, lo, hi - lo, dst, wb);
         }
     });
+}
+
+// The one-shot pull reduce of a fused launch's row form in registers (dc_norm_row_regs_ok,
+// detcoll_norm.h): segment `s` is the whole sum from frame offset 0 and block b's one tile is
+// row b, one 16-byte vector per thread, so thread i reduces vector i of it exactly as
+// dc_run_segment's vector body would (the same tree, loads and stores) and also keeps it.
+template <int W, int DT>
+DC_DEV void dc_reduce_row_kept(const DcHeader& h, const DcSeg& s, dc_u64 frame, dc_u32x4& kept) {
+    const dc_u64 off = (dc_u64)DC_BID * h.tile_bytes + 16u * (dc_u64)DC_TID;
+    if (off >= s.bytes) return;  // a block without a row
+    dc_u32x4 v[W];
+#pragma unroll
+    for (int i = 0; i < W; ++i) v[i] = *(const dc_u32x4*)(h.data[i] + frame + off);
+    const dc_u32x4 r = dc_tree_vec<W, DT, false>(v);
+    *(dc_u32x4*)(s.ptr + off) = r;
+    if (s.flags & DC_SEG_WRITE_BACK) *(dc_u32x4*)(h.data[h.rank] + frame + off) = r;
+    kept = r;
+}
+
+template <int W>
+DC_DEV void dc_reduce_row_kept_any(const DcHeader& h, const DcSeg& s, dc_u64 frame, dc_u32x4& kept) {
+    if (h.dtype == DC_F16) dc_reduce_row_kept<W, DC_F16>(h, s, frame, kept);
+    else dc_reduce_row_kept<W, DC_BF16>(h, s, frame, kept);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -698,9 +721,9 @@ DC_DEV void dc_push_bulk(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc
 // out-of-line function, not a template parameter: every mode's body stays one instantiation per
 // image. It returns whether its barrier of every block of the launch ended the call
 // (dc_call_ended), which the end of the call then skips. The exception is the row form in
-// registers on LL push (dc_norm_row_in_regs_any: one row per block, from the reduced vector each
-// thread kept), inlined into the LL push body: out of line it cost 0.4-0.65 us per fused call
-// at world 2 on one H200 (the call, and the registers passed through the stack).
+// registers on LL push and one-shot (dc_norm_row_in_regs_any: one row per block, from the
+// reduced vector each thread kept), inlined into those bodies: out of line it cost 0.3-0.6 us
+// per fused call at world 2 on one H200 (the call, and the registers passed through the stack).
 DC_DEV_NOINLINE bool dc_norm_epilogue(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u32 g,
                                       dc_u64 refresh_left, const DcNormPlan& plan);
 DC_DEV void dc_norm_row_regs_load(const DcNormPlan& plan, DcNormRowRegs& regs);
@@ -821,6 +844,10 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
         } else if (MODE == DC_MODE_PUSH) {
             dc_push_bulk<W>(h, seg, status, g, word);
         } else {
+            // A fused launch's row form in registers: its residual and weight vectors load
+            // while the staging and the wait below run.
+            const bool row_in_regs = norm && norm->row_in_regs != 0u;
+            if (row_in_regs) dc_norm_row_regs_load(*norm, regs);
             // Stage this block's tiles of the input into the own frame.
             if (quick_mine) *(dc_u32x4*)(own_data + frame + seg[0].frame_off + (dc_u64)DC_TID * 16u) = quick_v;
             for (dc_u32 i = quick_stage ? h.nstage : 0u; i < h.nstage; ++i) {
@@ -840,7 +867,9 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
             }
             bool ok = dc_wait(h, status, h.off_ready + b * h.line, g, DC_ERR_TIMEOUT_READY, false);
             DC_GRID_DEP_TRIGGER();  // every peer is running this call (see dc_collective)
-            if (ok) {
+            if (ok && row_in_regs) {
+                dc_reduce_row_kept_any<W>(h, seg[h.nstage], frame, regs.sum);
+            } else if (ok) {
                 for (dc_u32 i = 0; i < h.nphase1; ++i) {
                     const DcSeg& s = seg[h.nstage + i];
                     dc_run_segment<W>(h, s, frame, (s.flags & DC_SEG_GATHER) != 0);
@@ -860,7 +889,7 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
         }
     }  // member
 
-    if (MODE == DC_MODE_PUSH_LL && norm && norm->row_in_regs != 0u) dc_norm_row_in_regs_any(norm->n, regs);
+    if (MODE != DC_MODE_PUSH && norm && norm->row_in_regs != 0u) dc_norm_row_in_regs_any(norm->n, regs);
     else if (norm && dc_norm_epilogue(h, seg, status, g, refresh_left, *norm)) return;
     if (!member) return;
 
