@@ -301,12 +301,37 @@ DC_DEV void dc_store_elem(dc_u8* p, dc_u32 v) {
 // addresses. The 16-byte path is taken only when every pointer sits at the same offset mod 16;
 // the head before the first aligned vector and the tail after the last use scalar code, so an
 // unaligned view gives the same bits, only slower.
+//
+// A range of exactly one aligned vector per thread (16 * nthreads bytes, every pointer 16-byte
+// aligned) — a whole protocol tile, 8 KiB for 512 threads, the unit every route's blocks work
+// in — takes a short path first: one vector per thread, the same loads, tree and stores as the
+// vector body, without the general setup (alignment classes, head and tail loops, 64-bit
+// strides) per tile. On one H200 that setup had cost the pull and bulk push routes 5-27 % of an
+// all_reduce from 64 KiB up (benches/results/h200-2026-12-04-whole-tile-path.md).
 // ---------------------------------------------------------------------------------------------
+
+// Whether a range is one aligned 16-byte vector per thread (see above).
+DC_DEV bool dc_whole_vectors(dc_u64 bytes, dc_u32 nthreads, dc_u64 any_address_bits) {
+    return bytes == 16u * (dc_u64)nthreads && (any_address_bits & 15u) == 0u;
+}
 
 // Tree over W sources into dst (and optionally also into wb): `bytes` bytes of dtype DT.
 template <int W, int DT, bool SOFT>
 DC_DEV void dc_reduce_range(const dc_u8* const (&src)[W], dc_u8* dst, dc_u8* wb, dc_u64 bytes,
                             dc_u32 tid, dc_u32 nthreads) {
+    dc_u64 any = (dc_u64)dst | (dc_u64)wb;
+#pragma unroll
+    for (int i = 0; i < W; ++i) any |= (dc_u64)src[i];
+    if (dc_whole_vectors(bytes, nthreads, any)) {
+        const dc_u64 off = 16u * (dc_u64)tid;
+        dc_u32x4 v[W];
+#pragma unroll
+        for (int i = 0; i < W; ++i) v[i] = *(const dc_u32x4*)(src[i] + off);
+        const dc_u32x4 r = dc_tree_vec<W, DT, SOFT>(v);
+        *(dc_u32x4*)(dst + off) = r;
+        if (wb) *(dc_u32x4*)(wb + off) = r;
+        return;
+    }
     const dc_u32 esz = DT == DC_F32 ? 4u : 2u;
     dc_u64 mis = (dc_u64)src[0] & 15u;
     bool vec = (((dc_u64)dst & 15u) == mis) && (wb == 0 || (((dc_u64)wb & 15u) == mis));
@@ -348,6 +373,10 @@ DC_DEV void dc_reduce_range(const dc_u8* const (&src)[W], dc_u8* dst, dc_u8* wb,
 
 // Byte copy with the widest granularity both pointers allow (16, 4 or 1 bytes).
 DC_DEV void dc_copy_range(dc_u8* dst, const dc_u8* src, dc_u64 bytes, dc_u32 tid, dc_u32 nthreads) {
+    if (dc_whole_vectors(bytes, nthreads, (dc_u64)dst | (dc_u64)src)) {
+        *(dc_u32x4*)(dst + 16u * (dc_u64)tid) = *(const dc_u32x4*)(src + 16u * (dc_u64)tid);
+        return;
+    }
     dc_u64 rel = ((dc_u64)dst ^ (dc_u64)src);
     dc_u32 g = (rel & 15u) == 0 ? 16u : ((rel & 3u) == 0 ? 4u : 1u);
     dc_u64 head = g == 1u ? 0 : (((dc_u64)g - ((dc_u64)src & (g - 1u))) & (g - 1u));
