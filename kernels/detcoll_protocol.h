@@ -411,18 +411,16 @@ DC_DEV void dc_run_segment(const DcHeader& h, const DcSeg& s, dc_u64 frame, bool
 // The one-shot pull reduce of a fused launch's row form in registers (dc_norm_row_regs_ok,
 // detcoll_norm.h): segment `s` is the whole sum from frame offset 0 and block b's one tile is
 // row b, one 16-byte vector per thread, so thread i reduces vector i of it exactly as
-// dc_run_segment's vector body would (the same tree, loads and stores) and also keeps it.
+// dc_run_segment would (dc_reduce_vector: the same tree, loads and stores) and also keeps it.
 template <int W, int DT>
 DC_DEV void dc_reduce_row_kept(const DcHeader& h, const DcSeg& s, dc_u64 frame, dc_u32x4& kept) {
     const dc_u64 off = (dc_u64)DC_BID * h.tile_bytes + 16u * (dc_u64)DC_TID;
     if (off >= s.bytes) return;  // a block without a row
-    dc_u32x4 v[W];
+    const dc_u8* src[W];
 #pragma unroll
-    for (int i = 0; i < W; ++i) v[i] = *(const dc_u32x4*)(h.data[i] + frame + off);
-    const dc_u32x4 r = dc_tree_vec<W, DT, false>(v);
-    *(dc_u32x4*)(s.ptr + off) = r;
-    if (s.flags & DC_SEG_WRITE_BACK) *(dc_u32x4*)(h.data[h.rank] + frame + off) = r;
-    kept = r;
+    for (int i = 0; i < W; ++i) src[i] = (const dc_u8*)(h.data[i] + frame);
+    dc_u8* wb = (s.flags & DC_SEG_WRITE_BACK) ? (dc_u8*)(h.data[h.rank] + frame) : (dc_u8*)0;
+    kept = dc_reduce_vector<W, DT, false>(src, (dc_u8*)s.ptr, wb, off);
 }
 
 template <int W>

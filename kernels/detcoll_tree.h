@@ -315,6 +315,20 @@ DC_DEV bool dc_whole_vectors(dc_u64 bytes, dc_u32 nthreads, dc_u64 any_address_b
     return bytes == 16u * (dc_u64)nthreads && (any_address_bits & 15u) == 0u;
 }
 
+// The tree over W sources of the 16-byte vector at byte offset `off`, stored into dst (and wb
+// when given) and returned: dc_reduce_range's vector body, and the one-shot row form's reduce
+// (dc_reduce_row_kept, detcoll_protocol.h).
+template <int W, int DT, bool SOFT>
+DC_DEV dc_u32x4 dc_reduce_vector(const dc_u8* const (&src)[W], dc_u8* dst, dc_u8* wb, dc_u64 off) {
+    dc_u32x4 v[W];
+#pragma unroll
+    for (int i = 0; i < W; ++i) v[i] = *(const dc_u32x4*)(src[i] + off);
+    const dc_u32x4 r = dc_tree_vec<W, DT, SOFT>(v);
+    *(dc_u32x4*)(dst + off) = r;
+    if (wb) *(dc_u32x4*)(wb + off) = r;
+    return r;
+}
+
 // Tree over W sources into dst (and optionally also into wb): `bytes` bytes of dtype DT.
 template <int W, int DT, bool SOFT>
 DC_DEV void dc_reduce_range(const dc_u8* const (&src)[W], dc_u8* dst, dc_u8* wb, dc_u64 bytes,
@@ -323,13 +337,7 @@ DC_DEV void dc_reduce_range(const dc_u8* const (&src)[W], dc_u8* dst, dc_u8* wb,
 #pragma unroll
     for (int i = 0; i < W; ++i) any |= (dc_u64)src[i];
     if (dc_whole_vectors(bytes, nthreads, any)) {
-        const dc_u64 off = 16u * (dc_u64)tid;
-        dc_u32x4 v[W];
-#pragma unroll
-        for (int i = 0; i < W; ++i) v[i] = *(const dc_u32x4*)(src[i] + off);
-        const dc_u32x4 r = dc_tree_vec<W, DT, SOFT>(v);
-        *(dc_u32x4*)(dst + off) = r;
-        if (wb) *(dc_u32x4*)(wb + off) = r;
+        dc_reduce_vector<W, DT, SOFT>(src, dst, wb, 16u * (dc_u64)tid);
         return;
     }
     const dc_u32 esz = DT == DC_F32 ? 4u : 2u;
@@ -351,15 +359,7 @@ DC_DEV void dc_reduce_range(const dc_u8* const (&src)[W], dc_u8* dst, dc_u8* wb,
         if (wb) dc_store_elem<DT>(wb + off, r);
     }
     // Vector body.
-    for (dc_u64 k = tid; k < nvec; k += nthreads) {
-        dc_u64 off = head + k * 16u;
-        dc_u32x4 v[W];
-#pragma unroll
-        for (int i = 0; i < W; ++i) v[i] = *(const dc_u32x4*)(src[i] + off);
-        dc_u32x4 r = dc_tree_vec<W, DT, SOFT>(v);
-        *(dc_u32x4*)(dst + off) = r;
-        if (wb) *(dc_u32x4*)(wb + off) = r;
-    }
+    for (dc_u64 k = tid; k < nvec; k += nthreads) dc_reduce_vector<W, DT, SOFT>(src, dst, wb, head + k * 16u);
     // Scalar tail.
     for (dc_u64 off = tail_start + (dc_u64)tid * esz; off < bytes; off += (dc_u64)nthreads * esz) {
         dc_u32 v[W];
