@@ -88,15 +88,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                                     let r = unsafe { sys::cuMemcpyDtoDAsync_v2(rp, r0p, n * 2, stream.cu_stream()) };
                                     assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
                                 };
-                                // SAFETY: the buffers above, alive and borrowed for the
-                                // whole measurement, ordered on `stream`.
-                                let ar = || unsafe {
-                                    let io = Io::OutOfPlace {
+                                // The all_reduce's `x` -> `y`.
+                                // SAFETY: the buffers above, alive and borrowed for the whole
+                                // measurement, ordered on `stream`.
+                                let xy = || unsafe {
+                                    Io::OutOfPlace {
                                         input: RawRef::from_raw(xp, n, DType::BF16),
                                         output: RawMut::from_raw(yp, n, DType::BF16),
-                                    };
-                                    comm.all_reduce(io, &stream).map_err(|x| e(&x))
+                                    }
                                 };
+                                let ar = || comm.all_reduce(xy(), &stream).map_err(|x| e(&x));
                                 let norm_args = NormArgs {
                                     sum: yp,
                                     residual: rp,
@@ -113,19 +114,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                                     let ipc = comm.ipc().ok_or("no IPC backend")?;
                                     ipc.residual_rmsnorm(&norm_args, CallStream::Safe(&stream)).map_err(|x| e(&x))
                                 };
-                                // SAFETY: as for `ar`.
+                                // SAFETY: as for `xy`.
                                 let fused = || unsafe {
-                                    let io = Io::OutOfPlace {
-                                        input: RawRef::from_raw(xp, n, DType::BF16),
-                                        output: RawMut::from_raw(yp, n, DType::BF16),
-                                    };
                                     let norm = RmsNorm {
                                         residual: Io::InPlace(RawMut::from_raw(rp, n, DType::BF16)),
                                         weight: RawRef::from_raw(wp, hidden, DType::BF16),
                                         hidden,
                                         eps: 1e-6,
                                     };
-                                    comm.all_reduce_residual_rmsnorm(io, norm, &stream).map_err(|x| e(&x))
+                                    comm.all_reduce_residual_rmsnorm(xy(), norm, &stream).map_err(|x| e(&x))
                                 };
                                 // The one-kernel form at any row count, on the table's IPC route
                                 // (world 1 and the transport routes: the fused call as it is).
@@ -133,15 +130,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                                     let (Some(r), Some(ipc)) = (IpcRoute::of(route), comm.ipc()) else {
                                         return fused();
                                     };
-                                    // SAFETY: as for `ar`.
-                                    let io = unsafe {
-                                        Io::OutOfPlace {
-                                            input: RawRef::from_raw(xp, n, DType::BF16),
-                                            output: RawMut::from_raw(yp, n, DType::BF16),
-                                        }
-                                    };
                                     let both = ipc
-                                        .all_reduce_then_norm(io, r, &norm_args, CallStream::Safe(&stream))
+                                        .all_reduce_then_norm(xy(), r, &norm_args, CallStream::Safe(&stream))
                                         .map_err(|x| e(&x))?;
                                     if both {
                                         Ok(())
