@@ -676,25 +676,42 @@ DC_DEV void dc_norm_rows_gathered(const DcHeader& h, const DcSeg* seg, dc_u64 fr
 
 // ---------------------------------------------------------------------------------------------
 // The row form in registers (CUDA; a fused launch on the LL push or the one-shot route where
-// each block reduces exactly one whole row of hidden 4096 in f16/bf16, the decode shape). The
-// reduce (dc_push_reduce on LL push, dc_reduce_row_kept on one-shot) gives thread i of a block
-// the 16-byte vector i of its 8 KiB tile, which is then the block's row: elements 8i .. 8i + 7,
-// lane i % 256 of chunk i / 256 in the reference's order. So the thread keeps that vector of the
+// each block reduces exactly one whole row in f16/bf16: of hidden 4096, the decode shape, one
+// tile; on one-shot also of hidden 8192, two tiles). The reduce (dc_push_reduce on LL push,
+// dc_reduce_row_kept on one-shot) gives thread t of a block its NV 16-byte vectors of the
+// block's row (dc_row_vector: with one a row, vector t of the 8 KiB tile, elements 8t .. 8t + 7,
+// lane t % 256 of chunk t / 256 in the reference's order; with two, chunks 0-1 of lane t for
+// t < 256 and chunks 2-3 of lane t - 256 for the others). So the thread keeps its vectors of the
 // sum in registers (DcNormRowRegs) and loads its vectors of the residual and the weight before
 // the protocol's waits: the norm then reads nothing from memory. The arithmetic and its order
-// are the block form's: thread t < 256 adds its 8 squares into a partial from 0 (chunk 0 of lane
-// t), thread 256 + t continues that partial with its own 8 squares (chunk 1 of lane t), in
-// increasing j; the halving tree over the 256 lane partials is dc_norm_reduce's; y from h and
-// the weight in registers. The protocol body (dc_collective_mode) runs it inline right after
-// its reduce, without the epilogue's block barrier: each thread starts from its own registers,
-// and the form's own two barriers order the shared partials.
+// are the block form's: thread t < 256 adds the squares of its vectors into a partial from 0
+// (the first chunks of lane t), thread 256 + t continues that partial with its own (the later
+// chunks of lane t), in increasing j; the halving tree over the 256 lane partials is
+// dc_norm_reduce's; y from h and the weight in registers. The protocol body
+// (dc_collective_mode) runs it inline right after its reduce, without the epilogue's block
+// barrier: each thread starts from its own registers, and the form's own two barriers order the
+// shared partials.
 // ---------------------------------------------------------------------------------------------
 
-// Whether a fused launch takes the row form in registers: the launch's blocks each reduce whole
-// rows (`group`, dc_norm_local_group) of exactly one 16-byte vector per thread (a row is the
-// tile: f16/bf16, hidden * 2 = tile = 16 * threads), each block at most one (rows <= grid), on
-// the LL push or the one-shot pull route (dc_norm_local_group already refuses bulk push and
-// every launch with a phase 2), on the norm's vector path. The same answer in every block.
+// Whether every block of this fused launch writes whole rows of the sum and nothing else writes
+// it: the launch is the call's only one (its one reduce segment is the whole sum: rows * row
+// bytes from frame offset 0), the protocol is the LL push or the one-shot pull (one reduce
+// segment in phase 1, no phase 2: tile t of it, output bytes [t * tile, (t + 1) * tile), is
+// block t % grid's), and the launch has exactly the protocol's blocks.
+DC_DEV bool dc_norm_whole_sum(const DcHeader& h, const DcSeg* seg, const DcNormParams& p) {
+    if (h.mode == DC_MODE_PUSH || h.nphase1 != 1u || h.nphase2 != 0u || DC_NBLOCKS != h.grid) return false;
+    const DcSeg& s = seg[h.nstage];
+    const dc_u64 row = (dc_u64)p.hidden * (p.dtype == DC_F32 ? 4u : 2u);
+    if ((s.flags & DC_SEG_GATHER) != 0u || s.frame_off != 0u || s.ptr != p.sum) return false;
+    return row != 0u && s.bytes == p.rows * row;
+}
+
+// Whether a fused launch takes the row form in registers with one vector a thread: the launch's
+// blocks each reduce whole rows (`group`, dc_norm_local_group) of exactly one 16-byte vector per
+// thread (a row is the tile: f16/bf16, hidden * 2 = tile = 16 * threads), each block at most one
+// (rows <= grid), on the LL push or the one-shot pull route (dc_norm_local_group already refuses
+// bulk push and every launch with a phase 2), on the norm's vector path. The same answer in
+// every block.
 DC_DEV bool dc_norm_row_regs_ok(const DcHeader& h, const DcNormParams& p, dc_u32 group) {
 #if defined(DC_CUDA)
     return h.mode != DC_MODE_PUSH && group == 1u && (p.dtype == DC_F16 || p.dtype == DC_BF16) &&
@@ -708,48 +725,100 @@ DC_DEV bool dc_norm_row_regs_ok(const DcHeader& h, const DcNormParams& p, dc_u32
 #endif
 }
 
+// Whether a fused launch takes the row form in registers with two vectors a thread (declared in
+// detcoll_protocol.h; every thread asks it before the launch's wait, to pick the body): a row
+// is two tiles of one 16-byte vector per thread (f16/bf16, hidden 8192), the launch is one-shot
+// and its blocks reduce whole rows (dc_norm_whole_sum), every row has a block of its own with
+// room for its two tiles (2 * rows <= grid: the launch's tiles are all distinct blocks'), on
+// the norm's vector path. Block b < rows then reduces tiles 2b and 2b + 1, its row.
+DC_DEV bool dc_norm_two_tile_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p) {
+#if defined(DC_CUDA)
+    return h.mode == DC_MODE_PULL && (p.dtype == DC_F16 || p.dtype == DC_BF16) && h.tile_bytes == 16u * DC_NTID &&
+           (dc_u64)p.hidden * 2u == 2u * (dc_u64)h.tile_bytes && 4u * DC_NORM_CHUNK == p.hidden &&
+           2u * p.rows <= h.grid && dc_norm_vector_ok(p) && dc_norm_whole_sum(h, seg, p);
+#else
+    (void)h;
+    (void)seg;
+    (void)p;
+    return false;
+#endif
+}
+
 // The row form's loads before the protocol (declared in detcoll_protocol.h): this thread's
 // vectors of its block's row of the residual and of the weight. The residual is never an
 // output of the protocol (the host refuses a residual overlapping the sum, detcoll_core's
 // validate_norm), so reading it first reads the same values.
-DC_DEV void dc_norm_row_regs_load(const DcNormPlan& plan, DcNormRowRegs& regs) {
+template <int NV>
+DC_DEV void dc_norm_row_regs_load(const DcNormPlan& plan, DcNormRowRegs<NV>& regs) {
     const DcNormParams& p = plan.n;
     if ((dc_u64)DC_BID >= p.rows) return;
-    const dc_u64 v = 16u * (dc_u64)DC_TID;
-    regs.residual = dc_norm_ld16((const dc_u8*)p.residual + (dc_u64)DC_BID * p.hidden * 2u + v);
-    regs.weight = dc_norm_ld16((const dc_u8*)p.weight + v);
+    const dc_u8* residual = (const dc_u8*)p.residual + (dc_u64)DC_BID * p.hidden * 2u;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const dc_u64 v = 16u * (dc_u64)dc_row_vector<NV>(k);
+        regs.residual[k] = dc_norm_ld16(residual + v);
+        regs.weight[k] = dc_norm_ld16((const dc_u8*)p.weight + v);
+    }
 }
 
 #if defined(DC_CUDA)
-template <int DT>
-DC_DEV void dc_norm_row_in_regs(const DcNormParams& p, const DcNormRowRegs& r) {
-    DC_SHARED float s_chunk0[DC_NORM_THREADS];  // chunk 0's partials, continued by chunk 1's threads
-    DC_SHARED float s_part[DC_NORM_THREADS];    // the lanes' partials, for the tree
-    if ((dc_u64)DC_BID >= p.rows) return;       // a block without a row (the same for its threads)
+// The row form's shared partials: the first half's, continued by the second half's threads,
+// then the lanes' partials for the tree. One allocation for every instantiation: a static
+// shared array in the template is one per dtype and vector count, in every kernel of the image
+// (they add up), and 4 KiB more of them measured slower on one H200.
+DC_DEV float* dc_norm_row_shared() {
+    DC_SHARED float s[2 * DC_NORM_THREADS];
+    return s;
+}
+
+template <int DT, int NV>
+DC_DEV void dc_norm_row_in_regs(const DcNormParams& p, const DcNormRowRegs<NV>& r) {
+    float* s_first = dc_norm_row_shared();
+    float* s_part = s_first + DC_NORM_THREADS;
+    if ((dc_u64)DC_BID >= p.rows) return;      // a block without a row (the same for its threads)
     const dc_u32 lane = DC_TID % DC_NORM_THREADS;
-    const dc_u64 off = (dc_u64)DC_BID * p.hidden * 2u + 16u * (dc_u64)DC_TID;
-    dc_u32 hw[4] = {r.residual.x, r.residual.y, r.residual.z, r.residual.w};
-    const dc_u32 sw[4] = {r.sum.x, r.sum.y, r.sum.z, r.sum.w};
-    const dc_u32 ww[4] = {r.weight.x, r.weight.y, r.weight.z, r.weight.w};
-    dc_norm_add_lane<DT>(hw, hw, sw);
-    dc_norm_st_lane<DT>((dc_u8*)p.h + off, hw);
-    float hf[DC_NORM_VECTOR];
-    dc_norm_widen_lane<DT>(hf, hw);
-    if (DC_TID < DC_NORM_THREADS) s_chunk0[lane] = dc_norm_squares_lane(0.0f, hf);
+    const dc_u64 row = (dc_u64)DC_BID * p.hidden * 2u;
+    float hf[NV][DC_NORM_VECTOR];
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const dc_u64 off = row + 16u * (dc_u64)dc_row_vector<NV>(k);
+        dc_u32 hw[4] = {r.residual[k].x, r.residual[k].y, r.residual[k].z, r.residual[k].w};
+        const dc_u32 sw[4] = {r.sum[k].x, r.sum[k].y, r.sum[k].z, r.sum[k].w};
+        dc_norm_add_lane<DT>(hw, hw, sw);
+        dc_norm_st_lane<DT>((dc_u8*)p.h + off, hw);
+        dc_norm_widen_lane<DT>(hf[k], hw);
+    }
+    if (DC_TID < DC_NORM_THREADS) {
+        float q = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NV; ++k) q = dc_norm_squares_lane(q, hf[k]);
+        s_first[lane] = q;
+    }
     DC_SYNC_BLOCK();
-    if (DC_TID >= DC_NORM_THREADS) s_part[lane] = dc_norm_squares_lane(s_chunk0[lane], hf);
+    if (DC_TID >= DC_NORM_THREADS) {
+        float q = s_first[lane];
+#pragma unroll
+        for (int k = 0; k < NV; ++k) q = dc_norm_squares_lane(q, hf[k]);
+        s_part[lane] = q;
+    }
     DC_SYNC_BLOCK();
     const float inv = dc_norm_inv(p, dc_norm_tree_warp(s_part));
-    dc_u32 yw[4];
-    dc_norm_scale_lane<DT>(yw, hf, ww, inv);
-    dc_norm_st_lane<DT>((dc_u8*)p.y + off, yw);
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const dc_u64 off = row + 16u * (dc_u64)dc_row_vector<NV>(k);
+        const dc_u32 ww[4] = {r.weight[k].x, r.weight[k].y, r.weight[k].z, r.weight[k].w};
+        dc_u32 yw[4];
+        dc_norm_scale_lane<DT>(yw, hf[k], ww, inv);
+        dc_norm_st_lane<DT>((dc_u8*)p.y + off, yw);
+    }
 }
 #endif
 
-DC_DEV void dc_norm_row_in_regs_any(const DcNormParams& p, const DcNormRowRegs& r) {
+template <int NV>
+DC_DEV void dc_norm_row_in_regs_any(const DcNormParams& p, const DcNormRowRegs<NV>& r) {
 #if defined(DC_CUDA)
-    if (p.dtype == DC_F16) dc_norm_row_in_regs<DC_F16>(p, r);
-    else dc_norm_row_in_regs<DC_BF16>(p, r);
+    if (p.dtype == DC_F16) dc_norm_row_in_regs<DC_F16, NV>(p, r);
+    else dc_norm_row_in_regs<DC_BF16, NV>(p, r);
 #else
     (void)p;
     (void)r;
@@ -856,20 +925,14 @@ DC_DEV bool dc_norm_barrier(const DcHeader& h, dc_u64* status, dc_u32 g, dc_u64 
 }
 
 // The rows per protocol tile when every block of this fused launch writes whole rows of the sum
-// and nothing else writes it, 0 otherwise. That holds when the launch is the call's only one
-// (its one reduce segment is the whole sum: rows * row bytes from frame offset 0), the protocol
-// is the LL push or the one-shot pull (one reduce segment in phase 1, no phase 2: tile t of it,
-// output bytes [t * tile, (t + 1) * tile), is block t % grid's), a row divides the tile, and the
-// launch has exactly the protocol's blocks. Then block b reduced rows k * group .. of units
-// k = b, b + grid, ...: the rows dc_norm_for_rows gives it. The host makes the same decision
-// for the grid (CollectiveNormParams::local_group); if they ever differed, the launch would only
-// fall back to the barrier.
+// and nothing else writes it (dc_norm_whole_sum) and a row divides the tile, 0 otherwise. Then
+// block b reduced rows k * group .. of units k = b, b + grid, ...: the rows dc_norm_for_rows
+// gives it. The host makes the same decision for the grid (CollectiveNormParams::local_group);
+// if they ever differed, the launch would only fall back to the barrier.
 DC_DEV dc_u32 dc_norm_local_group(const DcHeader& h, const DcSeg* seg, const DcNormParams& p) {
-    if (h.mode == DC_MODE_PUSH || h.nphase1 != 1u || h.nphase2 != 0u || DC_NBLOCKS != h.grid) return 0u;
-    const DcSeg& s = seg[h.nstage];
+    if (!dc_norm_whole_sum(h, seg, p)) return 0u;
     const dc_u64 row = (dc_u64)p.hidden * (p.dtype == DC_F32 ? 4u : 2u);
-    if ((s.flags & DC_SEG_GATHER) != 0u || s.frame_off != 0u || s.ptr != p.sum) return 0u;
-    if (row == 0u || row > h.tile_bytes || s.bytes != p.rows * row) return 0u;
+    if (row > h.tile_bytes) return 0u;
     // 32-bit division (row <= tile_bytes): a 64-bit one is a long software routine.
     const dc_u32 row32 = (dc_u32)row;
     return h.tile_bytes % row32 == 0u ? h.tile_bytes / row32 : 0u;
@@ -881,7 +944,7 @@ DC_DEV void dc_norm_prepare(const DcHeader& h, const DcSeg* seg, const DcNormPar
     plan.n = p;
     plan.gathered = dc_norm_reads_gathered(h, seg) ? 1u : 0u;
     plan.group = plan.gathered ? 0u : dc_norm_local_group(h, seg, p);
-    plan.row_in_regs = dc_norm_row_regs_ok(h, p, plan.group) ? 1u : 0u;
+    plan.row_vectors = dc_norm_row_regs_ok(h, p, plan.group) ? 1u : dc_norm_two_tile_rows(h, seg, p) ? 2u : 0u;
 }
 
 // The epilogue dc_collective_mode runs after the protocol in every block of a fused launch

@@ -215,17 +215,31 @@ struct DcNormPlan {
     DcNormParams n;
     dc_u32 group;       // rows per tile when every block normalises only rows it reduced, else 0
     dc_u32 gathered;    // 1: the norm reads the gathered sums in place (DC_SEG_NORM_READ)
-    dc_u32 row_in_regs; // 1: the row form in registers (dc_norm_row_regs_ok, detcoll_norm.h)
+    dc_u32 row_vectors; // the row form in registers: 16-byte vectors of the row a thread holds
+                        // (1: a row is a tile; 2: two tiles, one-shot), 0: not taken
+                        // (dc_norm_row_vectors, detcoll_norm.h)
 };
 
 // A fused launch's row as one thread holds it across the protocol in the row form in
-// registers: its 16-byte vector of the block's row of the sum (kept by the reduce) and
-// of the residual and the weight (loaded before the protocol's waits).
+// registers: its NV 16-byte vectors (dc_row_vector) of the block's row of the sum (kept by the
+// reduce) and of the residual and the weight (loaded before the protocol's waits).
+template <int NV>
 struct DcNormRowRegs {
-    dc_u32x4 sum;
-    dc_u32x4 residual;
-    dc_u32x4 weight;
+    dc_u32x4 sum[NV];
+    dc_u32x4 residual[NV];
+    dc_u32x4 weight[NV];
 };
+
+// Which 16-byte vector of its block's row thread DC_TID holds as its k-th (of NV) in the row
+// form in registers: lane t % 256 of the norm's chunk (t / 256) * NV + k, i.e. vector
+// ((t / 256) * NV + k) * 256 + t % 256 of the row (256: the norm's lanes, DC_NORM_THREADS, half
+// of the block). One vector a thread (a row is a tile): vector t. Two (hidden 8192): threads
+// t < 256 hold chunks 0 and 1 of lane t, threads 256 + t chunks 2 and 3, so each thread's
+// squares continue one lane's partial in the norm's order.
+template <int NV>
+DC_DEV dc_u32 dc_row_vector(dc_u32 k) {
+    return NV == 1 ? DC_TID : ((DC_TID >> 8) * (dc_u32)NV + k) * 256u + (DC_TID & 255u);
+}
 
 #define DC_SEGS_SINGLE 16
 #define DC_SEGS_MANY 32
@@ -300,7 +314,10 @@ DC_DEV void dc_fail(const DcHeader& h, dc_u64* status, dc_u64 code, dc_u32 peer,
 // read once more (acquire) after the acknowledgement is seen.
 // `local`: the flags are this rank's own lines `off + peer * line` (the push headers that
 // senders write into the receiver), instead of line `off` of every peer's control block.
-DC_DEV bool dc_wait(const DcHeader& h, dc_u64* status, dc_u32 off, dc_u32 g, dc_u64 timeout_code, bool local) {
+// TWO: also line `off2` of every peer (threads 32 + peer watch those, in parallel).
+template <bool TWO = false>
+DC_DEV bool dc_wait(const DcHeader& h, dc_u64* status, dc_u32 off, dc_u32 g, dc_u64 timeout_code, bool local,
+                    dc_u32 off2 = 0u) {
     DC_SHARED volatile int s_fail;
     // Every thread is done with the block's earlier shared words (the prologue's, a previous
     // wait's result) before thread 0 reuses any: compute-sanitizer's racecheck found thread 0's
@@ -309,6 +326,10 @@ DC_DEV bool dc_wait(const DcHeader& h, dc_u64* status, dc_u32 off, dc_u32 g, dc_
     if (DC_TID == 0) s_fail = 0;
     DC_SYNC_BLOCK();
     dc_u32 t = DC_TID;
+    if (TWO && t >= 32u) {
+        t -= 32u;
+        off = off2;
+    }
     if (t < h.world && t != h.rank) {
         const dc_u64* flag = local ? dc_at(h.ctl[h.rank], off + (dc_u64)t * h.line) : dc_at(h.ctl[t], off);
         const dc_u64* peer_status = dc_at(h.ctl[t], h.off_status);
@@ -408,25 +429,34 @@ DC_DEV void dc_run_segment(const DcHeader& h, const DcSeg& s, dc_u64 frame, bool
     });
 }
 
-// The one-shot pull reduce of a fused launch's row form in registers (dc_norm_row_regs_ok,
-// detcoll_norm.h): segment `s` is the whole sum from frame offset 0 and block b's one tile is
-// row b, one 16-byte vector per thread, so thread i reduces vector i of it exactly as
-// dc_run_segment would (dc_reduce_vector: the same tree, loads and stores) and also keeps it.
-template <int W, int DT>
-DC_DEV void dc_reduce_row_kept(const DcHeader& h, const DcSeg& s, dc_u64 frame, dc_u32x4& kept) {
-    const dc_u64 off = (dc_u64)DC_BID * h.tile_bytes + 16u * (dc_u64)DC_TID;
-    if (off >= s.bytes) return;  // a block without a row
-    const dc_u8* src[W];
+// The one-shot pull reduce of a fused launch's row form in registers (dc_norm_row_vectors,
+// detcoll_norm.h): segment `s` is the whole sum from frame offset 0 and block b's row b is its
+// NV tiles (b * NV ..), one 16-byte vector of each per thread, so thread t reduces its vectors
+// of the row (dc_row_vector) exactly as dc_run_segment would (the same tree, loads and stores)
+// and also keeps them. Written out rather than through dc_reduce_vector: with that helper's
+// source and write-back pointers the compiler laid out the whole one-shot body differently
+// (sm_90 PTX), which an unmeasured refactor should not do.
+template <int W, int DT, int NV>
+DC_DEV void dc_reduce_row_kept(const DcHeader& h, const DcSeg& s, dc_u64 frame, dc_u32x4 (&kept)[NV]) {
+    const dc_u64 row = (dc_u64)DC_BID * (NV * h.tile_bytes);
+    if (row + 16u * (dc_u64)DC_TID >= s.bytes) return;  // a block without a row
 #pragma unroll
-    for (int i = 0; i < W; ++i) src[i] = (const dc_u8*)(h.data[i] + frame);
-    dc_u8* wb = (s.flags & DC_SEG_WRITE_BACK) ? (dc_u8*)(h.data[h.rank] + frame) : (dc_u8*)0;
-    kept = dc_reduce_vector<W, DT, false>(src, (dc_u8*)s.ptr, wb, off);
+    for (int k = 0; k < NV; ++k) {
+        const dc_u64 off = row + 16u * (dc_u64)dc_row_vector<NV>(k);
+        dc_u32x4 v[W];
+#pragma unroll
+        for (int i = 0; i < W; ++i) v[i] = *(const dc_u32x4*)(h.data[i] + frame + off);
+        const dc_u32x4 r = dc_tree_vec<W, DT, false>(v);
+        *(dc_u32x4*)(s.ptr + off) = r;
+        if (s.flags & DC_SEG_WRITE_BACK) *(dc_u32x4*)(h.data[h.rank] + frame + off) = r;
+        kept[k] = r;
+    }
 }
 
-template <int W>
-DC_DEV void dc_reduce_row_kept_any(const DcHeader& h, const DcSeg& s, dc_u64 frame, dc_u32x4& kept) {
-    if (h.dtype == DC_F16) dc_reduce_row_kept<W, DC_F16>(h, s, frame, kept);
-    else dc_reduce_row_kept<W, DC_BF16>(h, s, frame, kept);
+template <int W, int NV>
+DC_DEV void dc_reduce_row_kept_any(const DcHeader& h, const DcSeg& s, dc_u64 frame, dc_u32x4 (&kept)[NV]) {
+    if (h.dtype == DC_F16) dc_reduce_row_kept<W, DC_F16, NV>(h, s, frame, kept);
+    else dc_reduce_row_kept<W, DC_BF16, NV>(h, s, frame, kept);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -724,8 +754,11 @@ DC_DEV void dc_push_bulk(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc
 // per fused call at world 2 on one H200 (the call, and the registers passed through the stack).
 DC_DEV_NOINLINE bool dc_norm_epilogue(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u32 g,
                                       dc_u64 refresh_left, const DcNormPlan& plan);
-DC_DEV void dc_norm_row_regs_load(const DcNormPlan& plan, DcNormRowRegs& regs);
-DC_DEV void dc_norm_row_in_regs_any(const DcNormParams& p, const DcNormRowRegs& r);
+template <int NV>
+DC_DEV void dc_norm_row_regs_load(const DcNormPlan& plan, DcNormRowRegs<NV>& regs);
+template <int NV>
+DC_DEV void dc_norm_row_in_regs_any(const DcNormParams& p, const DcNormRowRegs<NV>& r);
+DC_DEV bool dc_norm_two_tile_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p);
 
 // The end of call g, once every block of its launch has started (so has read the generation
 // in its prologue): the generation advances and a requested refresh counts down from the value
@@ -738,8 +771,13 @@ DC_DEV void dc_call_ended(dc_u64* status, dc_u32 g, dc_u64 refresh_left) {
 }
 DC_DEV void dc_norm_prepare(const DcHeader& h, const DcSeg* seg, const DcNormParams& p, DcNormPlan& plan);
 
-template <dc_u32 MODE, int W>
+// NV = 2: the one-shot body of a fused launch in the row form for rows of two tiles
+// (dc_norm_two_tile_rows), its own instantiation: holding two vectors of the sum, residual and
+// weight across the waits in the shared body cost every other fused launch 0.3-1.2 us on one
+// H200 (benches/results/h200-2026-12-04-two-tile-row-form.md). NV = 1: every other launch.
+template <dc_u32 MODE, int W, int NV = 1>
 DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, const DcNormPlan* norm) {
+    static_assert(NV == 1 || (NV == 2 && MODE == DC_MODE_PULL), "two vectors a row on one-shot only");
     const dc_u32 b = DC_BID;
     const bool member = b < h.grid;
     const dc_u64 own = h.ctl[h.rank];
@@ -760,10 +798,13 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
     // block (at its end) and the host (between calls) write it, so the end of the call counts
     // it down from this value instead of loading it again (a round trip at the kernel's end).
     dc_u64 refresh_left = 0;
-    // A fused launch's row in registers (dc_norm_row_regs_ok): filled before and by the protocol.
-    DcNormRowRegs regs;
-    regs.sum.x = regs.sum.y = regs.sum.z = regs.sum.w = 0u;
-    regs.residual = regs.weight = regs.sum;
+    // A fused launch's row in registers (dc_norm_row_vectors): filled before and by the protocol.
+    DcNormRowRegs<NV> regs;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        regs.sum[k].x = regs.sum[k].y = regs.sum[k].z = regs.sum[k].w = 0u;
+        regs.residual[k] = regs.weight[k] = regs.sum[k];
+    }
     if (DC_TID == 0) {
         // Three independent loads, issued together (a load that waited for the generation
         // before it was issued cost a round trip per call).
@@ -836,15 +877,15 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
         }
 
         if (MODE == DC_MODE_PUSH_LL) {
-            const bool row_in_regs = norm && norm->row_in_regs != 0u;
+            const bool row_in_regs = norm && norm->row_vectors != 0u;
             if (row_in_regs) dc_norm_row_regs_load(*norm, regs);
-            dc_push_ll<W>(h, seg, status, g, row_in_regs, regs.sum);
+            dc_push_ll<W>(h, seg, status, g, row_in_regs, regs.sum[0]);
         } else if (MODE == DC_MODE_PUSH) {
             dc_push_bulk<W>(h, seg, status, g, word);
         } else {
             // A fused launch's row form in registers: its residual and weight vectors load
             // while the staging and the wait below run.
-            const bool row_in_regs = norm && norm->row_in_regs != 0u;
+            const bool row_in_regs = NV == 2 || (norm && norm->row_vectors != 0u);
             if (row_in_regs) dc_norm_row_regs_load(*norm, regs);
             // Stage this block's tiles of the input into the own frame.
             if (quick_mine) *(dc_u32x4*)(own_data + frame + seg[0].frame_off + (dc_u64)DC_TID * 16u) = quick_v;
@@ -863,10 +904,19 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
                 // Release: cumulative over the block's staging stores, ordered before it by the barrier.
                 dc_st_release_sys(dc_at(own, h.off_ready + (dc_u64)b * h.line), word);
             }
-            bool ok = dc_wait(h, status, h.off_ready + b * h.line, g, DC_ERR_TIMEOUT_READY, false);
+            bool ok;
+            if (NV == 2) {
+                // Two tiles a row: block b < rows reduces row b, tiles 2b and 2b + 1, once the
+                // peers' ready flags of both are up; the other blocks only staged their tile.
+                ok = (dc_u64)b < norm->n.rows &&
+                     dc_wait<true>(h, status, h.off_ready + 2u * b * h.line, g, DC_ERR_TIMEOUT_READY, false,
+                                   h.off_ready + (2u * b + 1u) * h.line);
+            } else {
+                ok = dc_wait(h, status, h.off_ready + b * h.line, g, DC_ERR_TIMEOUT_READY, false);
+            }
             DC_GRID_DEP_TRIGGER();  // every peer is running this call (see dc_collective)
             if (ok && row_in_regs) {
-                dc_reduce_row_kept_any<W>(h, seg[h.nstage], frame, regs.sum);
+                dc_reduce_row_kept_any<W, NV>(h, seg[h.nstage], frame, regs.sum);
             } else if (ok) {
                 for (dc_u32 i = 0; i < h.nphase1; ++i) {
                     const DcSeg& s = seg[h.nstage + i];
@@ -887,7 +937,7 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
         }
     }  // member
 
-    if (MODE != DC_MODE_PUSH && norm && norm->row_in_regs != 0u) dc_norm_row_in_regs_any(norm->n, regs);
+    if (MODE != DC_MODE_PUSH && norm && (NV == 2 || norm->row_vectors != 0u)) dc_norm_row_in_regs_any<NV>(norm->n, regs);
     else if (norm && dc_norm_epilogue(h, seg, status, g, refresh_left, *norm)) return;
     if (!member) return;
 
@@ -914,13 +964,23 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
 // as a switch inside one body per mode, an image of every world gave that body a 416-byte stack
 // frame of spills against 80 bytes for worlds 1/2/4/8, and LL push ran 6-34 % slower in
 // graphs on one H200; benches/results/h200-2026-12-04-per-world-bodies.md.)
+// `two_tile_rows`: the one-shot body for rows of two tiles in the row form (NV = 2).
 template <int W>
-DC_DEV void dc_collective_world(const DcHeader& h, const DcSeg* seg, const DcNormPlan* plan) {
+DC_DEV void dc_collective_world(const DcHeader& h, const DcSeg* seg, const DcNormPlan* plan, bool two_tile_rows) {
     static_assert(W >= 2, "a world of one rank makes no collective launch");
     switch (h.mode) {
         case DC_MODE_PUSH_LL: dc_collective_mode<DC_MODE_PUSH_LL, W>(h, seg, plan); break;
         case DC_MODE_PUSH: dc_collective_mode<DC_MODE_PUSH, W>(h, seg, plan); break;
-        default: dc_collective_mode<DC_MODE_PULL, W>(h, seg, plan); break;
+        default:
+#if defined(DC_CUDA)
+            if (two_tile_rows) {
+                dc_collective_mode<DC_MODE_PULL, W, 2>(h, seg, plan);
+                break;
+            }
+#endif
+            (void)two_tile_rows;
+            dc_collective_mode<DC_MODE_PULL, W>(h, seg, plan);
+            break;
     }
 }
 
@@ -945,12 +1005,15 @@ DC_DEV void dc_collective(const DcHeader& h, const DcSeg* seg, const DcNormParam
     DC_SHARED DcNormPlan s_plan;
     if (norm && DC_TID == 0) dc_norm_prepare(h, seg, *norm, s_plan);
     const DcNormPlan* plan = norm ? &s_plan : (const DcNormPlan*)0;
+    // Which body runs is every thread's own decision (the plan in shared memory is not yet
+    // visible to them), from parameter space like the plan's: the same answer as its.
+    const bool two_tile_rows = norm && dc_norm_two_tile_rows(h, seg, *norm);
     DC_GRID_DEP_WAIT();
     // Worlds with peers only: a world of one rank makes no collective launch (the engine copies
     // its input, ipc-engine's IpcCollective), so an image's world 1 (every run-time image has it,
     // for the tree kernel) carries no protocol bodies.
     switch (h.world) {
-#define DC_CASE(w) case w: dc_collective_world<w>(h, seg, plan); break;
+#define DC_CASE(w) case w: dc_collective_world<w>(h, seg, plan, two_tile_rows); break;
         DC_FOR_PEER_WORLDS(DC_CASE)
 #undef DC_CASE
         default: DC_UNSUPPORTED_WORLD();

@@ -316,17 +316,15 @@ DC_DEV bool dc_whole_vectors(dc_u64 bytes, dc_u32 nthreads, dc_u64 any_address_b
 }
 
 // The tree over W sources of the 16-byte vector at byte offset `off`, stored into dst (and wb
-// when given) and returned: dc_reduce_range's vector body, and the one-shot row form's reduce
-// (dc_reduce_row_kept, detcoll_protocol.h).
+// when given): dc_reduce_range's vector body and its whole-tile path.
 template <int W, int DT, bool SOFT>
-DC_DEV dc_u32x4 dc_reduce_vector(const dc_u8* const (&src)[W], dc_u8* dst, dc_u8* wb, dc_u64 off) {
+DC_DEV void dc_reduce_vector(const dc_u8* const (&src)[W], dc_u8* dst, dc_u8* wb, dc_u64 off) {
     dc_u32x4 v[W];
 #pragma unroll
     for (int i = 0; i < W; ++i) v[i] = *(const dc_u32x4*)(src[i] + off);
     const dc_u32x4 r = dc_tree_vec<W, DT, SOFT>(v);
     *(dc_u32x4*)(dst + off) = r;
     if (wb) *(dc_u32x4*)(wb + off) = r;
-    return r;
 }
 
 // Tree over W sources into dst (and optionally also into wb): `bytes` bytes of dtype DT.
