@@ -7,7 +7,10 @@ n = ctypes.CDLL(lib)
 kdir, out, defs = sys.argv[1], sys.argv[2], sys.argv[3:]
 src = open(f"{kdir}/detcoll_cuda.cu", "rb").read()
 prog = ctypes.c_void_p()
-assert n.nvrtcCreateProgram(ctypes.byref(prog), src, b"detcoll_cuda.cu", 0, None, None) == 0
+# The program is named by its path in KDIR: NVRTC resolves the entry's quoted includes from the
+# program's directory first (a bare name would be the working directory, where stale copies of
+# the headers were once found before --include-path).
+assert n.nvrtcCreateProgram(ctypes.byref(prog), src, f"{kdir}/detcoll_cuda.cu".encode(), 0, None, None) == 0
 flags = ["--gpu-architecture=sm_90", "--ftz=false", "--prec-div=true", "--prec-sqrt=true", "--fmad=false",
          "--std=c++17", "--generate-line-info", f"--include-path={kdir}"] + defs
 arr = (ctypes.c_char_p * len(flags))(*[f.encode() for f in flags])
