@@ -179,6 +179,17 @@ DC_DEV float dc_norm_tree_warp(const float* s) {
     for (dc_u32 d = 16; d >= 1; d >>= 1) v = dc_norm_add(v, __shfl_down_sync(0xffffffffu, v, d));
     return __shfl_sync(0xffffffffu, v, 0);
 }
+
+// 512 more floats of shared memory: the row form's partials (the first half's, continued by the
+// second half's threads, then the lanes' partials for the tree, dc_norm_row_in_regs) and the
+// fused epilogue's second set of pair buffers (dc_norm_rows_regs); no launch uses both. One
+// allocation for every instantiation: a static shared array in a template is one per dtype and
+// vector count, in every kernel of the image (they add up), and 4 KiB more of them measured
+// slower on one H200.
+DC_DEV float* dc_norm_row_shared() {
+    DC_SHARED float s[2 * DC_NORM_THREADS];
+    return s;
+}
 #endif
 
 DC_DEV float dc_norm_reduce(DcNormShared& sh, dc_u32 buf, float part) {
@@ -226,6 +237,13 @@ DC_DEV void dc_norm_for_rows(const DcNormParams& p, dc_u32 group, F body) {
         const dc_u64 end = (k + 1u) * m < p.rows ? (k + 1u) * m : p.rows;
         for (dc_u64 row = k * m; row < end; ++row, buf ^= 1u) body(row, buf);
     }
+}
+
+// The j-th row (from 0) dc_norm_for_rows gives this block, into `row`; false when it has fewer.
+DC_DEV bool dc_norm_block_row(const DcNormParams& p, dc_u32 group, dc_u32 j, dc_u64& row) {
+    const dc_u32 m = group ? group : 1u;
+    row = ((dc_u64)DC_BID + (dc_u64)(j / m) * DC_NBLOCKS) * m + j % m;
+    return row < p.rows;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -386,53 +404,69 @@ DC_DEV bool dc_norm_vector_ok(const DcNormParams& p) {
 // EARLY_W (the fused launch's epilogue, whose blocks have registers to spare): each row loads
 // the weight together with its residual and sum, instead of after its sum of squares, taking a
 // load's latency off the row's dependent chain. The arithmetic is the same.
+//
+// The fused epilogue's blocks (CUDA, 512 threads: EARLY_W) with two rows or more take them two
+// at a time, one per half of the block (threads 256 + t are lane t of the second row), instead
+// of one at a time with half the threads idle: such a block (the protocol's grid is small when
+// ranks share a GPU: 16 blocks a rank at world 8 on one H200) then waits for one row's chain of
+// loads, barrier and tree per pair instead of per row. (Blocks of one row keep the sequential
+// loop: the pair form measured 0.2-0.5 us slower for them on one H200.) Each row's lanes, order and tree are the
+// same, so are its bits. The pair's partials go to one buffer per half; pairs alternate between
+// two sets of buffers (sh.part and the row form's, dc_norm_row_shared, which no epilogue uses
+// otherwise), so, as in dc_norm_reduce, a warp writes a set again only after every warp has
+// passed the barrier of the pair in between, hence after it read that set.
 template <int DT, int C, bool EARLY_W>
 DC_DEV void dc_norm_rows_regs(const DcNormParams& p, DcNormShared& sh, dc_u32 group) {
     constexpr int NW = DC_NORM_WORDS(DT);
     const dc_u64 esz = DT == DC_F32 ? 4u : 2u;
     const dc_u64 hidden = p.hidden;
-    const dc_u64 lane = (dc_u64)DC_TID * DC_NORM_VECTOR;  // this thread's first element of chunk 0
-    const bool active = DC_TID < DC_NORM_THREADS;           // a lane (see dc_norm_epilogue)
+#if defined(DC_CUDA)
+    dc_u64 second_row;
+    const bool pairs = EARLY_W && DC_NTID == 2u * DC_NORM_THREADS && dc_norm_block_row(p, group, 1u, second_row);
+#else
+    const bool pairs = false;
+#endif
+    const dc_u32 t = pairs ? DC_TID % DC_NORM_THREADS : DC_TID;  // this thread's lane of its row
+    const dc_u64 lane = (dc_u64)t * DC_NORM_VECTOR;               // its first element of chunk 0
+    const bool active = t < DC_NORM_THREADS;                      // a lane (see dc_norm_epilogue)
     const dc_u8* wgt = (const dc_u8*)p.weight + lane * esz;
-    dc_norm_for_rows(p, group, [&](dc_u64 row, dc_u32 buf) {
+
+    // Row `row`'s loads, then h = residual + sum: stored, squared in order into the returned
+    // partial, and kept (as words). Chunk c holds this thread's vector when
+    // c * 2048 + 8t < hidden. Every load of the row first.
+    auto first_pass = [&](dc_u64 row, dc_u32 (&hw)[C][NW], dc_u32 (&w_early)[EARLY_W ? C : 1][NW]) -> float {
         const dc_u64 off = (row * hidden + lane) * esz;
         const dc_u8* sum = (const dc_u8*)p.sum + off;
         const dc_u8* res = (const dc_u8*)p.residual + off;
         dc_u8* h = (dc_u8*)p.h + off;
-        dc_u8* y = (dc_u8*)p.y + off;
-
-        // Chunk c holds this thread's vector when c * 2048 + 8t < hidden. Every load of the row
-        // first, then h = residual + sum: stored, squared in order, and kept (as words).
-        dc_u32 hw[C][NW];
-        dc_u32 w_early[EARLY_W ? C : 1][NW];
         float part = 0.0f;
-        {
-            dc_u32 sw[C][NW];
+        dc_u32 sw[C][NW];
 #pragma unroll
-            for (int c = 0; c < C; ++c) {
-                if (active && (dc_u64)c * DC_NORM_CHUNK + lane < hidden) {
-                    dc_norm_ld_lane<DT>(res + (dc_u64)c * DC_NORM_CHUNK * esz, hw[c]);
-                    dc_norm_ld_lane<DT>(sum + (dc_u64)c * DC_NORM_CHUNK * esz, sw[c]);
-                    if constexpr (EARLY_W) dc_norm_ld_lane<DT>(wgt + (dc_u64)c * DC_NORM_CHUNK * esz, w_early[c]);
-                }
-            }
-#pragma unroll
-            for (int c = 0; c < C; ++c) {
-                if (active && (dc_u64)c * DC_NORM_CHUNK + lane < hidden) {
-                    dc_norm_add_lane<DT>(hw[c], hw[c], sw[c]);
-                    dc_norm_st_lane<DT>(h + (dc_u64)c * DC_NORM_CHUNK * esz, hw[c]);
-                    float hf[DC_NORM_VECTOR];
-                    dc_norm_widen_lane<DT>(hf, hw[c]);
-                    part = dc_norm_squares_lane(part, hf);
-                }
+        for (int c = 0; c < C; ++c) {
+            if (active && (dc_u64)c * DC_NORM_CHUNK + lane < hidden) {
+                dc_norm_ld_lane<DT>(res + (dc_u64)c * DC_NORM_CHUNK * esz, hw[c]);
+                dc_norm_ld_lane<DT>(sum + (dc_u64)c * DC_NORM_CHUNK * esz, sw[c]);
+                if constexpr (EARLY_W) dc_norm_ld_lane<DT>(wgt + (dc_u64)c * DC_NORM_CHUNK * esz, w_early[c]);
             }
         }
-
-        const float inv = dc_norm_inv(p, dc_norm_reduce(sh, buf, part));
-
-        // The weight (one row, read by every row: it stays in the caches) after the barrier,
-        // which keeps the registers, and so the blocks per SM, of the loads above (or with
-        // them: EARLY_W).
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            if (active && (dc_u64)c * DC_NORM_CHUNK + lane < hidden) {
+                dc_norm_add_lane<DT>(hw[c], hw[c], sw[c]);
+                dc_norm_st_lane<DT>(h + (dc_u64)c * DC_NORM_CHUNK * esz, hw[c]);
+                float hf[DC_NORM_VECTOR];
+                dc_norm_widen_lane<DT>(hf, hw[c]);
+                part = dc_norm_squares_lane(part, hf);
+            }
+        }
+        return part;
+    };
+    // y of row `row` from h kept and the row's scale. The weight (one row, read by every row:
+    // it stays in the caches) after the barrier, which keeps the registers, and so the blocks
+    // per SM, of the loads above (or with them: EARLY_W).
+    auto second_pass = [&](dc_u64 row, const dc_u32 (&hw)[C][NW], const dc_u32 (&w_early)[EARLY_W ? C : 1][NW],
+                           float inv) {
+        dc_u8* y = (dc_u8*)p.y + (row * hidden + lane) * esz;
 #pragma unroll
         for (int c = 0; c < C; ++c) {
             if (active && (dc_u64)c * DC_NORM_CHUNK + lane < hidden) {
@@ -449,7 +483,33 @@ DC_DEV void dc_norm_rows_regs(const DcNormParams& p, DcNormShared& sh, dc_u32 gr
                 dc_norm_st_lane<DT>(y + (dc_u64)c * DC_NORM_CHUNK * esz, yw);
             }
         }
-    });
+    };
+
+    if (!pairs) {
+        dc_norm_for_rows(p, group, [&](dc_u64 row, dc_u32 buf) {
+            dc_u32 hw[C][NW];
+            dc_u32 w_early[EARLY_W ? C : 1][NW];
+            const float part = first_pass(row, hw, w_early);
+            second_pass(row, hw, w_early, dc_norm_inv(p, dc_norm_reduce(sh, buf, part)));
+        });
+        return;
+    }
+#if defined(DC_CUDA)
+    const dc_u32 half = DC_TID / DC_NORM_THREADS;
+    float* second_set = dc_norm_row_shared();
+    for (dc_u32 j = 0;; j += 2u) {
+        dc_u64 row;
+        if (!dc_norm_block_row(p, group, j, row)) break;  // the same in every thread
+        const bool mine = dc_norm_block_row(p, group, j + half, row);
+        float* part_buf = (j & 2u) ? second_set + half * DC_NORM_THREADS : sh.part[half];
+        dc_u32 hw[C][NW];
+        dc_u32 w_early[EARLY_W ? C : 1][NW];
+        part_buf[t] = mine ? first_pass(row, hw, w_early) : 0.0f;
+        DC_SYNC_BLOCK();
+        const float inv = dc_norm_inv(p, dc_norm_tree_warp(part_buf));
+        if (mine) second_pass(row, hw, w_early, inv);
+    }
+#endif
 }
 
 // The vector path for longer rows: pass 2 re-reads h (this thread's own stores).
@@ -762,15 +822,6 @@ DC_DEV void dc_norm_row_regs_load(const DcNormPlan& plan, DcNormRowRegs<NV>& reg
 }
 
 #if defined(DC_CUDA)
-// The row form's shared partials: the first half's, continued by the second half's threads,
-// then the lanes' partials for the tree. One allocation for every instantiation: a static
-// shared array in the template is one per dtype and vector count, in every kernel of the image
-// (they add up), and 4 KiB more of them measured slower on one H200.
-DC_DEV float* dc_norm_row_shared() {
-    DC_SHARED float s[2 * DC_NORM_THREADS];
-    return s;
-}
-
 template <int DT, int NV>
 DC_DEV void dc_norm_row_in_regs(const DcNormParams& p, const DcNormRowRegs<NV>& r) {
     float* s_first = dc_norm_row_shared();

@@ -136,6 +136,11 @@ fn fused_norm_on_every_ipc_route_and_in_chunks() {
                 let shapes = [(300, 4096), (130, 2048), (9, 2049), (70, 8192)];
                 check_shapes::<bf16>(&comms, &format!("bf16 by {route}, large batches"), &shapes);
                 check_shapes::<f32>(&comms, &format!("f32 by {route}, large batches"), &[(130, 2048), (3, 8192)]);
+                // One launch whose rows divide the 8 KiB tile (world 3: shards that end inside a
+                // tile, whose two parts are reduced and gathered by the same block).
+                let whole_rows = [(8, 4096), (16, 2048), (40, 256), (5, 64)];
+                check_shapes::<bf16>(&comms, &format!("bf16 by {route}, whole rows per block"), &whole_rows);
+                check_shapes::<f32>(&comms, &format!("f32 by {route}, whole rows per block"), &[(8, 2048), (7, 1024)]);
                 // GATHERED_MIN_ROWS in one launch: one kernel whose norm reads the peers'
                 // reduced shards in place (512 x 16 f32 at world 3: shards of 683 16-byte
                 // vectors, so an f32 lane straddles two sources).
