@@ -50,7 +50,9 @@
 // (a version-6 image would run them as 8 ranks). 8: the residual + RMSNorm entry
 // (`detcoll_residual_rmsnorm`, DcNormParams; a version-7 image lacks it). 9: the fused
 // all_reduce + residual + RMSNorm entry (`detcoll_collective_norm`, DcCollectiveNormParams).
-#define DC_ABI_VERSION 9u
+// 10: the table's last word is the image's world set (DC_WORLDS), so an image built for some
+// worlds only is never taken for one of every world (a launch for a missing world traps).
+#define DC_ABI_VERSION 10u
 
 #define DC_MAX_WORLD 8
 
@@ -58,8 +60,10 @@
 // prebuilt images and the HIP build carry). A process compiling at run time builds only the
 // worlds it launches (`-DDC_WORLDS=...`, crates/cuda-ipc/src/kernels.rs): every world is its own
 // unrolled instantiation of every reduction body, and NVRTC's time grows with each. The host
-// picks the image by world, so no launch names a world its image lacks; a kernel that was sent
-// one anyway traps (DC_UNSUPPORTED_WORLD) instead of returning without writing the output.
+// picks the image by world — the set is the last word of `detcoll_abi`, so a prebuilt image
+// built for some worlds only is taken only for those — and no launch names a world its image
+// lacks; a kernel that was sent one anyway traps (DC_UNSUPPORTED_WORLD) instead of returning
+// without writing the output.
 #ifndef DC_WORLDS
 #define DC_WORLDS 0x1FEu
 #endif
@@ -258,10 +262,10 @@ DC_DEV dc_u32 dc_row_vector(dc_u32 k) {
 // The ABI table, exported by every image and checked by the host (cuda-ipc, hip-ipc) so a stale
 // prebuilt image is refused. Defined here, at this point of the translation unit, rather than
 // in the entry files: moving it would reorder the globals of the generated PTX.
-extern "C" __device__ const dc_u32 detcoll_abi[7] = {
+extern "C" __device__ const dc_u32 detcoll_abi[8] = {
     DC_ABI_VERSION, (dc_u32)sizeof(DcParams<DC_SEGS_SINGLE>), (dc_u32)sizeof(DcParams<DC_SEGS_MANY>),
     (dc_u32)sizeof(DcTreeParams), (dc_u32)sizeof(DcSeg), (dc_u32)sizeof(DcCopyParams),
-    (dc_u32)sizeof(DcNormParams)};
+    (dc_u32)sizeof(DcNormParams), (dc_u32)(DC_WORLDS)};
 
 DC_DEV dc_u64* dc_at(dc_u64 base, dc_u64 off) { return (dc_u64*)(base + off); }
 

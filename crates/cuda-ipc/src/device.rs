@@ -24,8 +24,8 @@ const FUSED_PDL_GRID: u32 = 8;
 #[derive(Debug, Clone)]
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
-    /// The kernel modules loaded so far: one per world size compiled at run time, or one
-    /// prebuilt image for every world ([`crate::kernels::Worlds`]).
+    /// The kernel modules loaded so far: one per world size compiled at run time, or a
+    /// prebuilt image for the worlds its ABI table names ([`crate::kernels::Worlds`]).
     kernels: Arc<Mutex<Vec<Arc<Module>>>>,
 }
 

@@ -14,14 +14,15 @@
 //! `cargo xtask build --arch sm_XY` writes into `kernels/build/`). Every loaded
 //! module is checked against the `detcoll_abi` table the kernels export (ABI version and the
 //! sizes of the parameter structs), so a stale prebuilt image is refused with an error instead
-//! of being misread.
+//! of being misread; the table's last word is the image's world set, so a prebuilt image built
+//! for some worlds only (`-DDC_WORLDS=...`) is used only for those, and NVRTC builds the others.
 use crate::driver::{self, BACKEND, check};
 use crate::launch::ABI_VERSION;
 use crate::programmatic::Programmatic;
 use collective_core::Error;
 use cudarc::driver::{CudaContext, sys};
 use cudarc::nvrtc::sys as nvrtc;
-use detcoll_protocol::params::{ABI_WORDS, abi_table};
+use detcoll_protocol::params::{ABI_WORDS, EVERY_WORLD};
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::path::{Path, PathBuf};
@@ -54,7 +55,7 @@ pub struct Worlds(u16);
 
 impl Worlds {
     /// Every world 1..=8 (prebuilt images, the header's default).
-    pub const ALL: Worlds = Worlds(0x1FE);
+    pub const ALL: Worlds = Worlds(EVERY_WORLD);
 
     /// What a process launching collectives of `world` ranks needs: that world, and world 1
     /// (the tree and reduction of one input are trivial and cost nothing to build). `world`
@@ -67,6 +68,11 @@ impl Worlds {
     /// Whether an image of these worlds can run a launch of `world` ranks.
     pub fn has(self, world: usize) -> bool {
         world < 16 && (self.0 >> world) & 1 == 1
+    }
+
+    /// Whether an image of these worlds has every world of `other`.
+    pub fn contains(self, other: Worlds) -> bool {
+        self.0 & other.0 == other.0
     }
 
     /// The `DC_WORLDS` mask.
@@ -361,34 +367,50 @@ unsafe impl Send for RawModule {}
 unsafe impl Sync for RawModule {}
 
 impl RawModule {
-    /// Loads `variant` into `ctx`: a prebuilt image (every world) when present, falling back to
-    /// NVRTC if the driver or the ABI check refuses it; else NVRTC for `worlds`.
+    /// Loads `variant` into `ctx` for `worlds`: a prebuilt image when present, falling back to
+    /// NVRTC if the driver or the ABI check refuses it or it lacks one of `worlds` (its world set
+    /// is in its ABI table); else NVRTC for `worlds`.
     fn load(ctx: &Arc<CudaContext>, variant: Variant, worlds: Worlds) -> Result<RawModule, Error> {
         driver::ensure_driver()?;
         let arch = driver::arch(ctx)?;
         let pre = prebuilt(&arch, variant)?;
         let nvrtc = |worlds: Worlds| format!("NVRTC {arch}, worlds {:#x}", worlds.mask());
         let first = match &pre {
-            Some((p, bytes)) => Self::load_image(ctx, bytes, p.display().to_string(), Worlds::ALL),
-            None => Self::load_image(ctx, &image_for(&arch, variant, worlds)?, nvrtc(worlds), worlds),
+            Some((p, bytes)) => Self::load_image(ctx, bytes, p.display().to_string()).and_then(|m| {
+                if m.worlds.contains(worlds) {
+                    Ok(m)
+                } else {
+                    Err(Error::Backend {
+                        backend: BACKEND,
+                        detail: format!(
+                            "kernel image built for worlds {:#x}, without some of {:#x}",
+                            m.worlds.mask(),
+                            worlds.mask()
+                        ),
+                    })
+                }
+            }),
+            None => Self::load_image(ctx, &image_for(&arch, variant, worlds)?, nvrtc(worlds)),
         };
         match first {
             Err(e) if pre.is_some() => {
                 let origin = pre.map(|(p, _)| p.display().to_string()).unwrap_or_default();
                 let Ok(img) = image_for(&arch, variant, worlds) else { return Err(e) };
-                Self::load_image(ctx, &img, format!("{} (prebuilt {origin} refused: {e})", nvrtc(worlds)), worlds)
+                Self::load_image(ctx, &img, format!("{} (prebuilt {origin} refused: {e})", nvrtc(worlds)))
             }
             other => other,
         }
     }
 
-    fn load_image(ctx: &Arc<CudaContext>, image: &[u8], origin: String, worlds: Worlds) -> Result<RawModule, Error> {
+    /// Loads `image` and checks its ABI table; the module's worlds are the table's.
+    fn load_image(ctx: &Arc<CudaContext>, image: &[u8], origin: String) -> Result<RawModule, Error> {
         driver::bind(ctx)?;
         let mut module: sys::CUmodule = core::ptr::null_mut();
         // SAFETY: `image` is a cubin or a NUL-terminated PTX string, alive during the call.
         check(unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr().cast()) }, "cuModuleLoadData")?;
-        let m = RawModule { ctx: ctx.clone(), module, origin, worlds };
-        m.check_abi()?;
+        // Unloaded on drop if the check refuses it.
+        let mut m = RawModule { ctx: ctx.clone(), module, origin, worlds: Worlds::ALL };
+        m.worlds = m.check_abi()?;
         Ok(m)
     }
 
@@ -409,8 +431,8 @@ impl RawModule {
         Ok(f)
     }
 
-    /// Refuses an image built from another protocol/parameter layout.
-    fn check_abi(&self) -> Result<(), Error> {
+    /// Refuses an image built from another protocol/parameter layout; returns its world set.
+    fn check_abi(&self) -> Result<Worlds, Error> {
         let name = c_string("detcoll_abi")?;
         let mut ptr: sys::CUdeviceptr = 0;
         let mut bytes = 0usize;
@@ -423,11 +445,7 @@ impl RawModule {
         }
         // SAFETY: `ptr` is a device global of exactly `bytes` bytes.
         check(unsafe { sys::cuMemcpyDtoH_v2(abi.as_mut_ptr().cast(), ptr, bytes) }, "reading detcoll_abi")?;
-        let want = abi_table();
-        if abi != want {
-            return Err(abi_error(format!("kernels export {abi:?}, this crate expects {want:?}")));
-        }
-        Ok(())
+        detcoll_protocol::params::check_abi(&abi).map(Worlds).map_err(abi_error)
     }
 }
 

@@ -266,3 +266,62 @@ fn a_programmatic_launch_waits_for_the_kernel_writing_its_input() {
     });
     r.expect("programmatic launch");
 }
+
+/// A prebuilt image built for some worlds only (`-DDC_WORLDS`; here worlds 1 and 2, as
+/// `kernels::compile_worlds` builds them) in `DETCOLL_KERNEL_DIR` serves those worlds and never
+/// another, whose launches would trap in it and poison the context: on one device a world-2
+/// group loads it, a world-4 group falls back to NVRTC (its ABI table names the image's worlds),
+/// and both all_reduces give the tree's bits.
+#[test]
+fn a_prebuilt_image_of_some_worlds_serves_only_those() {
+    use cuda_ipc::kernels::{ImageKind, Variant, Worlds, compile_worlds};
+    use detcoll_protocol::Device;
+    let Some(device) = gpu::<Cuda>() else { return };
+    let _l = gpu_lock();
+    let (major, minor) = device.context().compute_capability().expect("compute capability");
+    let arch = format!("sm_{major}{minor}");
+    let two = Worlds::for_world(2).expect("world 2");
+    let image = compile_worlds(&arch, ImageKind::Cubin, Variant::Main, two).expect("NVRTC: worlds 1 and 2");
+    let dir = std::env::temp_dir().join(format!("detcoll-worlds-1-2-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    std::fs::write(dir.join(format!("detcoll_cuda.{arch}.cubin")), &image).expect("write the image");
+    let before = std::env::var_os("DETCOLL_KERNEL_DIR");
+    // SAFETY: gpu-test runs this binary's tests one at a time; a test of it running alongside
+    // would at worst load this image for worlds 1 and 2, which it has (what this test checks).
+    unsafe { std::env::set_var("DETCOLL_KERNEL_DIR", &dir) };
+    let runs: Vec<Result<(), String>> = [2usize, 4]
+        .into_iter()
+        .map(|world| {
+            let comms =
+                IpcCollective::group_on(&device, world, &CudaIpcConfig::new(1 << 20)).map_err(|e| e.to_string())?;
+            run_ranks::<Cuda, _>(comms, 64 << 20, |rank: &mut CudaRank| {
+                let (me, dt, n) = (rank.comm.rank(), DType::BF16, 4096usize);
+                let input = rank.put(&finite_values(dt, n, seed(900 + world, me)));
+                let output = rank.alloc_dev(n * dt.size());
+                let io = Io::OutOfPlace { input: in_view(&input, 0, n, dt), output: out_view(&output, 0, n, dt) };
+                rank.comm.all_reduce(io, &rank.stream.clone()).map_err(|e| e.to_string())?;
+                let inputs: Vec<Vec<u8>> = (0..world).map(|r| finite_values(dt, n, seed(900 + world, r))).collect();
+                compare(&rank.download(output.ptr, n * dt.size()), &reference_reduce(&inputs, dt), dt)
+                    .map_err(|e| format!("world {world} rank {me}: {e}"))
+            })
+        })
+        .collect();
+    // SAFETY: as above.
+    unsafe {
+        match before {
+            Some(v) => std::env::set_var("DETCOLL_KERNEL_DIR", v),
+            None => std::env::remove_var("DETCOLL_KERNEL_DIR"),
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    for r in runs {
+        r.expect("all_reduce");
+    }
+    let kernels = device.describe();
+    let image = dir.join(format!("detcoll_cuda.{arch}.cubin")).display().to_string();
+    assert!(kernels.contains(&format!("kernels: {image}")), "world 2 uses the prebuilt image: {kernels}");
+    let fallback = format!("NVRTC {arch}, worlds 0x12 (prebuilt {image} refused: ");
+    assert!(kernels.contains(&fallback), "world 4 falls back to NVRTC: {kernels}");
+    assert!(kernels.contains("kernel image built for worlds 0x6, without some of 0x12"), "why: {kernels}");
+    println!("{kernels}");
+}

@@ -8,7 +8,7 @@ use crate::runtime;
 use crate::sys::{HipFunction, HipStream};
 use collective_core::Error;
 use core::ffi::c_void;
-use detcoll_protocol::params;
+
 use std::sync::Arc;
 
 /// The kernels of one device: the loaded code object and the functions the collective launches.
@@ -41,10 +41,10 @@ unsafe impl Send for Kernels {}
 unsafe impl Sync for Kernels {}
 
 impl Kernels {
-    /// Loads the code object for device `ordinal` and checks its ABI against
-    /// [`params::abi_table`].
+    /// Loads the code object for device `ordinal` and checks its ABI table
+    /// ([`detcoll_protocol::params::check_abi`]).
     pub(crate) fn load(ordinal: usize) -> Result<Arc<Kernels>, Error> {
-        let module = Module::load(ordinal, params::abi_table())?;
+        let module = Module::load(ordinal)?;
         Ok(Arc::new(Kernels {
             collective_single: module.function("detcoll_collective_s")?,
             collective_many: module.function("detcoll_collective_m")?,

@@ -20,7 +20,7 @@ use crate::rtc::{self, Source};
 use crate::runtime;
 use crate::sys::{HipFunction, HipModule};
 use collective_core::Error;
-use detcoll_protocol::params::ABI_WORDS;
+use detcoll_protocol::params::{ABI_WORDS, EVERY_WORLD};
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::path::PathBuf;
@@ -140,9 +140,11 @@ unsafe impl Sync for Module {}
 
 impl Module {
     /// Loads the code object for device `ordinal`'s arch (prebuilt, else compiled by hiprtc) and
-    /// checks its ABI table; the expected table is `[ABI_VERSION, sizes of DcParams<16>,
-    /// DcParams<32>, DcTreeParams, DcSeg, DcCopyParams, DcNormParams]`.
-    pub fn load(ordinal: usize, expected_abi: [u32; ABI_WORDS]) -> Result<Module, Error> {
+    /// checks its ABI table (`detcoll_protocol::params::check_abi`: `[ABI_VERSION, sizes of
+    /// DcParams<16>, DcParams<32>, DcTreeParams, DcSeg, DcCopyParams, DcNormParams, worlds]`):
+    /// the one module of a device runs every world, so a code object of some worlds only is
+    /// refused.
+    pub fn load(ordinal: usize) -> Result<Module, Error> {
         let gfx = runtime::arch_name(ordinal)?;
         let (origin, image) = image_for(&gfx)?;
         let api = api()?;
@@ -151,7 +153,7 @@ impl Module {
         // SAFETY: `image` is a code object, alive during the call.
         check(api, unsafe { (api.hipModuleLoadData)(&mut raw, image.as_ptr().cast()) }, "hipModuleLoadData")?;
         let m = Module { raw, origin };
-        m.check_abi(expected_abi)?;
+        m.check_abi()?;
         Ok(m)
     }
 
@@ -165,7 +167,7 @@ impl Module {
         Ok(f)
     }
 
-    fn check_abi(&self, want: [u32; ABI_WORDS]) -> Result<(), Error> {
+    fn check_abi(&self) -> Result<(), Error> {
         let api = api()?;
         let mut ptr = core::ptr::null_mut();
         let mut bytes = 0usize;
@@ -181,10 +183,12 @@ impl Module {
         for (g, c) in got.iter_mut().zip(raw.chunks_exact(4)) {
             *g = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
         }
-        if got != want {
-            return Err(abi_error(format!("kernels export {got:?}, this crate expects {want:?}")));
+        match detcoll_protocol::params::check_abi(&got).map_err(abi_error)? {
+            EVERY_WORLD => Ok(()),
+            worlds => Err(abi_error(format!(
+                "built for worlds {worlds:#x}, not every world (the HIP backend loads one code object for all)"
+            ))),
         }
-        Ok(())
     }
 }
 

@@ -9,7 +9,7 @@ use crate::norm::NormParams;
 use collective_core::{DType, Error, Op, Route, check_node_world_size};
 
 /// Must equal `DC_ABI_VERSION` in the kernels (checked when a module is loaded).
-pub const ABI_VERSION: u32 = 9;
+pub const ABI_VERSION: u32 = 10;
 /// Threads per block (the kernels' `__launch_bounds__`).
 pub const THREADS: u32 = 512;
 /// Frame bytes per tile: tile `t` belongs to block `t % grid` in every phase on every rank.
@@ -511,10 +511,11 @@ pub fn pack<const N: usize>(
     Ok(p)
 }
 
-/// The `detcoll_abi` table every kernel image must export for this host code:
-/// `[ABI_VERSION, sizeof DcParams<16>, sizeof DcParams<32>, sizeof DcTreeParams, sizeof DcSeg,
-/// sizeof DcCopyParams, sizeof DcNormParams]`.
-pub const fn abi_table() -> [u32; ABI_WORDS] {
+/// The layout words of the `detcoll_abi` table every kernel image must export for this host
+/// code: `[ABI_VERSION, sizeof DcParams<16>, sizeof DcParams<32>, sizeof DcTreeParams,
+/// sizeof DcSeg, sizeof DcCopyParams, sizeof DcNormParams]`; the table's last word is the
+/// image's world set ([`check_abi`]).
+pub const fn abi_table() -> [u32; ABI_WORDS - 1] {
     [
         ABI_VERSION,
         size_of::<ParamsSingle>() as u32,
@@ -526,8 +527,29 @@ pub const fn abi_table() -> [u32; ABI_WORDS] {
     ]
 }
 
-/// Words of the `detcoll_abi` table ([`abi_table`]).
-pub const ABI_WORDS: usize = 7;
+/// Words of the `detcoll_abi` table: the layout ([`abi_table`]), then the world set.
+pub const ABI_WORDS: usize = 8;
+
+/// The world set of an image of every world 1..=8 (`DC_WORLDS`' default: bit `w` for world `w`),
+/// what prebuilt images and the HIP build carry.
+pub const EVERY_WORLD: u16 = 0x1FE;
+
+/// Checks the `detcoll_abi` table a kernel image exports: `Ok` with its world set (bit `w` for
+/// world `w`, `DC_WORLDS`) when its layout words are this crate's ([`abi_table`]) and the set is
+/// one of worlds 1..=8; otherwise what differs. An image built for some worlds only
+/// (`-DDC_WORLDS=...`) must never be taken for one of every world: a launch for a world it
+/// lacks traps and poisons the context.
+pub fn check_abi(got: &[u32; ABI_WORDS]) -> Result<u16, String> {
+    let want = abi_table();
+    let (layout, worlds) = got.split_at(ABI_WORDS - 1);
+    if layout != want {
+        return Err(format!("kernels export {layout:?}, this crate expects {want:?}"));
+    }
+    match u16::try_from(worlds[0]) {
+        Ok(set) if set != 0 && set & !EVERY_WORLD == 0 => Ok(set),
+        _ => Err(format!("world set {:#x} is not a set of worlds 1..=8", worlds[0])),
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -537,7 +559,7 @@ mod tests {
 
     // Mirrored by hand from kernels/detcoll_protocol.h (`DcSeg`, `DcHeader`, `DcParams<N>`,
     // `DcTreeParams`, `DcCopyParams`, natural C alignment): byte offsets of every field.
-    const DC_ABI_VERSION: u32 = 9;
+    const DC_ABI_VERSION: u32 = 10;
     const DC_MAX_WORLD: usize = 8;
     const DC_THREADS: u32 = 512;
     const DC_SEGS_SINGLE: usize = 16;
@@ -650,6 +672,29 @@ mod tests {
                 NORM_SIZE as u32
             ]
         );
+    }
+
+    /// The table check: this layout with any set of worlds 1..=8 is taken and gives the set;
+    /// another layout word, an empty set or a world outside 1..=8 is refused.
+    #[test]
+    fn abi_table_check_returns_the_world_set() {
+        let table = |worlds: u32| -> [u32; ABI_WORDS] {
+            let mut t = [0u32; ABI_WORDS];
+            t[..ABI_WORDS - 1].copy_from_slice(&abi_table());
+            t[ABI_WORDS - 1] = worlds;
+            t
+        };
+        assert_eq!(check_abi(&table(0x1FE)), Ok(EVERY_WORLD));
+        assert_eq!(check_abi(&table(0x6)), Ok(0x6));
+        assert_eq!(check_abi(&table(0x110)), Ok(0x110));
+        for bad in [0, 1, 0x200, 0x1FF, 0x1_0006] {
+            assert!(check_abi(&table(bad)).is_err(), "world set {bad:#x}");
+        }
+        for word in 0..ABI_WORDS - 1 {
+            let mut t = table(0x1FE);
+            t[word] += 1;
+            assert!(check_abi(&t).unwrap_err().contains("this crate expects"), "word {word}");
+        }
     }
 
     #[test]
