@@ -410,11 +410,11 @@ DC_DEV bool dc_norm_vector_ok(const DcNormParams& p) {
 // of one at a time with half the threads idle: such a block (the protocol's grid is small when
 // ranks share a GPU: 16 blocks a rank at world 8 on one H200) then waits for one row's chain of
 // loads, barrier and tree per pair instead of per row. (Blocks of one row keep the sequential
-// loop: the pair form measured 0.2-0.5 us slower for them on one H200.) Each row's lanes, order and tree are the
-// same, so are its bits. The pair's partials go to one buffer per half; pairs alternate between
-// two sets of buffers (sh.part and the row form's, dc_norm_row_shared, which no epilogue uses
-// otherwise), so, as in dc_norm_reduce, a warp writes a set again only after every warp has
-// passed the barrier of the pair in between, hence after it read that set.
+// loop: the pair form measured 0.2-0.5 us slower for them on one H200.) Each row's lanes, order
+// and tree are the same, so are its bits. The pair's partials go to one buffer per half; pairs
+// alternate between two sets of buffers (sh.part and the row form's, dc_norm_row_shared, which
+// no epilogue uses otherwise), so, as in dc_norm_reduce, a warp writes a set again only after
+// every warp has passed the barrier of the pair in between, hence after it read that set.
 template <int DT, int C, bool EARLY_W>
 DC_DEV void dc_norm_rows_regs(const DcNormParams& p, DcNormShared& sh, dc_u32 group) {
     constexpr int NW = DC_NORM_WORDS(DT);

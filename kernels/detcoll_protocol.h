@@ -220,8 +220,8 @@ struct DcNormPlan {
     dc_u32 group;       // rows per tile when every block normalises only rows it reduced, else 0
     dc_u32 gathered;    // 1: the norm reads the gathered sums in place (DC_SEG_NORM_READ)
     dc_u32 row_vectors; // the row form in registers: 16-byte vectors of the row a thread holds
-                        // (1: a row is a tile; 2: two tiles, one-shot), 0: not taken
-                        // (dc_norm_row_vectors, detcoll_norm.h)
+                        // (1: a row is a tile, dc_norm_row_regs_ok; 2: two tiles on one-shot,
+                        // dc_norm_two_tile_rows; detcoll_norm.h), 0: not taken
 };
 
 // A fused launch's row as one thread holds it across the protocol in the row form in
@@ -433,7 +433,7 @@ DC_DEV void dc_run_segment(const DcHeader& h, const DcSeg& s, dc_u64 frame, bool
     });
 }
 
-// The one-shot pull reduce of a fused launch's row form in registers (dc_norm_row_vectors,
+// The one-shot pull reduce of a fused launch's row form in registers (DcNormPlan::row_vectors,
 // detcoll_norm.h): segment `s` is the whole sum from frame offset 0 and block b's row b is its
 // NV tiles (b * NV ..), one 16-byte vector of each per thread, so thread t reduces its vectors
 // of the row (dc_row_vector) exactly as dc_run_segment would (the same tree, loads and stores)
@@ -802,7 +802,7 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
     // block (at its end) and the host (between calls) write it, so the end of the call counts
     // it down from this value instead of loading it again (a round trip at the kernel's end).
     dc_u64 refresh_left = 0;
-    // A fused launch's row in registers (dc_norm_row_vectors): filled before and by the protocol.
+    // A fused launch's row in registers (DcNormPlan::row_vectors): filled before and by the protocol.
     DcNormRowRegs<NV> regs;
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
