@@ -219,9 +219,9 @@ struct DcNormPlan {
     DcNormParams n;
     dc_u32 group;       // rows per tile when every block normalises only rows it reduced, else 0
     dc_u32 gathered;    // 1: the norm reads the gathered sums in place (DC_SEG_NORM_READ)
-    dc_u32 row_vectors; // the row form in registers: 16-byte vectors of the row a thread holds
-                        // (1: a row is a tile, dc_norm_row_regs_ok; 2: two tiles on one-shot,
-                        // dc_norm_two_tile_rows; detcoll_norm.h), 0: not taken
+    dc_u32 row_in_regs; // 1: the row form in registers with a row a tile (dc_norm_row_regs_ok,
+                        // detcoll_norm.h); rows of two tiles on one-shot have a body of their
+                        // own, chosen at the entry (dc_norm_two_tile_rows)
 };
 
 // A fused launch's row as one thread holds it across the protocol in the row form in
@@ -433,8 +433,8 @@ DC_DEV void dc_run_segment(const DcHeader& h, const DcSeg& s, dc_u64 frame, bool
     });
 }
 
-// The one-shot pull reduce of a fused launch's row form in registers (DcNormPlan::row_vectors,
-// detcoll_norm.h): segment `s` is the whole sum from frame offset 0 and block b's row b is its
+// The one-shot pull reduce of a fused launch's row form in registers (dc_norm_row_regs_ok,
+// dc_norm_two_tile_rows; detcoll_norm.h): segment `s` is the whole sum from frame offset 0 and block b's row b is its
 // NV tiles (b * NV ..), one 16-byte vector of each per thread, so thread t reduces its vectors
 // of the row (dc_row_vector) exactly as dc_run_segment would (the same tree, loads and stores)
 // and also keeps them. Written out rather than through dc_reduce_vector: with that helper's
@@ -802,7 +802,8 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
     // block (at its end) and the host (between calls) write it, so the end of the call counts
     // it down from this value instead of loading it again (a round trip at the kernel's end).
     dc_u64 refresh_left = 0;
-    // A fused launch's row in registers (DcNormPlan::row_vectors): filled before and by the protocol.
+    // A fused launch's row in registers (NV = 2, or DcNormPlan::row_in_regs): filled before and
+    // by the protocol.
     DcNormRowRegs<NV> regs;
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
@@ -881,7 +882,7 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
         }
 
         if (MODE == DC_MODE_PUSH_LL) {
-            const bool row_in_regs = norm && norm->row_vectors != 0u;
+            const bool row_in_regs = norm && norm->row_in_regs != 0u;
             if (row_in_regs) dc_norm_row_regs_load(*norm, regs);
             dc_push_ll<W>(h, seg, status, g, row_in_regs, regs.sum[0]);
         } else if (MODE == DC_MODE_PUSH) {
@@ -889,7 +890,7 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
         } else {
             // A fused launch's row form in registers: its residual and weight vectors load
             // while the staging and the wait below run.
-            const bool row_in_regs = NV == 2 || (norm && norm->row_vectors != 0u);
+            const bool row_in_regs = NV == 2 || (norm && norm->row_in_regs != 0u);
             if (row_in_regs) dc_norm_row_regs_load(*norm, regs);
             // Stage this block's tiles of the input into the own frame.
             if (quick_mine) *(dc_u32x4*)(own_data + frame + seg[0].frame_off + (dc_u64)DC_TID * 16u) = quick_v;
@@ -941,7 +942,7 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
         }
     }  // member
 
-    if (MODE != DC_MODE_PUSH && norm && (NV == 2 || norm->row_vectors != 0u)) dc_norm_row_in_regs_any<NV>(norm->n, regs);
+    if (MODE != DC_MODE_PUSH && norm && (NV == 2 || norm->row_in_regs != 0u)) dc_norm_row_in_regs_any<NV>(norm->n, regs);
     else if (norm && dc_norm_epilogue(h, seg, status, g, refresh_left, *norm)) return;
     if (!member) return;
 
