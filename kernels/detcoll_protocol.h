@@ -384,19 +384,34 @@ DC_DEV bool dc_wait(const DcHeader& h, dc_u64* status, dc_u32 off, dc_u32 g, dc_
     return s_fail == 0;
 }
 
+// Calls body(lo, hi, start) for every piece [lo, hi) of [seg_lo, seg_lo + bytes) that lies in a
+// tile of this block, `start` being that tile's first byte. Tile t is block t % grid's; `b` is
+// a protocol block (b < grid: a fused launch's blocks beyond the grid walk no tiles). A segment
+// that starts in tile 0 (a single launch's: frame offset 0) starts this block at tile b without
+// a division; otherwise the first tile's index takes one (the 64-bit divisions are long
+// routines, and the send, the receive and the refresh of a call each walk the tiles).
+template <class F>
+DC_DEV void dc_for_tiles_at(dc_u64 seg_lo, dc_u64 bytes, dc_u64 tile, dc_u32 grid, dc_u32 b, F body) {
+    if (bytes == 0) return;
+    const dc_u64 seg_hi = seg_lo + bytes;
+    dc_u64 t = b;
+    if (seg_lo >= tile) {
+        t = seg_lo / tile;
+        const dc_u64 r = t % grid;
+        t += (b + grid - r) % grid;
+    }
+    for (; t * tile < seg_hi; t += grid) {
+        const dc_u64 start = t * tile;
+        const dc_u64 lo = start > seg_lo ? start : seg_lo;
+        const dc_u64 hi = start + tile < seg_hi ? start + tile : seg_hi;
+        body(lo, hi, start);
+    }
+}
+
 // Calls body(lo, hi) for every piece of [seg_lo, seg_hi) that lies in a tile of this block.
 template <class F>
 DC_DEV void dc_for_tiles(dc_u64 seg_lo, dc_u64 bytes, dc_u64 tile, dc_u32 grid, dc_u32 b, F body) {
-    if (bytes == 0) return;
-    dc_u64 seg_hi = seg_lo + bytes;
-    dc_u64 t = seg_lo / tile;
-    dc_u64 r = t % grid;
-    t += (b + grid - r) % grid;
-    for (; t * tile < seg_hi; t += grid) {
-        dc_u64 lo = t * tile > seg_lo ? t * tile : seg_lo;
-        dc_u64 hi = (t + 1) * tile < seg_hi ? (t + 1) * tile : seg_hi;
-        body(lo, hi);
-    }
+    dc_for_tiles_at(seg_lo, bytes, tile, grid, b, [&](dc_u64 lo, dc_u64 hi, dc_u64) { body(lo, hi); });
 }
 
 template <int W, int DT>
@@ -488,8 +503,8 @@ DC_DEV dc_u8* dc_ll_slot(const DcHeader& h, dc_u32 owner, dc_u32 parity, dc_u32 
 template <class F>
 DC_DEV void dc_for_chunks(const DcHeader& h, dc_u64 seg_lo, dc_u64 bytes, F body) {
     const dc_u64 tile = h.tile_bytes;
-    dc_for_tiles(seg_lo, bytes, tile, h.grid, DC_BID, [&](dc_u64 lo, dc_u64 hi) {
-        dc_u64 o = (lo / tile) * tile + (dc_u64)DC_TID * 16u;
+    dc_for_tiles_at(seg_lo, bytes, tile, h.grid, DC_BID, [&](dc_u64 lo, dc_u64 hi, dc_u64 start) {
+        const dc_u64 o = start + (dc_u64)DC_TID * 16u;
         if (o >= lo && o < hi) body(o, hi - o < 16u ? hi - o : 16u);
     });
 }

@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
 """nvrtc_build.py KDIR OUT.cubin [-DNAME[=V] ...]: compile KDIR/detcoll_cuda.cu for sm_90 with the
 project's NVRTC flags (headers from KDIR), every world unless -DDC_WORLDS is given."""
-import ctypes, glob, sys, time
-lib = glob.glob('/root/.pyenv/versions/*/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13')[0]
+import ctypes, glob, os, sys, time
+# NVRTC: $NVRTC_LIB, else the CUDA toolkit's (on the device machine, the one its run-time build
+# uses), else a pip wheel's (here: NVRTC 13.5, whose LL push code is slower than 13.0's,
+# ../h200-2026-12-04-tile-walk.md).
+lib = os.environ.get('NVRTC_LIB') or (glob.glob('/usr/local/cuda/lib64/libnvrtc.so.1*') +
+    glob.glob('/root/.pyenv/versions/*/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13'))[0]
 n = ctypes.CDLL(lib)
 kdir, out, defs = sys.argv[1], sys.argv[2], sys.argv[3:]
 src = open(f"{kdir}/detcoll_cuda.cu", "rb").read()

@@ -12,7 +12,7 @@
 //!   route (pull one-shot and RS+AG, push LL and bulk), per-call time of back-to-back calls
 //!   (eager and CUDA graph), next to a device copy of the same bytes on every rank's stream and
 //!   `world` empty kernels on `world` streams in the same run. `latency --small`: 4 and
-//!   64 KiB only. Each line names `pdl`, whether `DETCOLL_PDL` left programmatic dependent
+//!   64 KiB only; `--worlds 2` and `--sizes 4096,262144` choose the worlds and sizes. Each line names `pdl`, whether `DETCOLL_PDL` left programmatic dependent
 //!   launches on (they are taken where the device and driver allow: sm_90+, CUDA 12.4+).
 //!
 //! `cargo run --release -p cuda-ipc --example cuda_bench`. Prints `{"skipped": ...}` without a GPU.
@@ -318,12 +318,23 @@ fn eager_and_graph(
 /// `world` streams, all in the same run. One JSON line per measurement.
 fn latency(ctx: &Arc<CudaContext>) -> Res<()> {
     let small = std::env::args().any(|a| a == "--small");
+    // `--worlds 2,4` and `--sizes 4096,65536` narrow the sweep (the defaults: worlds 2, 4, 8 and
+    // the sizes below).
+    let list = |name: &str| -> Res<Option<Vec<usize>>> {
+        let a: Vec<String> = std::env::args().collect();
+        let Some(v) = a.iter().position(|x| x == name).map(|i| a.get(i + 1).cloned().unwrap_or_default()) else {
+            return Ok(None);
+        };
+        let parsed: Result<Vec<usize>, _> = v.split(',').map(|x| x.trim().parse::<usize>()).collect();
+        Ok(Some(parsed.map_err(|e| format!("{name} {v}: {e}"))?))
+    };
+    let (worlds, sizes_asked) = (list("--worlds")?.unwrap_or_else(|| vec![2, 4, 8]), list("--sizes")?);
     let pdl = match collective_core::env::read(cuda_ipc::PDL_ENV, collective_core::env::parse_bool)? {
         Some(false) => "off",
         _ => "on",
     };
     let tree = FusedTree::new(ctx)?;
-    for world in [2usize, 4, 8] {
+    for world in worlds {
         // The launch floor: one empty kernel per rank stream per call, eager and replayed.
         let noop_comms = cuda_ipc::group_on_device(ctx, world, &CudaIpcConfig::new(4096))?;
         let tree_ref = &tree;
@@ -338,7 +349,9 @@ fn latency(ctx: &Arc<CudaContext>) -> Res<()> {
         println!(
             "{{\"bench\":\"latency\",\"op\":\"empty_kernel\",\"world\":{world},\"eager_us_per_call\":{noop_us:.2},\"graph_us_per_call\":{noop_graph_us:.2}}}"
         );
-        let sizes: &[usize] = if small {
+        let sizes: &[usize] = if let Some(sizes) = &sizes_asked {
+            sizes
+        } else if small {
             &[4 << 10, 64 << 10]
         } else if world == 2 {
             &[4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
