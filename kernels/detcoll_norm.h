@@ -996,6 +996,7 @@ DC_DEV void dc_norm_prepare(const DcHeader& h, const DcSeg* seg, const DcNormPar
     plan.gathered = dc_norm_reads_gathered(h, seg) ? 1u : 0u;
     plan.group = plan.gathered ? 0u : dc_norm_local_group(h, seg, p);
     plan.row_in_regs = dc_norm_row_regs_ok(h, p, plan.group) ? 1u : 0u;
+    plan.sum_is_y = p.sum == p.y ? 1u : 0u;
 }
 
 // The epilogue dc_collective_mode runs after the protocol in every block of a fused launch

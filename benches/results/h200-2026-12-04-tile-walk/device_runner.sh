@@ -90,6 +90,23 @@ case $part in
     img=${part#suitesall-}
     log "all suites on $img"
     (cd $B && DETCOLL_KERNEL_DIR=/tmp/kd/$img ./bin/xtask gpu-test --bundle . --suite cuda-ipc-test-conformance --suite cuda-ipc-test-conformance_processes --suite cuda-ipc-test-gpu --suite cuda-ipc-test-gpu_norm --suite collective-factory-test-nvidia_routes --suite collective-factory-test-nvidia_fused_norm --suite collective-factory-test-nvidia_shared_gpu --suite collective-factory-test-nvidia_shared_gpu_processes --suite collective-factory-test-virtual_nodes_gpu_processes --suite detcoll-layers-test-gpu_decoder 2>&1 | grep -v "^test .* ok$") ;;
+  clk)  # SM clock samples every 200 ms into $OUT/clk.txt while the later parts run
+    (nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.max.sm,power.draw --format=csv,noheader -lms 200 > ${OUT:-/tmp}/clk.txt 2>&1 &) ;;
+  shipped:*)  # shipped:rt: the fused shapes and latency --small as shipped (run-time build), one round
+    log "cmp round 1 image rt"
+    DETCOLL_KERNEL_DIR=/tmp/kd/rt timeout 200 $FB --worlds 2,4,8 --hidden 4096,8192 --rows 1,8,64
+    log "latency round 1 image rt"
+    DETCOLL_KERNEL_DIR=/tmp/kd/rt timeout 150 $CB latency --small ;;
+  normsuites-*)  # normsuites-IMG: the fused norm's GPU suites on image IMG
+    img=${part#normsuites-}
+    log "norm suites on $img"
+    (cd $B && DETCOLL_KERNEL_DIR=/tmp/kd/$img ./bin/xtask gpu-test --bundle . --suite collective-factory-test-nvidia_fused_norm --suite cuda-ipc-test-gpu_norm --suite detcoll-layers-test-gpu_decoder 2>&1 | grep -v "^test .* ok$") ;;
+  ws:*)  # ws:IMG1,IMG2,...: worlds 4/8 fused at hidden 8192 (1, 8 rows) and 4096 (1 row), alternating, two rounds
+    imgs=${part#ws:}
+    for round in 1 2; do for img in ${imgs//,/ }; do
+      log "cmp round $round image $img"
+      DETCOLL_KERNEL_DIR=/tmp/kd/$img timeout 100 $FB --worlds 8 --hidden 4096,8192 --rows 1,8
+    done; done ;;
   sh:*) eval "${part#sh:}" ;;
 esac
 done
