@@ -519,16 +519,21 @@ DC_DEV bool dc_ll_load(const dc_u8* line, dc_u32 flag, dc_u32x4& v) {
 #endif
 
 // Up to 16 bytes at any address: one vector load when 16 bytes are there and aligned, bytes
-// otherwise (unaligned views and the tail of a range; never reads past `n`).
+// otherwise (unaligned views and the tail of a range; never reads past `n`, which is at most
+// 16). The bytes go to their word by comparisons, not by an index into an array: an indexed
+// array lives in local memory, and its stack frame took the row form's words of the fused
+// launch (LL push) into local memory with it.
 DC_DEV dc_u32x4 dc_load16(const dc_u8* p, dc_u64 n) {
     if (n == 16u && ((dc_u64)p & 15u) == 0) return *(const dc_u32x4*)p;
-    dc_u32 w[4] = {0u, 0u, 0u, 0u};
-    for (dc_u64 i = 0; i < n; ++i) w[i >> 2] |= (dc_u32)p[i] << (8u * (i & 3u));
     dc_u32x4 v;
-    v.x = w[0];
-    v.y = w[1];
-    v.z = w[2];
-    v.w = w[3];
+    v.x = v.y = v.z = v.w = 0u;
+    for (dc_u32 i = 0; i < (dc_u32)n; ++i) {
+        const dc_u32 b = (dc_u32)p[i] << (8u * (i & 3u));
+        if (i < 4u) v.x |= b;
+        else if (i < 8u) v.y |= b;
+        else if (i < 12u) v.z |= b;
+        else v.w |= b;
+    }
     return v;
 }
 
@@ -538,8 +543,10 @@ DC_DEV void dc_store16(dc_u8* p, dc_u32x4 v, dc_u64 n) {
         *(dc_u32x4*)p = v;
         return;
     }
-    dc_u32 w[4] = {v.x, v.y, v.z, v.w};
-    for (dc_u64 i = 0; i < n; ++i) p[i] = (dc_u8)(w[i >> 2] >> (8u * (i & 3u)));
+    for (dc_u32 i = 0; i < (dc_u32)n; ++i) {
+        const dc_u32 w = i < 4u ? v.x : i < 8u ? v.y : i < 12u ? v.z : v.w;
+        p[i] = (dc_u8)(w >> (8u * (i & 3u)));
+    }
 }
 
 // The waiter's classification of one observed flag word, as collective_core::FlagState.

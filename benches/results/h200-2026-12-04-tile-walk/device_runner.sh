@@ -107,6 +107,16 @@ case $part in
       log "cmp round $round image $img"
       DETCOLL_KERNEL_DIR=/tmp/kd/$img timeout 100 $FB --worlds 8 --hidden 4096,8192 --rows 1,8
     done; done ;;
+  lsuites-*)  # lsuites-IMG: conformance (threads) and the norm suite on image IMG
+    img=${part#lsuites-}
+    log "conformance and gpu_norm on $img"
+    (cd $B && DETCOLL_KERNEL_DIR=/tmp/kd/$img ./bin/xtask gpu-test --bundle . --suite cuda-ipc-test-conformance --suite cuda-ipc-test-gpu_norm 2>&1 | grep -v "^test .* ok$") ;;
+  w2t:*)  # w2t:IMG1,IMG2: world 2 fused shapes on the table's route only, alternating, two rounds
+    imgs=${part#w2t:}
+    for round in 1 2; do for img in ${imgs//,/ }; do
+      log "w2 round $round image $img table"
+      DETCOLL_KERNEL_DIR=/tmp/kd/$img timeout 100 $FB --worlds 2 --hidden 4096,8192 --rows 1,8,64
+    done; done ;;
   sh:*) eval "${part#sh:}" ;;
 esac
 done
