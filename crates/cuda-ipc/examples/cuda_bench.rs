@@ -12,8 +12,9 @@
 //!   route (pull one-shot and RS+AG, push LL and bulk), per-call time of back-to-back calls
 //!   (eager and CUDA graph), next to a device copy of the same bytes on every rank's stream and
 //!   `world` empty kernels on `world` streams in the same run. `latency --small`: 4 and
-//!   64 KiB only; `--worlds 2` and `--sizes 4096,262144` choose the worlds and sizes. Each line names `pdl`, whether `DETCOLL_PDL` left programmatic dependent
-//!   launches on (they are taken where the device and driver allow: sm_90+, CUDA 12.4+).
+//!   64 KiB only; `--worlds 2` and `--sizes 4096,262144` choose the worlds and sizes. Each
+//!   line names `pdl`, whether `DETCOLL_PDL` left programmatic dependent launches on (they are
+//!   taken where the device and driver allow: sm_90+, CUDA 12.4+).
 //!
 //! `cargo run --release -p cuda-ipc --example cuda_bench`. Prints `{"skipped": ...}` without a GPU.
 use collective_core::{Collective, DType, Io, RawMut, RawRef, Route, RouteTable};
@@ -318,8 +319,7 @@ fn eager_and_graph(
 /// `world` streams, all in the same run. One JSON line per measurement.
 fn latency(ctx: &Arc<CudaContext>) -> Res<()> {
     let small = std::env::args().any(|a| a == "--small");
-    // `--worlds 2,4` and `--sizes 4096,65536` narrow the sweep (the defaults: worlds 2, 4, 8 and
-    // the sizes below).
+    // `--worlds` and `--sizes` (comma-separated) replace the defaults below.
     let list = |name: &str| -> Res<Option<Vec<usize>>> {
         let a: Vec<String> = std::env::args().collect();
         let Some(v) = a.iter().position(|x| x == name).map(|i| a.get(i + 1).cloned().unwrap_or_default()) else {
