@@ -737,7 +737,7 @@ DC_DEV void dc_norm_rows_gathered(const DcHeader& h, const DcSeg* seg, dc_u64 fr
 // ---------------------------------------------------------------------------------------------
 // The row form in registers (CUDA; a fused launch on the LL push or the one-shot route where
 // each block reduces exactly one whole row in f16/bf16: of hidden 4096, the decode shape, one
-// tile; on one-shot also of hidden 8192, two tiles). The reduce (dc_push_reduce on LL push,
+// tile; or of hidden 8192, two tiles). The reduce (dc_push_reduce on LL push,
 // dc_reduce_row_kept on one-shot) gives thread t of a block its NV 16-byte vectors of the
 // block's row (dc_row_vector: with one a row, vector t of the 8 KiB tile, elements 8t .. 8t + 7,
 // lane t % 256 of chunk t / 256 in the reference's order; with two, chunks 0-1 of lane t for
@@ -788,14 +788,17 @@ DC_DEV bool dc_norm_row_regs_ok(const DcHeader& h, const DcNormParams& p, dc_u32
 // Whether a fused launch takes the row form in registers with two vectors a thread (declared in
 // detcoll_protocol.h; every thread asks it before the launch's wait, to pick the body): a row
 // is two tiles of one 16-byte vector per thread (f16/bf16, hidden 8192), the launch is one-shot
-// and its blocks reduce whole rows (dc_norm_whole_sum), every row has a block of its own with
-// room for its two tiles (2 * rows <= grid: the launch's tiles are all distinct blocks'), on
-// the norm's vector path. Block b < rows then reduces tiles 2b and 2b + 1, its row.
+// or LL push and its blocks reduce whole rows (dc_norm_whole_sum), every row has a block of its
+// own, on the norm's vector path. Block b < rows then reduces row b: on one-shot tiles 2b and
+// 2b + 1, after the peers' flags of both, so each tile's staging needs a block of its own (2 *
+// rows <= grid); on LL push the row is a unit of the chunk walk (dc_for_chunks<2>: unit u is
+// block u % grid's), so rows <= grid.
 DC_DEV bool dc_norm_two_tile_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p) {
 #if defined(DC_CUDA)
-    return h.mode == DC_MODE_PULL && (p.dtype == DC_F16 || p.dtype == DC_BF16) && h.tile_bytes == 16u * DC_NTID &&
+    const bool blocks = h.mode == DC_MODE_PULL ? 2u * p.rows <= h.grid : h.mode == DC_MODE_PUSH_LL && p.rows <= h.grid;
+    return blocks && (p.dtype == DC_F16 || p.dtype == DC_BF16) && h.tile_bytes == 16u * DC_NTID &&
            (dc_u64)p.hidden * 2u == 2u * (dc_u64)h.tile_bytes && 4u * DC_NORM_CHUNK == p.hidden &&
-           2u * p.rows <= h.grid && dc_norm_vector_ok(p) && dc_norm_whole_sum(h, seg, p);
+           dc_norm_vector_ok(p) && dc_norm_whole_sum(h, seg, p);
 #else
     (void)h;
     (void)seg;

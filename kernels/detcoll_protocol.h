@@ -220,8 +220,8 @@ struct DcNormPlan {
     dc_u32 group;       // rows per tile when every block normalises only rows it reduced, else 0
     dc_u32 gathered;    // 1: the norm reads the gathered sums in place (DC_SEG_NORM_READ)
     dc_u32 row_in_regs; // 1: the row form in registers with a row a tile (dc_norm_row_regs_ok,
-                        // detcoll_norm.h); rows of two tiles on one-shot have a body of their
-                        // own, chosen at the entry (dc_norm_two_tile_rows)
+                        // detcoll_norm.h); rows of two tiles (one-shot, LL push) have a body
+                        // of their own, chosen at the entry (dc_norm_two_tile_rows)
     dc_u32 sum_is_y;    // 1: the sum's buffer is y's (the front door's fused call), so the row
                         // form's store of y overwrites every vector of the sum it reduced
 };
@@ -495,21 +495,31 @@ DC_DEV void dc_reduce_row_kept_any(const DcHeader& h, const DcSeg& s, dc_u64 fra
 // Chunks: payload offset o (16-byte aligned) of a slot is carried by thread (o / 16) % threads of
 // block (o / tile) % grid, in the send, the receive and the epoch refresh alike, so one thread
 // writes a line's refresh before its data (same address, program order), and an in-place call
-// reads its own input chunk (send) before it overwrites it (receive).
+// reads its own input chunk (send) before it overwrites it (receive). A fused launch in the row
+// form of two tiles a row (NV = 2, hidden 8192) walks units of two tiles instead: unit u is block
+// u % grid's, and thread t carries its two vectors of the row (dc_row_vector<2>), in all three
+// alike. Which thread carries a line is the sender's own business (a receiver reads lines, not
+// threads), so ranks need not agree on it.
 // ---------------------------------------------------------------------------------------------
 
 DC_DEV dc_u8* dc_ll_slot(const DcHeader& h, dc_u32 owner, dc_u32 parity, dc_u32 sender) {
     return (dc_u8*)(h.ctl[owner] + h.off_ll + ((dc_u64)parity * h.world + sender) * h.ll_slot);
 }
 
-// Calls body(o, n) for this thread's chunk of every tile of [seg_lo, seg_lo + bytes) that
-// belongs to this block: payload offset o of the slot, n (1..16) bytes from it.
-template <class F>
+// Calls body(o, n, k) for this thread's chunks of every unit of NV tiles of [seg_lo, seg_lo +
+// bytes) that belongs to this block: payload offset o of the slot, n (1..16) bytes from it, k
+// the chunk's index among the thread's NV of the unit. NV = 1: chunk t of the tile. NV = 2 (a
+// unit is a row of two tiles, 16 * threads bytes each): the thread's vectors of the row,
+// dc_row_vector<2>(0) and (1).
+template <int NV = 1, class F>
 DC_DEV void dc_for_chunks(const DcHeader& h, dc_u64 seg_lo, dc_u64 bytes, F body) {
-    const dc_u64 tile = h.tile_bytes;
-    dc_for_tiles_at(seg_lo, bytes, tile, h.grid, DC_BID, [&](dc_u64 lo, dc_u64 hi, dc_u64 start) {
-        const dc_u64 o = start + (dc_u64)DC_TID * 16u;
-        if (o >= lo && o < hi) body(o, hi - o < 16u ? hi - o : 16u);
+    const dc_u64 unit = (dc_u64)NV * h.tile_bytes;
+    dc_for_tiles_at(seg_lo, bytes, unit, h.grid, DC_BID, [&](dc_u64 lo, dc_u64 hi, dc_u64 start) {
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+            const dc_u64 o = start + 16u * (dc_u64)dc_row_vector<NV>((dc_u32)k);
+            if (o >= lo && o < hi) body(o, hi - o < 16u ? hi - o : 16u, k);
+        }
     });
 }
 
@@ -544,19 +554,21 @@ DC_DEV bool dc_ll_wait(const DcHeader& h, dc_u64* status, const dc_u8* line, dc_
 
 // Rewrites every line of this rank's slot of parity g % 2 in every peer with flag g - 2 (never
 // current: a receiver at g waits for g, at g + 2 for g + 2), before this call's data.
+template <int NV>
 DC_DEV void dc_ll_refresh(const DcHeader& h, dc_u32 g) {
     dc_u32x4 zero;
     zero.x = zero.y = zero.z = zero.w = 0u;
     const dc_u64 payload = h.ll_slot / 2u;
-    dc_for_chunks(h, 0, payload, [&](dc_u64 o, dc_u64) {
+    dc_for_chunks<NV>(h, 0, payload, [&](dc_u64 o, dc_u64, int) {
         for (dc_u32 q = 0; q < h.world; ++q)
             if (q != h.rank) dc_ll_store(dc_ll_slot(h, q, g & 1u, h.rank) + 2u * o, zero, g - 2u);
     });
 }
 
+template <int NV>
 DC_DEV void dc_push_send(const DcHeader& h, const DcSeg& s, dc_u32 g) {
     const bool scatter = (s.flags & DC_SEG_SCATTER) != 0;
-    dc_for_chunks(h, s.frame_off, s.bytes, [&](dc_u64 o, dc_u64 n) {
+    dc_for_chunks<NV>(h, s.frame_off, s.bytes, [&](dc_u64 o, dc_u64 n, int) {
         const dc_u64 rel = o - s.frame_off;
         dc_u32x4 v = dc_load16((const dc_u8*)(s.ptr + rel), n);
         for (dc_u32 q = 0; q < h.world; ++q) {
@@ -592,7 +604,7 @@ DC_DEV bool dc_ll_poll_all(const DcHeader& h, dc_u64* status, dc_u64 o, dc_u32 g
 template <int W, int DT>
 DC_DEV bool dc_push_reduce(const DcHeader& h, dc_u64* status, const DcSeg& s, dc_u32 g, bool keep, dc_u32x4& kept) {
     bool ok = true;
-    dc_for_chunks(h, s.frame_off, s.bytes, [&](dc_u64 o, dc_u64 n) {
+    dc_for_chunks(h, s.frame_off, s.bytes, [&](dc_u64 o, dc_u64 n, int) {
         if (!ok) return;
         const dc_u64 rel = o - s.frame_off;
         dc_u32x4 v[W];
@@ -610,9 +622,59 @@ DC_DEV bool dc_push_reduce(const DcHeader& h, dc_u64* status, const DcSeg& s, dc
     return ok;
 }
 
+// The reduce of a fused launch in the row form of two tiles a row (NV = 2; dc_norm_two_tile_rows:
+// the segment is the whole sum from payload offset 0, f16/bf16, rows <= grid, whole 16-byte
+// vectors): block b < rows reduces row b, the unit its sends carried (dc_for_chunks<2>), and
+// thread t its two vectors of it (dc_row_vector<2>), kept in `kept`. Both vectors' lines from
+// every peer are polled together, as dc_ll_poll_all does for the peers of one vector: one round
+// trip after the last line lands instead of one per vector. `store_sum` false
+// (DcNormPlan::sum_is_y): the sum is not stored, the row form's store of y to the same bytes
+// follows.
+template <int W, int DT, int NV>
+DC_DEV bool dc_push_reduce_row(const DcHeader& h, dc_u64* status, const DcSeg& s, dc_u32 g, bool store_sum,
+                               dc_u32x4 (&kept)[NV]) {
+    const dc_u64 row = (dc_u64)DC_BID * ((dc_u64)NV * h.tile_bytes);
+    if (row >= s.bytes) return true;  // a block without a row
+    dc_u64 rel[NV];
+    dc_u32x4 v[NV][W];
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        rel[k] = row + 16u * (dc_u64)dc_row_vector<NV>((dc_u32)k);
+#pragma unroll
+        for (int q = 0; q < W; ++q)
+            if ((dc_u32)q == h.rank) v[k][q] = dc_load16((const dc_u8*)(s.src + rel[k]), 16u);
+    }
+    dc_u32 pending = ((1u << (NV * W)) - 1u);
+#pragma unroll
+    for (int k = 0; k < NV; ++k) pending &= ~(1u << (k * W + (int)h.rank));
+    for (int round = 0; round < 64 && pending; ++round) {
+#pragma unroll
+        for (int k = 0; k < NV; ++k)
+#pragma unroll
+            for (int q = 0; q < W; ++q)
+                if ((pending >> (k * W + q)) & 1u)
+                    if (dc_ll_load(dc_ll_slot(h, h.rank, g & 1u, q) + 2u * (s.frame_off + rel[k]), g, v[k][q]))
+                        pending &= ~(1u << (k * W + q));
+    }
+#pragma unroll
+    for (int k = 0; k < NV; ++k)
+#pragma unroll
+        for (int q = 0; q < W; ++q)
+            if ((pending >> (k * W + q)) & 1u)
+                if (!dc_ll_wait(h, status, dc_ll_slot(h, h.rank, g & 1u, q) + 2u * (s.frame_off + rel[k]), g, q, v[k][q]))
+                    return false;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const dc_u32x4 r = dc_tree_vec<W, DT, false>(v[k]);
+        if (store_sum) dc_store16((dc_u8*)(s.ptr + rel[k]), r, 16u);
+        kept[k] = r;
+    }
+    return true;
+}
+
 DC_DEV bool dc_push_gather(const DcHeader& h, dc_u64* status, const DcSeg& s, dc_u32 g) {
     bool ok = true;
-    dc_for_chunks(h, s.frame_off, s.bytes, [&](dc_u64 o, dc_u64 n) {
+    dc_for_chunks(h, s.frame_off, s.bytes, [&](dc_u64 o, dc_u64 n, int) {
         if (!ok) return;
         const dc_u64 rel = o - s.frame_off;
         dc_u32x4 v;
@@ -627,9 +689,13 @@ DC_DEV bool dc_push_gather(const DcHeader& h, dc_u64* status, const DcSeg& s, dc
     return ok;
 }
 
-template <int W>
-DC_DEV void dc_push_ll(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u32 g, bool keep, dc_u32x4& kept) {
-    for (dc_u32 i = 0; i < h.nstage; ++i) dc_push_send(h, seg[i], g);
+// NV = 2: a fused launch in the row form of two tiles a row (sends by units of two tiles,
+// dc_for_chunks<2>; the reduce dc_push_reduce_row); it has no gather segment. `store_sum`: NV = 2
+// only (NV = 1 always stores the sum: skipping it measured no faster there).
+template <int W, int NV>
+DC_DEV void dc_push_ll(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u32 g, bool keep, bool store_sum,
+                       dc_u32x4 (&kept)[NV]) {
+    for (dc_u32 i = 0; i < h.nstage; ++i) dc_push_send<NV>(h, seg[i], g);
     // Every block learns from the push headers in its own memory that every sender makes this
     // call (a mismatching sender's lines are never read) before it consumes any line.
     const bool started = dc_wait(h, status, h.off_push + (g & 1u) * DC_MAX_WORLD * h.line, g, DC_ERR_TIMEOUT_READY, true);
@@ -638,13 +704,17 @@ DC_DEV void dc_push_ll(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u
     for (dc_u32 i = 0; i < h.nphase1; ++i) {
         const DcSeg& s = seg[h.nstage + i];
         bool ok;
-        if (s.flags & DC_SEG_GATHER) {
+        if constexpr (NV != 1) {
+            // The row form of two tiles a row: f16/bf16 only (dc_norm_two_tile_rows), no gather.
+            if (h.dtype == DC_F16) ok = dc_push_reduce_row<W, DC_F16, NV>(h, status, s, g, store_sum, kept);
+            else ok = dc_push_reduce_row<W, DC_BF16, NV>(h, status, s, g, store_sum, kept);
+        } else if (s.flags & DC_SEG_GATHER) {
             ok = dc_push_gather(h, status, s, g);
         } else {
             switch (h.dtype) {
-                case DC_F32: ok = dc_push_reduce<W, DC_F32>(h, status, s, g, keep, kept); break;
-                case DC_F16: ok = dc_push_reduce<W, DC_F16>(h, status, s, g, keep, kept); break;
-                default: ok = dc_push_reduce<W, DC_BF16>(h, status, s, g, keep, kept); break;
+                case DC_F32: ok = dc_push_reduce<W, DC_F32>(h, status, s, g, keep, kept[0]); break;
+                case DC_F16: ok = dc_push_reduce<W, DC_F16>(h, status, s, g, keep, kept[0]); break;
+                default: ok = dc_push_reduce<W, DC_BF16>(h, status, s, g, keep, kept[0]); break;
             }
         }
         if (!ok) return;
@@ -794,13 +864,13 @@ DC_DEV void dc_call_ended(dc_u64* status, dc_u32 g, dc_u64 refresh_left) {
 }
 DC_DEV void dc_norm_prepare(const DcHeader& h, const DcSeg* seg, const DcNormParams& p, DcNormPlan& plan);
 
-// NV = 2: the one-shot body of a fused launch in the row form for rows of two tiles
+// NV = 2: the one-shot or LL push body of a fused launch in the row form for rows of two tiles
 // (dc_norm_two_tile_rows), its own instantiation: holding two vectors of the sum, residual and
 // weight across the waits in the shared body cost every other fused launch 0.3-1.2 us on one
 // H200 (benches/results/h200-2026-12-04-two-tile-row-form.md). NV = 1: every other launch.
 template <dc_u32 MODE, int W, int NV = 1>
 DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, const DcNormPlan* norm) {
-    static_assert(NV == 1 || (NV == 2 && MODE == DC_MODE_PULL), "two vectors a row on one-shot only");
+    static_assert(NV == 1 || (NV == 2 && MODE != DC_MODE_PUSH), "two vectors a row on one-shot and LL push only");
     const dc_u32 b = DC_BID;
     const bool member = b < h.grid;
     const dc_u64 own = h.ctl[h.rank];
@@ -851,7 +921,7 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
     const dc_u64 word = dc_flag_word(g, h.digest);
 
     if (member) {
-        if (refresh && h.ll_slot != 0u) dc_ll_refresh(h, g);
+        if (refresh && h.ll_slot != 0u) dc_ll_refresh<MODE == DC_MODE_PUSH_LL ? NV : 1>(h, g);
         if (b == 0 && DC_TID == 0) {
             // The full signature first, so a peer that sees a mismatching digest can report it
             // (dc_fail re-reads it until its digest is the flag's: no fence needed here); then the
@@ -901,9 +971,9 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
         }
 
         if (MODE == DC_MODE_PUSH_LL) {
-            const bool row_in_regs = norm && norm->row_in_regs != 0u;
+            const bool row_in_regs = NV == 2 || (norm && norm->row_in_regs != 0u);
             if (row_in_regs) dc_norm_row_regs_load(*norm, regs);
-            dc_push_ll<W>(h, seg, status, g, row_in_regs, regs.sum[0]);
+            dc_push_ll<W, NV>(h, seg, status, g, row_in_regs, NV == 1 || norm->sum_is_y == 0u, regs.sum);
         } else if (MODE == DC_MODE_PUSH) {
             dc_push_bulk<W>(h, seg, status, g, word);
         } else {
@@ -988,12 +1058,20 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
 // as a switch inside one body per mode, an image of every world gave that body a 416-byte stack
 // frame of spills against 80 bytes for worlds 1/2/4/8, and LL push ran 6-34 % slower in
 // graphs on one H200; benches/results/h200-2026-12-04-per-world-bodies.md.)
-// `two_tile_rows`: the one-shot body for rows of two tiles in the row form (NV = 2).
+// `two_tile_rows`: the one-shot or LL push body for rows of two tiles in the row form (NV = 2).
 template <int W>
 DC_DEV void dc_collective_world(const DcHeader& h, const DcSeg* seg, const DcNormPlan* plan, bool two_tile_rows) {
     static_assert(W >= 2, "a world of one rank makes no collective launch");
     switch (h.mode) {
-        case DC_MODE_PUSH_LL: dc_collective_mode<DC_MODE_PUSH_LL, W>(h, seg, plan); break;
+        case DC_MODE_PUSH_LL:
+#if defined(DC_CUDA)
+            if (two_tile_rows) {
+                dc_collective_mode<DC_MODE_PUSH_LL, W, 2>(h, seg, plan);
+                break;
+            }
+#endif
+            dc_collective_mode<DC_MODE_PUSH_LL, W>(h, seg, plan);
+            break;
         case DC_MODE_PUSH: dc_collective_mode<DC_MODE_PUSH, W>(h, seg, plan); break;
         default:
 #if defined(DC_CUDA)

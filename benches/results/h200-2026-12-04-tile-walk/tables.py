@@ -25,7 +25,7 @@ def latency(log, a, b):
 def fused(log):
     cur, d = None, collections.defaultdict(lambda: collections.defaultdict(list))
     for l in open(log):
-        m = re.match(r'=== (?:cmp|w2) round \d image (\w+)(?: (\w+))?', l)
+        m = re.match(r'=== (?:cmp|w2x?) round \d image (\w+)(?: (\w+))?', l)
         if m: cur = (m.group(1), m.group(2) or 'table'); continue
         if l.startswith('=== '): cur = None; continue
         if cur and l.startswith('| ') and l[2].isdigit():

@@ -3,6 +3,7 @@
 //! place): ranks as threads on the GPUs there are (rank `r` on GPU `r % count`), worlds 1, 2,
 //! 4, 8; bf16, f16, f32; rows 1..64, hidden 4096, 8192 and 2049; every rank's `h` and `y`
 //! bit for bit `fixed_tree::residual_rmsnorm`, and a row's bits the same in a batch of one.
+//! The raw entry in place and out of place on the routes that hold a row in registers.
 //! Fail-closed: a peer that never calls, or calls with another row count, ends the call with a
 //! typed error in bounded time, through the launch barrier of the norm. Skips, saying so,
 //! without a GPU.
@@ -23,12 +24,24 @@ fn gpu() -> bool {
     ok
 }
 
-/// Every rank's fused call on its own stream; returns every rank's (h, y).
-fn run<T>(comms: &[NvidiaCollective], rows: usize, hidden: usize, seed: u64) -> Vec<(Vec<T>, Vec<T>)>
+type Stream = std::sync::Arc<collective_factory::cudarc::driver::CudaStream>;
+type Buf<T> = collective_factory::cudarc::driver::CudaSlice<T>;
+
+/// Every rank's `call` on a stream of its own, given its inputs of seed `seed` (`x`, the
+/// residual, the weight, uploaded); returns what each rank's call gives back (its h and y).
+fn on_every_rank<T, F>(
+    comms: &[NvidiaCollective],
+    rows: usize,
+    hidden: usize,
+    seed: u64,
+    call: F,
+) -> Vec<(Vec<T>, Vec<T>)>
 where
     T: Element + Reducible + DeviceRepr + ValidAsZeroBits + Default + Clone,
+    F: Fn(&NvidiaCollective, &Stream, Buf<T>, Buf<T>, Buf<T>) -> (Vec<T>, Vec<T>) + Sync,
 {
     let n = rows * hidden;
+    let call = &call;
     std::thread::scope(|s| {
         let hs: Vec<_> = comms
             .iter()
@@ -36,17 +49,27 @@ where
                 s.spawn(move || {
                     let stream = comm.context().new_stream().expect("stream");
                     let x = stream.clone_htod(&values::<T>(n, seed * 100 + comm.rank() as u64)).expect("x");
-                    let mut residual = stream.clone_htod(&values::<T>(n, seed * 7 + 1)).expect("residual");
+                    let residual = stream.clone_htod(&values::<T>(n, seed * 7 + 1)).expect("residual");
                     let weight = stream.clone_htod(&values::<T>(hidden, seed * 7 + 2)).expect("weight");
-                    let mut y = stream.alloc_zeros::<T>(n).expect("y");
-                    comm.all_reduce_residual_rmsnorm_into(&x, &mut y, &mut residual, &weight, hidden, 1e-6, &stream)
-                        .expect("fused call");
-                    comm.synchronize(&stream).expect("synchronize");
-                    (stream.clone_dtoh(&residual).expect("h"), stream.clone_dtoh(&y).expect("y"))
+                    call(comm, &stream, x, residual, weight)
                 })
             })
             .collect();
         hs.into_iter().map(|h| h.join().expect("rank")).collect()
+    })
+}
+
+/// Every rank's fused call on its own stream; returns every rank's (h, y).
+fn run<T>(comms: &[NvidiaCollective], rows: usize, hidden: usize, seed: u64) -> Vec<(Vec<T>, Vec<T>)>
+where
+    T: Element + Reducible + DeviceRepr + ValidAsZeroBits + Default + Clone,
+{
+    on_every_rank(comms, rows, hidden, seed, |comm, stream, x, mut residual, weight| {
+        let mut y = stream.alloc_zeros::<T>(rows * hidden).expect("y");
+        comm.all_reduce_residual_rmsnorm_into(&x, &mut y, &mut residual, &weight, hidden, 1e-6, stream)
+            .expect("fused call");
+        comm.synchronize(stream).expect("synchronize");
+        (stream.clone_dtoh(&residual).expect("h"), stream.clone_dtoh(&y).expect("y"))
     })
 }
 
@@ -152,6 +175,103 @@ fn fused_norm_on_every_ipc_route_and_in_chunks() {
     }
 }
 
+/// Every rank's fused call through the raw entry (`all_reduce_residual_rmsnorm_raw`, as an
+/// engine on another binding calls it) on its own stream: in place (`x` is `y`, the residual is
+/// `h`: two buffers) or out of place (four). Returns every rank's (h, y).
+fn run_raw<T>(
+    comms: &[NvidiaCollective],
+    rows: usize,
+    hidden: usize,
+    seed: u64,
+    in_place: bool,
+) -> Vec<(Vec<T>, Vec<T>)>
+where
+    T: Element + Reducible + DeviceRepr + ValidAsZeroBits + Default + Clone,
+{
+    use collective_factory::cudarc::driver::{DevicePtr, DevicePtrMut};
+    let n = rows * hidden;
+    on_every_rank(comms, rows, hidden, seed, |comm, stream, mut x, mut residual, weight| {
+        let (mut y, mut h) = (stream.alloc_zeros::<T>(n).expect("y"), stream.alloc_zeros::<T>(n).expect("h"));
+        {
+            let (xp, _gx) = x.device_ptr_mut(stream);
+            let (rp, _gr) = residual.device_ptr_mut(stream);
+            let (wp, _gw) = weight.device_ptr(stream);
+            let (yp, _gy) = y.device_ptr_mut(stream);
+            let (hp, _gh) = h.device_ptr_mut(stream);
+            let (yp, hp) = if in_place { (xp, rp) } else { (yp, hp) };
+            // SAFETY: live device buffers of this rank's context of the sizes the call names,
+            // untouched by anything else until the stream synchronises below; the stream is
+            // this rank's.
+            unsafe {
+                comm.all_reduce_residual_rmsnorm_raw(
+                    xp,
+                    yp,
+                    rp,
+                    hp,
+                    wp,
+                    n,
+                    hidden,
+                    1e-6,
+                    T::DTYPE,
+                    stream.cu_stream().cast(),
+                )
+            }
+            .expect("raw fused call");
+        }
+        comm.synchronize(stream).expect("synchronize");
+        let (h, y) = if in_place { (&residual, &x) } else { (&h, &y) };
+        (stream.clone_dtoh(h).expect("h"), stream.clone_dtoh(y).expect("y"))
+    })
+}
+
+/// The raw entry in place and out of place on the routes whose fused launch holds the row in
+/// registers (LL push and one-shot, forced), worlds 2 and 4: rows of 4096 (a row a tile) and
+/// of 8192 (two tiles a row: on LL push each block's chunk walk takes the row's two tiles), f16
+/// and bf16, every rank's h and y bit for bit the reference; in place is where a rank's store
+/// of a row could overwrite its input before its send read it. And a row of 8192 alone = the
+/// row in a batch of 8, on both routes.
+#[test]
+fn raw_fused_calls_in_place_and_out_of_place() {
+    if !gpu() {
+        return;
+    }
+    for route in ["ipc_push_ll", "ipc_one_shot"] {
+        for world in [2, 4] {
+            let comms = nvidia::thread_group(world, &Config::new().with_routing(every_size_by("nvidia", route)))
+                .expect("thread group");
+            for in_place in [true, false] {
+                for (rows, hidden) in [(1, 8192), (8, 8192), (3, 4096), (2, 8192)] {
+                    let seed = (rows * 31 + hidden) as u64;
+                    let what = format!("world {world} by {route}, in place {in_place}, {rows}x{hidden}");
+                    let (h, y) = reference::<bf16>(world, rows, hidden, seed);
+                    for (r, (gh, gy)) in run_raw::<bf16>(&comms, rows, hidden, seed, in_place).into_iter().enumerate() {
+                        assert_eq!(bits(&gh), bits(&h), "{what} bf16 rank {r}: h");
+                        assert_eq!(bits(&gy), bits(&y), "{what} bf16 rank {r}: y");
+                    }
+                    let (h, y) = reference::<f16>(world, rows, hidden, seed);
+                    for (r, (gh, gy)) in run_raw::<f16>(&comms, rows, hidden, seed, in_place).into_iter().enumerate() {
+                        assert_eq!(bits(&gh), bits(&h), "{what} f16 rank {r}: h");
+                        assert_eq!(bits(&gy), bits(&y), "{what} f16 rank {r}: y");
+                    }
+                }
+            }
+            let one = run_raw::<bf16>(&comms, 1, 8192, 5, true);
+            let many = run_raw::<bf16>(&comms, 8, 8192, 5, false);
+            for r in 0..world {
+                assert_eq!(
+                    bits(&one[r].1),
+                    bits(&many[r].1[..8192]),
+                    "world {world} by {route} rank {r}: batch invariance"
+                );
+            }
+            println!("{route}, world {world}: the raw entry in place and out of place = fixed_tree::residual_rmsnorm");
+            for c in comms {
+                c.close().expect("close");
+            }
+        }
+    }
+}
+
 /// One fused call of `rows x hidden` bf16 by `comm` on a new stream, timed to the end of its
 /// stream work: (the call's, the stream's and the check's first error, how long it took, a
 /// second call's result, made only after that).
@@ -177,11 +297,12 @@ fn fused_outcome(
 }
 
 /// The epilogue's forms on world 2, each behind a fault: the barrier of the launch's blocks
-/// before the norm for rows across tiles on LL push (16 x 8192, 16 KiB rows in 8 KiB tiles) and
+/// before the norm for rows across tiles on LL push (16 x 6144, 12 KiB rows in 8 KiB tiles) and
 /// for the gathered-sum form on RS+AG (512 x 4096, forced), and the row held in registers
-/// across the protocol (one row of 4096 on LL push: no barrier of the launch).
-const FAULT_SHAPES: [(usize, usize, Option<&str>); 3] =
-    [(16, 8192, None), (512, 4096, Some("ipc_rs_ag")), (1, 4096, None)];
+/// across the protocol on LL push (one row of 4096, a tile; 16 rows of 8192, two tiles each: no
+/// barrier of the launch).
+const FAULT_SHAPES: [(usize, usize, Option<&str>); 4] =
+    [(16, 6144, None), (512, 4096, Some("ipc_rs_ag")), (1, 4096, None), (16, 8192, None)];
 
 /// World 2 with `bound` on every wait for a peer, the lockstep off (rank 0's kernel then runs
 /// and waits for its peer in the GPU; with it, the host would wait before launching), `route`
