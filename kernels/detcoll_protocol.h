@@ -319,7 +319,9 @@ DC_DEV void dc_fail(const DcHeader& h, dc_u64* status, dc_u64 code, dc_u32 peer,
 // ever publish. A closing peer publishes its last flags before acknowledging, so the flag is
 // read once more (acquire) after the acknowledgement is seen.
 // `local`: the flags are this rank's own lines `off + peer * line` (the push headers that
-// senders write into the receiver), instead of line `off` of every peer's control block.
+// senders write into the receiver), instead of line `off` of every peer's control block. A
+// local wait that finds a mismatch first publishes our own word in the peer's line, so both
+// ranks of a mismatched call report the mismatch, not one of them only the other's failure.
 // TWO: also line `off2` of every peer (threads 32 + peer watch those, in parallel).
 template <bool TWO = false>
 DC_DEV bool dc_wait(const DcHeader& h, dc_u64* status, dc_u32 off, dc_u32 g, dc_u64 timeout_code, bool local,
@@ -346,6 +348,16 @@ DC_DEV bool dc_wait(const DcHeader& h, dc_u64* status, dc_u32 off, dc_u32 g, dc_
             int st = dc_flag_check(v, g, h.digest);
             if (st == DC_READY || st == DC_PASSED) break;
             if (st == DC_MISMATCH || st == DC_CORRUPT) {
+                if (local && st == DC_MISMATCH) {
+                    // Our own word into this peer's line first (what our block 0, or the
+                    // sender's blocks, would publish there; a mismatching peer can only read it
+                    // as a mismatch), ordered before our abort: the peer then finds the
+                    // mismatch itself, even when the block that publishes there has not yet
+                    // run (a late block 0 still refreshing its LL lines, or one that then sees
+                    // our abort and returns), instead of only our failure (dc_wait's re-read).
+                    dc_st_relaxed_sys(dc_at(h.ctl[t], off + (dc_u64)h.rank * h.line), dc_flag_word(g, h.digest));
+                    DC_FENCE_SYSTEM();
+                }
                 dc_fail(h, status, st == DC_MISMATCH ? DC_ERR_MISMATCH : DC_ERR_CORRUPT, t, g, v);
                 s_fail = 1;
                 break;
@@ -356,9 +368,14 @@ DC_DEV bool dc_wait(const DcHeader& h, dc_u64* status, dc_u32 off, dc_u32 g, dc_
                     s_fail = 1;
                     break;
                 }
-                dc_u64 pa = dc_ld_relaxed_sys(&peer_status[DC_ST_ABORT]);
+                dc_u64 pa = dc_ld_acquire_sys(&peer_status[DC_ST_ABORT]);
                 if (pa != 0) {  // the peer failed and will never publish
-                    dc_fail(h, status, DC_ERR_PEER_FAILED, t, g, pa);
+                    // Unless it failed on a mismatch with us: it publishes its word to us before
+                    // its abort (above), so the flag read again after the abort shows it.
+                    v = dc_ld_acquire_sys(flag);
+                    st = dc_flag_check(v, g, h.digest);
+                    if (st == DC_MISMATCH) dc_fail(h, status, DC_ERR_MISMATCH, t, g, v);
+                    else dc_fail(h, status, DC_ERR_PEER_FAILED, t, g, pa);
                     s_fail = 1;
                     break;
                 }

@@ -94,7 +94,7 @@ unsafe fn send(c: &Call<'_>, s: &Seg, b: u32) {
 fn receive(c: &Call<'_>, peer: u32, o: u64) -> Option<Vec16> {
     let line = slot(c, c.rank(), c.g & 1, peer) + 2 * o;
     // SAFETY: a line of this rank's live LL area.
-    c.poll(peer, ERR_TIMEOUT_READY, || unsafe { ll_load(line, c.g) })
+    c.poll(peer, ERR_TIMEOUT_READY, || unsafe { ll_load(line, c.g) }, |_| false)
 }
 
 /// The tree over every sender's line and the own input (`dc_push_reduce`).

@@ -221,16 +221,27 @@ impl Call<'_> {
             let flag = unsafe { word(flag) };
             let digest = self.h.digest;
             let g = self.g;
-            let got = self.poll(t, timeout_code, || {
+            let probe = || {
                 let v = flag.load(Ordering::Acquire);
                 match FlagWord(v).check(g, digest) {
                     FlagState::Behind => None,
                     state => Some((state, v)),
                 }
-            });
+            };
+            let got = self.poll(t, timeout_code, probe, |&(state, _)| state == FlagState::Mismatch);
             match got {
                 Some((FlagState::Ready | FlagState::Passed, _)) => {}
                 Some((state, v)) => {
+                    if local && state == FlagState::Mismatch {
+                        // As `dc_wait`: our own word into this peer's line first (what our
+                        // publisher writes there; a mismatching peer can only read it as a
+                        // mismatch), ordered before our abort, so the peer finds the mismatch
+                        // itself even when our publisher has not yet run.
+                        let ours = self.ctl(t, off + u64::from(self.rank()) * self.line());
+                        // SAFETY: a flag word of the peer's live staging (the call's invariant).
+                        unsafe { word(ours) }.store(self.word, Ordering::Relaxed);
+                        fence(Ordering::SeqCst);
+                    }
                     self.fail(if state == FlagState::Mismatch { ERR_MISMATCH } else { ERR_CORRUPT }, t, v);
                     return false;
                 }
@@ -244,8 +255,16 @@ impl Call<'_> {
     /// not starve the peer it waits for); ends early — recording why, except when this rank
     /// already failed — when this rank or `peer` recorded a failure, `peer` closed its handle or
     /// its process exited, or the bound passed (recorded as `timeout_code`). A closed or exited
-    /// peer's last publications are visible: `probe` is asked once more first.
-    fn poll<T>(&self, peer: u32, timeout_code: u64, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
+    /// peer's last publications are visible: `probe` is asked once more first. So is it after
+    /// `peer`'s failure, whose answer counts only where `after_failure` accepts it (`wait`: a
+    /// mismatch, which a failing peer publishes before its failure).
+    fn poll<T>(
+        &self,
+        peer: u32,
+        timeout_code: u64,
+        mut probe: impl FnMut() -> Option<T>,
+        after_failure: impl Fn(&T) -> bool,
+    ) -> Option<T> {
         for _ in 0..256 {
             if let Some(v) = probe() {
                 return Some(v);
@@ -274,8 +293,11 @@ impl Call<'_> {
                 self.fail(ERR_HOST_FAULT, peer, 0);
                 return None;
             }
-            let pa = peer_abort.load(Ordering::Relaxed);
+            let pa = peer_abort.load(Ordering::Acquire);
             if pa != 0 {
+                if let Some(v) = probe().filter(&after_failure) {
+                    return Some(v);
+                }
                 self.fail(ERR_PEER_FAILED, peer, pa);
                 return None;
             }
