@@ -57,7 +57,9 @@ pub fn to_py(e: Error) -> PyErr {
         Error::NotDivisible { .. } => NotDivisible::new_err(msg),
         Error::Misaligned { .. } => Misaligned::new_err(msg),
         Error::SizeOverflow { .. } => SizeOverflow::new_err(msg),
-        Error::Overlap { .. } => Overlap::new_err(msg),
+        // Two arguments sharing memory they must not: the fused norm's (`ArgumentsOverlap`
+        // names them) or an out-of-place input and output.
+        Error::Overlap { .. } | Error::ArgumentsOverlap { .. } => Overlap::new_err(msg),
         Error::LanesOverlap { .. } => LanesOverlap::new_err(msg),
         Error::CapacityExceeded { .. } => CapacityExceeded::new_err(msg),
         Error::TooManyLanes { .. } => TooManyLanes::new_err(msg),

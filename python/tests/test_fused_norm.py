@@ -130,3 +130,19 @@ def test_refused_calls_write_nothing(group):
             call(c)
         for k, v in before.items():
             assert_bits_equal(args[k], v, f"{what}: {k} was written")
+
+
+def test_residual_sharing_memory_with_x_and_an_out_is_refused(group):
+    # ``residual`` is updated in place to ``h``; with ``out=`` given, ``x`` is read by the
+    # all_reduce and not written, so a residual over ``x`` would write ``h`` where the
+    # all_reduce may still read: refused as an overlap, nothing written.
+    buf = values("f32", (3, 64), [1])
+    weight = values("f32", (64,), [3])
+    before = buf.copy()
+    out = np.full((2, 64), -7.0, np.float32)
+    for what, residual in (("the residual is x", buf[0:2]), ("the residual overlaps x", buf[1:3])):
+        for c in group:
+            with pytest.raises(detcoll.Overlap):
+                c.all_reduce_residual_rmsnorm(buf[0:2], residual, weight, eps=EPS, out=out)
+        assert_bits_equal(buf, before, f"{what}: x or the residual was written")
+        assert (out == -7.0).all(), f"{what}: out was written"

@@ -66,7 +66,8 @@ pub trait ResidualRmsNorm: Collective {
 /// Checks the norm's arguments against the all_reduce's `x` (itself validated by the
 /// all_reduce): dtypes, lengths, the shape, `eps`, and which buffers may share memory — `h`
 /// only exactly the residual (in place); the residual, `h` and the weight nothing of `y`,
-/// which the all_reduce writes before the residual is read; the weight nothing of `h`.
+/// which the all_reduce writes before the residual is read; the weight nothing of `h`; `h`
+/// nothing of an out-of-place `x`, which the all_reduce may still read while `h` is written.
 pub fn validate_norm(x: &Io<'_>, norm: &RmsNorm<'_>) -> Result<NormCall, Error> {
     let (y, count, dtype) = match x {
         Io::InPlace(b) => (b.addr(), b.len(), b.dtype()),
@@ -131,6 +132,14 @@ pub fn validate_norm(x: &Io<'_>, norm: &RmsNorm<'_>) -> Result<NormCall, Error> 
     }
     if h != residual && overlaps(h, bytes, residual, bytes) {
         return Err(Error::ArgumentsOverlap { op: OP, first: "h", second: "residual" });
+    }
+    // x out of place is read by the all_reduce while the one-kernel form already writes h
+    // (block by block, rows reduced elsewhere may still be reading theirs): h shares nothing
+    // with it. In place, x is y, checked above.
+    if let Io::OutOfPlace { input, .. } = x {
+        if overlaps(input.addr(), input.bytes(), h, bytes) {
+            return Err(Error::ArgumentsOverlap { op: OP, first: "x", second: "h" });
+        }
     }
     Ok(NormCall {
         y,

@@ -219,3 +219,49 @@ fn refused_calls_write_nothing() {
         assert!(y.iter().chain(&h).all(|v| v.to_bits() == sentinel.to_bits()), "{what}: an output was written");
     }
 }
+
+/// `h` written over an out-of-place `x`, whole or in part: refused (the all_reduce may still be
+/// reading `x` where the one-kernel form writes `h`), with nothing written to any buffer.
+#[test]
+fn h_over_an_out_of_place_x_is_refused() {
+    let comm = cpu::thread_group(1, &config()).expect("world 1").remove(0);
+    let (rows, hidden) = (4, 8);
+    let n = rows * hidden;
+    let residual = vec![2.0f32; n];
+    let weight = vec![1.0f32; hidden];
+    for (what, h_at) in [("h is x", 0), ("h overlaps x by three rows", hidden), ("h overlaps x by one element", n - 1)]
+    {
+        let mut shared = vec![0.25f32; 2 * n];
+        let mut y = vec![-7.0f32; n];
+        let before = bits(&shared);
+        let base = shared.as_mut_ptr() as u64;
+        let size = std::mem::size_of::<f32>() as u64;
+        // SAFETY: `x` and `h` lie in `shared` (2n elements, both n long from offsets 0 and
+        // `h_at` <= n), borrowed for the call, which must refuse before touching either.
+        let (x, h) = unsafe {
+            (
+                RawRef::from_raw(base, n, collective_core::DType::F32),
+                RawMut::from_raw(base + h_at as u64 * size, n, collective_core::DType::F32),
+            )
+        };
+        let norm = RmsNorm {
+            residual: Io::OutOfPlace { input: RawRef::host(&residual), output: h },
+            weight: RawRef::host(&weight),
+            hidden,
+            eps: 1e-6,
+        };
+        let e = comm
+            .all_reduce_residual_rmsnorm(Io::OutOfPlace { input: x, output: RawMut::host(&mut y) }, norm, &())
+            .expect_err(what);
+        assert!(matches!(e, Error::ArgumentsOverlap { first: "x", second: "h", .. }), "{what}: {e}");
+        assert_eq!(bits(&shared), before, "{what}: x or h was written");
+        assert!(y.iter().all(|v| v.to_bits() == (-7.0f32).to_bits()), "{what}: y was written");
+    }
+    // The read-only tensors may share memory: x as its own residual, with h and y apart.
+    let x = vec![0.5f32; n];
+    let (mut h, mut y) = (vec![0.0f32; n], vec![0.0f32; n]);
+    let norm = RmsNorm { residual: Io::host(&x, &mut h), weight: RawRef::host(&weight), hidden, eps: 1e-6 };
+    comm.all_reduce_residual_rmsnorm(Io::host(&x, &mut y), norm, &()).expect("x as the residual");
+    assert!(h.iter().all(|v| v.to_bits() == 1.0f32.to_bits()), "h = x + x");
+    close(&[comm]);
+}

@@ -209,7 +209,10 @@ impl<D: IpcDevice> IpcCollective<D> {
     ///
     /// `Ok(true)`: the norm is enqueued too. `Ok(false)`: only the all_reduce was (a world of
     /// one rank, whose all_reduce is a copy): the caller enqueues the norm after it. Every
-    /// argument is checked before any device work (`NormParams::pack`'s typed errors).
+    /// argument is checked before any device work, with the front door's typed errors
+    /// (`collective_core::validate_norm`: dtypes, lengths, shape, `eps`, overlaps) and in the
+    /// one form a fused launch takes: `norm.sum` and `norm.y` are the all_reduce's output
+    /// (`InvalidArgument` otherwise).
     ///
     /// # Safety
     /// As [`IpcCollective::enqueue`], and the views of `norm` as
@@ -221,6 +224,8 @@ impl<D: IpcDevice> IpcCollective<D> {
         norm: &NormArgs,
         stream: RawStream,
     ) -> Result<bool, Error> {
+        validate(Op::AllReduce, &io, self.rank, self.world, usize::MAX)?;
+        crate::fused_norm::check(&io, norm)?;
         let packed = NormParams::pack(norm)?;
         // SAFETY: forwarded.
         unsafe { self.enqueue_single(Op::AllReduce, io, route, Some((norm, packed)), stream) }

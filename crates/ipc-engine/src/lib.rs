@@ -16,6 +16,7 @@
 
 mod collective;
 mod construct;
+mod fused_norm;
 mod lockstep;
 mod order;
 mod state;
