@@ -18,8 +18,8 @@ EPS = 1e-6
 # (rows, hidden): one row; a hidden that is not a multiple of 8; 5 x 4096 f32 (80 KiB) runs in
 # chunks of the 64 KiB staging; 70 rows: above the one-kernel limit (a second launch); 80 x 2048
 # (320 KiB in f16/bf16, above the CPU twin's RS+AG threshold): the RS+AG route in chunks of 4-8
-# rows, then the second launch.
-SHAPES = ((1, 8), (3, 2049), (5, 4096), (70, 24), (80, 2048))
+# rows, then the second launch; 0 x 64: an empty batch (a rank with no tokens this step).
+SHAPES = ((1, 8), (3, 2049), (5, 4096), (70, 24), (80, 2048), (0, 64))
 
 
 def rmsnorm(h, weight, eps):

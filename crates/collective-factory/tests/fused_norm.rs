@@ -57,9 +57,9 @@ fn check_world<T: Element + collective_factory::Reducible>(comms: &[CpuCollectiv
     // is the epilogue of the last chunk's launch (the IPC routes' one-kernel form).
     // 70 rows: above ONE_KERNEL_MAX_ROWS, the norm is a second launch. 2 x 3000 and 6 x 1000:
     // rows that do not divide the 8 KiB protocol tile (6000 and 2000 bytes in f16/bf16), so
-    // the launch keeps its barrier.
+    // the launch keeps its barrier. 0 x 4096: an empty batch (a rank with no tokens this step).
     const { assert!(collective_factory::ONE_KERNEL_MAX_ROWS < 70) };
-    for (rows, hidden) in [(1, 8), (3, 4096), (5, 2049), (2, 7), (9, 4096), (70, 24), (2, 3000), (6, 1000)] {
+    for (rows, hidden) in [(1, 8), (3, 4096), (5, 2049), (2, 7), (9, 4096), (70, 24), (2, 3000), (6, 1000), (0, 4096)] {
         let seed = (rows * 31 + hidden) as u64;
         let (h, y) = reference::<T>(world, rows, hidden, seed);
         for (ipx, ipr) in [(false, false), (true, true), (false, true), (true, false)] {

@@ -1,8 +1,9 @@
 //! The fused all_reduce + residual + RMSNorm through the NVIDIA front door, as a cudarc user
 //! calls it (`all_reduce_residual_rmsnorm_into`: `x` in, `y` out, the residual updated in
 //! place): ranks as threads on the GPUs there are (rank `r` on GPU `r % count`), worlds 1, 2,
-//! 4, 8; bf16, f16, f32; rows 1..64, hidden 4096, 8192 and 2049; every rank's `h` and `y`
-//! bit for bit `fixed_tree::residual_rmsnorm`, and a row's bits the same in a batch of one.
+//! 4, 8; bf16, f16, f32; rows 0..64 (an empty batch on every route), hidden 4096, 8192 and
+//! 2049; every rank's `h` and `y` bit for bit `fixed_tree::residual_rmsnorm`, and a row's bits
+//! the same in a batch of one.
 //! The raw entry in place and out of place on the routes that hold a row in registers.
 //! Fail-closed: a peer that never calls, or calls with another row count, ends the call with a
 //! typed error in bounded time, through the launch barrier of the norm. Skips, saying so,
@@ -171,6 +172,56 @@ fn fused_norm_on_every_ipc_route_and_in_chunks() {
                 check_shapes::<bf16>(&comms, &format!("bf16 by {route}, gathered"), &[(512, 24), (600, 40)]);
             }
             println!("{route}, world {world}: h and y of every rank = fixed_tree::residual_rmsnorm");
+        }
+    }
+}
+
+/// An empty batch (0 rows: a rank with no tokens this step) on every route forced and the
+/// default table, worlds 1, 2 and 4, rows of 8, 4096 and 8192 (the row forms' shapes): every
+/// rank's call succeeds and writes nothing (its views are empty slices of one-row buffers), and
+/// the next call, a row on the same buffers, is the reference's bits (so the empty call
+/// neither wrote the residual nor left the ranks' generations apart).
+#[test]
+fn an_empty_batch_then_a_row_on_every_route() {
+    if !gpu() {
+        return;
+    }
+    for route in [None, Some("ipc_push_ll"), Some("ipc_one_shot"), Some("ipc_push"), Some("ipc_rs_ag")] {
+        for world in [1, 2, 4] {
+            let config = Config::new().with_capacity(64 << 10);
+            let config = match route {
+                Some(r) => config.with_routing(every_size_by("nvidia", r)),
+                None => config,
+            };
+            let comms = nvidia::thread_group(world, &config).expect("thread group");
+            for hidden in [8, 4096, 8192] {
+                let seed = 3 + hidden as u64;
+                let (h, y) = reference::<bf16>(world, 1, hidden, seed);
+                let got = on_every_rank(&comms, 1, hidden, seed, |comm, stream, x, mut residual, weight| {
+                    let mut y = stream.alloc_zeros::<bf16>(hidden).expect("y");
+                    comm.all_reduce_residual_rmsnorm_into(
+                        &x.slice(0..0),
+                        &mut y.slice_mut(0..0),
+                        &mut residual.slice_mut(0..0),
+                        &weight,
+                        hidden,
+                        1e-6,
+                        stream,
+                    )
+                    .expect("an empty batch");
+                    comm.synchronize(stream).expect("synchronize after the empty batch");
+                    comm.all_reduce_residual_rmsnorm_into(&x, &mut y, &mut residual, &weight, hidden, 1e-6, stream)
+                        .expect("a row after it");
+                    comm.synchronize(stream).expect("synchronize");
+                    (stream.clone_dtoh(&residual).expect("h"), stream.clone_dtoh(&y).expect("y"))
+                });
+                for (r, (gh, gy)) in got.into_iter().enumerate() {
+                    let what = format!("world {world} by {route:?}, 0 then 1 x {hidden}, rank {r}");
+                    assert_eq!(bits(&gh), bits(&h), "{what}: h");
+                    assert_eq!(bits(&gy), bits(&y), "{what}: y");
+                }
+            }
+            println!("world {world} by {route:?}: an empty batch, then a row = the reference");
         }
     }
 }
