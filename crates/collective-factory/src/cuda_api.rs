@@ -164,10 +164,56 @@ impl NvidiaCollective {
         eps: f32,
         stream: &CudaStream,
     ) -> Result<(), Error> {
+        self.fused_typed(Some(x), y, residual, weight, hidden, eps, stream)
+    }
+
+    /// The fused all_reduce + residual + RMSNorm in place, as vLLM's `fused_add_rms_norm`
+    /// updates its tensors: `x` becomes `y = rmsnorm(h) * weight` and the residual becomes
+    /// `h = residual + tree(x)` (see [`Self::all_reduce_residual_rmsnorm_into`]; the same bits).
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use collective_core::Collective;
+    /// use collective_factory::{Config, half::bf16, nvidia};
+    /// let comm = nvidia::thread_group(1, &Config::new())?.remove(0);
+    /// let stream = comm.context().new_stream()?;
+    /// let (rows, hidden) = (4, 4096);
+    /// let mut x = stream.clone_htod(&vec![bf16::from_f32(0.5); rows * hidden])?;
+    /// let mut residual = stream.clone_htod(&vec![bf16::from_f32(1.0); rows * hidden])?;
+    /// let weight = stream.clone_htod(&vec![bf16::ONE; hidden])?;
+    /// comm.all_reduce_residual_rmsnorm_in_place(&mut x, &mut residual, &weight, hidden, 1e-6, &stream)?;
+    /// comm.synchronize(&stream)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn all_reduce_residual_rmsnorm_in_place<T: Reducible>(
+        &self,
+        x: &mut impl DevicePtrMut<T>,
+        residual: &mut impl DevicePtrMut<T>,
+        weight: &impl DevicePtr<T>,
+        hidden: usize,
+        eps: f32,
+        stream: &CudaStream,
+    ) -> Result<(), Error> {
+        self.fused_typed(None, x, residual, weight, hidden, eps, stream)
+    }
+
+    /// The typed fused call: `x` into `y`, or `y` in place when `x` is `None`; the residual
+    /// updated in place.
+    #[allow(clippy::too_many_arguments)] // the tensors and the shape of the call, one for one
+    fn fused_typed<T: Reducible>(
+        &self,
+        x: Option<&dyn DevicePtr<T>>,
+        y: &mut dyn DevicePtrMut<T>,
+        residual: &mut dyn DevicePtrMut<T>,
+        weight: &dyn DevicePtr<T>,
+        hidden: usize,
+        eps: f32,
+        stream: &CudaStream,
+    ) -> Result<(), Error> {
         // Guards first (they order the stream after earlier writes), dropped after the enqueue
         // (they record this call's read/write events), as in `typed`.
-        let (x_len, y_len, r_len, w_len) = (x.len(), y.len(), residual.len(), weight.len());
-        let (x_ptr, x_guard) = x.device_ptr(stream);
+        let (y_len, r_len, w_len) = (y.len(), residual.len(), weight.len());
+        let x_guard = x.map(|x| (x.len(), x.device_ptr(stream)));
         let (w_ptr, w_guard) = weight.device_ptr(stream);
         let (y_ptr, y_guard) = y.device_ptr_mut(stream);
         let (r_ptr, r_guard) = residual.device_ptr_mut(stream);
@@ -175,9 +221,10 @@ impl NvidiaCollective {
         // for `x` and the weight, exclusive for `y` and the residual), which cudarc keeps alive
         // and orders through the guards.
         let (io, norm) = unsafe {
-            let io = Io::OutOfPlace {
-                input: RawRef::from_raw(x_ptr, x_len, T::DTYPE),
-                output: RawMut::from_raw(y_ptr, y_len, T::DTYPE),
+            let y = RawMut::from_raw(y_ptr, y_len, T::DTYPE);
+            let io = match &x_guard {
+                Some((len, (ptr, _))) => Io::OutOfPlace { input: RawRef::from_raw(*ptr, *len, T::DTYPE), output: y },
+                None => Io::InPlace(y),
             };
             let norm = RmsNorm {
                 residual: Io::InPlace(RawMut::from_raw(r_ptr, r_len, T::DTYPE)),

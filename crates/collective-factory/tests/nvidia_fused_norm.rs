@@ -1,10 +1,9 @@
 //! The fused all_reduce + residual + RMSNorm through the NVIDIA front door, as a cudarc user
 //! calls it (`all_reduce_residual_rmsnorm_into`: `x` in, `y` out, the residual updated in
-//! place): ranks as threads on the GPUs there are (rank `r` on GPU `r % count`), worlds 1, 2,
-//! 4, 8; bf16, f16, f32; rows 0..64 (an empty batch on every route), hidden 4096, 8192 and
-//! 2049; every rank's `h` and `y` bit for bit `fixed_tree::residual_rmsnorm`, and a row's bits
-//! the same in a batch of one.
-//! The raw entry in place and out of place on the routes that hold a row in registers.
+//! place; `_in_place`: `y` over `x`): ranks as threads on the GPUs there are (rank `r` on GPU
+//! `r % count`), worlds 1, 2, 4, 8; bf16, f16, f32; rows 0..64 (an empty batch on every
+//! route), hidden 4096, 8192 and 2049; every rank's `h` and `y` bit for bit
+//! `fixed_tree::residual_rmsnorm`, and a row's bits the same in a batch of one. The raw entry in place and out of place on the routes that hold a row in registers.
 //! Fail-closed: a peer that never calls, or calls with another row count, ends the call with a
 //! typed error in bounded time, through the launch barrier of the norm. Skips, saying so,
 //! without a GPU.
@@ -74,6 +73,20 @@ where
     })
 }
 
+/// Every rank's fused call in place (`all_reduce_residual_rmsnorm_in_place`: `y` over `x`);
+/// returns every rank's (h, y).
+fn run_in_place<T>(comms: &[NvidiaCollective], rows: usize, hidden: usize, seed: u64) -> Vec<(Vec<T>, Vec<T>)>
+where
+    T: Element + Reducible + DeviceRepr + ValidAsZeroBits + Default + Clone,
+{
+    on_every_rank(comms, rows, hidden, seed, |comm, stream, mut x, mut residual, weight| {
+        comm.all_reduce_residual_rmsnorm_in_place(&mut x, &mut residual, &weight, hidden, 1e-6, stream)
+            .expect("fused call in place");
+        comm.synchronize(stream).expect("synchronize");
+        (stream.clone_dtoh(&residual).expect("h"), stream.clone_dtoh(&x).expect("y"))
+    })
+}
+
 /// Every rank's h and y of `shapes` = the reference.
 fn check_shapes<T>(comms: &[NvidiaCollective], name: &str, shapes: &[(usize, usize)])
 where
@@ -101,6 +114,15 @@ where
     // tiles or tiles across rows: the barrier).
     let shapes = [(1, 4096), (7, 8192), (64, 4096), (3, 2049), (80, 2048), (5, 3000), (9, 1000)];
     check_shapes::<T>(comms, name, &shapes);
+    // The typed in-place form (y over x) on a row a tile, rows of two tiles and rows across tiles.
+    for (rows, hidden) in [(1, 4096), (7, 8192), (3, 2049)] {
+        let seed = (rows * 31 + hidden) as u64;
+        let (h, y) = reference::<T>(world, rows, hidden, seed);
+        for (r, (gh, gy)) in run_in_place::<T>(comms, rows, hidden, seed).into_iter().enumerate() {
+            assert_eq!(bits(&gh), bits(&h), "world {world} {name} rank {r}: h in place, {rows}x{hidden}");
+            assert_eq!(bits(&gy), bits(&y), "world {world} {name} rank {r}: y in place, {rows}x{hidden}");
+        }
+    }
     // Row 0 alone and in a batch of 64 (the same inputs: row 0 of `values` is the same).
     let one = run::<T>(comms, 1, 4096, 5);
     let many = run::<T>(comms, 64, 4096, 5);
