@@ -12,23 +12,42 @@
 //!   behind `ONE_KERNEL_MAX_ROWS`;
 //!
 //! eager (calls enqueued one by one) and replayed from a CUDA graph of the 20 calls, with
-//! `fused / ar` (the issue's goal: at most 1.10) and a check that `fused` and `unfused` give
-//! the same bits (`y` and `h`). The residual is updated in place (`h` over it, as engines call
-//! it), so successive calls see a growing residual: the same work per call.
+//! `fused / ar` (the issue's goal: at most 1.10), a check that `fused`, `unfused` and `one
+//! kernel` give the same bits (`y` and `h`), and a check of every rank's `y` and `h` against
+//! the reference, `fixed_tree::residual_rmsnorm`. The inputs differ per element and rank and
+//! repeat every [`PERIOD`] rows, so the reference of `PERIOD` rows checks every row at every
+//! batch size and position (batch invariance with it). The residual is updated in place (`h`
+//! over it, as engines call it), so successive timed calls see a growing residual: the same
+//! work per call; the checks start from the initial residual.
 //!
 //! ```text
 //! fused_norm_bench [--worlds 2,4,8] [--hidden 4096,8192] [--rows 1,8,64,512,2048,8192]
 //! ```
 #![cfg_attr(not(feature = "cuda"), allow(unused))]
 
+/// Rows after which the inputs repeat (prime to the row counts measured, so a row's position
+/// in the tile and the grid varies between its copies).
+const PERIOD: usize = 5;
+
+/// Element `k` of a row-periodic input of seed `seed` (a rank, or 100 for the residual, 101 for
+/// the weight): spread over about [-3.3, 3.7] so that sums round.
+#[cfg(feature = "cuda")]
+fn value(k: usize, seed: usize) -> collective_factory::half::bf16 {
+    collective_factory::half::bf16::from_f32(((k * 37 + seed * 101) % 997) as f32 * 0.0071 - 3.3)
+}
+
 #[cfg(feature = "cuda")]
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    use collective_core::fixed_tree::{RmsNormShape, residual_rmsnorm};
     use collective_core::{Collective, DType, Io, IpcRoute, Op, RawMut, RawRef, RmsNorm};
     use collective_factory::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, sys};
     use collective_factory::half::bf16;
     use collective_factory::nodes::CallStream;
     use collective_factory::{Config, NormBackend, nvidia};
     use cuda_ipc::NormArgs;
+    /// A rank's medians (eager ar, unfused, fused; graph ar, unfused, fused, one kernel), whether
+    /// its three forms gave the same bits, and whether they are the reference's.
+    type Outcome = ([f64; 7], bool, bool);
 
     let arg = |name: &str, default: &str| -> Vec<usize> {
         let a: Vec<String> = std::env::args().collect();
@@ -39,33 +58,49 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (arg("--worlds", "2,4,8"), arg("--hidden", "4096,8192"), arg("--rows", "1,8,64,512,2048,8192"));
     println!(
         "| world | hidden | rows | bytes/rank | ar us | unfused us | fused us | fused/ar | unfused/ar \
-         | graph: ar us | unfused us | fused us | fused/ar | one kernel us | one kernel/ar | route | same bits |"
+         | graph: ar us | unfused us | fused us | fused/ar | one kernel us | one kernel/ar | route | same bits \
+         | = reference |"
     );
     println!(
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :--- | :---: |"
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :--- | :---: | :---: |"
     );
     for &world in &worlds {
         let comms = nvidia::thread_group(world, &Config::new().with_capacity(64 << 20))?;
         for &hidden in &hiddens {
             for &rows in &rows_list {
                 let n = rows * hidden;
+                // Every rank's inputs (rows repeating every PERIOD) and the reference's h and y
+                // of one period.
+                let periodic =
+                    |seed: usize| -> Vec<bf16> { (0..n).map(|k| value(k % (PERIOD * hidden), seed)).collect() };
+                let period_rows = PERIOD.min(rows);
+                let one_period =
+                    |seed: usize| -> Vec<bf16> { (0..period_rows * hidden).map(|k| value(k, seed)).collect() };
+                let xs: Vec<Vec<bf16>> = (0..world).map(one_period).collect();
+                let refs: Vec<&[bf16]> = xs.iter().map(Vec::as_slice).collect();
+                let (mut h_ref, mut y_ref) =
+                    (vec![bf16::ZERO; period_rows * hidden], vec![bf16::ZERO; period_rows * hidden]);
+                let weight_host: Vec<bf16> = (0..hidden).map(|j| value(j, 101)).collect();
+                let shape = RmsNormShape { rows: period_rows, hidden };
+                residual_rmsnorm(&refs, &one_period(100), &weight_host, 1e-6, shape, &mut h_ref, &mut y_ref)
+                    .map_err(|e| e.to_string())?;
+                let (h_ref, y_ref, weight_host) = (&h_ref, &y_ref, &weight_host);
+                let periodic = &periodic;
                 // Per rank: (ar, unfused, fused) median microseconds and the outputs' bits.
                 let barrier = std::sync::Barrier::new(world);
                 let barrier = &barrier;
                 // The route the table gives this all_reduce (the same on every rank).
                 let route = comms[0].route(Op::AllReduce, n * 2);
-                let per_rank: Vec<Result<([f64; 7], bool), String>> = std::thread::scope(|s| {
+                let per_rank: Vec<Result<Outcome, String>> = std::thread::scope(|s| {
                     let hs: Vec<_> = comms
                         .iter()
                         .map(|comm| {
-                            s.spawn(move || -> Result<([f64; 7], bool), String> {
+                            s.spawn(move || -> Result<Outcome, String> {
                                 let e = |e: &dyn std::fmt::Display| e.to_string();
                                 let stream = comm.context().new_stream().map_err(|x| e(&x))?;
-                                let fill = |v: f32| vec![bf16::from_f32(v); n];
-                                let x = stream.clone_htod(&fill(0.25 + comm.rank() as f32)).map_err(|x| e(&x))?;
-                                let res0 = stream.clone_htod(&fill(1.5)).map_err(|x| e(&x))?;
-                                let weight =
-                                    stream.clone_htod(&vec![bf16::from_f32(0.75); hidden]).map_err(|x| e(&x))?;
+                                let x = stream.clone_htod(&periodic(comm.rank())).map_err(|x| e(&x))?;
+                                let res0 = stream.clone_htod(&periodic(100)).map_err(|x| e(&x))?;
+                                let weight = stream.clone_htod(weight_host).map_err(|x| e(&x))?;
                                 let mut y: CudaSlice<bf16> = stream.alloc_zeros(n).map_err(|x| e(&x))?;
                                 let mut residual: CudaSlice<bf16> = stream.alloc_zeros(n).map_err(|x| e(&x))?;
                                 let (xp, _g1) = x.device_ptr(&stream);
@@ -217,16 +252,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                                 stream.synchronize().map_err(|x| e(&x))?;
                                 let (yc, hc) = (dl(yp), dl(rp));
                                 let same = ya == yb && ha == hb && ya == yc && ha == hc;
-                                Ok(([t_ar, t_unfused, t_fused, g_ar, g_unfused, g_fused, g_one], same))
+                                // Row i of the fused call's y and h = row i % PERIOD of the reference.
+                                let row_ok = |got: &[u16], want: &[bf16]| {
+                                    got.chunks(hidden.max(1)).enumerate().all(|(i, row)| {
+                                        let p = (i % PERIOD) * hidden;
+                                        row.iter().zip(&want[p..p + hidden]).all(|(g, w)| *g == w.to_bits())
+                                    })
+                                };
+                                let reference = row_ok(&yb, y_ref) && row_ok(&hb, h_ref);
+                                Ok(([t_ar, t_unfused, t_fused, g_ar, g_unfused, g_fused, g_one], same, reference))
                             })
                         })
                         .collect();
                     hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
                 });
                 let mut worst = [0f64; 7];
-                let mut same = true;
+                let (mut same, mut reference) = (true, true);
                 for r in per_rank {
-                    let (t, s) = r?;
+                    let (t, s, ok) = r?;
+                    reference &= ok;
                     for i in 0..7 {
                         worst[i] = worst[i].max(t[i]);
                     }
@@ -234,7 +278,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
                 let w = worst;
                 println!(
-                    "| {world} | {hidden} | {rows} | {} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} | {:.3} | {} | {} |",
+                    "| {world} | {hidden} | {rows} | {} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} | {:.3} | {} | {} | {} |",
                     n * 2,
                     w[0],
                     w[1],
@@ -248,7 +292,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     w[6],
                     w[6] / w[3],
                     route.name(),
-                    if same { "yes" } else { "NO" }
+                    if same { "yes" } else { "NO" },
+                    if reference { "yes" } else { "NO" }
                 );
             }
         }
