@@ -7,8 +7,8 @@ use detcoll_protocol::{DEFAULT_LL_CAPACITY, Timeouts};
 /// it per rank, see [`Config::capacity`]).
 pub const DEFAULT_CAPACITY: usize = 16 << 20;
 
-/// Which GPU a rank of [`crate::nvidia::from_bootstrap`] / [`crate::rocm::from_bootstrap`]
-/// runs on.
+/// Which GPU a rank of `nvidia::from_bootstrap` / `rocm::from_bootstrap` runs on (features
+/// `cuda` / `rocm`: plain names, so the docs of any feature set have no broken link).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum DeviceSelect {
