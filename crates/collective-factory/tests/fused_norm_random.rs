@@ -11,30 +11,7 @@ mod norm_data;
 use collective_core::fixed_tree::Element;
 use collective_factory::half::{bf16, f16};
 use collective_factory::{Collective, Config, CpuCollective, Io, RawRef, Reducible, RmsNorm, cpu};
-use norm_data::{bits, every_size_by, reference, values};
-
-/// A deterministic stream of choices (xorshift64).
-struct Choices(u64);
-
-impl Choices {
-    fn pick<T: Copy>(&mut self, from: &[T]) -> T {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        from[(self.0 % from.len() as u64) as usize]
-    }
-}
-
-/// One call's shape and layout: rows, hidden, x and the residual in place or not, and the
-/// element offset of each of x, y, the residual, h and the weight in its buffer.
-#[derive(Debug, Clone, Copy)]
-struct Shape {
-    rows: usize,
-    hidden: usize,
-    in_place_x: bool,
-    in_place_residual: bool,
-    offsets: [usize; 5],
-}
+use norm_data::{Choices, Shape, bits, every_size_by, reference, values};
 
 /// The call of `shape` with seed `seed` on every rank; asserts every rank's h and y.
 fn check<T: Element + Reducible>(comms: &[CpuCollective], shape: Shape, seed: u64, what: &str) {
@@ -99,24 +76,7 @@ fn random_calls_at_any_offset_equal_the_reference() {
             };
             let comms = cpu::thread_group(world, &config).expect("thread group");
             for call in 0..40 {
-                let (mut r, hidden) = (choose.pick(&rows), choose.pick(&hiddens));
-                // Keep a call under 40,000 elements, except the gathered form's 512+ rows of 24.
-                while r * hidden > 40_000 && !(r >= 512 && hidden == 24) {
-                    r /= 2;
-                }
-                let shape = Shape {
-                    rows: r,
-                    hidden,
-                    in_place_x: choose.pick(&[false, true]),
-                    in_place_residual: choose.pick(&[false, true]),
-                    // Half the calls 16-byte aligned throughout (the kernels' vector paths and the
-                    // gathered form need it), the others each tensor at its own offset.
-                    offsets: if choose.pick(&[false, true]) {
-                        [0; 5]
-                    } else {
-                        [0; 5].map(|_| choose.pick(&[0, 1, 3, 8]))
-                    },
-                };
+                let shape = choose.shape(&rows, &hiddens, 40_000);
                 let seed = 1000 + calls;
                 let what = format!("call {call} by {route:?} at world {world}: {shape:?}");
                 match choose.pick(&[0, 1, 2]) {

@@ -52,3 +52,44 @@ pub fn every_size_by(platform: &str, route: &str) -> Routing {
     let json = format!(r#"{{"platform":"{platform}","source":"test: one route","rules":[{}]}}"#, rules.join(","));
     Routing::from_json(&json).expect("table")
 }
+
+/// A deterministic stream of choices (xorshift64), for the randomised tests.
+pub struct Choices(pub u64);
+
+impl Choices {
+    /// One of `from`.
+    pub fn pick<T: Copy>(&mut self, from: &[T]) -> T {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        from[(self.0 % from.len() as u64) as usize]
+    }
+
+    /// A call of one of `rows` (halved until it has at most `max_elements`) of one of
+    /// `hiddens`, `x` and the residual each in place or not, and half the time every tensor
+    /// 16-byte aligned (the kernels' vector, row and gathered forms need it), else each at its
+    /// own element offset.
+    pub fn shape(&mut self, rows: &[usize], hiddens: &[usize], max_elements: usize) -> Shape {
+        let (mut r, hidden) = (self.pick(rows), self.pick(hiddens));
+        while r * hidden > max_elements {
+            r /= 2;
+        }
+        let in_place_x = self.pick(&[false, true]);
+        let in_place_residual = self.pick(&[false, true]);
+        let offsets = if self.pick(&[false, true]) { [0; 5] } else { [0; 5].map(|_| self.pick(&[0, 1, 3, 8])) };
+        Shape { rows: r, hidden, in_place_x, in_place_residual, offsets }
+    }
+}
+
+/// One randomised call's shape and layout.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub rows: usize,
+    pub hidden: usize,
+    /// `y` over `x`.
+    pub in_place_x: bool,
+    /// `h` over the residual.
+    pub in_place_residual: bool,
+    /// Element offsets of x, y, the residual, h and the weight in their buffers.
+    pub offsets: [usize; 5],
+}
