@@ -224,11 +224,8 @@ impl<D: IpcDevice> IpcCollective<D> {
         norm: &NormArgs,
         stream: RawStream,
     ) -> Result<bool, Error> {
-        validate(Op::AllReduce, &io, self.rank, self.world, usize::MAX)?;
-        crate::fused_norm::check(&io, norm)?;
-        let packed = NormParams::pack(norm)?;
         // SAFETY: forwarded.
-        unsafe { self.enqueue_single(Op::AllReduce, io, route, Some((norm, packed)), stream) }
+        unsafe { self.enqueue_single(Op::AllReduce, io, route, Some(norm), stream) }
     }
 
     /// Whether a fused all_reduce + RMSNorm of `io` by `route` (`norm` its packed norm) is one
@@ -260,13 +257,21 @@ impl<D: IpcDevice> IpcCollective<D> {
         op: Op,
         io: Io<'_>,
         route: Option<IpcRoute>,
-        norm: Option<(&NormArgs, NormParams)>,
+        norm: Option<&NormArgs>,
         stream: RawStream,
     ) -> Result<bool, Error> {
         let mut order = self.lock_call()?;
         self.check()?;
         // No capacity limit: a call above the staging capacity runs in chunks (`Chunks`).
         let call = validate(op, &io, self.rank, self.world, usize::MAX)?;
+        // A fused call's norm, checked against the validated all_reduce, then packed.
+        let norm = match norm {
+            Some(args) => {
+                crate::fused_norm::check(&io, args)?;
+                Some((args, NormParams::pack(args)?))
+            }
+            None => None,
+        };
         let route = route.unwrap_or_else(|| self.default_route(op, call.bytes_in()));
         let Some(ipc) = self.ipc_for(route)? else {
             self.device.bind()?;
