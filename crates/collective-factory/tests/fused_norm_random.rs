@@ -1,21 +1,23 @@
 //! Randomised fused calls on the CPU twin, as an engine makes them over a run: every IPC route
-//! forced and the default table, worlds 2, 3, 4 and 5, a staging small enough that most calls
-//! run in chunks or one that holds a batch of 512 rows (the gathered form), batches from 0 to 600 rows of odd and even widths (1 to 4096), every dtype, every
-//! in-place form, and each tensor at its own element offset (16-byte aligned or not), one
-//! handle for the whole sequence. Every rank's `h` and `y` bit for bit
-//! `fixed_tree::residual_rmsnorm`. The planning that splits a call into launches, picks the
-//! one-kernel form and reads gathered sums is the engine's own, shared with the GPUs.
+//! forced and the default table, worlds 2, 3, 4 and 5, a staging small enough that most calls run
+//! in chunks or one that holds a batch of 512 rows (the gathered form), batches from 0 to 600 rows
+//! of odd and even widths (1 to 4096), moderate or adversarial values (NaN, infinities, zero rows,
+//! overflowing and underflowing squares) with `eps` of 1e-6, 1e-5 or 0, every dtype, every in-place
+//! form, and each tensor at its own element offset (16-byte aligned or not), one handle for the
+//! whole sequence. Every rank's `h` and `y` bit for bit `fixed_tree::residual_rmsnorm`. The
+//! planning that splits a call into launches, picks the one-kernel form and reads gathered sums is
+//! the engine's own, shared with the GPUs.
 #![cfg(feature = "cpu")]
 mod norm_data;
 
 use collective_core::fixed_tree::Element;
 use collective_factory::half::{bf16, f16};
 use collective_factory::{Collective, Config, CpuCollective, Io, RawRef, Reducible, RmsNorm, cpu};
-use norm_data::{Choices, Shape, bits, every_size_by, reference, values};
+use norm_data::{Choices, Shape, Tensor, bits, every_size_by, reference_of, tensor};
 
 /// The call of `shape` with seed `seed` on every rank; asserts every rank's h and y.
 fn check<T: Element + Reducible>(comms: &[CpuCollective], shape: Shape, seed: u64, what: &str) {
-    let Shape { rows, hidden, in_place_x, in_place_residual, offsets: [ox, oy, or, oh, ow] } = shape;
+    let Shape { rows, hidden, in_place_x, in_place_residual, offsets: [ox, oy, or, oh, ow], values, eps } = shape;
     let n = rows * hidden;
     let zero = T::from_f32_rounded(0.0);
     let placed = |v: Vec<T>, at: usize| -> Vec<T> {
@@ -28,13 +30,13 @@ fn check<T: Element + Reducible>(comms: &[CpuCollective], shape: Shape, seed: u6
             .iter()
             .map(|comm| {
                 s.spawn(move || {
-                    let x = placed(values(n, seed * 100 + comm.rank() as u64), ox);
+                    let x = placed(tensor(values, seed, Tensor::X(comm.rank()), rows, hidden), ox);
                     let mut xb = x.clone();
                     let mut y = vec![zero; oy + n];
-                    let residual = placed(values(n, seed * 7 + 1), or);
+                    let residual = placed(tensor(values, seed, Tensor::Residual, rows, hidden), or);
                     let mut rb = residual.clone();
                     let mut h = vec![zero; oh + n];
-                    let weight = placed(values(hidden, seed * 7 + 2), ow);
+                    let weight = placed(tensor(values, seed, Tensor::Weight, rows, hidden), ow);
                     let io =
                         if in_place_x { Io::host_in_place(&mut xb[ox..]) } else { Io::host(&x[ox..], &mut y[oy..]) };
                     let res = if in_place_residual {
@@ -42,7 +44,7 @@ fn check<T: Element + Reducible>(comms: &[CpuCollective], shape: Shape, seed: u6
                     } else {
                         Io::host(&residual[or..], &mut h[oh..])
                     };
-                    let norm = RmsNorm { residual: res, weight: RawRef::host(&weight[ow..]), hidden, eps: 1e-6 };
+                    let norm = RmsNorm { residual: res, weight: RawRef::host(&weight[ow..]), hidden, eps };
                     comm.all_reduce_residual_rmsnorm(io, norm, &()).unwrap_or_else(|e| panic!("{what}: {e}"));
                     let y = if in_place_x { xb[ox..].to_vec() } else { y[oy..].to_vec() };
                     let h = if in_place_residual { rb[or..].to_vec() } else { h[oh..].to_vec() };
@@ -52,7 +54,7 @@ fn check<T: Element + Reducible>(comms: &[CpuCollective], shape: Shape, seed: u6
             .collect();
         hs.into_iter().map(|h| h.join().expect("rank")).collect()
     });
-    let (h, y) = reference::<T>(comms.len(), rows, hidden, seed);
+    let (h, y) = reference_of::<T>(comms.len(), rows, hidden, seed, values, eps);
     for (r, (gh, gy)) in got.into_iter().enumerate() {
         assert_eq!(bits(&gh), bits(&h), "{what} rank {r}: h");
         assert_eq!(bits(&gy), bits(&y), "{what} rank {r}: y");
@@ -94,4 +96,48 @@ fn random_calls_at_any_offset_equal_the_reference() {
         }
     }
     println!("{calls} random fused calls = fixed_tree::residual_rmsnorm");
+}
+
+/// The adversarial inputs reach the cases the contract names (docs of
+/// `fixed_tree::residual_rmsnorm`, "Specials"), for every dtype: rows whose `y` is NaN
+/// throughout (a zero row with `eps = 0`, a NaN in `h`), infinite `h` (an input or a sum
+/// overflowing), rows whose `inv` is `+0` (`y` all zeros or NaN while `h` is finite and nonzero
+/// somewhere), rows whose `inv` is `∞` (an infinite `y` from a finite `h`), subnormal `h`, and
+/// exact zeros from cancelling ranks. Without them the randomised calls above would test
+/// moderate values only.
+#[test]
+fn adversarial_values_reach_every_special_case() {
+    fn cases<T: Element>() -> [usize; 6] {
+        let (rows, hidden) = (256, 64);
+        let (h, y) = norm_data::reference_of::<T>(4, rows, hidden, 77, norm_data::Values::Adversarial, 0.0);
+        let mut seen = [0; 6];
+        for i in 0..rows {
+            let (h, y) = (&h[i * hidden..][..hidden], &y[i * hidden..][..hidden]);
+            let f = |v: &T| v.to_f32_exact();
+            let finite_h = h.iter().all(|v| f(v).is_finite());
+            seen[0] += y.iter().all(|v| v.is_nan()) as usize;
+            seen[1] += h.iter().any(|v| f(v).is_infinite()) as usize;
+            seen[2] +=
+                (finite_h && h.iter().any(|v| f(v) != 0.0) && y.iter().all(|v| f(v) == 0.0 || v.is_nan())) as usize;
+            seen[3] += (finite_h && y.iter().any(|v| f(v).is_infinite())) as usize;
+            seen[4] += h.iter().any(|v| f(v) != 0.0 && f(v).abs() < f32::MIN_POSITIVE.max(tiny::<T>())) as usize;
+            seen[5] += h.iter().all(|v| f(v) == 0.0) as usize;
+        }
+        seen
+    }
+    /// `T`'s smallest normal, as an f32.
+    fn tiny<T: Element>() -> f32 {
+        if T::NAME == "f16" { 2f32.powi(-14) } else { f32::MIN_POSITIVE }
+    }
+    for (name, seen) in [("f32", cases::<f32>()), ("bf16", cases::<bf16>()), ("f16", cases::<f16>())] {
+        println!(
+            "{name}: rows NaN {}, h infinite {}, inv = +0 {}, inv = inf {}, h subnormal {}, h zero {}",
+            seen[0], seen[1], seen[2], seen[3], seen[4], seen[5]
+        );
+        // f16 cannot reach two: its finite squares sum far below f32's range (65504^2 * 2^24 <
+        // 2^57), and its smallest subnormal's square (2^-48) is a normal f32, so `q` is
+        // infinite only with an infinite `h` and zero only with an all-zero row.
+        let reachable = if name == "f16" { vec![0, 1, 4, 5] } else { (0..6).collect() };
+        assert!(reachable.iter().all(|&k| seen[k] > 0), "{name}: a case never reached: {seen:?}");
+    }
 }

@@ -1,11 +1,12 @@
 //! Randomised fused calls on NVIDIA GPUs through the raw entry (as an engine on another binding
-//! makes them over a run), the GPU twin of `fused_norm_random.rs`: every IPC route forced and
-//! the default table, worlds 2, 3 and 4 as threads on the GPUs there are, a staging of 64 KiB
-//! (most calls chunked) or 1 MiB (one launch: the row forms, the gathered form), 0-600 rows of
-//! widths 1-8192, every dtype, every in-place form, each tensor at its own element offset in its
-//! allocation (16-byte aligned or not: the kernels' vector, row and scalar paths), one handle
-//! for the whole sequence. Every rank's `h` and `y` bit for bit `fixed_tree::residual_rmsnorm`.
-//! Skips, saying so, without a GPU.
+//! makes them over a run), the GPU twin of `fused_norm_random.rs`: every IPC route forced and the
+//! default table, worlds 2, 3 and 4 as threads on the GPUs there are, a staging of 64 KiB (most
+//! calls chunked) or 1 MiB (one launch: the row forms, the gathered form), moderate or adversarial
+//! values (NaN, infinities, zero rows, overflowing and underflowing squares) with `eps` of 1e-6,
+//! 1e-5 or 0, 0-600 rows of widths 1-8192, every dtype, every in-place form, each tensor at its own
+//! element offset in its allocation (16-byte aligned or not: the kernels' vector, row and scalar
+//! paths), one handle for the whole sequence. Every rank's `h` and `y` bit for bit
+//! `fixed_tree::residual_rmsnorm`. Skips, saying so, without a GPU.
 #![cfg(feature = "cuda")]
 mod norm_data;
 
@@ -13,7 +14,7 @@ use collective_core::fixed_tree::Element;
 use collective_factory::cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 use collective_factory::half::{bf16, f16};
 use collective_factory::{Collective, Config, NvidiaCollective, Reducible, nvidia};
-use norm_data::{Choices, Shape, bits, every_size_by, reference, values};
+use norm_data::{Choices, Shape, Tensor, bits, every_size_by, reference_of, tensor};
 
 fn gpu() -> bool {
     let ok = cuda_ipc::driver::driver_present() && cuda_ipc::driver::device_count().is_ok_and(|n| n > 0);
@@ -28,7 +29,7 @@ fn check<T>(comms: &[NvidiaCollective], shape: Shape, seed: u64, what: &str)
 where
     T: Element + Reducible + DeviceRepr + ValidAsZeroBits + Default + Clone,
 {
-    let Shape { rows, hidden, in_place_x, in_place_residual, offsets: [ox, oy, or, oh, ow] } = shape;
+    let Shape { rows, hidden, in_place_x, in_place_residual, offsets: [ox, oy, or, oh, ow], values, eps } = shape;
     let n = rows * hidden;
     let size = std::mem::size_of::<T>() as u64;
     let zero = T::from_f32_rounded(0.0);
@@ -46,9 +47,9 @@ where
                 s.spawn(move || {
                     let stream = comm.context().new_stream().expect("stream");
                     let up = |v: Vec<T>| stream.clone_htod(&v).expect("upload");
-                    let mut x = up(placed(values(n, seed * 100 + comm.rank() as u64), ox));
-                    let mut residual = up(placed(values(n, seed * 7 + 1), or));
-                    let weight = up(placed(values(hidden, seed * 7 + 2), ow));
+                    let mut x = up(placed(tensor(values, seed, Tensor::X(comm.rank()), rows, hidden), ox));
+                    let mut residual = up(placed(tensor(values, seed, Tensor::Residual, rows, hidden), or));
+                    let weight = up(placed(tensor(values, seed, Tensor::Weight, rows, hidden), ow));
                     let mut y = up(placed(vec![zero; n], oy));
                     let mut h = up(placed(vec![zero; n], oh));
                     {
@@ -73,7 +74,7 @@ where
                                 wp,
                                 n,
                                 hidden,
-                                1e-6,
+                                eps,
                                 T::DTYPE,
                                 stream.cu_stream().cast(),
                             )
@@ -92,7 +93,7 @@ where
             .collect();
         hs.into_iter().map(|h| h.join().expect("rank")).collect()
     });
-    let (h, y) = reference::<T>(comms.len(), rows, hidden, seed);
+    let (h, y) = reference_of::<T>(comms.len(), rows, hidden, seed, values, eps);
     for (r, (gh, gy)) in got.into_iter().enumerate() {
         assert_eq!(bits(&gh), bits(&h), "{what} rank {r}: h");
         assert_eq!(bits(&gy), bits(&y), "{what} rank {r}: y");
