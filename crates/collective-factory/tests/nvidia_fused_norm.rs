@@ -1,11 +1,12 @@
-//! The fused all_reduce + residual + RMSNorm through the NVIDIA front door, as a cudarc user
-//! calls it (`all_reduce_residual_rmsnorm_into`: `x` in, `y` out, the residual updated in
-//! place; `_in_place`: `y` over `x`): ranks as threads on the GPUs there are (rank `r` on GPU
-//! `r % count`), worlds 1, 2, 4, 8; bf16, f16, f32; rows 0..64 (an empty batch on every
-//! route), hidden 4096, 8192 and 2049; every rank's `h` and `y` bit for bit
-//! `fixed_tree::residual_rmsnorm`, and a row's bits the same in a batch of one. The raw entry in place and out of place on the routes that hold a row in registers.
-//! Fail-closed: a peer that never calls, or calls with another row count, ends the call with a
-//! typed error in bounded time, through the launch barrier of the norm. Skips, saying so,
+//! The fused all_reduce + residual + RMSNorm through the NVIDIA front door, as a cudarc user calls
+//! it (`all_reduce_residual_rmsnorm_into`: `x` in, `y` out, the residual updated in place;
+//! `_in_place`: `y` over `x`): ranks as threads on the GPUs there are (rank `r` on GPU `r %
+//! count`), worlds 1, 2, 4, 8; bf16, f16, f32; rows 0..64 (an empty batch on every route), hidden
+//! 4096, 8192 and 2049; every rank's `h` and `y` bit for bit `fixed_tree::residual_rmsnorm`, and a
+//! row's bits the same in a batch of one. The raw entry in place and out of place on the routes
+//! that hold a row in registers. Two threads with their own streams on one rank: fused calls atomic
+//! per handle. Fail-closed: a peer that never calls, or calls with another row count, ends the call
+//! with a typed error in bounded time, through the launch barrier of the norm. Skips, saying so,
 //! without a GPU.
 #![cfg(feature = "cuda")]
 mod norm_data;
@@ -447,5 +448,70 @@ fn fused_calls_of_different_rows_fail_with_signature_mismatch() {
                 h.join().expect("rank").unwrap_or_else(|e| panic!("rank {me}, {rows} x {hidden} by {route:?}: {e}"));
             }
         });
+    }
+}
+
+/// Several threads on one handle (issue 25) with fused calls, the GPU twin of
+/// `fused_norm_threads.rs`: rank 0 driven by two threads with their own streams (inputs 1 and
+/// 2, residuals 100 and 200), rank 1 by one (inputs 10 and 20 alternating); 16 rows of 4096 f32
+/// (256 KiB: the norm in the last chunk's launch) and 80 (the norm a launch of its own) on a
+/// 64 KiB staging, on every IPC route forced and the default table. Every `h` must be one
+/// call's constant and every `y` row its norm bit for bit, and rank 1 must meet each of rank
+/// 0's threads exactly `CALLS` times.
+#[test]
+fn two_threads_with_their_own_streams_on_one_rank_make_atomic_fused_calls() {
+    if !gpu() {
+        return;
+    }
+    const CALLS: usize = 10;
+    const HIDDEN: usize = 4096;
+    let weight: Vec<f32> = (0..HIDDEN).map(|j| 0.5 + (j % 256) as f32 / 256.0).collect();
+    let call = |comm: &NvidiaCollective, stream: &Stream, rows: usize, x: f32, residual: f32, what: &str| -> f32 {
+        let n = rows * HIDDEN;
+        let xs = stream.clone_htod(&vec![x; n]).expect("x");
+        let mut h = stream.clone_htod(&vec![residual; n]).expect("residual");
+        let w = stream.clone_htod(&weight).expect("weight");
+        let mut y = stream.alloc_zeros::<f32>(n).expect("y");
+        comm.all_reduce_residual_rmsnorm_into(&xs, &mut y, &mut h, &w, HIDDEN, 1e-6, stream)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        comm.synchronize(stream).unwrap_or_else(|e| panic!("{what}: synchronize: {e}"));
+        let (h, y) = (stream.clone_dtoh(&h).expect("h"), stream.clone_dtoh(&y).expect("y"));
+        norm_data::one_call_of_constants(&h, &y, &weight, 1e-6, what) - residual
+    };
+    let call = &call;
+    for route in ["default", "ipc_push_ll", "ipc_one_shot", "ipc_push", "ipc_rs_ag"] {
+        let config = Config::new().with_capacity(64 << 10);
+        let config = if route == "default" { config } else { config.with_routing(every_size_by("nvidia", route)) };
+        let ranks = nvidia::thread_group(2, &config).expect("thread group");
+        for rows in [16, 80] {
+            std::thread::scope(|s| {
+                for t in 0..2usize {
+                    let comm = &ranks[0];
+                    s.spawn(move || {
+                        let stream = comm.context().new_stream().expect("stream");
+                        let x0 = 1.0 + t as f32;
+                        for k in 0..CALLS {
+                            let what = format!("{route}, {rows} rows: rank 0 thread {t} call {k}");
+                            let x1 = call(comm, &stream, rows, x0, 100.0 * (t + 1) as f32, &what) - x0;
+                            assert!(x1 == 10.0 || x1 == 20.0, "{what}: x1 = {x1}");
+                        }
+                    });
+                }
+                let comm = &ranks[1];
+                s.spawn(move || {
+                    let stream = comm.context().new_stream().expect("stream");
+                    let mut met = [0usize; 2];
+                    for k in 0..2 * CALLS {
+                        let x1 = 10.0 * (1 + k % 2) as f32;
+                        let what = format!("{route}, {rows} rows: rank 1 call {k}");
+                        let x0 = call(comm, &stream, rows, x1, 1000.0, &what) - x1;
+                        assert!(x0 == 1.0 || x0 == 2.0, "{what}: x0 = {x0}");
+                        met[x0 as usize - 1] += 1;
+                    }
+                    assert_eq!(met, [CALLS, CALLS], "{route}, {rows} rows: rank 1 met rank 0's threads unevenly");
+                });
+            });
+        }
+        println!("{route}: two threads on rank 0 with their own streams, fused calls atomic");
     }
 }

@@ -3,7 +3,7 @@
 //! weight `values(hidden, s * 7 + 2)`; `reference` evaluates `fixed_tree::residual_rmsnorm` on
 //! them (the bits every backend must give).
 #![allow(dead_code)]
-use collective_core::fixed_tree::{Element, RmsNormShape, residual_rmsnorm};
+use collective_core::fixed_tree::{Element, RmsNormShape, residual_rmsnorm, rmsnorm_row};
 use collective_factory::Routing;
 
 /// Deterministic values of every sign and a wide range of magnitudes (2^-4 .. 2^4). Row 0 of
@@ -245,4 +245,19 @@ pub struct Shape {
     pub values: Values,
     /// The norm's epsilon.
     pub eps: f32,
+}
+
+/// For the tests of several threads on one handle, whose calls' `x` and residual are each one
+/// constant: asserts that `h` is one constant (else chunks of different calls mixed) and that
+/// every row of `y` is `fixed_tree::rmsnorm_row` of its `h` row bit for bit (else the norm
+/// read another call's sums); returns that constant.
+pub fn one_call_of_constants(h: &[f32], y: &[f32], weight: &[f32], eps: f32, what: &str) -> f32 {
+    let hidden = weight.len();
+    assert!(h.iter().all(|v| v.to_bits() == h[0].to_bits()), "{what}: h is not one call's (chunks mixed)");
+    let mut want = vec![0f32; hidden];
+    rmsnorm_row(&h[..hidden], weight, eps, &mut want).expect("reference");
+    for (row, got) in y.chunks(hidden).enumerate() {
+        assert_eq!(bits(got), bits(&want), "{what}: y row {row} is not the norm of h");
+    }
+    h[0]
 }
