@@ -26,12 +26,13 @@ pub type CpuCollective = Routed<ShmCollective, HostTransport>;
 /// # let _ = comm; Ok(()) }
 /// ```
 pub fn from_bootstrap(boot: Arc<dyn Bootstrap>, config: &Config) -> Result<CpuCollective, Error> {
-    build(boot, config, None)
+    build(boot, config)
 }
 
 /// `world` ranks as threads of this process (host memory every rank reads directly). Hand one
-/// handle to each thread. `world` 0 or an invalid `config` ([`Config::validate`]) is
-/// `InvalidConfig`.
+/// handle to each thread. The ranks share their staging, freed with the last of them: a rank's
+/// close or drop never waits for its peers, so the whole group may be dropped from one thread.
+/// `world` 0 or an invalid `config` ([`Config::validate`]) is `InvalidConfig`.
 ///
 /// ```
 /// use collective_core::{Collective, Io};
@@ -54,11 +55,7 @@ pub fn from_bootstrap(boot: Arc<dyn Bootstrap>, config: &Config) -> Result<CpuCo
 /// ```
 pub fn thread_group(world: usize, config: &Config) -> Result<Vec<CpuCollective>, Error> {
     config.validate_world(world)?;
-    let boots = LocalBootstrap::group(world);
-    std::thread::scope(|s| {
-        let hs: Vec<_> = boots.into_iter().map(|b| s.spawn(move || build(Arc::new(b), config, None))).collect();
-        crate::threads::join_ranks(hs)
-    })
+    in_process(world, config, |_| None)
 }
 
 /// `nodes * local` ranks as threads of this process, on `nodes` simulated hosts of `local`
@@ -71,32 +68,89 @@ pub fn thread_group(world: usize, config: &Config) -> Result<Vec<CpuCollective>,
 pub fn virtual_nodes(nodes: usize, local: usize, config: &Config) -> Result<Vec<CpuCollective>, Error> {
     let world = nodes.checked_mul(local).ok_or(Error::InvalidConfig { detail: "too many ranks".into() })?;
     config.validate_world(world)?;
-    let boots = LocalBootstrap::group(world);
+    in_process(world, config, |r| Some(format!("virtual-node-{}", r / local)))
+}
+
+/// `world` ranks as threads of this process, each reporting `host(rank)` (or its host's
+/// identity) to the agreement: every rank agrees in a thread of its own, as processes do; then
+/// the CPU twin's worlds the decision takes (the whole world, or each node's ranks for the
+/// hierarchical route) are built as in-process groups — heap staging every rank reads
+/// directly, shared and freed with the group's last rank, as GPU thread groups are — so a rank's
+/// close or drop never waits for its peers (dropping a whole group from one thread, as a
+/// program's `main` does at its end, returns at once); last, each rank's transports in a
+/// thread of its own.
+fn in_process(
+    world: usize,
+    config: &Config,
+    host: impl Fn(usize) -> Option<String> + Sync,
+) -> Result<Vec<CpuCollective>, Error> {
+    let boots: Vec<Arc<dyn Bootstrap>> =
+        LocalBootstrap::group(world).into_iter().map(|b| Arc::new(b) as Arc<dyn Bootstrap>).collect();
+    let host = &host;
+    let decisions = std::thread::scope(|s| {
+        let hs: Vec<_> =
+            boots.iter().map(|b| s.spawn(move || agree(&**b, config, host(b.rank()), true, true))).collect();
+        crate::threads::join_ranks(hs)
+    })?;
+    // Every rank decided the same (the agreement's promise); rank 0's decision builds the groups.
+    let d = &decisions[0];
+    let none = || (0..world).map(|_| None).collect::<Vec<Option<ShmCollective>>>();
+    let mut ipc = none();
+    if d.ipc || world == 1 {
+        ipc = ShmCollective::group(world, shm_config(config, &d.routing))?.into_iter().map(Some).collect();
+    }
+    let mut local = none();
+    if let Some(layout) = d.nodes {
+        // Node-major: node n's ranks are n * L .. n * L + L - 1, by local rank.
+        for group in local.chunks_mut(layout.local) {
+            let ranks = ShmCollective::group(layout.local, shm_config(config, &d.routing))?;
+            for (slot, rank) in group.iter_mut().zip(ranks) {
+                *slot = Some(rank);
+            }
+        }
+    }
     std::thread::scope(|s| {
         let hs: Vec<_> = boots
             .into_iter()
-            .enumerate()
-            .map(|(r, b)| s.spawn(move || build(Arc::new(b), config, Some(format!("virtual-node-{}", r / local)))))
+            .zip(decisions)
+            .zip(ipc.into_iter().zip(local))
+            .map(|((boot, d), (ipc, local))| s.spawn(move || compose(boot, config, d, ipc, local)))
             .collect();
         crate::threads::join_ranks(hs)
     })
 }
 
-/// This rank of the CPU platform over `boot`, the host transport offered for every route
-/// that needs one. `host`: the identity this rank reports instead of its host's
-/// ([`virtual_nodes`]).
-fn build(boot: Arc<dyn Bootstrap>, config: &Config, host: Option<String>) -> Result<CpuCollective, Error> {
-    let flat = {
-        let boot = boot.clone();
-        move || HostTransport::new(boot)
-    };
-    let (d, ipc, transport) = agree_and_build(&*boot, config, host, true, Some(flat))?;
+/// This rank of the CPU platform over `boot` (one process per rank), the host transport
+/// offered for every route that needs one.
+fn build(boot: Arc<dyn Bootstrap>, config: &Config) -> Result<CpuCollective, Error> {
+    let d = agree(&*boot, config, None, true, true)?;
+    let world = boot.world_size();
+    let ipc =
+        if d.ipc || world == 1 { Some(ShmCollective::new(&*boot, shm_config(config, &d.routing))?) } else { None };
+    compose(boot, config, d, ipc, None)
+}
+
+/// This rank of the CPU platform from its decision `d` and the CPU twin's worlds built for it
+/// (`ipc`: the whole world's, when `d` takes it; `local`: its node's, when `d` takes the
+/// hierarchical route — `None`: built here over the node's group, one process per rank): the
+/// flat host transport where `d` takes it, and the route across nodes. Collective over `boot`.
+fn compose(
+    boot: Arc<dyn Bootstrap>,
+    config: &Config,
+    d: Decision,
+    ipc: Option<ShmCollective>,
+    local: Option<ShmCollective>,
+) -> Result<CpuCollective, Error> {
+    let transport = if d.transport { Some(HostTransport::new(boot.clone())?) } else { None };
     let world = boot.world_size();
     let routed = Routed::new(boot.rank(), world, config.capacity(), d.routing.clone(), ipc, transport)?;
     let Some(layout) = d.nodes else { return Ok(routed) };
     let rank = boot.rank();
     let (node_boot, cross_boot) = node_groups(&*boot, layout)?;
-    let local = ShmCollective::new(&*node_boot, shm_config(config, &d.routing))?;
+    let local = match local {
+        Some(group_rank) => group_rank,
+        None => ShmCollective::new(&*node_boot, shm_config(config, &d.routing))?,
+    };
     let cross = HostTransport::new(cross_boot)?;
     let nodes =
         Nodes::new(layout, rank, local, d.routing.route_table().clone(), cross, Box::new(HostScratch::default()))?;
@@ -120,20 +174,38 @@ pub fn with_transport<T: Collective<Stream = ()>>(
     transport: Option<impl FnOnce() -> Result<T, Error>>,
 ) -> Result<Routed<ShmCollective, T>, Error> {
     // A caller's transport spans the whole world: no groups to run the hierarchical route on.
-    let (d, ipc, transport) = agree_and_build(boot, config, None, false, transport)?;
+    let (d, ipc, transport) = agree_and_build(boot, config, transport)?;
     Routed::new(boot.rank(), boot.world_size(), config.capacity(), d.routing, ipc, transport)
 }
 
-/// The agreement of the CPU platform's ranks, then the CPU twin and the flat transport where
-/// the decision takes them. `nodes`: whether this rank offers the hierarchical route.
+/// The agreement of the CPU platform's ranks, then the CPU twin and the caller's transport
+/// where the decision takes them.
 #[allow(clippy::type_complexity)]
 fn agree_and_build<T: Collective<Stream = ()>>(
     boot: &dyn Bootstrap,
     config: &Config,
-    host: Option<String>,
-    nodes: bool,
     transport: Option<impl FnOnce() -> Result<T, Error>>,
 ) -> Result<(Decision, Option<ShmCollective>, Option<T>), Error> {
+    let d = agree(boot, config, None, false, transport.is_some())?;
+    let world = boot.world_size();
+    let ipc = if d.ipc || world == 1 { Some(ShmCollective::new(boot, shm_config(config, &d.routing))?) } else { None };
+    let transport = match (d.transport, transport) {
+        (true, Some(make)) => Some(make()?),
+        _ => None,
+    };
+    Ok((d, ipc, transport))
+}
+
+/// The agreement of the CPU platform's ranks (collective over `boot`). `host`: the identity
+/// this rank reports instead of its host's; `nodes`: whether it offers the hierarchical route;
+/// `transport`: whether it offers a flat transport.
+fn agree(
+    boot: &dyn Bootstrap,
+    config: &Config,
+    host: Option<String>,
+    nodes: bool,
+    transport: bool,
+) -> Result<Decision, Error> {
     let capacity = config.capacity();
     let routing = config.routing().cloned();
     let mut errors = Vec::new();
@@ -160,7 +232,7 @@ fn agree_and_build<T: Collective<Stream = ()>>(
         platform: platform.name().to_string(),
         host,
         ipc: true,
-        transport: transport.is_some(),
+        transport,
         versions: Vec::new(),
         capacity,
         routing: routing.canonical_json(),
@@ -177,11 +249,5 @@ fn agree_and_build<T: Collective<Stream = ()>>(
             detail: format!("every rank reports platform {}, but this build drives only the CPU", d.platform.name()),
         });
     }
-    let world = boot.world_size();
-    let ipc = if d.ipc || world == 1 { Some(ShmCollective::new(boot, shm_config(config, &d.routing))?) } else { None };
-    let transport = match (d.transport, transport) {
-        (true, Some(make)) => Some(make()?),
-        _ => None,
-    };
-    Ok((d, ipc, transport))
+    Ok(d)
 }
