@@ -72,6 +72,10 @@ pub use rocm::RocmCollective;
 
 // What an application uses with the constructors, so that it depends on this crate alone.
 pub use collective_core::bootstrap;
+/// The CPU reference that defines every result's bits (`fixed-tree`): the canonical tree
+/// (`reduce`, `tree_sum`, `all_gather`, `reduce_scatter`) and the fused norm
+/// (`residual_rmsnorm`), for checking a backend's output or computing it on the host.
+pub use collective_core::fixed_tree;
 pub use collective_core::{
     Capabilities, Collective, DType, Error, Io, Op, Plain, RawMut, RawRef, Reducible, ResidualRmsNorm, RmsNorm, Route,
     Timeouts,

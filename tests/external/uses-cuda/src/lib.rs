@@ -25,6 +25,26 @@ pub fn all_reduce_cudarc(comm: &NvidiaCollective, values: &[f32]) -> Result<f32,
     Ok(stream.clone_dtoh(&y)?[0])
 }
 
+/// A decoder layer's exit on cudarc buffers, as an engine writes it: the fused all_reduce +
+/// residual + RMSNorm through the typed entry point (the residual updated to `h` in place).
+/// Returns `(h, y)`.
+pub fn fused_norm_cudarc(
+    comm: &NvidiaCollective,
+    x: &[f32],
+    residual: &[f32],
+    weight: &[f32],
+    eps: f32,
+) -> Result<(Vec<f32>, Vec<f32>), Box<dyn std::error::Error>> {
+    let stream = comm.context().new_stream()?;
+    let x = stream.clone_htod(x)?;
+    let mut h = stream.clone_htod(residual)?;
+    let w = stream.clone_htod(weight)?;
+    let mut y = stream.alloc_zeros::<f32>(residual.len())?;
+    comm.all_reduce_residual_rmsnorm_into(&x, &mut y, &mut h, &w, weight.len(), eps, &stream)?;
+    comm.synchronize(&stream)?;
+    Ok((stream.clone_dtoh(&h)?, stream.clone_dtoh(&y)?))
+}
+
 #[cfg(feature = "candle")]
 /// cudarc's own API is usable next to detcoll in the same build (candle's features).
 pub fn cudarc_version() -> u32 {
