@@ -69,3 +69,34 @@ def assert_bits_equal(got, want, what=""):
     else:
         diff = np.flatnonzero(bits(got) != bits(want))
     assert diff.size == 0, f"{what}: {diff.size} elements differ, first at {diff[:5]}"
+
+
+# The fused norm's lanes (docs/contract.md, "Fused all_reduce + residual + RMSNorm").
+LANES, VECTOR = 256, 8
+CHUNK = LANES * VECTOR
+
+
+def rmsnorm(h, weight, eps):
+    """``y = dtype(f32(h) * inv * f32(w))`` with ``inv = 1 / sqrt(q / hidden + eps)``, ``q`` the sum
+    of squares: lane ``t`` adds the squares of elements ``c * 2048 + 8t + v`` in increasing order
+    into its f32 partial, then ``p_t = p_t + p_{t+s}`` for ``s = 128 .. 1``."""
+    rows, hidden = h.shape
+    hf, wf = h.astype(np.float32), weight.astype(np.float32)
+    y = np.empty_like(h)
+    lane = np.arange(LANES)
+    with np.errstate(all="ignore"):
+        for r in range(rows):
+            part = np.zeros(LANES, np.float32)
+            for c in range(-(-hidden // CHUNK)):
+                for v in range(VECTOR):
+                    j = c * CHUNK + VECTOR * lane + v
+                    inside = j < hidden
+                    e = hf[r, np.where(inside, j, 0)]
+                    part = np.where(inside, part + e * e, part)
+            s = LANES // 2
+            while s >= 1:
+                part[:s] = part[:s] + part[s : 2 * s]
+                s //= 2
+            inv = np.float32(1.0) / np.sqrt(part[0] / np.float32(hidden) + np.float32(eps))
+            y[r] = ((hf[r] * inv) * wf).astype(h.dtype)
+    return y

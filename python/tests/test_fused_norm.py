@@ -9,10 +9,8 @@ import pytest
 
 import detcoll
 from conftest import close_all, need_dtype, on_ranks
-from reference import REDUCE_DTYPES, assert_bits_equal, np_dtype, tree
+from reference import REDUCE_DTYPES, assert_bits_equal, np_dtype, rmsnorm, tree
 
-LANES, VECTOR = 256, 8
-CHUNK = LANES * VECTOR
 CAPACITY = 64 << 10
 EPS = 1e-6
 # (rows, hidden): one row; a hidden that is not a multiple of 8; 5 x 4096 f32 (80 KiB) runs in
@@ -20,32 +18,6 @@ EPS = 1e-6
 # (320 KiB in f16/bf16, above the CPU twin's RS+AG threshold): the RS+AG route in chunks of 4-8
 # rows, then the second launch; 0 x 64: an empty batch (a rank with no tokens this step).
 SHAPES = ((1, 8), (3, 2049), (5, 4096), (70, 24), (80, 2048), (0, 64))
-
-
-def rmsnorm(h, weight, eps):
-    """``y = dtype(f32(h) * inv * f32(w))`` with ``inv = 1 / sqrt(q / hidden + eps)``, ``q`` the sum
-    of squares: lane ``t`` adds the squares of elements ``c * 2048 + 8t + v`` in increasing order
-    into its f32 partial, then ``p_t = p_t + p_{t+s}`` for ``s = 128 .. 1``."""
-    rows, hidden = h.shape
-    hf, wf = h.astype(np.float32), weight.astype(np.float32)
-    y = np.empty_like(h)
-    lane = np.arange(LANES)
-    with np.errstate(all="ignore"):
-        for r in range(rows):
-            part = np.zeros(LANES, np.float32)
-            for c in range(-(-hidden // CHUNK)):
-                for v in range(VECTOR):
-                    j = c * CHUNK + VECTOR * lane + v
-                    inside = j < hidden
-                    e = hf[r, np.where(inside, j, 0)]
-                    part = np.where(inside, part + e * e, part)
-            s = LANES // 2
-            while s >= 1:
-                part[:s] = part[:s] + part[s : 2 * s]
-                s //= 2
-            inv = np.float32(1.0) / np.sqrt(part[0] / np.float32(hidden) + np.float32(eps))
-            y[r] = ((hf[r] * inv) * wf).astype(h.dtype)
-    return y
 
 
 def values(dtype, shape, seed, scale=1.0):
