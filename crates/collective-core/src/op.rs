@@ -89,6 +89,16 @@ impl Signature {
         if h == 0 { 1 } else { h }
     }
 
+    /// The `split` of the all_reduce of a fused all_reduce + residual + RMSNorm (a single-lane
+    /// call, whose `split` is otherwise 0): an order-sensitive hash of a tag, `hidden` and the
+    /// bits of `eps` (never 0). Ranks agreeing on the all_reduce's size but not on the norm's
+    /// `hidden` or `eps`, or one rank fusing where another makes a plain all_reduce, then fail
+    /// with `SignatureMismatch` instead of each returning another `y`.
+    pub fn norm_split(hidden: usize, eps: f32) -> u32 {
+        const TAG: u64 = 0x4e4f_524d; // "NORM"
+        Signature::lane_split([TAG, hidden as u64, u64::from(eps.to_bits())])
+    }
+
     /// Two words: `[magic:8 | op:8 | dtype:8 | route:3 lanes:5 | split:32, count]`, as stored
     /// in a control block (the kernels copy them verbatim).
     pub const fn pack(&self) -> [u64; 2] {
@@ -133,8 +143,10 @@ impl Signature {
 impl core::fmt::Display for Signature {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         write!(f, "{} {} x {}", self.op, self.dtype, self.count)?;
-        if self.lanes != 1 || self.split != 0 {
+        if self.lanes != 1 {
             write!(f, " in {} lanes (split {:#010x})", self.lanes, self.split)?;
+        } else if self.split != 0 {
+            write!(f, " with a fused RMSNorm (hidden and eps digest {:#010x})", self.split)?;
         }
         write!(f, " via {}", self.route.name())
     }

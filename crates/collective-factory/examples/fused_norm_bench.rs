@@ -166,7 +166,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                                         return fused();
                                     };
                                     let both = ipc
-                                        .all_reduce_then_norm(xy(), r, &norm_args, CallStream::Safe(&stream))
+                                        .all_reduce_then_norm(xy(), r, &norm_args, true, CallStream::Safe(&stream))
                                         .map_err(|x| e(&x))?;
                                     if both {
                                         Ok(())

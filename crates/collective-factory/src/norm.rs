@@ -47,17 +47,24 @@ pub trait NormBackend: Collective {
     /// Enqueues the norm of a validated call on `stream`.
     fn residual_rmsnorm(&self, args: &NormArgs, stream: CallStream<'_, Self::Stream>) -> Result<(), Error>;
 
-    /// Enqueues the all_reduce of a fused call by IPC `route` with the norm of `args` as the
-    /// epilogue of its last launch (the one-kernel form, `Launch::SingleNorm`). `Ok(true)`:
-    /// the norm is enqueued too; `Ok(false)`: only the all_reduce was (a world of one rank),
-    /// the caller enqueues the norm. A backend without IPC routes refuses (`InvalidConfig`).
+    /// Enqueues the all_reduce of a fused call by IPC `route`, signed with the norm of `args`
+    /// (`Signature::norm_split`: peers disagreeing on `hidden` or `eps`, or making a plain
+    /// all_reduce, fail with `SignatureMismatch`), and, with `fuse`, the norm as the epilogue
+    /// of its last launch (the one-kernel form, `Launch::SingleNorm`). `Ok(true)`: the norm is
+    /// enqueued too; `Ok(false)`: only the all_reduce was (`fuse` false, or a world of one
+    /// rank), the caller enqueues the norm. A backend without IPC routes refuses
+    /// (`InvalidConfig`: the default).
     fn all_reduce_then_norm(
         &self,
         io: Io<'_>,
         route: IpcRoute,
         args: &NormArgs,
+        fuse: bool,
         stream: CallStream<'_, Self::Stream>,
-    ) -> Result<bool, Error>;
+    ) -> Result<bool, Error> {
+        let _ = (io, route, args, fuse, stream);
+        Err(not_ipc())
+    }
 
     /// Whether a fused call of `io` by IPC `route` is one kernel at any batch size: its norm
     /// reads the gathered sums in place and covers the whole call
@@ -75,6 +82,7 @@ fn engine_then_norm<D: detcoll_protocol::IpcDevice>(
     io: Io<'_>,
     route: IpcRoute,
     args: &NormArgs,
+    fuse: bool,
     stream: CallStream<'_, D::Stream>,
 ) -> Result<bool, Error> {
     let raw = match stream {
@@ -84,7 +92,13 @@ fn engine_then_norm<D: detcoll_protocol::IpcDevice>(
     // SAFETY: `raw` is this device's stream (checked by `raw_stream`) or vouched for by a raw
     // entry point's caller; the views were validated at the front door (`validate`,
     // `validate_norm`) and their validity is the contract of their constructors.
-    unsafe { engine.enqueue_all_reduce_norm(io, Some(route), args, raw) }
+    unsafe {
+        if fuse {
+            engine.enqueue_all_reduce_norm(io, Some(route), args, raw)
+        } else {
+            engine.enqueue_all_reduce_for_norm(io, Some(route), args, raw).map(|()| false)
+        }
+    }
 }
 
 /// What a transport answers for the one-kernel form: it has no IPC route.
@@ -148,22 +162,18 @@ where
             // The one-kernel form where the table sends the all_reduce to an IPC route and it
             // pays: up to ONE_KERNEL_MAX_ROWS rows on any, at any batch size where the norm
             // reads the gathered sums in place (NormBackend::one_kernel_at_any_size).
-            let one_kernel = match self.ipc_all_reduce_route(&x)? {
-                Some(r) if call.rows <= ONE_KERNEL_MAX_ROWS => Some(r),
-                Some(r)
-                    if call.rows >= GATHERED_MIN_ROWS
-                        && self.ipc().is_some_and(|i| i.one_kernel_at_any_size(&x, r, &packed)) =>
-                {
-                    Some(r)
+            // On an IPC route the all_reduce is signed with the norm either way (peers that
+            // disagree on it fail with SignatureMismatch); the other routes sign the all_reduce
+            // alone.
+            match (self.ipc_all_reduce_route(&x)?, self.ipc()) {
+                (Some(route), Some(ipc)) => {
+                    let one_kernel = call.rows <= ONE_KERNEL_MAX_ROWS
+                        || (call.rows >= GATHERED_MIN_ROWS && ipc.one_kernel_at_any_size(&x, route, &packed));
+                    if ipc.all_reduce_then_norm(x, route, &args, one_kernel, via.stream())? {
+                        return Ok(());
+                    }
                 }
-                _ => None,
-            };
-            if let (Some(route), Some(ipc)) = (one_kernel, self.ipc()) {
-                if ipc.all_reduce_then_norm(x, route, &args, via.stream())? {
-                    return Ok(());
-                }
-            } else {
-                self.dispatch_locked(Op::AllReduce, x, via)?;
+                _ => self.dispatch_locked(Op::AllReduce, x, via)?,
             }
         }
         let stream = via.stream();
@@ -190,9 +200,6 @@ impl<S: ?Sized> NormBackend for NoTransport<S> {
     fn residual_rmsnorm(&self, _: &NormArgs, _: CallStream<'_, S>) -> Result<(), Error> {
         match self.0 {}
     }
-    fn all_reduce_then_norm(&self, _: Io<'_>, _: IpcRoute, _: &NormArgs, _: CallStream<'_, S>) -> Result<bool, Error> {
-        match self.0 {}
-    }
 }
 
 #[cfg(any(feature = "cuda", feature = "rocm"))]
@@ -205,9 +212,10 @@ impl<D: detcoll_protocol::IpcDevice + NormDevice> NormBackend for ipc_engine::Ip
         io: Io<'_>,
         route: IpcRoute,
         args: &NormArgs,
+        fuse: bool,
         stream: CallStream<'_, D::Stream>,
     ) -> Result<bool, Error> {
-        engine_then_norm(self, io, route, args, stream)
+        engine_then_norm(self, io, route, args, fuse, stream)
     }
     fn one_kernel_at_any_size(&self, io: &Io<'_>, route: IpcRoute, norm: &NormParams) -> bool {
         self.fused_norm_reads_gathered(io, route, norm)
@@ -218,15 +226,6 @@ impl<D: detcoll_protocol::IpcDevice + NormDevice> NormBackend for ipc_engine::Ip
 impl<D: NormDevice + Clone> NormBackend for crate::GpuTransport<D> {
     fn residual_rmsnorm(&self, args: &NormArgs, stream: CallStream<'_, D::Stream>) -> Result<(), Error> {
         launch(self.device(), args, stream)
-    }
-    fn all_reduce_then_norm(
-        &self,
-        _: Io<'_>,
-        _: IpcRoute,
-        _: &NormArgs,
-        _: CallStream<'_, D::Stream>,
-    ) -> Result<bool, Error> {
-        Err(not_ipc())
     }
 }
 
@@ -240,9 +239,10 @@ impl NormBackend for shm_ipc::ShmCollective {
         io: Io<'_>,
         route: IpcRoute,
         args: &NormArgs,
+        fuse: bool,
         stream: CallStream<'_, ()>,
     ) -> Result<bool, Error> {
-        engine_then_norm(self.engine(), io, route, args, stream)
+        engine_then_norm(self.engine(), io, route, args, fuse, stream)
     }
     fn one_kernel_at_any_size(&self, io: &Io<'_>, route: IpcRoute, norm: &NormParams) -> bool {
         self.engine().fused_norm_reads_gathered(io, route, norm)
@@ -255,8 +255,5 @@ impl NormBackend for detcoll_host_transport::HostTransport {
     /// collective to borrow it from).
     fn residual_rmsnorm(&self, args: &NormArgs, stream: CallStream<'_, ()>) -> Result<(), Error> {
         launch(&shm_ipc::HostDevice::threads(), args, stream)
-    }
-    fn all_reduce_then_norm(&self, _: Io<'_>, _: IpcRoute, _: &NormArgs, _: CallStream<'_, ()>) -> Result<bool, Error> {
-        Err(not_ipc())
     }
 }

@@ -5,9 +5,9 @@
 //! 4096, 8192 and 2049; every rank's `h` and `y` bit for bit `fixed_tree::residual_rmsnorm`, and a
 //! row's bits the same in a batch of one. The raw entry in place and out of place on the routes
 //! that hold a row in registers. Two threads with their own streams on one rank: fused calls atomic
-//! per handle. Fail-closed: a peer that never calls, or calls with another row count, ends the call
-//! with a typed error in bounded time, through the launch barrier of the norm. Skips, saying so,
-//! without a GPU.
+//! per handle. Fail-closed: a peer that never calls, or calls with another row count, another
+//! `hidden` or `eps` or a plain all_reduce, ends the call with a typed error in bounded time,
+//! through the launch barrier of the norm. Skips, saying so, without a GPU.
 #![cfg(feature = "cuda")]
 mod norm_data;
 
@@ -513,5 +513,61 @@ fn two_threads_with_their_own_streams_on_one_rank_make_atomic_fused_calls() {
             });
         }
         println!("{route}: two threads on rank 0 with their own streams, fused calls atomic");
+    }
+}
+
+/// Ranks that disagree on the norm with the same element count fail on both ranks with
+/// `SignatureMismatch`, then `Poisoned` (the GPU twin of `fused_norm_disagreement.rs`): rank 1
+/// normalises rows of half the width (twice as many), uses another `eps`, or makes a plain
+/// all_reduce, in every form of `FAULT_SHAPES` and with the norm a launch of its own (100 x
+/// 4096).
+#[test]
+fn fused_calls_that_disagree_on_the_norm_fail_with_signature_mismatch() {
+    if !gpu() {
+        return;
+    }
+    let bound = std::time::Duration::from_secs(8);
+    // Rank 1's call: `None` a plain all_reduce, else the fused call of (rows, hidden, eps).
+    let outcome = |comm: &NvidiaCollective, n: usize, fused: Option<(usize, f32)>| {
+        let stream = comm.context().new_stream().expect("stream");
+        let x = stream.clone_htod(&values::<bf16>(n, 3)).expect("x");
+        let mut y = stream.alloc_zeros::<bf16>(n).expect("y");
+        let t = std::time::Instant::now();
+        let call = |y: &mut Buf<bf16>| match fused {
+            Some((hidden, eps)) => {
+                let mut residual = stream.clone_htod(&values::<bf16>(n, 4)).expect("residual");
+                let weight = stream.clone_htod(&values::<bf16>(hidden, 5)).expect("weight");
+                comm.all_reduce_residual_rmsnorm_into(&x, y, &mut residual, &weight, hidden, eps, &stream)
+            }
+            None => comm.all_reduce_into(&x, y, &stream),
+        };
+        let got = call(&mut y).and_then(|()| comm.synchronize(&stream)).and_then(|()| comm.check());
+        (got, t.elapsed(), call(&mut y))
+    };
+    let shapes = FAULT_SHAPES.iter().copied().chain([(100, 4096, None)]);
+    for (rows, hidden, route) in shapes {
+        let n = rows * hidden;
+        for theirs in [Some((hidden / 2, 1e-6)), Some((hidden, 1e-5)), None] {
+            let comms = fault_group(bound, route);
+            let calls = [Some((hidden, 1e-6f32)), theirs];
+            std::thread::scope(|s| {
+                for (me, comm) in comms.iter().enumerate() {
+                    s.spawn(move || {
+                        let what = format!("rank {me}, {rows} x {hidden} by {route:?}, calls {calls:?}");
+                        let (got, waited, again) = outcome(comm, n, calls[me]);
+                        assert!(waited < bound, "{what}: the mismatch took {waited:?}");
+                        match got {
+                            Err(collective_core::Error::SignatureMismatch { peer, .. }) if peer == 1 - me => {}
+                            other => panic!("{what}: expected SignatureMismatch naming the peer, got {other:?}"),
+                        }
+                        match again {
+                            Err(collective_core::Error::Poisoned { .. }) => {}
+                            other => panic!("{what}: expected Poisoned after the mismatch, got {other:?}"),
+                        }
+                        println!("{what}: mismatch after {waited:?}");
+                    });
+                }
+            });
+        }
     }
 }

@@ -8,7 +8,9 @@ use crate::lockstep::Member;
 use crate::order::StreamOrder;
 use crate::state::{IpcState, Owner};
 use collective_core::process::ProcessOwner;
-use collective_core::{Capabilities, Collective, Error, Io, IpcRoute, Op, Route, RouteSelect, validate, validate_many};
+use collective_core::{
+    Capabilities, Collective, Error, Io, IpcRoute, Op, Route, RouteSelect, Signature, validate, validate_many,
+};
 use detcoll_protocol::close::{self, CloseOnce};
 use detcoll_protocol::params::{self, CollectiveNormParams, CopyParams, ParamsMany, ParamsSingle};
 use detcoll_protocol::status::{self, RECORD_WORDS};
@@ -225,7 +227,27 @@ impl<D: IpcDevice> IpcCollective<D> {
         stream: RawStream,
     ) -> Result<bool, Error> {
         // SAFETY: forwarded.
-        unsafe { self.enqueue_single(Op::AllReduce, io, route, Some(norm), stream) }
+        unsafe { self.enqueue_single(Op::AllReduce, io, route, Some((norm, Epilogue::InLastLaunch)), stream) }
+    }
+
+    /// Enqueues the all_reduce of a fused all_reduce + residual + RMSNorm whose norm the caller
+    /// launches after it (the form for batches the one kernel does not take), checked as
+    /// [`IpcCollective::enqueue_all_reduce_norm`] checks and signed, like it, with the norm's
+    /// `hidden` and `eps` (`Signature::norm_split`): peers making a fused call with another
+    /// `hidden` or `eps`, or a plain all_reduce of the same size, fail with
+    /// `SignatureMismatch` on every rank instead of returning different `y`.
+    ///
+    /// # Safety
+    /// As [`IpcCollective::enqueue_all_reduce_norm`].
+    pub unsafe fn enqueue_all_reduce_for_norm(
+        &self,
+        io: Io<'_>,
+        route: Option<IpcRoute>,
+        norm: &NormArgs,
+        stream: RawStream,
+    ) -> Result<(), Error> {
+        // SAFETY: forwarded.
+        unsafe { self.enqueue_single(Op::AllReduce, io, route, Some((norm, Epilogue::Caller)), stream) }.map(drop)
     }
 
     /// Whether a fused all_reduce + RMSNorm of `io` by `route` (`norm` its packed norm) is one
@@ -246,9 +268,12 @@ impl<D: IpcDevice> IpcCollective<D> {
         Chunks::single(&call, self.rank, self.world, route.route(), capacity, ll).is_ok_and(|c| c.count() == 1)
     }
 
-    /// One single-lane call (`enqueue_routed`), with `norm` as the epilogue of its last launch
-    /// (`enqueue_all_reduce_norm`). `Ok(false)`: no launch took the norm (none given, or a
-    /// world of one rank, whose call is a copy).
+    /// One single-lane call (`enqueue_routed`); with `norm`, the all_reduce of a fused call:
+    /// its norm checked, every launch signed with the norm (`Signature::norm_split`), and the
+    /// norm the epilogue of its last launch (`Epilogue::InLastLaunch`,
+    /// `enqueue_all_reduce_norm`) or left to the caller (`Epilogue::Caller`). `Ok(false)`: no
+    /// launch took the norm (none given, left to the caller, or a world of one rank, whose call
+    /// is a copy).
     ///
     /// # Safety
     /// As [`IpcCollective::enqueue_all_reduce_norm`].
@@ -257,18 +282,25 @@ impl<D: IpcDevice> IpcCollective<D> {
         op: Op,
         io: Io<'_>,
         route: Option<IpcRoute>,
-        norm: Option<&NormArgs>,
+        norm: Option<(&NormArgs, Epilogue)>,
         stream: RawStream,
     ) -> Result<bool, Error> {
         let mut order = self.lock_call()?;
         self.check()?;
         // No capacity limit: a call above the staging capacity runs in chunks (`Chunks`).
         let call = validate(op, &io, self.rank, self.world, usize::MAX)?;
-        // A fused call's norm, checked against the validated all_reduce, then packed.
+        // A fused call's norm, checked against the validated all_reduce, then packed; the
+        // digest of its hidden and eps signs every launch of the call.
+        let split = norm.map_or(0, |(args, _)| Signature::norm_split(args.hidden, args.eps));
         let norm = match norm {
-            Some(args) => {
+            Some((args, Epilogue::InLastLaunch)) => {
                 crate::fused_norm::check(&io, args)?;
                 Some((args, NormParams::pack(args)?))
+            }
+            Some((args, Epilogue::Caller)) => {
+                crate::fused_norm::check(&io, args)?;
+                NormParams::pack(args)?;
+                None
             }
             None => None,
         };
@@ -283,10 +315,14 @@ impl<D: IpcDevice> IpcCollective<D> {
         // this stream, one generation each (the double-buffered frames pipeline them).
         let (capacity, ll) = (self.config.capacity, ipc.layout.ll_capacity());
         let mut chunks = Chunks::single(&call, self.rank, self.world, route.route(), capacity, ll)?.peekable();
-        // Each plan with whether it is the call's last.
+        // Each plan, signed, with whether it is the call's last.
         let plans = core::iter::from_fn(move || {
             let plan = chunks.next()?;
-            Some(plan.map(|p| (p, chunks.peek().is_none())))
+            let last = chunks.peek().is_none();
+            Some(plan.map(|mut p| {
+                p.sig.split = split;
+                (p, last)
+            }))
         });
         let gather_in_place = call.in_place && op == Op::AllGather;
         let launch = |(plan, last)| {
@@ -547,4 +583,13 @@ impl<D: IpcDevice> Drop for IpcCollective<D> {
     fn drop(&mut self) {
         let _ = self.close();
     }
+}
+
+/// Where the norm of a fused call's all_reduce runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Epilogue {
+    /// In the all_reduce's last launch (`Launch::SingleNorm`).
+    InLastLaunch,
+    /// After it, launched by the caller.
+    Caller,
 }
