@@ -1,9 +1,9 @@
-//! Ranks as threads sharing one GPU survive ordinary stream work between calls (issue 24):
-//! the README's pattern (pageable uploads, allocation, the call, `synchronize`, download,
-//! frees) at worlds 2, 4 and 8 on GPU 0, `DETCOLL_SHARED_GPU_CALLS` calls per world (default
-//! 10,000) over every IPC route and chunked calls, no turn-taking of the test's own, every
-//! result bit-exact against fixed-tree, no error (a timeout fails it). Skips, saying so,
-//! without a GPU.
+//! Ranks as threads sharing one GPU survive ordinary stream work between calls (issue 24): the
+//! README's pattern (pageable uploads, allocation, the call, `synchronize`, download, frees) at
+//! worlds 2, 4 and 8 on GPU 0, `DETCOLL_SHARED_GPU_CALLS` calls per world (default 10,000) over
+//! every IPC route and chunked calls, with a fused all_reduce + residual + RMSNorm after every 7th,
+//! no turn-taking of the test's own, every result bit-exact against fixed-tree, no error (a timeout
+//! fails it). Skips, saying so, without a GPU.
 #![cfg(feature = "cuda")]
 mod shared_gpu;
 
@@ -138,7 +138,7 @@ fn readme_pattern_world16_threads_on_one_gpu_by_the_hierarchical_route() {
     });
     for (r, res) in results.into_iter().enumerate() {
         let routes = res.unwrap_or_else(|e| panic!("world 16, rank {r}: {e}"));
-        assert!(routes.keys().all(|k| k == "hierarchical" || k == "chunked"), "{routes:?}");
+        assert!(routes.keys().all(|k| ["hierarchical", "chunked", "fused"].contains(&k.as_str())), "{routes:?}");
     }
     println!("world 16 as threads on one GPU (2 nodes of 8): {calls} calls per rank in {:?}, 0 errors", t.elapsed());
 }

@@ -3,13 +3,16 @@
 //! (`alloc_zeros`), enqueues the collective through the typed entry point, `synchronize`s,
 //! downloads the result (`clone_dtoh`) and drops both buffers (stream-ordered frees). No
 //! barrier, turn or lockstep of the test's own: whatever ranks sharing a GPU need is the
-//! library's burden. Every result is compared bit for bit with `fixed-tree`'s tree; any error
-//! (a timeout included) fails the test.
+//! library's burden. After every 7th call, a fused all_reduce + residual + RMSNorm the same
+//! way (the decoder layer's exit: one kernel up to 64 rows, a second launch above, chunked
+//! above the staging). Every result is compared bit for bit with `fixed-tree` (the tree, the
+//! fused norm's reference); any error (a timeout included) fails the test.
 //!
 //! Used by `nvidia_shared_gpu.rs` (thread ranks) and `nvidia_shared_gpu_processes.rs` (one
 //! process per rank, several processes on one GPU under MPS).
 #![allow(dead_code)] // each suite uses part of it
 use collective_core::conformance::data::{finite_values, reference_reduce};
+use collective_core::fixed_tree::{Element, RmsNormShape, residual_rmsnorm};
 use collective_core::{Collective, DType, Op, Reducible, Route};
 use collective_factory::{NvidiaCollective, Routing};
 use cuda_ipc::cudarc::driver::{CudaStream, DeviceRepr, ValidAsZeroBits};
@@ -94,7 +97,7 @@ fn seed(i: usize, q: usize) -> u64 {
 }
 
 /// An element type of the typed entry points, from and to little-endian bytes.
-pub trait Elem: Reducible + DeviceRepr + ValidAsZeroBits + Copy + Default + Unpin + 'static {
+pub trait Elem: Reducible + Element + DeviceRepr + ValidAsZeroBits + Copy + Default + Unpin + 'static {
     fn from_le(b: &[u8]) -> Self;
     fn put_le(self, out: &mut Vec<u8>);
 }
@@ -148,8 +151,60 @@ fn one_call<T: Elem>(
     Ok(bytes)
 }
 
-/// This rank's `calls` calls, each checked bit for bit; returns how many calls took each
-/// route (and how many ran in chunks, as `"chunked"`).
+/// The fused call made after call `i`, every 7th: (dtype, rows, hidden) — the one-kernel form
+/// (up to 64 rows), a second launch (100 rows), chunked above the staging (64 x 4096 f32).
+pub fn fused_plan(i: usize) -> Option<(DType, usize, usize)> {
+    const SHAPES: [(usize, usize); 6] = [(1, 4096), (3, 1024), (8, 4096), (64, 1024), (100, 1024), (64, 4096)];
+    if i % 7 != 6 {
+        return None;
+    }
+    let dtype = if (i / 42) % 2 == 0 { DType::BF16 } else { DType::F32 };
+    let (rows, hidden) = SHAPES[(i / 7) % SHAPES.len()];
+    Some((dtype, rows, hidden))
+}
+
+/// The fused call after call `i` on rank `rank`, as the README's pattern makes it (pageable
+/// uploads, allocation, the call, `synchronize`, downloads, frees), checked bit for bit
+/// against `fixed_tree::residual_rmsnorm` of every rank's inputs.
+fn fused_call<T: Elem>(
+    comm: &NvidiaCollective,
+    stream: &Arc<CudaStream>,
+    i: usize,
+    rows: usize,
+    hidden: usize,
+) -> Result<(), String> {
+    let (rank, world, n) = (comm.rank(), comm.world_size(), rows * hidden);
+    let dtype = T::DTYPE;
+    let typed = |b: Vec<u8>| -> Vec<T> { b.chunks_exact(dtype.size()).map(T::from_le).collect() };
+    let xs: Vec<Vec<T>> = (0..world).map(|q| typed(finite_values(dtype, n, seed(i, q) ^ 0xf00d))).collect();
+    let residual = typed(finite_values(dtype, n, seed(i, 200)));
+    let weight = typed(finite_values(dtype, hidden, seed(i, 201)));
+    let x = stream.clone_htod(&xs[rank]).map_err(|e| format!("clone_htod: {e}"))?;
+    let mut h = stream.clone_htod(&residual).map_err(|e| format!("clone_htod: {e}"))?;
+    let w = stream.clone_htod(&weight).map_err(|e| format!("clone_htod: {e}"))?;
+    let mut y = stream.alloc_zeros::<T>(n).map_err(|e| format!("alloc_zeros: {e}"))?;
+    comm.all_reduce_residual_rmsnorm_into(&x, &mut y, &mut h, &w, hidden, 1e-6, stream)
+        .map_err(|e| format!("the fused call: {e}"))?;
+    comm.synchronize(stream).map_err(|e| format!("synchronize: {e}"))?;
+    let (got_h, got_y) = (
+        stream.clone_dtoh(&h).map_err(|e| format!("clone_dtoh: {e}"))?,
+        stream.clone_dtoh(&y).map_err(|e| format!("clone_dtoh: {e}"))?,
+    );
+    drop((x, h, w, y));
+    let parts: Vec<&[T]> = xs.iter().map(|v| v.as_slice()).collect();
+    let (mut want_h, mut want_y) = (vec![T::default(); n], vec![T::default(); n]);
+    residual_rmsnorm(&parts, &residual, &weight, 1e-6, RmsNormShape { rows, hidden }, &mut want_h, &mut want_y)
+        .map_err(|e| format!("reference: {e}"))?;
+    let bits = |v: &[T]| v.iter().map(|e| if e.is_nan() { u32::MAX } else { e.to_bits_u32() }).collect::<Vec<_>>();
+    if bits(&got_h) != bits(&want_h) || bits(&got_y) != bits(&want_y) {
+        return Err("h or y differs from fixed_tree::residual_rmsnorm".into());
+    }
+    Ok(())
+}
+
+/// This rank's `calls` calls, each checked bit for bit, with a fused call after every 7th
+/// ([`fused_plan`]); returns how many calls took each route (and how many ran in chunks, as
+/// `"chunked"`, and how many were fused, as `"fused"`).
 pub fn run_rank(comm: &NvidiaCollective, calls: usize) -> Result<BTreeMap<String, usize>, String> {
     let (rank, world) = (comm.rank(), comm.world_size());
     let stream = comm.context().new_stream().map_err(|e| format!("rank {rank}: new_stream: {e}"))?;
@@ -176,13 +231,23 @@ pub fn run_rank(comm: &NvidiaCollective, calls: usize) -> Result<BTreeMap<String
                 want.len()
             ));
         }
+        if let Some((dtype, rows, hidden)) = fused_plan(i) {
+            *routes.entry("fused".to_string()).or_default() += 1;
+            match dtype {
+                DType::F32 => fused_call::<f32>(comm, &stream, i, rows, hidden),
+                _ => fused_call::<half::bf16>(comm, &stream, i, rows, hidden),
+            }
+            .map_err(|e| {
+                format!("rank {rank} of {world}, fused call after call {i} ({dtype} {rows} x {hidden}): {e}")
+            })?;
+        }
     }
     Ok(routes)
 }
 
 /// Every IPC route (and chunking) was taken.
 pub fn check_routes(routes: &BTreeMap<String, usize>) -> Result<(), String> {
-    for r in ["ipc_push_ll", "ipc_one_shot", "ipc_rs_ag", "ipc_push", "chunked"] {
+    for r in ["ipc_push_ll", "ipc_one_shot", "ipc_rs_ag", "ipc_push", "chunked", "fused"] {
         if !routes.contains_key(r) {
             return Err(format!("route {r} was never taken: {routes:?}"));
         }
