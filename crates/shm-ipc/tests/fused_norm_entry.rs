@@ -1,7 +1,9 @@
-//! The engine's own fused entry (`IpcCollective::enqueue_all_reduce_norm`, what raw callers
-//! and the front door reach) refuses, with a typed error and nothing written, the arguments the
-//! front door refuses and the forms no fused launch takes (a norm reading anything but the
-//! all_reduce's output, `y` apart from it); the handle then still makes a correct call.
+//! The engine's own fused entries (`IpcCollective::enqueue_all_reduce_norm`, what raw callers
+//! and the front door reach, and `enqueue_all_reduce_for_norm`, the all_reduce of a fused call
+//! whose norm the caller launches) refuse, with a typed error and nothing written, the
+//! arguments the front door refuses and the forms no fused launch takes (a norm reading
+//! anything but the all_reduce's output, `y` apart from it); the handle then still makes a
+//! correct call.
 use collective_core::fixed_tree::{RmsNormShape, residual_rmsnorm};
 use collective_core::{Collective, DType, Error, Io, IpcRoute};
 use detcoll_protocol::{Device, NormArgs};
@@ -47,11 +49,13 @@ fn addr(v: &mut [f32]) -> u64 {
     v.as_mut_ptr() as u64
 }
 
-/// One call of `rank` by `route` with the arguments `change` makes of the right ones.
+/// One call of `rank` by `route` with the arguments `change` makes of the right ones, through
+/// `enqueue_all_reduce_norm` (`fused`) or `enqueue_all_reduce_for_norm`.
 fn call(
     c: &ShmCollective,
     b: &mut Buffers,
     route: IpcRoute,
+    fused: bool,
     change: impl Fn(&mut NormArgs, &mut Buffers),
 ) -> Result<bool, Error> {
     let mut args = NormArgs {
@@ -71,7 +75,13 @@ fn call(
     let io = Io::host(&b.x[..N], &mut b.y);
     // SAFETY: every address `args` names is one of `b`'s live host buffers (or inside one),
     // alive until the call returns (a host stream completes it before returning).
-    unsafe { engine.enqueue_all_reduce_norm(io, Some(route), &args, stream) }
+    unsafe {
+        if fused {
+            engine.enqueue_all_reduce_norm(io, Some(route), &args, stream)
+        } else {
+            engine.enqueue_all_reduce_for_norm(io, Some(route), &args, stream).map(|()| false)
+        }
+    }
 }
 
 #[test]
@@ -111,12 +121,14 @@ fn refused_arguments_write_nothing_and_the_next_call_is_right() {
     ];
     for route in [IpcRoute::PushLl, IpcRoute::OneShot, IpcRoute::Push, IpcRoute::ReduceScatterAllGather] {
         for (what, change, expected) in cases {
-            // Refused by the rank's own checks before any collective work: one rank alone.
-            let mut b = Buffers::new(0);
-            let before = b.bits();
-            let e = call(&comms[0], &mut b, route, change).expect_err(what);
-            assert!(expected(&e), "{route:?}, {what}: {e}");
-            assert_eq!(b.bits(), before, "{route:?}, {what}: a buffer was written");
+            for fused in [true, false] {
+                // Refused by the rank's own checks before any collective work: one rank alone.
+                let mut b = Buffers::new(0);
+                let before = b.bits();
+                let e = call(&comms[0], &mut b, route, fused, change).expect_err(what);
+                assert!(expected(&e), "{route:?}, {what}, fused {fused}: {e}");
+                assert_eq!(b.bits(), before, "{route:?}, {what}, fused {fused}: a buffer was written");
+            }
         }
         // Both ranks, the right arguments: the reference's bits.
         let got: Vec<(Vec<f32>, Vec<f32>)> = std::thread::scope(|s| {
@@ -126,7 +138,10 @@ fn refused_arguments_write_nothing_and_the_next_call_is_right() {
                 .map(|(r, c)| {
                     s.spawn(move || {
                         let mut b = Buffers::new(r);
-                        assert!(call(c, &mut b, route, |_, _| ()).expect("the right call"), "the engine took the norm");
+                        assert!(
+                            call(c, &mut b, route, true, |_, _| ()).expect("the right call"),
+                            "the engine took the norm"
+                        );
                         (b.h, b.y)
                     })
                 })
