@@ -13,7 +13,7 @@ mod norm_data;
 use collective_core::fixed_tree::Element;
 use collective_factory::half::{bf16, f16};
 use collective_factory::{Collective, Config, CpuCollective, Io, RawRef, Reducible, RmsNorm, cpu};
-use norm_data::{Choices, Shape, Tensor, bits, every_size_by, reference_of, tensor};
+use norm_data::{Choices, Shape, Tensor, assert_every_rank, every_size_by, reference_of, tensor};
 
 /// The call of `shape` with seed `seed` on every rank; asserts every rank's h and y.
 fn check<T: Element + Reducible>(comms: &[CpuCollective], shape: Shape, seed: u64, what: &str) {
@@ -54,11 +54,7 @@ fn check<T: Element + Reducible>(comms: &[CpuCollective], shape: Shape, seed: u6
             .collect();
         hs.into_iter().map(|h| h.join().expect("rank")).collect()
     });
-    let (h, y) = reference_of::<T>(comms.len(), rows, hidden, seed, values, eps);
-    for (r, (gh, gy)) in got.into_iter().enumerate() {
-        assert_eq!(bits(&gh), bits(&h), "{what} rank {r}: h");
-        assert_eq!(bits(&gy), bits(&y), "{what} rank {r}: y");
-    }
+    assert_every_rank(got, &reference_of::<T>(comms.len(), rows, hidden, seed, values, eps), what);
 }
 
 #[test]

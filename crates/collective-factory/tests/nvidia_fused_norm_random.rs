@@ -14,7 +14,7 @@ use collective_core::fixed_tree::Element;
 use collective_factory::cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
 use collective_factory::half::{bf16, f16};
 use collective_factory::{Collective, Config, NvidiaCollective, Reducible, nvidia};
-use norm_data::{Choices, Shape, Tensor, bits, every_size_by, reference_of, tensor};
+use norm_data::{Choices, Shape, Tensor, assert_every_rank, every_size_by, reference_of, tensor};
 
 fn gpu() -> bool {
     let ok = cuda_ipc::driver::driver_present() && cuda_ipc::driver::device_count().is_ok_and(|n| n > 0);
@@ -93,11 +93,7 @@ where
             .collect();
         hs.into_iter().map(|h| h.join().expect("rank")).collect()
     });
-    let (h, y) = reference_of::<T>(comms.len(), rows, hidden, seed, values, eps);
-    for (r, (gh, gy)) in got.into_iter().enumerate() {
-        assert_eq!(bits(&gh), bits(&h), "{what} rank {r}: h");
-        assert_eq!(bits(&gy), bits(&y), "{what} rank {r}: y");
-    }
+    assert_every_rank(got, &reference_of::<T>(comms.len(), rows, hidden, seed, values, eps), what);
 }
 
 #[test]

@@ -298,6 +298,8 @@ impl<D: IpcDevice> IpcCollective<D> {
                 Some((args, NormParams::pack(args)?))
             }
             Some((args, Epilogue::Caller)) => {
+                // Packed only to refuse now, before the all_reduce runs, what the caller's norm
+                // launch would refuse after it.
                 crate::fused_norm::check(&io, args)?;
                 NormParams::pack(args)?;
                 None

@@ -51,6 +51,14 @@ pub fn reference_of<T: Element>(
     (h, y)
 }
 
+/// Asserts that every rank's `(h, y)` in `got` has the bits of `want`.
+pub fn assert_every_rank<T: Element>(got: Vec<(Vec<T>, Vec<T>)>, want: &(Vec<T>, Vec<T>), what: &str) {
+    for (r, (gh, gy)) in got.into_iter().enumerate() {
+        assert_eq!(bits(&gh), bits(&want.0), "{what} rank {r}: h");
+        assert_eq!(bits(&gy), bits(&want.1), "{what} rank {r}: y");
+    }
+}
+
 /// What a call's tensors hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Values {
