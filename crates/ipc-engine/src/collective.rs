@@ -292,17 +292,13 @@ impl<D: IpcDevice> IpcCollective<D> {
         // A fused call's norm, checked against the validated all_reduce, then packed; the
         // digest of its hidden and eps signs every launch of the call.
         let split = norm.map_or(0, |(args, _)| Signature::norm_split(args.hidden, args.eps));
+        // A norm left to the caller is packed too: to refuse now, before the all_reduce runs,
+        // what the caller's norm launch would refuse after it.
         let norm = match norm {
-            Some((args, Epilogue::InLastLaunch)) => {
+            Some((args, epilogue)) => {
                 crate::fused_norm::check(&io, args)?;
-                Some((args, NormParams::pack(args)?))
-            }
-            Some((args, Epilogue::Caller)) => {
-                // Packed only to refuse now, before the all_reduce runs, what the caller's norm
-                // launch would refuse after it.
-                crate::fused_norm::check(&io, args)?;
-                NormParams::pack(args)?;
-                None
+                let packed = NormParams::pack(args)?;
+                (epilogue == Epilogue::InLastLaunch).then_some((args, packed))
             }
             None => None,
         };
