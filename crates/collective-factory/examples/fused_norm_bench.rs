@@ -5,8 +5,9 @@
 //!
 //! * `ar`: the all_reduce alone (`x` -> `y`, the agreed route);
 //! * `unfused`: the all_reduce, then the residual + RMSNorm kernel launched on its own;
-//! * `fused`: `all_reduce_residual_rmsnorm` (one kernel on the IPC routes up to
-//!   `ONE_KERNEL_MAX_ROWS` rows, and on RS+AG from `GATHERED_MIN_ROWS`);
+//! * `fused`: `all_reduce_residual_rmsnorm` (one kernel where `collective_factory::one_kernel`
+//!   says: on the IPC routes up to `ONE_KERNEL_MAX_ROWS` rows and no more than a launch's
+//!   blocks, on RS+AG from `GATHERED_MIN_ROWS`; else the all_reduce then the norm kernel);
 //! * `one kernel` (graphs only): the same call forced into the one-kernel form at every row
 //!   count (`NormBackend::all_reduce_then_norm` on the table's IPC route), the measurement
 //!   behind `ONE_KERNEL_MAX_ROWS`;

@@ -46,7 +46,7 @@ mod via;
 pub use agree::{Decision, Facts, decide};
 pub use auto::AnyCollective;
 pub use config::{Config, DEFAULT_CAPACITY, DeviceSelect};
-pub use norm::{GATHERED_MIN_ROWS, NormBackend, ONE_KERNEL_MAX_ROWS};
+pub use norm::{GATHERED_MIN_ROWS, NormBackend, ONE_KERNEL_MAX_ROWS, one_kernel};
 pub use platform::Platform;
 pub use routed::{NoTransport, Routed};
 pub use routing::{Routing, RoutingTable, Rule};

@@ -6,13 +6,14 @@
 //! the TP-invariant layer) and runs.
 //!
 //! Where the table sends the all_reduce to an IPC route (one-shot, LL push, bulk push, RS+AG)
-//! and the batch has at most [`ONE_KERNEL_MAX_ROWS`] rows, the call is one kernel: the norm is
-//! the epilogue of the all_reduce's last launch (`Launch::SingleNorm`, `detcoll_collective_norm`:
-//! the collective, a barrier of the launch's blocks, then the rows). So is a batch of at least
-//! [`GATHERED_MIN_ROWS`] rows on RS+AG in one launch, whose norm reads the peers' reduced shards
-//! in place ([`NormBackend::one_kernel_at_any_size`]). On the other routes (transport,
-//! hierarchical, the hybrid), for the other batches and at world 1 the norm is a second launch
-//! on the same stream.
+//! and the batch has at most [`ONE_KERNEL_MAX_ROWS`] rows, and at most as many as a launch has
+//! blocks, the call is one kernel: the norm is the epilogue of the all_reduce's last launch
+//! (`Launch::SingleNorm`, `detcoll_collective_norm`: the collective, a barrier of the launch's
+//! blocks, then the rows). So is a batch of at least [`GATHERED_MIN_ROWS`] rows on RS+AG in one
+//! launch, whose norm reads the peers' reduced shards in place
+//! ([`NormBackend::one_kernel_at_any_size`]); see [`one_kernel`]. On the other routes
+//! (transport, hierarchical, the hybrid), for the other batches and at world 1 the norm is a
+//! second launch on the same stream.
 use crate::Routed;
 use crate::routed::{NoTransport, OnStream};
 use crate::scratch::CallStream;
@@ -23,8 +24,9 @@ use collective_core::{
 use detcoll_protocol::NormDevice;
 use detcoll_protocol::norm::{NormArgs, NormParams};
 
-/// The most rows a fused call takes in the one-kernel form; larger batches run the norm as a
-/// second (programmatic, on CUDA) launch. The epilogue has the collective's blocks (at most its
+/// The most rows a fused call takes in the one-kernel form (and no more than a launch has
+/// blocks: [`one_kernel`]); larger batches run the norm as a second (programmatic, on CUDA)
+/// launch. The epilogue has the collective's blocks (at most its
 /// resident grid) for the rows, the separate kernel one block per row: on one H200 (bf16,
 /// hidden 4096/8192, thread ranks, benches/results/h200-2026-12-03-fused-norm.md) the one
 /// kernel was the faster eager call up to 64 rows (1.10-1.47x the all_reduce alone at world 2
@@ -41,6 +43,29 @@ pub const ONE_KERNEL_MAX_ROWS: usize = 64;
 /// all_reduce then the norm kernel from 512 rows on, and 1.3-1.7x slower at 128 rows, where the
 /// norm kernel's block per row has the whole GPU.
 pub const GATHERED_MIN_ROWS: usize = detcoll_protocol::params::NORM_GATHERED_MIN_ROWS;
+
+/// Whether a fused call of `rows` rows is one kernel (the norm as the epilogue of the
+/// all_reduce's last launch) rather than the all_reduce then the norm as a launch of its own,
+/// given the rows the epilogue normalises in one pass ([`NormBackend::epilogue_rows`]) and
+/// whether its norm would read the gathered sums in place
+/// ([`NormBackend::one_kernel_at_any_size`], asked only from [`GATHERED_MIN_ROWS`] rows). The
+/// bits are the same either way; this is where each form measured faster on one H200 (bf16,
+/// thread ranks, graphs):
+///
+/// * up to [`ONE_KERNEL_MAX_ROWS`] rows when the epilogue has a block for every row. With more
+///   rows than blocks a block normalises several rows one after the other, while the norm
+///   kernel has a block per row on the whole GPU: with four or eight ranks sharing the GPU
+///   (33 or 16 blocks each) the one kernel was 0.3-4.9 us slower at 24-64 rows on RS+AG and
+///   one-shot, and 1.2-1.4 us faster with a row per block (24-32 rows of 8192 at world 4)
+///   (benches/results/h200-2026-12-05-epilogue-rows.md). A rank with a GPU of its own has a
+///   block per multiprocessor, more than [`ONE_KERNEL_MAX_ROWS`];
+/// * from [`GATHERED_MIN_ROWS`] rows where the norm reads the gathered sums (a warp per row).
+pub fn one_kernel(rows: usize, epilogue_rows: usize, reads_gathered: impl FnOnce() -> bool) -> bool {
+    if rows >= GATHERED_MIN_ROWS {
+        return reads_gathered();
+    }
+    rows <= ONE_KERNEL_MAX_ROWS.min(epilogue_rows)
+}
 
 /// A backend that can launch the residual + RMSNorm kernel on its device.
 pub trait NormBackend: Collective {
@@ -64,6 +89,12 @@ pub trait NormBackend: Collective {
     ) -> Result<bool, Error> {
         let _ = (io, route, args, fuse, stream);
         Err(not_ipc())
+    }
+
+    /// The rows the one-kernel form's epilogue normalises with a block each, in one pass (see
+    /// [`one_kernel`]). Backends without IPC routes: 0 (never asked).
+    fn epilogue_rows(&self) -> usize {
+        0
     }
 
     /// Whether a fused call of `io` by IPC `route` is one kernel at any batch size: its norm
@@ -160,16 +191,15 @@ where
         {
             let _call = self.lock_calls()?;
             // The one-kernel form where the table sends the all_reduce to an IPC route and it
-            // pays: up to ONE_KERNEL_MAX_ROWS rows on any, at any batch size where the norm
-            // reads the gathered sums in place (NormBackend::one_kernel_at_any_size).
+            // pays (`one_kernel`).
             // On an IPC route the all_reduce is signed with the norm either way (peers that
             // disagree on it fail with SignatureMismatch); the other routes sign the all_reduce
             // alone.
             match (self.ipc_all_reduce_route(&x)?, self.ipc()) {
                 (Some(route), Some(ipc)) => {
-                    let one_kernel = call.rows <= ONE_KERNEL_MAX_ROWS
-                        || (call.rows >= GATHERED_MIN_ROWS && ipc.one_kernel_at_any_size(&x, route, &packed));
-                    if ipc.all_reduce_then_norm(x, route, &args, one_kernel, via.stream())? {
+                    let fuse =
+                        one_kernel(call.rows, ipc.epilogue_rows(), || ipc.one_kernel_at_any_size(&x, route, &packed));
+                    if ipc.all_reduce_then_norm(x, route, &args, fuse, via.stream())? {
                         return Ok(());
                     }
                 }
@@ -217,6 +247,11 @@ impl<D: detcoll_protocol::IpcDevice + NormDevice> NormBackend for ipc_engine::Ip
     ) -> Result<bool, Error> {
         engine_then_norm(self, io, route, args, fuse, stream)
     }
+    /// The blocks of one launch (the multiprocessors over the ranks sharing the GPU, unless
+    /// configured).
+    fn epilogue_rows(&self) -> usize {
+        self.config().max_blocks.unwrap_or(usize::MAX)
+    }
     fn one_kernel_at_any_size(&self, io: &Io<'_>, route: IpcRoute, norm: &NormParams) -> bool {
         self.fused_norm_reads_gathered(io, route, norm)
     }
@@ -244,6 +279,12 @@ impl NormBackend for shm_ipc::ShmCollective {
     ) -> Result<bool, Error> {
         engine_then_norm(self.engine(), io, route, args, fuse, stream)
     }
+    /// No bound: the host executor runs a launch's rows on its threads whatever its block count
+    /// (one, the twin's "multiprocessors"), so the twin takes the form of a rank with a GPU of
+    /// its own — and CI runs the one-kernel form through the front door.
+    fn epilogue_rows(&self) -> usize {
+        usize::MAX
+    }
     fn one_kernel_at_any_size(&self, io: &Io<'_>, route: IpcRoute, norm: &NormParams) -> bool {
         self.engine().fused_norm_reads_gathered(io, route, norm)
     }
@@ -255,5 +296,34 @@ impl NormBackend for detcoll_host_transport::HostTransport {
     /// collective to borrow it from).
     fn residual_rmsnorm(&self, args: &NormArgs, stream: CallStream<'_, ()>) -> Result<(), Error> {
         launch(&shm_ipc::HostDevice::threads(), args, stream)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_kernel_up_to_the_rows_a_launch_has_blocks_for() {
+        let never = || -> bool { panic!("the gathered form is asked about only from GATHERED_MIN_ROWS rows") };
+        // A rank with a GPU of its own (132 blocks), and the twin (no bound): up to 64 rows.
+        for blocks in [132, usize::MAX] {
+            assert!(one_kernel(1, blocks, never));
+            assert!(one_kernel(ONE_KERNEL_MAX_ROWS, blocks, never));
+            assert!(!one_kernel(ONE_KERNEL_MAX_ROWS + 1, blocks, never));
+            assert!(!one_kernel(GATHERED_MIN_ROWS - 1, blocks, never));
+        }
+        // Eight ranks sharing one H200 (16 blocks each): up to 16 rows.
+        assert!(one_kernel(16, 16, never));
+        assert!(!one_kernel(17, 16, never));
+        assert!(!one_kernel(64, 33, never));
+        // An empty batch: one launch either way.
+        assert!(one_kernel(0, 1, never));
+        // From GATHERED_MIN_ROWS: where the norm reads the gathered sums, whatever the blocks.
+        for blocks in [1, 16, usize::MAX] {
+            assert!(one_kernel(GATHERED_MIN_ROWS, blocks, || true));
+            assert!(!one_kernel(GATHERED_MIN_ROWS, blocks, || false));
+            assert!(one_kernel(8192, blocks, || true));
+        }
     }
 }

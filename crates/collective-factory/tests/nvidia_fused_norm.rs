@@ -109,7 +109,9 @@ where
     T: Element + Reducible + DeviceRepr + ValidAsZeroBits + Default + Clone,
 {
     let world = comms.len();
-    // 64 rows: the most in one kernel (ONE_KERNEL_MAX_ROWS); 80: the norm as a second launch.
+    // 64 rows: the most in one kernel (ONE_KERNEL_MAX_ROWS) where a launch has a block a row
+    // (worlds 1 and 2 on one H200; at worlds 4/8 the ranks sharing the GPU have 33 or 16 blocks,
+    // so two launches: collective_factory::one_kernel); 80: the norm as a second launch.
     // Rows and the 8 KiB protocol tile: 4096 (bf16: a row per tile, no barrier of the launch;
     // f32: two tiles a row), 2048 (f32: a row per tile), 8192, 3000, 1000 and 2049 (rows across
     // tiles or tiles across rows: the barrier).
