@@ -146,8 +146,8 @@ class Collective:
         The norm is evaluated in a fixed order that depends only on ``hidden``
         (``fixed_tree::residual_rmsnorm``: f32 sum of squares over 256 lanes, then a halving
         tree), so ``h`` and ``y`` have the same bits on every rank, run, route, batch size and
-        TP size. On CUDA, for up to 64 rows on the IPC routes, the all_reduce and the norm are
-        one kernel. Returns ``(y, residual)``."""
+        TP size. On CUDA, for up to 64 rows on the IPC routes (and no more rows than a launch
+        has blocks), the all_reduce and the norm are one kernel. Returns ``(y, residual)``."""
         vx = self._view(x, "x", write=out is None or out is x)
         vy = vx if out is None or out is x else self._view(out, "out", write=True)
         vr = self._view(residual, "residual", write=True)
