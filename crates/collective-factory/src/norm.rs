@@ -55,10 +55,12 @@ pub const GATHERED_MIN_ROWS: usize = detcoll_protocol::params::NORM_GATHERED_MIN
 /// * up to [`ONE_KERNEL_MAX_ROWS`] rows when the epilogue has a block for every row. With more
 ///   rows than blocks a block normalises several rows one after the other, while the norm
 ///   kernel has a block per row on the whole GPU: with four or eight ranks sharing the GPU
-///   (33 or 16 blocks each) the one kernel was 0.3-4.9 us slower at 24-64 rows on RS+AG and
-///   one-shot, and 1.2-1.4 us faster with a row per block (24-32 rows of 8192 at world 4)
-///   (benches/results/h200-2026-12-05-epilogue-rows.md). A rank with a GPU of its own has a
-///   block per multiprocessor, more than [`ONE_KERNEL_MAX_ROWS`];
+///   (33 or 16 blocks each) the one kernel was 0.1-5.0 us slower where the rows outnumbered
+///   the blocks (17-64 rows at world 8, 40-64 of 4096 at world 4; one exception, 40-48 rows
+///   of 8192 at world 4, 0.2-0.35 us faster), and 1.2-1.6 us faster with a row per block (24-32
+///   rows of 8192 on RS+AG at world 4) (benches/results/h200-2026-12-05-epilogue-rows.md). A
+///   rank with a GPU of its own has a block per multiprocessor, more than
+///   [`ONE_KERNEL_MAX_ROWS`];
 /// * from [`GATHERED_MIN_ROWS`] rows where the norm reads the gathered sums (a warp per row).
 pub fn one_kernel(rows: usize, epilogue_rows: usize, reads_gathered: impl FnOnce() -> bool) -> bool {
     if rows >= GATHERED_MIN_ROWS {
