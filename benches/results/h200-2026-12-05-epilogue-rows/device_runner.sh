@@ -1,7 +1,8 @@
 #!/bin/bash
 # Device-side runner of h200-2026-12-05-epilogue-rows (the parts it used): bash devrun/go.sh PART...
 # call1: clk normsuites-HEADall shipped:rt suitesB-HEADall; call2: suitesA-HEADall;
-# call3: clk form:HEADall; call4: clk rule:HEADall (HEADall: devrun/kv/HEADall.cubin.xz)
+# call3: clk form:HEADall; call4: clk rule:HEADall; call5 (bundle with the rule):
+# normsuites-HEADall suitesB-HEADall (HEADall: devrun/kv/HEADall.cubin.xz)
 set -u
 export NCCL_NVLS_ENABLE=0 CUDA_MODULE_LOADING=EAGER
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
