@@ -15,7 +15,8 @@
 //! eager (calls enqueued one by one) and replayed from a CUDA graph of the 20 calls, with
 //! `fused / ar` (the issue's goal: at most 1.10), a check that `fused`, `unfused` and `one
 //! kernel` give the same bits (`y` and `h`), and a check of every rank's `y` and `h` against
-//! the reference, `fixed_tree::residual_rmsnorm`. The inputs differ per element and rank and
+//! the reference, `fixed_tree::residual_rmsnorm`, and the form `fused` takes (`fused form`: one
+//! kernel or two launches). The inputs differ per element and rank and
 //! repeat every [`PERIOD`] rows, so the reference of `PERIOD` rows checks every row at every
 //! batch size and position (batch invariance with it). The residual is updated in place (`h`
 //! over it, as engines call it), so successive timed calls see a growing residual: the same
@@ -46,9 +47,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     use collective_factory::nodes::CallStream;
     use collective_factory::{Config, NormBackend, nvidia};
     use cuda_ipc::NormArgs;
+    use detcoll_protocol::norm::NormParams;
     /// A rank's medians (eager ar, unfused, fused; graph ar, unfused, fused, one kernel), whether
-    /// its three forms gave the same bits, and whether they are the reference's.
-    type Outcome = ([f64; 7], bool, bool);
+    /// its three forms gave the same bits, whether they are the reference's, and the form the
+    /// front door takes (`collective_factory::one_kernel`).
+    type Outcome = ([f64; 7], bool, bool, &'static str);
 
     let arg = |name: &str, default: &str| -> Vec<usize> {
         let a: Vec<String> = std::env::args().collect();
@@ -60,10 +63,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "| world | hidden | rows | bytes/rank | ar us | unfused us | fused us | fused/ar | unfused/ar \
          | graph: ar us | unfused us | fused us | fused/ar | one kernel us | one kernel/ar | route | same bits \
-         | = reference |"
+         | = reference | fused form |"
     );
     println!(
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :--- | :---: | :---: |"
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :--- | :---: | :---: | :--- |"
     );
     for &world in &worlds {
         let comms = nvidia::thread_group(world, &Config::new().with_capacity(64 << 20))?;
@@ -175,6 +178,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                                         ipc.residual_rmsnorm(&norm_args, CallStream::Safe(&stream)).map_err(|x| e(&x))
                                     }
                                 };
+                                // The form the front door takes for this call (world 1: a copy,
+                                // then the norm's launch).
+                                let form = match (IpcRoute::of(route), comm.ipc()) {
+                                    (Some(r), Some(ipc)) if world > 1 => {
+                                        let packed = NormParams::pack(&norm_args).map_err(|x| e(&x))?;
+                                        let reads_gathered = || ipc.one_kernel_at_any_size(&xy(), r, &packed);
+                                        if collective_factory::one_kernel(rows, ipc.epilogue_rows(), reads_gathered) {
+                                            "one kernel"
+                                        } else {
+                                            "two launches"
+                                        }
+                                    }
+                                    _ => "two launches",
+                                };
                                 let ctx = comm.context();
                                 let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
                                 let time = |f: &dyn Fn() -> Result<(), String>| -> Result<f64, String> {
@@ -261,16 +278,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                                     })
                                 };
                                 let reference = row_ok(&yb, y_ref) && row_ok(&hb, h_ref);
-                                Ok(([t_ar, t_unfused, t_fused, g_ar, g_unfused, g_fused, g_one], same, reference))
+                                Ok(([t_ar, t_unfused, t_fused, g_ar, g_unfused, g_fused, g_one], same, reference, form))
                             })
                         })
                         .collect();
                     hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
                 });
                 let mut worst = [0f64; 7];
-                let (mut same, mut reference) = (true, true);
+                let (mut same, mut reference, mut form) = (true, true, "");
                 for r in per_rank {
-                    let (t, s, ok) = r?;
+                    let (t, s, ok, f) = r?;
+                    form = f;
                     reference &= ok;
                     for i in 0..7 {
                         worst[i] = worst[i].max(t[i]);
@@ -279,7 +297,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
                 let w = worst;
                 println!(
-                    "| {world} | {hidden} | {rows} | {} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} | {:.3} | {} | {} | {} |",
+                    "| {world} | {hidden} | {rows} | {} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} | {:.3} | {} | {} | {} | {} |",
                     n * 2,
                     w[0],
                     w[1],
@@ -294,7 +312,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     w[6] / w[3],
                     route.name(),
                     if same { "yes" } else { "NO" },
-                    if reference { "yes" } else { "NO" }
+                    if reference { "yes" } else { "NO" },
+                    form
                 );
             }
         }
