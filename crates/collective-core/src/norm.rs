@@ -7,7 +7,7 @@
 //! all_reduce's [`Io`] carries `x` and `y` (in place: `y` over `x`); [`RmsNorm::residual`]
 //! carries the residual and `h` (in place: `h` over the residual, as vLLM's
 //! `fused_add_rms_norm` updates it).
-use crate::validate::overlaps;
+use crate::validate::{check_span, overlaps};
 use crate::{Collective, DType, Error, Io, Op, RawRef};
 
 /// The op errors of this call name: it is an all_reduce with an epilogue.
@@ -116,6 +116,13 @@ pub fn validate_norm(x: &Io<'_>, norm: &RmsNorm<'_>) -> Result<NormCall, Error> 
             got: norm.weight.len(),
             why,
         });
+    }
+    // Every tensor's bytes and end address fit (checked arithmetic), so the sizes and overlap
+    // tests below cannot wrap.
+    for (argument, addr, len) in
+        [("y", y, count), ("residual", residual, res_len), ("h", h, h_len), ("weight", norm.weight.addr(), norm.hidden)]
+    {
+        check_span(OP, argument, addr, len, dtype.size())?;
     }
     let bytes = count * dtype.size();
     let w_bytes = norm.weight.bytes();

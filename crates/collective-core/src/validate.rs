@@ -47,7 +47,7 @@ fn check_aligned(op: Op, argument: &'static str, addr: u64, dtype: DType) -> Res
 
 /// Checks that `len` elements of `size` bytes at `addr` have a byte length and an end address
 /// that fit (checked arithmetic: later byte and address computations cannot wrap).
-fn check_span(op: Op, argument: &'static str, addr: u64, len: usize, size: usize) -> Result<(), Error> {
+pub(crate) fn check_span(op: Op, argument: &'static str, addr: u64, len: usize, size: usize) -> Result<(), Error> {
     len.checked_mul(size)
         .and_then(|bytes| u64::try_from(bytes).ok())
         .and_then(|bytes| addr.checked_add(bytes))
@@ -55,8 +55,11 @@ fn check_span(op: Op, argument: &'static str, addr: u64, len: usize, size: usize
         .ok_or_else(|| Error::SizeOverflow { op, argument, len })
 }
 
+/// Whether `a_bytes` at `a` and `b_bytes` at `b` share a byte. Ends saturate at `u64::MAX`:
+/// a span that wraps is refused by [`check_span`], and this test must not overflow (a panic in
+/// a build with overflow checks) on one that reached it unchecked.
 pub(crate) fn overlaps(a: u64, a_bytes: usize, b: u64, b_bytes: usize) -> bool {
-    a_bytes > 0 && b_bytes > 0 && a < b + b_bytes as u64 && b < a + a_bytes as u64
+    a_bytes > 0 && b_bytes > 0 && a < b.saturating_add(b_bytes as u64) && b < a.saturating_add(a_bytes as u64)
 }
 
 /// Validates one call of `op` by `rank` of `world` against `capacity` staging bytes.

@@ -53,9 +53,11 @@ impl<'a> RawRef<'a> {
     pub const fn dtype(&self) -> DType {
         self.dtype
     }
-    /// Length in bytes.
+    /// Length in bytes, saturating at `usize::MAX` for a length whose bytes do not fit
+    /// (validation refuses such a view with `SizeOverflow`; what reads its size first, such as
+    /// a route lookup, must not overflow).
     pub const fn bytes(&self) -> usize {
-        self.len * self.dtype.size()
+        self.len.saturating_mul(self.dtype.size())
     }
 }
 
@@ -88,9 +90,11 @@ impl<'a> RawMut<'a> {
     pub const fn dtype(&self) -> DType {
         self.dtype
     }
-    /// Length in bytes.
+    /// Length in bytes, saturating at `usize::MAX` for a length whose bytes do not fit
+    /// (validation refuses such a view with `SizeOverflow`; what reads its size first, such as
+    /// a route lookup, must not overflow).
     pub const fn bytes(&self) -> usize {
-        self.len * self.dtype.size()
+        self.len.saturating_mul(self.dtype.size())
     }
     /// The same memory, read-only.
     pub fn as_ref(&self) -> RawRef<'_> {

@@ -285,7 +285,10 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I,
         self.dispatch(Op::ReduceScatter, io, &OnStream(stream))
     }
     fn reduce_scatter_many(&self, lanes: &[Io<'_>], stream: &Self::Stream) -> Result<(), Error> {
-        let bytes = lanes.iter().map(|io| contributed_bytes(Op::ReduceScatterMany, io, self.world)).sum();
+        // Saturating: lanes whose bytes overflow are refused by validation, not by a panic here.
+        let bytes = lanes
+            .iter()
+            .fold(0usize, |sum, io| sum.saturating_add(contributed_bytes(Op::ReduceScatterMany, io, self.world)));
         match self.route(Op::ReduceScatterMany, bytes) {
             Route::Hierarchical => self.hierarchical_many(lanes, &OnStream(stream)),
             Route::Transport => self
