@@ -81,7 +81,23 @@ pub trait RouteSelect: Collective {
     /// `ReduceScatterAllGather`); a route `op` cannot take is [`Error::InvalidConfig`] before
     /// any work. `op` is a single-lane op (`reduce_scatter_many` goes through
     /// [`RouteSelect::reduce_scatter_many_on_route`]).
-    fn call_on_route(&self, op: Op, io: Io<'_>, route: IpcRoute, stream: &Self::Stream) -> Result<(), Error>;
+    fn call_on_route(&self, op: Op, io: Io<'_>, route: IpcRoute, stream: &Self::Stream) -> Result<(), Error> {
+        self.call_on_route_as_part(op, io, route, 0, stream)
+    }
+
+    /// [`RouteSelect::call_on_route`] as a part of a larger call that a composite route
+    /// (hierarchical, IPC reduce_scatter + transport all_gather) runs as smaller collectives:
+    /// `part` (`Signature::part_split` of the whole call; 0 for a call of its own) is the
+    /// part's signature `split`, so peers running parts of different calls fail with
+    /// `SignatureMismatch` even where the parts' sizes agree.
+    fn call_on_route_as_part(
+        &self,
+        op: Op,
+        io: Io<'_>,
+        route: IpcRoute,
+        part: u32,
+        stream: &Self::Stream,
+    ) -> Result<(), Error>;
 
     /// `reduce_scatter_many` by `route`: a backend with an LL push route takes it for
     /// `PushLl`; every other route (and a backend without one) is the backend's
@@ -92,7 +108,23 @@ pub trait RouteSelect: Collective {
         route: IpcRoute,
         stream: &Self::Stream,
     ) -> Result<(), Error> {
+        self.reduce_scatter_many_on_route_as_part(lanes, route, 0, stream)
+    }
+
+    /// [`RouteSelect::reduce_scatter_many_on_route`] as a part of a larger call (`part` as in
+    /// [`RouteSelect::call_on_route_as_part`], mixed with the lanes' own split). A backend
+    /// that cannot sign a part refuses one (`InvalidConfig`) rather than run it unsigned.
+    fn reduce_scatter_many_on_route_as_part(
+        &self,
+        lanes: &[Io<'_>],
+        route: IpcRoute,
+        part: u32,
+        stream: &Self::Stream,
+    ) -> Result<(), Error> {
         let _ = route;
+        if part != 0 {
+            return Err(Error::InvalidConfig { detail: "this backend cannot sign a part of a larger call".into() });
+        }
         self.reduce_scatter_many(lanes, stream)
     }
 }

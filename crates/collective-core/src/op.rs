@@ -99,6 +99,20 @@ impl Signature {
         Signature::lane_split([TAG, hidden as u64, u64::from(eps.to_bits())])
     }
 
+    /// The `split` of a part of a call that a composite route (hierarchical; IPC reduce_scatter
+    /// then transport all_gather) runs as smaller collectives: an order-sensitive hash of a tag
+    /// and the whole call's packed signature (with its own `split`: a fused call's norm, the lanes of
+    /// `reduce_scatter_many`; never 0). Without it the parts were signed as calls of their own,
+    /// and two calls whose parts had the same sizes ran each other's parts: at 12 ranks in
+    /// nodes of 4, an all_reduce of 100 elements then one of 1 against one of 101 (the same
+    /// in-node reduce_scatter of 100, then an all_reduce of 1) returned `Ok` on every rank with
+    /// sums mixed across the two calls.
+    pub fn part_split(whole: &Signature) -> u32 {
+        const TAG: u64 = 0x5041_5254; // "PART"
+        let [a, b] = whole.pack();
+        Signature::lane_split([TAG, a, b])
+    }
+
     /// Two words: `[magic:8 | op:8 | dtype:8 | route:3 lanes:5 | split:32, count]`, as stored
     /// in a control block (the kernels copy them verbatim).
     pub const fn pack(&self) -> [u64; 2] {

@@ -24,8 +24,8 @@ pub use crate::scratch::{CallStream, DeviceScratch, HostScratch, Scratch};
 use crate::via::Via;
 use collective_core::bootstrap::{Bootstrap, split};
 use collective_core::{
-    Call, Capabilities, Collective, DType, Error, Io, IpcRoute, MAX_LANES, Op, RawMut, RawRef, RouteSelect, RouteTable,
-    validate, validate_many,
+    Call, Capabilities, Collective, DType, Error, Io, IpcRoute, MAX_LANES, Op, RawMut, RawRef, Route, RouteSelect,
+    RouteTable, Signature, validate, validate_many,
 };
 
 /// How the ranks of a world sit on nodes: `nodes` nodes of `local` ranks, node-major.
@@ -197,19 +197,24 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
         })
     }
 
-    /// One single-lane call by the hierarchical route.
-    pub(crate) fn dispatch(&self, op: Op, io: Io<'_>, via: &impl Via<I, T>) -> Result<(), Error> {
+    /// One single-lane call by the hierarchical route, its signature's `split` being `split`
+    /// (a fused call's norm; 0 for a plain call). Every IPC part inside the node is signed
+    /// with the whole call (`Signature::part_split`): the parts of two different calls can
+    /// have the same sizes (an all_reduce of 100 elements then one of 1 against one of 101 in
+    /// nodes of 4), and signed alone they ran each other's parts.
+    pub(crate) fn dispatch(&self, op: Op, io: Io<'_>, split: u32, via: &impl Via<I, T>) -> Result<(), Error> {
         let world = self.layout.world();
         let call = validate(op, &io, self.rank, world, usize::MAX)?;
+        let part = Signature::part_split(&Signature { split, route: Route::Hierarchical, ..call.signature() });
         match op {
-            Op::AllReduce => self.all_reduce(call, via),
-            Op::AllGather => self.all_gather(call, via),
-            Op::ReduceScatter => self.reduce_scatter_lane(call.src, call.dst, call.count_out, call.dtype, via),
+            Op::AllReduce => self.all_reduce(call, part, via),
+            Op::AllGather => self.all_gather(call, part, via),
+            Op::ReduceScatter => self.reduce_scatter_lane(call.src, call.dst, call.count_out, call.dtype, part, via),
             Op::ReduceScatterMany => self.reduce_scatter_many(&[io], via),
         }
     }
 
-    fn all_reduce(&self, call: Call, via: &impl Via<I, T>) -> Result<(), Error> {
+    fn all_reduce(&self, call: Call, part: u32, via: &impl Via<I, T>) -> Result<(), Error> {
         let (l, size, dtype) = (self.layout.local, call.dtype.size(), call.dtype);
         let n = call.count_in;
         let main = n / l * l;
@@ -220,17 +225,17 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
             let rs = self.route(Op::ReduceScatter, main * size)?;
             if call.in_place {
                 let whole = out_view(call.dst, main, dtype);
-                via.ipc(&self.local, Op::ReduceScatter, Io::InPlace(whole), rs)?;
+                via.ipc(&self.local, Op::ReduceScatter, Io::InPlace(whole), rs, part)?;
             } else {
                 let input = in_view(call.src, main, dtype);
                 let output = out_view(mine, shard, dtype);
-                via.ipc(&self.local, Op::ReduceScatter, Io::OutOfPlace { input, output }, rs)?;
+                via.ipc(&self.local, Op::ReduceScatter, Io::OutOfPlace { input, output }, rs, part)?;
             }
             let partial = out_view(mine, shard, dtype);
             via.transport(&self.cross, Op::AllReduce, Io::InPlace(partial))?;
             let ag = self.route(Op::AllGather, shard * size)?;
             let whole = out_view(call.dst, main, dtype);
-            via.ipc(&self.local, Op::AllGather, Io::InPlace(whole), ag)?;
+            via.ipc(&self.local, Op::AllGather, Io::InPlace(whole), ag, part)?;
         }
         let tail = n - main;
         if tail > 0 {
@@ -244,13 +249,13 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
                     output: out_view(out, tail, dtype),
                 }
             };
-            via.ipc(&self.local, Op::AllReduce, io, ar)?;
+            via.ipc(&self.local, Op::AllReduce, io, ar, part)?;
             via.transport(&self.cross, Op::AllReduce, Io::InPlace(out_view(out, tail, dtype)))?;
         }
         Ok(())
     }
 
-    fn all_gather(&self, call: Call, via: &impl Via<I, T>) -> Result<(), Error> {
+    fn all_gather(&self, call: Call, part: u32, via: &impl Via<I, T>) -> Result<(), Error> {
         let (l, size, dtype) = (self.layout.local, call.dtype.size(), call.dtype);
         let k = call.count_in;
         if k == 0 {
@@ -264,19 +269,21 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
         } else {
             Io::OutOfPlace { input: in_view(call.src, k, dtype), output: out_view(block, l * k, dtype) }
         };
-        via.ipc(&self.local, Op::AllGather, io, ag)?;
+        via.ipc(&self.local, Op::AllGather, io, ag, part)?;
         // The whole output; this node's block is at position `node`.
         let whole = out_view(call.dst, self.layout.world() * k, dtype);
         via.transport(&self.cross, Op::AllGather, Io::InPlace(whole))
     }
 
-    /// One reduce_scatter lane: `W * k` elements at `src`, this rank's `k` to `dst`.
+    /// One reduce_scatter lane: `W * k` elements at `src`, this rank's `k` to `dst`, its IPC
+    /// part signed with the whole call (`part`).
     fn reduce_scatter_lane(
         &self,
         src: u64,
         dst: u64,
         k: usize,
         dtype: DType,
+        part: u32,
         via: &impl Via<I, T>,
     ) -> Result<(), Error> {
         let (n, size) = (self.layout.nodes, dtype.size());
@@ -289,7 +296,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
             len: k,
         })?;
         let row = self.scratch.acquire(row_bytes, via.stream())?;
-        let staged = self.stage_row(src, row, k, dtype, via);
+        let staged = self.stage_row(src, row, k, dtype, part, via);
         // The row's last use is enqueued (or the call failed after enqueuing some of it):
         // either way the next call must wait for what is on the stream.
         let released = self.scratch.release(via.stream());
@@ -303,7 +310,15 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
 
     /// The node's IPC step of a reduce_scatter lane: node block `m` of the input reduced
     /// inside the node into slot `m` of the scratch row at `row`.
-    fn stage_row(&self, src: u64, row: u64, k: usize, dtype: DType, via: &impl Via<I, T>) -> Result<(), Error> {
+    fn stage_row(
+        &self,
+        src: u64,
+        row: u64,
+        k: usize,
+        dtype: DType,
+        part: u32,
+        via: &impl Via<I, T>,
+    ) -> Result<(), Error> {
         let (l, n, size) = (self.layout.local, self.layout.nodes, dtype.size());
         let nodes: Vec<usize> = (0..n).collect();
         for group in nodes.chunks(MAX_LANES) {
@@ -316,7 +331,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
                 })
                 .collect();
             let route = self.route(Op::ReduceScatterMany, group.len() * l * k * size)?;
-            via.ipc_many(&self.local, &lanes, route)?;
+            via.ipc_many(&self.local, &lanes, route, part)?;
         }
         Ok(())
     }
@@ -324,9 +339,10 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
     /// reduce_scatter_many: every lane validated first, then each by
     /// [`Nodes::reduce_scatter_lane`].
     pub(crate) fn reduce_scatter_many(&self, lanes: &[Io<'_>], via: &impl Via<I, T>) -> Result<(), Error> {
-        let (calls, _) = validate_many(lanes, self.rank, self.layout.world(), usize::MAX)?;
+        let (calls, sig) = validate_many(lanes, self.rank, self.layout.world(), usize::MAX)?;
+        let part = Signature::part_split(&Signature { route: Route::Hierarchical, ..sig });
         for c in calls.iter() {
-            self.reduce_scatter_lane(c.call.src, c.call.dst, c.call.count_out, c.call.dtype, via)?;
+            self.reduce_scatter_lane(c.call.src, c.call.dst, c.call.count_out, c.call.dtype, part, via)?;
         }
         Ok(())
     }

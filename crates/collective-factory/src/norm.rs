@@ -19,7 +19,8 @@ use crate::routed::{NoTransport, OnStream};
 use crate::scratch::CallStream;
 use crate::via::Via;
 use collective_core::{
-    Collective, Error, Io, IpcRoute, NormCall, Op, ResidualRmsNorm, RmsNorm, RouteSelect, validate, validate_norm,
+    Collective, Error, Io, IpcRoute, NormCall, Op, ResidualRmsNorm, RmsNorm, RouteSelect, Signature, validate,
+    validate_norm,
 };
 use detcoll_protocol::NormDevice;
 use detcoll_protocol::norm::{NormArgs, NormParams};
@@ -195,8 +196,8 @@ where
             // The one-kernel form where the table sends the all_reduce to an IPC route and it
             // pays (`one_kernel`).
             // On an IPC route the all_reduce is signed with the norm either way (peers that
-            // disagree on it fail with SignatureMismatch); the other routes sign the all_reduce
-            // alone.
+            // disagree on it fail with SignatureMismatch), on the composite routes (hierarchical,
+            // hybrid) each of its IPC parts; the transport signs the all_reduce alone.
             match (self.ipc_all_reduce_route(&x)?, self.ipc()) {
                 (Some(route), Some(ipc)) => {
                     let fuse =
@@ -205,7 +206,7 @@ where
                         return Ok(());
                     }
                 }
-                _ => self.dispatch_locked(Op::AllReduce, x, via)?,
+                _ => self.dispatch_signed(Op::AllReduce, x, Signature::norm_split(call.hidden, call.eps), via)?,
             }
         }
         let stream = via.stream();

@@ -166,17 +166,17 @@ impl<D: IpcDevice> Routed<IpcCollective<D>, GpuTransport<D>> {
 struct Raw(RawStream);
 
 impl<D: IpcDevice> Via<IpcCollective<D>, GpuTransport<D>> for Raw {
-    fn ipc(&self, ipc: &IpcCollective<D>, op: Op, io: Io<'_>, route: IpcRoute) -> Result<(), Error> {
+    fn ipc(&self, ipc: &IpcCollective<D>, op: Op, io: Io<'_>, route: IpcRoute, part: u32) -> Result<(), Error> {
         // SAFETY: `enqueue_raw`'s caller vouches for the memory and the stream.
-        unsafe { ipc.enqueue_routed(op, io, Some(route), self.0) }
+        unsafe { ipc.enqueue_routed_as_part(op, io, Some(route), part, self.0) }
     }
     fn transport(&self, transport: &GpuTransport<D>, op: Op, io: Io<'_>) -> Result<(), Error> {
         // SAFETY: as above.
         unsafe { transport.enqueue(op, io, self.0) }
     }
-    fn ipc_many(&self, ipc: &IpcCollective<D>, lanes: &[Io<'_>], route: IpcRoute) -> Result<(), Error> {
+    fn ipc_many(&self, ipc: &IpcCollective<D>, lanes: &[Io<'_>], route: IpcRoute, part: u32) -> Result<(), Error> {
         // SAFETY: as above.
-        unsafe { ipc.enqueue_many_routed(lanes, Some(route), self.0) }
+        unsafe { ipc.enqueue_many_routed_as_part(lanes, Some(route), part, self.0) }
     }
     fn stream(&self) -> CallStream<'_, D::Stream> {
         CallStream::Raw(self.0)

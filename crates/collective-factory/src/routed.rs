@@ -5,7 +5,7 @@ use crate::nodes::Nodes;
 use crate::scratch::CallStream;
 use crate::via::Via;
 use collective_core::{
-    Capabilities, Collective, Error, Io, IpcRoute, Op, RawMut, Route, RouteSelect, ipc_route_for, validate,
+    Capabilities, Collective, Error, Io, IpcRoute, Op, RawMut, Route, RouteSelect, Signature, ipc_route_for, validate,
 };
 use std::sync::Mutex;
 
@@ -142,22 +142,40 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
 
     /// [`Routed::dispatch`] under the call lock the caller holds.
     pub(crate) fn dispatch_locked(&self, op: Op, io: Io<'_>, via: &impl Via<I, T>) -> Result<(), Error> {
+        self.dispatch_signed(op, io, 0, via)
+    }
+
+    /// [`Routed::dispatch_locked`] of a call whose signature's `split` is `split` (a fused
+    /// call's norm, `Signature::norm_split`; 0 for a plain call). A composite route signs each
+    /// of its parts with the whole call (`Signature::part_split`), so peers running parts of
+    /// different calls fail with `SignatureMismatch`; an IPC route signs the call with
+    /// `split`; the transport signs the call alone (the NCCL/RCCL one signs nothing).
+    pub(crate) fn dispatch_signed(&self, op: Op, io: Io<'_>, split: u32, via: &impl Via<I, T>) -> Result<(), Error> {
         let ipc = || self.ipc_backend();
         let transport = || self.transport.as_ref().ok_or(Error::InvalidConfig { detail: "no transport".into() });
         match self.route(op, contributed_bytes(op, &io, self.world)) {
             Route::Transport => via.transport(transport()?, op, io),
-            Route::Hierarchical => self.nodes_backend()?.dispatch(op, io, via),
+            Route::Hierarchical => self.nodes_backend()?.dispatch(op, io, split, via),
             Route::IpcReduceScatterTransportAllGather => {
-                validate(op, &io, self.rank, self.world, self.capacity)?;
-                self.hybrid_all_reduce(io, ipc()?, transport()?, via)
+                let call = validate(op, &io, self.rank, self.world, self.capacity)?;
+                let whole = Signature { split, route: Route::IpcReduceScatterTransportAllGather, ..call.signature() };
+                self.hybrid_all_reduce(io, ipc()?, transport()?, Signature::part_split(&whole), via)
             }
-            route => via.ipc(ipc()?, op, io, self.ipc_route(route)?),
+            route => via.ipc(ipc()?, op, io, self.ipc_route(route)?, split),
         }
     }
 
     /// IPC reduce_scatter into this rank's shard of the output, then transport all_gather of
-    /// the reduced shards in place: the same per-element tree as every other route.
-    fn hybrid_all_reduce(&self, io: Io<'_>, ipc: &I, transport: &T, via: &impl Via<I, T>) -> Result<(), Error> {
+    /// the reduced shards in place: the same per-element tree as every other route. The IPC
+    /// step is signed as a part of the whole call (`part`).
+    fn hybrid_all_reduce(
+        &self,
+        io: Io<'_>,
+        ipc: &I,
+        transport: &T,
+        part: u32,
+        via: &impl Via<I, T>,
+    ) -> Result<(), Error> {
         let n = match &io {
             Io::InPlace(b) => b.len(),
             Io::OutOfPlace { input, .. } => input.len(),
@@ -165,7 +183,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
         if n % self.world != 0 {
             // Equal shards are what the transport gathers; uneven sizes take IPC RS+AG, which
             // gives the same bits.
-            return via.ipc(ipc, Op::AllReduce, io, IpcRoute::ReduceScatterAllGather);
+            return via.ipc(ipc, Op::AllReduce, io, IpcRoute::ReduceScatterAllGather, part);
         }
         let shard = n / self.world;
         let (out_addr, dtype) = match &io {
@@ -174,11 +192,12 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
         };
         let out_shard = out_addr + (self.rank * shard * dtype.size()) as u64;
         match io {
-            Io::InPlace(b) => via.ipc(ipc, Op::ReduceScatter, Io::InPlace(b), IpcRoute::OneShot)?,
+            Io::InPlace(b) => via.ipc(ipc, Op::ReduceScatter, Io::InPlace(b), IpcRoute::OneShot, part)?,
             Io::OutOfPlace { input, output: _ } => {
                 // SAFETY: shard `rank` of `output`, which this call borrows uniquely.
                 let shard_view = unsafe { RawMut::from_raw(out_shard, shard, dtype) };
-                via.ipc(ipc, Op::ReduceScatter, Io::OutOfPlace { input, output: shard_view }, IpcRoute::OneShot)?;
+                let io = Io::OutOfPlace { input, output: shard_view };
+                via.ipc(ipc, Op::ReduceScatter, io, IpcRoute::OneShot, part)?;
             }
         }
         // SAFETY: the whole output, borrowed by this call; the reduced shard is at `rank`.
@@ -191,14 +210,14 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
 pub(crate) struct OnStream<'s, S: ?Sized>(pub(crate) &'s S);
 
 impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Via<I, T> for OnStream<'_, I::Stream> {
-    fn ipc(&self, ipc: &I, op: Op, io: Io<'_>, route: IpcRoute) -> Result<(), Error> {
-        ipc.call_on_route(op, io, route, self.0)
+    fn ipc(&self, ipc: &I, op: Op, io: Io<'_>, route: IpcRoute, part: u32) -> Result<(), Error> {
+        ipc.call_on_route_as_part(op, io, route, part, self.0)
     }
     fn transport(&self, transport: &T, op: Op, io: Io<'_>) -> Result<(), Error> {
         transport.call(op, io, self.0)
     }
-    fn ipc_many(&self, ipc: &I, lanes: &[Io<'_>], route: IpcRoute) -> Result<(), Error> {
-        ipc.reduce_scatter_many_on_route(lanes, route, self.0)
+    fn ipc_many(&self, ipc: &I, lanes: &[Io<'_>], route: IpcRoute, part: u32) -> Result<(), Error> {
+        ipc.reduce_scatter_many_on_route_as_part(lanes, route, part, self.0)
     }
     fn stream(&self) -> CallStream<'_, I::Stream> {
         CallStream::Safe(self.0)

@@ -200,7 +200,26 @@ impl<D: IpcDevice> IpcCollective<D> {
         stream: RawStream,
     ) -> Result<(), Error> {
         // SAFETY: forwarded.
-        unsafe { self.enqueue_single(op, io, route, None, stream) }.map(drop)
+        unsafe { self.enqueue_routed_as_part(op, io, route, 0, stream) }
+    }
+
+    /// [`IpcCollective::enqueue_routed`] as a part of a larger call that a composite route runs
+    /// as smaller collectives: every launch is signed with `part` (`Signature::part_split` of
+    /// the whole call; 0: a call of its own), so peers running parts of another call fail with
+    /// `SignatureMismatch` (see `RouteSelect::call_on_route_as_part`).
+    ///
+    /// # Safety
+    /// As [`IpcCollective::enqueue`].
+    pub unsafe fn enqueue_routed_as_part(
+        &self,
+        op: Op,
+        io: Io<'_>,
+        route: Option<IpcRoute>,
+        part: u32,
+        stream: RawStream,
+    ) -> Result<(), Error> {
+        // SAFETY: forwarded.
+        unsafe { self.enqueue_single(op, io, route, part, None, stream) }.map(drop)
     }
 
     /// Enqueues the all_reduce of a fused all_reduce + residual + RMSNorm on a raw stream by
@@ -227,7 +246,7 @@ impl<D: IpcDevice> IpcCollective<D> {
         stream: RawStream,
     ) -> Result<bool, Error> {
         // SAFETY: forwarded.
-        unsafe { self.enqueue_single(Op::AllReduce, io, route, Some((norm, Epilogue::InLastLaunch)), stream) }
+        unsafe { self.enqueue_single(Op::AllReduce, io, route, 0, Some((norm, Epilogue::InLastLaunch)), stream) }
     }
 
     /// Enqueues the all_reduce of a fused all_reduce + residual + RMSNorm whose norm the caller
@@ -247,7 +266,7 @@ impl<D: IpcDevice> IpcCollective<D> {
         stream: RawStream,
     ) -> Result<(), Error> {
         // SAFETY: forwarded.
-        unsafe { self.enqueue_single(Op::AllReduce, io, route, Some((norm, Epilogue::Caller)), stream) }.map(drop)
+        unsafe { self.enqueue_single(Op::AllReduce, io, route, 0, Some((norm, Epilogue::Caller)), stream) }.map(drop)
     }
 
     /// Whether a fused all_reduce + RMSNorm of `io` by `route` (`norm` its packed norm) is one
@@ -268,7 +287,9 @@ impl<D: IpcDevice> IpcCollective<D> {
         Chunks::single(&call, self.rank, self.world, route.route(), capacity, ll).is_ok_and(|c| c.count() == 1)
     }
 
-    /// One single-lane call (`enqueue_routed`); with `norm`, the all_reduce of a fused call:
+    /// One single-lane call (`enqueue_routed`), every launch signed with `part` (a part of a
+    /// larger call, `enqueue_routed_as_part`; 0 for a call of its own); with `norm`, the
+    /// all_reduce of a fused call:
     /// its norm checked, every launch signed with the norm (`Signature::norm_split`), and the
     /// norm the epilogue of its last launch (`Epilogue::InLastLaunch`,
     /// `enqueue_all_reduce_norm`) or left to the caller (`Epilogue::Caller`). `Ok(false)`: no
@@ -282,6 +303,7 @@ impl<D: IpcDevice> IpcCollective<D> {
         op: Op,
         io: Io<'_>,
         route: Option<IpcRoute>,
+        part: u32,
         norm: Option<(&NormArgs, Epilogue)>,
         stream: RawStream,
     ) -> Result<bool, Error> {
@@ -291,7 +313,7 @@ impl<D: IpcDevice> IpcCollective<D> {
         let call = validate(op, &io, self.rank, self.world, usize::MAX)?;
         // A fused call's norm, checked against the validated all_reduce, then packed; the
         // digest of its hidden and eps signs every launch of the call.
-        let split = norm.map_or(0, |(args, _)| Signature::norm_split(args.hidden, args.eps));
+        let split = norm.map_or(part, |(args, _)| Signature::norm_split(args.hidden, args.eps));
         // A norm left to the caller is packed too: to refuse now, before the all_reduce runs,
         // what the caller's norm launch would refuse after it.
         let norm = match norm {
@@ -425,9 +447,29 @@ impl<D: IpcDevice> IpcCollective<D> {
         route: Option<IpcRoute>,
         stream: RawStream,
     ) -> Result<(), Error> {
+        // SAFETY: forwarded.
+        unsafe { self.enqueue_many_routed_as_part(lanes, route, 0, stream) }
+    }
+
+    /// [`IpcCollective::enqueue_many_routed`] as a part of a larger call: the lanes' split is
+    /// mixed with `part` (`Signature::part_split` of the whole call; 0: a call of its own), as
+    /// [`IpcCollective::enqueue_routed_as_part`] signs a single-lane part.
+    ///
+    /// # Safety
+    /// As [`IpcCollective::enqueue`], for every lane.
+    pub unsafe fn enqueue_many_routed_as_part(
+        &self,
+        lanes: &[Io<'_>],
+        route: Option<IpcRoute>,
+        part: u32,
+        stream: RawStream,
+    ) -> Result<(), Error> {
         let mut order = self.lock_call()?;
         self.check()?;
-        let (calls, sig) = validate_many(lanes, self.rank, self.world, usize::MAX)?;
+        let (calls, mut sig) = validate_many(lanes, self.rank, self.world, usize::MAX)?;
+        if part != 0 {
+            sig.split = Signature::lane_split([u64::from(sig.split), u64::from(part)]);
+        }
         let bytes = sig.count as usize * sig.dtype.size();
         let route = route.unwrap_or_else(|| self.default_route(Op::ReduceScatterMany, bytes));
         let Some(ipc) = self.ipc_for(route)? else {
@@ -562,18 +604,31 @@ impl<D: IpcDevice> Collective for IpcCollective<D> {
 }
 
 impl<D: IpcDevice> RouteSelect for IpcCollective<D> {
-    fn call_on_route(&self, op: Op, io: Io<'_>, route: IpcRoute, stream: &D::Stream) -> Result<(), Error> {
+    fn call_on_route_as_part(
+        &self,
+        op: Op,
+        io: Io<'_>,
+        route: IpcRoute,
+        part: u32,
+        stream: &D::Stream,
+    ) -> Result<(), Error> {
         if op == Op::ReduceScatterMany {
             return Err(Error::InvalidConfig { detail: "reduce_scatter_many takes reduce_scatter_many's call".into() });
         }
         let s = self.device.raw_stream(stream)?;
         // SAFETY: as in `all_reduce`.
-        unsafe { self.enqueue_routed(op, io, Some(route), s) }
+        unsafe { self.enqueue_routed_as_part(op, io, Some(route), part, s) }
     }
-    fn reduce_scatter_many_on_route(&self, lanes: &[Io<'_>], route: IpcRoute, stream: &D::Stream) -> Result<(), Error> {
+    fn reduce_scatter_many_on_route_as_part(
+        &self,
+        lanes: &[Io<'_>],
+        route: IpcRoute,
+        part: u32,
+        stream: &D::Stream,
+    ) -> Result<(), Error> {
         let s = self.device.raw_stream(stream)?;
         // SAFETY: as in `all_reduce`.
-        unsafe { self.enqueue_many_routed(lanes, Some(route), s) }
+        unsafe { self.enqueue_many_routed_as_part(lanes, Some(route), part, s) }
     }
 }
 

@@ -77,11 +77,17 @@ impl ShmCollective {
 }
 
 impl RouteSelect for ShmCollective {
-    fn call_on_route(&self, op: Op, io: Io<'_>, route: IpcRoute, stream: &()) -> Result<(), Error> {
-        self.inner.call_on_route(op, io, route, stream)
+    fn call_on_route_as_part(&self, op: Op, io: Io<'_>, route: IpcRoute, part: u32, stream: &()) -> Result<(), Error> {
+        self.inner.call_on_route_as_part(op, io, route, part, stream)
     }
-    fn reduce_scatter_many_on_route(&self, lanes: &[Io<'_>], route: IpcRoute, stream: &()) -> Result<(), Error> {
-        self.inner.reduce_scatter_many_on_route(lanes, route, stream)
+    fn reduce_scatter_many_on_route_as_part(
+        &self,
+        lanes: &[Io<'_>],
+        route: IpcRoute,
+        part: u32,
+        stream: &(),
+    ) -> Result<(), Error> {
+        self.inner.reduce_scatter_many_on_route_as_part(lanes, route, part, stream)
     }
 }
 

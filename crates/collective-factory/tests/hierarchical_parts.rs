@@ -1,0 +1,122 @@
+//! Ranks making different calls on the hierarchical route fail, even where the calls' parts
+//! have the same sizes. The route runs a call as smaller collectives (inside the node by IPC,
+//! across nodes by the transport); signed as calls of their own, the parts of two different
+//! calls could agree: at 12 ranks in nodes of 4, an all_reduce of 100 elements then one of 1
+//! against one of 101 is the same in-node reduce_scatter of 100 then an all_reduce of 1, and
+//! every rank returned `Ok` with sums mixed across the calls (found by a probe written as a
+//! user would call). Each IPC part is now signed with the whole call
+//! (`Signature::part_split`): `SignatureMismatch` on every rank, then `Poisoned`.
+#![cfg(feature = "cpu")]
+
+use collective_factory::{Collective, Config, CpuCollective, Error, Io, Op, RawMut, RawRef, RmsNorm, Route, cpu};
+use std::time::{Duration, Instant};
+
+/// The peer bound; a mismatch must be reported well before it.
+const BOUND: Duration = Duration::from_secs(20);
+
+/// What a rank calls, in order.
+#[derive(Debug, Clone, Copy)]
+enum Call {
+    AllReduce(usize),
+    Fused {
+        rows: usize,
+        hidden: usize,
+    },
+    ReduceScatter(usize),
+    /// Two lanes of reduce_scatter_many, `[a, b]` elements per rank's shard.
+    Many(usize, usize),
+}
+
+fn make(comm: &CpuCollective, call: Call) -> Result<(), Error> {
+    let w = comm.world_size();
+    match call {
+        Call::AllReduce(n) => {
+            let x: Vec<f32> = (0..n).map(|i| (comm.rank() * 1000 + i) as f32).collect();
+            let mut y = vec![0f32; n];
+            comm.all_reduce(Io::host(&x, &mut y), &())
+        }
+        Call::Fused { rows, hidden } => {
+            let n = rows * hidden;
+            let x = vec![1.0f32; n];
+            let mut y = vec![0f32; n];
+            let mut h = vec![0.5f32; n];
+            let weight = vec![1.0f32; hidden];
+            let norm =
+                RmsNorm { residual: Io::host_in_place(&mut h), weight: RawRef::host(&weight), hidden, eps: 1e-6 };
+            comm.all_reduce_residual_rmsnorm(Io::host(&x, &mut y), norm, &())
+        }
+        Call::ReduceScatter(k) => {
+            let x = vec![1.0f32; w * k];
+            let mut y = vec![0f32; k];
+            comm.reduce_scatter(Io::host(&x, &mut y), &())
+        }
+        Call::Many(a, b) => {
+            let (xa, xb) = (vec![1.0f32; w * a], vec![2.0f32; w * b]);
+            let (mut ya, mut yb) = (vec![0f32; a], vec![0f32; b]);
+            let lanes = [
+                Io::OutOfPlace { input: RawRef::host(&xa), output: RawMut::host(&mut ya) },
+                Io::OutOfPlace { input: RawRef::host(&xb), output: RawMut::host(&mut yb) },
+            ];
+            comm.reduce_scatter_many(&lanes, &())
+        }
+    }
+}
+
+/// A thread group of 12 ranks (nodes of 4 on one host), even ranks making `even`, odd ranks
+/// `odd`: each rank's first call must be `SignatureMismatch`, within the bound, and its next
+/// call (if it has one) `Poisoned`. `routed_as` is the op and bytes whose route must be the
+/// hierarchical one (the test is about that route).
+fn expect_mismatch(even: &[Call], odd: &[Call], routed_as: (Op, usize)) {
+    let config = Config::new().with_capacity(1 << 16).with_timeout(BOUND);
+    let ranks = cpu::thread_group(12, &config).expect("thread group of 12");
+    assert_eq!(ranks[0].route(routed_as.0, routed_as.1), Route::Hierarchical, "the route under test");
+    std::thread::scope(|s| {
+        for comm in &ranks {
+            s.spawn(move || {
+                let me = comm.rank();
+                let calls = if me % 2 == 0 { even } else { odd };
+                let what = format!("rank {me} of 12 making {calls:?}");
+                let t = Instant::now();
+                match make(comm, calls[0]) {
+                    Err(Error::SignatureMismatch { .. }) => {}
+                    other => panic!("{what}: expected SignatureMismatch, got {other:?}"),
+                }
+                assert!(t.elapsed() < BOUND / 2, "{what}: the mismatch took {:?}", t.elapsed());
+                if let Some(&next) = calls.get(1) {
+                    match make(comm, next) {
+                        Err(Error::Poisoned { .. }) => {}
+                        other => panic!("{what}: expected Poisoned after the mismatch, got {other:?}"),
+                    }
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn all_reduces_whose_parts_have_the_same_sizes_fail_on_every_rank() {
+    // 100 then 1 against 101: the same parts in nodes of 4 (reduce_scatter of 100, all_gather,
+    // then an all_reduce of the 1-element tail).
+    expect_mismatch(&[Call::AllReduce(100), Call::AllReduce(1)], &[Call::AllReduce(101)], (Op::AllReduce, 400));
+}
+
+#[test]
+fn fused_calls_of_another_hidden_fail_on_the_hierarchical_route() {
+    // The same elements, rows of another hidden: the parts of the all_reduce are signed with
+    // the norm too. (Before, both returned `Ok`, each rank with its own `y`.)
+    let fused = |rows, hidden| Call::Fused { rows, hidden };
+    expect_mismatch(&[fused(8, 512), fused(1, 64)], &[fused(4, 1024)], (Op::AllReduce, 8 * 512 * 4));
+    // One rank fusing, the other making the plain all_reduce of the same size.
+    expect_mismatch(&[fused(8, 512)], &[Call::AllReduce(8 * 512)], (Op::AllReduce, 8 * 512 * 4));
+}
+
+#[test]
+fn reduce_scatter_many_against_its_lanes_one_by_one_fails() {
+    // Lanes [8, 16] in one call against reduce_scatter(8) then reduce_scatter(16): the same
+    // parts lane by lane.
+    expect_mismatch(
+        &[Call::Many(8, 16), Call::ReduceScatter(4)],
+        &[Call::ReduceScatter(8), Call::ReduceScatter(16)],
+        (Op::ReduceScatterMany, 12 * 24 * 4),
+    );
+}
