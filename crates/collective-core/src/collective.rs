@@ -49,6 +49,18 @@ pub trait Collective: Send + Sync {
         }
     }
 
+    /// [`Collective::call`] as a part of a larger call that a composite route (hierarchical;
+    /// IPC reduce_scatter then transport all_gather) runs as smaller collectives, or with a
+    /// fused call's norm: a backend that signs its calls carries `part` in the signature's
+    /// `split` (`Signature::part_split` of the whole call, or `Signature::norm_split`; 0: a
+    /// plain call of its own), so peers making other calls whose parts have the same sizes
+    /// fail with `SignatureMismatch`. A backend that signs nothing (the NCCL/RCCL transport:
+    /// the default) runs it as [`Collective::call`].
+    fn call_as_part(&self, op: Op, io: Io<'_>, part: u32, stream: &Self::Stream) -> Result<(), Error> {
+        let _ = part;
+        self.call(op, io, stream)
+    }
+
     /// The first failure any call of this handle recorded, as the analogue of NCCL's
     /// `ncclCommGetAsyncError`. Calls are asynchronous: a call returns `Ok` once it is enqueued,
     /// and a failure the device detects later (a peer that never arrives, a peer making a

@@ -45,17 +45,18 @@ impl<D: Device> GpuTransport<D> {
         self.ccl().map_or(0, TransportCollective::workspace_bytes)
     }
 
-    /// One single-lane call on a raw stream.
+    /// One single-lane call on a raw stream, signed with `part` where the transport signs
+    /// calls (`Collective::call_as_part`: host-staged; NCCL/RCCL signs nothing).
     ///
     /// # Safety
     /// As `TransportCollective::enqueue`: the views are device memory of this device, valid
     /// until `stream` has executed the call; `stream` is a live stream of this device.
-    pub(crate) unsafe fn enqueue(&self, op: Op, io: Io<'_>, stream: RawStream) -> Result<(), Error> {
+    pub(crate) unsafe fn enqueue(&self, op: Op, io: Io<'_>, part: u32, stream: RawStream) -> Result<(), Error> {
         match self {
             // SAFETY: forwarded from the caller.
             GpuTransport::Ccl(t) => unsafe { t.enqueue(op, io, stream) },
             // SAFETY: as above.
-            GpuTransport::HostStaged(t) => unsafe { t.enqueue(op, io, stream) },
+            GpuTransport::HostStaged(t) => unsafe { t.enqueue_as_part(op, io, part, stream) },
         }
     }
 
@@ -97,6 +98,9 @@ impl<D: Device> Collective for GpuTransport<D> {
     }
     fn call(&self, op: Op, io: Io<'_>, stream: &D::Stream) -> Result<(), Error> {
         self.inner().call(op, io, stream)
+    }
+    fn call_as_part(&self, op: Op, io: Io<'_>, part: u32, stream: &D::Stream) -> Result<(), Error> {
+        self.inner().call_as_part(op, io, part, stream)
     }
     fn all_reduce(&self, io: Io<'_>, stream: &D::Stream) -> Result<(), Error> {
         self.inner().all_reduce(io, stream)

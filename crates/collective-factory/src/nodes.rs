@@ -232,7 +232,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
                 via.ipc(&self.local, Op::ReduceScatter, Io::OutOfPlace { input, output }, rs, part)?;
             }
             let partial = out_view(mine, shard, dtype);
-            via.transport(&self.cross, Op::AllReduce, Io::InPlace(partial))?;
+            via.transport(&self.cross, Op::AllReduce, Io::InPlace(partial), part)?;
             let ag = self.route(Op::AllGather, shard * size)?;
             let whole = out_view(call.dst, main, dtype);
             via.ipc(&self.local, Op::AllGather, Io::InPlace(whole), ag, part)?;
@@ -250,7 +250,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
                 }
             };
             via.ipc(&self.local, Op::AllReduce, io, ar, part)?;
-            via.transport(&self.cross, Op::AllReduce, Io::InPlace(out_view(out, tail, dtype)))?;
+            via.transport(&self.cross, Op::AllReduce, Io::InPlace(out_view(out, tail, dtype)), part)?;
         }
         Ok(())
     }
@@ -272,7 +272,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
         via.ipc(&self.local, Op::AllGather, io, ag, part)?;
         // The whole output; this node's block is at position `node`.
         let whole = out_view(call.dst, self.layout.world() * k, dtype);
-        via.transport(&self.cross, Op::AllGather, Io::InPlace(whole))
+        via.transport(&self.cross, Op::AllGather, Io::InPlace(whole), part)
     }
 
     /// One reduce_scatter lane: `W * k` elements at `src`, this rank's `k` to `dst`, its IPC
@@ -303,7 +303,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
         staged?;
         released?;
         let io = Io::OutOfPlace { input: in_view(row, n * k, dtype), output: out_view(dst, k, dtype) };
-        let crossed = via.transport(&self.cross, Op::ReduceScatter, io);
+        let crossed = via.transport(&self.cross, Op::ReduceScatter, io, part);
         let released = self.scratch.release(via.stream());
         crossed.and(released)
     }

@@ -170,9 +170,9 @@ impl<D: IpcDevice> Via<IpcCollective<D>, GpuTransport<D>> for Raw {
         // SAFETY: `enqueue_raw`'s caller vouches for the memory and the stream.
         unsafe { ipc.enqueue_routed_as_part(op, io, Some(route), part, self.0) }
     }
-    fn transport(&self, transport: &GpuTransport<D>, op: Op, io: Io<'_>) -> Result<(), Error> {
+    fn transport(&self, transport: &GpuTransport<D>, op: Op, io: Io<'_>, part: u32) -> Result<(), Error> {
         // SAFETY: as above.
-        unsafe { transport.enqueue(op, io, self.0) }
+        unsafe { transport.enqueue(op, io, part, self.0) }
     }
     fn ipc_many(&self, ipc: &IpcCollective<D>, lanes: &[Io<'_>], route: IpcRoute, part: u32) -> Result<(), Error> {
         // SAFETY: as above.

@@ -148,13 +148,13 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
     /// [`Routed::dispatch_locked`] of a call whose signature's `split` is `split` (a fused
     /// call's norm, `Signature::norm_split`; 0 for a plain call). A composite route signs each
     /// of its parts with the whole call (`Signature::part_split`), so peers running parts of
-    /// different calls fail with `SignatureMismatch`; an IPC route signs the call with
-    /// `split`; the transport signs the call alone (the NCCL/RCCL one signs nothing).
+    /// different calls fail with `SignatureMismatch`; an IPC route and the host transports
+    /// sign the call with `split`; the NCCL/RCCL transport signs nothing.
     pub(crate) fn dispatch_signed(&self, op: Op, io: Io<'_>, split: u32, via: &impl Via<I, T>) -> Result<(), Error> {
         let ipc = || self.ipc_backend();
         let transport = || self.transport.as_ref().ok_or(Error::InvalidConfig { detail: "no transport".into() });
         match self.route(op, contributed_bytes(op, &io, self.world)) {
-            Route::Transport => via.transport(transport()?, op, io),
+            Route::Transport => via.transport(transport()?, op, io, split),
             Route::Hierarchical => self.nodes_backend()?.dispatch(op, io, split, via),
             Route::IpcReduceScatterTransportAllGather => {
                 let call = validate(op, &io, self.rank, self.world, self.capacity)?;
@@ -202,7 +202,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
         }
         // SAFETY: the whole output, borrowed by this call; the reduced shard is at `rank`.
         let whole = unsafe { RawMut::from_raw(out_addr, n, dtype) };
-        via.transport(transport, Op::AllGather, Io::InPlace(whole))
+        via.transport(transport, Op::AllGather, Io::InPlace(whole), part)
     }
 }
 
@@ -213,8 +213,8 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Via<I, T> for OnStream<'
     fn ipc(&self, ipc: &I, op: Op, io: Io<'_>, route: IpcRoute, part: u32) -> Result<(), Error> {
         ipc.call_on_route_as_part(op, io, route, part, self.0)
     }
-    fn transport(&self, transport: &T, op: Op, io: Io<'_>) -> Result<(), Error> {
-        transport.call(op, io, self.0)
+    fn transport(&self, transport: &T, op: Op, io: Io<'_>, part: u32) -> Result<(), Error> {
+        transport.call_as_part(op, io, part, self.0)
     }
     fn ipc_many(&self, ipc: &I, lanes: &[Io<'_>], route: IpcRoute, part: u32) -> Result<(), Error> {
         ipc.reduce_scatter_many_on_route_as_part(lanes, route, part, self.0)

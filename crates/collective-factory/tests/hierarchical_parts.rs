@@ -5,7 +5,9 @@
 //! against one of 101 is the same in-node reduce_scatter of 100 then an all_reduce of 1, and
 //! every rank returned `Ok` with sums mixed across the calls (found by a probe written as a
 //! user would call). Each IPC part is now signed with the whole call
-//! (`Signature::part_split`): `SignatureMismatch` on every rank, then `Poisoned`.
+//! (`Signature::part_split`): `SignatureMismatch` on every rank, then `Poisoned` — and so is
+//! each part across nodes on the host transport, which also signs a fused call's norm on the
+//! flat transport route.
 #![cfg(feature = "cpu")]
 
 use collective_factory::{Collective, Config, CpuCollective, Error, Io, Op, RawMut, RawRef, RmsNorm, Route, cpu};
@@ -62,20 +64,35 @@ fn make(comm: &CpuCollective, call: Call) -> Result<(), Error> {
     }
 }
 
+fn config() -> Config {
+    Config::new().with_capacity(1 << 16).with_timeout(BOUND)
+}
+
 /// A thread group of 12 ranks (nodes of 4 on one host), even ranks making `even`, odd ranks
-/// `odd`: each rank's first call must be `SignatureMismatch`, within the bound, and its next
-/// call (if it has one) `Poisoned`. `routed_as` is the op and bytes whose route must be the
-/// hierarchical one (the test is about that route).
+/// `odd`: so ranks of one node disagree, and the IPC parts inside the node must say so.
 fn expect_mismatch(even: &[Call], odd: &[Call], routed_as: (Op, usize)) {
-    let config = Config::new().with_capacity(1 << 16).with_timeout(BOUND);
-    let ranks = cpu::thread_group(12, &config).expect("thread group of 12");
-    assert_eq!(ranks[0].route(routed_as.0, routed_as.1), Route::Hierarchical, "the route under test");
+    let ranks = cpu::thread_group(12, &config()).expect("thread group of 12");
+    expect_mismatch_on(&ranks, |r| if r % 2 == 0 { even } else { odd }, routed_as, Route::Hierarchical);
+}
+
+/// Each rank of `ranks` making `calls(rank)`: each rank's first call must be
+/// `SignatureMismatch`, within the bound, and its next call (if it has one) `Poisoned`.
+/// `routed_as` is the op and bytes whose route must be `route` (the route under test).
+fn expect_mismatch_on<'c>(
+    ranks: &[CpuCollective],
+    calls: impl Fn(usize) -> &'c [Call] + Sync,
+    routed_as: (Op, usize),
+    route: Route,
+) {
+    assert_eq!(ranks[0].route(routed_as.0, routed_as.1), route, "the route under test");
+    let calls = &calls;
+    let world = ranks.len();
     std::thread::scope(|s| {
-        for comm in &ranks {
+        for comm in ranks {
             s.spawn(move || {
                 let me = comm.rank();
-                let calls = if me % 2 == 0 { even } else { odd };
-                let what = format!("rank {me} of 12 making {calls:?}");
+                let calls = calls(me);
+                let what = format!("rank {me} of {world} making {calls:?}");
                 let t = Instant::now();
                 match make(comm, calls[0]) {
                     Err(Error::SignatureMismatch { .. }) => {}
@@ -119,4 +136,21 @@ fn reduce_scatter_many_against_its_lanes_one_by_one_fails() {
         &[Call::ReduceScatter(8), Call::ReduceScatter(16)],
         (Op::ReduceScatterMany, 12 * 24 * 4),
     );
+}
+
+#[test]
+fn whole_nodes_making_different_calls_fail_on_the_host_transport() {
+    // Nodes agree inside, disagree with each other: the step across nodes (the host transport)
+    // signs its parts with the whole call too. (The NCCL/RCCL transport signs nothing.)
+    let ranks = cpu::virtual_nodes(2, 4, &config()).expect("2 x 4 virtual nodes");
+    let (first, second) = ([Call::AllReduce(100), Call::AllReduce(1)], [Call::AllReduce(101)]);
+    expect_mismatch_on(&ranks, |r| if r < 4 { &first } else { &second }, (Op::AllReduce, 400), Route::Hierarchical);
+}
+
+#[test]
+fn fused_calls_of_another_hidden_fail_on_the_host_transport_route() {
+    // Nodes of 3 (not a power of two): the flat transport route, signed with the norm.
+    let ranks = cpu::virtual_nodes(2, 3, &config()).expect("2 x 3 virtual nodes");
+    let (a, b) = ([Call::Fused { rows: 8, hidden: 512 }], [Call::Fused { rows: 4, hidden: 1024 }]);
+    expect_mismatch_on(&ranks, |r| if r % 2 == 0 { &a } else { &b }, (Op::AllReduce, 8 * 512 * 4), Route::Transport);
 }

@@ -151,9 +151,11 @@ impl<D: Device> StagedTransport<D> {
     /// device stage poisons (this rank may have skipped an exchange its peers make), a failure
     /// of the host call poisons the host transport itself (see [`Collective::check`]).
     ///
+    /// A single lane is signed with `part` (`Collective::call_as_part`; 0: a call of its own).
+    ///
     /// # Safety
     /// `stream` is a live stream of this device.
-    unsafe fn one_call(&self, stream: RawStream, lanes: &mut [Lane]) -> Result<(), Error> {
+    unsafe fn one_call(&self, stream: RawStream, lanes: &mut [Lane], part: u32) -> Result<(), Error> {
         let _call = self.calls.lock().map_err(|_| panicked())?;
         // Again under the lock: a call that ran meanwhile may have failed, or close come.
         self.check_open()?;
@@ -168,7 +170,7 @@ impl<D: Device> StagedTransport<D> {
         let mut host_failed = false;
         // SAFETY: forwarded from the caller; the lanes hold validated views and their host
         // buffers.
-        let r = unsafe { self.staged(stream, lanes, &mut host_failed) };
+        let r = unsafe { self.staged(stream, lanes, part, &mut host_failed) };
         if let Err(e) = &r
             && !host_failed
         {
@@ -182,7 +184,13 @@ impl<D: Device> StagedTransport<D> {
     ///
     /// # Safety
     /// As [`StagedTransport::one_call`].
-    unsafe fn staged(&self, stream: RawStream, lanes: &mut [Lane], host_failed: &mut bool) -> Result<(), Error> {
+    unsafe fn staged(
+        &self,
+        stream: RawStream,
+        lanes: &mut [Lane],
+        part: u32,
+        host_failed: &mut bool,
+    ) -> Result<(), Error> {
         let dev = &self.device;
         dev.bind()?;
         // Every device call below: `stream` is live (caller); device ranges are the validated
@@ -201,7 +209,7 @@ impl<D: Device> StagedTransport<D> {
         unsafe { dev.synchronize_stream(stream) }?;
         let r = if let [l] = lanes {
             let op = l.call.op;
-            Collective::call(&self.host, op, l.io(), &())
+            self.host.call_as_part(op, l.io(), part, &())
         } else {
             let ios: Vec<Io<'_>> = lanes.iter_mut().map(Lane::io).collect();
             self.host.reduce_scatter_many(&ios, &())
@@ -234,11 +242,21 @@ impl<D: Device> StagedTransport<D> {
     /// `stream` is a live stream of this transport's device, and the views in `io` are device
     /// memory of that device, valid and otherwise untouched until this returns.
     pub unsafe fn enqueue(&self, op: Op, io: Io<'_>, stream: RawStream) -> Result<(), Error> {
+        // SAFETY: forwarded.
+        unsafe { self.enqueue_as_part(op, io, 0, stream) }
+    }
+
+    /// [`StagedTransport::enqueue`] signed with `part` (see `Collective::call_as_part`): the
+    /// host transport carries it in the call's signature.
+    ///
+    /// # Safety
+    /// As [`StagedTransport::enqueue`].
+    pub unsafe fn enqueue_as_part(&self, op: Op, io: Io<'_>, part: u32, stream: RawStream) -> Result<(), Error> {
         self.check_open()?;
         let call = validate(op, &io, self.host.rank(), self.host.world_size(), self.capacity())?;
         let mut lanes = [Lane::new(call)?];
         // SAFETY: forwarded from the caller.
-        unsafe { self.one_call(stream, &mut lanes) }
+        unsafe { self.one_call(stream, &mut lanes, part) }
     }
 
     /// Runs a `reduce_scatter_many` on a raw stream: every lane validated first, then every
@@ -253,7 +271,7 @@ impl<D: Device> StagedTransport<D> {
         // One lane goes to the host as a reduce_scatter_many too (`call.op`, its signature).
         let mut staged = calls.iter().map(|l| Lane::new(l.call)).collect::<Result<Vec<_>, _>>()?;
         // SAFETY: forwarded from the caller.
-        unsafe { self.one_call(stream, &mut staged) }
+        unsafe { self.one_call(stream, &mut staged, 0) }
     }
 
     /// `Closed` after close, the recorded cause once poisoned, the host transport's state.
@@ -295,6 +313,16 @@ impl<D: Device> Collective for StagedTransport<D> {
         }
         // SAFETY: as above.
         unsafe { self.enqueue(op, io, raw) }
+    }
+    fn call_as_part(&self, op: Op, io: Io<'_>, part: u32, stream: &D::Stream) -> Result<(), Error> {
+        let raw = self.device.raw_stream(stream)?;
+        if op == Op::ReduceScatterMany {
+            // A lane of its own: signed with its lane split (no composite route sends one here).
+            // SAFETY: as in `call`.
+            return unsafe { self.enqueue_many(&[io], raw) };
+        }
+        // SAFETY: as in `call`.
+        unsafe { self.enqueue_as_part(op, io, part, raw) }
     }
     fn all_reduce(&self, io: Io<'_>, stream: &D::Stream) -> Result<(), Error> {
         self.call(Op::AllReduce, io, stream)

@@ -83,20 +83,81 @@ impl HostTransport {
         Ok(rows)
     }
 
-    fn signature(call: &Call) -> Signature {
-        Signature { route: Route::Transport, ..call.signature() }
+    /// The signature of a single-lane call, its `split` being `part` (`Collective::call_as_part`;
+    /// 0 for a plain call of its own).
+    fn signature(call: &Call, part: u32) -> Signature {
+        Signature { route: Route::Transport, split: part, ..call.signature() }
+    }
+
+    /// One call signed with `part` (see [`HostTransport::signature`]).
+    fn call_signed(&self, op: Op, io: Io<'_>, part: u32) -> Result<(), Error> {
+        match op {
+            Op::AllGather => self.gather(io, part),
+            Op::AllReduce => {
+                let call = validate(Op::AllReduce, &io, self.rank, self.world, self.capacity)?;
+                self.reduce(call, 0, part)
+            }
+            Op::ReduceScatter => {
+                let call = validate(Op::ReduceScatter, &io, self.rank, self.world, self.capacity)?;
+                self.reduce(call, self.rank * call.count_out, part)
+            }
+            Op::ReduceScatterMany => self.many(&[io], part),
+        }
     }
 
     /// A validated all_reduce (`at` 0) or reduce_scatter (`at`: this rank's shard): every
     /// rank's whole input, then the tree over elements `at..` into the output.
-    fn reduce(&self, call: Call, at: usize) -> Result<(), Error> {
+    fn reduce(&self, call: Call, at: usize, part: u32) -> Result<(), Error> {
         self.one_call(|| {
             // SAFETY: the validated views of this call.
             let mine = unsafe { bytes(call.src, call.bytes_in()) }.to_vec();
-            let rows = self.exchange(Self::signature(&call), &mine)?;
+            let rows = self.exchange(Self::signature(&call, part), &mine)?;
             let views: Vec<&[u8]> = rows.iter().map(Vec::as_slice).collect();
             // SAFETY: as above; the input has been copied.
             reduce_rows(call.dtype, &views, at, unsafe { bytes_mut(call.dst, call.bytes_out()) })
+        })
+    }
+
+    /// An all_gather signed with `part`: every rank's input, in rank order, into the output.
+    fn gather(&self, io: Io<'_>, part: u32) -> Result<(), Error> {
+        let call = validate(Op::AllGather, &io, self.rank, self.world, self.capacity)?;
+        self.one_call(|| {
+            // SAFETY: validated views of this call (here and below).
+            let mine = unsafe { bytes(call.src, call.bytes_in()) }.to_vec();
+            let rows = self.exchange(Self::signature(&call, part), &mine)?;
+            // SAFETY: as above; the input has been copied (in place, it is this rank's chunk).
+            let out = unsafe { bytes_mut(call.dst, call.bytes_out()) };
+            for (chunk, row) in out.chunks_exact_mut(call.bytes_in().max(1)).zip(&rows) {
+                chunk.copy_from_slice(row);
+            }
+            Ok(())
+        })
+    }
+
+    /// A reduce_scatter_many, its lanes' split mixed with `part` (0: a call of its own): every
+    /// lane's input in one exchange, then one tree per lane.
+    fn many(&self, lanes: &[Io<'_>], part: u32) -> Result<(), Error> {
+        let (calls, mut sig) = validate_many(lanes, self.rank, self.world, self.capacity)?;
+        if part != 0 {
+            sig.split = Signature::lane_split([u64::from(sig.split), u64::from(part)]);
+        }
+        self.one_call(|| {
+            let mut mine = Vec::new();
+            for l in calls.iter() {
+                // SAFETY: as in `gather`.
+                mine.extend_from_slice(unsafe { bytes(l.call.src, l.call.bytes_in()) });
+            }
+            let rows = self.exchange(Signature { route: Route::Transport, ..sig }, &mine)?;
+            let mut at = 0usize;
+            for l in calls.iter() {
+                let c = l.call;
+                let views: Vec<&[u8]> = rows.iter().map(|r| &r[at..at + c.bytes_in()]).collect();
+                // SAFETY: as above; lanes do not overlap (validated).
+                let out = unsafe { bytes_mut(c.dst, c.bytes_out()) };
+                reduce_rows(c.dtype, &views, self.rank * c.count_out, out)?;
+                at += c.bytes_in();
+            }
+            Ok(())
         })
     }
 }
@@ -143,51 +204,23 @@ impl Collective for HostTransport {
         if self.world == 1 { Route::Local } else { Route::Transport }
     }
 
+    fn call(&self, op: Op, io: Io<'_>, _: &()) -> Result<(), Error> {
+        self.call_signed(op, io, 0)
+    }
+    fn call_as_part(&self, op: Op, io: Io<'_>, part: u32, _: &()) -> Result<(), Error> {
+        self.call_signed(op, io, part)
+    }
     fn all_gather(&self, io: Io<'_>, _: &()) -> Result<(), Error> {
-        let call = validate(Op::AllGather, &io, self.rank, self.world, self.capacity)?;
-        self.one_call(|| {
-            // SAFETY: validated views of this call (here and below).
-            let mine = unsafe { bytes(call.src, call.bytes_in()) }.to_vec();
-            let rows = self.exchange(Self::signature(&call), &mine)?;
-            // SAFETY: as above; the input has been copied (in place, it is this rank's chunk).
-            let out = unsafe { bytes_mut(call.dst, call.bytes_out()) };
-            for (chunk, row) in out.chunks_exact_mut(call.bytes_in().max(1)).zip(&rows) {
-                chunk.copy_from_slice(row);
-            }
-            Ok(())
-        })
+        self.gather(io, 0)
     }
-
     fn all_reduce(&self, io: Io<'_>, _: &()) -> Result<(), Error> {
-        let call = validate(Op::AllReduce, &io, self.rank, self.world, self.capacity)?;
-        self.reduce(call, 0)
+        self.call_signed(Op::AllReduce, io, 0)
     }
-
     fn reduce_scatter(&self, io: Io<'_>, _: &()) -> Result<(), Error> {
-        let call = validate(Op::ReduceScatter, &io, self.rank, self.world, self.capacity)?;
-        self.reduce(call, self.rank * call.count_out)
+        self.call_signed(Op::ReduceScatter, io, 0)
     }
-
     fn reduce_scatter_many(&self, lanes: &[Io<'_>], _: &()) -> Result<(), Error> {
-        let (calls, sig) = validate_many(lanes, self.rank, self.world, self.capacity)?;
-        self.one_call(|| {
-            let mut mine = Vec::new();
-            for l in calls.iter() {
-                // SAFETY: as in `all_gather`.
-                mine.extend_from_slice(unsafe { bytes(l.call.src, l.call.bytes_in()) });
-            }
-            let rows = self.exchange(Signature { route: Route::Transport, ..sig }, &mine)?;
-            let mut at = 0usize;
-            for l in calls.iter() {
-                let c = l.call;
-                let views: Vec<&[u8]> = rows.iter().map(|r| &r[at..at + c.bytes_in()]).collect();
-                // SAFETY: as above; lanes do not overlap (validated).
-                let out = unsafe { bytes_mut(c.dst, c.bytes_out()) };
-                reduce_rows(c.dtype, &views, self.rank * c.count_out, out)?;
-                at += c.bytes_in();
-            }
-            Ok(())
-        })
+        self.many(lanes, 0)
     }
 
     fn check(&self) -> Result<(), Error> {

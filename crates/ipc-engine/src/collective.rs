@@ -578,6 +578,15 @@ impl<D: IpcDevice> Collective for IpcCollective<D> {
         // SAFETY: as above.
         unsafe { self.enqueue(op, io, s) }
     }
+    fn call_as_part(&self, op: Op, io: Io<'_>, part: u32, stream: &D::Stream) -> Result<(), Error> {
+        let s = self.device.raw_stream(stream)?;
+        if op == Op::ReduceScatterMany {
+            // SAFETY: as in `call`.
+            return unsafe { self.enqueue_many_routed_as_part(&[io], None, part, s) };
+        }
+        // SAFETY: as in `call`.
+        unsafe { self.enqueue_routed_as_part(op, io, None, part, s) }
+    }
     fn all_reduce(&self, io: Io<'_>, stream: &D::Stream) -> Result<(), Error> {
         self.call(Op::AllReduce, io, stream)
     }
