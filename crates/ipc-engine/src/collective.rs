@@ -491,7 +491,8 @@ impl<D: IpcDevice> IpcCollective<D> {
         unsafe { self.run_call(&mut order, stream, chunks, launch) }
     }
 
-    /// Close: synchronises this rank's device (no kernel of ours may still read a peer),
+    /// Close: waits for a call another thread has in flight on this handle (bounded: its
+    /// waits are), synchronises this rank's device (no kernel of ours may still read a peer),
     /// writes `CLOSE_ACK` into every peer's `ack[rank]` line, then
     /// * one process per rank: waits (bounded by `timeouts.close`) for every peer's
     ///   acknowledgement in its own block, unmaps the peers and frees its staging — or, on
@@ -503,6 +504,12 @@ impl<D: IpcDevice> IpcCollective<D> {
         if let Some(m) = &self.lockstep {
             m.close();
         }
+        // A call another thread has in flight on this handle ends first (its waits are
+        // bounded by `timeouts.peer`): the mappings and staging freed below are what it reads,
+        // and a call that took the lock before `closed` was set may not have launched yet.
+        // Calls that take the lock after this see `closed`. (Before, close returned at once
+        // while such a call still waited for its peers.)
+        let _calls = self.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let Some(ipc) = &self.ipc else { return Ok(()) };
         self.device.synchronize()?;
         for q in (0..self.world).filter(|&q| q != self.rank) {
