@@ -6,7 +6,9 @@
 #
 #   1. the fused call's GPU suites: collective-factory nvidia_fused_norm and
 #      nvidia_fused_norm_random, cuda-ipc gpu_norm, detcoll-layers gpu_decoder (STAGE=bench
-#      skips them);
+#      skips them; SUITES=all adds the factory's suites of the composite routes and shared
+#      GPUs — nvidia_routes, nvidia_shared_gpu, nvidia_shared_gpu_processes,
+#      virtual_nodes_gpu_processes — and leaves less time for the bench);
 #   2. fused_norm_bench as shipped (default routing table, the kernels the bundle has: prebuilt
 #      ones in its kernels/, else the run-time NVRTC build), ranks as threads, bf16, worlds
 #      2/4/8, hidden 4096/8192: the small batches (1-64 rows, where the goal is missed: the
@@ -55,9 +57,15 @@ bench() { # tag timeout [env=value ...] -- args...
 }
 
 if [ "$STAGE" != bench ]; then
-  timeout 240 ./run.sh --suite collective-factory-test-nvidia_fused_norm \
+  MORE=()
+  if [ "${SUITES:-norm}" = all ]; then
+    for s in nvidia_routes nvidia_shared_gpu nvidia_shared_gpu_processes virtual_nodes_gpu_processes; do
+      MORE+=(--suite "collective-factory-test-$s")
+    done
+  fi
+  timeout 400 ./run.sh --suite collective-factory-test-nvidia_fused_norm \
     --suite collective-factory-test-nvidia_fused_norm_random --suite cuda-ipc-test-gpu_norm \
-    --suite detcoll-layers-test-gpu_decoder > "$OUT/suites.log" 2>&1
+    --suite detcoll-layers-test-gpu_decoder "${MORE[@]}" > "$OUT/suites.log" 2>&1
   echo "suites rc=$? t=$(el)"
   grep -E "test result|FAILED|panicked|TIMEOUT" "$OUT/suites.log" | head -12
 fi
