@@ -14,6 +14,7 @@ fn close_waits_for_a_call_another_thread_has_in_flight() {
         .expect("group");
     let (r0, r1) = (&ranks[0], &ranks[1]);
     let t0 = Instant::now();
+    let late = Duration::from_millis(600);
     let (call_end, close_end) = std::thread::scope(|s| {
         // Rank 0, thread A: a call whose peer comes 600 ms later.
         let a = s.spawn(move || {
@@ -43,12 +44,19 @@ fn close_waits_for_a_call_another_thread_has_in_flight() {
         });
         // Rank 1: its call comes late.
         s.spawn(move || {
-            std::thread::sleep(Duration::from_millis(600));
+            std::thread::sleep(late);
             let x = vec![2.0f32; 256];
             let mut y = vec![0f32; 256];
             println!("rank 1: {:?}", r1.all_reduce(Io::host(&x, &mut y), &()));
         });
         (a.join().expect("thread A"), b.join().expect("thread B"))
     });
-    assert!(close_end >= call_end, "close returned at {close_end:?}, before the call in flight ended at {call_end:?}");
+    // The call in flight cannot end before rank 1 starts its call (`late` after the start), and
+    // close waits for it. (Comparing with `call_end` would race: thread A reads its clock only
+    // after the call has released the handle to close.)
+    assert!(
+        close_end >= late,
+        "close returned at {close_end:?}, before the call in flight could end (rank 1 called at {late:?}; \
+         the call ended at {call_end:?})"
+    );
 }
