@@ -100,6 +100,14 @@ class Collective:
         in_addr = None
         if vin.count and vin.addr == vout.addr + self.rank * vin.nbytes and vout.count == self.world_size * vin.count:
             in_addr = vout.addr  # in place: this rank's contribution already sits at its shard
+        elif vin.count and vin.addr == vout.addr:
+            # ``x`` starts ``out`` but is not its shard ``rank``: not the in-place form. The raw
+            # call reads equal addresses as in place (the contribution taken from shard
+            # ``rank``), which would return every rank a wrong ``out`` without an error.
+            raise _detcoll.Overlap(
+                f"all_gather: x overlaps out at out's start but is not out's shard {self.rank} "
+                f"(the in-place form is x = out's shard rank); use a separate x"
+            )
         self._call("all_gather", vin, vout, in_addr)
         return out
 

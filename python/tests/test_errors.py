@@ -81,6 +81,31 @@ def test_in_place_read_only_is_refused(pair):
     untouched(x)
 
 
+def test_all_gather_x_at_outs_start_on_another_rank_is_refused(pair):
+    # x = out[:n] is rank 0's in-place form, but on rank 1 it is an input overlapping out: the
+    # raw call read equal addresses as in place, so both ranks returned out with rank 0's x
+    # twice and no error. Now rank 1 alone raises Overlap before any work.
+    n = 4
+    out = np.full(2 * n, SENTINEL, np.float32)
+    out[:n] = 101.0
+    before = out.copy()
+    with pytest.raises(detcoll.Overlap, match="shard 1"):
+        pair[1].all_gather(out[:n], out=out)
+    assert_bits_equal(out, before, "out after the refused all_gather")
+    # The in-place form on both ranks still gathers.
+    outs = [np.full(2 * n, SENTINEL, np.float32) for _ in range(2)]
+    for r in range(2):
+        outs[r][r * n:(r + 1) * n] = 100.0 + r
+
+    def gather(c):
+        o = outs[c.rank]
+        return c.all_gather(o[c.rank * n:(c.rank + 1) * n], out=o)
+
+    want = np.concatenate([np.full(n, 100.0, np.float32), np.full(n, 101.0, np.float32)])
+    for g in on_ranks(pair, gather):
+        assert_bits_equal(g, want, "in-place all_gather")
+
+
 def test_lanes_must_share_a_dtype(pair):
     outs = [np.full(4, SENTINEL, np.float32), np.full(4, SENTINEL, np.float16)]
     with pytest.raises(detcoll.DtypeMismatch):

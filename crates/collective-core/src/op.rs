@@ -160,7 +160,13 @@ impl core::fmt::Display for Signature {
         if self.lanes != 1 {
             write!(f, " in {} lanes (split {:#010x})", self.lanes, self.split)?;
         } else if self.split != 0 {
-            write!(f, " with a fused RMSNorm (hidden and eps digest {:#010x})", self.split)?;
+            // The split alone cannot say which: a fused call's norm (`norm_split`), or the
+            // whole call a composite route's part belongs to (`part_split`).
+            write!(
+                f,
+                " signed with {:#010x} (a fused RMSNorm's hidden and eps, or the call it is a part of)",
+                self.split
+            )?;
         }
         write!(f, " via {}", self.route.name())
     }

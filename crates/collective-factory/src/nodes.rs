@@ -203,6 +203,9 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
     /// have the same sizes (an all_reduce of 100 elements then one of 1 against one of 101 in
     /// nodes of 4), and signed alone they ran each other's parts.
     pub(crate) fn dispatch(&self, op: Op, io: Io<'_>, split: u32, via: &impl Via<I, T>) -> Result<(), Error> {
+        // Either backend poisoned fails the call before any work: the step inside the node
+        // would otherwise run, and write the output, before the poisoned step across refuses.
+        self.check()?;
         let world = self.layout.world();
         let call = validate(op, &io, self.rank, world, usize::MAX)?;
         let part = Signature::part_split(&Signature { split, route: Route::Hierarchical, ..call.signature() });
@@ -339,6 +342,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
     /// reduce_scatter_many: every lane validated first, then each by
     /// [`Nodes::reduce_scatter_lane`].
     pub(crate) fn reduce_scatter_many(&self, lanes: &[Io<'_>], via: &impl Via<I, T>) -> Result<(), Error> {
+        self.check()?;
         let (calls, sig) = validate_many(lanes, self.rank, self.layout.world(), usize::MAX)?;
         let part = Signature::part_split(&Signature { route: Route::Hierarchical, ..sig });
         for c in calls.iter() {

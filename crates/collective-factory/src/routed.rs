@@ -4,6 +4,7 @@ use crate::Routing;
 use crate::nodes::Nodes;
 use crate::scratch::CallStream;
 use crate::via::Via;
+use collective_core::process::ProcessOwner;
 use collective_core::{
     Capabilities, Collective, Error, Io, IpcRoute, Op, RawMut, Route, RouteSelect, Signature, ipc_route_for, validate,
 };
@@ -32,6 +33,9 @@ pub struct Routed<I: Collective, T> {
     /// on this handle must not come between (each backend would see another order than the
     /// peers' backends). Calls of one backend are atomic in the backend itself.
     calls: Mutex<()>,
+    /// The process that built the handle: a forked child fails before the call lock, which
+    /// it inherits as the parent held it (locked for good if a parent thread was in a call).
+    owner: ProcessOwner,
 }
 
 /// The transport of platforms that have none: uninhabited, so `Routed<I, NoTransport<_>>` costs
@@ -58,7 +62,17 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
                 }
             }
         }
-        Ok(Routed { rank, world, capacity, routing, ipc, transport, nodes: None, calls: Mutex::new(()) })
+        Ok(Routed {
+            rank,
+            world,
+            capacity,
+            routing,
+            ipc,
+            transport,
+            nodes: None,
+            calls: Mutex::new(()),
+            owner: ProcessOwner::current(),
+        })
     }
 
     /// With the hierarchical route's backends (what the table's `hierarchical` ranges run on).
@@ -75,10 +89,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
     /// `reduce_scatter_many` by the hierarchical route: several backend calls, held together
     /// against other threads' calls on this handle (as the hybrid's).
     pub(crate) fn hierarchical_many(&self, lanes: &[Io<'_>], via: &impl Via<I, T>) -> Result<(), Error> {
-        let _call = self
-            .calls
-            .lock()
-            .map_err(|_| Error::Poisoned { cause: "a thread panicked inside a call of this handle".into() })?;
+        let _call = self.lock_calls()?;
         self.nodes_backend()?.reduce_scatter_many(lanes, via)
     }
 
@@ -126,6 +137,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
     /// This handle's call lock. A thread that panicked inside a call left the backends' order
     /// unknown: fail closed.
     pub(crate) fn lock_calls(&self) -> Result<std::sync::MutexGuard<'_, ()>, Error> {
+        self.owner.check()?;
         self.calls
             .lock()
             .map_err(|_| Error::Poisoned { cause: "a thread panicked inside a call of this handle".into() })
@@ -157,6 +169,8 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
             Route::Transport => via.transport(transport()?, op, io, split),
             Route::Hierarchical => self.nodes_backend()?.dispatch(op, io, split, via),
             Route::IpcReduceScatterTransportAllGather => {
+                // A poisoned transport fails the call before the IPC step writes the output.
+                transport()?.check()?;
                 let call = validate(op, &io, self.rank, self.world, self.capacity)?;
                 let whole = Signature { split, route: Route::IpcReduceScatterTransportAllGather, ..call.signature() };
                 self.hybrid_all_reduce(io, ipc()?, transport()?, Signature::part_split(&whole), via)

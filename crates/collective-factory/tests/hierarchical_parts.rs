@@ -154,3 +154,29 @@ fn fused_calls_of_another_hidden_fail_on_the_host_transport_route() {
     let (a, b) = ([Call::Fused { rows: 8, hidden: 512 }], [Call::Fused { rows: 4, hidden: 1024 }]);
     expect_mismatch_on(&ranks, |r| if r % 2 == 0 { &a } else { &b }, (Op::AllReduce, 8 * 512 * 4), Route::Transport);
 }
+
+#[test]
+fn a_poisoned_step_across_nodes_fails_the_next_call_before_any_work() {
+    // Nodes agree inside and disagree across: the host transport is poisoned, the IPC
+    // collective inside each node is not. The next call (the same on every rank) must fail
+    // before its step inside the node writes the output. Before, that step ran (every rank's
+    // output got its node's reduce_scatter shard) and only the step across refused.
+    let ranks = cpu::virtual_nodes(2, 2, &config()).expect("2 x 2 virtual nodes");
+    assert_eq!(ranks[0].route(Op::AllReduce, 64), Route::Hierarchical, "the route under test");
+    std::thread::scope(|s| {
+        for comm in &ranks {
+            s.spawn(move || {
+                let me = comm.rank();
+                let n = if me < 2 { 100 } else { 101 };
+                assert!(make(comm, Call::AllReduce(n)).is_err(), "rank {me}: the disagreeing call");
+                let x = vec![1.0f32; 16];
+                let mut y = vec![-7.25f32; 16];
+                match comm.all_reduce(Io::host(&x, &mut y), &()) {
+                    Err(Error::Poisoned { .. }) => {}
+                    other => panic!("rank {me}: expected Poisoned, got {other:?}"),
+                }
+                assert!(y.iter().all(|v| v.to_bits() == (-7.25f32).to_bits()), "rank {me}: output written: {y:?}");
+            });
+        }
+    });
+}

@@ -371,6 +371,9 @@ impl<D: IpcDevice> IpcCollective<D> {
     /// Takes this handle's call lock (see `calls`). A thread that panicked inside a call
     /// left its launches unknown: the handle fails closed.
     fn lock_call(&self) -> Result<MutexGuard<'_, StreamOrder<D::Event>>, Error> {
+        // A forked child first: it inherits this lock as the parent held it, and a parent
+        // thread inside a call at the fork left it locked for good in the child.
+        self.process.check()?;
         self.calls.lock().map_err(|_| {
             self.fail(Error::Backend {
                 backend: D::BACKEND,
