@@ -113,6 +113,18 @@ impl Signature {
         Signature::lane_split([TAG, a, b])
     }
 
+    /// This signature as a part of a larger call: `part` ([`Signature::part_split`] of the
+    /// whole call; 0: a call of its own) becomes the split of a call that has none, and is
+    /// hashed with the split it has (a `reduce_scatter_many`'s lanes) otherwise. The one rule
+    /// every backend that signs parts follows.
+    pub fn as_part(self, part: u32) -> Signature {
+        match (part, self.split) {
+            (0, _) => self,
+            (part, 0) => Signature { split: part, ..self },
+            (part, own) => Signature { split: Signature::lane_split([u64::from(own), u64::from(part)]), ..self },
+        }
+    }
+
     /// Two words: `[magic:8 | op:8 | dtype:8 | route:3 lanes:5 | split:32, count]`, as stored
     /// in a control block (the kernels copy them verbatim).
     pub const fn pack(&self) -> [u64; 2] {

@@ -86,7 +86,7 @@ impl HostTransport {
     /// The signature of a single-lane call, its `split` being `part` (`Collective::call_as_part`;
     /// 0 for a plain call of its own).
     fn signature(call: &Call, part: u32) -> Signature {
-        Signature { route: Route::Transport, split: part, ..call.signature() }
+        Signature { route: Route::Transport, ..call.signature() }.as_part(part)
     }
 
     /// One call signed with `part` (see [`HostTransport::signature`]).
@@ -137,10 +137,8 @@ impl HostTransport {
     /// A reduce_scatter_many, its lanes' split mixed with `part` (0: a call of its own): every
     /// lane's input in one exchange, then one tree per lane.
     fn many(&self, lanes: &[Io<'_>], part: u32) -> Result<(), Error> {
-        let (calls, mut sig) = validate_many(lanes, self.rank, self.world, self.capacity)?;
-        if part != 0 {
-            sig.split = Signature::lane_split([u64::from(sig.split), u64::from(part)]);
-        }
+        let (calls, sig) = validate_many(lanes, self.rank, self.world, self.capacity)?;
+        let sig = sig.as_part(part);
         self.one_call(|| {
             let mut mine = Vec::new();
             for l in calls.iter() {

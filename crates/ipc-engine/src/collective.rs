@@ -469,10 +469,8 @@ impl<D: IpcDevice> IpcCollective<D> {
     ) -> Result<(), Error> {
         let mut order = self.lock_call()?;
         self.check()?;
-        let (calls, mut sig) = validate_many(lanes, self.rank, self.world, usize::MAX)?;
-        if part != 0 {
-            sig.split = Signature::lane_split([u64::from(sig.split), u64::from(part)]);
-        }
+        let (calls, sig) = validate_many(lanes, self.rank, self.world, usize::MAX)?;
+        let sig = sig.as_part(part);
         let bytes = sig.count as usize * sig.dtype.size();
         let route = route.unwrap_or_else(|| self.default_route(Op::ReduceScatterMany, bytes));
         let Some(ipc) = self.ipc_for(route)? else {
