@@ -54,6 +54,8 @@ impl AttentionShape {
         require(SUPPORTED_WORLD_SIZES.contains(&cp), || format!("CP size {cp} is not 1, 2, 4 or 8"))?;
         require(self.tokens % cp == 0, || format!("{} tokens do not split over {cp} ranks", self.tokens))?;
         product("tokens x heads x head_dim", &[self.tokens, self.heads, self.head_dim])?;
+        // Also without tokens: a token's length sizes every block (check_block).
+        product("heads x head_dim", &[self.heads, self.head_dim])?;
         Ok(())
     }
 }
@@ -127,14 +129,15 @@ fn check_block<T>(
     input: &AttentionInput<'_, T>,
     output: &AttentionOutput<'_, T>,
 ) -> Result<(), Error> {
-    let e = n * shape.token_len();
+    let e = product("tokens x heads x head_dim", &[n, shape.heads, shape.head_dim])?;
+    let lse = product("tokens x heads", &[n, shape.heads])?;
     for (what, len, want) in [
         ("q", input.q.len(), e),
         ("k", input.k.len(), e),
         ("v", input.v.len(), e),
         ("positions", input.positions.len(), n),
         ("out", output.out.len(), e),
-        ("lse", output.lse.len(), n * shape.heads),
+        ("lse", output.lse.len(), lse),
     ] {
         require(len == want, || format!("`{what}` has {len} elements, expected {want} for {n} tokens"))?;
     }

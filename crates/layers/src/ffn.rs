@@ -60,9 +60,15 @@ impl FfnShape {
         self.ffn / LEAVES
     }
 
-    /// Elements of one rank's token block at TP = `tp` (`S/tp × H`).
+    /// Elements of one rank's token block at TP = `tp` (`S/tp × H`), saturating at
+    /// `usize::MAX` (the layer refuses such a shape with a typed error).
+    ///
+    /// # Panics
+    ///
+    /// If `tp` is 0, like a division by zero (a TP size is 1, 2, 4 or 8).
     pub fn local_len(&self, tp: usize) -> usize {
-        self.tokens / tp * self.hidden
+        assert!(tp != 0, "FfnShape::local_len: the TP size is 0");
+        (self.tokens / tp).saturating_mul(self.hidden)
     }
 
     pub(crate) fn check(&self, tp: usize) -> Result<(), Error> {

@@ -33,7 +33,9 @@ pub struct ReferenceGemm;
 impl<T: Scalar> Gemm<T> for ReferenceGemm {
     fn gemm(&self, a: &[T], b: &[T], m: usize, k: usize, n: usize, out: &mut [T]) -> Result<(), Error> {
         check_shapes(a.len(), b.len(), out.len(), m, k, n)?;
-        if n == 0 {
+        if m == 0 || n == 0 {
+            // Nothing to write. (With m = 0 the shapes allow any n, and the accumulator row
+            // below is n wide: it is allocated only when `out` has at least that many elements.)
             return Ok(());
         }
         let mut acc = vec![0f32; n];

@@ -1,0 +1,69 @@
+//! Shapes at the edges of `usize`: empty products with a huge other dimension are `Ok` without
+//! allocating that dimension, and shapes whose sizes overflow are `Error::Shape`, never a
+//! panic or an abort (an outside probe found an allocation of 2^40 f32 and two overflow panics).
+mod common;
+use collective_core::Collective;
+use common::on_group;
+use detcoll_layers::attention::{self, AttentionInput, AttentionOutput, AttentionShape};
+use detcoll_layers::{Error, FfnShape, Gemm, ReferenceGemm, ffn};
+use half::bf16;
+
+#[test]
+fn an_empty_gemm_allocates_nothing_for_its_other_dimension() {
+    // m = 0: `out` is empty whatever n is; n = 2^40 f32 would be 4 TiB.
+    let mut out: [bf16; 0] = [];
+    ReferenceGemm.gemm(&[], &[], 0, 0, 1 << 40, &mut out).unwrap();
+    ReferenceGemm.gemm(&[], &[], 0, 0, usize::MAX, &mut out).unwrap();
+    // k = 0 with rows and columns: zeros (the empty sum), every element written.
+    let mut out = [bf16::ONE; 6];
+    ReferenceGemm.gemm(&[], &[], 2, 0, 3, &mut out).unwrap();
+    assert!(out.iter().all(|v| v.to_bits() == 0));
+}
+
+#[test]
+fn the_ffn_reference_of_no_tokens_is_empty() {
+    for hidden in [1usize << 40, usize::MAX] {
+        let shape = FfnShape { tokens: 0, hidden, ffn: 0 };
+        let y = ffn::reference::<bf16, _>(&ReferenceGemm, shape, &[], &[], &[]).unwrap();
+        assert!(y.is_empty(), "hidden {hidden}");
+    }
+}
+
+fn shape_error(r: Result<(), Error>) -> String {
+    match r {
+        Err(e @ Error::Shape(_)) => e.to_string(),
+        other => panic!("expected a shape error, got {other:?}"),
+    }
+}
+
+#[test]
+fn attention_refuses_a_token_length_that_overflows_even_without_tokens() {
+    let shape = AttentionShape { tokens: 0, heads: 1 << 33, head_dim: 1 << 33 };
+    let (mut out, mut lse) = ([bf16::ZERO; 0], [0f32; 0]);
+    let none = AttentionInput::<bf16> { q: &[], k: &[], v: &[], positions: &[] };
+    let msg = shape_error(attention::reference(shape, none, AttentionOutput { out: &mut out, lse: &mut lse }));
+    assert!(msg.contains("heads x head_dim"), "{msg}");
+
+    for r in on_group(2, |comm| {
+        let (mut out, mut lse) = ([bf16::ZERO; 0], [0f32; 0]);
+        let r = attention::forward(comm, shape, none, AttentionOutput { out: &mut out, lse: &mut lse });
+        (comm.rank(), r)
+    }) {
+        let (rank, r) = r;
+        let msg = shape_error(r);
+        assert!(msg.contains("heads x head_dim"), "rank {rank}: {msg}");
+    }
+}
+
+#[test]
+fn local_len_saturates_instead_of_wrapping() {
+    let shape = FfnShape { tokens: 8, hidden: usize::MAX / 2, ffn: 8 };
+    assert_eq!(shape.local_len(2), usize::MAX);
+    assert_eq!(FfnShape { tokens: 8, hidden: 4, ffn: 8 }.local_len(2), 16);
+}
+
+#[test]
+#[should_panic(expected = "the TP size is 0")]
+fn local_len_of_tp_0_panics_as_documented() {
+    let _ = FfnShape { tokens: 8, hidden: 4, ffn: 8 }.local_len(0);
+}
