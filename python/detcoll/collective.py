@@ -179,7 +179,10 @@ class Collective:
 
     # -- state -----------------------------------------------------------------------------
     def route(self, op: str, nbytes: int) -> str:
-        """The route a call of ``op`` moving ``nbytes`` per rank takes (the same on every rank)."""
+        """The route a call of ``op`` moving ``nbytes`` per rank takes (the same on every rank).
+        ``op`` is ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``reduce_scatter_many`` or
+        ``all_reduce_residual_rmsnorm`` (the fused call's all_reduce: the routing table's rules
+        for it, else the all_reduce's)."""
         return self._raw.route(op, nbytes)
 
     def check(self) -> None:

@@ -48,6 +48,12 @@ impl Backend {
             Backend::Nvidia(c) => c.route(op, bytes),
         }
     }
+    pub fn fused_norm_route(&self, bytes: usize) -> Route {
+        match self {
+            Backend::Cpu(c) => c.fused_norm_route(bytes),
+            Backend::Nvidia(c) => c.fused_norm_route(bytes),
+        }
+    }
     pub fn check(&self) -> Result<(), Error> {
         match self {
             Backend::Cpu(c) => c.check(),

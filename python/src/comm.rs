@@ -101,8 +101,12 @@ impl Communicator {
         Ok(d)
     }
 
-    /// The route a call of `op` moving `nbytes` per rank takes (the same on every rank).
+    /// The route a call of `op` moving `nbytes` per rank takes (the same on every rank);
+    /// `all_reduce_residual_rmsnorm`: the fused call's all_reduce.
     fn route(&self, op: &str, nbytes: usize) -> PyResult<&'static str> {
+        if op == collective_factory::FUSED_NORM_OP {
+            return Ok(self.backend()?.fused_norm_route(nbytes).name());
+        }
         let op = parse_op(op).map_err(to_py)?;
         Ok(self.backend()?.route(op, nbytes).name())
     }

@@ -156,6 +156,30 @@ def test_properties(group):
         c.synchronize()
     with pytest.raises(detcoll.InvalidConfig):
         group[0].route("broadcast", 64)
+    # The fused call's all_reduce: the CPU table has no rules of its own for it.
+    for n in (0, 4096, 1 << 20):
+        assert group[0].route("all_reduce_residual_rmsnorm", n) == group[0].route("all_reduce", n)
+
+
+def test_a_table_routes_the_fused_call_on_its_own(monkeypatch, tmp_path):
+    rule = lambda op, route: {"op": op, "min_bytes": 0, "max_bytes": None, "route": route}
+    table = {
+        "platform": "cpu",
+        "source": "test: the fused call on its own route",
+        "rules": [rule("all_reduce", "ipc_push_ll"), rule("all_gather", "ipc_one_shot"),
+                  rule("reduce_scatter", "ipc_one_shot"), rule("reduce_scatter_many", "ipc_one_shot"),
+                  rule("all_reduce_residual_rmsnorm", "ipc_rs_ag")],
+    }
+    path = tmp_path / "table.json"
+    path.write_text(__import__("json").dumps(table))
+    monkeypatch.setenv("DETCOLL_ROUTING_TABLE", str(path))
+    comms = detcoll.thread_group(2, capacity=CAPACITY)
+    try:
+        for c in comms:
+            assert c.route("all_reduce", 4096) == "ipc_push_ll"
+            assert c.route("all_reduce_residual_rmsnorm", 4096) == "ipc_rs_ag"
+    finally:
+        close_all(comms)
 
 
 @pytest.mark.parametrize("dtype", REDUCE_DTYPES)

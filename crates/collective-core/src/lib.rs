@@ -50,7 +50,7 @@ pub use host::host_identity;
 pub use norm::{MAX_HIDDEN, NormCall, ResidualRmsNorm, RmsNorm, validate_norm};
 pub use op::{Op, Signature};
 pub use route::{IpcRoute, Route};
-pub use route_table::{RouteTable, SizeRoutes};
+pub use route_table::{FUSED_NORM_OP, RouteTable, SizeRoutes};
 pub use timeouts::{MAX_TIMEOUT, TIMEOUT_ENV, Timeouts};
 pub use validate::{Call, LaneCall, LaneCalls, validate, validate_many};
 pub use view::{Io, RawMut, RawRef};

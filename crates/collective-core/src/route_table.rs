@@ -18,6 +18,42 @@ type Ranges = Vec<(u64, Option<u64>, Route)>;
 pub struct RouteTable {
     /// Per op, in [`Op::ALL`] order.
     ranges: [Ranges; 4],
+    /// The fused all_reduce + residual + RMSNorm's all_reduce, when its rules differ from the
+    /// plain all_reduce's ([`RouteTable::with_fused_norm`]); `None`: the all_reduce's.
+    fused_norm: Option<Ranges>,
+}
+
+/// The name of the fused all_reduce + residual + RMSNorm in a routing table's rules (its own
+/// ranges are optional: without them the fused call's all_reduce takes the all_reduce's).
+pub const FUSED_NORM_OP: &str = "all_reduce_residual_rmsnorm";
+
+/// `max`, written for a message: a byte count, or `∞`.
+fn bound(max: Option<u64>) -> String {
+    max.map_or_else(|| "∞".to_string(), |m| m.to_string())
+}
+
+/// Sorts `rs` (the rules of `op`, named in errors) and checks that they tile `0..∞`: no gap,
+/// no overlap, none empty.
+fn tile(op: &str, rs: &mut Ranges) -> Result<(), Error> {
+    let bad = |detail: String| Error::InvalidConfig { detail: format!("routing table: {detail}") };
+    if let Some(&(min, max, _)) = rs.iter().find(|r| r.1.is_some_and(|m| m <= r.0)) {
+        return Err(bad(format!("{op} rule {min}..{} is empty", bound(max))));
+    }
+    rs.sort_by_key(|r| r.0);
+    let mut next = Some(0u64);
+    for &(min, max, _) in rs.iter() {
+        match next {
+            Some(n) if n == min => {}
+            Some(n) if n < min => return Err(bad(format!("{op} rules leave a gap: no rule covers {n}..{min} bytes"))),
+            Some(n) => return Err(bad(format!("{op} rules overlap at {min}..{n} bytes"))),
+            None => return Err(bad(format!("{op} rules overlap: a rule from {min} bytes follows one to ∞"))),
+        }
+        next = max;
+    }
+    match next {
+        Some(n) => Err(bad(format!("{op} has no rule from {n} bytes upwards"))),
+        None => Ok(()),
+    }
 }
 
 /// The position of `op` in [`Op::ALL`].
@@ -41,32 +77,32 @@ impl RouteTable {
             if op == Op::AllGather && route == Route::IpcReduceScatterTransportAllGather {
                 return Err(bad(format!("all_gather reduces nothing, so it cannot take `{}`", route.name())));
             }
-            if max.is_some_and(|m| m <= min) {
-                return Err(bad(format!("{op} rule {min}..{max:?} is empty")));
-            }
             ranges[index(op)].push((min, max, route));
         }
         for (op, rs) in Op::ALL.iter().zip(ranges.iter_mut()) {
-            rs.sort_by_key(|r| r.0);
-            let mut next = Some(0u64);
-            for &(min, max, _) in rs.iter() {
-                if Some(min) != next {
-                    return Err(bad(format!(
-                        "{op} rules leave a gap or overlap at {min} bytes (expected a rule from {next:?})"
-                    )));
-                }
-                next = max;
-            }
-            if next.is_some() {
-                return Err(bad(format!("{op} has no rule from {next:?} bytes upwards")));
-            }
+            tile(op.name(), rs)?;
         }
-        Ok(RouteTable { ranges })
+        Ok(RouteTable { ranges, fused_norm: None })
+    }
+
+    /// This table with rules of their own for the fused all_reduce + residual + RMSNorm's
+    /// all_reduce (`(min_bytes, max_bytes exclusive or None, route)`, any order, tiling `0..∞`
+    /// as every op's must; any all_reduce route): where the norm makes another route the faster
+    /// (on one GPU the LL push route's fused form normalises a row per block, the one-shot
+    /// route's a tile per block). Without them the fused call takes the all_reduce's route.
+    pub fn with_fused_norm(
+        mut self,
+        rules: impl IntoIterator<Item = (u64, Option<u64>, Route)>,
+    ) -> Result<RouteTable, Error> {
+        let mut rs: Ranges = rules.into_iter().collect();
+        tile(FUSED_NORM_OP, &mut rs)?;
+        self.fused_norm = Some(rs);
+        Ok(self)
     }
 
     /// Every op, every size: `route`.
     pub fn uniform(route: Route) -> RouteTable {
-        RouteTable { ranges: std::array::from_fn(|_| vec![(0, None, route)]) }
+        RouteTable { ranges: std::array::from_fn(|_| vec![(0, None, route)]), fused_norm: None }
     }
 
     /// The table an IPC backend follows when nobody gives it one: all_reduce takes RS+AG from
@@ -107,7 +143,7 @@ impl RouteTable {
             }
             rs
         });
-        RouteTable { ranges }
+        RouteTable { ranges, fused_norm: None }
     }
 
     /// This table bound to a world of `world` ranks: a single rank has nothing to exchange, so
@@ -125,11 +161,28 @@ impl RouteTable {
 
     /// The route of a call of `op` with `bytes` of per-rank input.
     pub fn route(&self, op: Op, bytes: usize) -> Route {
-        let b = bytes as u64;
-        self.ranges[index(op)]
-            .iter()
-            .find(|(min, max, _)| b >= *min && max.is_none_or(|m| b < m))
-            .map_or(Route::IpcOneShot, |r| r.2)
+        find(&self.ranges[index(op)], bytes)
+    }
+
+    /// The route of a fused all_reduce + residual + RMSNorm's all_reduce with `bytes` of
+    /// per-rank input: its own rules ([`RouteTable::with_fused_norm`]) or the all_reduce's.
+    pub fn fused_norm_route(&self, bytes: usize) -> Route {
+        match &self.fused_norm {
+            Some(rs) => find(rs, bytes),
+            None => self.route(Op::AllReduce, bytes),
+        }
+    }
+
+    /// The IPC route an IPC backend takes for a fused call's all_reduce
+    /// ([`RouteTable::fused_norm_route`]); `None` when the table sends it to the transport.
+    pub fn fused_norm_ipc_route(&self, bytes: usize) -> Option<IpcRoute> {
+        let r = self.fused_norm_route(bytes);
+        if r.needs_transport() { None } else { IpcRoute::of(ipc_route_for(Op::AllReduce, r)) }
+    }
+
+    /// The fused call's own rules, if the table has them (sorted, as [`RouteTable::rules`]).
+    pub fn fused_norm_rules(&self) -> Option<&[(u64, Option<u64>, Route)]> {
+        self.fused_norm.as_deref()
     }
 
     /// The IPC route an IPC backend takes for such a call ([`ipc_route_for`]: RS+AG is an
@@ -147,7 +200,7 @@ impl RouteTable {
 
     /// Every route some rule takes.
     pub fn routes(&self) -> impl Iterator<Item = Route> + '_ {
-        self.ranges.iter().flatten().map(|r| r.2)
+        self.ranges.iter().chain(&self.fused_norm).flatten().map(|r| r.2)
     }
 
     /// The smallest size of `op` routed to `route`, if any.
@@ -164,8 +217,18 @@ impl RouteTable {
                 r.2 = f(*op, r.2);
             }
         }
+        // The fused call's rules route an all_reduce.
+        for r in t.fused_norm.iter_mut().flatten() {
+            r.2 = f(Op::AllReduce, r.2);
+        }
         t
     }
+}
+
+/// The route of the rule of `rs` (tiling `0..∞`) that holds `bytes`.
+fn find(rs: &Ranges, bytes: usize) -> Route {
+    let b = bytes as u64;
+    rs.iter().find(|(min, max, _)| b >= *min && max.is_none_or(|m| b < m)).map_or(Route::IpcOneShot, |r| r.2)
 }
 
 /// An IPC route policy written as size thresholds (bytes of per-rank input), checked in this
@@ -248,7 +311,7 @@ mod tests {
         assert!(
             with(vec![(Op::AllReduce, 0, Some(10), Route::IpcOneShot), (Op::AllReduce, 11, None, Route::IpcPush)])
                 .unwrap_err()
-                .contains("gap or overlap")
+                .contains("leave a gap: no rule covers 10..11 bytes")
         );
         assert!(with(vec![(Op::AllReduce, 5, Some(5), Route::IpcOneShot)]).unwrap_err().contains("empty"));
         let hybrid = RouteTable::new(rest(Op::AllGather).chain([(
@@ -258,5 +321,40 @@ mod tests {
             Route::IpcReduceScatterTransportAllGather,
         )]));
         assert!(matches!(hybrid, Err(Error::InvalidConfig { .. })));
+    }
+
+    #[test]
+    fn a_fused_norm_rule_set_routes_the_fused_call_and_nothing_else() {
+        let base = RouteTable::by_size(SizeRoutes { ll_up_to: Some(512 << 10), ..SizeRoutes::default() });
+        // Without rules of its own the fused call takes the all_reduce's route.
+        assert_eq!(base.fused_norm_route(1024), Route::IpcPushLl);
+        assert_eq!(base.fused_norm_rules(), None);
+        let t = base
+            .clone()
+            .with_fused_norm([(1 << 20, None, Route::IpcPush), (0, Some(1 << 20), Route::IpcOneShot)])
+            .unwrap();
+        assert_eq!(t.fused_norm_route(0), Route::IpcOneShot);
+        assert_eq!(t.fused_norm_route((1 << 20) - 1), Route::IpcOneShot);
+        assert_eq!(t.fused_norm_route(1 << 20), Route::IpcPush);
+        assert_eq!(t.fused_norm_ipc_route(1024), Some(IpcRoute::OneShot));
+        for op in Op::ALL {
+            assert_eq!(t.route(op, 1024), base.route(op, 1024), "{op}");
+        }
+        assert!(t.routes().any(|r| r == Route::IpcPush));
+        // Mapped with the all_reduce's op; a world of one is local for it too.
+        let mapped = t.mapped(|op, r| if op == Op::AllReduce && r == Route::IpcOneShot { Route::Transport } else { r });
+        assert_eq!(mapped.fused_norm_route(1024), Route::Transport);
+        assert_eq!(mapped.fused_norm_ipc_route(1024), None);
+        assert_eq!(t.clone().for_world(1).fused_norm_route(1024), Route::Local);
+        // Its rules are checked as every op's.
+        let err = |rules: Vec<(u64, Option<u64>, Route)>| base.clone().with_fused_norm(rules).unwrap_err().to_string();
+        assert!(
+            err(vec![(0, Some(10), Route::IpcOneShot)]).contains("all_reduce_residual_rmsnorm has no rule from 10")
+        );
+        let overlap = err(vec![(0, None, Route::IpcOneShot), (0, None, Route::IpcPush)]);
+        assert!(overlap.contains("overlap: a rule from 0 bytes follows one to ∞"), "{overlap}");
+        assert!(err(vec![(0, Some(10), Route::IpcOneShot), (5, None, Route::IpcPush)]).contains("overlap at 5..10"));
+        assert!(err(vec![(0, Some(0), Route::IpcOneShot)]).contains("rule 0..0 is empty"));
+        assert!(err(vec![]).contains("no rule from 0 bytes upwards"));
     }
 }

@@ -3,13 +3,14 @@
 //! slowest rank's median time per call (CUDA events on each rank's stream, 20 calls a sample)
 //! of
 //!
-//! * `ar`: the all_reduce alone (`x` -> `y`, the agreed route);
+//! * `ar`: the all_reduce alone (`x` -> `y`, the agreed route: `route`);
 //! * `unfused`: the all_reduce, then the residual + RMSNorm kernel launched on its own;
 //! * `fused`: `all_reduce_residual_rmsnorm` (one kernel where `collective_factory::one_kernel`
 //!   says: on the IPC routes up to `ONE_KERNEL_MAX_ROWS` rows and no more than a launch's
 //!   blocks, on RS+AG from `GATHERED_MIN_ROWS`; else the all_reduce then the norm kernel);
 //! * `one kernel` (graphs only): the same call forced into the one-kernel form at every row
-//!   count (`NormBackend::all_reduce_then_norm` on the table's IPC route), the measurement
+//!   count (`NormBackend::all_reduce_then_norm` on the fused call's IPC route, `fused route`:
+//!   the table's `all_reduce_residual_rmsnorm` rules, else the all_reduce's), the measurement
 //!   behind `ONE_KERNEL_MAX_ROWS`;
 //!
 //! eager (calls enqueued one by one) and replayed from a CUDA graph of the 20 calls, with
@@ -62,11 +63,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (arg("--worlds", "2,4,8"), arg("--hidden", "4096,8192"), arg("--rows", "1,8,64,512,2048,8192"));
     println!(
         "| world | hidden | rows | bytes/rank | ar us | unfused us | fused us | fused/ar | unfused/ar \
-         | graph: ar us | unfused us | fused us | fused/ar | one kernel us | one kernel/ar | route | same bits \
+         | graph: ar us | unfused us | fused us | fused/ar | one kernel us | one kernel/ar | route | fused route | same bits \
          | = reference | fused form |"
     );
     println!(
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :--- | :---: | :---: | :--- |"
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :--- | :--- | :---: | :---: | :--- |"
     );
     for &world in &worlds {
         let comms = nvidia::thread_group(world, &Config::new().with_capacity(64 << 20))?;
@@ -93,8 +94,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 // Per rank: (ar, unfused, fused) median microseconds and the outputs' bits.
                 let barrier = std::sync::Barrier::new(world);
                 let barrier = &barrier;
-                // The route the table gives this all_reduce (the same on every rank).
-                let route = comms[0].route(Op::AllReduce, n * 2);
+                // The routes the table gives this all_reduce and the fused call's all_reduce
+                // (the same on every rank).
+                let ar_route = comms[0].route(Op::AllReduce, n * 2);
+                let route = comms[0].fused_norm_route(n * 2);
                 let per_rank: Vec<Result<Outcome, String>> = std::thread::scope(|s| {
                     let hs: Vec<_> = comms
                         .iter()
@@ -163,7 +166,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                                     };
                                     comm.all_reduce_residual_rmsnorm(xy(), norm, &stream).map_err(|x| e(&x))
                                 };
-                                // The one-kernel form at any row count, on the table's IPC route
+                                // The one-kernel form at any row count, on the fused call's IPC route
                                 // (world 1 and the transport routes: the fused call as it is).
                                 let one_kernel = || {
                                     let (Some(r), Some(ipc)) = (IpcRoute::of(route), comm.ipc()) else {
@@ -297,7 +300,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
                 let w = worst;
                 println!(
-                    "| {world} | {hidden} | {rows} | {} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} | {:.3} | {} | {} | {} | {} |",
+                    "| {world} | {hidden} | {rows} | {} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} | {:.3} | {} | {} | {} | {} | {} |",
                     n * 2,
                     w[0],
                     w[1],
@@ -310,6 +313,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     w[5] / w[3],
                     w[6],
                     w[6] / w[3],
+                    ar_route.name(),
                     route.name(),
                     if same { "yes" } else { "NO" },
                     if reference { "yes" } else { "NO" },

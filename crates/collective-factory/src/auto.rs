@@ -105,6 +105,11 @@ impl AnyCollective {
     pub fn route(&self, op: Op, bytes: usize) -> Route {
         each!(self, c => c.route(op, bytes))
     }
+    /// The route of a fused all_reduce + residual + RMSNorm's all_reduce of `bytes` per rank
+    /// ([`Routed::fused_norm_route`](crate::Routed::fused_norm_route)).
+    pub fn fused_norm_route(&self, bytes: usize) -> Route {
+        each!(self, c => c.fused_norm_route(bytes))
+    }
     /// The first failure any call recorded ([`Collective::check`]; errors are asynchronous:
     /// wait for a stream with the variant's [`Collective::synchronize`]).
     pub fn check(&self) -> Result<(), Error> {

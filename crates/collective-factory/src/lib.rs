@@ -77,8 +77,8 @@ pub use collective_core::bootstrap;
 /// (`residual_rmsnorm`), for checking a backend's output or computing it on the host.
 pub use collective_core::fixed_tree;
 pub use collective_core::{
-    Capabilities, Collective, DType, Error, Io, Op, Plain, RawMut, RawRef, Reducible, ResidualRmsNorm, RmsNorm, Route,
-    Timeouts,
+    Capabilities, Collective, DType, Error, FUSED_NORM_OP, Io, Op, Plain, RawMut, RawRef, Reducible, ResidualRmsNorm,
+    RmsNorm, Route, Timeouts,
 };
 /// The `half` crate: `bf16` and `f16`, the 16-bit dtypes of host and cudarc buffers.
 pub use half;

@@ -15,7 +15,7 @@
 //! (transport, hierarchical, the hybrid), for the other batches and at world 1 the norm is a
 //! second launch on the same stream.
 use crate::Routed;
-use crate::routed::{NoTransport, OnStream};
+use crate::routed::{NoTransport, OnStream, contributed_bytes};
 use crate::scratch::CallStream;
 use crate::via::Via;
 use collective_core::{
@@ -198,7 +198,10 @@ where
             // On an IPC route the all_reduce is signed with the norm either way (peers that
             // disagree on it fail with SignatureMismatch), on the composite routes (hierarchical,
             // hybrid) each of its IPC parts; the transport signs the all_reduce alone.
-            match (self.ipc_all_reduce_route(&x)?, self.ipc()) {
+            // The route is the table's for the fused call (`all_reduce_residual_rmsnorm` rules,
+            // else the all_reduce's).
+            let route = self.fused_norm_route(contributed_bytes(Op::AllReduce, &x, self.world_size()));
+            match (IpcRoute::of(route), self.ipc()) {
                 (Some(route), Some(ipc)) => {
                     let fuse =
                         one_kernel(call.rows, ipc.epilogue_rows(), || ipc.one_kernel_at_any_size(&x, route, &packed));
@@ -206,7 +209,7 @@ where
                         return Ok(());
                     }
                 }
-                _ => self.dispatch_signed(Op::AllReduce, x, Signature::norm_split(call.hidden, call.eps), via)?,
+                _ => self.dispatch_on(route, Op::AllReduce, x, Signature::norm_split(call.hidden, call.eps), via)?,
             }
         }
         let stream = via.stream();

@@ -143,12 +143,26 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
             .map_err(|_| Error::Poisoned { cause: "a thread panicked inside a call of this handle".into() })
     }
 
-    /// The IPC route the table sends an all_reduce of `io` to, or `None` when it takes
-    /// another (transport, hierarchical, hybrid).
-    pub(crate) fn ipc_all_reduce_route(&self, io: &Io<'_>) -> Result<Option<IpcRoute>, Error> {
-        match self.route(Op::AllReduce, contributed_bytes(Op::AllReduce, io, self.world)) {
-            Route::Transport | Route::Hierarchical | Route::IpcReduceScatterTransportAllGather => Ok(None),
-            route => self.ipc_route(route).map(Some),
+    /// The route the table sends the all_reduce of a fused all_reduce + residual + RMSNorm of
+    /// `bytes` per rank to (its `all_reduce_residual_rmsnorm` rules, else the all_reduce's), as
+    /// the backends take it: what [`Collective::route`] is for the plain call.
+    pub fn fused_norm_route(&self, bytes: usize) -> Route {
+        self.taken(Op::AllReduce, self.routing.fused_norm_route(bytes))
+    }
+
+    /// The route a call of `op` takes when the table says `route`: local at world 1; RS+AG and
+    /// the hybrid are all_reduce routes (other ops take their one-shot IPC route there).
+    fn taken(&self, op: Op, route: Route) -> Route {
+        if self.world == 1 {
+            return Route::Local;
+        }
+        match route {
+            Route::Transport => Route::Transport,
+            Route::Hierarchical => Route::Hierarchical,
+            Route::IpcReduceScatterTransportAllGather if op == Op::AllReduce => {
+                Route::IpcReduceScatterTransportAllGather
+            }
+            r => ipc_route_for(op, r),
         }
     }
 
@@ -163,9 +177,22 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
     /// different calls fail with `SignatureMismatch`; an IPC route and the host transports
     /// sign the call with `split`; the NCCL/RCCL transport signs nothing.
     pub(crate) fn dispatch_signed(&self, op: Op, io: Io<'_>, split: u32, via: &impl Via<I, T>) -> Result<(), Error> {
+        let route = self.route(op, contributed_bytes(op, &io, self.world));
+        self.dispatch_on(route, op, io, split, via)
+    }
+
+    /// [`Routed::dispatch_signed`] by `route` (a route [`Routed::taken`] gives).
+    pub(crate) fn dispatch_on(
+        &self,
+        route: Route,
+        op: Op,
+        io: Io<'_>,
+        split: u32,
+        via: &impl Via<I, T>,
+    ) -> Result<(), Error> {
         let ipc = || self.ipc_backend();
         let transport = || self.transport.as_ref().ok_or(Error::InvalidConfig { detail: "no transport".into() });
-        match self.route(op, contributed_bytes(op, &io, self.world)) {
+        match route {
             Route::Transport => via.transport(transport()?, op, io, split),
             Route::Hierarchical => self.nodes_backend()?.dispatch(op, io, split, via),
             Route::IpcReduceScatterTransportAllGather => {
@@ -240,7 +267,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Via<I, T> for OnStream<'
 
 /// Bytes this rank contributes, read off the views without validating them (routing only needs
 /// the size; an invalid call is rejected by the backend it is routed to, before any work).
-fn contributed_bytes(op: Op, io: &Io<'_>, world: usize) -> usize {
+pub(crate) fn contributed_bytes(op: Op, io: &Io<'_>, world: usize) -> usize {
     match io {
         Io::OutOfPlace { input, .. } => input.bytes(),
         Io::InPlace(buf) if op == Op::AllGather => buf.bytes() / world,
@@ -296,17 +323,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I,
     /// backend takes it (RS+AG and the hybrid are all_reduce routes; other ops take their
     /// one-shot IPC route there).
     fn route(&self, op: Op, bytes: usize) -> Route {
-        if self.world == 1 {
-            return Route::Local;
-        }
-        match self.routing.route(op, bytes) {
-            Route::Transport => Route::Transport,
-            Route::Hierarchical => Route::Hierarchical,
-            Route::IpcReduceScatterTransportAllGather if op == Op::AllReduce => {
-                Route::IpcReduceScatterTransportAllGather
-            }
-            r => ipc_route_for(op, r),
-        }
+        self.taken(op, self.routing.route(op, bytes))
     }
     fn all_reduce(&self, io: Io<'_>, stream: &Self::Stream) -> Result<(), Error> {
         self.dispatch(Op::AllReduce, io, &OnStream(stream))

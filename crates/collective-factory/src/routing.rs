@@ -1,5 +1,9 @@
 //! Routing tables: data, not code. `op × per-rank input bytes → route`, per platform.
 //!
+//! The ops are the four collectives and, optionally, `all_reduce_residual_rmsnorm`: the fused
+//! call's all_reduce, where the norm makes another route the faster one (without such rules it
+//! takes the all_reduce's route).
+//!
 //! The defaults are the JSON files in `tables/` (compiled in); `DETCOLL_ROUTING_TABLE=path.json`
 //! replaces the platform's table. Every rank must use the same table: its digest is part of what
 //! ranks agree on at construction.
@@ -9,7 +13,7 @@
 //! collective is built with it ([`Routing::check_for`]), when it was written for another
 //! platform or takes a route the world cannot (`local` above one rank).
 use crate::Platform;
-use collective_core::{Error, Op, Route, RouteTable};
+use collective_core::{Error, FUSED_NORM_OP, Op, Route, RouteTable};
 use serde::{Deserialize, Serialize};
 
 /// One rule: calls of `op` whose per-rank input is in `min_bytes..max_bytes` take `route`.
@@ -128,13 +132,26 @@ impl Routing {
         if Platform::parse(&table.platform).is_none() {
             return Err(bad(format!("unknown platform `{}` (expected nvidia, rocm or cpu)", table.platform)));
         }
-        let mut rules = Vec::with_capacity(table.rules.len());
+        let (mut rules, mut fused) = (Vec::with_capacity(table.rules.len()), Vec::new());
         for r in &table.rules {
-            let op = Op::parse(&r.op).ok_or_else(|| bad(format!("unknown op `{}`", r.op)))?;
             let route = Route::parse(&r.route).ok_or_else(|| bad(format!("unknown route `{}`", r.route)))?;
+            if r.op == FUSED_NORM_OP {
+                fused.push((r.min_bytes, r.max_bytes, route));
+                continue;
+            }
+            let op = Op::parse(&r.op).ok_or_else(|| {
+                bad(format!(
+                    "unknown op `{}` (expected all_reduce, all_gather, reduce_scatter, reduce_scatter_many or \
+                     {FUSED_NORM_OP})",
+                    r.op
+                ))
+            })?;
             rules.push((op, r.min_bytes, r.max_bytes, route));
         }
-        let routes = RouteTable::new(rules)?;
+        let mut routes = RouteTable::new(rules)?;
+        if !fused.is_empty() {
+            routes = routes.with_fused_norm(fused)?;
+        }
         Ok(Routing { table, routes })
     }
 
@@ -150,9 +167,11 @@ impl Routing {
                 if Route::parse(&rule.route) == Some(Route::Local) {
                     return Err(Error::InvalidConfig {
                         detail: format!(
-                            "routing table: {} rule {}..{:?} takes route `local`, which only a world of 1 rank has; \
+                            "routing table: {} rule {}..{} takes route `local`, which only a world of 1 rank has; \
                              this world has {world}",
-                            rule.op, rule.min_bytes, rule.max_bytes
+                            rule.op,
+                            rule.min_bytes,
+                            rule.max_bytes.map_or_else(|| "∞".to_string(), |m| m.to_string())
                         ),
                     });
                 }
@@ -177,6 +196,13 @@ impl Routing {
     /// The route of a call of `op` with `bytes` of per-rank input.
     pub fn route(&self, op: Op, bytes: usize) -> Route {
         self.routes.route(op, bytes)
+    }
+
+    /// The route of a fused all_reduce + residual + RMSNorm's all_reduce with `bytes` of
+    /// per-rank input: the table's `all_reduce_residual_rmsnorm` rules, or its all_reduce's
+    /// when it has none.
+    pub fn fused_norm_route(&self, bytes: usize) -> Route {
+        self.routes.fused_norm_route(bytes)
     }
 
     /// The policy this table decides, as the backends are built with it.
@@ -204,7 +230,9 @@ impl Routing {
         let mut r = self.clone();
         r.routes = self.routes.mapped(&f);
         for rule in &mut r.table.rules {
-            if let (Some(op), Some(route)) = (Op::parse(&rule.op), Route::parse(&rule.route)) {
+            // The fused call's rules route its all_reduce.
+            let op = if rule.op == FUSED_NORM_OP { Some(Op::AllReduce) } else { Op::parse(&rule.op) };
+            if let (Some(op), Some(route)) = (op, Route::parse(&rule.route)) {
                 rule.route = f(op, route).name().to_string();
             }
         }

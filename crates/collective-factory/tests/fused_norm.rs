@@ -126,6 +126,36 @@ fn every_ipc_route_forced_by_the_table() {
     }
 }
 
+/// The table's `all_reduce_residual_rmsnorm` rules route the fused call and only it: the
+/// route each handle reports for it and for the plain all_reduce, and the fused call's bits
+/// (= the reference) with the fused call on IPC and the all_reduce on the transport, and the
+/// reverse. (The bits are the same on every route by design; the fused call dispatches by the
+/// route it reports, `Routed::fused_norm_route`.)
+#[test]
+fn the_fused_call_takes_its_own_route_from_the_table() {
+    use collective_factory::{Op, Route};
+    let (rows, hidden, world) = (9, 4096, 2);
+    let bytes = rows * hidden * 4;
+    for (all_reduce, fused, want_ar, want_fused) in [
+        ("transport", "ipc_one_shot", Route::Transport, Route::IpcOneShot),
+        ("ipc_one_shot", "transport", Route::IpcOneShot, Route::Transport),
+        ("ipc_push_ll", "ipc_rs_ag", Route::IpcPushLl, Route::IpcReduceScatterAllGather),
+    ] {
+        let routing = norm_data::fused_by("cpu", all_reduce, fused);
+        let comms = cpu::thread_group(world, &config().with_routing(routing)).expect("thread group");
+        for c in &comms {
+            assert_eq!(c.route(Op::AllReduce, bytes), want_ar, "{all_reduce}/{fused}");
+            assert_eq!(c.fused_norm_route(bytes), want_fused, "{all_reduce}/{fused}");
+        }
+        let (h, y) = reference::<f32>(world, rows, hidden, 5);
+        for (r, (gh, gy)) in run::<f32>(&comms, rows, hidden, false, false, 5).into_iter().enumerate() {
+            assert_eq!(bits(&gh), bits(&h), "{all_reduce}/{fused} rank {r}: h");
+            assert_eq!(bits(&gy), bits(&y), "{all_reduce}/{fused} rank {r}: y");
+        }
+        close(&comms);
+    }
+}
+
 #[test]
 fn across_virtual_nodes_hierarchical_and_flat() {
     for (nodes, local) in [(2, 4), (3, 3)] {

@@ -60,13 +60,26 @@ fn nvidia_worlds_of_two_take_the_measured_push_and_pull_table() {
         for (op, bytes, route) in expect {
             assert_eq!(r.route(op, bytes), route, "{op} {bytes} at world {world}");
         }
+        // The fused all_reduce + RMSNorm takes one-shot where the all_reduce takes LL push
+        // (measured faster there), and the all_reduce's route above.
+        for (bytes, route) in [(0, Route::IpcOneShot), (4 * KIB, Route::IpcOneShot), (512 * KIB, Route::IpcOneShot)] {
+            assert_eq!(r.fused_norm_route(bytes), route, "fused {bytes} at world {world}");
+        }
+        for bytes in [512 * KIB + 1, (4 << 20) - 1, 4 << 20, 1 << 30] {
+            assert_eq!(r.fused_norm_route(bytes), r.route(Op::AllReduce, bytes), "fused {bytes} at world {world}");
+        }
         // The LL ranges stay within the default LL capacity, so no call the table sends there
         // falls back for lack of LL slots.
         assert!(r.route(Op::AllReduce, detcoll_protocol::DEFAULT_LL_CAPACITY) == Route::IpcPushLl);
         assert!(r.route(Op::AllReduce, detcoll_protocol::DEFAULT_LL_CAPACITY + 1) != Route::IpcPushLl);
     }
     for world in [4, 8] {
-        assert_eq!(Routing::default_for_world(Platform::Nvidia, world), Routing::default_for(Platform::Nvidia));
+        let r = Routing::default_for_world(Platform::Nvidia, world);
+        assert_eq!(r, Routing::default_for(Platform::Nvidia));
+        // No rules of its own: the fused call's all_reduce takes the all_reduce's route.
+        for bytes in [0, 4 * KIB, 256 * KIB, 256 * KIB + 1, 1 << 30] {
+            assert_eq!(r.fused_norm_route(bytes), r.route(Op::AllReduce, bytes), "fused {bytes} at world {world}");
+        }
     }
     // Other platforms have one table for every world.
     assert_eq!(Routing::default_for_world(Platform::Rocm, 2), Routing::default_for(Platform::Rocm));
@@ -84,15 +97,30 @@ fn bad_tables_are_rejected_with_the_reason() {
     let cases = [
         (
             r#"{"op":"all_reduce","min_bytes":0,"max_bytes":10,"route":"ipc_one_shot"},{"op":"all_reduce","min_bytes":11,"max_bytes":null,"route":"transport"}"#,
-            "gap",
+            "gap: no rule covers 10..11 bytes",
         ),
         (
             r#"{"op":"all_reduce","min_bytes":0,"max_bytes":10,"route":"ipc_one_shot"},{"op":"all_reduce","min_bytes":5,"max_bytes":null,"route":"transport"}"#,
-            "gap or overlap",
+            "overlap at 5..10 bytes",
         ),
         (r#"{"op":"all_reduce","min_bytes":0,"max_bytes":10,"route":"ipc_one_shot"}"#, "no rule"),
         (r#"{"op":"all_reduce","min_bytes":0,"max_bytes":null,"route":"teleport"}"#, "unknown route"),
         (r#"{"op":"all_sum","min_bytes":0,"max_bytes":null,"route":"transport"}"#, "unknown op"),
+        (r#"{"op":"all_reduce","min_bytes":0,"max_bytes":5,"route":"transport"}"#, "no rule from 5 bytes upwards"),
+        (r#"{"op":"all_reduce","min_bytes":3,"max_bytes":3,"route":"transport"}"#, "rule 3..3 is empty"),
+        (
+            r#"{"op":"all_reduce","min_bytes":0,"max_bytes":null,"route":"transport"},{"op":"all_reduce","min_bytes":0,"max_bytes":null,"route":"ipc_one_shot"}"#,
+            "overlap: a rule from 0 bytes follows one to ∞",
+        ),
+        // The fused call's rules are checked as every op's.
+        (
+            r#"{"op":"all_reduce","min_bytes":0,"max_bytes":null,"route":"transport"},{"op":"all_reduce_residual_rmsnorm","min_bytes":0,"max_bytes":64,"route":"ipc_one_shot"}"#,
+            "all_reduce_residual_rmsnorm has no rule from 64 bytes upwards",
+        ),
+        (
+            r#"{"op":"all_reduce","min_bytes":0,"max_bytes":null,"route":"transport"},{"op":"all_reduce_residual_rmsnorm","min_bytes":0,"max_bytes":null,"route":"warp"}"#,
+            "unknown route `warp`",
+        ),
     ];
     for (rules, why) in cases {
         let err = Routing::from_json(&table(rules)).expect_err(why).to_string();
@@ -114,6 +142,21 @@ fn fallbacks_replace_only_impossible_routes() {
     // The mapped tables stay valid tables (they travel as JSON between ranks).
     Routing::from_json(&no_t.canonical_json()).unwrap();
     Routing::from_json(&t_only.canonical_json()).unwrap();
+}
+
+#[test]
+fn fallbacks_map_the_fused_calls_rules_as_all_reduce_routes() {
+    let r = Routing::default_for_world(Platform::Nvidia, 2);
+    let t_only = r.transport_only();
+    assert_eq!(t_only.fused_norm_route(4 * KIB), Route::Transport);
+    let across = r.across_nodes();
+    assert_eq!(across.fused_norm_route(4 * KIB), Route::Hierarchical);
+    // And the JSON they travel as says the same.
+    for mapped in [t_only, across] {
+        let back = Routing::from_json(&mapped.canonical_json()).unwrap();
+        assert_eq!(back.fused_norm_route(4 * KIB), mapped.fused_norm_route(4 * KIB));
+        assert_eq!(back, mapped);
+    }
 }
 
 /// A table of `platform` whose all_reduce takes `all_reduce_route`, the other ops `ipc_one_shot`.

@@ -223,7 +223,7 @@ impl<D: IpcDevice> IpcCollective<D> {
     }
 
     /// Enqueues the all_reduce of a fused all_reduce + residual + RMSNorm on a raw stream by
-    /// `route` (`None`: the default route), with the norm of `norm` (`norm.sum` is the
+    /// `route` (`None`: the table's route for the fused call, `RouteTable::fused_norm_route`), with the norm of `norm` (`norm.sum` is the
     /// all_reduce's output) as the epilogue of the call's last launch (`Launch::SingleNorm`):
     /// one kernel for a call that fits one launch, and no second launch for a chunked one
     /// (earlier chunks' sums are complete when the last launch starts: stream order).
@@ -312,8 +312,13 @@ impl<D: IpcDevice> IpcCollective<D> {
         // No capacity limit: a call above the staging capacity runs in chunks (`Chunks`).
         let call = validate(op, &io, self.rank, self.world, usize::MAX)?;
         // A fused call's norm, checked against the validated all_reduce, then packed; the
-        // digest of its hidden and eps signs every launch of the call.
+        // digest of its hidden and eps signs every launch of the call. Without a route, the
+        // table's for the fused call (its own rules, else the all_reduce's).
         let split = norm.map_or(part, |(args, _)| Signature::norm_split(args.hidden, args.eps));
+        let route = route.unwrap_or_else(|| match norm {
+            Some(_) => self.config.routes.fused_norm_ipc_route(call.bytes_in()).unwrap_or(IpcRoute::OneShot),
+            None => self.default_route(op, call.bytes_in()),
+        });
         // A norm left to the caller is packed too: to refuse now, before the all_reduce runs,
         // what the caller's norm launch would refuse after it.
         let norm = match norm {
@@ -324,7 +329,6 @@ impl<D: IpcDevice> IpcCollective<D> {
             }
             None => None,
         };
-        let route = route.unwrap_or_else(|| self.default_route(op, call.bytes_in()));
         let Some(ipc) = self.ipc_for(route)? else {
             self.device.bind()?;
             return self.copy_local(call.dst, call.src, call.bytes_out(), stream).map(|()| false);

@@ -196,14 +196,26 @@ fn adversarial<T: Element>(seed: u64, which: Tensor, rows: usize, hidden: usize)
 /// A table of `platform` sending every all_reduce to `route` (the other ops to the one-shot
 /// route).
 pub fn every_size_by(platform: &str, route: &str) -> Routing {
+    one_rule_per_op(platform, "test: one route", &[("all_reduce", route)])
+}
+
+/// A table of `platform` whose all_reduce takes `all_reduce` and the fused call's all_reduce
+/// `fused` (its `all_reduce_residual_rmsnorm` rules), at every size; the other ops one-shot.
+pub fn fused_by(platform: &str, all_reduce: &str, fused: &str) -> Routing {
+    one_rule_per_op(
+        platform,
+        "test: fused route",
+        &[("all_reduce", all_reduce), ("all_reduce_residual_rmsnorm", fused)],
+    )
+}
+
+/// A table of `platform` with one rule per op for every size: `routes` (op, route), the other
+/// collectives one-shot.
+fn one_rule_per_op(platform: &str, source: &str, routes: &[(&str, &str)]) -> Routing {
     let rule = |op: &str, route: &str| format!(r#"{{"op":"{op}","min_bytes":0,"max_bytes":null,"route":"{route}"}}"#);
-    let rules = [
-        rule("all_reduce", route),
-        rule("all_gather", "ipc_one_shot"),
-        rule("reduce_scatter", "ipc_one_shot"),
-        rule("reduce_scatter_many", "ipc_one_shot"),
-    ];
-    let json = format!(r#"{{"platform":"{platform}","source":"test: one route","rules":[{}]}}"#, rules.join(","));
+    let others = ["all_gather", "reduce_scatter", "reduce_scatter_many"].map(|op| (op, "ipc_one_shot"));
+    let rules: Vec<String> = routes.iter().chain(&others).map(|(op, route)| rule(op, route)).collect();
+    let json = format!(r#"{{"platform":"{platform}","source":"{source}","rules":[{}]}}"#, rules.join(","));
     Routing::from_json(&json).expect("table")
 }
 
