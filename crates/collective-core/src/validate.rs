@@ -168,6 +168,26 @@ pub fn validate(op: Op, io: &Io<'_>, rank: usize, world: usize, capacity: usize)
     Ok(call)
 }
 
+/// How errors name lane `i` (`argument` is a `&'static str`; at most [`MAX_LANES`] lanes).
+const LANE_NAMES: [&str; MAX_LANES] = [
+    "lanes[0]",
+    "lanes[1]",
+    "lanes[2]",
+    "lanes[3]",
+    "lanes[4]",
+    "lanes[5]",
+    "lanes[6]",
+    "lanes[7]",
+    "lanes[8]",
+    "lanes[9]",
+    "lanes[10]",
+    "lanes[11]",
+    "lanes[12]",
+    "lanes[13]",
+    "lanes[14]",
+    "lanes[15]",
+];
+
 /// The validated lanes of one `reduce_scatter_many` call: a fixed-capacity list (no heap
 /// allocation on the per-call path), used as a slice.
 #[derive(Debug, Clone, Copy)]
@@ -233,7 +253,7 @@ pub fn validate_many(
         } else if call.dtype != dtype {
             return Err(Error::DtypeMismatch {
                 op,
-                argument: "lanes[i]",
+                argument: LANE_NAMES[i],
                 got: call.dtype,
                 reference: "lanes[0]",
                 expected: dtype,
@@ -329,6 +349,20 @@ mod tests {
         let (input, output) = raw(0x10002, 16, DType::F32);
         let r = validate(Op::AllReduce, &Io::OutOfPlace { input, output }, 0, 2, usize::MAX);
         assert!(matches!(r, Err(Error::Misaligned { argument: "input", .. })), "{r:?}");
+    }
+
+    #[test]
+    fn a_lane_of_another_dtype_is_named_by_its_index() {
+        // SAFETY: as above.
+        let lane = |addr: u64, dtype| unsafe { Io::InPlace(RawMut::from_raw(addr, 16, dtype)) };
+        for bad in [1usize, 5, MAX_LANES - 1] {
+            let lanes: Vec<Io<'_>> = (0..=bad)
+                .map(|i| lane(0x10000 * (i as u64 + 1), if i == bad { DType::BF16 } else { DType::F32 }))
+                .collect();
+            let r = validate_many(&lanes, 0, 2, usize::MAX).map(|_| ());
+            let msg = r.unwrap_err().to_string();
+            assert!(msg.contains(&format!("`lanes[{bad}]` is bf16")) && msg.contains("`lanes[0]`"), "{msg}");
+        }
     }
 
     #[test]

@@ -221,9 +221,7 @@ fn agree(
         Some(h) => h,
         None => Facts::local(&mut errors, host_identity(), String::new),
     };
-    if let Err(e) = collective_core::Timeouts::resolve(config.timeouts()) {
-        errors.push(e.to_string());
-    }
+    Facts::local(&mut errors, collective_core::Timeouts::resolve(config.timeouts()).map(drop), || ());
     let facts = Facts {
         // The stack this builder drives, not the host's GPUs: the CPU twin runs on any host,
         // also one with GPUs and a GPU-enabled build. A rank that built another platform's

@@ -154,9 +154,7 @@ fn facts(device: &CudaDevice, routing: Routing, config: &Config, nccl: bool) -> 
     let mut errors = Vec::new();
     let platform = Facts::local(&mut errors, Platform::detect(), || Platform::Nvidia);
     let host = Facts::local(&mut errors, host_identity(), String::new);
-    if let Err(e) = Timeouts::resolve(config.timeouts()) {
-        errors.push(e.to_string());
-    }
+    Facts::local(&mut errors, Timeouts::resolve(config.timeouts()).map(drop), || ());
     let uuid = cuda_ipc::driver::uuid(device.context()).map(hex).unwrap_or_default();
     let lib = nccl.then(|| ccl_transport::load(Some(ccl_transport::Vendor::Nvidia)).ok()).flatten();
     let version = lib.as_ref().and_then(|l| l.version().ok()).map(|v| format!("nccl={v}"));

@@ -132,9 +132,7 @@ fn facts(ordinal: Result<usize, Error>, routing: Routing, config: &Config, rccl:
     Facts::local(&mut errors, config.validate(), || ());
     let platform = Facts::local(&mut errors, Platform::detect(), || Platform::Rocm);
     let host = Facts::local(&mut errors, host_identity(), String::new);
-    if let Err(e) = Timeouts::resolve(config.timeouts()) {
-        errors.push(e.to_string());
-    }
+    Facts::local(&mut errors, Timeouts::resolve(config.timeouts()).map(drop), || ());
     // The device's PCI bus id on this machine tells the agreement which ranks share a GPU
     // (the machine, not `DETCOLL_HOST_ID`: simulated hosts on one machine share its GPUs).
     let device = ordinal

@@ -174,7 +174,8 @@ fn facts_fail_sorts_missing_libraries_from_other_failures() {
     f.fail("opening its CUDA device", Error::LibraryMissing { library: "libcuda".into(), detail: "gone".into() });
     f.fail("opening its CUDA device", Error::InvalidConfig { detail: "no device 3".into() });
     assert_eq!(f.missing, vec![("libcuda".to_string(), "gone".to_string())]);
-    assert_eq!(f.errors, vec!["opening its CUDA device: invalid configuration: no device 3".to_string()]);
+    // An InvalidConfig reason without its own prefix: the world's error (InvalidConfig) says it once.
+    assert_eq!(f.errors, vec!["opening its CUDA device: no device 3".to_string()]);
     // Facts from an older peer (without `missing`) still parse.
     let mut json: serde_json::Value = serde_json::to_value(&f).unwrap();
     json.as_object_mut().unwrap().remove("missing");

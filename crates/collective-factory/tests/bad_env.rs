@@ -49,7 +49,11 @@ fn invalid_environment_values_are_invalid_config_naming_the_variable() {
             let took = t.elapsed();
             for (rank, r) in got.iter().enumerate() {
                 match r {
-                    Err(Error::InvalidConfig { detail }) if detail.contains(var) => {}
+                    // The world's error says "invalid configuration" once, not again per reason.
+                    Err(e @ Error::InvalidConfig { detail }) if detail.contains(var) => {
+                        let msg = e.to_string();
+                        assert_eq!(msg.matches("invalid configuration").count(), 1, "{msg}");
+                    }
                     other => panic!(
                         "{var}={value:?}, world {world}, rank {rank}: expected InvalidConfig naming it, got {other:?}"
                     ),

@@ -201,7 +201,8 @@ pub fn launch(spec: &LaunchSpec) -> Result<LaunchOutcome, LaunchError> {
 }
 
 /// Like [`launch`], but captures each rank's output: element `r` of the returned vector is rank
-/// `r`'s stdout and stderr lines, unprefixed, in the order they were read, each ending in `\n`.
+/// `r`'s stdout and stderr lines, unprefixed, in the order they were read, each ending in `\n`
+/// (bytes that are not UTF-8 become U+FFFD here; [`launch`] prints them unchanged).
 pub fn launch_captured(spec: &LaunchSpec) -> Result<(LaunchOutcome, Vec<String>), LaunchError> {
     let bufs: Arc<Vec<Mutex<String>>> = Arc::new((0..spec.nproc).map(|_| Mutex::new(String::new())).collect());
     let outcome = run(spec, Sink::Capture(Arc::clone(&bufs)))?;
@@ -211,7 +212,15 @@ pub fn launch_captured(spec: &LaunchSpec) -> Result<(LaunchOutcome, Vec<String>)
 
 /// The line a rank's output line is re-printed as (`line` without its newline).
 pub fn prefix_line(rank: usize, line: &str) -> String {
-    format!("[rank {rank}] {line}\n")
+    String::from_utf8_lossy(&prefixed(rank, line.as_bytes())).into_owned()
+}
+
+/// [`prefix_line`] of any bytes (a rank's output need not be UTF-8).
+fn prefixed(rank: usize, line: &[u8]) -> Vec<u8> {
+    let mut text = format!("[rank {rank}] ").into_bytes();
+    text.extend_from_slice(line);
+    text.push(b'\n');
+    text
 }
 
 #[derive(Clone)]
@@ -222,24 +231,26 @@ enum Sink {
 }
 
 impl Sink {
-    fn emit(&self, rank: usize, is_stderr: bool, line: &str) {
+    /// One line of a rank's output, without its newline: printed as its bytes (not
+    /// necessarily UTF-8: a rank's output passes through unchanged), captured as text.
+    fn emit(&self, rank: usize, is_stderr: bool, line: &[u8]) {
         match self {
             Sink::Inherit => {}
             Sink::Print => {
-                let text = prefix_line(rank, line);
+                let text = prefixed(rank, line);
                 // One write per line under the lock keeps lines from interleaving. Errors
                 // (e.g. a closed pipe) are ignored: the ranks keep running.
                 if is_stderr {
-                    let _ = io::stderr().lock().write_all(text.as_bytes());
+                    let _ = io::stderr().lock().write_all(&text);
                 } else {
                     let mut out = io::stdout().lock();
-                    let _ = out.write_all(text.as_bytes());
+                    let _ = out.write_all(&text);
                     let _ = out.flush();
                 }
             }
             Sink::Capture(bufs) => {
                 let mut b = bufs[rank].lock().unwrap_or_else(|e| e.into_inner());
-                b.push_str(line);
+                b.push_str(&String::from_utf8_lossy(line));
                 b.push('\n');
             }
         }
@@ -260,7 +271,7 @@ fn pump(rank: usize, is_stderr: bool, pipe: impl Read, sink: Sink) {
                         line.pop();
                     }
                 }
-                sink.emit(rank, is_stderr, &String::from_utf8_lossy(&line));
+                sink.emit(rank, is_stderr, &line);
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(_) => break,
@@ -304,7 +315,10 @@ fn fill_random(buf: &mut [u8]) -> io::Result<()> {
 }
 
 fn free_port(addr: &str) -> Result<u16, LaunchError> {
-    TcpListener::bind((addr, 0))
+    // The host as the bootstrap reads MASTER_ADDR: an IPv6 address may come in brackets.
+    let trimmed = addr.trim();
+    let host = trimmed.strip_prefix('[').and_then(|a| a.strip_suffix(']')).unwrap_or(trimmed);
+    TcpListener::bind((host, 0))
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .map_err(|source| LaunchError::Port { addr: addr.to_owned(), source })

@@ -56,6 +56,24 @@ fn children_see_torchrun_variables() {
     assert_eq!(out[0], "node7\n");
 }
 
+/// MASTER_ADDR as an IPv6 address in brackets (what the bootstrap accepts) also when the
+/// launcher picks the port: it binds the address without the brackets.
+#[test]
+fn a_bracketed_ipv6_master_addr_gets_a_free_port() {
+    if std::net::TcpListener::bind(("::1", 0)).is_err() {
+        eprintln!("skipped: this host has no IPv6 loopback (::1)");
+        return;
+    }
+    let mut spec = sh(2, "echo $MASTER_ADDR $MASTER_PORT");
+    spec.master_addr = "[::1]".into();
+    let (outcome, out) = launch_captured(&spec).unwrap();
+    assert!(outcome.success(), "{outcome:?}");
+    let port: u16 = out[0].split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(port > 0);
+    assert_eq!(out[0], format!("[::1] {port}\n"));
+    assert_eq!(out[0], out[1]);
+}
+
 #[test]
 fn failing_rank_stops_the_others() {
     let start = Instant::now();
@@ -142,6 +160,14 @@ fn binary_prefixes_output() {
     }
 }
 
+/// A rank's output that is not UTF-8 is printed as its bytes, behind the prefix.
+#[test]
+fn binary_passes_bytes_that_are_not_utf8_through() {
+    let out = Command::new(BIN).args(["--nproc", "1", "--", "sh", "-c", r"printf 'a\377\376b\n'"]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(out.stdout, b"[rank 0] a\xff\xfeb\n");
+}
+
 #[test]
 fn binary_reports_the_failed_rank() {
     let start = Instant::now();
@@ -162,6 +188,32 @@ fn binary_reports_the_failed_rank() {
     assert_eq!(out.status.code(), Some(7), "{out:?}");
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.contains("rank 1 failed"), "{stderr}");
+}
+
+/// A rank that exits with status 0 while the others still run, then a peer fails (as a peer
+/// of a rank that left mid-collective does): the report names the one that left, too.
+#[test]
+fn binary_names_a_rank_that_left_early() {
+    let out = Command::new(BIN)
+        .args(["--nproc", "3", "--", "sh", "-c", r#"case $RANK in 1) exit 0;; 0) sleep 0.5; exit 12;; esac; sleep 30"#])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(12), "{out:?}");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("detcoll-run: rank 0 failed first (exit status: 12)"), "{stderr}");
+    assert!(stderr.contains("rank 1 had already exited (exit status: 0) while other ranks were running"), "{stderr}");
+    assert!(stderr.contains("rank 2 was stopped by the launcher"), "{stderr}");
+}
+
+/// A launch error with a cause prints the cause once (the library's message already ends
+/// with it; it is also its `source()`).
+#[test]
+fn binary_prints_a_cause_once() {
+    let out = Command::new(BIN).args(["--nproc", "2", "--", "/nonexistent/detcoll-prog"]).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.starts_with("detcoll-run: launching /nonexistent/detcoll-prog: cannot start rank 0"), "{stderr}");
+    assert_eq!(stderr.matches("No such file or directory").count(), 1, "{stderr}");
 }
 
 #[test]

@@ -63,7 +63,35 @@ fn exit_code_of(status: ExitStatus) -> u8 {
     1
 }
 
-fn main() -> anyhow::Result<ExitCode> {
+fn main() -> ExitCode {
+    match run() {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("detcoll-run: {}", messages(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The messages of `e` and its causes, joined with ": ", leaving out a cause that the message
+/// before it already ends with: the library's errors put their cause in their own message
+/// and also return it as `source()`, so printing every link would say it twice.
+fn messages(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let m = cause.to_string();
+        if out.ends_with(&m) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&m);
+    }
+    out
+}
+
+fn run() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     let mut command = cli.command.into_iter();
     let program = PathBuf::from(command.next().context("no program given")?);
@@ -114,6 +142,12 @@ fn failure_report(outcome: &LaunchOutcome) -> String {
             out.push_str(&format!("detcoll-run: rank {rank} was stopped by the launcher ({status})\n"));
         } else if !status.success() {
             out.push_str(&format!("detcoll-run: rank {rank} failed later ({status})\n"));
+        } else {
+            // Gone before the others were stopped: a rank that leaves while its peers still
+            // make collectives is often why they failed.
+            out.push_str(&format!(
+                "detcoll-run: rank {rank} had already exited ({status}) while other ranks were running\n"
+            ));
         }
     }
     out
