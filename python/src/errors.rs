@@ -65,6 +65,9 @@ pub fn to_py(e: Error) -> PyErr {
         Error::TooManyLanes { .. } => TooManyLanes::new_err(msg),
         // An argument outside its range (the fused norm's eps and hidden).
         Error::InvalidArgument { .. } => InvalidArgument::new_err(msg),
+        // A host slice given to a GPU collective (Rust's `Io::host`; Python passes its arrays
+        // by address, so this comes from Rust callers only).
+        Error::HostMemory { .. } => InvalidArgument::new_err(msg),
         Error::Closed => Closed::new_err(msg),
         Error::CloseFailed { .. } => CloseFailed::new_err(msg),
         Error::ForkedHandle { .. } => ForkedHandle::new_err(msg),

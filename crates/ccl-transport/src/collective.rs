@@ -509,12 +509,19 @@ impl<D: Device> Collective for TransportCollective<D> {
     fn route(&self, _op: Op, _bytes: usize) -> Route {
         Route::Transport
     }
+    fn host_memory(&self) -> bool {
+        D::VENDOR == detcoll_protocol::Vendor::Host
+    }
     /// The one entry of single-lane calls: the op goes to `enqueue` as a value.
     fn call(&self, op: Op, io: Io<'_>, stream: &D::Stream) -> Result<(), Error> {
+        // Host slices (the safe `Io::host`) on device memory: refused before any work.
+        if !self.host_memory() {
+            io.refuse_host_views(op)?;
+        }
         let raw = self.device.raw_stream(stream)?;
         if op == Op::ReduceScatterMany {
-            // SAFETY: a live stream of this device; the views' validity is the contract of
-            // their (unsafe) constructors, documented on this type.
+            // SAFETY: a live stream of this device; views from host slices were refused above,
+            // the others' validity is the contract of their (unsafe) constructors.
             return unsafe { self.enqueue_many(&[io], raw) };
         }
         // SAFETY: as above.
@@ -530,6 +537,11 @@ impl<D: Device> Collective for TransportCollective<D> {
         self.call(Op::ReduceScatter, io, stream)
     }
     fn reduce_scatter_many(&self, lanes: &[Io<'_>], stream: &D::Stream) -> Result<(), Error> {
+        if !self.host_memory() {
+            for io in lanes {
+                io.refuse_host_views(Op::ReduceScatterMany)?;
+            }
+        }
         let raw = self.device.raw_stream(stream)?;
         // SAFETY: as in `all_reduce`.
         unsafe { self.enqueue_many(lanes, raw) }

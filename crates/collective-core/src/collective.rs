@@ -25,6 +25,14 @@ pub trait Collective: Send + Sync {
     fn capabilities(&self) -> Capabilities;
     /// The route a call of `op` moving `bytes` per rank takes (same on every rank).
     fn route(&self, op: Op, bytes: usize) -> Route;
+    /// Whether this collective's calls read and write host memory (the CPU twin's backends).
+    /// Only such a collective takes views built from host slices (`Io::host`, `RawRef::host`);
+    /// a composed collective (the factory's front door) refuses them with
+    /// `Error::HostMemory` before any work when its backends read device memory. The default,
+    /// `false`, is the safe answer for a GPU backend.
+    fn host_memory(&self) -> bool {
+        false
+    }
 
     /// Every rank gets the fixed tree over all ranks' inputs.
     fn all_reduce(&self, io: Io<'_>, stream: &Self::Stream) -> Result<(), Error>;

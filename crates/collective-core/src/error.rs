@@ -33,6 +33,14 @@ pub enum Error {
     /// RMSNorm) share memory in a way the call cannot evaluate correctly.
     #[error("{op}: {first} and {second} overlap; they must be separate buffers")]
     ArgumentsOverlap { op: Op, first: &'static str, second: &'static str },
+    /// A view built from a host slice (`Io::host`, `RawRef::host`, `RawMut::host`) given to a
+    /// collective whose kernels read device memory: they would dereference a host address
+    /// after the slice's borrow ended (calls are asynchronous). Nothing was enqueued.
+    #[error(
+        "{op}: `{argument}` is a host slice (`Io::host`, `RawRef::host`), but this collective's kernels read device \
+         memory: pass device buffers (the typed cudarc entry points, or views of device addresses)"
+    )]
+    HostMemory { op: Op, argument: &'static str },
     /// An argument that is not a buffer (a shape, a constant) is out of its range.
     #[error("{op}: {argument} {detail}")]
     InvalidArgument { op: Op, argument: &'static str, detail: String },

@@ -3,6 +3,11 @@
 //! A view is an address, an element count and a dtype. Which address space the address lives
 //! in (host memory for the CPU twin, device memory for the GPU twins) is the backend's business:
 //! each backend offers safe constructors from its own buffer types, and these unsafe raw ones.
+//! The safe host constructors ([`RawRef::host`], [`Io::host`]) mark their views as host
+//! slices: a backend whose kernels read device memory refuses them with
+//! [`Error::HostMemory`](crate::Error::HostMemory) before any work ([`Io::host_view`]), since a
+//! GPU would dereference a host address, after the slice's borrow ended (calls are
+//! asynchronous).
 use crate::{DType, Plain};
 use core::marker::PhantomData;
 
@@ -12,6 +17,8 @@ pub struct RawRef<'a> {
     addr: u64,
     len: usize,
     dtype: DType,
+    /// Built from a host slice by the safe constructor.
+    host: bool,
     _borrow: PhantomData<&'a [u8]>,
 }
 
@@ -21,6 +28,8 @@ pub struct RawMut<'a> {
     addr: u64,
     len: usize,
     dtype: DType,
+    /// Built from a host slice by the safe constructor.
+    host: bool,
     _borrow: PhantomData<&'a mut [u8]>,
 }
 
@@ -31,11 +40,16 @@ impl<'a> RawRef<'a> {
     /// `addr..addr + len * dtype.size()` must be readable memory of the backend's address space
     /// for `'a`, and nothing may write it while a collective reading it is in flight.
     pub const unsafe fn from_raw(addr: u64, len: usize, dtype: DType) -> Self {
-        RawRef { addr, len, dtype, _borrow: PhantomData }
+        RawRef { addr, len, dtype, host: false, _borrow: PhantomData }
     }
-    /// A view of a host slice (the CPU twin's address space).
+    /// A view of a host slice (the CPU twin's address space). GPU backends refuse it
+    /// ([`Error::HostMemory`](crate::Error::HostMemory)).
     pub fn host<T: Plain>(s: &'a [T]) -> Self {
-        RawRef { addr: s.as_ptr() as u64, len: s.len(), dtype: T::DTYPE, _borrow: PhantomData }
+        RawRef { addr: s.as_ptr() as u64, len: s.len(), dtype: T::DTYPE, host: true, _borrow: PhantomData }
+    }
+    /// Whether the view was built from a host slice ([`RawRef::host`]).
+    pub const fn is_host(&self) -> bool {
+        self.host
     }
     /// Start address.
     pub const fn addr(&self) -> u64 {
@@ -68,11 +82,16 @@ impl<'a> RawMut<'a> {
     /// `addr..addr + len * dtype.size()` must be writable memory of the backend's address space
     /// for `'a`, not accessed by anything else while a collective writing it is in flight.
     pub const unsafe fn from_raw(addr: u64, len: usize, dtype: DType) -> Self {
-        RawMut { addr, len, dtype, _borrow: PhantomData }
+        RawMut { addr, len, dtype, host: false, _borrow: PhantomData }
     }
-    /// A view of a mutable host slice (the CPU twin's address space).
+    /// A view of a mutable host slice (the CPU twin's address space). GPU backends refuse it
+    /// ([`Error::HostMemory`](crate::Error::HostMemory)).
     pub fn host<T: Plain>(s: &'a mut [T]) -> Self {
-        RawMut { addr: s.as_mut_ptr() as u64, len: s.len(), dtype: T::DTYPE, _borrow: PhantomData }
+        RawMut { addr: s.as_mut_ptr() as u64, len: s.len(), dtype: T::DTYPE, host: true, _borrow: PhantomData }
+    }
+    /// Whether the view was built from a host slice ([`RawMut::host`]).
+    pub const fn is_host(&self) -> bool {
+        self.host
     }
     /// Start address.
     pub const fn addr(&self) -> u64 {
@@ -98,7 +117,7 @@ impl<'a> RawMut<'a> {
     }
     /// The same memory, read-only.
     pub fn as_ref(&self) -> RawRef<'_> {
-        RawRef { addr: self.addr, len: self.len, dtype: self.dtype, _borrow: PhantomData }
+        RawRef { addr: self.addr, len: self.len, dtype: self.dtype, host: self.host, _borrow: PhantomData }
     }
 }
 
@@ -124,5 +143,27 @@ impl<'a> Io<'a> {
     /// In place, on a typed host slice.
     pub fn host_in_place<T: Plain>(buf: &'a mut [T]) -> Self {
         Io::InPlace(RawMut::host(buf))
+    }
+    /// The name of a view built from a host slice (`buffer`, `input` or `output`), if any: what
+    /// a backend that reads device memory refuses ([`Io::refuse_host_views`]).
+    pub fn host_view(&self) -> Option<&'static str> {
+        match self {
+            Io::InPlace(b) => b.is_host().then_some("buffer"),
+            Io::OutOfPlace { input, output } => {
+                if input.is_host() {
+                    Some("input")
+                } else {
+                    output.is_host().then_some("output")
+                }
+            }
+        }
+    }
+    /// `Err(Error::HostMemory)` when a view of this call of `op` was built from a host slice:
+    /// what a backend whose kernels read device memory checks before any work.
+    pub fn refuse_host_views(&self, op: crate::Op) -> Result<(), crate::Error> {
+        match self.host_view() {
+            Some(argument) => Err(crate::Error::HostMemory { op, argument }),
+            None => Ok(()),
+        }
     }
 }

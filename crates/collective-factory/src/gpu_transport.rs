@@ -96,6 +96,9 @@ impl<D: Device> Collective for GpuTransport<D> {
     fn route(&self, op: Op, bytes: usize) -> Route {
         self.inner().route(op, bytes)
     }
+    fn host_memory(&self) -> bool {
+        self.inner().host_memory()
+    }
     fn call(&self, op: Op, io: Io<'_>, stream: &D::Stream) -> Result<(), Error> {
         self.inner().call(op, io, stream)
     }

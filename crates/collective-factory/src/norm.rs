@@ -135,6 +135,11 @@ fn engine_then_norm<D: detcoll_protocol::IpcDevice>(
     }
 }
 
+/// A fused call's norm view built from a host slice, on device memory.
+fn host_norm_view(argument: &'static str) -> Error {
+    Error::HostMemory { op: Op::AllReduce, argument }
+}
+
 /// What a transport answers for the one-kernel form: it has no IPC route.
 fn not_ipc() -> Error {
     Error::InvalidConfig { detail: "the fused all_reduce + RMSNorm's one-kernel form is an IPC route".into() }
@@ -187,6 +192,16 @@ where
 
     /// The call through `via` (a safe or a raw stream).
     pub(crate) fn fused_norm(&self, x: Io<'_>, norm: RmsNorm<'_>, via: &impl Via<I, T>) -> Result<(), Error> {
+        if !self.host_memory() {
+            // Host slices (`Io::host`) on device memory: refused before any work.
+            x.refuse_host_views(Op::AllReduce)?;
+            if let Some(view) = norm.residual.host_view() {
+                return Err(host_norm_view(if view == "output" { "h" } else { "residual" }));
+            }
+            if norm.weight.is_host() {
+                return Err(host_norm_view("weight"));
+            }
+        }
         validate(Op::AllReduce, &x, self.rank(), self.world_size(), usize::MAX)?;
         let call = validate_norm(&x, &norm)?;
         let args = args(&call);

@@ -130,8 +130,16 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
     /// builds itself, so it validates the whole call first. Only all_reduce has a second half:
     /// a reduce_scatter routed to the hybrid is its IPC half alone, never an all_reduce.
     pub(crate) fn dispatch(&self, op: Op, io: Io<'_>, via: &impl Via<I, T>) -> Result<(), Error> {
+        self.refuse_host_views(op, &io)?;
         let _call = self.lock_calls()?;
         self.dispatch_locked(op, io, via)
+    }
+
+    /// `Err(Error::HostMemory)` when this handle's backends read device memory and a view of
+    /// `io` was built from a host slice (`Io::host`): a GPU would dereference a host address
+    /// after the slice's borrow ended. Checked before any work, on every route.
+    pub(crate) fn refuse_host_views(&self, op: Op, io: &Io<'_>) -> Result<(), Error> {
+        if self.host_memory() { Ok(()) } else { io.refuse_host_views(op) }
     }
 
     /// This handle's call lock. A thread that panicked inside a call left the backends' order
@@ -325,6 +333,15 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I,
     fn route(&self, op: Op, bytes: usize) -> Route {
         self.taken(op, self.routing.route(op, bytes))
     }
+    /// The backends' (one platform's: all read host memory, or none).
+    fn host_memory(&self) -> bool {
+        match (&self.ipc, &self.nodes, &self.transport) {
+            (Some(i), _, _) => i.host_memory(),
+            (None, Some(n), _) => n.local().host_memory(),
+            (None, None, Some(t)) => t.host_memory(),
+            (None, None, None) => false,
+        }
+    }
     fn all_reduce(&self, io: Io<'_>, stream: &Self::Stream) -> Result<(), Error> {
         self.dispatch(Op::AllReduce, io, &OnStream(stream))
     }
@@ -335,6 +352,9 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I,
         self.dispatch(Op::ReduceScatter, io, &OnStream(stream))
     }
     fn reduce_scatter_many(&self, lanes: &[Io<'_>], stream: &Self::Stream) -> Result<(), Error> {
+        for io in lanes {
+            self.refuse_host_views(Op::ReduceScatterMany, io)?;
+        }
         // Saturating: lanes whose bytes overflow are refused by validation, not by a panic here.
         let bytes = lanes
             .iter()

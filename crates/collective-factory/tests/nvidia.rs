@@ -234,3 +234,30 @@ fn world_zero_and_capacity_zero_are_invalid_config() {
         }
     }
 }
+
+/// A host slice (`Io::host`, a safe constructor) on a GPU handle is refused before any work
+/// (`Error::HostMemory`): the kernel would dereference a host address after the borrow ended.
+/// The handle stays usable (nothing was enqueued).
+#[test]
+fn host_slices_on_a_gpu_handle_are_host_memory_errors() {
+    use collective_core::{Collective, Error, Io};
+    use collective_factory::{Config, nvidia};
+    match cuda_ipc::driver::device_count() {
+        Ok(n) if n > 0 => {}
+        other => {
+            println!("skipped: no CUDA device ({other:?})");
+            return;
+        }
+    }
+    let comm = nvidia::thread_group(1, &Config::new().with_capacity(1 << 20)).expect("world 1").remove(0);
+    assert!(!comm.host_memory());
+    let stream = comm.context().new_stream().expect("stream");
+    let x = vec![1.0f32; 64];
+    let mut y = vec![-7.0f32; 64];
+    match comm.all_reduce(Io::host(&x, &mut y), &stream) {
+        Err(Error::HostMemory { argument: "input", .. }) => {}
+        other => panic!("expected HostMemory, got {other:?}"),
+    }
+    comm.synchronize(&stream).expect("nothing was enqueued; the handle is usable");
+    assert!(y.iter().all(|v| *v == -7.0));
+}

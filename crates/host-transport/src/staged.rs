@@ -304,17 +304,27 @@ impl<D: Device> Collective for StagedTransport<D> {
     fn route(&self, _op: Op, _bytes: usize) -> Route {
         Route::Transport
     }
+    fn host_memory(&self) -> bool {
+        D::VENDOR == detcoll_protocol::Vendor::Host
+    }
     fn call(&self, op: Op, io: Io<'_>, stream: &D::Stream) -> Result<(), Error> {
+        // Host slices (the safe `Io::host`) on device memory: refused before any work.
+        if !self.host_memory() {
+            io.refuse_host_views(op)?;
+        }
         let raw = self.device.raw_stream(stream)?;
         if op == Op::ReduceScatterMany {
-            // SAFETY: a live stream of this device; the views' validity is the contract of
-            // their (unsafe) constructors.
+            // SAFETY: a live stream of this device; views from host slices were refused above,
+            // the others' validity is the contract of their (unsafe) constructors.
             return unsafe { self.enqueue_many(&[io], raw) };
         }
         // SAFETY: as above.
         unsafe { self.enqueue(op, io, raw) }
     }
     fn call_as_part(&self, op: Op, io: Io<'_>, part: u32, stream: &D::Stream) -> Result<(), Error> {
+        if !self.host_memory() {
+            io.refuse_host_views(op)?;
+        }
         let raw = self.device.raw_stream(stream)?;
         if op == Op::ReduceScatterMany {
             // A lane of its own: signed with its lane split (no composite route sends one here).
@@ -334,6 +344,11 @@ impl<D: Device> Collective for StagedTransport<D> {
         self.call(Op::ReduceScatter, io, stream)
     }
     fn reduce_scatter_many(&self, lanes: &[Io<'_>], stream: &D::Stream) -> Result<(), Error> {
+        if !self.host_memory() {
+            for io in lanes {
+                io.refuse_host_views(Op::ReduceScatterMany)?;
+            }
+        }
         let raw = self.device.raw_stream(stream)?;
         // SAFETY: as in `call`.
         unsafe { self.enqueue_many(lanes, raw) }

@@ -201,6 +201,9 @@ impl Collective for HostTransport {
     fn route(&self, _op: Op, _bytes: usize) -> Route {
         if self.world == 1 { Route::Local } else { Route::Transport }
     }
+    fn host_memory(&self) -> bool {
+        true
+    }
 
     fn call(&self, op: Op, io: Io<'_>, _: &()) -> Result<(), Error> {
         self.call_signed(op, io, 0)

@@ -15,7 +15,7 @@ use detcoll_protocol::close::{self, CloseOnce};
 use detcoll_protocol::params::{self, CollectiveNormParams, CopyParams, ParamsMany, ParamsSingle};
 use detcoll_protocol::status::{self, RECORD_WORDS};
 use detcoll_protocol::{CLOSE_ACK, Chunks, IpcConfig, NormArgs, NormParams, Poison};
-use detcoll_protocol::{IpcDevice, Launch, RawStream};
+use detcoll_protocol::{IpcDevice, Launch, RawStream, Vendor};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -29,7 +29,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// and poisons the collective ([`IpcCollective::check`]).
 ///
 /// Views passed in an [`Io`] must be device memory this rank's device can address (its own
-/// allocations, or mapped pinned host memory): the kernel dereferences them.
+/// allocations, or mapped pinned host memory): the kernel dereferences them. Views built from
+/// host slices by the safe constructors (`Io::host`) are refused with `Error::HostMemory` on a
+/// device that is not the host.
 #[derive(Debug)]
 pub struct IpcCollective<D: IpcDevice> {
     pub(crate) rank: usize,
@@ -109,6 +111,12 @@ impl<D: IpcDevice> IpcCollective<D> {
     pub fn default_route(&self, op: Op, bytes: usize) -> IpcRoute {
         // The bound table holds IPC routes only.
         self.config.routes.ipc_route(op, bytes).unwrap_or(IpcRoute::OneShot)
+    }
+
+    /// `Err(Error::HostMemory)` for a view built from a host slice on a device that is not the
+    /// host: the kernels would dereference a host address (after its borrow ended).
+    fn refuse_host_views(&self, op: Op, io: &Io<'_>) -> Result<(), Error> {
+        if D::VENDOR == Vendor::Host { Ok(()) } else { io.refuse_host_views(op) }
     }
 
     fn fail(&self, e: Error) -> Error {
@@ -309,6 +317,7 @@ impl<D: IpcDevice> IpcCollective<D> {
     ) -> Result<bool, Error> {
         let mut order = self.lock_call()?;
         self.check()?;
+        self.refuse_host_views(op, &io)?;
         // No capacity limit: a call above the staging capacity runs in chunks (`Chunks`).
         let call = validate(op, &io, self.rank, self.world, usize::MAX)?;
         // A fused call's norm, checked against the validated all_reduce, then packed; the
@@ -473,6 +482,9 @@ impl<D: IpcDevice> IpcCollective<D> {
     ) -> Result<(), Error> {
         let mut order = self.lock_call()?;
         self.check()?;
+        for io in lanes {
+            self.refuse_host_views(Op::ReduceScatterMany, io)?;
+        }
         let (calls, sig) = validate_many(lanes, self.rank, self.world, usize::MAX)?;
         let sig = sig.as_part(part);
         let bytes = sig.count as usize * sig.dtype.size();
@@ -570,6 +582,9 @@ impl<D: IpcDevice> Collective for IpcCollective<D> {
     fn route(&self, op: Op, bytes: usize) -> Route {
         self.default_route(op, bytes).route()
     }
+    fn host_memory(&self) -> bool {
+        D::VENDOR == Vendor::Host
+    }
     fn check(&self) -> Result<(), Error> {
         IpcCollective::check(self)
     }
@@ -583,8 +598,10 @@ impl<D: IpcDevice> Collective for IpcCollective<D> {
     fn call(&self, op: Op, io: Io<'_>, stream: &D::Stream) -> Result<(), Error> {
         let s = self.device.raw_stream(stream)?;
         if op == Op::ReduceScatterMany {
-            // SAFETY: the stream is this device's (checked); the views' validity is the
-            // contract of their (unsafe) constructors, documented on this type.
+            // SAFETY: the stream is this device's (checked); views from host slices (the safe
+            // `Io::host`) are refused by `enqueue_many` on a device that is not the host, the
+            // others' validity is the contract of their (unsafe) constructors, documented on
+            // this type.
             return unsafe { self.enqueue_many(&[io], s) };
         }
         // SAFETY: as above.

@@ -106,6 +106,9 @@ impl Collective for ShmCollective {
     fn route(&self, op: Op, bytes: usize) -> Route {
         self.inner.route(op, bytes)
     }
+    fn host_memory(&self) -> bool {
+        true
+    }
     fn call_as_part(&self, op: Op, io: Io<'_>, part: u32, stream: &()) -> Result<(), Error> {
         self.inner.call_as_part(op, io, part, stream)
     }

@@ -146,6 +146,9 @@ impl Collective for MemoryCollective {
     fn route(&self, _op: Op, _bytes: usize) -> Route {
         if self.world_size() == 1 { Route::Local } else { Route::Transport }
     }
+    fn host_memory(&self) -> bool {
+        true
+    }
     fn all_reduce(&self, io: Io<'_>, _: &()) -> Result<(), Error> {
         self.single(Op::AllReduce, io)
     }
