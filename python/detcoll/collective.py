@@ -11,6 +11,10 @@ from . import _detcoll
 from ._tensor import View, default_stream, new_empty, view
 
 
+# What ``Collective.route`` answers for.
+_ROUTED_OPS = ("all_reduce", "all_gather", "reduce_scatter", "reduce_scatter_many", "all_reduce_residual_rmsnorm")
+
+
 class Collective:
     """One rank of a deterministic collective: every reduction is the fixed balanced rank tree
     ``((r0 + r1) + (r2 + r3)) + ...`` in the tensor's dtype, the same bits on every rank, run,
@@ -137,7 +141,13 @@ class Collective:
         outs = list(outs)
         lanes = []
         for i, (vin, out) in enumerate(zip(vins, outs)):
-            vout = vin if out is xs[i] else self._view(out, f"outs[{i}]", write=True)
+            if out is xs[i]:
+                # In place: the input is the output, so it must be writable too.
+                if not vin.writable:
+                    raise _detcoll.InvalidArgument(f"outs[{i}] (in place, xs[{i}]): the array is read-only")
+                vout = vin
+            else:
+                vout = self._view(out, f"outs[{i}]", write=True)
             lanes.append((vin.addr, vin.count, vin.dtype, vout.addr, vout.count, vout.dtype))
         stream = vins[0].stream if vins else 0
         self._raw.call_many(lanes, stream)
@@ -183,6 +193,8 @@ class Collective:
         ``op`` is ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``reduce_scatter_many`` or
         ``all_reduce_residual_rmsnorm`` (the fused call's all_reduce: the routing table's rules
         for it, else the all_reduce's)."""
+        if op not in _ROUTED_OPS:
+            raise _detcoll.InvalidArgument(f"route: unknown operation {op!r}; expected one of {', '.join(_ROUTED_OPS)}")
         return self._raw.route(op, nbytes)
 
     def check(self) -> None:

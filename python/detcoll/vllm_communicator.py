@@ -16,6 +16,7 @@ Into vLLM (tested against the method shapes, not against a vLLM install: see pyt
 Only the three reductions/gathers change; vLLM's other collectives stay its own.
 """
 
+import warnings
 from typing import Optional
 
 from .factory import create_deterministic_collective
@@ -51,9 +52,9 @@ class DetcollCommunicator:
         if dim < 0:
             dim += input_.dim()
         if input_.shape[dim] % self.world_size != 0:
-            from . import LengthMismatch
+            from . import NotDivisible
 
-            raise LengthMismatch(
+            raise NotDivisible(
                 f"reduce_scatter: dim {dim} has {input_.shape[dim]} entries, not divisible by the "
                 f"world size {self.world_size}"
             )
@@ -76,9 +77,18 @@ def install_into_vllm(capacity: Optional[int] = None, groups=("tp",)):
     from vllm.distributed.device_communicators import cuda_communicator as cc
 
     cls = cc.CudaCommunicator
-    if getattr(cls, "_detcoll_installed", False):
+    settings = (capacity, tuple(groups))
+    installed = getattr(cls, "_detcoll_installed", None)
+    if installed is not None:
+        if installed != settings:
+            warnings.warn(
+                f"detcoll is already installed into vLLM with capacity={installed[0]}, groups={installed[1]}; "
+                f"this call's capacity={capacity}, groups={tuple(groups)} is ignored",
+                RuntimeWarning, stacklevel=2,
+            )
         return
-    init, originals = cls.__init__, {m: getattr(cls, m) for m in ("all_reduce", "all_gather", "reduce_scatter")}
+    init, destroy = cls.__init__, getattr(cls, "destroy", None)
+    originals = {m: getattr(cls, m) for m in ("all_reduce", "all_gather", "reduce_scatter")}
 
     def __init__(self, *args, **kwargs):
         init(self, *args, **kwargs)
@@ -87,14 +97,27 @@ def install_into_vllm(capacity: Optional[int] = None, groups=("tp",)):
                          if any(g in name for g in groups) else None)
 
     def route(method):
-        def call(self, input_, *args):
+        # Keyword arguments too (``all_gather(x, dim=0)``), as vLLM's own methods take them.
+        def call(self, input_, *args, **kwargs):
             d = getattr(self, "_detcoll", None)
-            return getattr(d, method)(input_, *args) if d is not None else originals[method](self, input_, *args)
+            if d is not None:
+                return getattr(d, method)(input_, *args, **kwargs)
+            return originals[method](self, input_, *args, **kwargs)
 
         call.__name__ = method
         return call
 
+    def destroy_both(self, *args, **kwargs):
+        # vLLM's destroy() releases its communicator: the detcoll collective goes with it.
+        d = getattr(self, "_detcoll", None)
+        if d is not None:
+            self._detcoll = None
+            d.destroy()
+        if destroy is not None:
+            return destroy(self, *args, **kwargs)
+
     cls.__init__ = __init__
     for m in originals:
         setattr(cls, m, route(m))
-    cls._detcoll_installed = True
+    cls.destroy = destroy_both
+    cls._detcoll_installed = settings

@@ -72,6 +72,25 @@ def main():
         np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **bits_of(res))
         comm.close()
         dist.destroy_process_group()
+    elif mode == "peer_exits":
+        # Rank 1 leaves without closing (a crash); rank 0 then closes: it must not wait the
+        # close bound for an acknowledgement that cannot come (PeerDied, at once).
+        import time
+
+        comm = detcoll.create_deterministic_collective(device="cpu", capacity=16 << 10)
+        comm.all_reduce(np.ones(64, np.float32))
+        comm.synchronize()
+        if rank == 1:
+            os._exit(0)
+        time.sleep(0.5)  # rank 1 is gone by now
+        t = time.monotonic()
+        try:
+            comm.close()
+            name = "no error"
+        except detcoll.DetcollError as e:
+            name = type(e).__name__
+        with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
+            f.write(f"{name} {time.monotonic() - t:.3f}")
     else:
         raise SystemExit(f"unknown mode {mode}")
 

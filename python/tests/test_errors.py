@@ -81,6 +81,25 @@ def test_in_place_read_only_is_refused(pair):
     untouched(x)
 
 
+def test_reduce_scatter_many_in_place_read_only_is_refused(pair, tmp_path):
+    # An in-place lane (outs[i] is xs[i]) writes its input: a read-only array was written
+    # (and a read-only memmap crashed the process) because only outs that were not the input
+    # were checked. Now InvalidArgument before any work, whichever lane it is.
+    ok = np.full(16, SENTINEL, np.float32)
+    ro = np.full(16, SENTINEL, np.float32)
+    ro.setflags(write=False)
+    with pytest.raises(detcoll.InvalidArgument, match=r"outs\[1\] \(in place, xs\[1\]\): the array is read-only"):
+        pair[0].reduce_scatter_many([ok, ro], outs=[ok, ro])
+    untouched(ok)
+    untouched(ro)
+    path = tmp_path / "lane.bin"
+    np.full(16, SENTINEL, np.float32).tofile(path)
+    mapped = np.memmap(path, dtype=np.float32, mode="r", shape=(16,))
+    with pytest.raises(detcoll.InvalidArgument, match="read-only"):
+        pair[0].reduce_scatter_many([mapped], outs=[mapped])
+    untouched(np.array(mapped))
+
+
 def test_all_gather_x_at_outs_start_on_another_rank_is_refused(pair):
     # x = out[:n] is rank 0's in-place form, but on rank 1 it is an input overlapping out: the
     # raw call read equal addresses as in place, so both ranks returned out with rank 0's x

@@ -57,6 +57,14 @@ def test_mismatched_calls_fail_on_every_rank(tmp_path):
     assert all(n in ("SignatureMismatch", "PeerTimeout", "Poisoned") for n in names), names
 
 
+def test_close_after_a_peer_exited_does_not_wait_the_bound(tmp_path):
+    # Before, close waited the whole close bound (here 20 s) and raised PeerTimeout.
+    run("peer_exits", 2, tmp_path, env={**os.environ, "DETCOLL_TIMEOUT_MS": "20000"})
+    name, took = (tmp_path / "rank0.txt").read_text().split()
+    assert name == "PeerDied", name
+    assert float(took) < 5.0, took
+
+
 def test_torch_gloo_group(tmp_path):
     try:
         import torch  # noqa: F401

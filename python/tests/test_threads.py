@@ -154,7 +154,7 @@ def test_properties(group):
             assert c.route(op, 4096).startswith(("ipc", "local", "transport", "copy", "hier")), c.route(op, 4096)
         c.check()
         c.synchronize()
-    with pytest.raises(detcoll.InvalidConfig):
+    with pytest.raises(detcoll.InvalidArgument, match="unknown operation 'broadcast'"):
         group[0].route("broadcast", 64)
     # The fused call's all_reduce: the CPU table has no rules of its own for it.
     for n in (0, 4096, 1 << 20):

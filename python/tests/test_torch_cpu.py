@@ -118,7 +118,7 @@ def test_vllm_reduce_scatter_of_an_indivisible_dim_is_a_typed_error(group):
         pytest.skip("every dim divides a world of 1")
 
     def call(c):
-        with pytest.raises(detcoll.LengthMismatch, match="not divisible"):
+        with pytest.raises(detcoll.NotDivisible, match="not divisible"):
             vllm_shaped(c).reduce_scatter(torch.ones(2 * w, w + 1, dtype=torch.bfloat16), dim=1)
         return True
 

@@ -193,4 +193,16 @@ def test_install_into_vllm_routes_tp_groups_only(torch_world, monkeypatch):
     assert isinstance(y, Tensor) and y is not x
     assert_bits_equal(y.a, x.a)  # world 1: the tree of one rank
     assert pp.all_reduce(x) == "vllm's own"
-    tp._detcoll.destroy()
+    # Keyword arguments reach both (vLLM's methods take `dim=`): they raised TypeError.
+    assert pp.all_gather(x, dim=0) == "vllm's own"
+    assert pp.reduce_scatter(x, dim=0) == "vllm's own"
+    # A second install with other settings says it is ignored.
+    with pytest.warns(RuntimeWarning, match="already installed"):
+        install_into_vllm(capacity=8192)
+    # vLLM's destroy() closes the detcoll collective too (it stayed open until collected).
+    d = tp._detcoll
+    tp.destroy()
+    assert tp._detcoll is None
+    with pytest.raises(detcoll.Closed):
+        d.comm.check()
+    pp.destroy()

@@ -11,7 +11,7 @@ use collective_core::process::ProcessOwner;
 use collective_core::{
     Capabilities, Collective, Error, Io, IpcRoute, Op, Route, RouteSelect, Signature, validate, validate_many,
 };
-use detcoll_protocol::close::{self, CloseOnce};
+use detcoll_protocol::close::{self, CloseOnce, MissingAck};
 use detcoll_protocol::params::{self, CollectiveNormParams, CopyParams, ParamsMany, ParamsSingle};
 use detcoll_protocol::status::{self, RECORD_WORDS};
 use detcoll_protocol::{CLOSE_ACK, Chunks, IpcConfig, NormArgs, NormParams, Poison};
@@ -540,10 +540,13 @@ impl<D: IpcDevice> IpcCollective<D> {
         let Owner::Process { own, mappings, .. } = &ipc.owner else { return Ok(()) };
         let base = ipc.mems[self.rank].control;
         let bound = self.config.timeouts().close;
-        let missing = close::first_missing_ack(&ipc.layout, self.rank, self.world, bound, |off| {
+        let read_ack = |off: usize| {
             let mut w = [0u64; 1];
             self.device.read_words(base + off as u64, &mut w)?;
             Ok(w[0])
+        };
+        let missing = close::first_missing_ack(&ipc.layout, self.rank, self.world, bound, read_ack, |q| {
+            self.device.peer_exited(q)
         })?;
         // Our mappings of the peers' memory are no longer used by any kernel of ours.
         if let Ok(mut m) = mappings.lock() {
@@ -553,7 +556,12 @@ impl<D: IpcDevice> IpcCollective<D> {
             own.lock().map_err(|_| Error::Backend { backend: D::BACKEND, detail: "staging lock poisoned".into() })?;
         match (missing, own.take()) {
             (None, _) => Ok(()),
-            (Some(peer), staging) => {
+            // Its process is gone: nothing reads this rank's memory any more, so it is freed
+            // (dropped here), and close says why the peer never acknowledged.
+            (Some(MissingAck::Exited { peer, pid }), _) => {
+                Err(Error::PeerDied { peer, detail: format!("its process {pid} exited without acknowledging close") })
+            }
+            (Some(MissingAck::Waited(peer)), staging) => {
                 // A peer might still read our frames: keep them allocated rather than free
                 // memory under it.
                 if let Some(s) = staging {

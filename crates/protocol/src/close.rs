@@ -34,28 +34,49 @@ impl CloseOnce {
     }
 }
 
+/// A peer whose close acknowledgement a close did not get.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MissingAck {
+    /// Still missing when the bound passed: the peer may still read this rank's memory.
+    Waited(usize),
+    /// Its process exited (process id `pid`) without acknowledging: nothing of it reads this
+    /// rank's memory any more.
+    Exited { peer: usize, pid: u32 },
+}
+
 /// Polls this rank's `ack` lines (read through `read_ack(line offset)`) until every peer has
-/// written [`CLOSE_ACK`] or `timeout` passes. Returns the first peer still missing, if any.
+/// written [`CLOSE_ACK`] or is known to have exited (`exited(peer)`: its process id), or
+/// `timeout` passes. Returns a peer still missing when the bound passed, else one that exited
+/// without acknowledging, else `None`: a close after a peer's crash does not wait the bound
+/// for it.
 pub fn first_missing_ack(
     layout: &Layout,
     rank: usize,
     world: usize,
     timeout: Duration,
     mut read_ack: impl FnMut(usize) -> Result<u64, Error>,
-) -> Result<Option<usize>, Error> {
+    mut exited: impl FnMut(usize) -> Option<u32>,
+) -> Result<Option<MissingAck>, Error> {
     let deadline = Instant::now() + timeout;
     loop {
-        let mut missing = None;
+        let (mut waiting, mut gone) = (None, None);
         for q in (0..world).filter(|&q| q != rank) {
-            if read_ack(layout.ack(q))? != CLOSE_ACK {
-                missing = Some(q);
-                break;
+            if read_ack(layout.ack(q))? == CLOSE_ACK {
+                continue;
+            }
+            match exited(q) {
+                Some(pid) => gone = gone.or(Some(MissingAck::Exited { peer: q, pid })),
+                None => {
+                    waiting = Some(q);
+                    break;
+                }
             }
         }
-        if missing.is_none() || Instant::now() >= deadline {
-            return Ok(missing);
+        match waiting {
+            None => return Ok(gone),
+            Some(q) if Instant::now() >= deadline => return Ok(Some(MissingAck::Waited(q))),
+            Some(_) => std::thread::sleep(Duration::from_millis(1)),
         }
-        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -96,9 +117,27 @@ mod tests {
         let layout = Layout::new(64, 1).unwrap();
         let all = |off: usize| Ok(if off == layout.ack(2) { 0 } else { CLOSE_ACK });
         let t = Instant::now();
-        assert_eq!(first_missing_ack(&layout, 0, 4, Duration::from_millis(20), all).unwrap(), Some(2));
+        let live = |_| None;
+        assert_eq!(
+            first_missing_ack(&layout, 0, 4, Duration::from_millis(20), all, live).unwrap(),
+            Some(MissingAck::Waited(2))
+        );
         assert!(t.elapsed() >= Duration::from_millis(20) && t.elapsed() < Duration::from_secs(2));
-        assert_eq!(first_missing_ack(&layout, 2, 4, Duration::ZERO, all).unwrap(), None);
+        assert_eq!(first_missing_ack(&layout, 2, 4, Duration::ZERO, all, live).unwrap(), None);
+    }
+
+    #[test]
+    fn a_peer_that_exited_is_not_waited_for() {
+        let layout = Layout::new(64, 1).unwrap();
+        let all = |off: usize| Ok(if off == layout.ack(2) { 0 } else { CLOSE_ACK });
+        let t = Instant::now();
+        let r = first_missing_ack(&layout, 0, 4, Duration::from_secs(30), all, |q| (q == 2).then_some(4242));
+        assert_eq!(r.unwrap(), Some(MissingAck::Exited { peer: 2, pid: 4242 }));
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        // A peer still alive and missing is waited for (and named) even when another exited.
+        let none = |off: usize| Ok(if off == layout.ack(1) || off == layout.ack(3) { 0 } else { CLOSE_ACK });
+        let r = first_missing_ack(&layout, 0, 4, Duration::from_millis(20), none, |q| (q == 1).then_some(7));
+        assert_eq!(r.unwrap(), Some(MissingAck::Waited(3)));
     }
 
     #[test]

@@ -293,6 +293,15 @@ pub trait IpcDevice: Device + Clone {
     fn staging_memory(staging: &Self::Staging, layout: &Layout) -> RankMemory;
     /// Keeps `staging` allocated forever (a peer may still read it).
     fn leak_staging(staging: Self::Staging);
+    /// The process id of rank `peer` when this device knows its process has exited (ranks that
+    /// are processes of this host whose liveness the device watches: the CPU twin's); `None`
+    /// otherwise, and for ranks that are threads. Close does not wait for the acknowledgement
+    /// of a peer that exited. GPU devices answer `None`: a peer process in another PID
+    /// namespace cannot be told from a dead one, and freeing memory it still maps is not safe.
+    fn peer_exited(&self, peer: usize) -> Option<u32> {
+        let _ = peer;
+        None
+    }
     /// The bytes a peer process passes to [`IpcDevice::import_staging`].
     fn export_staging(&self, staging: &Self::Staging) -> Result<Vec<u8>, Error>;
     /// Maps rank `peer`'s exported staging; malformed bytes are an error before any runtime

@@ -219,6 +219,9 @@ impl Device for HostDevice {
 }
 
 impl IpcDevice for HostDevice {
+    fn peer_exited(&self, peer: usize) -> Option<u32> {
+        self.exited(peer)
+    }
     type Staging = HostStaging;
     type PeerMapping = HostMapping;
     type Kernels = HostKernels;
