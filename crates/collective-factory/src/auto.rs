@@ -16,7 +16,6 @@
 //! std::thread::scope(|s| {
 //!     for comm in &ranks {
 //!         s.spawn(move || match comm {
-//!             #[cfg(feature = "cpu")]
 //!             AnyCollective::Cpu(c) => {
 //!                 use collective_factory::{Collective, Io};
 //!                 let input = vec![c.rank() as f32 + 0.5; 1024];

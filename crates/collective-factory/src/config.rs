@@ -170,19 +170,28 @@ impl Config {
     }
 
     /// What every constructor checks first (the builders take any value): a capacity of at
-    /// least one byte. [`Error::InvalidConfig`] naming the value otherwise. The constructors of
+    /// least `detcoll_protocol::MIN_CAPACITY` (128) bytes, where every call can be chunked.
+    /// [`Error::InvalidConfig`] naming the value otherwise. The constructors of
     /// one process per rank report it through the agreement, so every rank fails at once.
     ///
     /// ```
     /// use collective_factory::Config;
     /// assert!(Config::new().validate().is_ok());
     /// assert!(Config::new().with_capacity(0).validate().is_err());
+    /// assert!(Config::new().with_capacity(127).validate().is_err());
+    /// assert!(Config::new().with_capacity(128).validate().is_ok());
     /// ```
     pub fn validate(&self) -> Result<(), Error> {
         // The IPC backends' floor (every op, dtype and world can chunk through it); the
         // transport has no smaller use for a capacity.
-        detcoll_protocol::check_capacity(self.capacity)
-            .map_err(|e| Error::InvalidConfig { detail: format!("Config::with_capacity({}): {e}", self.capacity) })
+        detcoll_protocol::check_capacity(self.capacity).map_err(|e| {
+            // The detail alone: this is an `InvalidConfig` itself (its message says so once).
+            let e = match e {
+                Error::InvalidConfig { detail } => detail,
+                e => e.to_string(),
+            };
+            Error::InvalidConfig { detail: format!("Config::with_capacity({}): {e}", self.capacity) }
+        })
     }
 
     /// [`Config::validate`], and a world of 1 to `MAX_WORLD_SIZE` ranks (for the constructors that make

@@ -18,7 +18,7 @@ pub type CpuCollective = Routed<ShmCollective, HostTransport>;
 ///
 /// ```no_run
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use collective_core::bootstrap::TcpBootstrap;
+/// use collective_factory::bootstrap::TcpBootstrap;
 /// use collective_factory::{Config, cpu};
 /// use std::sync::Arc;
 /// // In each process started by torchrun or `detcoll-run --nproc 4 -- ...`:
@@ -35,9 +35,9 @@ pub fn from_bootstrap(boot: Arc<dyn Bootstrap>, config: &Config) -> Result<CpuCo
 /// `world` 0 or an invalid `config` ([`Config::validate`]) is `InvalidConfig`.
 ///
 /// ```
-/// use collective_core::{Collective, Io};
+/// use collective_factory::{Collective, Io};
 /// use collective_factory::{Config, cpu};
-/// use half::bf16;
+/// use collective_factory::half::bf16;
 ///
 /// let ranks = cpu::thread_group(4, &Config::new().with_capacity(1 << 20))?;
 /// std::thread::scope(|s| {
@@ -51,7 +51,7 @@ pub fn from_bootstrap(boot: Arc<dyn Bootstrap>, config: &Config) -> Result<CpuCo
 ///         });
 ///     }
 /// });
-/// # Ok::<(), collective_core::Error>(())
+/// # Ok::<(), collective_factory::Error>(())
 /// ```
 pub fn thread_group(world: usize, config: &Config) -> Result<Vec<CpuCollective>, Error> {
     config.validate_world(world)?;

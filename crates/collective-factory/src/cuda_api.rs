@@ -10,7 +10,7 @@
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use collective_core::Collective;
+//! use collective_factory::Collective;
 //! use collective_factory::{Config, nvidia};
 //! let ranks = nvidia::thread_group(2, &Config::new())?;
 //! std::thread::scope(|s| {
@@ -140,7 +140,7 @@ impl NvidiaCollective {
     ///
     /// ```no_run
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use collective_core::Collective;
+    /// use collective_factory::Collective;
     /// use collective_factory::{Config, half::bf16, nvidia};
     /// let comm = nvidia::thread_group(1, &Config::new())?.remove(0);
     /// let stream = comm.context().new_stream()?;
@@ -173,7 +173,7 @@ impl NvidiaCollective {
     ///
     /// ```no_run
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use collective_core::Collective;
+    /// use collective_factory::Collective;
     /// use collective_factory::{Config, half::bf16, nvidia};
     /// let comm = nvidia::thread_group(1, &Config::new())?.remove(0);
     /// let stream = comm.context().new_stream()?;
@@ -247,7 +247,7 @@ impl NvidiaCollective {
     ///
     /// ```no_run
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use collective_core::Collective;
+    /// use collective_factory::Collective;
     /// use collective_factory::{Config, nvidia};
     /// let comm = nvidia::thread_group(1, &Config::new())?.remove(0);
     /// let stream = comm.context().new_stream()?;

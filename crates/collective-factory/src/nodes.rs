@@ -88,11 +88,13 @@ impl NodeLayout {
 }
 
 /// A group of ranks made by `split`, shared by the backends built over it.
+#[cfg_attr(not(any(feature = "cpu", feature = "cuda", feature = "rocm")), allow(dead_code))]
 pub(crate) type Group = std::sync::Arc<dyn Bootstrap>;
 
 /// The two groups of the hierarchical route that `boot`'s rank belongs to, made in the same
 /// order on every rank (collective over `boot`): its node's ranks (by local rank) and the ranks
 /// of its local rank (by node).
+#[cfg_attr(not(any(feature = "cpu", feature = "cuda", feature = "rocm")), allow(dead_code))]
 pub(crate) fn node_groups(boot: &dyn Bootstrap, layout: NodeLayout) -> Result<(Group, Group), Error> {
     let rank = boot.rank();
     let (node, local_rank) = (layout.node(rank), layout.local_rank(rank));

@@ -146,6 +146,7 @@ fn not_ipc() -> Error {
 }
 
 /// The norm on `device`, on `stream` as the caller gave it.
+#[cfg_attr(not(any(feature = "cpu", feature = "cuda", feature = "rocm")), allow(dead_code))]
 pub(crate) fn launch<D: NormDevice>(
     device: &D,
     args: &NormArgs,

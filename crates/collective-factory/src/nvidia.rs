@@ -46,7 +46,7 @@ pub(crate) fn present() -> bool {
 ///
 /// ```no_run
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use collective_core::bootstrap::TcpBootstrap;
+/// use collective_factory::bootstrap::TcpBootstrap;
 /// use collective_factory::{Config, nvidia};
 /// use std::sync::Arc;
 /// // In each process started by torchrun or `detcoll-run --nproc 8 -- ...`:
@@ -71,9 +71,9 @@ pub fn from_bootstrap(boot: Arc<dyn Bootstrap>, config: &Config) -> Result<Nvidi
 ///
 /// ```no_run
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use collective_core::bootstrap::TcpBootstrap;
+/// use collective_factory::bootstrap::TcpBootstrap;
 /// use collective_factory::{Config, nvidia};
-/// use cuda_ipc::cudarc::driver::CudaContext;
+/// use collective_factory::cudarc::driver::CudaContext;
 /// use std::sync::Arc;
 /// let ctx = CudaContext::new(0)?; // the engine's context
 /// let comm = nvidia::from_context(Arc::new(TcpBootstrap::from_env()?), &ctx, &Config::new())?;

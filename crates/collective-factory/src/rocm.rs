@@ -58,10 +58,10 @@ pub fn from_bootstrap(boot: Arc<dyn Bootstrap>, config: &Config) -> Result<RocmC
 ///
 /// ```no_run
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use collective_core::bootstrap::TcpBootstrap;
+/// use collective_factory::bootstrap::TcpBootstrap;
 /// use collective_factory::{Config, rocm};
 /// use std::sync::Arc;
-/// let device = hip_ipc::HipDevice::open(0)?;
+/// let device = collective_factory::hip::HipDevice::open(0)?;
 /// let comm = rocm::from_device(Arc::new(TcpBootstrap::from_env()?), &device, &Config::new())?;
 /// # let _ = comm; Ok(()) }
 /// ```

@@ -38,6 +38,10 @@ fn capacity_zero_is_invalid_config_at_construction_on_every_rank() {
     assert!(Config::new().with_capacity(0).validate().is_err());
     assert!(Config::new().with_capacity(127).validate().is_err());
     assert!(Config::new().with_capacity(detcoll_protocol::MIN_CAPACITY).validate().is_ok());
+    // The message says what it is once (it nested the protocol's own InvalidConfig).
+    let msg = Config::new().with_capacity(64).validate().unwrap_err().to_string();
+    assert_eq!(msg.matches("invalid configuration").count(), 1, "{msg}");
+    assert!(msg.contains("Config::with_capacity(64)"), "{msg}");
     invalid_config(cpu::thread_group(2, &Config::new().with_capacity(0)), "with_capacity(0)");
     // One process per rank: through the agreement, every rank names the ranks that have it,
     // also when only one rank passes it (no rank waits for one that dropped out).

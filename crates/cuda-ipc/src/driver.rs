@@ -88,8 +88,13 @@ pub(crate) fn check(r: sys::CUresult, what: &str) -> Result<(), Error> {
 /// Number of CUDA devices; [`Error::LibraryMissing`] without a driver.
 pub fn device_count() -> Result<usize, Error> {
     ensure_driver()?;
-    let n = CudaContext::device_count().map_err(|e| backend("cuDeviceGetCount", e))?;
-    Ok(usize::try_from(n).unwrap_or(0))
+    match CudaContext::device_count() {
+        Ok(n) => Ok(usize::try_from(n).unwrap_or(0)),
+        // A driver without a visible device (`CUDA_VISIBLE_DEVICES=""`, no GPU): `cuInit` says
+        // so; that is a count of 0, which callers report as such (not a failed driver call).
+        Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NO_DEVICE => Ok(0),
+        Err(e) => Err(backend("cuDeviceGetCount", e)),
+    }
 }
 
 /// The primary context of device `ordinal`, bound to the calling thread.
