@@ -515,9 +515,7 @@ impl<D: Device> Collective for TransportCollective<D> {
     /// The one entry of single-lane calls: the op goes to `enqueue` as a value.
     fn call(&self, op: Op, io: Io<'_>, stream: &D::Stream) -> Result<(), Error> {
         // Host slices (the safe `Io::host`) on device memory: refused before any work.
-        if !self.host_memory() {
-            io.refuse_host_views(op)?;
-        }
+        self.check_address_space(op, &io)?;
         let raw = self.device.raw_stream(stream)?;
         if op == Op::ReduceScatterMany {
             // SAFETY: a live stream of this device; views from host slices were refused above,
@@ -537,10 +535,8 @@ impl<D: Device> Collective for TransportCollective<D> {
         self.call(Op::ReduceScatter, io, stream)
     }
     fn reduce_scatter_many(&self, lanes: &[Io<'_>], stream: &D::Stream) -> Result<(), Error> {
-        if !self.host_memory() {
-            for io in lanes {
-                io.refuse_host_views(Op::ReduceScatterMany)?;
-            }
+        for io in lanes {
+            self.check_address_space(Op::ReduceScatterMany, io)?;
         }
         let raw = self.device.raw_stream(stream)?;
         // SAFETY: as in `all_reduce`.

@@ -33,6 +33,12 @@ pub trait Collective: Send + Sync {
     fn host_memory(&self) -> bool {
         false
     }
+    /// `Err(Error::HostMemory)` when this collective reads device memory
+    /// ([`Collective::host_memory`] is `false`) and a view of `io` was built from a host slice:
+    /// what every entry of a GPU collective checks before any work.
+    fn check_address_space(&self, op: Op, io: &Io<'_>) -> Result<(), Error> {
+        if self.host_memory() { Ok(()) } else { io.refuse_host_views(op) }
+    }
 
     /// Every rank gets the fixed tree over all ranks' inputs.
     fn all_reduce(&self, io: Io<'_>, stream: &Self::Stream) -> Result<(), Error>;

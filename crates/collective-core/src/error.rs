@@ -108,6 +108,15 @@ pub enum Error {
 }
 
 impl Error {
+    /// The error as a reason inside another `InvalidConfig`: an `InvalidConfig`'s detail alone
+    /// (the outer message says "invalid configuration" once), any other error's message.
+    pub fn config_reason(&self) -> String {
+        match self {
+            Error::InvalidConfig { detail } => detail.clone(),
+            e => e.to_string(),
+        }
+    }
+
     /// Whether this error means the protocol state is unknown, so the collective must be poisoned.
     pub fn poisons(&self) -> bool {
         matches!(

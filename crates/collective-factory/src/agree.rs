@@ -64,7 +64,7 @@ impl Facts {
     /// agreement still happens and reports it on every rank).
     pub fn local<T>(errors: &mut Vec<String>, r: Result<T, Error>, fallback: impl FnOnce() -> T) -> T {
         r.unwrap_or_else(|e| {
-            errors.push(reason(&e));
+            errors.push(e.config_reason());
             fallback()
         })
     }
@@ -74,17 +74,8 @@ impl Facts {
     pub fn fail(&mut self, what: &str, e: Error) {
         match e {
             Error::LibraryMissing { library, detail } => self.missing.push((library, detail)),
-            e => self.errors.push(format!("{what}: {}", reason(&e))),
+            e => self.errors.push(format!("{what}: {}", e.config_reason())),
         }
-    }
-}
-
-/// A local failure as a reason in the world's error: an `InvalidConfig`'s detail alone (the
-/// world's error is itself an `InvalidConfig`, whose message says so once), else the message.
-fn reason(e: &Error) -> String {
-    match e {
-        Error::InvalidConfig { detail } => detail.clone(),
-        e => e.to_string(),
     }
 }
 

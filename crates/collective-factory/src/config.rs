@@ -184,13 +184,8 @@ impl Config {
     pub fn validate(&self) -> Result<(), Error> {
         // The IPC backends' floor (every op, dtype and world can chunk through it); the
         // transport has no smaller use for a capacity.
-        detcoll_protocol::check_capacity(self.capacity).map_err(|e| {
-            // The detail alone: this is an `InvalidConfig` itself (its message says so once).
-            let e = match e {
-                Error::InvalidConfig { detail } => detail,
-                e => e.to_string(),
-            };
-            Error::InvalidConfig { detail: format!("Config::with_capacity({}): {e}", self.capacity) }
+        detcoll_protocol::check_capacity(self.capacity).map_err(|e| Error::InvalidConfig {
+            detail: format!("Config::with_capacity({}): {}", self.capacity, e.config_reason()),
         })
     }
 

@@ -130,16 +130,9 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
     /// builds itself, so it validates the whole call first. Only all_reduce has a second half:
     /// a reduce_scatter routed to the hybrid is its IPC half alone, never an all_reduce.
     pub(crate) fn dispatch(&self, op: Op, io: Io<'_>, via: &impl Via<I, T>) -> Result<(), Error> {
-        self.refuse_host_views(op, &io)?;
+        self.check_address_space(op, &io)?;
         let _call = self.lock_calls()?;
         self.dispatch_locked(op, io, via)
-    }
-
-    /// `Err(Error::HostMemory)` when this handle's backends read device memory and a view of
-    /// `io` was built from a host slice (`Io::host`): a GPU would dereference a host address
-    /// after the slice's borrow ended. Checked before any work, on every route.
-    pub(crate) fn refuse_host_views(&self, op: Op, io: &Io<'_>) -> Result<(), Error> {
-        if self.host_memory() { Ok(()) } else { io.refuse_host_views(op) }
     }
 
     /// This handle's call lock. A thread that panicked inside a call left the backends' order
@@ -353,7 +346,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I,
     }
     fn reduce_scatter_many(&self, lanes: &[Io<'_>], stream: &Self::Stream) -> Result<(), Error> {
         for io in lanes {
-            self.refuse_host_views(Op::ReduceScatterMany, io)?;
+            self.check_address_space(Op::ReduceScatterMany, io)?;
         }
         // Saturating: lanes whose bytes overflow are refused by validation, not by a panic here.
         let bytes = lanes

@@ -167,11 +167,9 @@ impl Routing {
                 if Route::parse(&rule.route) == Some(Route::Local) {
                     return Err(Error::InvalidConfig {
                         detail: format!(
-                            "routing table: {} rule {}..{} takes route `local`, which only a world of 1 rank has; \
-                             this world has {world}",
-                            rule.op,
-                            rule.min_bytes,
-                            rule.max_bytes.map_or_else(|| "∞".to_string(), |m| m.to_string())
+                            "routing table: the {} rule from {} bytes takes route `local`, which only a world of \
+                             1 rank has; this world has {world}",
+                            rule.op, rule.min_bytes
                         ),
                     });
                 }

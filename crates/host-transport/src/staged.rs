@@ -309,9 +309,7 @@ impl<D: Device> Collective for StagedTransport<D> {
     }
     fn call(&self, op: Op, io: Io<'_>, stream: &D::Stream) -> Result<(), Error> {
         // Host slices (the safe `Io::host`) on device memory: refused before any work.
-        if !self.host_memory() {
-            io.refuse_host_views(op)?;
-        }
+        self.check_address_space(op, &io)?;
         let raw = self.device.raw_stream(stream)?;
         if op == Op::ReduceScatterMany {
             // SAFETY: a live stream of this device; views from host slices were refused above,
@@ -322,9 +320,7 @@ impl<D: Device> Collective for StagedTransport<D> {
         unsafe { self.enqueue(op, io, raw) }
     }
     fn call_as_part(&self, op: Op, io: Io<'_>, part: u32, stream: &D::Stream) -> Result<(), Error> {
-        if !self.host_memory() {
-            io.refuse_host_views(op)?;
-        }
+        self.check_address_space(op, &io)?;
         let raw = self.device.raw_stream(stream)?;
         if op == Op::ReduceScatterMany {
             // A lane of its own: signed with its lane split (no composite route sends one here).
@@ -344,10 +340,8 @@ impl<D: Device> Collective for StagedTransport<D> {
         self.call(Op::ReduceScatter, io, stream)
     }
     fn reduce_scatter_many(&self, lanes: &[Io<'_>], stream: &D::Stream) -> Result<(), Error> {
-        if !self.host_memory() {
-            for io in lanes {
-                io.refuse_host_views(Op::ReduceScatterMany)?;
-            }
+        for io in lanes {
+            self.check_address_space(Op::ReduceScatterMany, io)?;
         }
         let raw = self.device.raw_stream(stream)?;
         // SAFETY: as in `call`.

@@ -113,12 +113,6 @@ impl<D: IpcDevice> IpcCollective<D> {
         self.config.routes.ipc_route(op, bytes).unwrap_or(IpcRoute::OneShot)
     }
 
-    /// `Err(Error::HostMemory)` for a view built from a host slice on a device that is not the
-    /// host: the kernels would dereference a host address (after its borrow ended).
-    fn refuse_host_views(&self, op: Op, io: &Io<'_>) -> Result<(), Error> {
-        if D::VENDOR == Vendor::Host { Ok(()) } else { io.refuse_host_views(op) }
-    }
-
     fn fail(&self, e: Error) -> Error {
         self.poison.record(e)
     }
@@ -317,7 +311,8 @@ impl<D: IpcDevice> IpcCollective<D> {
     ) -> Result<bool, Error> {
         let mut order = self.lock_call()?;
         self.check()?;
-        self.refuse_host_views(op, &io)?;
+        // Host slices (the safe `Io::host`) on a device that is not the host: refused.
+        self.check_address_space(op, &io)?;
         // No capacity limit: a call above the staging capacity runs in chunks (`Chunks`).
         let call = validate(op, &io, self.rank, self.world, usize::MAX)?;
         // A fused call's norm, checked against the validated all_reduce, then packed; the
@@ -483,7 +478,7 @@ impl<D: IpcDevice> IpcCollective<D> {
         let mut order = self.lock_call()?;
         self.check()?;
         for io in lanes {
-            self.refuse_host_views(Op::ReduceScatterMany, io)?;
+            self.check_address_space(Op::ReduceScatterMany, io)?;
         }
         let (calls, sig) = validate_many(lanes, self.rank, self.world, usize::MAX)?;
         let sig = sig.as_part(part);
