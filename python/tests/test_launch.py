@@ -46,15 +46,24 @@ def test_a_launcher_stopped_by_sigterm_or_sigint_stops_its_ranks(tmp_path):
     for sig in (signal.SIGTERM, signal.SIGINT):
         for f in tmp_path.glob("pid*"):
             f.unlink()
+        # SIGINT as a terminal delivers it: a job started in the background of a non-interactive
+        # shell (CI) inherits SIGINT ignored, which the launcher rightly keeps ignoring.
         launcher = subprocess.Popen([sys.executable, "-m", "detcoll.launch", "--nproc", "2", s],
-                                    stderr=subprocess.DEVNULL)
+                                    stderr=subprocess.DEVNULL,
+                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         deadline = time.monotonic() + 30
         while len(list(tmp_path.glob("pid*"))) < 2 or any(f.read_text() == "" for f in tmp_path.glob("pid*")):
             assert time.monotonic() < deadline, "ranks did not start"
             time.sleep(0.05)
         pids = [int(f.read_text()) for f in tmp_path.glob("pid*")]
         launcher.send_signal(sig)
-        launcher.wait(timeout=10)
+        try:
+            launcher.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            raise AssertionError(f"{sig!r}: the launcher did not stop")
         assert launcher.returncode != 0, sig
         deadline = time.monotonic() + 5
         for pid in pids:
