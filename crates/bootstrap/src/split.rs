@@ -70,7 +70,9 @@ pub enum GroupTransport {
     /// In-process ([`LocalBootstrap`]) when every member runs in this process, else TCP.
     #[default]
     Auto,
-    /// Always TCP (tests; or threads that must look like processes).
+    /// Always TCP for a group of two or more (tests; or threads that must look like processes).
+    /// A group of one exchanges with nobody: it is in-process whatever the option
+    /// ([`SubBootstrap::is_tcp`] says false).
     Tcp,
 }
 
