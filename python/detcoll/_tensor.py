@@ -145,6 +145,14 @@ def _numpy_view(x, what: str) -> View:
     return View(x.ctypes.data if x.size else 0, x.size, dtype, x.shape, _CPU, 0, flags.writeable)
 
 
+def _masked_view(x, what: str) -> View:
+    """numpy masked arrays: refused, like a masked array interface. A collective reads and
+    writes every element; the mask would be ignored (pass ``x.filled(value)`` or ``x.data``)."""
+    raise _detcoll.InvalidArgument(
+        f"{what}: a numpy masked array (a collective reads every element; pass x.filled(value) or x.data)"
+    )
+
+
 def _typestr_dtype(ai: dict, what: str) -> str:
     """detcoll's dtype of an array interface's ``typestr`` (``descr`` for ``V2``)."""
     typestr = str(ai["typestr"])
@@ -284,6 +292,9 @@ def _reader(x):
         return _torch_view, True
     np = sys.modules.get("numpy")
     if np is not None and issubclass(t, np.ndarray):
+        ma = sys.modules.get("numpy.ma")
+        if ma is not None and issubclass(t, ma.MaskedArray):
+            return _masked_view, True
         return _numpy_view, True
     if hasattr(x, "__cuda_array_interface__"):
         return _cai_view, False
