@@ -469,7 +469,7 @@ DC_DEV void dc_run_segment(const DcHeader& h, const DcSeg& s, dc_u64 frame, bool
 
 // The one-shot pull reduce of a fused launch's row form in registers (dc_norm_row_regs_ok,
 // dc_norm_two_tile_rows; detcoll_norm.h): segment `s` is the whole sum from frame offset 0 and block b's row b is its
-// NV tiles (b * NV ..), one 16-byte vector of each per thread, so thread t reduces its vectors
+// NV tiles (b * NV ..; row `r`, b + k * grid, in the row loop), one 16-byte vector of each per thread, so thread t reduces its vectors
 // of the row (dc_row_vector) exactly as dc_run_segment would (the same tree, loads and stores)
 // and also keeps them. Written out rather than through dc_reduce_vector: with that helper's
 // source and write-back pointers the compiler laid out the whole one-shot body differently
@@ -477,8 +477,9 @@ DC_DEV void dc_run_segment(const DcHeader& h, const DcSeg& s, dc_u64 frame, bool
 // the sum is not stored, the thread's store of y to the same bytes follows (one store of the
 // output instead of two: 0.4 us per fused call at world 2, one row of 8192, on one H200).
 template <int W, int DT, int NV>
-DC_DEV void dc_reduce_row_kept(const DcHeader& h, const DcSeg& s, dc_u64 frame, dc_u32x4 (&kept)[NV], bool store_sum) {
-    const dc_u64 row = (dc_u64)DC_BID * (NV * h.tile_bytes);
+DC_DEV void dc_reduce_row_kept(const DcHeader& h, const DcSeg& s, dc_u64 frame, dc_u32x4 (&kept)[NV], bool store_sum,
+                               dc_u64 r) {
+    const dc_u64 row = r * (NV * h.tile_bytes);
     if (row + 16u * (dc_u64)DC_TID >= s.bytes) return;  // a block without a row
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
@@ -494,9 +495,10 @@ DC_DEV void dc_reduce_row_kept(const DcHeader& h, const DcSeg& s, dc_u64 frame, 
 }
 
 template <int W, int NV>
-DC_DEV void dc_reduce_row_kept_any(const DcHeader& h, const DcSeg& s, dc_u64 frame, dc_u32x4 (&kept)[NV], bool store_sum) {
-    if (h.dtype == DC_F16) dc_reduce_row_kept<W, DC_F16, NV>(h, s, frame, kept, store_sum);
-    else dc_reduce_row_kept<W, DC_BF16, NV>(h, s, frame, kept, store_sum);
+DC_DEV void dc_reduce_row_kept_any(const DcHeader& h, const DcSeg& s, dc_u64 frame, dc_u32x4 (&kept)[NV], bool store_sum,
+                                   dc_u64 r) {
+    if (h.dtype == DC_F16) dc_reduce_row_kept<W, DC_F16, NV>(h, s, frame, kept, store_sum, r);
+    else dc_reduce_row_kept<W, DC_BF16, NV>(h, s, frame, kept, store_sum, r);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -867,8 +869,12 @@ DC_DEV_NOINLINE bool dc_norm_epilogue(const DcHeader& h, const DcSeg* seg, dc_u6
 template <int NV>
 DC_DEV void dc_norm_row_regs_load(const DcNormPlan& plan, DcNormRowRegs<NV>& regs);
 template <int NV>
-DC_DEV void dc_norm_row_in_regs_any(const DcNormParams& p, const DcNormRowRegs<NV>& r);
+DC_DEV void dc_norm_row_in_regs_any(const DcNormParams& p, const DcNormRowRegs<NV>& r, dc_u64 row);
 DC_DEV bool dc_norm_two_tile_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p);
+DC_DEV dc_u32 dc_norm_row_loop(const DcHeader& h, const DcSeg* seg, const DcNormParams& p);
+template <int W, int NV>
+DC_DEV void dc_norm_rows_kept(const DcHeader& h, const DcSeg& s, dc_u64 frame, const DcNormPlan& plan,
+                              DcNormRowRegs<NV>& regs);
 
 // The end of call g, once every block of its launch has started (so has read the generation
 // in its prologue): the generation advances and a requested refresh counts down from the value
@@ -885,9 +891,15 @@ DC_DEV void dc_norm_prepare(const DcHeader& h, const DcSeg* seg, const DcNormPar
 // (dc_norm_two_tile_rows), its own instantiation: holding two vectors of the sum, residual and
 // weight across the waits in the shared body cost every other fused launch 0.3-1.2 us on one
 // H200 (benches/results/h200-2026-12-04-two-tile-row-form.md). NV = 1: every other launch.
-template <dc_u32 MODE, int W, int NV = 1>
+// LOOP: the one-shot body of a fused launch in the row form with more rows than its blocks
+// take one at a time (dc_norm_row_loop): each block reduces and normalises its rows (b, b +
+// grid, ... of a tile each; b, b + grid / 2, ... of two tiles each) one after the other in
+// registers (dc_norm_rows_kept), instantiations of their own, so that the plain all_reduce's
+// body is the one it was.
+template <dc_u32 MODE, int W, int NV = 1, bool LOOP = false>
 DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, const DcNormPlan* norm) {
     static_assert(NV == 1 || (NV == 2 && MODE != DC_MODE_PUSH), "two vectors a row on one-shot and LL push only");
+    static_assert(!LOOP || MODE == DC_MODE_PULL, "the row loop on one-shot");
     const dc_u32 b = DC_BID;
     const bool member = b < h.grid;
     const dc_u64 own = h.ctl[h.rank];
@@ -996,7 +1008,7 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
         } else {
             // A fused launch's row form in registers: its residual and weight vectors load
             // while the staging and the wait below run.
-            const bool row_in_regs = NV == 2 || (norm && norm->row_in_regs != 0u);
+            const bool row_in_regs = NV == 2 || LOOP || (norm && norm->row_in_regs != 0u);
             if (row_in_regs) dc_norm_row_regs_load(*norm, regs);
             // Stage this block's tiles of the input into the own frame.
             if (quick_mine) *(dc_u32x4*)(own_data + frame + seg[0].frame_off + (dc_u64)DC_TID * 16u) = quick_v;
@@ -1019,15 +1031,19 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
             if (NV == 2) {
                 // Two tiles a row: block b < rows reduces row b, tiles 2b and 2b + 1, once the
                 // peers' ready flags of both are up; the other blocks only staged their tile.
-                ok = (dc_u64)b < norm->n.rows &&
+                // In the row loop (an even grid), block b < grid / 2 reduces rows b, b + grid / 2,
+                // ..., whose tiles 2b + k * grid and 2b + 1 + k * grid blocks 2b and 2b + 1 staged.
+                ok = (LOOP ? 2u * b < h.grid : (dc_u64)b < norm->n.rows) &&
                      dc_wait<true>(h, status, h.off_ready + 2u * b * h.line, g, DC_ERR_TIMEOUT_READY, false,
                                    h.off_ready + (2u * b + 1u) * h.line);
             } else {
                 ok = dc_wait(h, status, h.off_ready + b * h.line, g, DC_ERR_TIMEOUT_READY, false);
             }
             DC_GRID_DEP_TRIGGER();  // every peer is running this call (see dc_collective)
-            if (ok && row_in_regs) {
-                dc_reduce_row_kept_any<W, NV>(h, seg[h.nstage], frame, regs.sum, norm->sum_is_y == 0u);
+            if constexpr (LOOP) {
+                if (ok) dc_norm_rows_kept<W, NV>(h, seg[h.nstage], frame, *norm, regs);
+            } else if (ok && row_in_regs) {
+                dc_reduce_row_kept_any<W, NV>(h, seg[h.nstage], frame, regs.sum, norm->sum_is_y == 0u, (dc_u64)b);
             } else if (ok) {
                 for (dc_u32 i = 0; i < h.nphase1; ++i) {
                     const DcSeg& s = seg[h.nstage + i];
@@ -1048,8 +1064,13 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
         }
     }  // member
 
-    if (MODE != DC_MODE_PUSH && norm && (NV == 2 || norm->row_in_regs != 0u)) dc_norm_row_in_regs_any<NV>(norm->n, regs);
-    else if (norm && dc_norm_epilogue(h, seg, status, g, refresh_left, *norm)) return;
+    // (The row loop normalised its rows with their reduce, above; a failed wait leaves them
+    // unwritten, as undefined as the sum of a failed call.)
+    if (!LOOP) {
+        if (MODE != DC_MODE_PUSH && norm && (NV == 2 || norm->row_in_regs != 0u))
+            dc_norm_row_in_regs_any<NV>(norm->n, regs, (dc_u64)DC_BID);
+        else if (norm && dc_norm_epilogue(h, seg, status, g, refresh_left, *norm)) return;
+    }
     if (!member) return;
 
     // The last block to finish ends the call (dc_call_ended). A block may finish before another
@@ -1076,8 +1097,10 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
 // frame of spills against 80 bytes for worlds 1/2/4/8, and LL push ran 6-34 % slower in
 // graphs on one H200; benches/results/h200-2026-12-04-per-world-bodies.md.)
 // `two_tile_rows`: the one-shot or LL push body for rows of two tiles in the row form (NV = 2).
+// `row_loop`: the one-shot body of the row loop (LOOP) for rows of that many tiles (0: none).
 template <int W>
-DC_DEV void dc_collective_world(const DcHeader& h, const DcSeg* seg, const DcNormPlan* plan, bool two_tile_rows) {
+DC_DEV void dc_collective_world(const DcHeader& h, const DcSeg* seg, const DcNormPlan* plan, bool two_tile_rows,
+                                dc_u32 row_loop) {
     static_assert(W >= 2, "a world of one rank makes no collective launch");
     switch (h.mode) {
         case DC_MODE_PUSH_LL:
@@ -1096,8 +1119,17 @@ DC_DEV void dc_collective_world(const DcHeader& h, const DcSeg* seg, const DcNor
                 dc_collective_mode<DC_MODE_PULL, W, 2>(h, seg, plan);
                 break;
             }
+            if (row_loop == 1u) {
+                dc_collective_mode<DC_MODE_PULL, W, 1, true>(h, seg, plan);
+                break;
+            }
+            if (row_loop == 2u) {
+                dc_collective_mode<DC_MODE_PULL, W, 2, true>(h, seg, plan);
+                break;
+            }
 #endif
             (void)two_tile_rows;
+            (void)row_loop;
             dc_collective_mode<DC_MODE_PULL, W>(h, seg, plan);
             break;
     }
@@ -1127,12 +1159,13 @@ DC_DEV void dc_collective(const DcHeader& h, const DcSeg* seg, const DcNormParam
     // Which body runs is every thread's own decision (the plan in shared memory is not yet
     // visible to them), from parameter space like the plan's: the same answer as its.
     const bool two_tile_rows = norm && dc_norm_two_tile_rows(h, seg, *norm);
+    const dc_u32 row_loop = norm ? dc_norm_row_loop(h, seg, *norm) : 0u;
     DC_GRID_DEP_WAIT();
     // Worlds with peers only: a world of one rank makes no collective launch (the engine copies
     // its input, ipc-engine's IpcCollective), so an image's world 1 (every run-time image has it,
     // for the tree kernel) carries no protocol bodies.
     switch (h.world) {
-#define DC_CASE(w) case w: dc_collective_world<w>(h, seg, plan, two_tile_rows); break;
+#define DC_CASE(w) case w: dc_collective_world<w>(h, seg, plan, two_tile_rows, row_loop); break;
         DC_FOR_PEER_WORLDS(DC_CASE)
 #undef DC_CASE
         default: DC_UNSUPPORTED_WORLD();

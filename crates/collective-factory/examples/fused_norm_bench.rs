@@ -186,8 +186,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                                 let form = match (IpcRoute::of(route), comm.ipc()) {
                                     (Some(r), Some(ipc)) if world > 1 => {
                                         let packed = NormParams::pack(&norm_args).map_err(|x| e(&x))?;
-                                        let reads_gathered = || ipc.one_kernel_at_any_size(&xy(), r, &packed);
-                                        if collective_factory::one_kernel(rows, ipc.epilogue_rows(), reads_gathered) {
+                                        let at_any_size = || ipc.one_kernel_at_any_size(&xy(), r, &packed);
+                                        if collective_factory::one_kernel(rows, ipc.epilogue_rows(), at_any_size) {
                                             "one kernel"
                                         } else {
                                             "two launches"

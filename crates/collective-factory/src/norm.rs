@@ -10,8 +10,10 @@
 //! blocks, the call is one kernel: the norm is the epilogue of the all_reduce's last launch
 //! (`Launch::SingleNorm`, `detcoll_collective_norm`: the collective, a barrier of the launch's
 //! blocks, then the rows). So is a batch of at least [`GATHERED_MIN_ROWS`] rows on RS+AG in one
-//! launch, whose norm reads the peers' reduced shards in place
-//! ([`NormBackend::one_kernel_at_any_size`]); see [`one_kernel`]. On the other routes
+//! launch, whose norm reads the peers' reduced shards in place, and a batch of any size on
+//! one-shot in one launch whose rows are one protocol tile each (f16/bf16 of hidden 4096: each
+//! row normalised in registers right after its reduce) ([`NormBackend::one_kernel_at_any_size`]);
+//! see [`one_kernel`]. On the other routes
 //! (transport, hierarchical, the hybrid), for the other batches and at world 1 the norm is a
 //! second launch on the same stream.
 use crate::Routed;
@@ -48,10 +50,10 @@ pub const GATHERED_MIN_ROWS: usize = detcoll_protocol::params::NORM_GATHERED_MIN
 /// Whether a fused call of `rows` rows is one kernel (the norm as the epilogue of the
 /// all_reduce's last launch) rather than the all_reduce then the norm as a launch of its own,
 /// given the rows the epilogue normalises in one pass ([`NormBackend::epilogue_rows`]) and
-/// whether its norm would read the gathered sums in place
-/// ([`NormBackend::one_kernel_at_any_size`], asked only from [`GATHERED_MIN_ROWS`] rows). The
-/// bits are the same either way; this is where each form measured faster on one H200 (bf16,
-/// thread ranks, graphs):
+/// whether the call's launch takes a form that pays at any batch size
+/// ([`NormBackend::one_kernel_at_any_size`], asked only where the first rule below says no).
+/// The bits are the same either way; this is where each form measured faster (bf16, thread
+/// ranks, graphs):
 ///
 /// * up to [`ONE_KERNEL_MAX_ROWS`] rows when the epilogue has a block for every row. With more
 ///   rows than blocks a block normalises several rows one after the other, while the norm
@@ -62,12 +64,11 @@ pub const GATHERED_MIN_ROWS: usize = detcoll_protocol::params::NORM_GATHERED_MIN
 ///   rows of 8192 on RS+AG at world 4) (benches/results/h200-2026-12-05-epilogue-rows.md). A
 ///   rank with a GPU of its own has a block per multiprocessor, more than
 ///   [`ONE_KERNEL_MAX_ROWS`];
-/// * from [`GATHERED_MIN_ROWS`] rows where the norm reads the gathered sums (a warp per row).
-pub fn one_kernel(rows: usize, epilogue_rows: usize, reads_gathered: impl FnOnce() -> bool) -> bool {
-    if rows >= GATHERED_MIN_ROWS {
-        return reads_gathered();
-    }
-    rows <= ONE_KERNEL_MAX_ROWS.min(epilogue_rows)
+/// * from [`GATHERED_MIN_ROWS`] rows where the norm reads the gathered sums (a warp per row);
+/// * at any batch size where each row is normalised in registers right after its reduce (the
+///   row loop: one-shot in one launch, a row a protocol tile), which re-reads nothing.
+pub fn one_kernel(rows: usize, epilogue_rows: usize, at_any_size: impl FnOnce() -> bool) -> bool {
+    (rows < GATHERED_MIN_ROWS && rows <= ONE_KERNEL_MAX_ROWS.min(epilogue_rows)) || at_any_size()
 }
 
 /// A backend that can launch the residual + RMSNorm kernel on its device.
@@ -100,13 +101,27 @@ pub trait NormBackend: Collective {
         0
     }
 
-    /// Whether a fused call of `io` by IPC `route` is one kernel at any batch size: its norm
-    /// reads the gathered sums in place and covers the whole call
-    /// (`IpcCollective::fused_norm_reads_gathered`). Backends without IPC routes: never.
+    /// Whether a fused call of `io` by IPC `route` is one kernel whatever [`one_kernel`]'s
+    /// first rule says: from [`GATHERED_MIN_ROWS`] rows, its norm reads the gathered sums in
+    /// place and covers the whole call (`IpcCollective::fused_norm_reads_gathered`); at any
+    /// rows, it normalises each row in registers after its reduce
+    /// (`IpcCollective::fused_norm_row_loop`). Backends without IPC routes: never.
     fn one_kernel_at_any_size(&self, io: &Io<'_>, route: IpcRoute, norm: &NormParams) -> bool {
         let _ = (io, route, norm);
         false
     }
+}
+
+/// [`NormBackend::one_kernel_at_any_size`] of `engine`.
+#[cfg(any(feature = "cuda", feature = "rocm", feature = "cpu"))]
+fn engine_one_kernel_at_any_size<D: detcoll_protocol::IpcDevice>(
+    engine: &ipc_engine::IpcCollective<D>,
+    io: &Io<'_>,
+    route: IpcRoute,
+    norm: &NormParams,
+) -> bool {
+    let gathered = norm.rows >= GATHERED_MIN_ROWS as u64 && engine.fused_norm_reads_gathered(io, route, norm);
+    gathered || engine.fused_norm_row_loop(io, route, norm)
 }
 
 /// The fused call's all_reduce on `engine` (see [`NormBackend::all_reduce_then_norm`]).
@@ -275,7 +290,7 @@ impl<D: detcoll_protocol::IpcDevice + NormDevice> NormBackend for ipc_engine::Ip
         self.config().max_blocks.unwrap_or(usize::MAX)
     }
     fn one_kernel_at_any_size(&self, io: &Io<'_>, route: IpcRoute, norm: &NormParams) -> bool {
-        self.fused_norm_reads_gathered(io, route, norm)
+        engine_one_kernel_at_any_size(self, io, route, norm)
     }
 }
 
@@ -308,7 +323,7 @@ impl NormBackend for shm_ipc::ShmCollective {
         usize::MAX
     }
     fn one_kernel_at_any_size(&self, io: &Io<'_>, route: IpcRoute, norm: &NormParams) -> bool {
-        self.engine().fused_norm_reads_gathered(io, route, norm)
+        engine_one_kernel_at_any_size(self.engine(), io, route, norm)
     }
 }
 
@@ -327,25 +342,31 @@ mod tests {
 
     #[test]
     fn one_kernel_up_to_the_rows_a_launch_has_blocks_for() {
-        let never = || -> bool { panic!("the gathered form is asked about only from GATHERED_MIN_ROWS rows") };
+        let never = || -> bool { panic!("not asked where the epilogue has a block for every row") };
+        let no = || false;
         // A rank with a GPU of its own (132 blocks), and the twin (no bound): up to 64 rows.
         for blocks in [132, usize::MAX] {
             assert!(one_kernel(1, blocks, never));
             assert!(one_kernel(ONE_KERNEL_MAX_ROWS, blocks, never));
-            assert!(!one_kernel(ONE_KERNEL_MAX_ROWS + 1, blocks, never));
-            assert!(!one_kernel(GATHERED_MIN_ROWS - 1, blocks, never));
+            assert!(!one_kernel(ONE_KERNEL_MAX_ROWS + 1, blocks, no));
+            assert!(!one_kernel(GATHERED_MIN_ROWS - 1, blocks, no));
         }
         // Eight ranks sharing one H200 (16 blocks each): up to 16 rows.
         assert!(one_kernel(16, 16, never));
-        assert!(!one_kernel(17, 16, never));
-        assert!(!one_kernel(64, 33, never));
+        assert!(!one_kernel(17, 16, no));
+        assert!(!one_kernel(64, 33, no));
         // An empty batch: one launch either way.
         assert!(one_kernel(0, 1, never));
-        // From GATHERED_MIN_ROWS: where the norm reads the gathered sums, whatever the blocks.
+        // Beyond: where the launch's form pays at any size (the gathered sums from
+        // GATHERED_MIN_ROWS, the row loop at any rows), whatever the blocks.
         for blocks in [1, 16, usize::MAX] {
-            assert!(one_kernel(GATHERED_MIN_ROWS, blocks, || true));
-            assert!(!one_kernel(GATHERED_MIN_ROWS, blocks, || false));
-            assert!(one_kernel(8192, blocks, || true));
+            for rows in [17, ONE_KERNEL_MAX_ROWS + 1, GATHERED_MIN_ROWS, 8192] {
+                assert!(one_kernel(rows, blocks, || true));
+                assert_eq!(
+                    one_kernel(rows, blocks, no),
+                    rows <= blocks.min(ONE_KERNEL_MAX_ROWS) && rows < GATHERED_MIN_ROWS
+                );
+            }
         }
     }
 }

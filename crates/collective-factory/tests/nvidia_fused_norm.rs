@@ -111,7 +111,8 @@ where
     let world = comms.len();
     // 64 rows: the most in one kernel (ONE_KERNEL_MAX_ROWS) where a launch has a block a row
     // (worlds 1 and 2 on one H200; at worlds 4/8 the ranks sharing the GPU have 33 or 16 blocks,
-    // so two launches: collective_factory::one_kernel); 80: the norm as a second launch.
+    // so two launches: collective_factory::one_kernel, except for f16/bf16 rows of 4096 on
+    // one-shot, the row loop); 80: the norm as a second launch.
     // Rows and the 8 KiB protocol tile: 4096 (bf16: a row per tile, no barrier of the launch;
     // f32: two tiles a row), 2048 (f32: a row per tile), 8192, 3000, 1000 and 2049 (rows across
     // tiles or tiles across rows: the barrier).
@@ -344,6 +345,65 @@ fn raw_fused_calls_in_place_and_out_of_place() {
             for c in comms {
                 c.close().expect("close");
             }
+        }
+    }
+}
+
+/// The row loop: one-shot with more rows than the launch's blocks take one at a time, f16 and
+/// bf16 rows of one protocol tile (hidden 4096) or two (8192, with an even grid): each block
+/// reduces its rows one after the other and normalises each in registers right after its
+/// reduce (`dc_norm_rows_kept`), in one kernel at any row count (`collective_factory::one_kernel`;
+/// rows of 8192 on an odd grid take the norm's own launch). Grids capped at 1 to 6 blocks
+/// (`with_max_blocks`), worlds 2, 3, 4 and 8; rows from just above the blocks to 200 (40 a block
+/// at the least); the typed entry out of place and in place (`y` over `x`: the sum is not
+/// stored, y is) and the raw entry both ways: every rank's h and y bit for bit the reference,
+/// and row 0 of 200 = row 0 alone (a row's bits do not depend on which block or which turn of
+/// the loop took it).
+#[test]
+fn more_rows_than_blocks_on_one_shot_in_one_kernel() {
+    if !gpu() {
+        return;
+    }
+    for (world, blocks) in [(2, 1), (2, 4), (3, 3), (4, 2), (8, 6)] {
+        let config = Config::new()
+            .with_capacity(4 << 20)
+            .with_max_blocks(blocks)
+            .with_routing(every_size_by("nvidia", "ipc_one_shot"));
+        let comms = nvidia::thread_group(world, &config).expect("thread group");
+        let shapes = [(blocks + 1, 4096), (2 * blocks + 1, 4096), (64, 4096), (200, 4096)];
+        check_shapes::<bf16>(&comms, &format!("bf16, {blocks} blocks"), &shapes);
+        check_shapes::<f16>(&comms, &format!("f16, {blocks} blocks"), &shapes);
+        let shapes = [(blocks / 2 + 1, 8192), (blocks + 1, 8192), (33, 8192), (70, 8192)];
+        check_shapes::<bf16>(&comms, &format!("bf16, {blocks} blocks"), &shapes);
+        check_shapes::<f16>(&comms, &format!("f16, {blocks} blocks"), &shapes);
+        for (rows, hidden) in [(blocks + 2, 4096), (77, 4096), (blocks + 1, 8192), (35, 8192)] {
+            let seed = (rows * 31 + hidden) as u64;
+            let what = format!("world {world}, {blocks} blocks, {rows}x{hidden}");
+            let (h, y) = reference::<bf16>(world, rows, hidden, seed);
+            for (r, (gh, gy)) in run_in_place::<bf16>(&comms, rows, hidden, seed).into_iter().enumerate() {
+                assert_eq!(bits(&gh), bits(&h), "{what} rank {r}: h in place");
+                assert_eq!(bits(&gy), bits(&y), "{what} rank {r}: y in place");
+            }
+            for in_place in [true, false] {
+                for (r, (gh, gy)) in run_raw::<bf16>(&comms, rows, hidden, seed, in_place).into_iter().enumerate() {
+                    assert_eq!(bits(&gh), bits(&h), "{what} rank {r}: h, raw, in place {in_place}");
+                    assert_eq!(bits(&gy), bits(&y), "{what} rank {r}: y, raw, in place {in_place}");
+                }
+            }
+        }
+        for (rows, hidden) in [(200, 4096), (70, 8192)] {
+            let one = run::<bf16>(&comms, 1, hidden, 5);
+            let many = run::<bf16>(&comms, rows, hidden, 5);
+            for r in 0..world {
+                let what = format!("world {world} rank {r}: batch invariance, {rows}x{hidden}");
+                assert_eq!(bits(&one[r].1), bits(&many[r].1[..hidden]), "{what}");
+            }
+        }
+        println!(
+            "world {world}, {blocks} blocks: up to 200 rows of 4096 and 70 of 8192 = fixed_tree::residual_rmsnorm"
+        );
+        for c in comms {
+            c.close().expect("close");
         }
     }
 }

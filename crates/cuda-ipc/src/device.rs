@@ -236,6 +236,7 @@ impl IpcDevice for CudaDevice {
     const BACKEND: &'static str = BACKEND;
     const GRAPH_CAPTURE: bool = true;
     const NORM_READS_GATHERED: bool = true;
+    const NORM_ROW_LOOP: bool = true;
 
     fn identity(&self) -> Result<[u8; 16], Error> {
         driver::uuid(&self.ctx)

@@ -9,10 +9,10 @@ use crate::order::StreamOrder;
 use crate::state::{IpcState, Owner};
 use collective_core::process::ProcessOwner;
 use collective_core::{
-    Capabilities, Collective, Error, Io, IpcRoute, Op, Route, RouteSelect, Signature, validate, validate_many,
+    Capabilities, Collective, DType, Error, Io, IpcRoute, Op, Route, RouteSelect, Signature, validate, validate_many,
 };
 use detcoll_protocol::close::{self, CloseOnce, MissingAck};
-use detcoll_protocol::params::{self, CollectiveNormParams, CopyParams, ParamsMany, ParamsSingle};
+use detcoll_protocol::params::{self, CollectiveNormParams, CopyParams, ParamsMany, ParamsSingle, TILE_BYTES};
 use detcoll_protocol::status::{self, RECORD_WORDS};
 use detcoll_protocol::{CLOSE_ACK, Chunks, IpcConfig, NormArgs, NormParams, Poison};
 use detcoll_protocol::{IpcDevice, Launch, RawStream, Vendor};
@@ -283,6 +283,30 @@ impl<D: IpcDevice> IpcCollective<D> {
         if !D::NORM_READS_GATHERED || route != IpcRoute::ReduceScatterAllGather || !norm.vector_ok() {
             return false;
         }
+        self.fused_norm_in_one_launch(io, route)
+    }
+
+    /// Whether a fused all_reduce + RMSNorm of `io` by `route` (`norm` its packed norm) is one
+    /// kernel that normalises each row in registers right after its reduce, however many rows
+    /// each block takes (the row loop, `dc_norm_rows_kept` in kernels/detcoll_norm.h; with fewer
+    /// rows, the row form in registers): a runtime with that form, the one-shot route, f16/bf16
+    /// rows of one protocol tile (hidden 4096: `TILE_BYTES` / 2) or of two (hidden 8192, where
+    /// the launch's grid is even or has two blocks a row), the norm's vector path and a call
+    /// that fits one launch. The norm's own launch would re-read the sum, the residual and the
+    /// weight that this form holds in registers.
+    pub fn fused_norm_row_loop(&self, io: &Io<'_>, route: IpcRoute, norm: &NormParams) -> bool {
+        let two_bytes = norm.dtype == DType::F16 as u32 || norm.dtype == DType::BF16 as u32;
+        if !D::NORM_ROW_LOOP || route != IpcRoute::OneShot || !two_bytes || !norm.vector_ok() {
+            return false;
+        }
+        let Ok(Some(ipc)) = self.ipc_for(route) else { return false };
+        let (row, tile, max_grid) = (u64::from(norm.hidden) * 2, u64::from(TILE_BYTES), u64::from(ipc.fixed.max_grid));
+        let form = row == tile || (row == 2 * tile && (max_grid % 2 == 0 || norm.rows.saturating_mul(2) <= max_grid));
+        form && self.fused_norm_in_one_launch(io, route)
+    }
+
+    /// Whether the all_reduce of `io` by `route` is one launch (no chunks).
+    fn fused_norm_in_one_launch(&self, io: &Io<'_>, route: IpcRoute) -> bool {
         let Ok(call) = validate(Op::AllReduce, io, self.rank, self.world, usize::MAX) else { return false };
         let Ok(Some(ipc)) = self.ipc_for(route) else { return false };
         let (capacity, ll) = (self.config.capacity, ipc.layout.ll_capacity());

@@ -229,6 +229,7 @@ impl IpcDevice for HostDevice {
     const BACKEND: &'static str = BACKEND;
     const GRAPH_CAPTURE: bool = false;
     const NORM_READS_GATHERED: bool = true;
+    const NORM_ROW_LOOP: bool = true;
 
     fn identity(&self) -> Result<[u8; 16], Error> {
         // Every rank is a device of its own: the engine's "same GPU" questions answer no.
