@@ -884,10 +884,10 @@ DC_DEV void dc_norm_row_in_regs_any(const DcNormParams& p, const DcNormRowRegs<N
 // ---------------------------------------------------------------------------------------------
 // The row loop (CUDA; a fused one-shot launch in f16/bf16 with more rows than its blocks take
 // one at a time). A row a tile (hidden 4096): block b staged and reduces tiles b, b + grid, ...
-// of the sum, which are rows b, b + grid, ... (dc_norm_local_group is 1). Two tiles a row
-// (hidden 8192) and an even grid: block b < grid / 2 reduces rows b, b + grid / 2, ..., whose
-// tiles blocks 2b and 2b + 1 staged (dc_collective_mode waits for both blocks' flags of every
-// peer); the other blocks only stage. Instead of the epilogue's second pass over the rows
+// of the sum, which are rows b, b + grid, ... (dc_norm_local_group is 1). (Rows of two tiles,
+// hidden 8192, do not loop: a loop of them, block b < grid / 2 taking rows b, b + grid / 2, ...,
+// measured 6-29 % slower than the epilogue or the norm's own launch at world 2, 64-128 rows, on
+// one H100; benches/results/h100-2026-12-05-row-loop.md.) Instead of the epilogue's second pass over the rows
 // (re-reading the sum, the residual and the weight after the block's barrier) or the norm's
 // own launch, the block takes its rows one after the other in the row form in registers: each
 // thread reduces its vectors of the row and keeps them (dc_reduce_row_kept), and the row is
@@ -900,40 +900,34 @@ DC_DEV void dc_norm_row_in_regs_any(const DcNormParams& p, const DcNormRowRegs<N
 // every warp reaches only after its tree of the previous row read s_part.
 // ---------------------------------------------------------------------------------------------
 
-// Whether a fused launch takes the row loop, and for rows of how many tiles (0: it does not):
-// the conditions of the row form in registers on the one-shot pull route (dc_norm_row_regs_ok
-// with a row a tile, dc_norm_two_tile_rows with two), except that the rows outnumber the
-// launch's blocks (a row a tile) or half of them (two tiles a row: then the grid must be even).
-// Every thread asks it at the entry, from parameter space (the bodies are instantiations of
-// their own, dc_collective_mode's LOOP).
+// Whether a fused launch takes the row loop: the conditions of the row form in registers on the
+// one-shot pull route with a row a tile (dc_norm_row_regs_ok), except that the rows outnumber
+// the launch's blocks. Every thread asks it at the entry, from parameter space (the body is an
+// instantiation of its own, dc_collective_mode's LOOP).
 DC_DEV dc_u32 dc_norm_local_group(const DcHeader& h, const DcSeg* seg, const DcNormParams& p);
-DC_DEV dc_u32 dc_norm_row_loop(const DcHeader& h, const DcSeg* seg, const DcNormParams& p) {
+DC_DEV bool dc_norm_row_loop(const DcHeader& h, const DcSeg* seg, const DcNormParams& p) {
 #if defined(DC_CUDA)
     if (h.mode != DC_MODE_PULL || (p.dtype != DC_F16 && p.dtype != DC_BF16) || h.tile_bytes != 16u * DC_NTID ||
         !dc_norm_vector_ok(p))
-        return 0u;
-    const dc_u64 row = (dc_u64)p.hidden * 2u;
-    if (row == h.tile_bytes && 2u * DC_NORM_CHUNK == p.hidden && p.rows > h.grid && dc_norm_local_group(h, seg, p) == 1u)
-        return 1u;
-    if (row == 2u * (dc_u64)h.tile_bytes && 4u * DC_NORM_CHUNK == p.hidden && 2u * p.rows > h.grid &&
-        h.grid % 2u == 0u && dc_norm_whole_sum(h, seg, p))
-        return 2u;
-    return 0u;
+        return false;
+    return (dc_u64)p.hidden * 2u == h.tile_bytes && 2u * DC_NORM_CHUNK == p.hidden && p.rows > h.grid &&
+           dc_norm_local_group(h, seg, p) == 1u;
 #else
     (void)h;
     (void)seg;
     (void)p;
-    return 0u;
+    return false;
 #endif
 }
 
 template <int W, int NV>
 DC_DEV void dc_norm_rows_kept(const DcHeader& h, const DcSeg& s, dc_u64 frame, const DcNormPlan& plan,
                               DcNormRowRegs<NV>& regs) {
+    static_assert(NV == 1, "the row loop takes rows of one tile");
 #if defined(DC_CUDA)
     const DcNormParams& p = plan.n;
     const dc_u64 row_bytes = (dc_u64)p.hidden * 2u;
-    const dc_u64 step = NV == 1 ? h.grid : h.grid / 2u;
+    const dc_u64 step = h.grid;
     for (dc_u64 r = DC_BID; r < p.rows; r += step) {
         dc_reduce_row_kept_any<W, NV>(h, s, frame, regs.sum, plan.sum_is_y == 0u, r);
         const dc_u64 next = r + step;

@@ -871,7 +871,7 @@ DC_DEV void dc_norm_row_regs_load(const DcNormPlan& plan, DcNormRowRegs<NV>& reg
 template <int NV>
 DC_DEV void dc_norm_row_in_regs_any(const DcNormParams& p, const DcNormRowRegs<NV>& r, dc_u64 row);
 DC_DEV bool dc_norm_two_tile_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p);
-DC_DEV dc_u32 dc_norm_row_loop(const DcHeader& h, const DcSeg* seg, const DcNormParams& p);
+DC_DEV bool dc_norm_row_loop(const DcHeader& h, const DcSeg* seg, const DcNormParams& p);
 template <int W, int NV>
 DC_DEV void dc_norm_rows_kept(const DcHeader& h, const DcSeg& s, dc_u64 frame, const DcNormPlan& plan,
                               DcNormRowRegs<NV>& regs);
@@ -893,13 +893,12 @@ DC_DEV void dc_norm_prepare(const DcHeader& h, const DcSeg* seg, const DcNormPar
 // H200 (benches/results/h200-2026-12-04-two-tile-row-form.md). NV = 1: every other launch.
 // LOOP: the one-shot body of a fused launch in the row form with more rows than its blocks
 // take one at a time (dc_norm_row_loop): each block reduces and normalises its rows (b, b +
-// grid, ... of a tile each; b, b + grid / 2, ... of two tiles each) one after the other in
-// registers (dc_norm_rows_kept), instantiations of their own, so that the plain all_reduce's
-// body is the one it was.
+// grid, ... of a tile each) one after the other in registers (dc_norm_rows_kept), an
+// instantiation of its own, so that the plain all_reduce's body is the one it was.
 template <dc_u32 MODE, int W, int NV = 1, bool LOOP = false>
 DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, const DcNormPlan* norm) {
     static_assert(NV == 1 || (NV == 2 && MODE != DC_MODE_PUSH), "two vectors a row on one-shot and LL push only");
-    static_assert(!LOOP || MODE == DC_MODE_PULL, "the row loop on one-shot");
+    static_assert(!LOOP || (MODE == DC_MODE_PULL && NV == 1), "the row loop on one-shot, rows of one tile");
     const dc_u32 b = DC_BID;
     const bool member = b < h.grid;
     const dc_u64 own = h.ctl[h.rank];
@@ -1031,9 +1030,7 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
             if (NV == 2) {
                 // Two tiles a row: block b < rows reduces row b, tiles 2b and 2b + 1, once the
                 // peers' ready flags of both are up; the other blocks only staged their tile.
-                // In the row loop (an even grid), block b < grid / 2 reduces rows b, b + grid / 2,
-                // ..., whose tiles 2b + k * grid and 2b + 1 + k * grid blocks 2b and 2b + 1 staged.
-                ok = (LOOP ? 2u * b < h.grid : (dc_u64)b < norm->n.rows) &&
+                ok = (dc_u64)b < norm->n.rows &&
                      dc_wait<true>(h, status, h.off_ready + 2u * b * h.line, g, DC_ERR_TIMEOUT_READY, false,
                                    h.off_ready + (2u * b + 1u) * h.line);
             } else {
@@ -1097,10 +1094,10 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
 // frame of spills against 80 bytes for worlds 1/2/4/8, and LL push ran 6-34 % slower in
 // graphs on one H200; benches/results/h200-2026-12-04-per-world-bodies.md.)
 // `two_tile_rows`: the one-shot or LL push body for rows of two tiles in the row form (NV = 2).
-// `row_loop`: the one-shot body of the row loop (LOOP) for rows of that many tiles (0: none).
+// `row_loop`: the one-shot body of the row loop (LOOP).
 template <int W>
 DC_DEV void dc_collective_world(const DcHeader& h, const DcSeg* seg, const DcNormPlan* plan, bool two_tile_rows,
-                                dc_u32 row_loop) {
+                                bool row_loop) {
     static_assert(W >= 2, "a world of one rank makes no collective launch");
     switch (h.mode) {
         case DC_MODE_PUSH_LL:
@@ -1119,12 +1116,8 @@ DC_DEV void dc_collective_world(const DcHeader& h, const DcSeg* seg, const DcNor
                 dc_collective_mode<DC_MODE_PULL, W, 2>(h, seg, plan);
                 break;
             }
-            if (row_loop == 1u) {
+            if (row_loop) {
                 dc_collective_mode<DC_MODE_PULL, W, 1, true>(h, seg, plan);
-                break;
-            }
-            if (row_loop == 2u) {
-                dc_collective_mode<DC_MODE_PULL, W, 2, true>(h, seg, plan);
                 break;
             }
 #endif
@@ -1159,7 +1152,7 @@ DC_DEV void dc_collective(const DcHeader& h, const DcSeg* seg, const DcNormParam
     // Which body runs is every thread's own decision (the plan in shared memory is not yet
     // visible to them), from parameter space like the plan's: the same answer as its.
     const bool two_tile_rows = norm && dc_norm_two_tile_rows(h, seg, *norm);
-    const dc_u32 row_loop = norm ? dc_norm_row_loop(h, seg, *norm) : 0u;
+    const bool row_loop = norm && dc_norm_row_loop(h, seg, *norm);
     DC_GRID_DEP_WAIT();
     // Worlds with peers only: a world of one rank makes no collective launch (the engine copies
     // its input, ipc-engine's IpcCollective), so an image's world 1 (every run-time image has it,

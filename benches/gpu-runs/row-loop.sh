@@ -15,7 +15,8 @@
 #      1..256), up to three rounds: the fused call (one kernel in the row loop where the rows
 #      outnumber the blocks) against main's (the norm's own launch there), and the one-kernel
 #      column (the loop against main's epilogue);
-#   3. the suites of collective-factory nvidia and cuda-ipc gpu while time is left.
+#   3. the suites named in SUITES (default: collective-factory nvidia and cuda-ipc gpu) while
+#      time is left.
 # Then: python3 of the A/B (medians per point) as in benches/results/h100-2026-12-05-fused-route.md.
 set -u
 LIMIT=${LIMIT:-560}; DIR=${DIR:-devrun}
@@ -40,7 +41,7 @@ for r in 1 2 3; do
   done
 done
 grep -c "| yes | yes |" $O/*.md
-for s in collective-factory-test-nvidia cuda-ipc-test-gpu; do
+for s in ${SUITES:-collective-factory-test-nvidia cuda-ipc-test-gpu}; do
   [ $(left) -gt 30 ] || { echo "$s skipped (time)"; continue; }
   (cd new/gpu-bundle && timeout $(left) ./run.sh --suite $s > $O/$s.log 2>&1); echo "$s rc=$? t=$(el)"
   grep -E "test result|FAILED|panicked|TIMEOUT" $O/$s.log | head -6

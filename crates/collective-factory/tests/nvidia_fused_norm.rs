@@ -350,10 +350,11 @@ fn raw_fused_calls_in_place_and_out_of_place() {
 }
 
 /// The row loop: one-shot with more rows than the launch's blocks take one at a time, f16 and
-/// bf16 rows of one protocol tile (hidden 4096) or two (8192, with an even grid): each block
-/// reduces its rows one after the other and normalises each in registers right after its
-/// reduce (`dc_norm_rows_kept`), in one kernel at any row count (`collective_factory::one_kernel`;
-/// rows of 8192 on an odd grid take the norm's own launch). Grids capped at 1 to 6 blocks
+/// bf16 rows of one protocol tile (hidden 4096): each block reduces its rows one after the
+/// other and normalises each in registers right after its reduce (`dc_norm_rows_kept`), in one
+/// kernel at any row count (`collective_factory::one_kernel`). Rows of two tiles (8192) beside
+/// them, which do not loop (the epilogue up to 64 rows, the norm's own launch above), on the
+/// same grids and handles. Grids capped at 1 to 6 blocks
 /// (`with_max_blocks`), worlds 2, 3, 4 and 8; rows from just above the blocks to 200 (40 a block
 /// at the least); the typed entry out of place and in place (`y` over `x`: the sum is not
 /// stored, y is) and the raw entry both ways: every rank's h and y bit for bit the reference,

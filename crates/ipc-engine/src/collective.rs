@@ -290,19 +290,18 @@ impl<D: IpcDevice> IpcCollective<D> {
     /// kernel that normalises each row in registers right after its reduce, however many rows
     /// each block takes (the row loop, `dc_norm_rows_kept` in kernels/detcoll_norm.h; with fewer
     /// rows, the row form in registers): a runtime with that form, the one-shot route, f16/bf16
-    /// rows of one protocol tile (hidden 4096: `TILE_BYTES` / 2) or of two (hidden 8192, where
-    /// the launch's grid is even or has two blocks a row), the norm's vector path and a call
-    /// that fits one launch. The norm's own launch would re-read the sum, the residual and the
-    /// weight that this form holds in registers.
+    /// rows of one protocol tile (hidden 4096: `TILE_BYTES` / 2), the norm's vector path and a
+    /// call that fits one launch. The norm's own launch would re-read the sum, the residual and
+    /// the weight that this form holds in registers: on one H100 the loop took 10-15 % off the
+    /// fused call where the rows outnumber the blocks (world 2, 67-256 rows; world 8, 17 rows).
+    /// Rows of two tiles (hidden 8192) do not loop: their loop measured 6-29 % slower than the
+    /// epilogue or the norm's own launch (benches/results/h100-2026-12-05-row-loop.md).
     pub fn fused_norm_row_loop(&self, io: &Io<'_>, route: IpcRoute, norm: &NormParams) -> bool {
         let two_bytes = norm.dtype == DType::F16 as u32 || norm.dtype == DType::BF16 as u32;
         if !D::NORM_ROW_LOOP || route != IpcRoute::OneShot || !two_bytes || !norm.vector_ok() {
             return false;
         }
-        let Ok(Some(ipc)) = self.ipc_for(route) else { return false };
-        let (row, tile, max_grid) = (u64::from(norm.hidden) * 2, u64::from(TILE_BYTES), u64::from(ipc.fixed.max_grid));
-        let form = row == tile || (row == 2 * tile && (max_grid % 2 == 0 || norm.rows.saturating_mul(2) <= max_grid));
-        form && self.fused_norm_in_one_launch(io, route)
+        u64::from(norm.hidden) * 2 == u64::from(TILE_BYTES) && self.fused_norm_in_one_launch(io, route)
     }
 
     /// Whether the all_reduce of `io` by `route` is one launch (no chunks).
