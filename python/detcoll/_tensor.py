@@ -23,16 +23,19 @@ from . import _detcoll
 _NAMES = {
     "float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
     "uint8": "u8", "int8": "i8", "uint16": "u16", "int16": "i16",
-    "uint32": "u32", "int32": "i32", "uint64": "u64", "int64": "i64", "bool": "u8",
+    "uint32": "u32", "int32": "i32", "uint64": "u64", "int64": "i64", "bool": "bool",
 }
 # Array-interface typestr (kind, size) -> detcoll dtype.
 _TYPESTR = {
     ("f", 4): "f32", ("f", 2): "f16", ("f", 8): "f64",
     ("u", 1): "u8", ("i", 1): "i8", ("u", 2): "u16", ("i", 2): "i16",
-    ("u", 4): "u32", ("i", 4): "i32", ("u", 8): "u64", ("i", 8): "i64", ("b", 1): "u8",
+    ("u", 4): "u32", ("i", 4): "i32", ("u", 8): "u64", ("i", 8): "i64", ("b", 1): "bool",
 }
 _SIZES = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8, "u8": 1, "i8": 1, "u16": 2, "i16": 2,
-          "u32": 4, "i32": 4, "u64": 8, "i64": 8}
+          "u32": 4, "i32": 4, "u64": 8, "i64": 8, "bool": 1}
+# Names the extension does not have: bool travels as its bytes (u8) where nothing is added
+# (`ext_dtype`), and a reduction of bools is refused naming bool, not u8.
+_AS_BYTES = {"bool": "u8"}
 
 
 class View:
@@ -53,6 +56,18 @@ class View:
     @property
     def nbytes(self) -> int:
         return self.count * _SIZES[self.dtype]
+
+
+def ext_dtype(v: View, op: Optional[str] = None) -> str:
+    """The extension's name of ``v``'s dtype. ``op`` given (a reduction: all_reduce,
+    reduce_scatter, ...): a dtype with no arithmetic there (bool) is refused here, by its own
+    name, before any work; otherwise bool travels as u8, byte for byte."""
+    det = _AS_BYTES.get(v.dtype)
+    if det is None:
+        return v.dtype
+    if op is not None:
+        raise _detcoll.UnsupportedDtype(f"{op} does not reduce {v.dtype}: expected f32, f16 or bf16")
+    return det
 
 
 def _prod(shape) -> int:

@@ -8,7 +8,7 @@ current stream, and a failure the device detects later is raised by ``check()`` 
 from typing import List, Optional, Sequence
 
 from . import _detcoll
-from ._tensor import View, default_stream, new_empty, view
+from ._tensor import View, default_stream, ext_dtype, new_empty, view
 
 
 # What ``Collective.route`` answers for.
@@ -77,9 +77,10 @@ class Collective:
         return v
 
     def _call(self, op: str, vin: View, vout: View, in_addr: Optional[int] = None) -> None:
+        reduces = op if op != "all_gather" else None
         self._raw.call(
-            op, vin.addr if in_addr is None else in_addr, vin.count, vin.dtype,
-            vout.addr, vout.count, vout.dtype, vin.stream,
+            op, vin.addr if in_addr is None else in_addr, vin.count, ext_dtype(vin, reduces),
+            vout.addr, vout.count, ext_dtype(vout), vin.stream,
         )
 
     def all_reduce(self, x, out=None):
@@ -148,7 +149,7 @@ class Collective:
                 vout = vin
             else:
                 vout = self._view(out, f"outs[{i}]", write=True)
-            lanes.append((vin.addr, vin.count, vin.dtype, vout.addr, vout.count, vout.dtype))
+            lanes.append((vin.addr, vin.count, ext_dtype(vin, "reduce_scatter_many"), vout.addr, vout.count, ext_dtype(vout)))
         stream = vins[0].stream if vins else 0
         self._raw.call_many(lanes, stream)
         return outs
@@ -164,16 +165,19 @@ class Collective:
         The norm is evaluated in a fixed order that depends only on ``hidden``
         (``fixed_tree::residual_rmsnorm``: f32 sum of squares over 256 lanes, then a halving
         tree), so ``h`` and ``y`` have the same bits on every rank, run, route, batch size and
-        TP size. On CUDA, for up to 64 rows on the IPC routes (and no more rows than a launch
-        has blocks), the all_reduce and the norm are one kernel. Returns ``(y, residual)``."""
+        TP size. On CUDA the all_reduce and the norm are one kernel on the IPC routes for up to
+        64 rows (and no more rows than a launch has blocks), at any row count on one-shot for
+        f16/bf16 rows of 4096 (each row normalised in registers after its reduce) and from 512
+        rows on RS+AG in one launch; otherwise the norm is a second launch on the same stream.
+        Returns ``(y, residual)``."""
         vx = self._view(x, "x", write=out is None or out is x)
         vy = vx if out is None or out is x else self._view(out, "out", write=True)
         vr = self._view(residual, "residual", write=True)
         vw = self._view(weight, "weight")
         hidden = vx.shape[-1] if vx.shape else vx.count
         self._raw.all_reduce_residual_rmsnorm(
-            (vx.addr, vx.count, vx.dtype), (vy.addr, vy.count, vy.dtype),
-            (vr.addr, vr.count, vr.dtype), (vw.addr, vw.count, vw.dtype),
+            (vx.addr, vx.count, ext_dtype(vx, "all_reduce_residual_rmsnorm")), (vy.addr, vy.count, ext_dtype(vy)),
+            (vr.addr, vr.count, ext_dtype(vr)), (vw.addr, vw.count, ext_dtype(vw)),
             hidden, float(eps), vx.stream,
         )
         return (x if out is None else out), residual

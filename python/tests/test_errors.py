@@ -73,6 +73,26 @@ def test_refused_before_any_work(pair, name):
         assert_bits_equal(g, tree(xs))
 
 
+def test_reductions_of_bools_are_refused_naming_bool(pair):
+    # bool arrays travel as their bytes (all_gather), but nothing adds bools: every reduction
+    # refuses them before any work, naming bool (the message said u8, the bytes' name).
+    x = np.ones(16, np.bool_)
+    out = np.zeros(16, np.bool_)
+    for call in (lambda: pair[0].all_reduce(x, out=out), lambda: pair[0].all_reduce(x),
+                 lambda: pair[0].reduce_scatter(x, out=out[:8]),
+                 lambda: pair[0].reduce_scatter_many([x], outs=[out[:8]])):
+        with pytest.raises(detcoll.UnsupportedDtype, match="does not reduce bool"):
+            call()
+        assert not out.any() and x.all()
+    with pytest.raises(detcoll.UnsupportedDtype, match="all_reduce_residual_rmsnorm does not reduce bool"):
+        pair[0].all_reduce_residual_rmsnorm(x.reshape(2, 8), np.zeros((2, 8), np.bool_), np.ones(8, np.bool_), out=out.reshape(2, 8))
+    assert not out.any()
+    # A bool array still gathers, byte for byte.
+    xs = [np.array([r == 0, True, False, r == 1]) for r in range(2)]
+    for g in on_ranks(pair, lambda c: c.all_gather(xs[c.rank])):
+        assert_bits_equal(g, np.concatenate(xs))
+
+
 def test_in_place_read_only_is_refused(pair):
     x = np.full(16, SENTINEL, np.float32)
     x.setflags(write=False)
