@@ -54,7 +54,7 @@ pub use fds::reserve_descriptors;
 pub use host::{HOST_ID_ENV, host_identity, machine_identity};
 pub use local::LocalBootstrap;
 pub use split::{GroupTransport, SplitEntry, SplitOptions, SubBootstrap, group_members, split, split_with};
-pub use tcp::{HANDSHAKE_TIMEOUT, MAX_PENDING_HANDSHAKES, TcpBootstrap, TcpConfig};
+pub use tcp::{HANDSHAKE_TIMEOUT, LATE_RANKS_GRACE, MAX_PENDING_HANDSHAKES, TcpBootstrap, TcpConfig};
 pub use token::MAX_TOKEN_LEN;
 
 /// Default time a non-zero rank keeps retrying to reach rank 0 (and rank 0 waits for everyone

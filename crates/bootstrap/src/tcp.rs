@@ -11,9 +11,11 @@
 //! [`BootstrapError::ConnectTimeout`]. A peer of *this* job (right MAC) with a mismatched world
 //! size, a duplicate or an out-of-range rank fails the whole group: every rank's constructor
 //! returns the same error. Ranks of the job that come after rank 0 failed so are told too: rank
-//! 0's constructor returns at once, but a thread keeps its listener and answers every late hello
-//! that authenticates with that error, until each rank has been told or until rank 0's connect
-//! deadline, then closes it (strangers still get nothing). When every rank has connected, rank
+//! 0 keeps its listener and answers every late hello that authenticates with that error, until
+//! each rank has been told or until rank 0's connect deadline, then closes it (strangers still
+//! get nothing) — in its constructor for up to [`LATE_RANKS_GRACE`] (so ranks started with it
+//! are told even when its process exits on the error), then in a thread that lives as long as
+//! its process. When every rank has connected, rank
 //! 0 sends a welcome and every constructor returns.
 //!
 //! Rank 0 handles handshakes without blocking: the listener and every pending handshake are
@@ -845,29 +847,56 @@ fn tell(peer: &mut Authenticated, payload: &[u8]) {
     let _ = peer.stream.shutdown(Shutdown::Write);
 }
 
+/// How long rank 0's constructor itself keeps telling late ranks why the rendezvous failed
+/// before it returns the error (at most until its connect deadline; it returns sooner once
+/// every rank was told). The thread that goes on telling them dies with rank 0's process, and
+/// the usual `TcpBootstrap::from_env()?` in `main` exits at once: without this wait, ranks
+/// started together with rank 0 but a few milliseconds after its failure waited out their
+/// connect timeout and failed with `ConnectTimeout` instead of the job's error (found by an
+/// outside probe: ranks 2 and 3 of 4 waited 60 s after a duplicate rank 1).
+pub const LATE_RANKS_GRACE: Duration = Duration::from_secs(3);
+
 /// After the rendezvous failed on a peer of this job (duplicate rank, world size, rank out of
-/// range), rank 0 keeps its door open in a thread and gives every late rank of the job that
-/// authenticates the same error, until every rank has been told or rank 0's connect deadline;
-/// then the listener closes. Strangers still get nothing.
-fn answer_late(mut door: Door, token: String, addr: String, e: &BootstrapError, deadline: Instant, mut told: Told) {
-    if told.everyone() || Instant::now() >= deadline {
+/// range) or on rank 0's own descriptor limit, rank 0 gives every late rank of the job that
+/// authenticates the same error, until every rank has been told or rank 0's connect deadline:
+/// first in the constructor for `grace` ([`LATE_RANKS_GRACE`] for a peer's failure; none for
+/// rank 0's own, which it reports at once), then in a thread (which ends with rank 0's
+/// process); then the listener closes. Strangers still get nothing.
+fn answer_late(
+    mut door: Door,
+    token: String,
+    addr: String,
+    e: &BootstrapError,
+    deadline: Instant,
+    mut told: Told,
+    grace: Duration,
+) {
+    let payload = wire::encode_error(e);
+    let grace = deadline.min(deadline_after(Instant::now(), grace));
+    if !tell_late_until(&mut door, &token, &addr, &payload, grace, &mut told) || Instant::now() >= deadline {
         return;
     }
-    let payload = wire::encode_error(e);
     let body = move || {
-        let mut late = Vec::new();
-        while !told.everyone() && Instant::now() < deadline {
-            if door.turn(&token, deadline, &addr, &mut late).is_err() {
-                return;
-            }
-            for mut peer in late.drain(..) {
-                tell(&mut peer, &payload);
-                told.mark(peer.rank, peer.world);
-            }
-        }
+        tell_late_until(&mut door, &token, &addr, &payload, deadline, &mut told);
     };
-    // Without a thread the late ranks time out, as before.
+    // Without a thread the later ranks time out, as before.
     let _ = thread::Builder::new().name("detcoll-rendezvous-failed".into()).spawn(body);
+}
+
+/// Tells every rank whose hello authenticates by `until` the failure (`payload`). `true`: some
+/// rank may still come (not everyone told, the listener fine).
+fn tell_late_until(door: &mut Door, token: &str, addr: &str, payload: &[u8], until: Instant, told: &mut Told) -> bool {
+    let mut late = Vec::new();
+    while !told.everyone() && Instant::now() < until {
+        if door.turn(token, until, addr, &mut late).is_err() {
+            return false;
+        }
+        for mut peer in late.drain(..) {
+            tell(&mut peer, payload);
+            told.mark(peer.rank, peer.world);
+        }
+    }
+    !told.everyone()
 }
 
 fn serve(cfg: &TcpConfig, listener: Option<TcpListener>) -> Result<Role, BootstrapError> {
@@ -890,7 +919,7 @@ fn serve(cfg: &TcpConfig, listener: Option<TcpListener>) -> Result<Role, Bootstr
     let mut door = Door::new(listener, world);
     if let Err(e) = room {
         // Tell the ranks that come while this process lives; strangers still get nothing.
-        answer_late(door, token, addr, &e, deadline, Told::new(world));
+        answer_late(door, token, addr, &e, deadline, Told::new(world), Duration::ZERO);
         return Err(e);
     }
     let mut peers: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
@@ -943,7 +972,7 @@ fn serve(cfg: &TcpConfig, listener: Option<TcpListener>) -> Result<Role, Bootstr
                     told.mark(r as u64, world as u64);
                 }
             }
-            answer_late(door, token, addr, &e, deadline, told);
+            answer_late(door, token, addr, &e, deadline, told, LATE_RANKS_GRACE);
         }
         return Err(e);
     }
