@@ -19,7 +19,9 @@
 //! 2. `m = max_j s_j` (exact, so its order does not matter);
 //! 3. `l = Σ_j e^(s_j − m)` and `o[d] = Σ_j e^(s_j − m)·v[j,h,d]`, both left to right over `j`;
 //! 4. `out[i,h,d] = T(o[d] / l)` (the one rounding to the element type) and
-//!    `lse[i,h] = m + ln l` (f32).
+//!    `lse[i,h] = m + ln l` (f32). A query that sees no key gets `out = 0` and `lse = −∞`; one
+//!    that sees keys gets these formulas whatever the values, so a NaN or infinite score (a
+//!    NaN or infinity in `q` or `k`) makes its output and `lse` NaN, IEEE-wise.
 //!
 //! This is the plain two-pass softmax over keys in order: no online rescaling and no key blocks,
 //! so nothing in it depends on how the keys were split. After the all_gather every rank holds
@@ -45,9 +47,10 @@ pub struct AttentionShape {
 }
 
 impl AttentionShape {
-    /// Elements of one token's `q`, `k` or `v` (`heads × head_dim`).
+    /// Elements of one token's `q`, `k` or `v` (`heads × head_dim`), saturating at `usize::MAX`
+    /// (the layer refuses such a shape with a typed error).
     pub fn token_len(&self) -> usize {
-        self.heads * self.head_dim
+        self.heads.saturating_mul(self.head_dim)
     }
 
     pub(crate) fn check(&self, cp: usize) -> Result<(), Error> {
@@ -154,6 +157,11 @@ fn attend<T: Scalar>(
     output: AttentionOutput<'_, T>,
 ) {
     let (heads, d) = (shape.heads, shape.head_dim);
+    if heads == 0 || q_positions.is_empty() {
+        // No output (`out` and `lse` are empty): `acc` (2^40 elements for a head_dim of 2^40
+        // and no heads) is not allocated.
+        return;
+    }
     let row = shape.token_len();
     let scale = 1.0 / (d as f32).sqrt();
     let mut scores = vec![0f32; keys.positions.len()];
@@ -162,8 +170,9 @@ fn attend<T: Scalar>(
         for h in 0..heads {
             let qh: Vec<f32> = q[i * row + h * d..i * row + (h + 1) * d].iter().map(|x| x.to_f32()).collect();
             let visible = |j: usize| keys.positions[j] <= pos;
-            let mut m = f32::NEG_INFINITY;
+            let (mut m, mut seen) = (f32::NEG_INFINITY, false);
             for (j, s) in scores.iter_mut().enumerate().filter(|(j, _)| visible(*j)) {
+                seen = true;
                 let kh = &keys.k[j * row + h * d..j * row + (h + 1) * d];
                 let mut dot = 0f32;
                 for (a, b) in qh.iter().zip(kh) {
@@ -182,7 +191,9 @@ fn attend<T: Scalar>(
                 }
             }
             let out = &mut output.out[i * row + h * d..i * row + (h + 1) * d];
-            if l > 0.0 {
+            // A visible key, not `l > 0`: a NaN or infinite score makes `l` NaN, and the output
+            // and log-sum-exp NaN, never the no-key result (which would hide a poisoned q or k).
+            if seen {
                 for (o, &a) in out.iter_mut().zip(&acc) {
                     *o = T::from_f32(a / l);
                 }

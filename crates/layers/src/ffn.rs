@@ -101,7 +101,9 @@ impl<T: Scalar> FfnShard<T> {
         let (h, f) = (shape.hidden, shape.ffn);
         require(w1.len() == h * f, || format!("w1 has {} elements, expected {h} x {f}", w1.len()))?;
         require(w2.len() == f * h, || format!("w2 has {} elements, expected {f} x {h}", w2.len()))?;
-        let cols = rank * f / tp..(rank + 1) * f / tp;
+        // `f` is a multiple of 8 leaves and `tp` divides 8, so `f / tp` is exact and neither end
+        // exceeds `f` (`rank * f` could overflow for an `f` that `h = 0` lets through).
+        let cols = rank * (f / tp)..(rank + 1) * (f / tp);
         let w1 = w1.chunks_exact(f.max(1)).take(h).flat_map(|row| &row[cols.clone()]).copied().collect();
         let w2 = w2[cols.start * h..cols.end * h].to_vec();
         Ok(FfnShard { shape, tp, rank, w1, w2 })
@@ -153,10 +155,13 @@ impl<T: Scalar> FfnShard<T> {
     {
         self.check_call(comm, x_local, out_local)?;
         let x = self.gather(comm, x_local)?;
-        let act = self.hidden(gemm, &x)?;
         let (s, fk) = (self.shape.tokens, self.shape.ffn / self.tp);
         let mut partial = vec![T::from_f32(0.0); s * self.shape.hidden];
-        gemm.gemm(&act, &self.w2, s, fk, self.shape.hidden, &mut partial)?;
+        if !partial.is_empty() {
+            // (No output: the activations are not computed, as in `leaf_tree`.)
+            let act = self.hidden(gemm, &x)?;
+            gemm.gemm(&act, &self.w2, s, fk, self.shape.hidden, &mut partial)?;
+        }
         comm.reduce_scatter(Io::host(&partial, out_local), &())?;
         Ok(())
     }
@@ -201,8 +206,13 @@ impl<T: Scalar> FfnShard<T> {
 
     /// This rank's part of the tree: the balanced tree over its leaves' products, `S × hidden`.
     pub(crate) fn leaf_tree<G: Gemm<T>>(&self, gemm: &G, x: &[T]) -> Result<Vec<T>, Error> {
-        let act = self.hidden(gemm, x)?;
         let (s, h, w) = (self.shape.tokens, self.shape.hidden, self.shape.leaf_width());
+        if s == 0 || h == 0 {
+            // No output: nothing to compute, and the `S × ffn/tp` activations (2^44 elements
+            // for 2^20 tokens of width 0 and ffn 2^24) are not allocated.
+            return Ok(Vec::new());
+        }
+        let act = self.hidden(gemm, x)?;
         let fk = self.shape.ffn / self.tp;
         let mut a_leaf = vec![T::from_f32(0.0); s * w];
         let mut products = Vec::with_capacity(self.leaves().len());

@@ -17,6 +17,14 @@
 //! stay the same across GPU architectures or cuBLAS/toolkit versions. A stage hook (`cuda::StageHook`)
 //! times each stage with CUDA events.
 //!
+//! A layer call is one or several collective calls (the FFN: an all_gather, then a
+//! reduce_scatter), so it follows the collectives' rule: every rank makes the same calls in the
+//! same order. Two threads sharing one rank's collective must therefore order their layer calls
+//! the same way on every rank (a lock around each whole layer call, or a collective per
+//! thread): interleaved, an FFN's collectives fail with `SignatureMismatch`, and two decoder
+//! tails of different requests may pair up across ranks and sum one request's shard with
+//! another's (no error: the calls agree in every signed respect).
+//!
 //! * [`gemm`]: the reference GEMM (f32 accumulation, fixed contraction order, one rounding).
 //! * [`activation`]: SiLU in f32, no fast math.
 //! * [`ffn`]: `AllGather(x) -> GEMM(W1) -> SiLU -> GEMM(W2) -> ReduceScatter`, with the FFN

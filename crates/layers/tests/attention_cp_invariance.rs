@@ -43,3 +43,40 @@ fn bf16_attention_is_bit_identical_at_every_cp() {
         println!("CP={cp}: {} output and {} LSE values bit-identical to the reference", out.len(), lse.len());
     }
 }
+
+#[test]
+fn a_nan_or_infinite_score_gives_nan_not_the_no_key_result() {
+    // A query that sees keys is `o / l` and `m + ln l` whatever the values: a NaN in k or an
+    // infinity in q made `l` NaN, and `l > 0` sent the query to the no-key branch (zeros and
+    // -inf), hiding the poisoned input. Now NaN, at every CP size alike.
+    let shape = AttentionShape { tokens: 2, heads: 1, head_dim: 2 };
+    let v = [3.0f32, 4.0, 5.0, 6.0];
+    for (q, k) in
+        [([1.0f32, 0.0, 1.0, 0.0], [f32::NAN, 0.0, 1.0, 0.0]), ([f32::INFINITY, 0.0, 1.0, 0.0], [1.0, 0.0, 1.0, 0.0])]
+    {
+        let (mut out, mut lse) = ([0f32; 4], [0f32; 2]);
+        let input = AttentionInput { q: &q, k: &k, v: &v, positions: &[0, 1] };
+        attention::reference(shape, input, AttentionOutput { out: &mut out, lse: &mut lse }).unwrap();
+        assert!(out[..2].iter().all(|x| x.is_nan()) && lse[0].is_nan(), "token 0: {out:?} {lse:?}");
+        if k[0].is_nan() {
+            // Token 1 sees key 0 too: its sum is NaN as well.
+            assert!(out[2..].iter().all(|x| x.is_nan()) && lse[1].is_nan(), "token 1: {out:?} {lse:?}");
+        }
+        let per_rank = on_group(2, |comm| {
+            let r = comm.rank();
+            let (mut o, mut l) = ([0f32; 2], [0f32; 1]);
+            let local = AttentionInput {
+                q: &q[2 * r..2 * r + 2],
+                k: &k[2 * r..2 * r + 2],
+                v: &v[2 * r..2 * r + 2],
+                positions: &[r as u32],
+            };
+            attention::forward(comm, shape, local, AttentionOutput { out: &mut o, lse: &mut l }).unwrap();
+            (o, l)
+        });
+        for (r, (o, l)) in per_rank.iter().enumerate() {
+            assert_eq!(bits(o), bits(&out[2 * r..2 * r + 2]), "CP 2 rank {r}");
+            assert_eq!(l[0].to_bits(), lse[r].to_bits(), "CP 2 rank {r}: lse");
+        }
+    }
+}

@@ -67,3 +67,39 @@ fn local_len_saturates_instead_of_wrapping() {
 fn local_len_of_tp_0_panics_as_documented() {
     let _ = FfnShape { tokens: 8, hidden: 4, ffn: 8 }.local_len(0);
 }
+
+#[test]
+fn shapes_with_no_output_do_not_allocate_their_intermediates() {
+    // hidden 0: no output, but `tokens x ffn` activations of 2^44 elements (32 TiB of bf16)
+    // were allocated (the process aborted); heads 0: an accumulator of head_dim = 2^40 f32.
+    let shape = FfnShape { tokens: 1 << 20, hidden: 0, ffn: 1 << 24 };
+    let y = ffn::reference::<bf16, _>(&ReferenceGemm, shape, &[], &[], &[]).unwrap();
+    assert!(y.is_empty());
+    for r in on_group(2, |comm| {
+        let shard = ffn::FfnShard::<bf16>::from_full(shape, &[], &[], 2, comm.rank())?;
+        let mut out: [bf16; 0] = [];
+        shard.forward(comm, &ReferenceGemm, &[], &mut out)?;
+        shard.forward_naive(comm, &ReferenceGemm, &[], &mut out)
+    }) {
+        r.unwrap();
+    }
+    let shape = AttentionShape { tokens: 1, heads: 0, head_dim: 1 << 40 };
+    let (mut out, mut lse) = ([bf16::ZERO; 0], [0f32; 0]);
+    let input = AttentionInput::<bf16> { q: &[], k: &[], v: &[], positions: &[0] };
+    attention::reference(shape, input, AttentionOutput { out: &mut out, lse: &mut lse }).unwrap();
+}
+
+#[test]
+fn shard_bounds_and_token_length_do_not_overflow() {
+    // ffn near usize::MAX with hidden 0 passes the shape's products; the shard's column range
+    // was `rank * ffn / tp`, which overflowed (a panic in debug builds).
+    for (ffn, tp) in [(usize::MAX - 7, 8), (1 << 63, 2), (1 << 62, 4)] {
+        for rank in 0..tp {
+            let shape = FfnShape { tokens: 0, hidden: 0, ffn };
+            let shard = ffn::FfnShard::<bf16>::from_full(shape, &[], &[], tp, rank).unwrap();
+            assert_eq!(shard.leaves(), rank * 8 / tp..(rank + 1) * 8 / tp);
+        }
+    }
+    assert_eq!(AttentionShape { tokens: 0, heads: 1 << 33, head_dim: 1 << 33 }.token_len(), usize::MAX);
+    assert_eq!(AttentionShape { tokens: 0, heads: 3, head_dim: 5 }.token_len(), 15);
+}

@@ -100,6 +100,39 @@ fn f32_attention_bits_are_the_same_at_every_cp() {
 }
 
 #[test]
+fn a_nan_in_k_gives_nan_for_every_query_that_sees_it() {
+    // A query that sees keys is `o / l` and `m + ln l` whatever the values: a NaN score made
+    // `l` NaN and `l > 0` sent the query to the no-key result (zeros and -inf), hiding the
+    // poisoned key. Now NaN from the token whose key it is on, the earlier tokens untouched,
+    // at every CP size alike. (Written 2026-12-05 without a GPU; first run at the next one.)
+    let shape = AttentionShape { tokens: 64, heads: 2, head_dim: 64 };
+    let mut inp = inputs::<f32>(shape, 7);
+    let poisoned = 40;
+    inp.k[poisoned * shape.token_len()] = f32::NAN; // head 0 of token 40
+    let Some((out1, lse1, _)) = run(1, shape, &inp) else { return };
+    let (row, d) = (shape.token_len(), shape.head_dim);
+    for t in 0..shape.tokens {
+        let head0 = &out1[t * row..t * row + d];
+        if t < poisoned {
+            assert!(head0.iter().all(|x| x.is_finite()) && lse1[t * shape.heads].is_finite(), "token {t}");
+        } else {
+            assert!(
+                head0.iter().all(|x| x.is_nan()) && lse1[t * shape.heads].is_nan(),
+                "token {t}: {:?}",
+                lse1[t * shape.heads]
+            );
+        }
+        // Head 1 never sees the NaN.
+        assert!(out1[t * row + d..(t + 1) * row].iter().all(|x| x.is_finite()), "token {t} head 1");
+    }
+    for cp in [2, 8] {
+        let (out, lse, _) = run(cp, shape, &inp).expect("the device was there for CP=1");
+        assert_eq!((bits(&out), bits(&lse)), (bits(&out1), bits(&lse1)), "CP={cp} vs CP=1");
+    }
+    println!("a NaN in k: NaN for every query that sees it, the rest finite, CP=2 and 8 = CP=1");
+}
+
+#[test]
 fn unsupported_shapes_and_wrong_sizes_are_typed_errors() {
     let Some(ranks) = group(1, 1 << 20) else { return };
     on_ranks(&ranks, |rank| {

@@ -127,6 +127,7 @@ __device__ void attention(const typename E::T* q, const typename E::T* k, const 
     if (active) my_pos = qpos[qi];
     float m = -__int_as_float(0x7f800000);
     float l = 0.0f;
+    bool seen = false;  // a visible key (not l > 0: a NaN or infinite score makes l NaN)
     __syncthreads();
 
     for (unsigned int start = 0; start < n_k; start += ATT_KEYS) {
@@ -151,6 +152,7 @@ __device__ void attention(const typename E::T* q, const typename E::T* k, const 
         if (active) {
             for (unsigned int kk = 0; kk < count; ++kk) {
                 if (kp[kk] > my_pos) continue;  // warp-uniform: one query per warp
+                seen = true;
                 float s = 0.0f;
 #pragma unroll
                 for (unsigned int t = 0; t < ATT_MAX_PER; ++t) {
@@ -186,7 +188,7 @@ __device__ void attention(const typename E::T* q, const typename E::T* k, const 
         __syncthreads();
     }
     if (!active) return;
-    const bool any = l > 0.0f;
+    const bool any = seen;
 #pragma unroll
     for (unsigned int t = 0; t < ATT_MAX_PER; ++t) {
         if (t < per) out[qi * row + h * head_dim + t * 32u + lane] = E::store(any ? __fdiv_rn(acc[t], l) : 0.0f);
