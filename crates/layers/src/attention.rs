@@ -10,6 +10,10 @@
 //! The mask is causal on positions: query `i` sees key `j` exactly when
 //! `positions[j] <= positions[i]` (itself included).
 //!
+//! Ranks that disagree on the token count fail with `SignatureMismatch` (the gathers' sizes
+//! differ); ranks that disagree only on how a token's `heads × head_dim` elements split
+//! (1 × 4 against 2 × 2) are not detected: the collectives see element counts only.
+//!
 //! # The fixed order, and why the bits are the same at CP = 1, 2, 4 and 8
 //!
 //! For each query `i` and head `h`, in f32 with separate multiplies and adds (no FMA, no fast
