@@ -292,7 +292,7 @@ impl<D: IpcDevice> IpcCollective<D> {
     /// rows, the row form in registers): a runtime with that form, the one-shot route, f16/bf16
     /// rows of one protocol tile (hidden 4096: `TILE_BYTES` / 2), the norm's vector path and a
     /// call that fits one launch. The norm's own launch would re-read the sum, the residual and
-    /// the weight that this form holds in registers: on one H100 the loop took 10-15 % off the
+    /// the weight that this form holds in registers: on one H100 the loop took 8.5-15 % off the
     /// fused call where the rows outnumber the blocks (world 2, 67-256 rows; world 8, 17 rows).
     /// Rows of two tiles (hidden 8192) do not loop: their loop measured 6-29 % slower than the
     /// epilogue or the norm's own launch (benches/results/h100-2026-12-05-row-loop.md).
