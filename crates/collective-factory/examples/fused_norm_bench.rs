@@ -17,7 +17,15 @@
 //! `fused / ar` (the issue's goal: at most 1.10), a check that `fused`, `unfused` and `one
 //! kernel` give the same bits (`y` and `h`), and a check of every rank's `y` and `h` against
 //! the reference, `fixed_tree::residual_rmsnorm`, and the form `fused` takes (`fused form`: one
-//! kernel or two launches). The inputs differ per element and rank and
+//! kernel or two launches).
+//!
+//! `floor` is the least `fused / ar` (graphs) the memory allows: besides what the all_reduce
+//! moves, the fused call must read the residual and write `y` (it writes `h` where the
+//! all_reduce writes its sum), `2 * bytes/rank` more per rank, and the ranks sharing a GPU share
+//! its memory, whose peak is the device's memory clock x bus width (double data rate). So
+//! `floor = 1 + 2 * bytes/rank * ranks per GPU / peak / graph ar`: where it is above 1.10 the
+//! issue's goal cannot be met on that machine by any kernel (with a GPU per rank, peer reads
+//! over NVLink dominate and the floor falls back towards 1). The inputs differ per element and rank and
 //! repeat every [`PERIOD`] rows, so the reference of `PERIOD` rows checks every row at every
 //! batch size and position (batch invariance with it). The residual is updated in place (`h`
 //! over it, as engines call it), so successive timed calls see a growing residual: the same
@@ -64,13 +72,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "| world | hidden | rows | bytes/rank | ar us | unfused us | fused us | fused/ar | unfused/ar \
          | graph: ar us | unfused us | fused us | fused/ar | one kernel us | one kernel/ar | route | fused route | same bits \
-         | = reference | fused form |"
+         | = reference | fused form | floor |"
     );
     println!(
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :--- | :--- | :---: | :---: | :--- |"
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :--- | :--- | :---: | :---: | :--- | ---: |"
     );
     for &world in &worlds {
         let comms = nvidia::thread_group(world, &Config::new().with_capacity(64 << 20))?;
+        // The memory's peak in bytes per second, and how many ranks share rank 0's GPU.
+        let peak = {
+            use sys::CUdevice_attribute as A;
+            let ctx = comms[0].context();
+            let clock_khz = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE).map_err(|x| x.to_string())?;
+            let bus_bits = ctx.attribute(A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH).map_err(|x| x.to_string())?;
+            clock_khz as f64 * 1e3 * 2.0 * bus_bits as f64 / 8.0
+        };
+        let sharing = comms.iter().filter(|c| c.context().ordinal() == comms[0].context().ordinal()).count();
         for &hidden in &hiddens {
             for &rows in &rows_list {
                 let n = rows * hidden;
@@ -299,8 +316,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     same &= s;
                 }
                 let w = worst;
+                let floor = 1.0 + 2.0 * (n * 2) as f64 * sharing as f64 / peak / (w[3] * 1e-6);
                 println!(
-                    "| {world} | {hidden} | {rows} | {} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} | {:.3} | {} | {} | {} | {} | {} |",
+                    "| {world} | {hidden} | {rows} | {} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} | {:.3} | {} | {} | {} | {} | {} | {floor:.3} |",
                     n * 2,
                     w[0],
                     w[1],
