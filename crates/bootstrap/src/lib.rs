@@ -319,6 +319,30 @@ impl BootstrapError {
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Self::Io { context: context.into(), source }
     }
+
+    /// The error with every rank it names renamed by `rank`: for a group's error seen from a
+    /// larger world (a [`split`] group inside a job), `rank` maps a rank of the group to the
+    /// job's, so the message names the process the user started. Ranks that are not the
+    /// group's (a world size, [`BootstrapError::RankOutOfRange`]'s claimed rank, a
+    /// [`BootstrapError::GroupSetup`]'s parent rank) and the text of earlier failures
+    /// ([`BootstrapError::Closed`]) are left as they are.
+    pub fn map_ranks(self, rank: impl Fn(usize) -> usize) -> Self {
+        match self {
+            Self::PeerTimeout { rank: r, waited, what } => Self::PeerTimeout { rank: rank(r), waited, what },
+            Self::PeerGone { rank: r, detail } => Self::PeerGone { rank: rank(r), detail },
+            Self::SequenceMismatch { rank: r, expected, got } => {
+                Self::SequenceMismatch { rank: rank(r), expected, got }
+            }
+            Self::WorldSizeMismatch { rank: r, ours, theirs } => {
+                Self::WorldSizeMismatch { rank: rank(r), ours, theirs }
+            }
+            Self::DuplicateRank { rank: r } => Self::DuplicateRank { rank: rank(r) },
+            Self::MissingRanks { ranks, waited } => {
+                Self::MissingRanks { ranks: ranks.into_iter().map(&rank).collect(), waited }
+            }
+            other => other,
+        }
+    }
 }
 
 /// Checks the rank layout shared by every bootstrap.

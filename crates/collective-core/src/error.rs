@@ -108,6 +108,24 @@ pub enum Error {
 }
 
 impl Error {
+    /// The error with every peer rank it names renamed by `rank`: for an error of a smaller
+    /// collective a composed one runs (the hierarchical route's collective inside a node, its
+    /// transport across nodes), `rank` maps that collective's ranks to the world's, so the
+    /// message names the rank the user's world knows. Text carried from earlier failures
+    /// (`Poisoned`, `CloseFailed`) is left as it is.
+    pub fn map_ranks(self, rank: impl Fn(usize) -> usize) -> Error {
+        match self {
+            Error::PeerTimeout { peer, what, waited } => Error::PeerTimeout { peer: rank(peer), what, waited },
+            Error::PeerDied { peer, detail } => Error::PeerDied { peer: rank(peer), detail },
+            Error::PeerClosed { peer, what } => Error::PeerClosed { peer: rank(peer), what },
+            Error::SignatureMismatch { peer, ours, theirs } => {
+                Error::SignatureMismatch { peer: rank(peer), ours, theirs }
+            }
+            Error::Bootstrap(b) => Error::Bootstrap(b.map_ranks(rank)),
+            other => other,
+        }
+    }
+
     /// The error as a reason inside another `InvalidConfig`: an `InvalidConfig`'s detail alone
     /// (the outer message says "invalid configuration" once), any other error's message.
     pub fn config_reason(&self) -> String {

@@ -20,6 +20,12 @@
 //!
 //! The layout comes from the agreement: every rank's host identity, in rank order
 //! ([`NodeLayout::of_hosts`]); other layouts take the flat transport route (same bits).
+//!
+//! Errors name the world's ranks: the collective inside the node and the transport across
+//! nodes are smaller collectives with ranks of their own (a node's local rank, a node index),
+//! and the route renames the ranks their errors name ([`Error::map_ranks`]), so a peer that
+//! died, stalled or disagreed is the rank the user started; the first failure that poisons the
+//! route is what its later calls report.
 pub use crate::scratch::{CallStream, DeviceScratch, HostScratch, Scratch};
 use crate::via::Via;
 use collective_core::bootstrap::{Bootstrap, split};
@@ -120,6 +126,9 @@ pub struct Nodes<I: Collective, T> {
     /// The transport of the `N` ranks of this local rank (one per node, node order).
     cross: T,
     scratch: Box<dyn Scratch<I::Stream>>,
+    /// The first failure that poisoned the route, its ranks the world's (what later calls
+    /// report, rather than the backends' own record in their ranks).
+    failed: std::sync::Mutex<Option<String>>,
 }
 
 impl<I: Collective + std::fmt::Debug, T: std::fmt::Debug> std::fmt::Debug for Nodes<I, T> {
@@ -175,7 +184,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
             return bad("the cross-node transport's world", cross.world_size(), layout.nodes);
         }
         let routes = routes.without_transport().for_world(layout.local);
-        Ok(Nodes { layout, rank, local, routes, cross, scratch })
+        Ok(Nodes { layout, rank, local, routes, cross, scratch, failed: std::sync::Mutex::new(None) })
     }
 
     /// The layout.
@@ -208,6 +217,39 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
         // Either backend poisoned fails the call before any work: the step inside the node
         // would otherwise run, and write the output, before the poisoned step across refuses.
         self.check()?;
+        self.record(self.run(op, io, split, &self.world_ranks(via)))
+    }
+
+    /// reduce_scatter_many: every lane validated first, then each by
+    /// [`Nodes::reduce_scatter_lane`].
+    pub(crate) fn reduce_scatter_many(&self, lanes: &[Io<'_>], via: &impl Via<I, T>) -> Result<(), Error> {
+        self.check()?;
+        self.record(self.run_many(lanes, &self.world_ranks(via)))
+    }
+
+    /// `via` with the backends' errors in the world's ranks.
+    fn world_ranks<'v, V: Via<I, T>>(&self, via: &'v V) -> WorldRanks<'v, V> {
+        WorldRanks {
+            via,
+            layout: self.layout,
+            node: self.layout.node(self.rank),
+            local_rank: self.layout.local_rank(self.rank),
+        }
+    }
+
+    /// `result`, its failure kept as the route's poison when it is one.
+    fn record(&self, result: Result<(), Error>) -> Result<(), Error> {
+        if let Err(e) = &result
+            && e.poisons()
+        {
+            let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+            failed.get_or_insert_with(|| e.to_string());
+        }
+        result
+    }
+
+    /// One call after the poison check, through `via` (in the world's ranks).
+    fn run(&self, op: Op, io: Io<'_>, split: u32, via: &impl Via<I, T>) -> Result<(), Error> {
         let world = self.layout.world();
         let call = validate(op, &io, self.rank, world, usize::MAX)?;
         let part = Signature::part_split(&Signature { split, route: Route::Hierarchical, ..call.signature() });
@@ -215,7 +257,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
             Op::AllReduce => self.all_reduce(call, part, via),
             Op::AllGather => self.all_gather(call, part, via),
             Op::ReduceScatter => self.reduce_scatter_lane(call.src, call.dst, call.count_out, call.dtype, part, via),
-            Op::ReduceScatterMany => self.reduce_scatter_many(&[io], via),
+            Op::ReduceScatterMany => self.run_many(&[io], via),
         }
     }
 
@@ -341,10 +383,8 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
         Ok(())
     }
 
-    /// reduce_scatter_many: every lane validated first, then each by
-    /// [`Nodes::reduce_scatter_lane`].
-    pub(crate) fn reduce_scatter_many(&self, lanes: &[Io<'_>], via: &impl Via<I, T>) -> Result<(), Error> {
-        self.check()?;
+    /// [`Nodes::reduce_scatter_many`] after the poison check.
+    fn run_many(&self, lanes: &[Io<'_>], via: &impl Via<I, T>) -> Result<(), Error> {
         let (calls, sig) = validate_many(lanes, self.rank, self.layout.world(), usize::MAX)?;
         let part = Signature::part_split(&Signature { route: Route::Hierarchical, ..sig });
         for c in calls.iter() {
@@ -362,6 +402,9 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
     }
 
     pub(crate) fn check(&self) -> Result<(), Error> {
+        if let Some(cause) = self.failed.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            return Err(Error::Poisoned { cause });
+        }
         self.local.check()?;
         self.cross.check()
     }
@@ -375,6 +418,42 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
         let a = self.local.close();
         let b = self.cross.close();
         a.and(b)
+    }
+}
+
+/// A call's way to the backends whose errors name the world's ranks: rank `p` of the node's
+/// collective is `node * L + p`, rank `n` of the transport across nodes `n * L + local_rank`.
+struct WorldRanks<'v, V> {
+    via: &'v V,
+    layout: NodeLayout,
+    node: usize,
+    local_rank: usize,
+}
+
+impl<V> WorldRanks<'_, V> {
+    fn in_node(&self, e: Error) -> Error {
+        let base = self.node * self.layout.local;
+        e.map_ranks(|p| base + p)
+    }
+
+    fn across(&self, e: Error) -> Error {
+        let (l, me) = (self.layout.local, self.local_rank);
+        e.map_ranks(|n| n * l + me)
+    }
+}
+
+impl<I: Collective, T, V: Via<I, T>> Via<I, T> for WorldRanks<'_, V> {
+    fn ipc(&self, ipc: &I, op: Op, io: Io<'_>, route: IpcRoute, part: u32) -> Result<(), Error> {
+        self.via.ipc(ipc, op, io, route, part).map_err(|e| self.in_node(e))
+    }
+    fn transport(&self, transport: &T, op: Op, io: Io<'_>, part: u32) -> Result<(), Error> {
+        self.via.transport(transport, op, io, part).map_err(|e| self.across(e))
+    }
+    fn ipc_many(&self, ipc: &I, lanes: &[Io<'_>], route: IpcRoute, part: u32) -> Result<(), Error> {
+        self.via.ipc_many(ipc, lanes, route, part).map_err(|e| self.in_node(e))
+    }
+    fn stream(&self) -> CallStream<'_, I::Stream> {
+        self.via.stream()
     }
 }
 

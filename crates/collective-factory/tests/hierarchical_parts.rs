@@ -180,3 +180,59 @@ fn a_poisoned_step_across_nodes_fails_the_next_call_before_any_work() {
         }
     });
 }
+
+/// The rank an error blames, in the world's numbering.
+fn blamed(e: &Error) -> Option<usize> {
+    match e {
+        Error::SignatureMismatch { peer, .. }
+        | Error::PeerTimeout { peer, .. }
+        | Error::PeerDied { peer, .. }
+        | Error::PeerClosed { peer, .. } => Some(*peer),
+        Error::Bootstrap(b) => b.culprit(),
+        _ => None,
+    }
+}
+
+#[test]
+fn errors_of_the_hierarchical_route_name_the_worlds_ranks() {
+    // Two virtual nodes of 4; rank 5 makes an all_reduce of one element more. Node 1 fails in
+    // its step inside the node, node 0 in the step across nodes when node 1's ranks drop their
+    // handles. The steps' collectives have ranks of their own (local rank 1 of node 1, node 1
+    // of local rank 0's transport); the errors must name the world's: rank 5's node peers blame
+    // 5, and rank `r` of node 0 blames its partner `r + 4`. (Before, node 1's ranks blamed
+    // "rank 1" and node 0's "rank 1": the node index.)
+    let ranks = cpu::virtual_nodes(2, 4, &config()).expect("2 x 4 virtual nodes");
+    assert_eq!(ranks[0].route(Op::AllReduce, 4096 * 4), Route::Hierarchical, "the route under test");
+    std::thread::scope(|s| {
+        for comm in ranks {
+            s.spawn(move || {
+                let me = comm.rank();
+                let t = Instant::now();
+                let first = make(&comm, Call::AllReduce(if me == 5 { 4097 } else { 4096 }));
+                assert!(t.elapsed() < BOUND / 2, "rank {me}: the error took {:?}", t.elapsed());
+                let first = first.expect_err("a disagreeing world");
+                let culprit = blamed(&first);
+                match me {
+                    5 => assert!(
+                        matches!(first, Error::SignatureMismatch { peer: 4 | 6 | 7, .. }),
+                        "rank 5 blames a rank of its node: {first:?}"
+                    ),
+                    4 | 6 | 7 => assert!(
+                        matches!(first, Error::SignatureMismatch { peer: 5, .. }),
+                        "rank {me} blames rank 5: {first:?}"
+                    ),
+                    _ => assert_eq!(culprit, Some(me + 4), "rank {me} blames its partner across: {first:?}"),
+                }
+                // The next call reports the first failure, in the world's ranks.
+                match make(&comm, Call::AllReduce(16)) {
+                    Err(Error::Poisoned { cause }) => {
+                        let named = format!("rank {}", culprit.expect("a blamed rank"));
+                        assert!(cause.contains(&named), "rank {me}: the poison names {named}: {cause}");
+                    }
+                    other => panic!("rank {me}: expected Poisoned, got {other:?}"),
+                }
+                drop(comm);
+            });
+        }
+    });
+}
