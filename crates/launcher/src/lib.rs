@@ -4,6 +4,11 @@
 //! (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE` = `nproc`, `MASTER_ADDR`,
 //! `MASTER_PORT`), so `collective_core::bootstrap::TcpBootstrap::from_env` joins them. Each line a
 //! rank writes is re-printed with a `[rank N] ` prefix (stdout to stdout, stderr to stderr).
+//! Every line a rank wrote before it exited is forwarded before [`launch`] returns, however
+//! slowly the launcher's own output is read (a pager, ssh); what a rank's background children
+//! write after every rank exited is forwarded only while they keep writing and for at most
+//! about a pipe's worth (1 MiB), so they cannot hold the launcher. A closed output (`| head`)
+//! discards the lines and the ranks run on.
 //!
 //! Every rank gets a fresh random `DETCOLL_JOB_TOKEN` (128 bits from the OS, unless
 //! [`LaunchSpec::env`] sets one), so ranks of this launch only rendezvous with each other: a
@@ -42,9 +47,16 @@ use std::time::{Duration, Instant};
 
 /// How long ranks get between `SIGTERM` and `SIGKILL` once the group is being torn down.
 pub const KILL_GRACE: Duration = Duration::from_secs(2);
-/// How long output readers may keep running after every rank exited (a grandchild that keeps a
-/// pipe open does not hold the launcher).
+/// How long an idle output reader may keep the launcher after every rank exited (a grandchild
+/// that keeps a pipe open and silent does not hold it). A reader still forwarding what the
+/// ranks wrote (blocked on a slow consumer of the launcher's output, or reading on) is waited
+/// for: the ranks' last lines are never dropped.
 const READER_GRACE: Duration = Duration::from_secs(1);
+/// After every rank exited, a reader is waited for only while it has forwarded at most this
+/// many more bytes: the most a pipe holds (Linux's `pipe-max-size` default, 1 MiB) plus the
+/// reader's buffer, so everything the ranks wrote before they exited is forwarded, and a
+/// grandchild that keeps writing does not hold the launcher.
+const READER_TAIL_BYTES: u64 = (1 << 20) + (64 << 10);
 const POLL_INTERVAL: Duration = Duration::from_millis(10);
 
 /// What to launch.
@@ -60,7 +72,7 @@ pub struct LaunchSpec {
     pub env: Vec<(OsString, OsString)>,
     /// `MASTER_ADDR` (default `127.0.0.1`).
     pub master_addr: String,
-    /// `MASTER_PORT`; `None` picks a free port on `master_addr`.
+    /// `MASTER_PORT`; `None` (or 0) picks a free port on `master_addr`.
     pub master_port: Option<u16>,
     /// Re-print each output line with a `[rank N] ` prefix; when false, ranks write straight
     /// to the launcher's stdout/stderr. ([`launch_captured`] always captures.)
@@ -167,6 +179,15 @@ pub enum LaunchError {
         #[source]
         source: io::Error,
     },
+    /// No thread could be started to forward a rank's output (the started ranks were stopped).
+    #[error("cannot start a thread to forward rank {rank}'s output: {source}")]
+    Reader {
+        /// The rank.
+        rank: usize,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
     /// Waiting for a rank failed (the others were stopped).
     #[error("cannot wait for rank {rank}: {source}")]
     Wait {
@@ -257,25 +278,73 @@ impl Sink {
     }
 }
 
-fn pump(rank: usize, is_stderr: bool, pipe: impl Read, sink: Sink) {
+/// What the launcher knows of one output reader while it drains the ranks' last output.
+#[derive(Default)]
+struct Reader {
+    /// Bytes read from the pipe so far.
+    read: std::sync::atomic::AtomicU64,
+    /// Inside `Sink::emit` (a write to the launcher's output, which may block on its consumer).
+    emitting: std::sync::atomic::AtomicBool,
+    /// Reached the end of the pipe (or an error).
+    done: std::sync::atomic::AtomicBool,
+}
+
+fn pump(rank: usize, is_stderr: bool, pipe: impl Read, sink: Sink, state: &Reader) {
+    use std::sync::atomic::Ordering::Relaxed;
     let mut r = BufReader::new(pipe);
     let mut line = Vec::new();
     loop {
         line.clear();
         match r.read_until(b'\n', &mut line) {
             Ok(0) => break,
-            Ok(_) => {
+            Ok(n) => {
+                state.read.fetch_add(n as u64, Relaxed);
                 if line.last() == Some(&b'\n') {
                     line.pop();
                     if line.last() == Some(&b'\r') {
                         line.pop();
                     }
                 }
+                state.emitting.store(true, Relaxed);
                 sink.emit(rank, is_stderr, &line);
+                state.emitting.store(false, Relaxed);
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(_) => break,
         }
+    }
+    state.done.store(true, Relaxed);
+}
+
+/// Waits for the readers to forward what the ranks wrote (every rank has exited): while a
+/// reader is writing a line out (its consumer may be slow) or read something within
+/// [`READER_GRACE`], up to [`READER_TAIL_BYTES`] more bytes each. Returns when every reader is
+/// done, or only idle readers (a grandchild holding a pipe open) or chatty ones (a grandchild
+/// still writing) are left.
+fn drain(readers: &[Arc<Reader>]) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let start: Vec<u64> = readers.iter().map(|r| r.read.load(Relaxed)).collect();
+    let mut seen = start.clone();
+    // Per reader: when it last read something.
+    let mut progress = vec![Instant::now(); readers.len()];
+    loop {
+        let mut waiting = false;
+        for (i, r) in readers.iter().enumerate() {
+            if r.done.load(Relaxed) {
+                continue;
+            }
+            let read = r.read.load(Relaxed);
+            if read != seen[i] {
+                seen[i] = read;
+                progress[i] = Instant::now();
+            }
+            let owed = read - start[i] <= READER_TAIL_BYTES;
+            waiting |= owed && (r.emitting.load(Relaxed) || progress[i].elapsed() < READER_GRACE);
+        }
+        if !waiting {
+            return;
+        }
+        thread::sleep(POLL_INTERVAL);
     }
 }
 
@@ -342,9 +411,10 @@ fn run(spec: &LaunchSpec, sink: Sink) -> Result<LaunchOutcome, LaunchError> {
         Some(nodes) if nodes > 0 && spec.nproc % nodes == 0 => spec.nproc / nodes,
         Some(nodes) => return Err(LaunchError::VirtualNodes { nproc: spec.nproc, nodes }),
     };
+    // Port 0 is "any free port", as for a socket.
     let port = match spec.master_port {
-        Some(p) => p,
-        None => free_port(&spec.master_addr)?,
+        Some(p) if p != 0 => p,
+        _ => free_port(&spec.master_addr)?,
     };
     let token = if spec.env.iter().any(|(k, _)| k == JOB_TOKEN_ENV) {
         None // spec.env sets it (applied below)
@@ -352,10 +422,11 @@ fn run(spec: &LaunchSpec, sink: Sink) -> Result<LaunchOutcome, LaunchError> {
         Some(random_job_token().map_err(|source| LaunchError::JobToken { source })?)
     };
     let _signals = signals::Guard::install();
-    let (done_tx, done_rx) = mpsc::channel::<()>();
     let (exit_tx, exit_rx) = mpsc::channel::<(usize, Option<Instant>)>();
-    let mut readers = 0usize;
-    let mut ranks: Vec<Rank> = Vec::with_capacity(spec.nproc);
+    let mut readers: Vec<Arc<Reader>> = Vec::new();
+    // Not `with_capacity(nproc)`: a huge `nproc` fails at the rank that cannot start, with the
+    // others stopped, not at an allocation.
+    let mut ranks: Vec<Rank> = Vec::new();
 
     for rank in 0..spec.nproc {
         let mut cmd = Command::new(&spec.program);
@@ -392,26 +463,27 @@ fn run(spec: &LaunchSpec, sink: Sink) -> Result<LaunchOutcome, LaunchError> {
                 return Err(LaunchError::Spawn { rank, program: spec.program.clone(), source });
             }
         };
-        if let Some(out) = child.stdout.take() {
-            let (sink, tx) = (sink.clone(), done_tx.clone());
-            thread::spawn(move || {
-                pump(rank, false, out, sink);
-                let _ = tx.send(());
-            });
-            readers += 1;
-        }
-        if let Some(err) = child.stderr.take() {
-            let (sink, tx) = (sink.clone(), done_tx.clone());
-            thread::spawn(move || {
-                pump(rank, true, err, sink);
-                let _ = tx.send(());
-            });
-            readers += 1;
-        }
+        let pipes = [
+            child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>),
+            child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>),
+        ];
         let poll = !watch_exit(rank, &child, exit_tx.clone());
         ranks.push(Rank { child, status: None, exited_at: None, poll });
+        for (is_stderr, pipe) in [false, true].into_iter().zip(pipes) {
+            let Some(pipe) = pipe else { continue };
+            let (sink, state) = (sink.clone(), Arc::new(Reader::default()));
+            let mine = state.clone();
+            let started = thread::Builder::new()
+                .name(format!("rank-{rank}-{}", if is_stderr { "err" } else { "out" }))
+                .spawn(move || pump(rank, is_stderr, pipe, sink, &mine));
+            if let Err(source) = started {
+                // No thread to forward its output: stop every rank (this one too).
+                stop_all(&mut ranks);
+                return Err(LaunchError::Reader { rank, source });
+            }
+            readers.push(state);
+        }
     }
-    drop(done_tx);
     drop(exit_tx);
 
     let mut wait_error: Option<LaunchError> = None;
@@ -493,15 +565,9 @@ fn run(spec: &LaunchSpec, sink: Sink) -> Result<LaunchOutcome, LaunchError> {
         }
     }
 
-    // Let the readers drain what the ranks wrote; do not wait for grandchildren that keep a
+    // Let the readers forward what the ranks wrote; do not wait for grandchildren that keep a
     // pipe open.
-    let deadline = Instant::now() + READER_GRACE;
-    for _ in 0..readers {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if done_rx.recv_timeout(left).is_err() {
-            break;
-        }
-    }
+    drain(&readers);
 
     let exits: Vec<(ExitStatus, Instant)> = ranks
         .iter()

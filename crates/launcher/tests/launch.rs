@@ -216,6 +216,64 @@ fn binary_prints_a_cause_once() {
     assert_eq!(stderr.matches("No such file or directory").count(), 1, "{stderr}");
 }
 
+/// A consumer that reads the launcher's output late (a pager, a slow terminal, ssh) still gets
+/// every line, on success and on failure. Before, the launcher gave its readers 1 s after the
+/// last rank exited and returned: about 64 KiB a pipe was dropped, with exit status 0.
+#[test]
+fn binary_forwards_every_line_to_a_slow_consumer() {
+    for (script, code) in [("seq 1 20000", 0), ("seq 1 20000; exit 3", 3), ("seq 1 20000 >&2", 0)] {
+        let mut child = Command::new(BIN)
+            .args(["--nproc", "1", "--", "sh", "-c", script])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Nothing read for longer than the launcher's grace for idle readers.
+        std::thread::sleep(Duration::from_millis(2500));
+        let mut err = child.stderr.take().unwrap();
+        let errs = std::thread::spawn(move || {
+            let mut s = String::new();
+            err.read_to_string(&mut s).unwrap();
+            s
+        });
+        let mut out = String::new();
+        child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+        let status = child.wait().unwrap();
+        let err = errs.join().unwrap();
+        assert_eq!(status.code(), Some(code), "{script}: {err}");
+        let lines = if script.contains(">&2") { &err } else { &out };
+        let got: Vec<&str> = lines.lines().filter(|l| l.starts_with("[rank 0] ")).collect();
+        assert_eq!(got.len(), 20000, "{script}: lines forwarded");
+        assert_eq!(got[19999], "[rank 0] 20000", "{script}: the last line");
+    }
+}
+
+/// A grandchild that keeps writing after the ranks exited does not hold the launcher (it
+/// forwards at most about a pipe's worth more), nor does one holding a pipe open in silence.
+#[test]
+fn binary_returns_despite_a_grandchild_writing_on() {
+    for script in ["(yes &); echo hi", "(sleep 30 &); echo hi"] {
+        let start = Instant::now();
+        let out = Command::new(BIN).args(["--nproc", "1", "--", "sh", "-c", script]).output().unwrap();
+        assert!(out.status.success(), "{script}: {out:?}");
+        assert!(start.elapsed() < Duration::from_secs(10), "{script}: took {:?}", start.elapsed());
+        assert!(String::from_utf8_lossy(&out.stdout).starts_with("[rank 0] hi\n"), "{script}");
+    }
+    // The writing grandchild dies of SIGPIPE now that the launcher is gone.
+}
+
+/// `--master-port 0` is any free port, as for a socket (before, the ranks got port 0).
+#[test]
+fn binary_master_port_0_picks_a_free_port() {
+    let out = Command::new(BIN)
+        .args(["--nproc", "1", "--master-port", "0", "--", "sh", "-c", "echo $MASTER_PORT"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let port: u16 = String::from_utf8(out.stdout).unwrap().trim().trim_start_matches("[rank 0] ").parse().unwrap();
+    assert_ne!(port, 0);
+}
+
 #[test]
 fn binary_rejects_bad_arguments() {
     let out = Command::new(BIN).args(["--nproc", "0", "--", "true"]).output().unwrap();

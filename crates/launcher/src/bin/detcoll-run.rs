@@ -26,7 +26,7 @@ struct Cli {
     /// MASTER_ADDR given to the ranks.
     #[arg(long, default_value = "127.0.0.1")]
     master_addr: String,
-    /// MASTER_PORT given to the ranks (default: a free port).
+    /// MASTER_PORT given to the ranks (default, or 0: a free port).
     #[arg(long)]
     master_port: Option<u16>,
     /// Do not prefix output lines with `[rank N] `; ranks write straight to the terminal.
