@@ -37,6 +37,12 @@ create_exception!(detcoll, ForkedHandle, DetcollError, "A collective used in a f
 create_exception!(detcoll, Poisoned, DetcollError, "The collective is poisoned by an earlier failure.");
 create_exception!(detcoll, PeerTimeout, DetcollError, "A peer did not arrive in time.");
 create_exception!(detcoll, PeerDied, DetcollError, "A peer process is gone.");
+create_exception!(
+    detcoll,
+    PeerFailed,
+    DetcollError,
+    "A peer is alive but stopped after a failure of its own (its own error names the cause)."
+);
 create_exception!(detcoll, PeerClosed, DetcollError, "A peer closed the collective.");
 create_exception!(detcoll, OutOfMemory, DetcollError, "Memory the collective needs could not be reserved.");
 create_exception!(detcoll, SignatureMismatch, DetcollError, "Ranks made different calls.");
@@ -74,6 +80,7 @@ pub fn to_py(e: Error) -> PyErr {
         Error::Poisoned { .. } => Poisoned::new_err(msg),
         Error::PeerTimeout { .. } => PeerTimeout::new_err(msg),
         Error::PeerDied { .. } => PeerDied::new_err(msg),
+        Error::PeerFailed { .. } => PeerFailed::new_err(msg),
         Error::PeerClosed { .. } => PeerClosed::new_err(msg),
         Error::OutOfMemory { .. } => OutOfMemory::new_err(msg),
         Error::SignatureMismatch { .. } => SignatureMismatch::new_err(msg),
@@ -115,6 +122,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         Poisoned,
         PeerTimeout,
         PeerDied,
+        PeerFailed,
         PeerClosed,
         OutOfMemory,
         SignatureMismatch,

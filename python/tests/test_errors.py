@@ -189,3 +189,34 @@ def test_world_of_one_without_a_launcher(monkeypatch):
         assert_bits_equal(c.all_reduce(x.copy()), x)
         assert_bits_equal(c.all_gather(x), x)
         assert_bits_equal(c.reduce_scatter(x), x)
+
+
+def test_a_peer_that_gave_up_is_peer_failed_not_peer_died(monkeypatch):
+    # Rank 1 arrives after rank 0's bound: rank 0 times out and stops (alive). Rank 1's first
+    # call may still complete (rank 0's input was intact); its next call names rank 0 as
+    # stopped after a failure of its own, not as a dead process.
+    import time
+
+    monkeypatch.setenv("DETCOLL_TIMEOUT_MS", "500")
+    comms = detcoll.thread_group(2)
+
+    def calls(c):
+        x = np.full(64, c.rank + 1, np.float32)
+        if c.rank == 1:
+            time.sleep(1.5)
+        got = []
+        for _ in range(2):
+            try:
+                c.all_reduce(x)
+                got.append("ok")
+            except detcoll.DetcollError as e:
+                got.append((type(e).__name__, str(e)))
+        return got
+
+    r0, r1 = on_ranks(comms, calls)
+    assert r0[0][0] == "PeerTimeout" and r0[1][0] == "Poisoned", r0
+    if r1[0] == "ok":
+        name, msg = r1[1]
+        assert name == "PeerFailed", r1
+        assert "rank 0 stopped after a failure of its own" in msg and "timed out" in msg, msg
+    close_all(comms)

@@ -69,8 +69,14 @@ pub enum Error {
     Poisoned { cause: String },
     #[error("rank {peer} did not {what} within {waited:?}")]
     PeerTimeout { peer: usize, what: &'static str, waited: Duration },
+    /// The peer's process (or its memory) is gone.
     #[error("rank {peer} is gone: {detail}")]
     PeerDied { peer: usize, detail: String },
+    /// The peer is alive but stopped taking part after a failure of its own (it timed out on a
+    /// rank, saw a mismatch, lost a peer): its own error names the cause; `detail` says which.
+    /// This rank's call cannot complete, so the collective is poisoned too.
+    #[error("rank {peer} stopped after a failure of its own: {detail}")]
+    PeerFailed { peer: usize, detail: String },
     /// The peer closed its handle (or dropped it) while this rank still makes calls.
     #[error("rank {peer} has closed the collective; this rank cannot {what}")]
     PeerClosed { peer: usize, what: &'static str },
@@ -117,6 +123,7 @@ impl Error {
         match self {
             Error::PeerTimeout { peer, what, waited } => Error::PeerTimeout { peer: rank(peer), what, waited },
             Error::PeerDied { peer, detail } => Error::PeerDied { peer: rank(peer), detail },
+            Error::PeerFailed { peer, detail } => Error::PeerFailed { peer: rank(peer), detail },
             Error::PeerClosed { peer, what } => Error::PeerClosed { peer: rank(peer), what },
             Error::SignatureMismatch { peer, ours, theirs } => {
                 Error::SignatureMismatch { peer: rank(peer), ours, theirs }
@@ -141,6 +148,7 @@ impl Error {
             self,
             Error::PeerTimeout { .. }
                 | Error::PeerDied { .. }
+                | Error::PeerFailed { .. }
                 | Error::PeerClosed { .. }
                 | Error::SignatureMismatch { .. }
                 | Error::Backend { .. }

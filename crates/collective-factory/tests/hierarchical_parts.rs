@@ -187,6 +187,7 @@ fn blamed(e: &Error) -> Option<usize> {
         Error::SignatureMismatch { peer, .. }
         | Error::PeerTimeout { peer, .. }
         | Error::PeerDied { peer, .. }
+        | Error::PeerFailed { peer, .. }
         | Error::PeerClosed { peer, .. } => Some(*peer),
         Error::Bootstrap(b) => b.culprit(),
         _ => None,

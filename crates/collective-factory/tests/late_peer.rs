@@ -46,6 +46,15 @@ fn a_rank_arriving_after_the_bound_gets_the_exact_sum_or_an_error_then_fails_its
                 let t = Instant::now();
                 let next = comm.all_reduce(Io::host(&x, &mut y), &());
                 assert!(next.is_err(), "rank {me}: the call after the timeout returned Ok");
+                if me == 1 && first.is_ok() {
+                    // Rank 0 is alive and stopped after its timeout: it has not died.
+                    match &next {
+                        Err(Error::PeerFailed { peer: 0, detail }) => {
+                            assert!(detail.contains("timed out"), "rank 1: the cause: {detail}")
+                        }
+                        other => panic!("rank 1: expected PeerFailed naming rank 0, got {other:?}"),
+                    }
+                }
                 assert!(t.elapsed() < BOUND * 3, "rank {me}: the next call took {:?}", t.elapsed());
                 println!("rank {me}: first {first:?} after {took:?}, next {next:?}");
             });

@@ -38,6 +38,20 @@ pub const ERR_PEER_EXITED: u64 = 7;
 /// its mapping (the executor's device returns the precise error for the object).
 pub const ERR_HOST_FAULT: u64 = 8;
 
+/// What a peer's status word `code` (the first failure it recorded) says it saw.
+fn peer_failure(code: u64) -> String {
+    match code {
+        ERR_TIMEOUT_READY | ERR_TIMEOUT_PHASE2 => "it timed out waiting for a rank".into(),
+        ERR_MISMATCH => "a rank's call differed from its own".into(),
+        ERR_CORRUPT => "it found corrupt protocol state".into(),
+        ERR_PEER_FAILED => "a rank it waited for had stopped".into(),
+        ERR_PEER_CLOSED => "a rank it waited for had closed the collective".into(),
+        ERR_PEER_EXITED => "the process of a rank it waited for exited".into(),
+        ERR_HOST_FAULT => "a shared-memory object was truncated under it".into(),
+        other => format!("error code {other}"),
+    }
+}
+
 fn describe(w0: u64, w1: u64) -> String {
     Signature::unpack([w0, w1]).map_or_else(|| format!("an unreadable signature [{w0:#x}, {w1:#x}]"), |s| s.to_string())
 }
@@ -72,10 +86,11 @@ pub fn decode(w: &[u64; RECORD_WORDS], timeout: Duration, backend: &'static str)
                 FlagWord(observed).generation()
             ),
         },
-        ERR_PEER_FAILED => Error::PeerDied {
+        ERR_PEER_FAILED => Error::PeerFailed {
             peer,
             detail: format!(
-                "it recorded a protocol failure (code {observed}) during generation {generation} and stopped"
+                "{} (its failure code {observed}, this rank's generation {generation})",
+                peer_failure(observed)
             ),
         },
         ERR_PEER_CLOSED => Error::PeerClosed { peer, what: "complete a call that needs it" },
