@@ -167,3 +167,63 @@ fn a_node_vanishing_fails_every_survivor_in_bounded_time() {
         }
     }
 }
+
+const DIES_ENV: &str = "DETCOLL_VNODES_DIES";
+
+/// Child of [`a_dead_rank_is_named_by_its_world_rank`]: the calls once, then rank `dies` exits
+/// without closing; every other rank calls again and closes, printing both errors.
+fn child_of_a_dead_rank(dies: usize) {
+    let boot: Arc<dyn Bootstrap> = Arc::new(TcpBootstrap::from_env().expect("bootstrap"));
+    let (rank, world) = (boot.rank(), boot.world_size());
+    let comm = cpu::from_bootstrap(boot, &Config::new().with_capacity(1 << 16)).expect("collective");
+    calls(&comm, world, 1).expect("the calls before the loss");
+    if rank == dies {
+        std::process::exit(0);
+    }
+    let second = calls(&comm, world, 2).expect_err("a call after the loss");
+    let close = comm.close();
+    println!("DEAD {rank} CALL {second} CLOSE {close:?} END");
+}
+
+#[test]
+fn a_dead_rank_is_named_by_its_world_rank() {
+    if let Some(dies) = std::env::var(DIES_ENV).ok().and_then(|v| v.parse().ok()) {
+        return child_of_a_dead_rank(dies);
+    }
+    // 2 virtual nodes of 4; rank 5 exits. Its node peers (4, 6, 7) must blame rank 5 in their
+    // call and in their close (before: the close said "rank 1", rank 5's index in its node),
+    // and rank 1, whose partner across nodes rank 5 is, too; ranks 0, 2, 3 fail in the step
+    // across nodes against their own partners (4, 6, 7), which stop after the loss.
+    let exe = std::env::current_exe().expect("test binary");
+    let mut spec = LaunchSpec::new(8, exe)
+        .args(["a_dead_rank_is_named_by_its_world_rank", "--exact", "--nocapture", "--test-threads=1"])
+        .env(DIES_ENV, "5")
+        .env("DETCOLL_BOOTSTRAP_TIMEOUT_MS", BOUND_MS.to_string());
+    spec.virtual_nodes = Some(2);
+    spec.prefix_output = false;
+    spec.stop_on_failure = false;
+    let (outcome, outputs) = launch_captured(&spec).expect("launch");
+    assert!(outcome.success(), "{outcome:?}: {outputs:#?}");
+    for (rank, out) in outputs.iter().enumerate() {
+        if rank == 5 {
+            continue;
+        }
+        let line = out.lines().find_map(|l| l.split_once("DEAD ").map(|(_, r)| r.to_owned()));
+        let line = line.unwrap_or_else(|| panic!("rank {rank} printed no result: {out}"));
+        let (call, close) = line.split_once(" CLOSE ").expect("format");
+        let blames = |text: &str, r: usize| {
+            text.contains(&format!("peer: {r},"))
+                || text.contains(&format!("peer: {r} "))
+                || text.contains(&format!("rank: {r},"))
+        };
+        match rank {
+            4 | 6 | 7 => {
+                assert!(blames(call, 5), "rank {rank}'s call blames rank 5: {call}");
+                assert!(close.starts_with("Ok") || blames(close, 5), "rank {rank}'s close blames rank 5: {close}");
+            }
+            1 => assert!(blames(call, 5), "rank 1's call blames rank 5 (its partner across): {call}"),
+            _ => assert!(blames(call, rank + 4), "rank {rank}'s call blames its partner {}: {call}", rank + 4),
+        }
+        println!("rank {rank}: {line}");
+    }
+}

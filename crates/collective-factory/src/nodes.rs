@@ -129,6 +129,8 @@ pub struct Nodes<I: Collective, T> {
     /// The first failure that poisoned the route, its ranks the world's (what later calls
     /// report, rather than the backends' own record in their ranks).
     failed: std::sync::Mutex<Option<String>>,
+    /// `close` began: `check` says `Closed` from then on, as the flat routes do.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl<I: Collective + std::fmt::Debug, T: std::fmt::Debug> std::fmt::Debug for Nodes<I, T> {
@@ -184,7 +186,16 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
             return bad("the cross-node transport's world", cross.world_size(), layout.nodes);
         }
         let routes = routes.without_transport().for_world(layout.local);
-        Ok(Nodes { layout, rank, local, routes, cross, scratch, failed: std::sync::Mutex::new(None) })
+        Ok(Nodes {
+            layout,
+            rank,
+            local,
+            routes,
+            cross,
+            scratch,
+            failed: std::sync::Mutex::new(None),
+            closed: Default::default(),
+        })
     }
 
     /// The layout.
@@ -229,12 +240,13 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
 
     /// `via` with the backends' errors in the world's ranks.
     fn world_ranks<'v, V: Via<I, T>>(&self, via: &'v V) -> WorldRanks<'v, V> {
-        WorldRanks {
-            via,
-            layout: self.layout,
-            node: self.layout.node(self.rank),
-            local_rank: self.layout.local_rank(self.rank),
-        }
+        WorldRanks { via, names: self.names() }
+    }
+
+    /// How this rank's backends' ranks are named in the world.
+    fn names(&self) -> WorldNames {
+        let (l, node) = (self.layout.local, self.layout.node(self.rank));
+        WorldNames { node_base: node * l, local: l, local_rank: self.layout.local_rank(self.rank) }
     }
 
     /// `result`, its failure kept as the route's poison when it is one.
@@ -402,6 +414,9 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
     }
 
     pub(crate) fn check(&self) -> Result<(), Error> {
+        if self.closed.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
         if let Some(cause) = self.failed.lock().unwrap_or_else(|p| p.into_inner()).clone() {
             return Err(Error::Poisoned { cause });
         }
@@ -414,43 +429,54 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
         self.cross.check()
     }
 
+    /// Closes both backends; their errors name the world's ranks, as calls' do.
     pub(crate) fn close(&self) -> Result<(), Error> {
-        let a = self.local.close();
-        let b = self.cross.close();
+        self.closed.store(true, std::sync::atomic::Ordering::Release);
+        let names = self.names();
+        let a = self.local.close().map_err(|e| names.in_node(e));
+        let b = self.cross.close().map_err(|e| names.across(e));
         a.and(b)
     }
 }
 
-/// A call's way to the backends whose errors name the world's ranks: rank `p` of the node's
-/// collective is `node * L + p`, rank `n` of the transport across nodes `n * L + local_rank`.
-struct WorldRanks<'v, V> {
-    via: &'v V,
-    layout: NodeLayout,
-    node: usize,
+/// One rank's backends' ranks in the world: rank `p` of the node's collective is
+/// `node * L + p`, rank `n` of the transport across nodes `n * L + local_rank`.
+#[derive(Clone, Copy)]
+struct WorldNames {
+    /// `node * L`.
+    node_base: usize,
+    /// `L`.
+    local: usize,
     local_rank: usize,
 }
 
-impl<V> WorldRanks<'_, V> {
-    fn in_node(&self, e: Error) -> Error {
-        let base = self.node * self.layout.local;
-        e.map_ranks(|p| base + p)
+impl WorldNames {
+    /// An error of the node's collective, in the world's ranks.
+    fn in_node(self, e: Error) -> Error {
+        e.map_ranks(|p| self.node_base + p)
     }
 
-    fn across(&self, e: Error) -> Error {
-        let (l, me) = (self.layout.local, self.local_rank);
-        e.map_ranks(|n| n * l + me)
+    /// An error of the transport across nodes, in the world's ranks.
+    fn across(self, e: Error) -> Error {
+        e.map_ranks(|n| n * self.local + self.local_rank)
     }
+}
+
+/// A call's way to the backends whose errors name the world's ranks ([`WorldNames`]).
+struct WorldRanks<'v, V> {
+    via: &'v V,
+    names: WorldNames,
 }
 
 impl<I: Collective, T, V: Via<I, T>> Via<I, T> for WorldRanks<'_, V> {
     fn ipc(&self, ipc: &I, op: Op, io: Io<'_>, route: IpcRoute, part: u32) -> Result<(), Error> {
-        self.via.ipc(ipc, op, io, route, part).map_err(|e| self.in_node(e))
+        self.via.ipc(ipc, op, io, route, part).map_err(|e| self.names.in_node(e))
     }
     fn transport(&self, transport: &T, op: Op, io: Io<'_>, part: u32) -> Result<(), Error> {
-        self.via.transport(transport, op, io, part).map_err(|e| self.across(e))
+        self.via.transport(transport, op, io, part).map_err(|e| self.names.across(e))
     }
     fn ipc_many(&self, ipc: &I, lanes: &[Io<'_>], route: IpcRoute, part: u32) -> Result<(), Error> {
-        self.via.ipc_many(ipc, lanes, route, part).map_err(|e| self.in_node(e))
+        self.via.ipc_many(ipc, lanes, route, part).map_err(|e| self.names.in_node(e))
     }
     fn stream(&self) -> CallStream<'_, I::Stream> {
         self.via.stream()

@@ -232,6 +232,11 @@ fn errors_of_the_hierarchical_route_name_the_worlds_ranks() {
                     }
                     other => panic!("rank {me}: expected Poisoned, got {other:?}"),
                 }
+                // Closed, the poisoned handle says so, as the flat routes do (before: Poisoned).
+                let t = Instant::now();
+                let _ = comm.close();
+                assert!(t.elapsed() < BOUND / 2, "rank {me}: close took {:?}", t.elapsed());
+                assert!(matches!(comm.check(), Err(Error::Closed)), "rank {me}: check after close: {:?}", comm.check());
                 drop(comm);
             });
         }
