@@ -124,6 +124,17 @@ fn run() -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(code))
 }
 
+/// Whether the rank was ended by a signal (the launcher's, once it is stopping ranks).
+#[cfg(unix)]
+fn by_signal(status: &ExitStatus) -> bool {
+    std::os::unix::process::ExitStatusExt::signal(status).is_some()
+}
+
+#[cfg(not(unix))]
+fn by_signal(_status: &ExitStatus) -> bool {
+    false
+}
+
 /// The lines that explain a failed launch: the rank that failed first for a reason of its own,
 /// then what became of the others.
 fn failure_report(outcome: &LaunchOutcome) -> String {
@@ -139,7 +150,14 @@ fn failure_report(outcome: &LaunchOutcome) -> String {
             continue;
         }
         if outcome.stopped_by_launcher.get(rank).copied().unwrap_or(false) {
-            out.push_str(&format!("detcoll-run: rank {rank} was stopped by the launcher ({status})\n"));
+            // A rank that exited with a status of its own once the stopping began may have
+            // failed by itself at about the same moment: say only what is known.
+            let line = if by_signal(status) {
+                format!("detcoll-run: rank {rank} was stopped by the launcher ({status})\n")
+            } else {
+                format!("detcoll-run: rank {rank} exited after the launcher began stopping the ranks ({status})\n")
+            };
+            out.push_str(&line);
         } else if !status.success() {
             out.push_str(&format!("detcoll-run: rank {rank} failed later ({status})\n"));
         } else {
