@@ -186,10 +186,22 @@ impl Communicator {
         residual: (u64, usize, String),
         weight: (u64, usize, String),
         hidden: usize,
-        eps: f32,
+        eps: f64,
         stream: u64,
     ) -> PyResult<()> {
         let b = self.backend()?;
+        // `eps` is an f32: a finite Python float beyond its range would round to infinity and
+        // be refused as "inf", a value the caller never passed.
+        if eps.is_finite() && eps.abs() > f64::from(f32::MAX) {
+            return Err(to_py(Error::InvalidArgument {
+                op: collective_factory::Op::AllReduce,
+                argument: "eps",
+                detail: format!(
+                    "is {eps:e}, beyond the f32 range the norm computes in; expected a finite value, 0 or more"
+                ),
+            }));
+        }
+        let eps = eps as f32;
         let t = |v: &(u64, usize, String)| buf(v.0, v.1, &v.2).map_err(to_py);
         let bufs = NormBufs { x: t(&x)?, y: t(&out)?, residual: t(&residual)?, weight: t(&weight)? };
         // SAFETY: as `call`, for the four tensors (the wrapper keeps them referenced).

@@ -86,6 +86,8 @@ def test_refused_calls_write_nothing(group):
         ("a residual of another dtype", dict(residual=residual.astype(np.float16)), detcoll.DtypeMismatch),
         ("a short residual", dict(residual=residual[:1]), detcoll.LengthMismatch),
         ("a negative eps", dict(eps=-1.0), detcoll.InvalidArgument),
+        # Beyond f32: refused naming the value passed (it read "eps is inf" before).
+        ("an eps beyond f32", dict(eps=1e300), detcoll.InvalidArgument),
         ("an out of another size", dict(out=np.zeros((1, 64), np.float32)), detcoll.LengthMismatch),
     ]
     for what, change, error in cases:
@@ -118,3 +120,9 @@ def test_residual_sharing_memory_with_x_and_an_out_is_refused(group):
                 c.all_reduce_residual_rmsnorm(buf[0:2], residual, weight, eps=EPS, out=out)
         assert_bits_equal(buf, before, f"{what}: x or the residual was written")
         assert (out == -7.0).all(), f"{what}: out was written"
+
+
+def test_an_eps_beyond_f32_is_named_as_passed(group):
+    x, residual, weight = values("f32", (2, 64), [1]), values("f32", (2, 64), [2]), values("f32", (64,), [3])
+    with pytest.raises(detcoll.InvalidArgument, match="eps is 1e300"):
+        group[0].all_reduce_residual_rmsnorm(x, residual, weight, eps=1e300)

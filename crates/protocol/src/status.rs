@@ -89,7 +89,7 @@ pub fn decode(w: &[u64; RECORD_WORDS], timeout: Duration, backend: &'static str)
         ERR_PEER_FAILED => Error::PeerFailed {
             peer,
             detail: format!(
-                "{} (its failure code {observed}, this rank's generation {generation})",
+                "{} (its failure code {observed}; protocol generation {generation}, one per call or chunk)",
                 peer_failure(observed)
             ),
         },
@@ -100,7 +100,9 @@ pub fn decode(w: &[u64; RECORD_WORDS], timeout: Duration, backend: &'static str)
         },
         ERR_PEER_EXITED => Error::PeerDied {
             peer,
-            detail: format!("its process {observed} exited while this rank waited for it in generation {generation}"),
+            detail: format!(
+                "its process {observed} exited while this rank waited for it (protocol generation {generation}, one per call or chunk)"
+            ),
         },
         other => Error::Backend { backend, detail: format!("unknown error code {other} in the device error record") },
     }

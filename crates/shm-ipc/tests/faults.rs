@@ -506,3 +506,34 @@ fn huge_capacities_are_invalid_config_on_every_rank() {
     }
     assert_all_ok(&launch(2, "huge_capacities_are_invalid_config_on_every_rank"));
 }
+
+/// A peer that failed (it timed out waiting for this rank) and then exited is gone: this rank's
+/// next wait for it says `PeerDied`, not `PeerFailed` (which says the peer is alive; found by
+/// an outside probe: the peer had exited seconds before).
+#[test]
+fn a_peer_that_failed_then_exited_is_dead() {
+    const TEST: &str = "a_peer_that_failed_then_exited_is_dead";
+    if let Some((rank, boot)) = child() {
+        let c = ShmCollective::new(&boot, config()).unwrap();
+        all_reduce(&c, 64).unwrap();
+        if rank == 1 {
+            // Rank 0 comes after the bound: time out, then leave without closing.
+            let err = all_reduce(&c, 64).expect_err("rank 0 is late");
+            assert!(matches!(err, Error::PeerTimeout { peer: 0, .. }), "{err}");
+            println!("VERDICT ok rank {rank}: {err}, exiting");
+            std::process::exit(0);
+        }
+        std::thread::sleep(BOUND + Duration::from_secs(1));
+        // The late call may complete (rank 1's input was published); the next cannot.
+        let err = match all_reduce(&c, 64) {
+            Ok(_) => all_reduce(&c, 64).expect_err("rank 1 is gone"),
+            Err(e) => e,
+        };
+        assert!(matches!(err, Error::PeerDied { peer: 1, .. }), "{err}");
+        println!("VERDICT ok rank {rank}: {err}");
+        return;
+    }
+    for (r, (ok, out)) in launch(2, TEST).into_iter().enumerate() {
+        assert!(ok && out.contains("VERDICT ok"), "rank {r}:\n{out}");
+    }
+}

@@ -298,7 +298,12 @@ impl Call<'_> {
                 if let Some(v) = probe().filter(&after_failure) {
                     return Some(v);
                 }
-                self.fail(ERR_PEER_FAILED, peer, pa);
+                // A peer that failed and has since exited is gone: PeerDied, not PeerFailed
+                // (which says the peer is alive).
+                match self.watch.exited(peer as usize) {
+                    Some(pid) => self.fail(ERR_PEER_EXITED, peer, u64::from(pid)),
+                    None => self.fail(ERR_PEER_FAILED, peer, pa),
+                }
                 return None;
             }
             if self.past(start) {
