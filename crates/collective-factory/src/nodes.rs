@@ -128,7 +128,7 @@ pub struct Nodes<I: Collective, T> {
     scratch: Box<dyn Scratch<I::Stream>>,
     /// The first failure that poisoned the route, its ranks the world's (what later calls
     /// report, rather than the backends' own record in their ranks).
-    failed: std::sync::Mutex<Option<String>>,
+    failed: std::sync::OnceLock<String>,
     /// `close` began: `check` says `Closed` from then on, as the flat routes do.
     closed: std::sync::atomic::AtomicBool,
 }
@@ -193,7 +193,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
             routes,
             cross,
             scratch,
-            failed: std::sync::Mutex::new(None),
+            failed: std::sync::OnceLock::new(),
             closed: Default::default(),
         })
     }
@@ -254,8 +254,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
         if let Err(e) = &result
             && e.poisons()
         {
-            let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
-            failed.get_or_insert_with(|| e.to_string());
+            let _ = self.failed.set(e.to_string());
         }
         result
     }
@@ -417,8 +416,8 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
         if self.closed.load(std::sync::atomic::Ordering::Acquire) {
             return Err(Error::Closed);
         }
-        if let Some(cause) = self.failed.lock().unwrap_or_else(|p| p.into_inner()).clone() {
-            return Err(Error::Poisoned { cause });
+        if let Some(cause) = self.failed.get() {
+            return Err(Error::Poisoned { cause: cause.clone() });
         }
         self.local.check()?;
         self.cross.check()
