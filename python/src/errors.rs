@@ -1,6 +1,7 @@
 //! The Python exceptions: one class per variant of the Rust `Error`, under a common
 //! `detcoll.DetcollError`, so callers catch what they can handle (`detcoll.InvalidArgument`:
-//! bad input, nothing was written; `detcoll.PeerTimeout`: a peer did not arrive; ...).
+//! bad input, nothing was written; `detcoll.PeerTimeout`: a peer did not arrive; ...). An
+//! exception that blames a rank has it as `peer`.
 use collective_factory::Error;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -52,8 +53,35 @@ create_exception!(detcoll, LibraryMissing, DetcollError, "A GPU library could no
 create_exception!(detcoll, BackendError, DetcollError, "A backend failure (a GPU runtime call, NVRTC, NCCL).");
 create_exception!(detcoll, BootstrapError, DetcollError, "The rank rendezvous failed.");
 
-/// The Python exception of `e`, its message the Rust error's.
+/// The rank `e` blames, in the world's numbering: a peer that timed out, died, stopped, closed
+/// or made another call, or the rank a bootstrap failure names.
+fn blamed(e: &Error) -> Option<usize> {
+    match e {
+        Error::PeerTimeout { peer, .. }
+        | Error::PeerDied { peer, .. }
+        | Error::PeerFailed { peer, .. }
+        | Error::PeerClosed { peer, .. }
+        | Error::SignatureMismatch { peer, .. } => Some(*peer),
+        Error::Bootstrap(b) => b.culprit(),
+        _ => None,
+    }
+}
+
+/// The Python exception of `e`, its message the Rust error's; an error that blames a rank
+/// carries it as the exception's `peer` attribute (so callers need not parse the message).
 pub fn to_py(e: Error) -> PyErr {
+    let peer = blamed(&e);
+    let err = exception(e);
+    if let Some(peer) = peer {
+        Python::attach(|py| {
+            let _ = err.value(py).setattr("peer", peer);
+        });
+    }
+    err
+}
+
+/// The exception class of `e` with its message.
+fn exception(e: Error) -> PyErr {
     let msg = e.to_string();
     match e {
         Error::UnsupportedWorldSize { .. } => UnsupportedWorldSize::new_err(msg),

@@ -210,13 +210,14 @@ def test_a_peer_that_gave_up_is_peer_failed_not_peer_died(monkeypatch):
                 c.all_reduce(x)
                 got.append("ok")
             except detcoll.DetcollError as e:
-                got.append((type(e).__name__, str(e)))
+                # The rank it blames, as an attribute (None where it blames none).
+                got.append((type(e).__name__, getattr(e, "peer", None), str(e)))
         return got
 
     r0, r1 = on_ranks(comms, calls)
-    assert r0[0][0] == "PeerTimeout" and r0[1][0] == "Poisoned", r0
+    assert r0[0][:2] == ("PeerTimeout", 1) and r0[1][0] == "Poisoned", r0
     if r1[0] == "ok":
-        name, msg = r1[1]
-        assert name == "PeerFailed", r1
+        name, peer, msg = r1[1]
+        assert (name, peer) == ("PeerFailed", 0), r1
         assert "rank 0 stopped after a failure of its own" in msg and "timed out" in msg, msg
     close_all(comms)
