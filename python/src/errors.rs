@@ -53,24 +53,10 @@ create_exception!(detcoll, LibraryMissing, DetcollError, "A GPU library could no
 create_exception!(detcoll, BackendError, DetcollError, "A backend failure (a GPU runtime call, NVRTC, NCCL).");
 create_exception!(detcoll, BootstrapError, DetcollError, "The rank rendezvous failed.");
 
-/// The rank `e` blames, in the world's numbering: a peer that timed out, died, stopped, closed
-/// or made another call, or the rank a bootstrap failure names.
-fn blamed(e: &Error) -> Option<usize> {
-    match e {
-        Error::PeerTimeout { peer, .. }
-        | Error::PeerDied { peer, .. }
-        | Error::PeerFailed { peer, .. }
-        | Error::PeerClosed { peer, .. }
-        | Error::SignatureMismatch { peer, .. } => Some(*peer),
-        Error::Bootstrap(b) => b.culprit(),
-        _ => None,
-    }
-}
-
 /// The Python exception of `e`, its message the Rust error's; an error that blames a rank
 /// carries it as the exception's `peer` attribute (so callers need not parse the message).
 pub fn to_py(e: Error) -> PyErr {
-    let peer = blamed(&e);
+    let peer = e.culprit();
     let err = exception(e);
     if let Some(peer) = peer {
         Python::attach(|py| {

@@ -114,6 +114,20 @@ pub enum Error {
 }
 
 impl Error {
+    /// The rank this error blames, if any: a peer that timed out, died, stopped, closed or made
+    /// another call, or the rank a bootstrap failure names ([`BootstrapError::culprit`]).
+    pub fn culprit(&self) -> Option<usize> {
+        match self {
+            Error::PeerTimeout { peer, .. }
+            | Error::PeerDied { peer, .. }
+            | Error::PeerFailed { peer, .. }
+            | Error::PeerClosed { peer, .. }
+            | Error::SignatureMismatch { peer, .. } => Some(*peer),
+            Error::Bootstrap(b) => b.culprit(),
+            _ => None,
+        }
+    }
+
     /// The error with every peer rank it names renamed by `rank`: for an error of a smaller
     /// collective a composed one runs (the hierarchical route's collective inside a node, its
     /// transport across nodes), `rank` maps that collective's ranks to the world's, so the

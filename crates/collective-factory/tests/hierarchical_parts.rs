@@ -181,19 +181,6 @@ fn a_poisoned_step_across_nodes_fails_the_next_call_before_any_work() {
     });
 }
 
-/// The rank an error blames, in the world's numbering.
-fn blamed(e: &Error) -> Option<usize> {
-    match e {
-        Error::SignatureMismatch { peer, .. }
-        | Error::PeerTimeout { peer, .. }
-        | Error::PeerDied { peer, .. }
-        | Error::PeerFailed { peer, .. }
-        | Error::PeerClosed { peer, .. } => Some(*peer),
-        Error::Bootstrap(b) => b.culprit(),
-        _ => None,
-    }
-}
-
 #[test]
 fn errors_of_the_hierarchical_route_name_the_worlds_ranks() {
     // Two virtual nodes of 4; rank 5 makes an all_reduce of one element more. Node 1 fails in
@@ -212,7 +199,7 @@ fn errors_of_the_hierarchical_route_name_the_worlds_ranks() {
                 let first = make(&comm, Call::AllReduce(if me == 5 { 4097 } else { 4096 }));
                 assert!(t.elapsed() < BOUND / 2, "rank {me}: the error took {:?}", t.elapsed());
                 let first = first.expect_err("a disagreeing world");
-                let culprit = blamed(&first);
+                let culprit = first.culprit();
                 match me {
                     5 => assert!(
                         matches!(first, Error::SignatureMismatch { peer: 4 | 6 | 7, .. }),
