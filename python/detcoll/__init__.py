@@ -34,6 +34,7 @@ from ._detcoll import (  # noqa: F401  (the exception classes: one per Rust Erro
     Overlap,
     PeerClosed,
     PeerDied,
+    PeerError,
     PeerFailed,
     PeerTimeout,
     Poisoned,

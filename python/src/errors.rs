@@ -1,7 +1,7 @@
 //! The Python exceptions: one class per variant of the Rust `Error`, under a common
 //! `detcoll.DetcollError`, so callers catch what they can handle (`detcoll.InvalidArgument`:
-//! bad input, nothing was written; `detcoll.PeerTimeout`: a peer did not arrive; ...). An
-//! exception that blames a rank has it as `peer`.
+//! bad input, nothing was written; `detcoll.PeerError`: a peer timed out, died, failed or
+//! closed; ...). Every exception has `peer`: the rank it blames, or `None`.
 use collective_factory::Error;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -36,15 +36,22 @@ create_exception!(detcoll, Closed, DetcollError, "The collective is closed.");
 create_exception!(detcoll, CloseFailed, DetcollError, "An earlier close of the collective failed.");
 create_exception!(detcoll, ForkedHandle, DetcollError, "A collective used in a forked child of its creator.");
 create_exception!(detcoll, Poisoned, DetcollError, "The collective is poisoned by an earlier failure.");
-create_exception!(detcoll, PeerTimeout, DetcollError, "A peer did not arrive in time.");
-create_exception!(detcoll, PeerDied, DetcollError, "A peer process is gone.");
+create_exception!(
+    detcoll,
+    PeerError,
+    DetcollError,
+    "A peer rank did not take part: it timed out, died, failed or closed (`peer` names it). The \
+     collective is poisoned: build a new one."
+);
+create_exception!(detcoll, PeerTimeout, PeerError, "A peer did not arrive in time.");
+create_exception!(detcoll, PeerDied, PeerError, "A peer process is gone.");
 create_exception!(
     detcoll,
     PeerFailed,
-    DetcollError,
+    PeerError,
     "A peer is alive but stopped after a failure of its own (its own error names the cause)."
 );
-create_exception!(detcoll, PeerClosed, DetcollError, "A peer closed the collective.");
+create_exception!(detcoll, PeerClosed, PeerError, "A peer closed the collective.");
 create_exception!(detcoll, OutOfMemory, DetcollError, "Memory the collective needs could not be reserved.");
 create_exception!(detcoll, SignatureMismatch, DetcollError, "Ranks made different calls.");
 create_exception!(detcoll, ConfigMismatch, DetcollError, "Ranks disagree on the configuration.");
@@ -114,6 +121,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     macro_rules! add {
         ($($t:ident),*) => { $( m.add(stringify!($t), py.get_type::<$t>())?; )* };
     }
+    // Every exception has `peer`: the rank it blames, `None` where it blames none.
+    py.get_type::<DetcollError>().setattr("peer", py.None())?;
     add!(
         DetcollError,
         InvalidArgument,
@@ -134,6 +143,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         CloseFailed,
         ForkedHandle,
         Poisoned,
+        PeerError,
         PeerTimeout,
         PeerDied,
         PeerFailed,

@@ -169,6 +169,19 @@ def test_bad_construction():
         detcoll.create_deterministic_collective(device="cuda:x")
 
 
+def test_peer_errors_share_a_base_and_every_error_has_peer():
+    # One `except detcoll.PeerError` catches every way a peer can fail to take part.
+    for cls in (detcoll.PeerTimeout, detcoll.PeerDied, detcoll.PeerFailed, detcoll.PeerClosed):
+        assert issubclass(cls, detcoll.PeerError), cls
+    assert issubclass(detcoll.PeerError, detcoll.DetcollError)
+    for cls in (detcoll.Poisoned, detcoll.SignatureMismatch, detcoll.InvalidArgument, detcoll.Closed):
+        assert not issubclass(cls, detcoll.PeerError), cls
+    # An error that blames no rank still has the attribute.
+    with pytest.raises(detcoll.InvalidConfig) as info:
+        detcoll.thread_group(0)
+    assert info.value.peer is None
+
+
 def test_closed():
     comms = detcoll.thread_group(2, capacity=4096)
     close_all(comms)
@@ -211,13 +224,14 @@ def test_a_peer_that_gave_up_is_peer_failed_not_peer_died(monkeypatch):
                 got.append("ok")
             except detcoll.DetcollError as e:
                 # The rank it blames, as an attribute (None where it blames none).
-                got.append((type(e).__name__, getattr(e, "peer", None), str(e)))
+                got.append((type(e).__name__, e.peer, str(e), isinstance(e, detcoll.PeerError)))
         return got
 
     r0, r1 = on_ranks(comms, calls)
-    assert r0[0][:2] == ("PeerTimeout", 1) and r0[1][0] == "Poisoned", r0
+    assert r0[0][:2] == ("PeerTimeout", 1) and r0[0][3], r0
+    assert r0[1][0] == "Poisoned" and not r0[1][3], r0
     if r1[0] == "ok":
-        name, peer, msg = r1[1]
-        assert (name, peer) == ("PeerFailed", 0), r1
+        name, peer, msg, peer_error = r1[1]
+        assert (name, peer, peer_error) == ("PeerFailed", 0, True), r1
         assert "rank 0 stopped after a failure of its own" in msg and "timed out" in msg, msg
     close_all(comms)
