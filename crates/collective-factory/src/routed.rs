@@ -8,7 +8,7 @@ use collective_core::process::ProcessOwner;
 use collective_core::{
     Capabilities, Collective, Error, Io, IpcRoute, Op, RawMut, Route, RouteSelect, Signature, ipc_route_for, validate,
 };
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
 
 /// An IPC backend `I` and a transport `T` on the same stream type, routed by a table.
 ///
@@ -383,7 +383,12 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I,
             (None, None) => Ok(()),
         }
     }
+    /// Waits for a call another thread has in flight on this handle (a call of a composite
+    /// route is several backend calls, which close must not come between; the calls' waits are
+    /// bounded), then closes every backend. A forked child takes no lock (it inherited the
+    /// parent's as the parent held it): its backends refuse it on their own.
     fn close(&self) -> Result<(), Error> {
+        let _calls = self.owner.is_current().then(|| self.calls.lock().unwrap_or_else(PoisonError::into_inner));
         let a = self.ipc.as_ref().map_or(Ok(()), |i| i.close());
         let n = self.nodes.as_ref().map_or(Ok(()), |n| n.close());
         let b = self.transport.as_ref().map_or(Ok(()), |t| t.close());

@@ -362,9 +362,8 @@ impl<D: Device> Collective for StagedTransport<D> {
         unsafe { self.device.synchronize_stream(raw) }?;
         self.check_open()
     }
-    /// Later calls return [`Error::Closed`]; the host transport holds nothing to free (its
-    /// bootstrap is released when the handle drops, which peers still calling see as a
-    /// departed rank).
+    /// Later calls return [`Error::Closed`]; the host transport releases its bootstrap, which
+    /// peers still calling see as a departed rank (where this handle held its last reference).
     fn close(&self) -> Result<(), Error> {
         // Waits for a call in progress, so close never cuts a call's copies short.
         let _call = self.calls.lock();

@@ -14,12 +14,28 @@ const MAX_FRAME: usize = 1 << 30;
 /// per handle (the ranks' exchanges must come in the same order). See the crate docs.
 #[derive(Debug)]
 pub struct HostTransport {
-    boot: Arc<dyn Bootstrap>,
     rank: usize,
     world: usize,
     capacity: usize,
-    /// Held for a whole call; the first failure's cause once poisoned.
-    state: Mutex<Option<String>>,
+    /// Held for a whole call, and by `close`, which so waits for a call in flight.
+    state: Mutex<State>,
+}
+
+/// What a call needs and what it may find: the rendezvous, until close, and the first failure.
+#[derive(Debug)]
+struct State {
+    /// The rendezvous the calls exchange over; `None` once closed. `close` drops it: where
+    /// this handle held the last reference (the factory's groups, a bootstrap moved into the
+    /// collective) its peers' exchanges with this rank fail at once (`PeerGone`) instead of
+    /// waiting out the exchange timeout, as when the handle drops.
+    boot: Option<Arc<dyn Bootstrap>>,
+    /// The first failure's cause once poisoned.
+    poisoned: Option<String>,
+}
+
+/// The cause of every call of a handle a panicking call left locked.
+fn panicked() -> Error {
+    Error::Poisoned { cause: "a thread panicked inside a call of this handle".into() }
 }
 
 impl HostTransport {
@@ -29,37 +45,36 @@ impl HostTransport {
         let (rank, world) = (boot.rank(), boot.world_size());
         collective_core::check_world_size(world)?;
         let capacity = (MAX_FRAME / world).saturating_sub(SIG_BYTES + 64);
-        Ok(HostTransport { boot, rank, world, capacity, state: Mutex::new(None) })
+        Ok(HostTransport { rank, world, capacity, state: Mutex::new(State { boot: Some(boot), poisoned: None }) })
     }
 
-    /// Runs `body` as this handle's one call: refused once poisoned, poisons on a failure
-    /// that leaves the ranks' exchanges out of step.
-    fn one_call(&self, body: impl FnOnce() -> Result<(), Error>) -> Result<(), Error> {
-        let mut state = self
-            .state
-            .lock()
-            .map_err(|_| Error::Poisoned { cause: "a thread panicked inside a call of this handle".into() })?;
-        if let Some(cause) = state.as_ref() {
+    /// Runs `body` over the rendezvous as this handle's one call: refused after close and
+    /// once poisoned; poisons on a failure that leaves the ranks' exchanges out of step.
+    fn one_call(&self, body: impl FnOnce(&dyn Bootstrap) -> Result<(), Error>) -> Result<(), Error> {
+        let mut state = self.state.lock().map_err(|_| panicked())?;
+        let State { boot, poisoned } = &mut *state;
+        let Some(boot) = boot.as_deref() else { return Err(Error::Closed) };
+        if let Some(cause) = poisoned.as_ref() {
             return Err(Error::Poisoned { cause: cause.clone() });
         }
-        let r = body();
+        let r = body(boot);
         if let Err(e) = &r
             && e.poisons()
         {
-            *state = Some(e.to_string());
+            *poisoned = Some(e.to_string());
         }
         r
     }
 
     /// Every rank's contribution (`payload` is this rank's), in rank order, after checking that
     /// every rank made the same call.
-    fn exchange(&self, sig: Signature, payload: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
+    fn exchange(boot: &dyn Bootstrap, sig: Signature, payload: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
         let mut mine = Vec::with_capacity(SIG_BYTES + payload.len());
         for w in sig.pack() {
             mine.extend_from_slice(&w.to_le_bytes());
         }
         mine.extend_from_slice(payload);
-        let all = self.boot.all_gather_bytes(&mine)?;
+        let all = boot.all_gather_bytes(&mine)?;
         let mut rows = Vec::with_capacity(all.len());
         for (peer, mut row) in all.into_iter().enumerate() {
             let theirs = (row.len() >= SIG_BYTES)
@@ -108,10 +123,10 @@ impl HostTransport {
     /// A validated all_reduce (`at` 0) or reduce_scatter (`at`: this rank's shard): every
     /// rank's whole input, then the tree over elements `at..` into the output.
     fn reduce(&self, call: Call, at: usize, part: u32) -> Result<(), Error> {
-        self.one_call(|| {
+        self.one_call(|boot| {
             // SAFETY: the validated views of this call.
             let mine = unsafe { bytes(call.src, call.bytes_in()) }.to_vec();
-            let rows = self.exchange(Self::signature(&call, part), &mine)?;
+            let rows = Self::exchange(boot, Self::signature(&call, part), &mine)?;
             let views: Vec<&[u8]> = rows.iter().map(Vec::as_slice).collect();
             // SAFETY: as above; the input has been copied.
             reduce_rows(call.dtype, &views, at, unsafe { bytes_mut(call.dst, call.bytes_out()) })
@@ -121,10 +136,10 @@ impl HostTransport {
     /// An all_gather signed with `part`: every rank's input, in rank order, into the output.
     fn gather(&self, io: Io<'_>, part: u32) -> Result<(), Error> {
         let call = validate(Op::AllGather, &io, self.rank, self.world, self.capacity)?;
-        self.one_call(|| {
+        self.one_call(|boot| {
             // SAFETY: validated views of this call (here and below).
             let mine = unsafe { bytes(call.src, call.bytes_in()) }.to_vec();
-            let rows = self.exchange(Self::signature(&call, part), &mine)?;
+            let rows = Self::exchange(boot, Self::signature(&call, part), &mine)?;
             // SAFETY: as above; the input has been copied (in place, it is this rank's chunk).
             let out = unsafe { bytes_mut(call.dst, call.bytes_out()) };
             for (chunk, row) in out.chunks_exact_mut(call.bytes_in().max(1)).zip(&rows) {
@@ -139,13 +154,13 @@ impl HostTransport {
     fn many(&self, lanes: &[Io<'_>], part: u32) -> Result<(), Error> {
         let (calls, sig) = validate_many(lanes, self.rank, self.world, self.capacity)?;
         let sig = sig.as_part(part);
-        self.one_call(|| {
+        self.one_call(|boot| {
             let mut mine = Vec::new();
             for l in calls.iter() {
                 // SAFETY: as in `gather`.
                 mine.extend_from_slice(unsafe { bytes(l.call.src, l.call.bytes_in()) });
             }
-            let rows = self.exchange(Signature { route: Route::Transport, ..sig }, &mine)?;
+            let rows = Self::exchange(boot, Signature { route: Route::Transport, ..sig }, &mine)?;
             let mut at = 0usize;
             for l in calls.iter() {
                 let c = l.call;
@@ -224,16 +239,27 @@ impl Collective for HostTransport {
         self.many(lanes, 0)
     }
 
+    /// `Closed` after close, else the first failure's cause.
     fn check(&self) -> Result<(), Error> {
-        match self.state.lock() {
-            Ok(s) => s.as_ref().map_or(Ok(()), |cause| Err(Error::Poisoned { cause: cause.clone() })),
-            Err(_) => Err(Error::Poisoned { cause: "a thread panicked inside a call of this handle".into() }),
+        let state = self.state.lock().map_err(|_| panicked())?;
+        match (&state.boot, &state.poisoned) {
+            (None, _) => Err(Error::Closed),
+            (Some(_), Some(cause)) => Err(Error::Poisoned { cause: cause.clone() }),
+            (Some(_), None) => Ok(()),
         }
     }
     fn synchronize(&self, _: &()) -> Result<(), Error> {
         self.check()
     }
+    /// Waits for a call in flight on another thread (bounded by the bootstrap's exchange
+    /// timeout), then releases the rendezvous: later calls are `Closed`, and peers waiting on
+    /// this rank see it gone once its last reference is dropped (see [`State::boot`]).
     fn close(&self) -> Result<(), Error> {
+        // A call that panicked left no exchange of this handle running: close all the same.
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let boot = state.boot.take();
+        drop(state);
+        drop(boot);
         Ok(())
     }
 }
