@@ -155,15 +155,7 @@ impl TorchrunEnv {
             Ok(p) if p != 0 => p,
             _ => return Err(bad(MASTER_PORT, &port_s, "a TCP port in 1..=65535")),
         };
-        let timeout = match timeout_s {
-            None => None,
-            Some(s) => match s.trim().parse::<u64>() {
-                Ok(ms) if (1..=MAX_TIMEOUT_MS).contains(&ms) => Some(Duration::from_millis(ms)),
-                _ => {
-                    return Err(bad(TIMEOUT_MS, &s, "a timeout in milliseconds, an integer in 1..=86400000 (one day)"));
-                }
-            },
-        };
+        let timeout = parse_timeout(timeout_s)?;
         let job_token = match (token_s, run_id) {
             (Some(t), _) => {
                 if token::check_token(&t).is_err() {
@@ -222,6 +214,28 @@ where
     F: FnMut(&str) -> Option<String>,
 {
     TorchrunEnv::from_lookup(lookup).map(|e| e.tcp_config())
+}
+
+/// `DETCOLL_BOOTSTRAP_TIMEOUT_MS` of this process: `None` when unset; a value that is not
+/// an integer in `1..=86400000` is [`BootstrapError::BadEnv`]. The factory's thread groups take
+/// it as their exchange timeout (as processes do through [`TorchrunEnv`]).
+pub fn timeout_from_env() -> Result<Option<Duration>, BootstrapError> {
+    match std::env::var_os(TIMEOUT_MS).map(std::ffi::OsString::into_string) {
+        None => Ok(None),
+        Some(Ok(v)) => parse_timeout(Some(v)),
+        Some(Err(raw)) => Err(not_utf8(TIMEOUT_MS, &raw)),
+    }
+}
+
+/// A `DETCOLL_BOOTSTRAP_TIMEOUT_MS` value (`None`: unset).
+fn parse_timeout(value: Option<String>) -> Result<Option<Duration>, BootstrapError> {
+    match value {
+        None => Ok(None),
+        Some(s) => match s.trim().parse::<u64>() {
+            Ok(ms) if (1..=MAX_TIMEOUT_MS).contains(&ms) => Ok(Some(Duration::from_millis(ms))),
+            _ => Err(bad(TIMEOUT_MS, &s, "a timeout in milliseconds, an integer in 1..=86400000 (one day)")),
+        },
+    }
 }
 
 /// [`MAX_BOOTSTRAP_TIMEOUT`] in milliseconds (the message above spells it out).

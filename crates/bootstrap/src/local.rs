@@ -25,7 +25,9 @@ impl Fault {
             Fault::Timeout { rank, waited } => BootstrapError::PeerTimeout { rank, waited, what: WHAT_EXCHANGE },
             Fault::Gone { rank } => BootstrapError::PeerGone {
                 rank,
-                detail: "its LocalBootstrap was dropped before it joined the exchange".into(),
+                detail: "its LocalBootstrap was dropped before it joined the exchange (a collective over it \
+                         releases it when it closes or fails)"
+                    .into(),
             },
         }
     }
@@ -140,6 +142,14 @@ impl LocalBootstrap {
                 mine: Mutex::new(Mine { seq: 0, failed: None }),
             })
             .collect()
+    }
+
+    /// [`LocalBootstrap::group`] with `DETCOLL_BOOTSTRAP_TIMEOUT_MS` as the per-exchange
+    /// timeout when it is set ([`env::timeout_from_env`](crate::env::timeout_from_env); a bad
+    /// value is [`BootstrapError::BadEnv`]): the bound processes take from it too.
+    pub fn group_from_env(world: usize) -> Result<Vec<LocalBootstrap>, BootstrapError> {
+        let timeout = crate::env::timeout_from_env()?.unwrap_or(DEFAULT_LOCAL_TIMEOUT);
+        Self::try_group_with_timeout(world, timeout)
     }
 
     /// [`LocalBootstrap::group_with_timeout`], refusing a timeout that is zero or above

@@ -97,6 +97,17 @@ pub trait Collective: Send + Sync {
     /// Collective close: acknowledges every peer and frees staging once all peers have
     /// acknowledged (bounded). Later calls return [`Error::Closed`]. Drop does the same.
     fn close(&self) -> Result<(), Error>;
+
+    /// Fails this handle for good because a collective composed of it failed in another of
+    /// its parts (the hierarchical route's node step, the hybrid route's IPC step), so its
+    /// peers would wait for this rank in vain: later calls return [`Error::Poisoned`] with
+    /// `cause`, and a backend that can tell its peers at once does, so a peer waiting on this
+    /// rank fails now rather than at its own bound (the host transports release their
+    /// bootstrap: the peer sees this rank gone). Not a close: nothing is acknowledged, and
+    /// `close` still runs later. Default: nothing (the peers' own bounds apply).
+    fn abandon(&self, cause: &str) {
+        let _ = cause;
+    }
 }
 
 /// An IPC backend the caller tells which route a call takes: the factory's routing table

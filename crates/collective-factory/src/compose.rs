@@ -154,8 +154,11 @@ where
     world_ipc.resize_with(world, || None);
     node_ipc.resize_with(world, || None);
     let facts = &facts;
+    // The exchange bound of the ranks' rendezvous: `DETCOLL_BOOTSTRAP_TIMEOUT_MS`, as for
+    // processes, else `LocalBootstrap`'s default.
+    let boots = LocalBootstrap::group_from_env(world)?;
     std::thread::scope(|s| {
-        let handles: Vec<_> = LocalBootstrap::group(world)
+        let handles: Vec<_> = boots
             .into_iter()
             .zip(devices.iter().cloned())
             .zip(world_ipc.into_iter().zip(node_ipc))

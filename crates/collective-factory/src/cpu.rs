@@ -84,8 +84,10 @@ fn in_process(
     config: &Config,
     host: impl Fn(usize) -> Option<String> + Sync,
 ) -> Result<Vec<CpuCollective>, Error> {
+    // The exchange bound of the ranks' rendezvous, and of the host transports over it:
+    // `DETCOLL_BOOTSTRAP_TIMEOUT_MS`, as for processes, else `LocalBootstrap`'s default.
     let boots: Vec<Arc<dyn Bootstrap>> =
-        LocalBootstrap::group(world).into_iter().map(|b| Arc::new(b) as Arc<dyn Bootstrap>).collect();
+        LocalBootstrap::group_from_env(world)?.into_iter().map(|b| Arc::new(b) as Arc<dyn Bootstrap>).collect();
     let host = &host;
     let decisions = std::thread::scope(|s| {
         let hs: Vec<_> =

@@ -126,4 +126,7 @@ impl<D: Device> Collective for GpuTransport<D> {
     fn close(&self) -> Result<(), Error> {
         self.inner().close()
     }
+    fn abandon(&self, cause: &str) {
+        self.inner().abandon(cause);
+    }
 }

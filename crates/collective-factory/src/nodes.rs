@@ -250,11 +250,16 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
     }
 
     /// `result`, its failure kept as the route's poison when it is one.
+    /// The transport across nodes is abandoned then: this rank takes no further part in the
+    /// route, so a partner across nodes waiting for it fails at once (a host transport's
+    /// bootstrap is released) instead of at the exchange timeout.
     fn record(&self, result: Result<(), Error>) -> Result<(), Error> {
         if let Err(e) = &result
             && e.poisons()
         {
-            let _ = self.failed.set(e.to_string());
+            let cause = e.to_string();
+            self.cross.abandon(&cause);
+            let _ = self.failed.set(cause);
         }
         result
     }

@@ -233,14 +233,22 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
             Io::OutOfPlace { output, .. } => (output.addr(), output.dtype()),
         };
         let out_shard = out_addr + (self.rank * shard * dtype.size()) as u64;
-        match io {
-            Io::InPlace(b) => via.ipc(ipc, Op::ReduceScatter, Io::InPlace(b), IpcRoute::OneShot, part)?,
+        let reduced = match io {
+            Io::InPlace(b) => via.ipc(ipc, Op::ReduceScatter, Io::InPlace(b), IpcRoute::OneShot, part),
             Io::OutOfPlace { input, output: _ } => {
                 // SAFETY: shard `rank` of `output`, which this call borrows uniquely.
                 let shard_view = unsafe { RawMut::from_raw(out_shard, shard, dtype) };
                 let io = Io::OutOfPlace { input, output: shard_view };
-                via.ipc(ipc, Op::ReduceScatter, io, IpcRoute::OneShot, part)?;
+                via.ipc(ipc, Op::ReduceScatter, io, IpcRoute::OneShot, part)
             }
+        };
+        if let Err(e) = reduced {
+            // This rank skips the gather its peers may already wait in: they must not wait
+            // for it in vain.
+            if e.poisons() {
+                transport.abandon(&e.to_string());
+            }
+            return Err(e);
         }
         // SAFETY: the whole output, borrowed by this call; the reduced shard is at `rank`.
         let whole = unsafe { RawMut::from_raw(out_addr, n, dtype) };

@@ -110,33 +110,42 @@ fn close_waits(name: &str, ranks: &[cpu::CpuCollective]) {
 
 #[test]
 fn a_peer_that_closes_fails_the_others_calls_at_once() {
-    for (name, ranks) in groups() {
-        let world = ranks.len();
-        std::thread::scope(|s| {
-            for (rank, comm) in ranks.iter().enumerate() {
-                s.spawn(move || {
-                    if rank == world - 1 {
-                        comm.close().expect("close");
-                        return;
-                    }
-                    let x = vec![1.0f32; 64];
-                    let mut y = vec![0f32; 64];
-                    let r = comm.all_reduce(Io::host(&x, &mut y), &());
-                    println!("{name}: rank {rank}: {r:?}");
-                    // Each rank names the rank it waited for: the closed one, or a peer that
-                    // failed on it. Never the exchange timeout (60 s) or `timeouts.peer` (20 s).
-                    assert!(
-                        matches!(
-                            r,
-                            Err(Error::PeerClosed { .. }
-                                | Error::PeerFailed { .. }
-                                | Error::Bootstrap(BootstrapError::PeerGone { .. }))
-                        ),
-                        "{name}: rank {rank}: {r:?}"
-                    );
-                    comm.close().ok();
-                });
+    for closer in 0..4 {
+        for (name, ranks) in groups() {
+            if closer < ranks.len() {
+                peer_closes(name, &ranks, closer);
             }
-        });
+        }
     }
+}
+
+/// Rank `closer` closes; the others call, and keep their handles open after their error, so no
+/// rank's close or drop can end another's wait.
+fn peer_closes(name: &str, ranks: &[cpu::CpuCollective], closer: usize) {
+    std::thread::scope(|s| {
+        for (rank, comm) in ranks.iter().enumerate() {
+            s.spawn(move || {
+                if rank == closer {
+                    comm.close().expect("close");
+                    return;
+                }
+                let x = vec![1.0f32; 64];
+                let mut y = vec![0f32; 64];
+                let r = comm.all_reduce(Io::host(&x, &mut y), &());
+                println!("{name}: rank {closer} closed: rank {rank}: {r:?}");
+                // Each rank names the rank it waited for: the closed one, or a peer that failed
+                // on it (on the hierarchical route, a partner across nodes whose node step
+                // failed). Never the exchange timeout (60 s) or `timeouts.peer` (20 s).
+                assert!(
+                    matches!(
+                        r,
+                        Err(Error::PeerClosed { .. }
+                            | Error::PeerFailed { .. }
+                            | Error::Bootstrap(BootstrapError::PeerGone { .. }))
+                    ),
+                    "{name}: rank {closer} closed: rank {rank}: {r:?}"
+                );
+            });
+        }
+    });
 }

@@ -175,7 +175,10 @@ impl<D: Device> StagedTransport<D> {
             && !host_failed
         {
             let mut failure = self.failure.lock().map_err(|_| panicked())?;
-            failure.get_or_insert_with(|| format!("a device stage of the host-staged transport failed: {e}"));
+            let cause =
+                failure.get_or_insert_with(|| format!("a device stage of the host-staged transport failed: {e}"));
+            // This rank makes no further exchange: its peers must not wait for one.
+            self.host.abandon(cause);
         }
         r
     }
@@ -369,5 +372,9 @@ impl<D: Device> Collective for StagedTransport<D> {
         let _call = self.calls.lock();
         self.closed.store(true, Ordering::Release);
         self.host.close()
+    }
+    /// Poisons the host transport with `cause`, which releases its bootstrap.
+    fn abandon(&self, cause: &str) {
+        self.host.abandon(cause);
     }
 }

@@ -21,16 +21,36 @@ pub struct HostTransport {
     state: Mutex<State>,
 }
 
-/// What a call needs and what it may find: the rendezvous, until close, and the first failure.
+/// What a call needs and what it may find: the rendezvous, until close or the first failure,
+/// the first failure, and whether the handle was closed.
 #[derive(Debug)]
 struct State {
-    /// The rendezvous the calls exchange over; `None` once closed. `close` drops it: where
-    /// this handle held the last reference (the factory's groups, a bootstrap moved into the
-    /// collective) its peers' exchanges with this rank fail at once (`PeerGone`) instead of
-    /// waiting out the exchange timeout, as when the handle drops.
+    /// The rendezvous the calls exchange over; `None` once closed or poisoned. Released then:
+    /// where this handle held the last reference (the factory's groups, a bootstrap moved into
+    /// the collective) its peers' exchanges with this rank fail at once (`PeerGone`) instead of
+    /// waiting out the exchange timeout, as when the handle drops. A poisoned handle never
+    /// exchanges again, so its peers could only wait for it in vain.
     boot: Option<Arc<dyn Bootstrap>>,
     /// The first failure's cause once poisoned.
     poisoned: Option<String>,
+    closed: bool,
+}
+
+impl State {
+    /// `Closed` after close, the first failure once poisoned.
+    fn usable(&self) -> Result<(), Error> {
+        match (&self.poisoned, self.closed) {
+            (_, true) => Err(Error::Closed),
+            (Some(cause), false) => Err(Error::Poisoned { cause: cause.clone() }),
+            (None, false) => Ok(()),
+        }
+    }
+
+    /// Records `cause` as the first failure and releases the rendezvous.
+    fn poison(&mut self, cause: impl FnOnce() -> String) {
+        self.poisoned.get_or_insert_with(cause);
+        self.boot = None;
+    }
 }
 
 /// The cause of every call of a handle a panicking call left locked.
@@ -45,23 +65,26 @@ impl HostTransport {
         let (rank, world) = (boot.rank(), boot.world_size());
         collective_core::check_world_size(world)?;
         let capacity = (MAX_FRAME / world).saturating_sub(SIG_BYTES + 64);
-        Ok(HostTransport { rank, world, capacity, state: Mutex::new(State { boot: Some(boot), poisoned: None }) })
+        Ok(HostTransport {
+            rank,
+            world,
+            capacity,
+            state: Mutex::new(State { boot: Some(boot), poisoned: None, closed: false }),
+        })
     }
 
     /// Runs `body` over the rendezvous as this handle's one call: refused after close and
     /// once poisoned; poisons on a failure that leaves the ranks' exchanges out of step.
     fn one_call(&self, body: impl FnOnce(&dyn Bootstrap) -> Result<(), Error>) -> Result<(), Error> {
         let mut state = self.state.lock().map_err(|_| panicked())?;
-        let State { boot, poisoned } = &mut *state;
-        let Some(boot) = boot.as_deref() else { return Err(Error::Closed) };
-        if let Some(cause) = poisoned.as_ref() {
-            return Err(Error::Poisoned { cause: cause.clone() });
-        }
-        let r = body(boot);
+        state.usable()?;
+        // Released only on close or the first failure, which `usable` refused.
+        let Some(boot) = state.boot.clone() else { return Err(Error::Closed) };
+        let r = body(&*boot);
         if let Err(e) = &r
             && e.poisons()
         {
-            *poisoned = Some(e.to_string());
+            state.poison(|| e.to_string());
         }
         r
     }
@@ -241,25 +264,28 @@ impl Collective for HostTransport {
 
     /// `Closed` after close, else the first failure's cause.
     fn check(&self) -> Result<(), Error> {
-        let state = self.state.lock().map_err(|_| panicked())?;
-        match (&state.boot, &state.poisoned) {
-            (None, _) => Err(Error::Closed),
-            (Some(_), Some(cause)) => Err(Error::Poisoned { cause: cause.clone() }),
-            (Some(_), None) => Ok(()),
-        }
+        self.state.lock().map_err(|_| panicked())?.usable()
     }
     fn synchronize(&self, _: &()) -> Result<(), Error> {
         self.check()
     }
     /// Waits for a call in flight on another thread (bounded by the bootstrap's exchange
     /// timeout), then releases the rendezvous: later calls are `Closed`, and peers waiting on
-    /// this rank see it gone once its last reference is dropped (see [`State::boot`]).
+    /// this rank see it gone once its last reference is dropped (where this handle held it:
+    /// the factory's groups, a bootstrap moved into the collective).
     fn close(&self) -> Result<(), Error> {
         // A call that panicked left no exchange of this handle running: close all the same.
         let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        state.closed = true;
         let boot = state.boot.take();
         drop(state);
         drop(boot);
         Ok(())
+    }
+    /// Poisons the handle with `cause` and releases the rendezvous, as a failed call of its own
+    /// does: a peer waiting on this rank sees it gone.
+    fn abandon(&self, cause: &str) {
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        state.poison(|| cause.to_string());
     }
 }
