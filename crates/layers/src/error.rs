@@ -8,9 +8,11 @@ use std::fmt;
 pub enum Error {
     /// The sizes given do not fit together (the message says which).
     Shape(String),
-    /// A collective call failed.
+    /// A collective call failed. Transparent: its message and `source()` are the collective's
+    /// error's own, so printing this error shows which peer or argument failed.
     Collective(collective_core::Error),
     /// The local fold of the fixed tree failed (a world size or length it does not take).
+    /// Transparent, as `Collective`.
     Tree(fixed_tree::Error),
     /// Ranks that are threads of one process did not meet (the GPU path's `Rendezvous`): a
     /// peer failed or did not arrive in time (the message says which).
@@ -31,8 +33,8 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Shape(detail) => write!(f, "shape: {detail}"),
-            Error::Collective(_) => f.write_str("a collective call failed"),
-            Error::Tree(_) => f.write_str("the local fixed-tree fold failed"),
+            Error::Collective(e) => fmt::Display::fmt(e, f),
+            Error::Tree(e) => fmt::Display::fmt(e, f),
             Error::Lockstep(detail) => write!(f, "lockstep: {detail}"),
             Error::Cuda { call, .. } => write!(f, "GPU call `{call}` failed"),
         }
@@ -43,8 +45,8 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::Shape(_) | Error::Lockstep(_) => None,
-            Error::Collective(e) => Some(e),
-            Error::Tree(e) => Some(e),
+            Error::Collective(e) => std::error::Error::source(e),
+            Error::Tree(e) => std::error::Error::source(e),
             Error::Cuda { source, .. } => Some(&**source),
         }
     }
@@ -79,4 +81,31 @@ pub(crate) fn product(what: &str, dims: &[usize]) -> Result<usize, Error> {
     dims.iter()
         .try_fold(1usize, |acc, &d| acc.checked_mul(d))
         .ok_or_else(|| Error::Shape(format!("{what}: {dims:?} overflows usize")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Error;
+    use std::error::Error as _;
+
+    #[test]
+    fn a_collective_error_shows_through_with_its_own_message_and_source() {
+        let inner = collective_core::Error::PeerClosed { peer: 3, what: "complete a call that needs it" };
+        let message = inner.to_string();
+        let e = Error::from(inner);
+        assert_eq!(e.to_string(), message);
+        assert!(e.to_string().contains("rank 3"), "{e}");
+        assert!(e.source().is_none());
+        let boot = collective_core::bootstrap::BootstrapError::PeerGone { rank: 1, detail: "closed".into() };
+        let e = Error::from(collective_core::Error::Bootstrap(boot));
+        assert!(e.to_string().contains("rank 1 is gone"), "{e}");
+        // A vendor's error stays reachable as the source, as the collective's error has it.
+        let vendor = std::io::Error::other("driver said no");
+        let e = Error::from(collective_core::Error::Vendor {
+            backend: "cuda",
+            call: "cuMemAlloc".into(),
+            source: Box::new(vendor),
+        });
+        assert!(e.source().is_some_and(|s| s.to_string() == "driver said no"), "{:?}", e.source());
+    }
 }
