@@ -177,7 +177,17 @@ impl Bootstrap for SubBootstrap {
 /// Splits `parent` into groups: ranks passing the same `color` form one, ordered by `key`
 /// (ties: parent rank); `None` joins no group and returns `Ok(None)`. Collective: every rank of
 /// `parent` must call it (the same number of times, in the same order as its other collective
-/// calls on `parent`). Uses [`SplitOptions::default`]; see [`split_with`].
+/// calls on `parent`), one split at a time per parent. Uses [`SplitOptions::default`]; see
+/// [`split_with`].
+///
+/// The ranks' contributions carry their color and key only, so nothing tells one split from
+/// another: a rank that skips a split, makes an extra one, or splits one parent from two
+/// threads at once (each rank's threads then pair with the peers' in whatever order they reach
+/// the parent) forms groups from the colors of another split, without an error, as
+/// `ncclCommSplit` and `torch.distributed.new_group` do. Where such a split meets an exchange
+/// on a peer that is not a split, it fails with [`BootstrapError::Protocol`] naming that peer as
+/// out of step. Make the splits from one thread, in one order on every rank, then use the
+/// groups from as many threads as you like.
 ///
 /// Tensor- and data-parallel groups of 8 thread ranks (TP = 4):
 ///
@@ -244,8 +254,13 @@ pub fn split_with<B: Bootstrap + ?Sized>(
     }
     let mut hellos = Vec::with_capacity(world);
     for (r, bytes) in gathered.iter().enumerate() {
-        let h = decode_hello(bytes)
-            .map_err(|m| BootstrapError::Protocol(format!("split: rank {r} sent a malformed contribution: {m}")))?;
+        let h = decode_hello(bytes).map_err(|m| {
+            BootstrapError::Protocol(format!(
+                "split: rank {r} made another call on the parent than this split ({m}): the ranks are out of step \
+                     (every rank must make the same splits and exchanges on a parent, in the same order, one at a \
+                     time)"
+            ))
+        })?;
         hellos.push(h);
     }
     let hosts: Vec<&str> = hellos

@@ -213,3 +213,28 @@ fn zero_timeouts_are_rejected() {
     assert_eq!((g.rank(), g.world_size()), (0, 1));
     assert_eq!(g.all_gather_bytes(b"x").unwrap(), vec![b"x".to_vec()]);
 }
+
+#[test]
+fn a_split_meeting_another_exchange_names_the_peer_out_of_step() {
+    // Rank 3 splits while the others make an exchange of their own on the parent: rank 3 is
+    // told which peer made another call, and that the ranks are out of step.
+    let ranks = LocalBootstrap::group_with_timeout(4, Duration::from_secs(20));
+    thread::scope(|s| {
+        for parent in &ranks {
+            s.spawn(move || {
+                if parent.rank() == 3 {
+                    let r = split(parent, Some(0), 3);
+                    match r {
+                        Err(BootstrapError::Protocol(m)) => {
+                            assert!(m.contains("rank 0 made another call") && m.contains("out of step"), "{m}")
+                        }
+                        other => panic!("{other:?}"),
+                    }
+                } else {
+                    // The others' raw exchange gets the split's bytes as data (documented).
+                    assert_eq!(parent.all_gather_bytes(&[1, 2, 3]).map(|v| v.len()).ok(), Some(4));
+                }
+            });
+        }
+    });
+}
