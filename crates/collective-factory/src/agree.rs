@@ -139,8 +139,14 @@ pub fn decide(facts: &[Facts]) -> Result<Decision, Error> {
         if f.capacity != first.capacity {
             return Err(mismatch("capacity", q, &first.capacity, &f.capacity));
         }
-        if f.routing != first.routing {
-            return Err(mismatch("routing table", q, &"(see DETCOLL_ROUTING_TABLE)", &"a different one"));
+        // The same rules in another order, or another `source`, route alike: that is agreement.
+        if f.routing != first.routing && Routing::same_routes(&f.routing, &first.routing) != Some(true) {
+            return Err(mismatch(
+                "routing table",
+                q,
+                &"(from DETCOLL_ROUTING_TABLE, Config::with_routing or the platform's default)",
+                &"one that routes some call differently",
+            ));
         }
         if f.versions != first.versions {
             return Err(mismatch("libraries", q, &first.versions.join(","), &f.versions.join(",")));

@@ -71,11 +71,11 @@ impl Config {
     /// may want fewer, so that kernels waiting for a peer leave that peer's compute most of
     /// the GPU. Every rank must pass the same value (the ranks check it). Taken by the GPU
     /// constructors (the CPU twin has no blocks); 1 to 1024, else construction fails with
-    /// `InvalidConfig`; ranks sharing a GPU need all their kernels resident at once, so keep
+    /// `InvalidConfig` on every platform ([`Config::validate`]); ranks sharing a GPU need all their kernels resident at once, so keep
     /// `blocks * ranks` at or below its multiprocessors (more shows as `PeerTimeout`, never as
     /// wrong data).
     pub fn with_max_blocks(mut self, blocks: usize) -> Self {
-        self.max_blocks = Some(blocks.max(1));
+        self.max_blocks = Some(blocks);
         self
     }
 
@@ -186,7 +186,15 @@ impl Config {
         // transport has no smaller use for a capacity.
         detcoll_protocol::check_capacity(self.capacity).map_err(|e| Error::InvalidConfig {
             detail: format!("Config::with_capacity({}): {}", self.capacity, e.config_reason()),
-        })
+        })?;
+        // Checked on every platform, the CPU twin's too (which launches no blocks), so a value
+        // that a GPU run would refuse is refused where it is written.
+        match self.max_blocks {
+            Some(b) if !(1..=detcoll_protocol::MAX_BLOCKS).contains(&b) => Err(Error::InvalidConfig {
+                detail: format!("Config::with_max_blocks({b}): expected 1..={}", detcoll_protocol::MAX_BLOCKS),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// [`Config::validate`], and a world of 1 to `MAX_WORLD_SIZE` ranks (for the constructors that make
@@ -194,7 +202,7 @@ impl Config {
     #[cfg_attr(not(any(feature = "cpu", feature = "cuda", feature = "rocm")), allow(dead_code))]
     pub(crate) fn validate_world(&self, world: usize) -> Result<(), Error> {
         if world == 0 {
-            return Err(Error::InvalidConfig { detail: "a world of 0 ranks: thread_group needs at least one".into() });
+            return Err(Error::InvalidConfig { detail: "a world of 0 ranks: a group needs at least one rank".into() });
         }
         // Before any thread is spawned: a group above the tree's limit is refused here, not
         // after thousands of ranks were started.

@@ -25,6 +25,7 @@ pub struct ReadmeDoctests;
 
 mod agree;
 pub mod auto;
+mod chunked;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 mod compose;
 mod config;

@@ -1,6 +1,7 @@
 //! [`Routed`]: one collective composed of an IPC backend and a transport, calling each by the
 //! agreed routing. Every route evaluates the same tree, so the bits never depend on the choice.
 use crate::Routing;
+use crate::chunked;
 use crate::nodes::Nodes;
 use crate::scratch::CallStream;
 use crate::via::Via;
@@ -194,14 +195,41 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
         let ipc = || self.ipc_backend();
         let transport = || self.transport.as_ref().ok_or(Error::InvalidConfig { detail: "no transport".into() });
         match route {
+            Route::Transport if op == Op::AllReduce => {
+                let t = transport()?;
+                // Elements one transport call takes; 0: not one (the transport refuses the call).
+                let step = t.capabilities().max_call_bytes / chunked::element_size(&io);
+                if step == 0 || chunked::elements(&io) <= step {
+                    return via.transport(t, op, io, split);
+                }
+                // Larger: in chunks the transport takes, each signed with the whole call (as a
+                // composite route's parts), so peers making other calls fail.
+                let call = validate(op, &io, self.rank, self.world, usize::MAX)?;
+                let part = Signature::part_split(&Signature { split, route: Route::Transport, ..call.signature() });
+                // SAFETY: a validated all_reduce; `step` > 0.
+                unsafe { chunked::all_reduce_in_chunks(io, step, |c| via.transport(t, op, c, part)) }
+            }
             Route::Transport => via.transport(transport()?, op, io, split),
             Route::Hierarchical => self.nodes_backend()?.dispatch(op, io, split, via),
             Route::IpcReduceScatterTransportAllGather => {
                 // A poisoned transport fails the call before the IPC step writes the output.
-                transport()?.check()?;
-                let call = validate(op, &io, self.rank, self.world, self.capacity)?;
+                let t = transport()?;
+                t.check()?;
+                // Any size: the IPC reduce_scatter chunks in the engine, and the gather goes in
+                // chunks of whole shards the transport takes.
+                let call = validate(op, &io, self.rank, self.world, usize::MAX)?;
                 let whole = Signature { split, route: Route::IpcReduceScatterTransportAllGather, ..call.signature() };
-                self.hybrid_all_reduce(io, ipc()?, transport()?, Signature::part_split(&whole), via)
+                let part = Signature::part_split(&whole);
+                let shard_step = t.capabilities().max_call_bytes / call.dtype.size();
+                let step = shard_step.saturating_mul(self.world);
+                if step == 0 || call.count_in % self.world != 0 {
+                    // Uneven shards take IPC RS+AG whole; no shard the transport takes: it refuses.
+                    return self.hybrid_all_reduce(io, ipc()?, t, part, via);
+                }
+                let ipc = ipc()?;
+                // SAFETY: a validated all_reduce; `step` > 0, a multiple of the world, as is
+                // every chunk (the call's length is one too).
+                unsafe { chunked::all_reduce_in_chunks(io, step, |c| self.hybrid_all_reduce(c, ipc, t, part, via)) }
             }
             route => via.ipc(ipc()?, op, io, self.ipc_route(route)?, split),
         }
@@ -315,9 +343,10 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I,
         for rule in &self.routing.table().rules {
             let (Some(op), Some(route)) = (Op::parse(&rule.op), Route::parse(&rule.route)) else { continue };
             let limit = match route {
+                // An all_reduce runs in chunks on both (`chunked`).
+                Route::Transport | Route::IpcReduceScatterTransportAllGather if op == Op::AllReduce => usize::MAX,
                 Route::Transport => transport_max,
                 Route::Hierarchical => nodes.map_or(self.capacity, |c| c.max_call_bytes),
-                Route::IpcReduceScatterTransportAllGather if op == Op::AllReduce => self.capacity,
                 _ => ipc_max,
             };
             // Sizes of this rule above `limit` fail: from max(min, limit + 1) on.

@@ -22,9 +22,18 @@ use serde::{Deserialize, Serialize};
 pub struct Rule {
     pub op: String,
     pub min_bytes: u64,
-    /// Exclusive upper bound; `None` is unbounded.
+    /// Exclusive upper bound; `None` (JSON `null`) is unbounded. The field must be present:
+    /// a rule that leaves it out is refused, as a misspelt one is, rather than read as
+    /// unbounded.
+    #[serde(deserialize_with = "present")]
     pub max_bytes: Option<u64>,
     pub route: String,
+}
+
+/// `max_bytes` as given, `null` included: with a `deserialize_with`, serde refuses a missing
+/// field instead of reading it as `None`.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    Option::<u64>::deserialize(d)
 }
 
 /// A routing table as stored in JSON (no other field is accepted: a misspelt one is an error,
@@ -290,9 +299,22 @@ impl Routing {
         &self.table
     }
 
-    /// The table, canonically serialised: what ranks compare at construction.
+    /// The table, canonically serialised: what ranks exchange at construction.
     pub fn canonical_json(&self) -> String {
         serde_json::to_string(&self.table).unwrap_or_default()
+    }
+
+    /// Whether two tables as [`Routing::canonical_json`] writes them route every call alike:
+    /// the same platform and rules, in any order, whatever their `source` says (what ranks
+    /// compare at construction). `None` when one of them does not parse.
+    pub(crate) fn same_routes(a: &str, b: &str) -> Option<bool> {
+        let rules = |json: &str| -> Option<(String, Vec<Rule>)> {
+            let t: RoutingTable = serde_json::from_str(json).ok()?;
+            let mut rules = t.rules;
+            rules.sort_by(|x, y| (&x.op, x.min_bytes, x.max_bytes).cmp(&(&y.op, y.min_bytes, y.max_bytes)));
+            Some((t.platform, rules))
+        };
+        Some(rules(a)? == rules(b)?)
     }
 }
 

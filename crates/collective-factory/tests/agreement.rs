@@ -43,6 +43,25 @@ fn agreeing_ranks_keep_the_table() {
 }
 
 #[test]
+fn the_same_rules_in_another_order_or_from_another_source_agree() {
+    // Before 2026-12-05 ranks compared the tables' text: one rank's table with its rules in
+    // another order failed every rank with `ConfigMismatch` (an outside probe).
+    let mut all = facts(4);
+    let mut table = Routing::default_for(Platform::Rocm).table().clone();
+    table.rules.reverse();
+    table.source = "the same rules, measured elsewhere".into();
+    all[2].routing = serde_json::to_string(&table).unwrap();
+    let d = decide(&all).unwrap();
+    assert_eq!(d.routing, Routing::default_for(Platform::Rocm), "rank 0's table is the one kept");
+    // One rule moved: a different table.
+    let mut other = Routing::default_for(Platform::Rocm).table().clone();
+    other.rules[0].max_bytes = other.rules[0].max_bytes.map(|m| m - 1);
+    other.rules[1].min_bytes -= 1;
+    all[2].routing = serde_json::to_string(&other).unwrap();
+    assert!(matches!(decide(&all), Err(Error::ConfigMismatch { .. })));
+}
+
+#[test]
 fn disagreements_fail_with_one_error_naming_the_rank() {
     type Change = fn(&mut Facts);
     let cases: Vec<(Change, &str)> = vec![

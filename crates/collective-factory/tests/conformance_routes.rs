@@ -34,12 +34,34 @@ pub const EVERY_ROUTE: &str = r#"{"platform":"cpu","source":"test: every route",
 
 type Composed = Routed<ShmCollective, MemoryCollective>;
 
-struct EveryRoute;
+/// The factory's routed collective over the CPU twin and a reference transport of the suite's
+/// capacity, routed by `table`.
+struct OnTable {
+    name: &'static str,
+    table: fn() -> String,
+    /// Whether the handle must promise every call size (`max_call_bytes`).
+    every_size: bool,
+}
 
-impl TestBackend for EveryRoute {
+/// Every route at some size.
+const EVERY_ROUTE_TABLE: OnTable =
+    OnTable { name: "every route", table: || EVERY_ROUTE.to_string(), every_size: false };
+
+/// all_reduce of every size on `route`; the other ops one-shot (no limit: the IPC routes chunk).
+fn all_reduce_on(route: &str) -> String {
+    format!(
+        r#"{{"platform":"cpu","source":"test: all_reduce on {route}","rules":[
+  {{"op":"all_reduce","min_bytes":0,"max_bytes":null,"route":"{route}"}},
+  {{"op":"all_gather","min_bytes":0,"max_bytes":null,"route":"ipc_one_shot"}},
+  {{"op":"reduce_scatter","min_bytes":0,"max_bytes":null,"route":"ipc_one_shot"}},
+  {{"op":"reduce_scatter_many","min_bytes":0,"max_bytes":null,"route":"ipc_one_shot"}}]}}"#
+    )
+}
+
+impl TestBackend for OnTable {
     type Rank = HostRank<Composed>;
     fn name(&self) -> String {
-        "factory routing (every route, threads)".into()
+        format!("factory routing ({}, threads)", self.name)
     }
     fn run(
         &self,
@@ -48,7 +70,7 @@ impl TestBackend for EveryRoute {
         _test: &str,
         case: &(dyn Fn(&mut Self::Rank) -> Result<(), String> + Sync),
     ) -> Result<(), String> {
-        let routing = Routing::from_json(EVERY_ROUTE).map_err(|e| e.to_string())?;
+        let routing = Routing::from_json(&(self.table)()).map_err(|e| e.to_string())?;
         let boots: Vec<Arc<LocalBootstrap>> = LocalBootstrap::group(world).into_iter().map(Arc::new).collect();
         // Construction is collective: every rank builds on its own thread.
         let built: Vec<Result<Composed, Error>> = std::thread::scope(|s| {
@@ -74,8 +96,40 @@ impl TestBackend for EveryRoute {
             .map(|c| c.map(|comm| HostRank { comm }))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| e.to_string())?;
+        if self.every_size && world > 1 && ranks[0].comm.capabilities().max_call_bytes != usize::MAX {
+            return Err(format!("{}: the handle must promise every call size", self.name));
+        }
         run_owned(ranks, case, |rank| rank.comm.close().map_err(|e| e.to_string()))
     }
 }
 
-collective_core::conformance_suite!(super::EveryRoute);
+collective_core::conformance_suite!(super::EVERY_ROUTE_TABLE);
+
+/// all_reduce on the transport route and on the IPC reduce_scatter + transport all_gather
+/// hybrid at every size: a call larger than the transport takes runs as consecutive
+/// all_reduces of element ranges (`chunked.rs`), with the reference's bits; the handle then
+/// promises every size, so `above_capacity` runs calls of 1 to 3.25 suite capacities through
+/// the chunks. Before 2026-12-05 the hybrid refused every all_reduce above the staging
+/// capacity, uneven ones included (which take the chunking IPC RS+AG), and the transport route
+/// every one above the transport's limit (an outside probe; the ROCm table sends all_reduce
+/// from 2.1 MiB to the hybrid).
+mod chunked_all_reduce {
+    use super::*;
+    mod transport {
+        use super::*;
+        const ON: OnTable =
+            OnTable { name: "all_reduce on transport", table: || all_reduce_on("transport"), every_size: true };
+        collective_core::conformance_suite!(@cases ON;
+            all_reduce, special_values, randomized_sequence, validation, above_capacity);
+    }
+    mod hybrid {
+        use super::*;
+        const ON: OnTable = OnTable {
+            name: "all_reduce on ipc_rs_transport_ag",
+            table: || all_reduce_on("ipc_rs_transport_ag"),
+            every_size: true,
+        };
+        collective_core::conformance_suite!(@cases ON;
+            all_reduce, special_values, randomized_sequence, validation, above_capacity);
+    }
+}

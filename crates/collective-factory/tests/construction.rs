@@ -34,6 +34,20 @@ fn a_world_above_the_trees_limit_is_refused_before_any_rank_starts() {
 }
 
 #[test]
+fn a_block_cap_outside_1_to_1024_is_invalid_config_on_every_platform() {
+    // Before 2026-12-05 0 became 1 without a word (an outside probe); the CPU twin, which
+    // launches no blocks, refuses it too, as a GPU run would.
+    for blocks in [0, 1025, usize::MAX] {
+        invalid_config(Config::new().with_max_blocks(blocks).validate(), "with_max_blocks");
+        invalid_config(cpu::thread_group(2, &Config::new().with_max_blocks(blocks)), "with_max_blocks");
+    }
+    for blocks in [1, 1024] {
+        assert_eq!(Config::new().with_max_blocks(blocks).max_blocks(), Some(blocks));
+        cpu::thread_group(2, &Config::new().with_capacity(4096).with_max_blocks(blocks)).expect("group");
+    }
+}
+
+#[test]
 fn capacity_zero_is_invalid_config_at_construction_on_every_rank() {
     assert!(Config::new().with_capacity(0).validate().is_err());
     assert!(Config::new().with_capacity(127).validate().is_err());
@@ -99,6 +113,14 @@ fn with_transport_group(
     });
 }
 
+fn table_with(all_reduce: &str, all_gather: &str) -> String {
+    format!(
+        r#"{{"platform":"cpu","source":"test","rules":[{all_reduce},{all_gather},
+  {{"op":"reduce_scatter","min_bytes":0,"max_bytes":null,"route":"ipc_one_shot"}},
+  {{"op":"reduce_scatter_many","min_bytes":0,"max_bytes":null,"route":"ipc_one_shot"}}]}}"#
+    )
+}
+
 fn table(all_reduce: &str) -> String {
     format!(
         r#"{{"platform":"cpu","source":"test","rules":[{all_reduce},
@@ -132,37 +154,59 @@ fn max_call_bytes_is_what_the_routes_accept() {
     let one = cpu::thread_group(1, &Config::new().with_capacity(capacity)).expect("world 1");
     assert_eq!(one[0].capabilities().max_call_bytes, usize::MAX);
 
-    // The transport route keeps its limit, and the report says so: every all_reduce there.
+    // An all_reduce on the transport runs in chunks the transport takes (since 2026-12-05):
+    // no limit, the right sums.
     let transport_all = table(r#"{"op":"all_reduce","min_bytes":0,"max_bytes":null,"route":"transport"}"#);
     with_transport_group(2, capacity, &transport_all, |comm| {
+        assert_eq!(comm.capabilities().max_call_bytes, usize::MAX);
+        let input = vec![1.0f32; 5 * capacity / 4 + 3];
+        let mut out = vec![0.0f32; input.len()];
+        comm.all_reduce(Io::host(&input, &mut out), &()).expect("an all_reduce 5x the transport's limit");
+        assert!(out.iter().all(|&x| x == 2.0));
+    });
+    // The transport route's other ops keep its limit, and the report says so.
+    let gather_on_transport = table_with(
+        r#"{"op":"all_reduce","min_bytes":0,"max_bytes":null,"route":"ipc_one_shot"}"#,
+        r#"{"op":"all_gather","min_bytes":0,"max_bytes":null,"route":"transport"}"#,
+    );
+    with_transport_group(2, capacity, &gather_on_transport, |comm| {
         assert_eq!(comm.capabilities().max_call_bytes, capacity);
         let input = vec![1.0f32; 2 * capacity / 4];
-        let mut out = vec![0.0f32; input.len()];
-        let e = comm.all_reduce(Io::host(&input, &mut out), &()).unwrap_err();
-        assert!(matches!(e, Error::CapacityExceeded { op: Op::AllReduce, .. }), "{e}");
+        let mut out = vec![0.0f32; 2 * input.len()];
+        let e = comm.all_gather(Io::host(&input, &mut out), &()).unwrap_err();
+        assert!(matches!(e, Error::CapacityExceeded { op: Op::AllGather, .. }), "{e}");
     });
     // A transport range that starts above the capacity: calls up to just below it are fine.
-    let transport_above = table(
-        r#"{"op":"all_reduce","min_bytes":0,"max_bytes":16384,"route":"ipc_one_shot"},
-  {"op":"all_reduce","min_bytes":16384,"max_bytes":null,"route":"transport"}"#,
+    let transport_above = table_with(
+        r#"{"op":"all_reduce","min_bytes":0,"max_bytes":null,"route":"ipc_one_shot"}"#,
+        r#"{"op":"all_gather","min_bytes":0,"max_bytes":16384,"route":"ipc_one_shot"},
+  {"op":"all_gather","min_bytes":16384,"max_bytes":null,"route":"transport"}"#,
     );
     with_transport_group(2, capacity, &transport_above, |comm| {
         assert_eq!(comm.capabilities().max_call_bytes, 16383);
         let input = vec![1.0f32; 16380 / 4];
-        let mut out = vec![0.0f32; input.len()];
-        comm.all_reduce(Io::host(&input, &mut out), &()).expect("below the transport range");
+        let mut out = vec![0.0f32; 2 * input.len()];
+        comm.all_gather(Io::host(&input, &mut out), &()).expect("below the transport range");
     });
     // The transport only for sizes within its capacity: no route limits a call.
-    let transport_small = table(
-        r#"{"op":"all_reduce","min_bytes":0,"max_bytes":4097,"route":"transport"},
-  {"op":"all_reduce","min_bytes":4097,"max_bytes":null,"route":"ipc_rs_ag"}"#,
+    let transport_small = table_with(
+        r#"{"op":"all_reduce","min_bytes":0,"max_bytes":null,"route":"ipc_one_shot"}"#,
+        r#"{"op":"all_gather","min_bytes":0,"max_bytes":4097,"route":"transport"},
+  {"op":"all_gather","min_bytes":4097,"max_bytes":null,"route":"ipc_one_shot"}"#,
     );
     with_transport_group(2, capacity, &transport_small, |comm| {
         assert_eq!(comm.capabilities().max_call_bytes, usize::MAX);
     });
-    // The hybrid all_reduce is checked against the capacity.
+    // The hybrid all_reduce takes any size too: its gather goes in chunks of whole shards, and
+    // uneven sizes take IPC RS+AG (before 2026-12-05 both were refused above the capacity).
     let hybrid = table(r#"{"op":"all_reduce","min_bytes":0,"max_bytes":null,"route":"ipc_rs_transport_ag"}"#);
     with_transport_group(2, capacity, &hybrid, |comm| {
-        assert_eq!(comm.capabilities().max_call_bytes, capacity);
+        assert_eq!(comm.capabilities().max_call_bytes, usize::MAX);
+        for n in [6 * capacity / 4, 6 * capacity / 4 + 1] {
+            let input = vec![1.0f32; n];
+            let mut out = vec![0.0f32; n];
+            comm.all_reduce(Io::host(&input, &mut out), &()).expect("a hybrid all_reduce 6x the capacity");
+            assert!(out.iter().all(|&x| x == 2.0), "{n}");
+        }
     });
 }

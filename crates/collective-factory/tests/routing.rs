@@ -176,6 +176,10 @@ fn unknown_fields_and_platforms_are_rejected() {
     let typo = table(r#"{"op":"all_reduce","min_bytes":0,"max_byte":10,"route":"ipc_one_shot"}"#);
     let err = Routing::from_json(&typo).expect_err("a misspelt rule field").to_string();
     assert!(err.contains("max_byte"), "{err}");
+    // Leaving it out did the same until 2026-12-05 (an outside probe): `null` says unbounded.
+    let missing = table(r#"{"op":"all_reduce","min_bytes":0,"route":"ipc_one_shot"}"#);
+    let err = Routing::from_json(&missing).expect_err("a rule without max_bytes").to_string();
+    assert!(err.contains("missing field `max_bytes`"), "{err}");
     let extra = table_of("cpu", "ipc_one_shot").replacen(r#""source":"test""#, r#""source":"test","world":2"#, 1);
     let err = Routing::from_json(&extra).expect_err("an unknown table field").to_string();
     assert!(err.contains("world"), "{err}");

@@ -100,12 +100,17 @@ impl Layout {
     /// payload bytes each (at most [`MAX_LL_CAPACITY`]), double-buffered by generation parity:
     /// `2 * world` slots of [`Layout::ll_slot_bytes`] in the control block.
     pub fn with_ll(capacity: usize, blocks: usize, world: usize, ll_capacity: usize) -> Result<Layout, Error> {
-        if ll_capacity > MAX_LL_CAPACITY || world > MAX_WORLD {
+        if ll_capacity > MAX_LL_CAPACITY {
             return Err(Error::InvalidConfig {
                 detail: format!(
-                    "an LL push capacity of {ll_capacity} bytes per rank for {world} ranks: expected at most \
-                     {MAX_LL_CAPACITY} bytes and {MAX_WORLD} ranks"
+                    "an LL push capacity of {ll_capacity} bytes per rank (Config::with_ll_capacity): expected at most \
+                     {MAX_LL_CAPACITY} bytes"
                 ),
+            });
+        }
+        if world > MAX_WORLD {
+            return Err(Error::InvalidConfig {
+                detail: format!("LL push slots for {world} ranks: expected at most {MAX_WORLD}"),
             });
         }
         let (world, ll_capacity) = if ll_capacity == 0 || world == 0 { (0, 0) } else { (world, ll_capacity) };

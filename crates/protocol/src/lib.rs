@@ -68,7 +68,8 @@ pub use config::{DEFAULT_LL_CAPACITY, DEFAULT_RSAG_THRESHOLD, IpcConfig};
 pub use device::{Device, IpcDevice, Launch, RawStream, Vendor};
 pub use flag::{FlagState, FlagWord};
 pub use layout::{
-    CLOSE_ACK, HEADER_MAGIC, HEADER_WORDS, Header, LINE, LL_EXPANSION, Layout, MAX_LL_CAPACITY, PROTOCOL_VERSION,
+    CLOSE_ACK, HEADER_MAGIC, HEADER_WORDS, Header, LINE, LL_EXPANSION, Layout, MAX_BLOCKS, MAX_LL_CAPACITY,
+    PROTOCOL_VERSION,
 };
 pub use norm::{NormArgs, NormParams};
 pub use norm_device::NormDevice;
