@@ -114,6 +114,14 @@ pub trait Collective: Send + Sync {
 /// decides once and passes the decision down, so no threshold inside the backend can disagree
 /// with the table (and `route()` of the composed collective reports what runs).
 pub trait RouteSelect: Collective {
+    /// The route a single-lane call of `op` contributing `bytes` per rank runs when told
+    /// `route`, as [`Collective::route`] reports it: a push route whose payload does not fit
+    /// its slots runs the one-shot route (the LL capacity). Default: `route` itself.
+    fn route_taken(&self, op: Op, bytes: usize, route: IpcRoute) -> crate::Route {
+        let _ = (op, bytes);
+        route.route()
+    }
+
     /// `op` on `io` by `route` (`Local`, `OneShot`, the push routes or, for all_reduce,
     /// `ReduceScatterAllGather`); a route `op` cannot take is [`Error::InvalidConfig`] before
     /// any work. `op` is a single-lane op (`reduce_scatter_many` goes through

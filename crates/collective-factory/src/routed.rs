@@ -149,12 +149,14 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
     /// `bytes` per rank to (its `all_reduce_residual_rmsnorm` rules, else the all_reduce's), as
     /// the backends take it: what [`Collective::route`] is for the plain call.
     pub fn fused_norm_route(&self, bytes: usize) -> Route {
-        self.taken(Op::AllReduce, self.routing.fused_norm_route(bytes))
+        self.taken(Op::AllReduce, bytes, self.routing.fused_norm_route(bytes))
     }
 
-    /// The route a call of `op` takes when the table says `route`: local at world 1; RS+AG and
-    /// the hybrid are all_reduce routes (other ops take their one-shot IPC route there).
-    fn taken(&self, op: Op, route: Route) -> Route {
+    /// The route a call of `op` contributing `bytes` per rank takes when the table says
+    /// `route`: local at world 1; RS+AG and the hybrid are all_reduce routes (other ops take
+    /// their one-shot IPC route there); LL push above the LL capacity is one-shot (the IPC
+    /// backend's `route_taken`).
+    fn taken(&self, op: Op, bytes: usize, route: Route) -> Route {
         if self.world == 1 {
             return Route::Local;
         }
@@ -164,7 +166,12 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
             Route::IpcReduceScatterTransportAllGather if op == Op::AllReduce => {
                 Route::IpcReduceScatterTransportAllGather
             }
-            r => ipc_route_for(op, r),
+            r => match (ipc_route_for(op, r), &self.ipc) {
+                (Route::IpcPushLl, Some(ipc)) if op != Op::ReduceScatterMany => {
+                    ipc.route_taken(op, bytes, IpcRoute::PushLl)
+                }
+                (r, _) => r,
+            },
         }
     }
 
@@ -361,7 +368,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I,
     /// backend takes it (RS+AG and the hybrid are all_reduce routes; other ops take their
     /// one-shot IPC route there).
     fn route(&self, op: Op, bytes: usize) -> Route {
-        self.taken(op, self.routing.route(op, bytes))
+        self.taken(op, bytes, self.routing.route(op, bytes))
     }
     /// The backends' (one platform's: all read host memory, or none).
     fn host_memory(&self) -> bool {

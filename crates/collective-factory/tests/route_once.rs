@@ -99,6 +99,13 @@ fn the_backend_follows_the_agreed_table_for_every_op_and_size() {
     assert_eq!(comm.route(Op::ReduceScatterMany, 5000), Route::IpcOneShot);
     assert_eq!(comm.route(Op::AllReduce, 4096), Route::IpcReduceScatterAllGather);
     assert_eq!(comm.route(Op::AllGather, 4096), Route::IpcPushLl);
+    // LL push above the LL slots (512 KiB by default) runs one-shot, and says so (before
+    // 2026-12-05 `route()` said LL push: an outside probe).
+    assert_eq!(comm.route(Op::AllGather, 512 << 10), Route::IpcPushLl);
+    assert_eq!(comm.route(Op::AllGather, (512 << 10) + 1), Route::IpcOneShot);
+    // reduce_scatter's payload is one shard.
+    assert_eq!(comm.route(Op::ReduceScatter, 2 * (512 << 10)), Route::IpcPushLl);
+    assert_eq!(comm.route(Op::ReduceScatter, 2 * (512 << 10) + 2), Route::IpcOneShot);
     std::thread::scope(|s| {
         for c in &ranks {
             s.spawn(move || c.close().expect("close"));

@@ -605,8 +605,10 @@ impl<D: IpcDevice> Collective for IpcCollective<D> {
         // Calls of any size: above the staging capacity they run in chunks.
         Capabilities::strict(self.config.capacity, D::GRAPH_CAPTURE).with_max_call_bytes(usize::MAX)
     }
+    /// The table's route for `op` and `bytes`, as it runs (LL push above the LL slots runs
+    /// one-shot: [`RouteSelect::route_taken`]).
     fn route(&self, op: Op, bytes: usize) -> Route {
-        self.default_route(op, bytes).route()
+        self.route_taken(op, bytes, self.default_route(op, bytes))
     }
     fn host_memory(&self) -> bool {
         D::VENDOR == Vendor::Host
@@ -668,6 +670,16 @@ impl<D: IpcDevice> Collective for IpcCollective<D> {
 }
 
 impl<D: IpcDevice> RouteSelect for IpcCollective<D> {
+    /// LL push runs one-shot where the call's payload exceeds the LL slots (`Plan::single_fitted`):
+    /// the whole input (all_reduce, all_gather) or one shard (reduce_scatter).
+    fn route_taken(&self, op: Op, bytes: usize, route: IpcRoute) -> Route {
+        if route != IpcRoute::PushLl || op == Op::ReduceScatterMany {
+            return route.route();
+        }
+        let Ok(Some(ipc)) = self.ipc_for(route) else { return route.route() };
+        let payload = if op == Op::ReduceScatter { bytes / self.world } else { bytes };
+        if payload <= ipc.layout.ll_capacity() { Route::IpcPushLl } else { Route::IpcOneShot }
+    }
     fn call_on_route_as_part(
         &self,
         op: Op,

@@ -77,6 +77,9 @@ impl ShmCollective {
 }
 
 impl RouteSelect for ShmCollective {
+    fn route_taken(&self, op: Op, bytes: usize, route: IpcRoute) -> Route {
+        self.inner.route_taken(op, bytes, route)
+    }
     fn call_on_route_as_part(&self, op: Op, io: Io<'_>, route: IpcRoute, part: u32, stream: &()) -> Result<(), Error> {
         self.inner.call_on_route_as_part(op, io, route, part, stream)
     }
