@@ -66,7 +66,8 @@ pub fn test_main(args: GpuTestArgs) -> anyhow::Result<ExitCode> {
     }
     if suites.is_empty() {
         println!("no GPU suites to run (GPU packages: {})", GPU_PACKAGES.join(", "));
-        return Ok(ExitCode::SUCCESS);
+        // A filter that matches nothing ran nothing: not a success.
+        return Ok(if args.suites.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE });
     }
     let kernel_dir = match &args.bundle {
         Some(d) => Some(d.join("kernels")),
@@ -115,6 +116,12 @@ pub fn test_main(args: GpuTestArgs) -> anyhow::Result<ExitCode> {
     if let Some(sig) = interrupted() {
         eprintln!("[gpu] interrupted by signal {sig}: the running suite was killed and the rest not run");
         return Ok(ExitCode::from(128u8.saturating_add(u8::try_from(sig).unwrap_or(0))));
+    }
+    let (passed, skipped) =
+        results.iter().map(|r| r.counts.totals()).fold((0, 0), |(p, k), (rp, _, rk)| (p + rp, k + rk));
+    if passed == 0 && skipped > 0 {
+        eprintln!("[gpu] every test said it was skipped (no GPU ran them): not a pass");
+        return Ok(ExitCode::FAILURE);
     }
     Ok(if results.iter().all(|r| r.ok) { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

@@ -98,7 +98,7 @@ pub(super) fn run_suite(
         cmd.env(KERNEL_DIR_ENV, k);
     }
     // Own process group: on timeout the suite and the processes it started are killed together.
-    cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).process_group(0);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
     eprintln!("[gpu] === {} ({})", s.name, show(&cmd));
     for v in vars {
         eprintln!("[gpu] {}={} ({})", v.name, v.value, v.why);
@@ -123,6 +123,19 @@ pub(super) fn run_suite(
             }
         })
     };
+    // stderr is forwarded as it comes, and its `skipped:` lines counted (a GPU test without
+    // its GPU passes after saying so: it must not count as passed).
+    let stderr = child.stderr.take().map(|e| {
+        std::thread::spawn(move || {
+            let mut counts = Counts::default();
+            for line in BufReader::new(e).lines() {
+                let Ok(line) = line else { break };
+                eprintln!("{line}");
+                counts.add_stderr_line(&line);
+            }
+            counts.said_skipped
+        })
+    });
     let mut counts = Counts::default();
     if let Some(stdout) = child.stdout.take() {
         for line in BufReader::new(stdout).lines() {
@@ -132,6 +145,7 @@ pub(super) fn run_suite(
         }
     }
     let status = child.wait();
+    counts.said_skipped = stderr.map_or(0, |h| h.join().unwrap_or(0));
     RUNNING_GROUP.store(0, Ordering::SeqCst);
     let status = status?;
     let _ = done_tx.send(());
@@ -144,6 +158,8 @@ pub(super) fn run_suite(
         format!("INTERRUPTED (signal {sig})")
     } else if timed_out {
         format!("TIMEOUT after {} s", timeout.as_secs())
+    } else if ok && counts.totals().0 == 0 && counts.totals().2 > 0 {
+        "ok (every test skipped)".to_owned()
     } else if ok && counts.results == 0 {
         "ok (no libtest summary)".to_owned()
     } else if ok {

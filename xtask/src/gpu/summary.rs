@@ -12,6 +12,9 @@ pub struct Counts {
     pub results: u64,
     /// Per-test lines (`test NAME ... ok|FAILED|ignored`) seen: passed, failed, ignored.
     pub lines: [u64; 3],
+    /// `skipped: <reason>` lines the tests wrote (to stderr): our GPU tests pass without a GPU
+    /// after saying so, and are counted skipped, not passed (one line per test).
+    pub said_skipped: u64,
 }
 
 impl Counts {
@@ -40,13 +43,22 @@ impl Counts {
             }
         }
     }
-    /// (passed, failed, skipped): from the summaries, or from the per-test lines without one.
+    /// Counts a line the tests wrote to stderr.
+    pub fn add_stderr_line(&mut self, line: &str) {
+        if line.trim_start().starts_with("skipped:") {
+            self.said_skipped += 1;
+        }
+    }
+    /// (passed, failed, skipped): from the summaries, or from the per-test lines without one;
+    /// a test that passed after saying `skipped:` is skipped.
     pub fn totals(&self) -> (u64, u64, u64) {
-        if self.results > 0 {
+        let (passed, failed, skipped) = if self.results > 0 {
             (self.passed, self.failed, self.skipped)
         } else {
             (self.lines[0], self.lines[1], self.lines[2])
-        }
+        };
+        let said = self.said_skipped.min(passed);
+        (passed - said, failed, skipped + said)
     }
     pub fn failed(&self) -> u64 {
         self.totals().1
@@ -109,20 +121,35 @@ mod tests {
     }
 
     #[test]
+    fn tests_that_said_skipped_count_as_skipped_not_passed() {
+        // A GPU test without a GPU passes after writing `skipped: <reason>` to stderr.
+        let mut c = Counts::default();
+        c.add_line("test result: ok. 12 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.1s");
+        for _ in 0..12 {
+            c.add_stderr_line("skipped: no CUDA device (cuInit: CUDA_ERROR_NO_DEVICE)");
+        }
+        c.add_stderr_line("[rank 0] a line that is not a skip");
+        assert_eq!(c.totals(), (0, 0, 12));
+        // Some skipped, some ran.
+        c.said_skipped = 5;
+        assert_eq!(c.totals(), (7, 0, 5));
+    }
+
+    #[test]
     fn summary_table_totals() {
         let r = vec![
             SuiteResult {
                 name: "a".into(),
                 ok: true,
                 status: "ok".into(),
-                counts: Counts { passed: 2, failed: 0, skipped: 1, results: 1, lines: [0; 3] },
+                counts: Counts { passed: 2, failed: 0, skipped: 1, results: 1, lines: [0; 3], said_skipped: 0 },
                 secs: 1.0,
             },
             SuiteResult {
                 name: "b".into(),
                 ok: false,
                 status: "FAILED".into(),
-                counts: Counts { passed: 0, failed: 0, skipped: 0, results: 0, lines: [1, 1, 0] },
+                counts: Counts { passed: 0, failed: 0, skipped: 0, results: 0, lines: [1, 1, 0], said_skipped: 0 },
                 secs: 2.0,
             },
         ];
