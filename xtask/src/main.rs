@@ -60,7 +60,15 @@ fn default_kernel_dir() {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Usage errors exit 1, not clap's 2: status 2 says every row ran but some row is not
+    // bitwise (help and version still exit 0).
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { ExitCode::FAILURE } else { ExitCode::SUCCESS };
+        }
+    };
     if let Command::Bench(args) | Command::BenchRank(args) = &cli.command {
         default_kernel_dir();
         // SAFETY: still on the main thread, before any other thread and before CUDA starts.

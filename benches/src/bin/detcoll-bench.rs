@@ -28,7 +28,15 @@ enum Rank {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Usage errors exit 1, not clap's 2: status 2 says every row ran but some row is not
+    // bitwise (help and version still exit 0).
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { ExitCode::FAILURE } else { ExitCode::SUCCESS };
+        }
+    };
     let args = match &cli.rank {
         Some(Rank::BenchRank(args)) => args,
         None => &cli.args,

@@ -157,7 +157,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = DEFAULT_SAMPLES, value_parser = parse_positive)]
     pub samples: usize,
 
-    /// JSON report (the SVG plot is written next to it, same name with `.svg`).
+    /// JSON report (the plot is written next to it, same name with `.svg` and `.png`).
     #[arg(long, default_value = DEFAULT_OUTPUT)]
     pub output: PathBuf,
 
@@ -170,7 +170,7 @@ pub struct BenchArgs {
     pub threads: bool,
 
     /// Spread the ranks over N simulated hosts (processes): each gets
-    /// DETCOLL_HOST_ID=virtual-node-{n} and its node's LOCAL_RANK/LOCAL_WORLD_SIZE, so the
+    /// DETCOLL_HOST_ID=virtual-node-<n> and its node's LOCAL_RANK/LOCAL_WORLD_SIZE, so the
     /// world routes as across hosts (hierarchical with 2/4/8 ranks per node, else the flat
     /// transport route; on GPUs the step across nodes is NCCL where each node's ranks of one
     /// local rank are on different GPUs, else staged through the host).
@@ -188,8 +188,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 0x5EED)]
     pub seed: u64,
 
-    /// Force every call of the run onto this route (ipc_push_ll, ipc_one_shot, ipc_rs_ag,
-    /// transport, ipc_rs_transport_ag): a routing table with one rule per op replaces the
+    /// Force every call of the run onto this route (ipc_push_ll, ipc_push, ipc_one_shot,
+    /// ipc_rs_ag, transport, ipc_rs_transport_ag, hierarchical): a routing table with one rule per op replaces the
     /// built-in one and DETCOLL_ROUTING_TABLE, in thread and process runs alike (see
     /// `harness::routes::forced_table`). Rows report the route each call runs.
     #[arg(long, value_parser = super::routes::parse_route)]
@@ -317,7 +317,14 @@ impl BenchArgs {
     /// `self`, with the default sizes for a GPU (`gpu`) or the CPU twin when none were given.
     pub fn or_default_sizes(mut self, gpu: bool) -> Self {
         if self.size_bytes.is_empty() {
-            self.size_bytes = if gpu { default_gpu_sizes() } else { default_cpu_sizes() };
+            // Each size rounded down to whole shards of every op at this world (reduce_scatter
+            // needs a multiple of the world, reduce_scatter_many of its lanes too): the powers
+            // of two are already, other worlds (3, 5, 6, 7, 12...) measure the nearest size
+            // below (before 2026-12-05 their default run stopped at the first reduce_scatter).
+            let unit = self.nproc.max(1) * BenchOp::ReduceScatterMany.lanes() * self.dtype.dtype().size();
+            let sizes = if gpu { default_gpu_sizes() } else { default_cpu_sizes() };
+            self.size_bytes = sizes.into_iter().map(|b| (b / unit).max(1) * unit).collect();
+            self.size_bytes.dedup();
         }
         self
     }
@@ -416,10 +423,13 @@ fn parse_tp(s: &str) -> Result<usize, String> {
 }
 
 /// Parses `4096`, `4K`, `4KiB`, `16M`, `16MiB`, `1G` (binary multiples).
-/// `--capacity`: a size of at least 16 bytes (one 16-byte chunk per call must fit).
+/// `--capacity`: a size of at least `MIN_CAPACITY` (128) bytes, the staging every op, dtype and
+/// world can chunk through (what the collectives refuse below; before 2026-12-05 the flag took
+/// 16 and every rank then failed).
 fn parse_capacity(s: &str) -> Result<usize, String> {
     let c = parse_size(s)?;
-    if c < 16 { Err(format!("--capacity {s}: at least 16 bytes of staging are needed")) } else { Ok(c) }
+    let min = detcoll_protocol::MIN_CAPACITY;
+    if c < min { Err(format!("--capacity {s}: at least {min} bytes of staging are needed")) } else { Ok(c) }
 }
 
 pub fn parse_size(s: &str) -> Result<usize, String> {

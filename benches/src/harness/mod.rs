@@ -199,6 +199,8 @@ pub fn main(args: BenchArgs, frontend: &Frontend) -> anyhow::Result<ExitCode> {
     if launched_as_rank() && !args.threads {
         return rank_main(args, frontend);
     }
+    // Before any row runs: a report that cannot be written would lose the whole run.
+    check_output(&args.output)?;
     // The GPU defaults include the CPU ones: checked before the backend is known.
     args.check_world()?;
     args.clone().or_default_sizes(true).check_shapes(args.nproc)?;
@@ -548,6 +550,35 @@ fn host_info() -> HostInfo {
 /// Writes `report` as JSON to `path` and the plot next to it; returns the plot's path.
 fn write_report(report: &Report, path: &Path) -> anyhow::Result<PathBuf> {
     write_outputs(path, &serde_json::to_string_pretty(report)?, &plot::svg(report))
+}
+
+/// Refuses a report path the run could not write, before the run: the JSON must not be one of
+/// the plot's files (`--output x.svg` overwrote the report with the plot), its folder must be
+/// creatable and the three files openable for writing. Files that did not exist are not left
+/// behind.
+pub(crate) fn check_output(path: &Path) -> anyhow::Result<()> {
+    let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+    anyhow::ensure!(
+        !matches!(ext.as_deref(), Some("svg" | "png")),
+        "--output {}: that is the JSON report's path; the plot is written next to it (.svg and .png): \
+         give a .json path",
+        path.display()
+    );
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("--output: creating {}", dir.display()))?;
+    }
+    for p in [path.to_path_buf(), path.with_extension("svg"), path.with_extension("png")] {
+        let existed = p.exists();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(&p)
+            .with_context(|| format!("--output: {} cannot be written", p.display()))?;
+        if !existed {
+            let _ = std::fs::remove_file(&p);
+        }
+    }
+    Ok(())
 }
 
 /// Writes `json` to `path` and the plot `svg` next to it as `.svg` and `.png` (creating the

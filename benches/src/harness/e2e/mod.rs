@@ -84,6 +84,8 @@ pub fn main(args: &BenchArgs, tool: &str) -> anyhow::Result<ExitCode> {
         "--graph captures CUDA graphs and needs the CUDA backend; this --e2e run uses the CPU"
     );
     let plan = Plan::new(args, backend == E2eBackend::Cuda)?;
+    // Before any row runs: a report that cannot be written would lose the whole run.
+    super::check_output(&output_path(args, &plan))?;
     let (rows, device, notes) = match backend {
         E2eBackend::Cpu => (cpu::run(&plan)?, format!("host CPU, {}", std::env::consts::ARCH), cpu_notes(&plan)),
         E2eBackend::Cuda => (cuda::run(&plan)?, cuda::device(), cuda_notes(&plan)),

@@ -98,6 +98,20 @@ impl Plan {
                 anyhow::ensure!(t % tp == 0, "--tokens {t}: does not split over {what} {tp} ranks");
             }
         }
+        // A run whose tensors cannot fit this host is refused here, not aborted by a failed
+        // allocation halfway (`--tokens 100000000` aborted the process, exit 134). The
+        // estimate: the gathered tensor, the ranks' shards, the output and the reference,
+        // each of the largest message.
+        if let Some(available) = available_memory() {
+            let needed = self.largest_message_bytes().saturating_mul(4);
+            anyhow::ensure!(
+                needed <= available,
+                "--tokens {}: about {} MiB of tensors, more than the {} MiB this host has available",
+                self.tokens.iter().copied().max().unwrap_or(0),
+                needed >> 20,
+                available >> 20
+            );
+        }
         Ok(())
     }
 
@@ -186,6 +200,14 @@ pub fn check_flags(args: &BenchArgs) -> anyhow::Result<()> {
         }
         _ => Ok(()),
     }
+}
+
+/// `MemAvailable` of `/proc/meminfo`, bytes (`None` where it cannot be read).
+fn available_memory() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 #[cfg(test)]
