@@ -170,7 +170,7 @@ pub struct BenchArgs {
     pub threads: bool,
 
     /// Spread the ranks over N simulated hosts (processes): each gets
-    /// DETCOLL_HOST_ID=virtual-node-<n> and its node's LOCAL_RANK/LOCAL_WORLD_SIZE, so the
+    /// DETCOLL_HOST_ID=virtual-node-I (I its node's index) and its node's LOCAL_RANK/LOCAL_WORLD_SIZE, so the
     /// world routes as across hosts (hierarchical with 2/4/8 ranks per node, else the flat
     /// transport route; on GPUs the step across nodes is NCCL where each node's ranks of one
     /// local rank are on different GPUs, else staged through the host).
