@@ -14,6 +14,7 @@ orders its pending work before the call, as the DLPack protocol has it.
 """
 
 import ctypes
+import operator
 import sys
 from typing import Any, Optional, Tuple
 
@@ -79,7 +80,7 @@ def _prod(shape) -> int:
 
 def _c_contiguous(shape, strides, itemsize) -> bool:
     """Whether ``strides`` (in bytes; None = C order) describe a dense C-order layout."""
-    if strides is None:
+    if strides is None or 0 in shape:  # an empty array has no layout to get wrong
         return True
     expected = itemsize
     for dim, stride in zip(reversed(shape), reversed(strides)):
@@ -194,7 +195,7 @@ def _interface_view(x, ai: dict, device, what: str) -> View:
     shape = tuple(int(s) for s in ai["shape"])
     if not _c_contiguous(shape, ai.get("strides"), _SIZES[dtype]):
         raise _detcoll.NotContiguous(f"{what}: the array is not C-contiguous (use ascontiguousarray)")
-    addr, readonly = ai["data"]
+    addr, readonly, keep = _interface_data(x, ai, _prod(shape) * _SIZES[dtype], device, what)
     stream = 0
     if device[0] == "cuda":
         # CUDA array interface v3: an int names the stream (1 and 2 are the legacy and
@@ -202,7 +203,73 @@ def _interface_view(x, ai: dict, device, what: str) -> View:
         # (v2, torch's own): the default stream, which the collective fills in.
         s = ai.get("stream")
         stream = None if s is None else int(s)
-    return View(int(addr or 0), _prod(shape), dtype, shape, device, stream, not readonly)
+    return View(addr, _prod(shape), dtype, shape, device, stream, not readonly, keep)
+
+
+def _interface_data(x, ai: dict, nbytes: int, device, what: str):
+    """Where an array interface's ``nbytes`` bytes are: ``(address, read-only, what to keep
+    alive for the call)``. ``data`` is an ``(address, read-only)`` pair, or (host memory only, as
+    the numpy protocol allows) a buffer object — or None, the object's own buffer — read from
+    ``offset``; a buffer is checked to hold the array. ``x``: the interface's object."""
+    data = ai.get("data")
+    if isinstance(data, tuple):
+        try:
+            if len(data) != 2:
+                raise TypeError
+            return int(operator.index(data[0] or 0)), bool(data[1]), None
+        except TypeError:
+            raise _detcoll.InvalidArgument(
+                f"{what}: the array interface's data is {data!r}, not an (address, read-only) pair") from None
+    if device[0] != "cpu":
+        raise _detcoll.InvalidArgument(
+            f"{what}: the CUDA array interface's data is {type(data).__name__}, not an (address, read-only) pair")
+    return _buffer_data(ai, x if data is None else data, data is None, nbytes, what)
+
+
+class _PyBuffer(ctypes.Structure):  # CPython's Py_buffer (in the limited API since 3.11)
+    _fields_ = [
+        ("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p), ("len", ctypes.c_ssize_t),
+        ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
+        ("format", ctypes.c_char_p), ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+        ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p),
+    ]
+
+
+_get_buffer = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int)(
+    ("PyObject_GetBuffer", ctypes.pythonapi))
+_release_buffer = ctypes.PYFUNCTYPE(None, ctypes.POINTER(_PyBuffer))(("PyBuffer_Release", ctypes.pythonapi))
+
+
+def _buffer_data(ai: dict, owner, own: bool, nbytes: int, what: str):
+    """An array interface's buffer (``owner``: its ``data``, or with ``own`` the object itself) at
+    ``offset``: its address, whether it is read-only, and the memoryview that keeps it exported
+    (a bytearray cannot be resized, nor the object freed) for the call."""
+    try:
+        mv = memoryview(owner)
+    except TypeError:
+        source = "None and the object has no buffer" if own else f"a {type(owner).__name__}"
+        raise _detcoll.InvalidArgument(
+            f"{what}: the array interface's data is {source}: neither an (address, read-only) pair nor a "
+            "buffer") from None
+    if not mv.c_contiguous:
+        raise _detcoll.NotContiguous(f"{what}: the array interface's data buffer is not contiguous")
+    try:
+        offset = int(operator.index(ai.get("offset") or 0))
+    except TypeError:
+        raise _detcoll.InvalidArgument(f"{what}: the array interface's offset {ai.get('offset')!r} is not an integer") from None
+    if offset < 0 or offset + nbytes > mv.nbytes:
+        raise _detcoll.InvalidArgument(
+            f"{what}: the array interface's data buffer holds {mv.nbytes} bytes, not the array's {nbytes} "
+            f"bytes at offset {offset}")
+    if mv.nbytes == 0:
+        return 0, mv.readonly, mv
+    pb = _PyBuffer()
+    _get_buffer(mv, ctypes.byref(pb), 0)  # PyBUF_SIMPLE; raises what the buffer raises
+    try:
+        base = pb.buf or 0
+    finally:
+        _release_buffer(ctypes.byref(pb))
+    return base + offset, mv.readonly, mv
 
 
 # DLPack: the C structs, read through ctypes. A "dltensor" capsule points at a DLManagedTensor,
@@ -243,14 +310,22 @@ def _dlpack_export(x, what: str):
     that stream (``default_stream`` of its device; the legacy default stream is DLPack's 1,
     never 0) so it orders its pending work before the call; a producer without the ``stream``
     argument, or without ``__dlpack_device__`` (the device is then read from the capsule), is
-    exported as it stands."""
+    exported as it stands. A versioned capsule is asked for first (``max_version=(1, 0)``), so
+    a read-only tensor can be exported as one (an input)."""
     try:
         device = x.__dlpack_device__() if hasattr(x, "__dlpack_device__") else None
+        stream = None
         if device is not None and int(device[0]) in _DL_CUDA:
             stream = default_stream(int(device[1]))
+        # Asked for a versioned capsule first (DLPack 1.0, `max_version`): only it can carry a
+        # read-only tensor, which an input may be; a producer older than the argument (a
+        # TypeError) is asked again without it, then without the stream.
+        attempts = ([dict(stream=stream or 1, max_version=(1, 0)), dict(stream=stream or 1)] if stream is not None
+                    else [dict(max_version=(1, 0))])
+        for kwargs in attempts:
             try:
-                return x.__dlpack__(stream=stream or 1), stream
-            except TypeError:  # a producer older than the stream argument
+                return x.__dlpack__(**kwargs), stream
+            except TypeError:
                 pass
         capsule = x.__dlpack__()
     except _detcoll.DetcollError:

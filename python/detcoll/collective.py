@@ -118,15 +118,30 @@ class Collective:
 
     def reduce_scatter(self, x, out=None):
         """Shard ``rank`` (along dim 0) of the fixed tree over every rank's ``x``, into
-        ``out`` (allocated when None). ``out is x``: NCCL's in-place form (the shard lands at
-        ``x``'s shard ``rank``)."""
+        ``out`` (allocated when None). NCCL's in-place form: ``out`` is ``x``'s shard ``rank``
+        (``x.chunk(world_size)[rank]``, as ``reduce_scatter_tensor`` is called in place), or
+        ``out is x``; the shard lands there, and ``x``'s other shards are unspecified
+        afterwards."""
         vin = self._view(x, "x", write=out is x)
         if out is x:
             self._call("reduce_scatter", vin, vin)
             return x
         if out is None:
             out = new_empty(x, self._shard_shape(vin))
-        self._call("reduce_scatter", vin, self._view(out, "out", write=True))
+        vout = self._view(out, "out", write=True)
+        shard = vout.nbytes
+        if vout.count and vin.addr <= vout.addr < vin.addr + vin.nbytes:
+            if vin.count != self.world_size * vout.count or vout.addr != vin.addr + self.rank * shard:
+                # Inside x but not its shard ``rank``: the call would read x while writing it.
+                raise _detcoll.Overlap(
+                    f"reduce_scatter: out lies inside x but is not x's shard {self.rank} of "
+                    f"{self.world_size} (the in-place form is out = x's shard rank); use a separate out"
+                )
+            if not vin.writable:
+                raise _detcoll.InvalidArgument("x (in place: out is its shard): the array is read-only")
+            self._call("reduce_scatter", vin, vin)  # in place: the result lands at shard ``rank``
+            return out
+        self._call("reduce_scatter", vin, vout)
         return out
 
     def reduce_scatter_many(self, xs: Sequence, outs: Optional[Sequence] = None) -> List:
@@ -170,6 +185,9 @@ class Collective:
         f16/bf16 rows of 4096 (each row normalised in registers after its reduce) and from 512
         rows on RS+AG in one launch; otherwise the norm is a second launch on the same stream.
         Returns ``(y, residual)``."""
+        if not (hasattr(type(eps), "__float__") or hasattr(type(eps), "__index__")):
+            # float("1e-6") would parse a string: a number is asked for, as the README says
+            raise TypeError(f"all_reduce_residual_rmsnorm: eps must be a number, not {type(eps).__name__}")
         vx = self._view(x, "x", write=out is None or out is x)
         vy = vx if out is None or out is x else self._view(out, "out", write=True)
         vr = self._view(residual, "residual", write=True)

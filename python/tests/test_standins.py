@@ -190,13 +190,44 @@ def test_dlpack_producer_is_asked_for_the_call_stream(torch_streams):
     x, out = DLPackOnly(np.ones(8, np.float32), device_type=2), DLPackOnly(np.ones(8, np.float32), device_type=2)
     c.all_reduce(x, out=out)
     assert raw.calls == [("all_reduce", default)]
-    # DLPack names the legacy default stream 1 (0 is not allowed); a torch stream by its handle
-    assert x.calls == out.calls == [{"stream": default or 1}]
-    # Without __dlpack_device__ the producer is not asked (the device is in the capsule);
-    # the call still goes on the default stream.
+    # DLPack names the legacy default stream 1 (0 is not allowed); a torch stream by its handle;
+    # a versioned capsule asked for (it can say read-only)
+    assert x.calls == out.calls == [{"stream": default or 1, "max_version": (1, 0)}]
+    # Without __dlpack_device__ the producer is not asked for a stream (the device is in the
+    # capsule); the call still goes on the default stream.
     nd = DLPackNoDevice(np.ones(8, np.float32), device_type=13)  # kDLCUDAManaged
     v = _tensor.view(nd, "x")
-    assert (v.device, v.stream, nd.calls) == (("cuda", 0), default, [{}])
+    assert (v.device, v.stream, nd.calls) == (("cuda", 0), default, [{"max_version": (1, 0)}])
+
+
+class OldDLPack(DLPackOnly):
+    """A producer older than DLPack 1.0's ``max_version`` (and, with ``stream=False``, than
+    the ``stream`` argument): a TypeError for either."""
+
+    def __init__(self, base, stream=True, **kw):
+        super().__init__(base, **kw)
+        self.takes_stream = stream
+
+    def __dlpack__(self, **kwargs):
+        if "max_version" in kwargs or ("stream" in kwargs and not self.takes_stream):
+            self.calls.append(dict(kwargs))
+            raise TypeError("unexpected keyword argument")
+        return super().__dlpack__(**kwargs)
+
+
+@pytest.mark.parametrize("takes_stream", [True, False])
+def test_dlpack_producer_older_than_max_version_is_asked_again(torch_streams, takes_stream):
+    default = 0 if torch_streams is None else torch_streams(0)
+    x = OldDLPack(np.ones(8, np.float32), stream=takes_stream, device_type=2)
+    v = _tensor.view(x, "x")
+    if takes_stream:
+        assert x.calls == [{"stream": default or 1, "max_version": (1, 0)}, {"stream": default or 1}]
+        assert v.stream == default
+    else:  # exported as it stands: the call goes on the default stream
+        want = [{"stream": default or 1, "max_version": (1, 0)}, {"stream": default or 1}, {}]
+        assert (x.calls, v.stream) == (want, default)
+    h = OldDLPack(np.ones(8, np.float32))  # host memory: no stream asked for
+    assert _tensor.view(h, "x").device == ("cpu", None) and h.calls == [{"max_version": (1, 0)}, {}]
 
 
 def test_dlpack_producer_without_a_stream_argument(torch_streams):
@@ -221,10 +252,12 @@ def test_dlpack_producer_without_a_stream_argument(torch_streams):
 
 
 def test_dlpack_export_failures_are_typed(pair):
-    ro = np.ones(8, np.float32)
-    ro.setflags(write=False)  # numpy will not export it through a legacy capsule (BufferError)
-    with pytest.raises(detcoll.InvalidArgument, match="__dlpack__ refused"):
-        pair[0].all_reduce(DLPackOnly(ro), out=np.zeros(8, np.float32))
+    class Refusing(DLPackOnly):  # a tensor its producer will not export (BufferError)
+        def __dlpack__(self, **kw):
+            raise BufferError("cannot export this one")
+
+    with pytest.raises(detcoll.InvalidArgument, match="__dlpack__ refused: BufferError"):
+        pair[0].all_reduce(Refusing(np.ones(8, np.float32)), out=np.zeros(8, np.float32))
 
     class NotACapsule:
         def __dlpack__(self, **kw):
