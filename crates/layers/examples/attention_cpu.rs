@@ -2,11 +2,10 @@
 //! factory, as a user would write it; prints whether the bits agree.
 //!
 //! `cargo run -p detcoll-layers --example attention_cpu`
-use collective_core::Collective;
-use collective_factory::{Config, cpu};
+use collective_factory::half::bf16;
+use collective_factory::{Collective, Config, cpu};
 use detcoll_layers::attention::{self, AttentionInput, AttentionOutput, AttentionShape};
 use detcoll_layers::data::SplitMix64;
-use half::bf16;
 
 struct Tokens {
     q: Vec<bf16>,

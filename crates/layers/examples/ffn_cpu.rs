@@ -2,11 +2,10 @@
 //! threads through the factory, as a user would write it; prints whether the bits agree.
 //!
 //! `cargo run -p detcoll-layers --example ffn_cpu`
-use collective_core::Collective;
-use collective_factory::{Config, cpu};
+use collective_factory::half::bf16;
+use collective_factory::{Collective, Config, cpu};
 use detcoll_layers::data::SplitMix64;
 use detcoll_layers::{FfnShape, FfnShard, ReferenceGemm};
-use half::bf16;
 
 /// The output over all tokens at TP = `tp` (each rank's token block, in rank order), from the
 /// naive layer when `naive`.

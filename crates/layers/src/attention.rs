@@ -60,6 +60,9 @@ impl AttentionShape {
     pub(crate) fn check(&self, cp: usize) -> Result<(), Error> {
         require(SUPPORTED_WORLD_SIZES.contains(&cp), || format!("CP size {cp} is not 1, 2, 4 or 8"))?;
         require(self.tokens % cp == 0, || format!("{} tokens do not split over {cp} ranks", self.tokens))?;
+        // The scores are scaled by 1/√head_dim: a head of width 0 would scale by ∞ (0 · ∞ is
+        // NaN for every score), so heads have at least one element.
+        require(self.heads == 0 || self.head_dim > 0, || format!("{} heads of width 0", self.heads))?;
         product("tokens x heads x head_dim", &[self.tokens, self.heads, self.head_dim])?;
         // Also without tokens: a token's length sizes every block (check_block).
         product("heads x head_dim", &[self.heads, self.head_dim])?;

@@ -33,7 +33,8 @@ impl<T: Scalar> FfnShard<T> {
     /// with the residual add and the next RMSNorm: `residual` becomes `h = residual + FFN(x)`,
     /// `y` receives `rmsnorm(h) * norm.weight` (module docs). Collective: every rank of `comm`
     /// calls it with the same `x`, `residual` and norm, and gets the same `h` and `y`, whose
-    /// bits are the same at every TP. Shapes are checked before any collective work.
+    /// bits are the same at every TP. Shapes and the norm's arguments (`hidden`, its weight,
+    /// `eps`) are checked before any work: a typed [`Error::Shape`].
     pub fn forward_residual_rmsnorm<C, G>(
         &self,
         comm: &C,
@@ -45,7 +46,7 @@ impl<T: Scalar> FfnShard<T> {
     ) -> Result<(), Error>
     where
         C: ResidualRmsNorm<Stream = ()>,
-        G: Gemm<T>,
+        G: Gemm<T> + ?Sized,
     {
         self.check_member(comm)?;
         let shape = self.shape();
@@ -53,8 +54,7 @@ impl<T: Scalar> FfnShard<T> {
         for (name, len) in [("x", x.len()), ("residual", residual.len()), ("y", y.len())] {
             require(len == n, || format!("{name} has {len} elements, expected {} x {}", shape.tokens, shape.hidden))?;
         }
-        let w = norm.weight.len();
-        require(w == shape.hidden, || format!("the norm weight has {w} elements, expected {}", shape.hidden))?;
+        check_norm(shape.hidden, norm.weight.len(), norm.eps)?;
         let partial = self.leaf_tree(gemm, x)?;
         let rms = RmsNorm {
             residual: Io::host_in_place(residual),
@@ -67,10 +67,21 @@ impl<T: Scalar> FfnShard<T> {
     }
 }
 
+/// The norm's arguments of a decoder tail, checked before any work (the GEMMs run before the
+/// fused call, whose own check would come after them): `hidden` 1 to
+/// [`fixed_tree::RMSNORM_MAX_HIDDEN`], a weight of `hidden` elements, `eps` finite and at
+/// least 0. Shared by the host and GPU layers.
+pub(crate) fn check_norm(hidden: usize, weight: usize, eps: f32) -> Result<(), Error> {
+    let max = fixed_tree::RMSNORM_MAX_HIDDEN;
+    require((1..=max).contains(&hidden), || format!("hidden {hidden} cannot be normalised: expected 1 to {max}"))?;
+    require(weight == hidden, || format!("the norm weight has {weight} elements, expected {hidden}"))?;
+    require(eps.is_finite() && eps >= 0.0, || format!("the norm's eps is {eps}; expected a finite value, 0 or more"))
+}
+
 /// `(h, y)` of [`FfnShard::forward_residual_rmsnorm`] over all tokens, in one process with no
 /// collective: the FFN's output [`ffn::reference`] (the tree over the 8 leaf products), then
 /// `fixed_tree::residual_rmsnorm` of it as the one contribution.
-pub fn reference_residual_rmsnorm<T: Scalar, G: Gemm<T>>(
+pub fn reference_residual_rmsnorm<T: Scalar, G: Gemm<T> + ?Sized>(
     gemm: &G,
     shape: FfnShape,
     x: &[T],

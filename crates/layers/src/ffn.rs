@@ -109,6 +109,27 @@ impl<T: Scalar> FfnShard<T> {
         Ok(FfnShard { shape, tp, rank, w1, w2 })
     }
 
+    /// Rank `rank`'s shard at TP = `tp` from its own weights, as a per-rank checkpoint holds
+    /// them (no rank needs the full matrices): `w1_shard` is columns `rank·ffn/tp ..
+    /// (rank+1)·ffn/tp` of `W1`, `hidden × ffn/tp` row-major, and `w2_shard` the same rows of
+    /// `W2`, `ffn/tp × hidden` row-major. Taken as they are (not copied); the same shard as
+    /// [`FfnShard::from_full`] of the full weights.
+    pub fn from_shards(
+        shape: FfnShape,
+        w1_shard: Vec<T>,
+        w2_shard: Vec<T>,
+        tp: usize,
+        rank: usize,
+    ) -> Result<Self, Error> {
+        shape.check(tp)?;
+        require(rank < tp, || format!("rank {rank} is outside a TP group of {tp}"))?;
+        let (h, fk) = (shape.hidden, shape.ffn / tp);
+        let (n1, n2) = (w1_shard.len(), w2_shard.len());
+        require(n1 == h * fk, || format!("w1_shard has {n1} elements, expected {h} x {fk} (hidden x ffn/tp)"))?;
+        require(n2 == fk * h, || format!("w2_shard has {n2} elements, expected {fk} x {h} (ffn/tp x hidden)"))?;
+        Ok(FfnShard { shape, tp, rank, w1: w1_shard, w2: w2_shard })
+    }
+
     /// The global sizes.
     pub fn shape(&self) -> FfnShape {
         self.shape
@@ -136,7 +157,7 @@ impl<T: Scalar> FfnShard<T> {
     pub fn forward<C, G>(&self, comm: &C, gemm: &G, x_local: &[T], out_local: &mut [T]) -> Result<(), Error>
     where
         C: Collective<Stream = ()>,
-        G: Gemm<T>,
+        G: Gemm<T> + ?Sized,
     {
         self.check_call(comm, x_local, out_local)?;
         let x = self.gather(comm, x_local)?;
@@ -151,7 +172,7 @@ impl<T: Scalar> FfnShard<T> {
     pub fn forward_naive<C, G>(&self, comm: &C, gemm: &G, x_local: &[T], out_local: &mut [T]) -> Result<(), Error>
     where
         C: Collective<Stream = ()>,
-        G: Gemm<T>,
+        G: Gemm<T> + ?Sized,
     {
         self.check_call(comm, x_local, out_local)?;
         let x = self.gather(comm, x_local)?;
@@ -196,7 +217,7 @@ impl<T: Scalar> FfnShard<T> {
     }
 
     /// `SiLU(x · W1_shard)`, `S × ffn/tp`, rounded to `T` after the GEMM and after SiLU.
-    fn hidden<G: Gemm<T>>(&self, gemm: &G, x: &[T]) -> Result<Vec<T>, Error> {
+    fn hidden<G: Gemm<T> + ?Sized>(&self, gemm: &G, x: &[T]) -> Result<Vec<T>, Error> {
         let (s, h, fk) = (self.shape.tokens, self.shape.hidden, self.shape.ffn / self.tp);
         let mut act = vec![T::from_f32(0.0); s * fk];
         gemm.gemm(x, &self.w1, s, h, fk, &mut act)?;
@@ -205,7 +226,7 @@ impl<T: Scalar> FfnShard<T> {
     }
 
     /// This rank's part of the tree: the balanced tree over its leaves' products, `S × hidden`.
-    pub(crate) fn leaf_tree<G: Gemm<T>>(&self, gemm: &G, x: &[T]) -> Result<Vec<T>, Error> {
+    pub(crate) fn leaf_tree<G: Gemm<T> + ?Sized>(&self, gemm: &G, x: &[T]) -> Result<Vec<T>, Error> {
         let (s, h, w) = (self.shape.tokens, self.shape.hidden, self.shape.leaf_width());
         if s == 0 || h == 0 {
             // No output: nothing to compute, and the `S × ffn/tp` activations (2^44 elements
@@ -237,7 +258,7 @@ impl<T: Scalar> FfnShard<T> {
 /// collective: the 8 leaf products (each as the TP=8 rank owning it computes it), reduced by
 /// [`fixed_tree::reduce`] over the 8 of them. `x` is `tokens × hidden`, the full weights as in
 /// [`FfnShard::from_full`]; the result is `tokens × hidden` in token order.
-pub fn reference<T: Scalar, G: Gemm<T>>(
+pub fn reference<T: Scalar, G: Gemm<T> + ?Sized>(
     gemm: &G,
     shape: FfnShape,
     x: &[T],

@@ -36,10 +36,10 @@
 //!   `CudaAttention`, the stage hooks.
 //!
 //! ```
-//! use collective_core::Collective;
-//! use collective_factory::{Config, cpu};
+//! // Dependencies: detcoll-layers and collective-factory (which re-exports `Collective` and
+//! // `half`).
+//! use collective_factory::{Collective, Config, cpu, half::bf16};
 //! use detcoll_layers::{FfnShape, FfnShard, ReferenceGemm, data::SplitMix64};
-//! use half::bf16;
 //!
 //! let shape = FfnShape { tokens: 16, hidden: 8, ffn: 32 };
 //! let mut rng = SplitMix64::new(7);

@@ -118,3 +118,77 @@ fn a_wrong_norm_weight_is_refused_before_any_call() {
     }
     close(&comms);
 }
+
+/// A GEMM that counts its calls (and computes nothing): what ran before a refusal.
+struct Counting(std::sync::atomic::AtomicUsize);
+
+impl<T> detcoll_layers::Gemm<T> for Counting {
+    fn gemm(&self, _: &[T], _: &[T], _: usize, _: usize, _: usize, _: &mut [T]) -> Result<(), detcoll_layers::Error> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// A bad `eps` or `hidden` is a shape error before any GEMM runs (an outside probe, 2026-12-05:
+/// `eps = NaN` came back from the fused all_reduce after the whole FFN had run, as an error of
+/// an all_reduce the caller never made), with nothing written, on one rank alone.
+#[test]
+fn a_bad_eps_or_hidden_is_refused_before_any_gemm() {
+    let case = Case::<f32>::new(FfnShape { tokens: 2, hidden: 16, ffn: 64 }, 3);
+    let comms = cpu::thread_group(1, &Config::new()).expect("thread group");
+    let shard = FfnShard::from_full(case.shape, &case.w1, &case.w2, 1, 0).unwrap();
+    let gemm = Counting(Default::default());
+    for eps in [f32::NAN, f32::INFINITY, -1.0, -f32::MIN_POSITIVE] {
+        let (mut h, mut y) = (case.residual.clone(), vec![0f32; case.residual.len()]);
+        let norm = NextNorm { weight: &case.weight, eps };
+        let gemm: &dyn detcoll_layers::Gemm<f32> = &gemm; // a GEMM chosen at run time
+        let err = shard.forward_residual_rmsnorm(&comms[0], gemm, &case.x, &mut h, norm, &mut y).unwrap_err();
+        assert!(matches!(&err, detcoll_layers::Error::Shape(d) if d.contains("eps")), "eps {eps}: {err}");
+        assert_eq!(bits(&h), bits(&case.residual), "the residual was written");
+        assert!(y.iter().all(|v| *v == 0.0), "y was written");
+    }
+    assert_eq!(gemm.0.into_inner(), 0, "a GEMM ran before the refusal");
+    let empty = FfnShape { tokens: 2, hidden: 0, ffn: 64 };
+    let shard = FfnShard::<f32>::from_full(empty, &[], &[], 1, 0).unwrap();
+    let err = shard
+        .forward_residual_rmsnorm(&comms[0], &ReferenceGemm, &[], &mut [], NextNorm { weight: &[], eps: 1e-6 }, &mut [])
+        .unwrap_err();
+    assert!(matches!(&err, detcoll_layers::Error::Shape(d) if d.contains("hidden 0")), "{err}");
+    close(&comms);
+}
+
+/// Shards loaded per rank (`from_shards`) are the shards `from_full` cuts: the same bits at
+/// TP 2, and wrong lengths are refused.
+#[test]
+fn shards_loaded_per_rank_give_the_same_bits() {
+    let case = Case::<bf16>::new(FfnShape { tokens: 3, hidden: 16, ffn: 64 }, 5);
+    let want = case.run(2);
+    let (h, f) = (case.shape.hidden, case.shape.ffn);
+    let comms = cpu::thread_group(2, &Config::new().with_capacity(1 << 16)).expect("thread group");
+    let got: Vec<(Vec<bf16>, Vec<bf16>)> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .map(|comm| {
+                let case = &case;
+                s.spawn(move || {
+                    let r = comm.rank();
+                    let cols = r * f / 2..(r + 1) * f / 2;
+                    let w1: Vec<bf16> = case.w1.chunks(f).flat_map(|row| row[cols.clone()].to_vec()).collect();
+                    let w2 = case.w2[cols.start * h..cols.end * h].to_vec();
+                    let short = FfnShard::from_shards(case.shape, w1[1..].to_vec(), w2.clone(), 2, r).unwrap_err();
+                    assert!(short.to_string().contains("w1_shard"), "{short}");
+                    let shard = FfnShard::from_shards(case.shape, w1, w2, 2, r).unwrap();
+                    let mut h = case.residual.clone();
+                    let mut y = vec![bf16::ZERO; h.len()];
+                    shard.forward_residual_rmsnorm(comm, &ReferenceGemm, &case.x, &mut h, case.norm(), &mut y).unwrap();
+                    (h, y)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank")).collect()
+    });
+    for (r, ((gh, gy), (wh, wy))) in got.iter().zip(&want).enumerate() {
+        assert_eq!((bits(gh), bits(gy)), (bits(wh), bits(wy)), "rank {r}");
+    }
+    close(&comms);
+}

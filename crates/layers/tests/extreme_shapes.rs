@@ -103,3 +103,33 @@ fn shard_bounds_and_token_length_do_not_overflow() {
     assert_eq!(AttentionShape { tokens: 0, heads: 1 << 33, head_dim: 1 << 33 }.token_len(), usize::MAX);
     assert_eq!(AttentionShape { tokens: 0, heads: 3, head_dim: 5 }.token_len(), 15);
 }
+
+/// Heads of width 0 would scale every score by 1/√0 = ∞ (NaN `lse` for clean inputs; an
+/// outside probe, 2026-12-05): a shape error, in the reference and the layer.
+#[test]
+fn attention_refuses_heads_of_width_zero() {
+    let shape = AttentionShape { tokens: 2, heads: 3, head_dim: 0 };
+    let positions = [0u32, 1];
+    let input = AttentionInput::<bf16> { q: &[], k: &[], v: &[], positions: &positions };
+    let (mut out, mut lse) = ([bf16::ZERO; 0], [f32::NAN; 6]);
+    let msg = shape_error(attention::reference(shape, input, AttentionOutput { out: &mut out, lse: &mut lse }));
+    assert!(msg.contains("width 0"), "{msg}");
+    assert!(lse.iter().all(|v| v.is_nan()), "lse was written");
+    let one = AttentionShape { tokens: 1, ..shape };
+    let input = AttentionInput::<bf16> { q: &[], k: &[], v: &[], positions: &positions[..1] };
+    for (rank, r) in on_group(2, |comm| {
+        let (mut out, mut lse) = ([bf16::ZERO; 0], [0f32; 3]);
+        (
+            comm.rank(),
+            attention::forward(
+                comm,
+                AttentionShape { tokens: 2, ..one },
+                input,
+                AttentionOutput { out: &mut out, lse: &mut lse },
+            ),
+        )
+    }) {
+        let msg = shape_error(r);
+        assert!(msg.contains("width 0"), "rank {rank}: {msg}");
+    }
+}

@@ -299,8 +299,7 @@ impl<T: CudaScalar> CudaFfnShard<T> {
         for (name, len) in [("x", x.len()), ("residual", residual.len()), ("y", y.len())] {
             require(len == n, || format!("{name} has {len} elements, expected {} x {}", shape.tokens, shape.hidden))?;
         }
-        let w = weight.len();
-        require(w == shape.hidden, || format!("the norm weight has {w} elements, expected {}", shape.hidden))?;
+        crate::decoder::check_norm(shape.hidden, weight.len(), eps)?;
         self.leaf_partial(gemm, kernels, ws, Some(x), stream, hook)?;
         hook.before(Stage::AllReduceNorm, stream)?;
         comm.all_reduce_residual_rmsnorm_into(&ws.partial, y, residual, weight, shape.hidden, eps, stream)?;
