@@ -9,24 +9,10 @@
 #   2. fused_norm_bench (bf16, worlds WORLDS, hidden 4096/8192, rows ROWS), ROUNDS rounds, one
 #      table per world and round (sweep-<world>-<round>.md), so a cut run keeps whole tables.
 set -u
-LIMIT=${LIMIT:-560}; DIR=${DIR:-devrun}; ROUNDS=${ROUNDS:-2}; WORLDS=${WORLDS:-2 4 8}
+ROUNDS=${ROUNDS:-2}; WORLDS=${WORLDS:-2 4 8}
 ROWS=${ROWS:-1,2,4,8,16,32,64,128,256,512,1024,2048,4096,8192}
-R=$(pwd); O=/tmp/r; mkdir -p $O
-T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
-left() { echo $(( LIMIT - 15 - $(el) )); }
-cap() { local l; l=$(left); echo $(( l < $1 ? l : $1 )); }
-pack() { tar -czf $OUT/results.tgz -C /tmp r; }
-mkdir -p new && (cd new && xz -dc $R/$DIR/new.tar.xz | tar -xf -)
-export NCCL_NVLS_ENABLE=0 CUDA_MODULE_LOADING=EAGER LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-nvidia-smi -L > $O/gpu.txt
-nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.max.sm,power.draw --format=csv,noheader -lms 1000 > $O/clock.csv 2>&1 &
-echo "unpacked t=$(el)"
-for s in ${SUITES:-}; do
-  [ $(left) -gt 30 ] || { echo "$s skipped (time)"; continue; }
-  (cd new/gpu-bundle && timeout $(cap 200) ./run.sh --suite $s > $O/$s.log 2>&1); echo "$s rc=$? t=$(el)"
-  grep -E "test result|FAILED|panicked|TIMEOUT" $O/$s.log | head -6
-  pack
-done
+. "$(dirname "$0")/run-lib.sh"
+run_suites
 for r in $(seq 1 $ROUNDS); do
   for w in $WORLDS; do
     [ $(left) -gt 40 ] || { echo "sweep w$w-$r skipped (time) t=$(el)"; continue; }

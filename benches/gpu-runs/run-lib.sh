@@ -1,0 +1,25 @@
+# The common start of the device scripts that take a packed bundle (sourced by sweep.sh and
+# fused-tables.sh): a time budget of LIMIT seconds (el: elapsed; left: what remains less a
+# margin for packing; cap N: N bounded by it), results under /tmp/r packed into
+# $OUT/results.tgz by `pack`, the bundle DIR/new.tar.xz unpacked into ./new, the environment
+# every GPU run here uses (NVLS off), and SM clocks sampled into clock.csv; `run_suites` runs
+# the bundle's suites named in SUITES, each bounded, while time is left.
+LIMIT=${LIMIT:-560}; DIR=${DIR:-devrun}
+R=$(pwd); O=/tmp/r; mkdir -p $O
+T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
+left() { echo $(( LIMIT - 15 - $(el) )); }
+cap() { local l; l=$(left); echo $(( l < $1 ? l : $1 )); }
+pack() { tar -czf $OUT/results.tgz -C /tmp r; }
+mkdir -p new && (cd new && xz -dc $R/$DIR/new.tar.xz | tar -xf -)
+export NCCL_NVLS_ENABLE=0 CUDA_MODULE_LOADING=EAGER LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+nvidia-smi -L > $O/gpu.txt
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.max.sm,power.draw --format=csv,noheader -lms 1000 > $O/clock.csv 2>&1 &
+echo "unpacked t=$(el)"
+run_suites() {
+  for s in ${SUITES:-}; do
+    [ $(left) -gt 30 ] || { echo "$s skipped (time)"; continue; }
+    (cd new/gpu-bundle && timeout $(cap 200) ./run.sh --suite $s > $O/$s.log 2>&1); echo "$s rc=$? t=$(el)"
+    grep -E "test result|FAILED|panicked|TIMEOUT" $O/$s.log | head -6
+    pack
+  done
+}
