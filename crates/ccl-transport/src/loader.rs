@@ -35,8 +35,10 @@ pub fn candidates(vendor: Option<Vendor>, override_path: Option<&OsStr>, rocm_pa
     }
     if vendor != Some(Vendor::Nvidia) {
         out.extend(["librccl.so.1", "librccl.so"].map(String::from));
+        // Only an absolute root: an empty or relative one would find `lib/` relative to the
+        // working directory.
         let root = rocm_path
-            .filter(|p| !p.is_empty())
+            .filter(|p| std::path::Path::new(p).is_absolute())
             .map_or_else(|| DEFAULT_ROCM_PATH.into(), |p| p.to_string_lossy().into_owned());
         let lib = std::path::Path::new(&root).join("lib");
         for name in ["librccl.so.1", "librccl.so"] {
@@ -122,6 +124,15 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_or_relative_rocm_path_is_ignored() {
+        // Else `lib/librccl.so.1` would be found relative to the working directory.
+        for root in ["", "relative/rocm"] {
+            let list = candidates(Some(Vendor::Amd), None, Some(OsStr::new(root)));
+            assert_eq!(list[2..], ["/opt/rocm/lib/librccl.so.1", "/opt/rocm/lib/librccl.so"], "{root:?}");
+        }
+    }
+
+    #[test]
     fn override_is_the_only_candidate() {
         let p = OsStr::new("/custom/libnccl.so.2.28.3");
         assert_eq!(candidates(Some(Vendor::Nvidia), Some(p), None), ["/custom/libnccl.so.2.28.3"]);
@@ -146,5 +157,16 @@ mod tests {
         let list = candidates(Some(Vendor::Nvidia), Some(OsStr::new("/nonexistent/libnccl.so")), None);
         assert!(matches!(load_path(&list[0]), Err(NcclError::LibraryMissing { .. })));
         assert!(matches!(load_from(&list), Err(NcclError::LibraryMissing { .. })));
+    }
+
+    #[test]
+    fn a_file_the_loader_refuses_is_named_with_its_reason() {
+        // libloading's own text is only "dlopen failed"; the loader's reason is its source.
+        let path = std::env::temp_dir().join(format!("detcoll-empty-libnccl-{}.so", std::process::id()));
+        std::fs::write(&path, b"").expect("write");
+        let e = load_from(&[path.to_string_lossy().into_owned()]).expect_err("an empty file");
+        let _ = std::fs::remove_file(&path);
+        let NcclError::LibraryMissing { detail, .. } = &e else { panic!("{e:?}") };
+        assert!(detail.contains("too short"), "{detail}");
     }
 }

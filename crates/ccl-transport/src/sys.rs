@@ -353,7 +353,7 @@ impl NcclLibrary {
     pub fn open(path: &str) -> Result<NcclLibrary, LoadError> {
         // SAFETY: loading NCCL/RCCL runs their initialisers, which only set up library state.
         let lib = unsafe { libloading::Library::new(path) }
-            .map_err(|e| LoadError { library: path.to_string(), detail: e.to_string() })?;
+            .map_err(|e| LoadError { library: path.to_string(), detail: collective_core::display_chain(&e) })?;
         // SAFETY: every signature below is the one of nccl.h (2.28), which RCCL keeps.
         let fns = unsafe {
             NcclFns {

@@ -171,3 +171,52 @@ impl Error {
         )
     }
 }
+
+/// `e` with its whole `source()` chain, `": "`-separated: for errors whose `Display` leaves the
+/// cause to `source()` (libloading's is only "dlopen failed"; the loader's reason, such as
+/// "invalid ELF header", is its source) where the text goes into a message of its own.
+pub fn display_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text = format!("{text}: {more}");
+        }
+        source = s.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod chain_tests {
+    use super::display_chain;
+    use std::fmt;
+
+    #[derive(Debug)]
+    struct Outer(Inner);
+    #[derive(Debug)]
+    struct Inner;
+    impl fmt::Display for Outer {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("dlopen failed")
+        }
+    }
+    impl fmt::Display for Inner {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("libcuda.so: invalid ELF header")
+        }
+    }
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+    impl std::error::Error for Inner {}
+
+    #[test]
+    fn the_chain_keeps_the_cause() {
+        assert_eq!(display_chain(&Outer(Inner)), "dlopen failed: libcuda.so: invalid ELF header");
+        assert_eq!(display_chain(&Inner), "libcuda.so: invalid ELF header");
+    }
+}

@@ -44,7 +44,7 @@ pub use collective::{Collective, RouteSelect, ipc_route_for};
 /// `BootstrapError` converts into [`Error::Bootstrap`].
 pub use detcoll_bootstrap as bootstrap;
 pub use dtype::{DType, Plain, Reducible};
-pub use error::Error;
+pub use error::{Error, display_chain};
 pub use fixed_tree;
 pub use host::host_identity;
 pub use norm::{MAX_HIDDEN, NormCall, ResidualRmsNorm, RmsNorm, validate_norm};

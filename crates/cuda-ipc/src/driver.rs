@@ -16,9 +16,79 @@ use std::sync::Arc;
 /// Backend name used in [`Error::Backend`].
 pub(crate) const BACKEND: &str = "cuda-ipc";
 
-/// Whether libcuda can be loaded (never panics).
+/// Whether libcuda can be loaded and has every entry point this crate calls (never panics):
+/// [`ensure_driver`] succeeds.
 pub fn driver_present() -> bool {
-    loadable(&["cuda", "nvcuda"])
+    ensure_driver().is_ok()
+}
+
+/// The driver entry points this crate, and the parts of cudarc it uses, call. cudarc resolves a
+/// symbol when it is first called and panics when the library lacks it, so a library that
+/// opens under libcuda's name but is not a whole driver (another library, a partial stub, a
+/// driver older than the bindings) is refused up front by [`ensure_driver`] instead. Symbols
+/// used only where the driver version is checked first (`cuFuncLoad`, `cuLaunchKernelEx`)
+/// are not listed.
+const REQUIRED_SYMBOLS: &[&str] = &[
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuGetErrorName",
+    "cuGetErrorString",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetAttribute",
+    "cuDeviceCanAccessPeer",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxSetCurrent",
+    "cuCtxGetCurrent",
+    "cuCtxSynchronize",
+    "cuCtxEnablePeerAccess",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    "cuStreamSynchronize",
+    "cuStreamQuery",
+    "cuStreamWaitEvent",
+    "cuStreamIsCapturing",
+    "cuEventCreate",
+    "cuEventDestroy_v2",
+    "cuEventRecord",
+    "cuEventQuery",
+    "cuEventSynchronize",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemAllocAsync",
+    "cuMemFreeAsync",
+    "cuMemHostAlloc",
+    "cuMemFreeHost",
+    "cuMemHostGetDevicePointer_v2",
+    "cuMemcpyHtoD_v2",
+    "cuMemcpyDtoH_v2",
+    "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyDtoHAsync_v2",
+    "cuMemcpyDtoDAsync_v2",
+    "cuMemsetD8_v2",
+    "cuModuleLoadData",
+    "cuModuleGetFunction",
+    "cuModuleGetGlobal_v2",
+    "cuModuleUnload",
+    "cuLaunchKernel",
+    "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+    "cuIpcGetMemHandle",
+    "cuIpcOpenMemHandle_v2",
+    "cuIpcCloseMemHandle",
+];
+
+/// The entry point whose name depends on the CUDA version of cudarc's bindings (13 calls the
+/// `_v2`): the device UUID, which every constructor reads. (`cuEventElapsedTime_v2`, which
+/// only event timing calls, is not required: drivers before 12.8 lack it.)
+fn versioned_symbols() -> [&'static str; 1] {
+    if sys::CUDA_VERSION >= 13000 { ["cuDeviceGetUuid_v2"] } else { ["cuDeviceGetUuid"] }
+}
+
+/// Whether the loader's `reason` only says the file is not there (as it says for every name
+/// that is not installed), rather than why a file that is there cannot be loaded.
+fn not_found(reason: &str) -> bool {
+    reason.contains("No such file or directory")
 }
 
 /// The file names cudarc's dynamic loading tries for library `name` (`"cuda"`, `"nvrtc"`), in
@@ -61,18 +131,55 @@ pub fn loadable(names: &[&str]) -> bool {
     })
 }
 
-/// `Ok` when libcuda is loadable, [`Error::LibraryMissing`] otherwise.
+/// `Ok` when the library cudarc loads as libcuda (the first of its candidate names that opens)
+/// opens and has every entry point this crate calls, [`Error::LibraryMissing`] otherwise: none
+/// opens (with the loader's reason for any that is there but cannot be loaded), or the one that
+/// opens lacks entry points (named).
 pub fn ensure_driver() -> Result<(), Error> {
-    if driver_present() {
-        Ok(())
-    } else {
-        Err(Error::LibraryMissing {
-            library: "libcuda.so (NVIDIA driver)".into(),
-            detail: "no CUDA driver library was found by the dynamic loader; install the NVIDIA driver \
-                     or add its directory to LD_LIBRARY_PATH"
-                .into(),
-        })
+    let missing = |detail: String| Error::LibraryMissing { library: "libcuda.so (NVIDIA driver)".into(), detail };
+    let mut refused = Vec::new();
+    for name in ["cuda", "nvcuda"].iter().flat_map(|n| lib_candidates(n)) {
+        // SAFETY: only opens the library (running its initialisers, as cudarc's own load
+        // would); no symbol is called, and the handle is closed again on drop.
+        let lib = match unsafe { libloading::Library::new(&name) } {
+            Ok(lib) => lib,
+            Err(e) => {
+                let reason = collective_core::display_chain(&e);
+                if !not_found(&reason) {
+                    refused.push(format!("{name}: {reason}"));
+                }
+                continue;
+            }
+        };
+        let absent: Vec<&str> = REQUIRED_SYMBOLS
+            .iter()
+            .copied()
+            .chain(versioned_symbols())
+            // SAFETY: only looks the symbol up (as a data pointer, never called).
+            .filter(|sym| unsafe { lib.get::<*const ()>(sym.as_bytes()) }.is_err())
+            .collect();
+        if absent.is_empty() {
+            return Ok(());
+        }
+        let shown: Vec<&str> = absent.iter().take(4).copied().collect();
+        return Err(missing(format!(
+            "{name} was loaded but lacks {} of the driver's entry points ({}{}): it is not the NVIDIA \
+             driver's libcuda, or a driver older than CUDA {}.{} (cudarc's bindings); install the NVIDIA driver \
+             or put its directory first in LD_LIBRARY_PATH",
+            absent.len(),
+            shown.join(", "),
+            if absent.len() > shown.len() { ", ..." } else { "" },
+            sys::CUDA_VERSION / 1000,
+            sys::CUDA_VERSION % 1000 / 10,
+        )));
     }
+    let mut detail = "no CUDA driver library was found by the dynamic loader; install the NVIDIA driver or add \
+                      its directory to LD_LIBRARY_PATH"
+        .to_string();
+    if !refused.is_empty() {
+        detail = format!("{detail} (found but refused by the loader: {})", refused.join("; "));
+    }
+    Err(missing(detail))
 }
 
 /// Maps a driver error of step `what` to [`Error::Vendor`] (cudarc's error is the source).

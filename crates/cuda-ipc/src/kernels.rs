@@ -138,7 +138,9 @@ fn nvrtc_candidates() -> Vec<PathBuf> {
         dirs.push(p);
     }
     for var in ["CUDA_HOME", "CUDA_PATH"] {
-        if let Some(p) = std::env::var_os(var) {
+        // Only an absolute root: an empty or relative one would find `lib64/` relative to the
+        // working directory.
+        if let Some(p) = std::env::var_os(var).filter(|p| Path::new(p).is_absolute()) {
             dirs.push(PathBuf::from(&p).join("lib64"));
             dirs.push(PathBuf::from(p).join("lib"));
         }

@@ -113,7 +113,7 @@ fn runs(cmd: &[OsString], arg: &str) -> bool {
 /// The toolchains available on this machine, in order of preference.
 pub fn toolchains() -> Vec<Toolchain> {
     let mut v = Vec::new();
-    let rocm = std::env::var_os("ROCM_PATH").map_or_else(|| PathBuf::from("/opt/rocm"), PathBuf::from);
+    let rocm = crate::sys::rocm_root();
     let hipcc = rocm.join("bin/hipcc");
     let rocm_clang = rocm.join("llvm/bin/clang");
     let rocm_lld = rocm.join("llvm/bin/ld.lld");

@@ -192,10 +192,22 @@ pub fn library_candidates() -> Vec<PathBuf> {
 /// `names` as the dynamic loader finds them, then under `$ROCM_PATH/lib` (default
 /// `/opt/rocm/lib`): how every ROCm library of this crate is looked for.
 pub fn rocm_library_candidates(names: &[&str]) -> Vec<PathBuf> {
-    let rocm = std::env::var_os("ROCM_PATH").map_or_else(|| PathBuf::from("/opt/rocm"), PathBuf::from);
+    let rocm = rocm_root();
     let mut v: Vec<PathBuf> = names.iter().map(PathBuf::from).collect();
     v.extend(names.iter().map(|n| rocm.join("lib").join(n)));
     v
+}
+
+/// ROCm's root: `$ROCM_PATH` when it is an absolute path, else `/opt/rocm`. An empty or
+/// relative value is ignored: libraries and tools looked for under it would be found relative
+/// to the working directory (an outside probe had `ROCM_PATH=` load `./lib/libamdhip64.so`).
+pub fn rocm_root() -> PathBuf {
+    rocm_root_of(std::env::var_os("ROCM_PATH"))
+}
+
+/// [`rocm_root`] for a `ROCM_PATH` of `value`.
+fn rocm_root_of(value: Option<std::ffi::OsString>) -> PathBuf {
+    value.map(PathBuf::from).filter(|p| p.is_absolute()).unwrap_or_else(|| "/opt/rocm".into())
 }
 
 /// Opens the first of `candidates` that loads and resolves its symbols with `resolve`. The
@@ -210,7 +222,7 @@ pub(crate) fn load_first<T>(
         // is what every HIP program does at start-up.
         match unsafe { libloading::Library::new(path) } {
             Ok(lib) => return resolve(lib).map_err(|e| format!("{}: {e}", path.display())),
-            Err(e) => errors.push(format!("{}: {e}", path.display())),
+            Err(e) => errors.push(format!("{}: {}", path.display(), collective_core::display_chain(&e))),
         }
     }
     Err(errors.join("; "))
@@ -279,5 +291,21 @@ impl Api {
             hipDriverGetVersion: symbol(&lib, "hipDriverGetVersion")?,
             _lib: lib,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rocm_root_of;
+    use std::path::PathBuf;
+
+    #[test]
+    fn an_empty_or_relative_rocm_path_is_ignored() {
+        // Else `lib/libamdhip64.so.7` would be loaded from the working directory.
+        for v in ["", "lib/..", "rocm"] {
+            assert_eq!(rocm_root_of(Some(v.into())), PathBuf::from("/opt/rocm"), "{v:?}");
+        }
+        assert_eq!(rocm_root_of(Some("/opt/rocm-7.0".into())), PathBuf::from("/opt/rocm-7.0"));
+        assert_eq!(rocm_root_of(None), PathBuf::from("/opt/rocm"));
     }
 }
