@@ -11,6 +11,38 @@ use detcoll_host_transport::StagedTransport;
 use detcoll_protocol::{IpcConfig, IpcDevice};
 use std::sync::Arc;
 
+/// NCCL/RCCL for `vendor`: `Ok(None)` when it is not installed (the routes without a
+/// transport remain). With `DETCOLL_NCCL_LIBRARY` set, the library it names must load: an
+/// explicit choice is not dropped without a word ([`Error::InvalidConfig`] naming the variable,
+/// its value and why; also for a value that is empty or not UTF-8).
+pub(crate) fn transport_library(
+    vendor: ccl_transport::Vendor,
+) -> Result<Option<Arc<ccl_transport::NcclLibrary>>, Error> {
+    library_of(collective_core::env::var(ccl_transport::LIBRARY_ENV)?, || ccl_transport::load(Some(vendor)))
+}
+
+/// [`transport_library`] with `DETCOLL_NCCL_LIBRARY` = `explicit` and `load` the loader.
+fn library_of<L>(
+    explicit: Option<String>,
+    load: impl FnOnce() -> Result<L, ccl_transport::NcclError>,
+) -> Result<Option<L>, Error> {
+    let name = ccl_transport::LIBRARY_ENV;
+    if explicit.as_deref() == Some("") {
+        return Err(collective_core::env::invalid(
+            name,
+            "",
+            "the path of a NCCL/RCCL library (unset: the loader's search)",
+        ));
+    }
+    match (load(), explicit) {
+        (Ok(lib), _) => Ok(Some(lib)),
+        (Err(_), None) => Ok(None),
+        (Err(e), Some(path)) => Err(Error::InvalidConfig {
+            detail: format!("environment variable {name}={path:?} names a library that does not load: {e}"),
+        }),
+    }
+}
+
 /// The IPC engine's configuration: the agreed routing table is its route policy (`Routed`
 /// decides every call's route by it; the engine's own `route()` looks up the same table).
 pub(crate) fn ipc_config(config: &Config, routing: &Routing) -> IpcConfig {
@@ -177,4 +209,32 @@ where
             .collect();
         crate::threads::join_ranks(handles)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::library_of;
+    use ccl_transport::NcclError;
+    use collective_core::Error;
+
+    fn missing() -> Result<u8, NcclError> {
+        Err(NcclError::LibraryMissing { library: "NCCL".into(), detail: "tried /x/libnccl.so: file too short".into() })
+    }
+
+    /// An explicit library that does not load, or an empty one, is an error naming the variable
+    /// (an outside probe, 2026-12-05: it meant "no NCCL" without a word); none installed and
+    /// none named is no transport.
+    #[test]
+    fn an_explicit_library_must_load() {
+        assert!(matches!(library_of(None, missing), Ok(None)));
+        assert!(matches!(library_of(Some("/x/libnccl.so".into()), || Ok(7u8)), Ok(Some(7))));
+        let e = library_of(Some("/x/libnccl.so".into()), missing).unwrap_err();
+        let named = "DETCOLL_NCCL_LIBRARY=\"/x/libnccl.so\"";
+        assert!(
+            matches!(&e, Error::InvalidConfig { detail } if detail.contains(named) && detail.contains("too short")),
+            "{e}"
+        );
+        let e = library_of(Some(String::new()), || Ok(7u8)).unwrap_err();
+        assert!(matches!(&e, Error::InvalidConfig { detail } if detail.contains("DETCOLL_NCCL_LIBRARY")), "{e}");
+    }
 }

@@ -170,8 +170,11 @@ impl Config {
     }
 
     /// What every constructor checks first (the builders take any value): a capacity of at
-    /// least `detcoll_protocol::MIN_CAPACITY` (128) bytes, where every call can be chunked.
-    /// [`Error::InvalidConfig`] naming the value otherwise. The constructors of
+    /// least `detcoll_protocol::MIN_CAPACITY` (128) bytes, where every call can be chunked, whose
+    /// staging area and LL push slots fit the address space; an LL push capacity of at most
+    /// `detcoll_protocol::MAX_LL_CAPACITY`; explicit timeouts of more than 0 and at most
+    /// `collective_core::MAX_TIMEOUT`; `max_blocks` in 1..=1024. [`Error::InvalidConfig`] naming
+    /// the value otherwise. The constructors of
     /// one process per rank report it through the agreement, so every rank fails at once.
     ///
     /// ```
@@ -180,6 +183,8 @@ impl Config {
     /// assert!(Config::new().with_capacity(0).validate().is_err());
     /// assert!(Config::new().with_capacity(127).validate().is_err());
     /// assert!(Config::new().with_capacity(128).validate().is_ok());
+    /// assert!(Config::new().with_capacity(usize::MAX).validate().is_err());
+    /// assert!(Config::new().with_timeout(std::time::Duration::ZERO).validate().is_err());
     /// ```
     pub fn validate(&self) -> Result<(), Error> {
         // The IPC backends' floor (every op, dtype and world can chunk through it); the
@@ -187,6 +192,24 @@ impl Config {
         detcoll_protocol::check_capacity(self.capacity).map_err(|e| Error::InvalidConfig {
             detail: format!("Config::with_capacity({}): {}", self.capacity, e.config_reason()),
         })?;
+        // Refused here, not by a constructor after the world was started: a staging area or LL
+        // slots that cannot exist (one rank's, one flag slot: the least any world needs) and
+        // explicit timeouts out of range (those from the environment are the constructors').
+        let named = |what: String| {
+            move |e: Error| Error::InvalidConfig {
+                detail: match e {
+                    Error::InvalidConfig { detail } => format!("{what}: {detail}"),
+                    other => format!("{what}: {other}"),
+                },
+            }
+        };
+        detcoll_protocol::Layout::with_ll(self.capacity, 1, 1, self.ll_capacity).map_err(named(format!(
+            "Config::with_capacity({}), with_ll_capacity({})",
+            self.capacity, self.ll_capacity
+        )))?;
+        if let Some(t) = &self.timeouts {
+            t.check().map_err(named("Config::with_timeouts".into()))?;
+        }
         // Checked on every platform, the CPU twin's too (which launches no blocks), so a value
         // that a GPU run would refuse is refused where it is written.
         match self.max_blocks {

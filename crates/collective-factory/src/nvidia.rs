@@ -136,7 +136,7 @@ pub fn thread_group(world: usize, config: &Config) -> Result<Vec<NvidiaCollectiv
     };
     // NCCL refuses two ranks of one process on one GPU; the agreement compares the devices of
     // every group that would use it (GPU UUIDs) and stages through the host where one is shared.
-    let nccl = ccl_transport::load(Some(ccl_transport::Vendor::Nvidia)).is_ok();
+    let nccl = crate::compose::transport_library(ccl_transport::Vendor::Nvidia)?.is_some();
     thread_ranks(&devices, ipc, &routing, config, |device, routing| facts(device, routing, config, nccl))
 }
 
@@ -196,7 +196,11 @@ fn build(
         }),
     };
     Facts::local(&mut errors, routing.check_for(Platform::Nvidia, world), || ());
-    let nccl = ccl_transport::load(Some(ccl_transport::Vendor::Nvidia)).is_ok();
+    let nccl = Facts::local(
+        &mut errors,
+        crate::compose::transport_library(ccl_transport::Vendor::Nvidia).map(|l| l.is_some()),
+        || false,
+    );
     let (mut f, device) = match device {
         Ok(dev) => (facts(&dev, routing, config, nccl), Some(dev)),
         Err(e) => {

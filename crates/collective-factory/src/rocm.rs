@@ -141,7 +141,10 @@ fn facts(ordinal: Result<usize, Error>, routing: Routing, config: &Config, rccl:
         .and_then(|&o| hip_ipc::runtime::pci_bus_id(o).ok())
         .map(|bus| format!("{}/{bus}", collective_core::bootstrap::machine_identity()))
         .unwrap_or_default();
-    let lib = rccl.then(|| ccl_transport::load(Some(Vendor::Amd)).ok()).flatten();
+    let lib = match rccl {
+        true => Facts::local(&mut errors, crate::compose::transport_library(Vendor::Amd), || None),
+        false => None,
+    };
     let hip = hip_ipc::runtime::versions().ok().map(|(r, d)| format!("hip-runtime={r},hip-driver={d}"));
     let rccl_version = lib.as_ref().and_then(|l| l.version().ok()).map(|v| format!("rccl={v}"));
     let transport_config = crate::compose::transport_facts(config, &mut errors);

@@ -47,6 +47,27 @@ fn a_block_cap_outside_1_to_1024_is_invalid_config_on_every_platform() {
     }
 }
 
+/// `validate` refuses what a constructor would refuse later (an outside probe, 2026-12-05:
+/// these passed `validate`, then the CPU constructors refused them, and a GPU constructor on a
+/// machine without a GPU said only `LibraryMissing`).
+#[test]
+fn validate_refuses_what_a_constructor_would() {
+    for (config, what) in [
+        (Config::new().with_timeout(Duration::ZERO), "with_timeouts"),
+        (Config::new().with_timeout(Duration::MAX), "with_timeouts"),
+        (Config::new().with_capacity(usize::MAX), "with_capacity"),
+        (Config::new().with_ll_capacity(usize::MAX), "with_ll_capacity"),
+    ] {
+        let e = config.validate().unwrap_err();
+        assert!(matches!(&e, Error::InvalidConfig { detail } if detail.contains(what)), "{e}");
+        assert_eq!(e.to_string().matches("invalid configuration").count(), 1, "{e}");
+        invalid_config(cpu::thread_group(2, &config), what);
+    }
+    // An LL push capacity of 0 is valid: no LL slots, calls routed there take one-shot.
+    assert!(Config::new().with_ll_capacity(0).validate().is_ok());
+    assert!(Config::new().with_timeout(collective_core::MAX_TIMEOUT).validate().is_ok());
+}
+
 #[test]
 fn capacity_zero_is_invalid_config_at_construction_on_every_rank() {
     assert!(Config::new().with_capacity(0).validate().is_err());
