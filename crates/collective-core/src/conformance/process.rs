@@ -39,8 +39,15 @@ pub fn run_processes<R>(
     }
     let mut msg = format!("rank processes failed: {:?}\n", outcome.first_failure);
     for (r, out) in outputs.iter().enumerate() {
-        let tail: Vec<&str> = out.lines().filter(|l| !l.trim().is_empty()).collect();
-        let tail = &tail[tail.len().saturating_sub(15)..];
+        let lines: Vec<&str> = out.lines().filter(|l| !l.trim().is_empty()).collect();
+        // The panic's message first (with RUST_BACKTRACE set, the tail is only the backtrace),
+        // up to the backtrace, then the tail.
+        if let Some(at) = lines.iter().position(|l| l.contains("panicked at")) {
+            let panic: Vec<&str> =
+                lines[at..].iter().take(12).take_while(|l| !l.starts_with("stack backtrace:")).copied().collect();
+            msg.push_str(&format!("--- rank {r} panic ---\n{}\n", panic.join("\n")));
+        }
+        let tail = &lines[lines.len().saturating_sub(15)..];
         msg.push_str(&format!("--- rank {r} output (tail) ---\n{}\n", tail.join("\n")));
     }
     Err(msg)
