@@ -61,11 +61,12 @@ fn nvidia_worlds_of_two_take_the_measured_push_and_pull_table() {
             assert_eq!(r.route(op, bytes), route, "{op} {bytes} at world {world}");
         }
         // The fused all_reduce + RMSNorm takes one-shot where the all_reduce takes LL push
-        // (measured faster there), and the all_reduce's route above.
-        for (bytes, route) in [(0, Route::IpcOneShot), (4 * KIB, Route::IpcOneShot), (512 * KIB, Route::IpcOneShot)] {
-            assert_eq!(r.fused_norm_route(bytes), route, "fused {bytes} at world {world}");
+        // (measured faster there) and up to 4 MiB inclusive (measured faster than bulk push
+        // there, 2026-12-06), and the all_reduce's route above.
+        for bytes in [0, 4 * KIB, 512 * KIB, 512 * KIB + 1, (4 << 20) - 1, 4 << 20] {
+            assert_eq!(r.fused_norm_route(bytes), Route::IpcOneShot, "fused {bytes} at world {world}");
         }
-        for bytes in [512 * KIB + 1, (4 << 20) - 1, 4 << 20, 1 << 30] {
+        for bytes in [(4 << 20) + 1, 1 << 30] {
             assert_eq!(r.fused_norm_route(bytes), r.route(Op::AllReduce, bytes), "fused {bytes} at world {world}");
         }
         // The LL ranges stay within the default LL capacity, so no call the table sends there
@@ -76,8 +77,13 @@ fn nvidia_worlds_of_two_take_the_measured_push_and_pull_table() {
     for world in [4, 8] {
         let r = Routing::default_for_world(Platform::Nvidia, world);
         assert_eq!(r, Routing::default_for(Platform::Nvidia));
-        // No rules of its own: the fused call's all_reduce takes the all_reduce's route.
-        for bytes in [0, 4 * KIB, 256 * KIB, 256 * KIB + 1, 1 << 30] {
+        // The fused call takes one-shot up to 2 MiB inclusive, where the all_reduce takes RS+AG
+        // from 256 KiB (one kernel against two launches: measured faster, 2026-12-06), and the
+        // all_reduce's route above.
+        for bytes in [0, 4 * KIB, 256 * KIB, 256 * KIB + 1, 2 << 20] {
+            assert_eq!(r.fused_norm_route(bytes), Route::IpcOneShot, "fused {bytes} at world {world}");
+        }
+        for bytes in [(2 << 20) + 1, 1 << 30] {
             assert_eq!(r.fused_norm_route(bytes), r.route(Op::AllReduce, bytes), "fused {bytes} at world {world}");
         }
     }
