@@ -37,7 +37,8 @@ pub type NvidiaCollective = Routed<CudaIpcCollective, GpuTransport<CudaDevice>>;
 
 /// Whether this process can drive an NVIDIA GPU (libcuda loadable, a device present).
 pub(crate) fn present() -> bool {
-    cuda_ipc::driver::driver_present() && cuda_ipc::driver::device_count().is_ok_and(|n| n > 0)
+    // `device_count` checks the driver first (`LibraryMissing`, never a panic).
+    cuda_ipc::driver::device_count().is_ok_and(|n| n > 0)
 }
 
 /// This rank of the NVIDIA collective of every rank of `boot`, on the GPU `config` selects

@@ -11,7 +11,7 @@
 //! occur there. The probe below works in both modes (a linked library is found already loaded).
 use collective_core::Error;
 use cudarc::driver::{CudaContext, DriverError, sys};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Backend name used in [`Error::Backend`].
 pub(crate) const BACKEND: &str = "cuda-ipc";
@@ -81,9 +81,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
 /// The entry point whose name depends on the CUDA version of cudarc's bindings (13 calls the
 /// `_v2`): the device UUID, which every constructor reads. (`cuEventElapsedTime_v2`, which
 /// only event timing calls, is not required: drivers before 12.8 lack it.)
-fn versioned_symbols() -> [&'static str; 1] {
-    if sys::CUDA_VERSION >= 13000 { ["cuDeviceGetUuid_v2"] } else { ["cuDeviceGetUuid"] }
-}
+const UUID_SYMBOL: &str = if sys::CUDA_VERSION >= 13000 { "cuDeviceGetUuid_v2" } else { "cuDeviceGetUuid" };
 
 /// Whether the loader's `reason` only says the file is not there (as it says for every name
 /// that is not installed), rather than why a file that is there cannot be loaded.
@@ -136,6 +134,19 @@ pub fn loadable(names: &[&str]) -> bool {
 /// opens (with the loader's reason for any that is there but cannot be loaded), or the one that
 /// opens lacks entry points (named).
 pub fn ensure_driver() -> Result<(), Error> {
+    // A driver found whole stays loaded for the process (cudarc keeps its handle): checked
+    // once; a refusal is checked again on the next call.
+    static WHOLE: OnceLock<()> = OnceLock::new();
+    if WHOLE.get().is_some() {
+        return Ok(());
+    }
+    check_driver().map(|()| {
+        let _ = WHOLE.set(());
+    })
+}
+
+/// [`ensure_driver`]'s check, uncached.
+fn check_driver() -> Result<(), Error> {
     let missing = |detail: String| Error::LibraryMissing { library: "libcuda.so (NVIDIA driver)".into(), detail };
     let mut refused = Vec::new();
     for name in ["cuda", "nvcuda"].iter().flat_map(|n| lib_candidates(n)) {
@@ -154,7 +165,7 @@ pub fn ensure_driver() -> Result<(), Error> {
         let absent: Vec<&str> = REQUIRED_SYMBOLS
             .iter()
             .copied()
-            .chain(versioned_symbols())
+            .chain([UUID_SYMBOL])
             // SAFETY: only looks the symbol up (as a data pointer, never called).
             .filter(|sym| unsafe { lib.get::<*const ()>(sym.as_bytes()) }.is_err())
             .collect();
