@@ -4,6 +4,10 @@
 # $OUT/results.tgz by `pack`, the bundle DIR/new.tar.xz unpacked into ./new, the environment
 # every GPU run here uses (NVLS off), and SM clocks sampled into clock.csv; `run_suites` runs
 # the bundle's suites named in SUITES, each bounded, while time is left.
+# Build the prebuilt kernels before the bundle (`cargo xtask build --arch sm_90`; NVRTC from a
+# pip `nvidia-cuda-nvrtc` wheel here): without them every test process compiles them with NVRTC
+# on the device, and process suites (MPS) then take minutes (2026-12-06: gpu_decoder 8.5 s with
+# the cubin, still compiling at 60 s without).
 LIMIT=${LIMIT:-560}; DIR=${DIR:-devrun}
 R=$(pwd); O=/tmp/r; mkdir -p $O
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
