@@ -1,7 +1,8 @@
 //! Every `DETCOLL_*` variable the CPU factory reads that does not parse, or is out of range,
 //! fails construction with `InvalidConfig` naming it — on every rank at once, also when only
 //! one rank's environment is wrong (reported through the agreement) — instead of silently
-//! falling back to a default. One test in this binary: it sets process environment variables,
+//! falling back to a default; the GPU's and the transport's variables, which it does not read,
+//! fail nothing however bad. One test in this binary: it sets process environment variables,
 //! which no other test may observe.
 use collective_core::Error;
 use collective_core::bootstrap::LocalBootstrap;
@@ -66,4 +67,30 @@ fn invalid_environment_values_are_invalid_config_naming_the_variable() {
     }
     // And with every variable unset the same builds work.
     assert!(build(2).iter().all(Result::is_ok));
+
+    // The GPU's and the NCCL/RCCL transport's variables are not the CPU twin's: bad values
+    // there leave a CPU job alone (docs/running.md, "Environment"; a GPU job fails on them).
+    let gpu_only: &[(&str, &str)] = &[
+        ("DETCOLL_LOCKSTEP", "bogus"),
+        ("DETCOLL_PDL", "bogus"),
+        ("DETCOLL_KERNEL_DIR", ""),
+        ("DETCOLL_NCCL_LIBRARY", ""),
+        ("DETCOLL_NCCL_BLOCKING", "bogus"),
+        ("DETCOLL_HIP_ARCH", ""),
+        ("DETCOLL_HIP_CONTROL_MEMORY", "bogus"),
+        ("DETCOLL_TRANSPORT_WATCHDOG", "bogus"),
+    ];
+    for &(var, value) in gpu_only {
+        // SAFETY: as above.
+        unsafe { std::env::set_var(var, value) };
+        for world in [1, 2, 4] {
+            for (rank, r) in build(world).iter().enumerate() {
+                assert!(r.is_ok(), "{var}={value:?}, world {world}, rank {rank}: a CPU rank failed: {r:?}");
+            }
+            let group = cpu::thread_group(world, &Config::new().with_capacity(1 << 16));
+            assert!(group.is_ok(), "{var}={value:?}: a CPU thread group of {world} failed: {:?}", group.err());
+        }
+        // SAFETY: as above.
+        unsafe { std::env::remove_var(var) };
+    }
 }

@@ -142,12 +142,11 @@ impl<D: IpcDevice> IpcCollective<D> {
                 IpcState { kernels, layout, fixed, mems: mems.clone(), err, owner: Owner::Group(shared.clone()) };
             out.push(Self::assemble(r, world, d, &config, Some(state)));
         }
-        // One lockstep per device shared by two or more ranks, its members in rank order.
-        let lockstep = match config.lockstep {
-            Some(on) => on,
-            None => collective_core::env::read(LOCKSTEP_ENV, collective_core::env::parse_bool)?.unwrap_or(true),
-        };
-        let mut placed = vec![!lockstep; world];
+        // One lockstep per device shared by two or more ranks, its members in rank order. The
+        // variable is read only where a device is shared (never by the CPU twin, whose ranks
+        // are devices of their own): a bad value fails the jobs it would configure, no other.
+        let mut placed = vec![false; world];
+        let mut shared_devices = Vec::new();
         for r in 0..world {
             if placed[r] {
                 continue;
@@ -157,6 +156,15 @@ impl<D: IpcDevice> IpcCollective<D> {
                 placed[q] = true;
             }
             if sharing.len() > 1 {
+                shared_devices.push(sharing);
+            }
+        }
+        if !shared_devices.is_empty() {
+            let lockstep = match config.lockstep {
+                Some(on) => on,
+                None => collective_core::env::read(LOCKSTEP_ENV, collective_core::env::parse_bool)?.unwrap_or(true),
+            };
+            for sharing in shared_devices.into_iter().filter(|_| lockstep) {
                 for (q, member) in sharing.iter().zip(Lockstep::members(sharing.clone())) {
                     out[*q].lockstep = Some(member);
                 }
