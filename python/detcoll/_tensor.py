@@ -161,6 +161,16 @@ def _numpy_view(x, what: str) -> View:
     return View(x.ctypes.data if x.size else 0, x.size, dtype, x.shape, _CPU, 0, flags.writeable)
 
 
+def _numpy_scalar_view(x, what: str) -> View:
+    """numpy scalars (``np.float32(1.5)``, ``a.sum()``): read from a 0-d array copy this view
+    keeps for the call (their own interface is over a temporary array) and never written (a
+    numpy scalar is immutable: as an output it is refused as read-only)."""
+    a = x.__array__()
+    v = _numpy_view(a, what)
+    v.writable, v.keep = False, a
+    return v
+
+
 def _masked_view(x, what: str) -> View:
     """numpy masked arrays: refused, like a masked array interface. A collective reads and
     writes every element; the mask would be ignored (pass ``x.filled(value)`` or ``x.data``)."""
@@ -216,7 +226,9 @@ def _interface_data(x, ai: dict, nbytes: int, device, what: str):
         try:
             if len(data) != 2:
                 raise TypeError
-            return int(operator.index(data[0] or 0)), bool(data[1]), None
+            # The dict is kept for the call: it may be all that references the memory (a numpy
+            # scalar's interface is over a temporary array held only by its "__ref").
+            return int(operator.index(data[0] or 0)), bool(data[1]), ai
         except TypeError:
             raise _detcoll.InvalidArgument(
                 f"{what}: the array interface's data is {data!r}, not an (address, read-only) pair") from None
@@ -386,6 +398,8 @@ def _reader(x):
         if ma is not None and issubclass(t, ma.MaskedArray):
             return _masked_view, True
         return _numpy_view, True
+    if np is not None and issubclass(t, np.generic):
+        return _numpy_scalar_view, True
     if hasattr(x, "__cuda_array_interface__"):
         return _cai_view, False
     if hasattr(x, "__array_interface__"):

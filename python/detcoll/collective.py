@@ -5,6 +5,7 @@ current stream, and a failure the device detects later is raised by ``check()`` 
 ``synchronize()`` and by every later call. On the CPU twin a call is done when it returns.
 """
 
+import sys
 from typing import List, Optional, Sequence
 
 from . import _detcoll
@@ -71,6 +72,10 @@ class Collective:
         if kind == "cuda" and index is not None and self._device_index is not None and index != self._device_index:
             raise _detcoll.WrongDevice(f"{what}: on cuda:{index}, but this collective runs on cuda:{self._device_index}")
         if write and not v.writable:
+            np = sys.modules.get("numpy")
+            if np is not None and isinstance(x, np.generic):
+                raise _detcoll.InvalidArgument(
+                    f"{what}: a numpy scalar is immutable (read-only); pass a 0-d array (numpy.array(x)) to write into")
             raise _detcoll.InvalidArgument(f"{what}: the array is read-only")
         if v.stream is None:  # an array interface without a stream: the one synchronize() waits on
             v.stream = default_stream(index if index is not None else self._device_index)
@@ -192,6 +197,12 @@ class Collective:
         vy = vx if out is None or out is x else self._view(out, "out", write=True)
         vr = self._view(residual, "residual", write=True)
         vw = self._view(weight, "weight")
+        for name, v in (("residual", vr), ("out", vy)):
+            # (a count that differs is the extension's LengthMismatch)
+            if v is not vx and v.count == vx.count and tuple(v.shape) != tuple(vx.shape):
+                raise _detcoll.InvalidArgument(
+                    f"all_reduce_residual_rmsnorm: {name} has shape {tuple(v.shape)}, expected x's shape "
+                    f"{tuple(vx.shape)} (its rows of {vx.shape[-1] if vx.shape else vx.count})")
         hidden = vx.shape[-1] if vx.shape else vx.count
         self._raw.all_reduce_residual_rmsnorm(
             (vx.addr, vx.count, ext_dtype(vx, "all_reduce_residual_rmsnorm")), (vy.addr, vy.count, ext_dtype(vy)),

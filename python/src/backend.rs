@@ -1,7 +1,9 @@
 //! One rank's collective on the platform it was built for, and the raw calls the Python
 //! wrapper makes on it: addresses, element counts and dtypes the wrapper read from the tensors,
 //! checked here before any work so that a refused call writes nothing.
-use collective_factory::{Collective, CpuCollective, DType, Error, Io, NvidiaCollective, Op, RawMut, RawRef, Route};
+use collective_factory::{
+    Collective, CpuCollective, DType, Error, Io, NvidiaCollective, Op, RawMut, RawRef, Route, lane_name,
+};
 use std::ffi::c_void;
 
 /// A collective of either platform this extension drives.
@@ -117,13 +119,13 @@ impl Backend {
     pub unsafe fn call_many(&self, lanes: &[(Buf, Buf)], stream: u64) -> Result<(), Error> {
         let world = self.world_size();
         let dtype = lanes.first().map(|l| l.0.dtype).unwrap_or(DType::F32);
-        for &(input, output) in lanes {
+        for (i, &(input, output)) in lanes.iter().enumerate() {
             if input.dtype != dtype {
                 return Err(Error::DtypeMismatch {
                     op: Op::ReduceScatterMany,
-                    argument: "lanes[i].input",
+                    argument: lane_name(i),
                     got: input.dtype,
-                    reference: "lanes[0].input",
+                    reference: lane_name(0),
                     expected: dtype,
                 });
             }

@@ -10,6 +10,7 @@ use collective_factory::{Config, DeviceSelect, Error, cpu, nvidia};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// One rank of a deterministic collective (built by `detcoll.create_deterministic_collective`
 /// or `detcoll.thread_group`; the wrapper `detcoll.Collective` takes tensors).
@@ -18,6 +19,12 @@ use std::sync::Arc;
 pub struct Communicator {
     /// `None` only while dropping.
     inner: Option<Backend>,
+    /// Set by `close`: the queries that answer without the backend (`route`, `capabilities`)
+    /// then raise `Closed` as every call does.
+    closed: AtomicBool,
+    /// The process that built it: in a forked child those queries raise `ForkedHandle`, as
+    /// every call does there.
+    owner: u32,
 }
 
 /// Which backend a constructor builds.
@@ -51,7 +58,7 @@ fn build(boot: Arc<dyn Bootstrap>, p: Platform, config: &Config) -> Result<Commu
         Platform::Cpu => Backend::Cpu(cpu::from_bootstrap(boot, config)?),
         Platform::Nvidia => Backend::Nvidia(nvidia::from_bootstrap(boot, config)?),
     };
-    Ok(Communicator { inner: Some(inner) })
+    Ok(Communicator::new(inner))
 }
 
 fn buf(addr: u64, count: usize, dtype: &str) -> Result<Buf, Error> {
@@ -59,8 +66,25 @@ fn buf(addr: u64, count: usize, dtype: &str) -> Result<Buf, Error> {
 }
 
 impl Communicator {
+    fn new(inner: Backend) -> Self {
+        Communicator { inner: Some(inner), closed: AtomicBool::new(false), owner: std::process::id() }
+    }
+
     fn backend(&self) -> PyResult<&Backend> {
         self.inner.as_ref().ok_or_else(|| to_py(Error::Closed))
+    }
+
+    /// The backend for a query that does not call it: `ForkedHandle` in a forked child,
+    /// `Closed` after `close`, as the calls report.
+    fn live(&self) -> PyResult<&Backend> {
+        let pid = std::process::id();
+        if pid != self.owner {
+            return Err(to_py(Error::ForkedHandle { owner: self.owner, pid }));
+        }
+        if self.closed.load(Ordering::Acquire) {
+            return Err(to_py(Error::Closed));
+        }
+        self.backend()
     }
 }
 
@@ -90,7 +114,7 @@ impl Communicator {
     /// The honest capabilities (`supports_async_overlap` and
     /// `supports_compute_communication_fusion` are false: no such mode exists yet).
     fn capabilities<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let c = self.backend()?.capabilities();
+        let c = self.live()?.capabilities();
         let d = PyDict::new(py);
         d.set_item("strict_fixed_order", c.strict_fixed_order)?;
         d.set_item("supports_async_overlap", c.supports_async_overlap)?;
@@ -105,10 +129,10 @@ impl Communicator {
     /// `all_reduce_residual_rmsnorm`: the fused call's all_reduce.
     fn route(&self, op: &str, nbytes: usize) -> PyResult<&'static str> {
         if op == collective_factory::FUSED_NORM_OP {
-            return Ok(self.backend()?.fused_norm_route(nbytes).name());
+            return Ok(self.live()?.fused_norm_route(nbytes).name());
         }
         let op = parse_op(op).map_err(to_py)?;
-        Ok(self.backend()?.route(op, nbytes).name())
+        Ok(self.live()?.route(op, nbytes).name())
     }
 
     /// The first failure any call recorded (never blocks).
@@ -127,7 +151,11 @@ impl Communicator {
     /// Collective close (every rank calls it); later calls raise `detcoll.Closed`.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         let b = self.backend()?;
-        py.detach(|| b.close()).map_err(to_py)
+        let closed = py.detach(|| b.close()).map_err(to_py);
+        if std::process::id() == self.owner {
+            self.closed.store(true, Ordering::Release);
+        }
+        closed
     }
 
     /// Raw call: `op` from `count` elements of `dtype` at `in_addr` into `out_count` at
@@ -240,7 +268,7 @@ fn thread_group(py: Python<'_>, world: usize, capacity: Option<usize>, platform:
         Platform::Cpu => Ok(cpu::thread_group(world, &config)?.into_iter().map(Backend::Cpu).collect()),
         Platform::Nvidia => Ok(nvidia::thread_group(world, &config)?.into_iter().map(Backend::Nvidia).collect()),
     });
-    Ok(built.map_err(to_py)?.into_iter().map(|b| Communicator { inner: Some(b) }).collect())
+    Ok(built.map_err(to_py)?.into_iter().map(Communicator::new).collect())
 }
 
 /// This rank, from torchrun's environment (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,

@@ -52,7 +52,7 @@ pub use op::{Op, Signature};
 pub use route::{IpcRoute, Route};
 pub use route_table::{FUSED_NORM_OP, RouteTable, SizeRoutes};
 pub use timeouts::{MAX_TIMEOUT, TIMEOUT_ENV, Timeouts};
-pub use validate::{Call, LaneCall, LaneCalls, validate, validate_many};
+pub use validate::{Call, LaneCall, LaneCalls, lane_name, validate, validate_many};
 pub use view::{Io, RawMut, RawRef};
 
 /// The power-of-two world sizes up to 8: the TP sizes across which a TP-invariant layer gives

@@ -188,6 +188,13 @@ const LANE_NAMES: [&str; MAX_LANES] = [
     "lanes[15]",
 ];
 
+/// How errors name lane `i` of a `reduce_scatter_many` call (`lanes[i]`, a `&'static str` as
+/// the errors' `argument` is; a call has at most [`MAX_LANES`] lanes, past which `TooManyLanes`
+/// is the error and this says only that the lane is past them).
+pub fn lane_name(i: usize) -> &'static str {
+    LANE_NAMES.get(i).copied().unwrap_or("a lane past MAX_LANES")
+}
+
 /// The validated lanes of one `reduce_scatter_many` call: a fixed-capacity list (no heap
 /// allocation on the per-call path), used as a slice.
 #[derive(Debug, Clone, Copy)]

@@ -79,7 +79,7 @@ pub use collective_core::bootstrap;
 pub use collective_core::fixed_tree;
 pub use collective_core::{
     Capabilities, Collective, DType, Error, FUSED_NORM_OP, Io, Op, Plain, RawMut, RawRef, Reducible, ResidualRmsNorm,
-    RmsNorm, Route, Timeouts,
+    RmsNorm, Route, Timeouts, lane_name,
 };
 /// The `half` crate: `bf16` and `f16`, the 16-bit dtypes of host and cudarc buffers.
 pub use half;
