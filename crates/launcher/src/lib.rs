@@ -2,8 +2,10 @@
 //!
 //! [`launch`] starts `nproc` copies of a program on this host with the torchrun variables set
 //! (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE` = `nproc`, `MASTER_ADDR`,
-//! `MASTER_PORT`), so `collective_core::bootstrap::TcpBootstrap::from_env` joins them. Each line a
-//! rank writes is re-printed with a `[rank N] ` prefix (stdout to stdout, stderr to stderr).
+//! `MASTER_PORT`, and `GROUP_RANK`), so `collective_core::bootstrap::TcpBootstrap::from_env`
+//! joins them. Each line a rank writes is re-printed with a `[rank N] ` prefix (stdout to
+//! stdout, stderr to stderr; one line at a time under one lock for both, so lines stay whole
+//! where both go to one pipe; a line longer than [`MAX_LINE_BYTES`] in pieces of that size).
 //! Every line a rank wrote before it exited is forwarded before [`launch`] returns, however
 //! slowly the launcher's own output is read (a pager, ssh); what a rank's background children
 //! write after every rank exited is forwarded only while they keep writing and for at most
@@ -58,6 +60,10 @@ const READER_GRACE: Duration = Duration::from_secs(1);
 /// grandchild that keeps writing does not hold the launcher.
 const READER_TAIL_BYTES: u64 = (1 << 20) + (64 << 10);
 const POLL_INTERVAL: Duration = Duration::from_millis(10);
+/// Once a signal stopped the launch, how long the ranks' last output is forwarded at most: a
+/// consumer that does not read (a stalled terminal or ssh) must not keep the launcher alive
+/// after it was told to end (the lines not forwarded by then are dropped).
+pub const SIGNAL_DRAIN: Duration = Duration::from_secs(2);
 
 /// What to launch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -251,6 +257,11 @@ enum Sink {
     Capture(Arc<Vec<Mutex<String>>>),
 }
 
+/// Held while a line is written to the launcher's stdout or stderr: one lock for both, so
+/// that lines stay whole where both go to one pipe (`2>&1 | ...`), whose writes of more than
+/// `PIPE_BUF` (4 KiB) bytes are not atomic.
+static OUTPUT: Mutex<()> = Mutex::new(());
+
 impl Sink {
     /// One line of a rank's output, without its newline: printed as its bytes (not
     /// necessarily UTF-8: a rank's output passes through unchanged), captured as text.
@@ -261,6 +272,7 @@ impl Sink {
                 let text = prefixed(rank, line);
                 // One write per line under the lock keeps lines from interleaving. Errors
                 // (e.g. a closed pipe) are ignored: the ranks keep running.
+                let _one = OUTPUT.lock().unwrap_or_else(|e| e.into_inner());
                 if is_stderr {
                     let _ = io::stderr().lock().write_all(&text);
                 } else {
@@ -289,21 +301,25 @@ struct Reader {
     done: std::sync::atomic::AtomicBool,
 }
 
+/// The longest line forwarded whole: a longer one (or output that never ends a line) is
+/// forwarded in pieces of this many bytes, each as a line of its own, so a rank cannot make the
+/// launcher hold an unbounded line in memory.
+pub const MAX_LINE_BYTES: usize = 64 << 10;
+
 fn pump(rank: usize, is_stderr: bool, pipe: impl Read, sink: Sink, state: &Reader) {
     use std::sync::atomic::Ordering::Relaxed;
     let mut r = BufReader::new(pipe);
     let mut line = Vec::new();
     loop {
         line.clear();
-        match r.read_until(b'\n', &mut line) {
+        // At most MAX_LINE_BYTES (the newline included), whatever the rank writes.
+        match (&mut r).take(MAX_LINE_BYTES as u64).read_until(b'\n', &mut line) {
             Ok(0) => break,
             Ok(n) => {
                 state.read.fetch_add(n as u64, Relaxed);
+                // The bytes pass through unchanged (a `\r` before the newline included).
                 if line.last() == Some(&b'\n') {
                     line.pop();
-                    if line.last() == Some(&b'\r') {
-                        line.pop();
-                    }
                 }
                 state.emitting.store(true, Relaxed);
                 sink.emit(rank, is_stderr, &line);
@@ -320,8 +336,9 @@ fn pump(rank: usize, is_stderr: bool, pipe: impl Read, sink: Sink, state: &Reade
 /// reader is writing a line out (its consumer may be slow) or read something within
 /// [`READER_GRACE`], up to [`READER_TAIL_BYTES`] more bytes each. Returns when every reader is
 /// done, or only idle readers (a grandchild holding a pipe open) or chatty ones (a grandchild
-/// still writing) are left.
-fn drain(readers: &[Arc<Reader>]) {
+/// still writing) are left, or at `deadline` (a launch stopped by a signal: the user asked it
+/// to end, so a consumer that stopped reading does not hold it).
+fn drain(readers: &[Arc<Reader>], deadline: Option<Instant>) {
     use std::sync::atomic::Ordering::Relaxed;
     let start: Vec<u64> = readers.iter().map(|r| r.read.load(Relaxed)).collect();
     let mut seen = start.clone();
@@ -341,7 +358,7 @@ fn drain(readers: &[Arc<Reader>]) {
             let owed = read - start[i] <= READER_TAIL_BYTES;
             waiting |= owed && (r.emitting.load(Relaxed) || progress[i].elapsed() < READER_GRACE);
         }
-        if !waiting {
+        if !waiting || deadline.is_some_and(|d| Instant::now() >= d) {
             return;
         }
         thread::sleep(POLL_INTERVAL);
@@ -437,9 +454,10 @@ fn run(spec: &LaunchSpec, sink: Sink) -> Result<LaunchOutcome, LaunchError> {
             .env("LOCAL_WORLD_SIZE", per_node.to_string())
             .env("MASTER_ADDR", &spec.master_addr)
             .env("MASTER_PORT", port.to_string());
+        // torchrun's node rank (0 on one host, whatever the environment had).
+        cmd.env("GROUP_RANK", (rank / per_node).to_string());
         if spec.virtual_nodes.is_some() {
-            cmd.env("DETCOLL_HOST_ID", format!("virtual-node-{}", rank / per_node))
-                .env("GROUP_RANK", (rank / per_node).to_string());
+            cmd.env("DETCOLL_HOST_ID", format!("virtual-node-{}", rank / per_node));
         }
         if let Some(t) = &token {
             cmd.env(JOB_TOKEN_ENV, t);
@@ -566,8 +584,10 @@ fn run(spec: &LaunchSpec, sink: Sink) -> Result<LaunchOutcome, LaunchError> {
     }
 
     // Let the readers forward what the ranks wrote; do not wait for grandchildren that keep a
-    // pipe open.
-    drain(&readers);
+    // pipe open, nor, after a signal, longer than SIGNAL_DRAIN for a consumer that stopped
+    // reading.
+    let deadline = (signals::received() != 0).then(|| Instant::now() + SIGNAL_DRAIN);
+    drain(&readers, deadline);
 
     let exits: Vec<(ExitStatus, Instant)> = ranks
         .iter()

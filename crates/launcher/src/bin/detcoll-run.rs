@@ -2,7 +2,11 @@
 //! on this host with the torchrun variables set (like `torchrun --standalone`), prefixes their
 //! output with `[rank N] `, stops every rank when one fails, and exits non-zero naming the rank
 //! that failed first for a reason of its own (ranks stopped by the launcher are reported as
-//! such). Every rank gets a fresh random `DETCOLL_JOB_TOKEN`, and dies with the launcher.
+//! such). Every rank gets a fresh random `DETCOLL_JOB_TOKEN`, and dies with the launcher (on
+//! Linux even when it is `SIGKILL`ed; what a rank started itself is stopped with it when the
+//! launcher stops the ranks, after a failure or a signal, but not when the launcher is
+//! `SIGKILL`ed). Ranks read no stdin (`/dev/null`). The launcher's own messages go to stderr; a
+//! closed stderr changes nothing (not even the exit status).
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -67,10 +71,18 @@ fn main() -> ExitCode {
     match run() {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("detcoll-run: {}", messages(&e));
+            say(&format!("detcoll-run: {}\n", messages(&e)));
             ExitCode::FAILURE
         }
     }
+}
+
+/// Writes the launcher's own message to stderr. A closed stderr (`2>&1 | head -1`) is not an
+/// error of the launch: the message is dropped, and the exit status stays the ranks' (`eprint!`
+/// would panic, status 101).
+fn say(text: &str) {
+    use std::io::Write as _;
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
 }
 
 /// The messages of `e` and its causes, joined with ": ", leaving out a cause that the message
@@ -95,6 +107,16 @@ fn run() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     let mut command = cli.command.into_iter();
     let program = PathBuf::from(command.next().context("no program given")?);
+    if program.as_os_str().as_encoded_bytes().starts_with(b"-") {
+        // A mistyped option before `--` (the program's name would start with `-`).
+        use clap::CommandFactory as _;
+        Cli::command()
+            .error(
+                clap::error::ErrorKind::UnknownArgument,
+                format!("unknown option {:?}: the program and its arguments follow `--`", program.as_os_str()),
+            )
+            .exit();
+    }
     let spec = LaunchSpec {
         nproc: cli.nproc,
         program,
@@ -109,7 +131,7 @@ fn run() -> anyhow::Result<ExitCode> {
     let outcome = match launch(&spec) {
         Ok(o) => o,
         Err(LaunchError::Interrupted { signal, .. }) => {
-            eprintln!("detcoll-run: interrupted by signal {signal}; all ranks were stopped");
+            say(&format!("detcoll-run: interrupted by signal {signal}; all ranks were stopped\n"));
             return Ok(ExitCode::from(u8::try_from(128 + signal).unwrap_or(1)));
         }
         Err(e) => {
@@ -119,7 +141,7 @@ fn run() -> anyhow::Result<ExitCode> {
     if outcome.success() {
         return Ok(ExitCode::SUCCESS);
     }
-    eprint!("{}", failure_report(&outcome));
+    say(&failure_report(&outcome));
     let code = outcome.first_failure.map_or(1, |(_, status)| exit_code_of(status));
     Ok(ExitCode::from(code))
 }
