@@ -2,7 +2,7 @@
 ``python -m detcoll.launch --nproc 4 script.py [args]``.
 
 Each rank gets torchrun's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``LOCAL_WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``, a free ``MASTER_PORT``) and one random
+``LOCAL_WORLD_SIZE``, ``GROUP_RANK=0``, ``MASTER_ADDR=127.0.0.1``, a free ``MASTER_PORT``) and one random
 ``DETCOLL_JOB_TOKEN`` for the job, which the Rust rendezvous requires every rank to prove. When
 one rank fails, the others are stopped (after a grace period in which they report their own
 errors). The exit status is the first failing rank's (in time). A launcher stopped by Ctrl-C or
@@ -34,6 +34,7 @@ def rank_env(rank: int, nproc: int, port: int, token: str, base: Optional[Dict[s
     env = dict(os.environ if base is None else base)
     env.update(
         RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nproc),
+        GROUP_RANK="0",  # torchrun's node rank: one host (whatever the environment had)
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DETCOLL_JOB_TOKEN=token,
     )
     return env

@@ -74,3 +74,13 @@ def test_a_launcher_stopped_by_sigterm_or_sigint_stops_its_ranks(tmp_path):
                     break
                 assert time.monotonic() < deadline, f"{sig!r}: rank pid {pid} outlived its launcher"
                 time.sleep(0.05)
+
+
+def test_every_rank_gets_torchruns_variables(tmp_path, monkeypatch):
+    monkeypatch.setenv("GROUP_RANK", "5")  # a stale value from the environment is replaced
+    s = script(tmp_path, "env.py",
+               "print(' '.join(os.environ[k] for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE',"
+               " 'GROUP_RANK', 'MASTER_ADDR')))\n")
+    results = launch(3, [sys.executable, s], timeout=60, capture=True)
+    lines = [r.stdout.decode().strip() if isinstance(r.stdout, bytes) else r.stdout.strip() for r in results]
+    assert lines == [f"{r} 3 {r} 3 0 127.0.0.1" for r in range(3)], lines
