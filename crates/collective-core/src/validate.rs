@@ -260,9 +260,9 @@ pub fn validate_many(
         } else if call.dtype != dtype {
             return Err(Error::DtypeMismatch {
                 op,
-                argument: LANE_NAMES[i],
+                argument: lane_name(i),
                 got: call.dtype,
-                reference: "lanes[0]",
+                reference: lane_name(0),
                 expected: dtype,
             });
         }

@@ -164,9 +164,11 @@ impl<D: IpcDevice> IpcCollective<D> {
                 Some(on) => on,
                 None => collective_core::env::read(LOCKSTEP_ENV, collective_core::env::parse_bool)?.unwrap_or(true),
             };
-            for sharing in shared_devices.into_iter().filter(|_| lockstep) {
-                for (q, member) in sharing.iter().zip(Lockstep::members(sharing.clone())) {
-                    out[*q].lockstep = Some(member);
+            if lockstep {
+                for sharing in shared_devices {
+                    for (q, member) in sharing.iter().zip(Lockstep::members(sharing.clone())) {
+                        out[*q].lockstep = Some(member);
+                    }
                 }
             }
         }
