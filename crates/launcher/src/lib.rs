@@ -310,6 +310,8 @@ fn pump(rank: usize, is_stderr: bool, pipe: impl Read, sink: Sink, state: &Reade
     use std::sync::atomic::Ordering::Relaxed;
     let mut r = BufReader::new(pipe);
     let mut line = Vec::new();
+    // The last piece was cut at MAX_LINE_BYTES, its line not yet ended.
+    let mut cut = false;
     loop {
         line.clear();
         // At most MAX_LINE_BYTES (the newline included), whatever the rank writes.
@@ -317,8 +319,16 @@ fn pump(rank: usize, is_stderr: bool, pipe: impl Read, sink: Sink, state: &Reade
             Ok(0) => break,
             Ok(n) => {
                 state.read.fetch_add(n as u64, Relaxed);
+                let ended = line.last() == Some(&b'\n');
+                // The newline of a line of whole pieces: the last piece already ended the
+                // line; not an empty line of its own.
+                let rest_of_cut = cut && n == 1 && ended;
+                cut = !ended;
+                if rest_of_cut {
+                    continue;
+                }
                 // The bytes pass through unchanged (a `\r` before the newline included).
-                if line.last() == Some(&b'\n') {
+                if ended {
                     line.pop();
                 }
                 state.emitting.store(true, Relaxed);

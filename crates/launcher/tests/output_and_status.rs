@@ -76,6 +76,24 @@ fn a_line_longer_than_the_limit_is_forwarded_in_pieces() {
     assert!(pieces.iter().all(|p| p.bytes().all(|b| b == b'x')));
 }
 
+/// A line of exactly one or two pieces: its newline ends the last piece, rather than following
+/// as an empty line of its own (it did until 2026-12-06).
+#[test]
+fn a_line_of_whole_pieces_ends_with_its_last_piece() {
+    for k in [1, 2] {
+        let n = MAX_LINE_BYTES * k;
+        let script = format!("head -c {n} /dev/zero | tr '\\0' x; echo; echo next");
+        let out = Command::new(BIN).args(["--nproc", "1", "--", "sh", "-c", &script]).output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        let lines: Vec<&str> = text.lines().map(|l| l.strip_prefix("[rank 0] ").expect("a prefixed line")).collect();
+        let mut expected = vec![MAX_LINE_BYTES; k];
+        expected.push(4);
+        assert_eq!(lines.iter().map(|l| l.len()).collect::<Vec<_>>(), expected, "a line of {k} pieces");
+        assert_eq!(lines[k], "next");
+    }
+}
+
 #[test]
 fn a_closed_stderr_keeps_the_failed_ranks_exit_status() {
     let (reader, writer) = pipe();
