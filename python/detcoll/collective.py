@@ -5,11 +5,42 @@ current stream, and a failure the device detects later is raised by ``check()`` 
 ``synchronize()`` and by every later call. On the CPU twin a call is done when it returns.
 """
 
+import functools
 import sys
+import threading
 from typing import List, Optional, Sequence
 
 from . import _detcoll
 from ._tensor import View, default_stream, ext_dtype, new_empty, view
+
+
+# Per thread: whether the collective call in progress reached the extension's raw call.
+_reached = threading.local()
+
+
+def _counted(method):
+    """A collective call whose refusal here, before the raw call (a tensor on another device,
+    a read-only output, a shape the wrapper refuses), counts as a call all the same
+    (``Communicator.count_refused_call``): the Rust collective numbers every call a rank makes
+    or refuses and signs its launches with that number, so peers that made a call this rank
+    refused fail with ``SignatureMismatch`` instead of pairing their next call with this rank's
+    next one (which returned another call's sums as success). Ranks that all refuse the same
+    call stay in step. Refusals past the raw call are counted there."""
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        _reached.flag = False
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException:
+            if not _reached.flag:
+                try:
+                    self._raw.count_refused_call()
+                except Exception:  # a closed or forked handle: its next call fails anyway
+                    pass
+            raise
+
+    return call
 
 
 # What ``Collective.route`` answers for.
@@ -83,11 +114,12 @@ class Collective:
 
     def _call(self, op: str, vin: View, vout: View, in_addr: Optional[int] = None) -> None:
         reduces = op if op != "all_gather" else None
-        self._raw.call(
-            op, vin.addr if in_addr is None else in_addr, vin.count, ext_dtype(vin, reduces),
-            vout.addr, vout.count, ext_dtype(vout), vin.stream,
-        )
+        args = (op, vin.addr if in_addr is None else in_addr, vin.count, ext_dtype(vin, reduces),
+                vout.addr, vout.count, ext_dtype(vout), vin.stream)
+        _reached.flag = True
+        self._raw.call(*args)
 
+    @_counted
     def all_reduce(self, x, out=None):
         """The fixed tree over every rank's ``x``; into ``x`` (in place) when ``out`` is None,
         else into ``out`` (same size and dtype). Returns the tensor written."""
@@ -98,6 +130,7 @@ class Collective:
         self._call("all_reduce", self._view(x, "x"), self._view(out, "out", write=True))
         return out
 
+    @_counted
     def all_gather(self, x, out=None):
         """Every rank's ``x`` concatenated in rank order along dim 0 (``out``: ``world_size``
         times ``x``'s elements; allocated when None). ``x`` may be ``out``'s shard ``rank``
@@ -121,6 +154,7 @@ class Collective:
         self._call("all_gather", vin, vout, in_addr)
         return out
 
+    @_counted
     def reduce_scatter(self, x, out=None):
         """Shard ``rank`` (along dim 0) of the fixed tree over every rank's ``x``, into
         ``out`` (allocated when None). NCCL's in-place form: ``out`` is ``x``'s shard ``rank``
@@ -149,6 +183,7 @@ class Collective:
         self._call("reduce_scatter", vin, vout)
         return out
 
+    @_counted
     def reduce_scatter_many(self, xs: Sequence, outs: Optional[Sequence] = None) -> List:
         """Independent reduce_scatters under one synchronisation, one tree per lane (never
         mixed): lane ``i`` reduces ``xs[i]`` into ``outs[i]`` (allocated when None). One dtype
@@ -171,9 +206,11 @@ class Collective:
                 vout = self._view(out, f"outs[{i}]", write=True)
             lanes.append((vin.addr, vin.count, ext_dtype(vin, "reduce_scatter_many"), vout.addr, vout.count, ext_dtype(vout)))
         stream = vins[0].stream if vins else 0
+        _reached.flag = True
         self._raw.call_many(lanes, stream)
         return outs
 
+    @_counted
     def all_reduce_residual_rmsnorm(self, x, residual, weight, eps: float = 1e-6, out=None):
         """The end of a tensor-parallel decoder layer in one call: ``s`` = the fixed tree over
         every rank's ``x``, ``residual`` becomes ``h = residual + s`` (in the dtype, in place: the
@@ -204,11 +241,13 @@ class Collective:
                     f"all_reduce_residual_rmsnorm: {name} has shape {tuple(v.shape)}, expected x's shape "
                     f"{tuple(vx.shape)} (its rows of {vx.shape[-1] if vx.shape else vx.count})")
         hidden = vx.shape[-1] if vx.shape else vx.count
-        self._raw.all_reduce_residual_rmsnorm(
+        args = (
             (vx.addr, vx.count, ext_dtype(vx, "all_reduce_residual_rmsnorm")), (vy.addr, vy.count, ext_dtype(vy)),
             (vr.addr, vr.count, ext_dtype(vr)), (vw.addr, vw.count, ext_dtype(vw)),
             hidden, float(eps), vx.stream,
         )
+        _reached.flag = True
+        self._raw.all_reduce_residual_rmsnorm(*args)
         return (x if out is None else out), residual
 
     def _shard_shape(self, v: View):

@@ -69,6 +69,34 @@ impl Backend {
         }
     }
 
+    /// Counts a call this rank refused before it reached the collective (the wrapper's own
+    /// checks, or the ones here), as the collective counts the calls it refuses itself
+    /// (`Routed::count_refused_call`): peers that made the call then fail with
+    /// `SignatureMismatch` instead of pairing their next call with this rank's next one.
+    pub fn count_refused_call(&self) -> Result<(), Error> {
+        match self {
+            Backend::Cpu(c) => c.count_refused_call(),
+            Backend::Nvidia(c) => c.count_refused_call(),
+        }
+    }
+
+    /// The calls this rank began, made or refused (`Routed::calls_begun`).
+    pub fn calls_begun(&self) -> Result<u32, Error> {
+        match self {
+            Backend::Cpu(c) => c.calls_begun(),
+            Backend::Nvidia(c) => c.calls_begun(),
+        }
+    }
+
+    /// `r`, counted as a refused call when it is an error (see [`Backend::count_refused_call`]).
+    pub fn counted<T>(&self, r: Result<T, Error>) -> Result<T, Error> {
+        if r.is_err() {
+            // A handle that cannot count (closed, forked, poisoned) fails its next call anyway.
+            let _ = self.count_refused_call();
+        }
+        r
+    }
+
     /// Waits for `stream` (a `CUstream`; 0 the legacy default stream; ignored on the CPU,
     /// whose calls are done when they return), then `check`.
     pub fn synchronize(&self, stream: u64) -> Result<(), Error> {
@@ -90,7 +118,7 @@ impl Backend {
     /// for the CPU twin, this rank's device for NVIDIA) of at least their counts, untouched by
     /// anything else until the call has executed on `stream`, a live stream of the device.
     pub unsafe fn call(&self, op: Op, input: Buf, output: Buf, stream: u64) -> Result<(), Error> {
-        check_output(op, input, output, self.world_size())?;
+        self.counted(check_output(op, input, output, self.world_size()))?;
         let in_place = input.addr == output.addr;
         match self {
             Backend::Cpu(c) => {
@@ -119,18 +147,7 @@ impl Backend {
     pub unsafe fn call_many(&self, lanes: &[(Buf, Buf)], stream: u64) -> Result<(), Error> {
         let world = self.world_size();
         let dtype = lanes.first().map(|l| l.0.dtype).unwrap_or(DType::F32);
-        for (i, &(input, output)) in lanes.iter().enumerate() {
-            if input.dtype != dtype {
-                return Err(Error::DtypeMismatch {
-                    op: Op::ReduceScatterMany,
-                    argument: lane_name(i),
-                    got: input.dtype,
-                    reference: lane_name(0),
-                    expected: dtype,
-                });
-            }
-            check_output(Op::ReduceScatter, input, output, world)?;
-        }
+        self.counted(check_lanes(lanes, dtype, world))?;
         match self {
             Backend::Cpu(c) => {
                 let ios: Vec<Io<'_>> = lanes
@@ -147,6 +164,23 @@ impl Backend {
             }
         }
     }
+}
+
+/// Every lane has `dtype` and the output its op writes.
+fn check_lanes(lanes: &[(Buf, Buf)], dtype: DType, world: usize) -> Result<(), Error> {
+    for (i, &(input, output)) in lanes.iter().enumerate() {
+        if input.dtype != dtype {
+            return Err(Error::DtypeMismatch {
+                op: Op::ReduceScatterMany,
+                argument: lane_name(i),
+                got: input.dtype,
+                reference: lane_name(0),
+                expected: dtype,
+            });
+        }
+        check_output(Op::ReduceScatter, input, output, world)?;
+    }
+    Ok(())
 }
 
 /// The tensors of a fused all_reduce + residual + RMSNorm ([`Backend::all_reduce_residual_rmsnorm`]).
@@ -177,22 +211,8 @@ impl Backend {
         eps: f32,
         stream: u64,
     ) -> Result<(), Error> {
-        let op = Op::AllReduce;
         let dtype = t.x.dtype;
-        for (argument, b) in [("out", t.y), ("residual", t.residual), ("weight", t.weight)] {
-            if b.dtype != dtype {
-                return Err(Error::DtypeMismatch { op, argument, got: b.dtype, reference: "x", expected: dtype });
-            }
-        }
-        for (argument, b, expected, why) in [
-            ("out", t.y, t.x.count, "x's"),
-            ("residual", t.residual, t.x.count, "x's"),
-            ("weight", t.weight, hidden, "hidden, the last dimension of x"),
-        ] {
-            if b.count != expected {
-                return Err(Error::LengthMismatch { op, argument, expected, got: b.count, why });
-            }
-        }
+        self.counted(check_norm_bufs(&t, hidden))?;
         match self {
             Backend::Cpu(c) => {
                 // SAFETY: the caller's contract (host memory of these sizes, untouched until the
@@ -227,6 +247,27 @@ impl Backend {
             },
         }
     }
+}
+
+/// Every tensor of `t` has `x`'s dtype, `y` and `residual` `x`'s elements, `weight` `hidden`.
+fn check_norm_bufs(t: &NormBufs, hidden: usize) -> Result<(), Error> {
+    let op = Op::AllReduce;
+    let dtype = t.x.dtype;
+    for (argument, b) in [("out", t.y), ("residual", t.residual), ("weight", t.weight)] {
+        if b.dtype != dtype {
+            return Err(Error::DtypeMismatch { op, argument, got: b.dtype, reference: "x", expected: dtype });
+        }
+    }
+    for (argument, b, expected, why) in [
+        ("out", t.y, t.x.count, "x's"),
+        ("residual", t.residual, t.x.count, "x's"),
+        ("weight", t.weight, hidden, "hidden, the last dimension of x"),
+    ] {
+        if b.count != expected {
+            return Err(Error::LengthMismatch { op, argument, expected, got: b.count, why });
+        }
+    }
+    Ok(())
 }
 
 /// The views of one call (in place: the output buffer only).

@@ -158,6 +158,22 @@ impl Communicator {
         closed
     }
 
+    /// Counts a call the wrapper refused before making it (its own checks of the tensors), as
+    /// a call the collective refuses counts: peers that made the call then fail with
+    /// `SignatureMismatch` instead of pairing their next call with this rank's next one.
+    fn count_refused_call(&self, py: Python<'_>) -> PyResult<()> {
+        let b = self.backend()?;
+        py.detach(|| b.count_refused_call()).map_err(to_py)
+    }
+
+    /// The calls this rank began, made or refused: equal on ranks that made and refused the
+    /// same calls (their next call's number, less one). A diagnostic for tools and tests.
+    #[getter]
+    fn calls_begun(&self, py: Python<'_>) -> PyResult<u32> {
+        let b = self.backend()?;
+        py.detach(|| b.calls_begun()).map_err(to_py)
+    }
+
     /// Raw call: `op` from `count` elements of `dtype` at `in_addr` into `out_count` at
     /// `out_addr` (equal addresses: in place), on `stream`. The wrapper passes addresses of
     /// live, contiguous tensors it keeps referenced for the call.
@@ -175,13 +191,18 @@ impl Communicator {
         stream: u64,
     ) -> PyResult<()> {
         let b = self.backend()?;
-        let op = parse_op(op).map_err(to_py)?;
-        let input = buf(in_addr, in_count, in_dtype).map_err(to_py)?;
-        let output = buf(out_addr, out_count, out_dtype).map_err(to_py)?;
-        // SAFETY: the wrapper (detcoll/_tensor.py) takes the addresses and sizes from live,
-        // contiguous tensors of this backend's device that stay referenced for the call (and,
-        // on CUDA, are ordered on `stream` by the caller as any CUDA library call).
-        py.detach(|| unsafe { b.call(op, input, output, stream) }).map_err(to_py)
+        let parsed =
+            (|| Ok((parse_op(op)?, buf(in_addr, in_count, in_dtype)?, buf(out_addr, out_count, out_dtype)?)))();
+        // Without the GIL from here: counting a refusal takes the call lock, which a call of
+        // another thread may hold while it waits on a bootstrap that calls back into Python.
+        py.detach(|| {
+            let (op, input, output) = b.counted(parsed)?;
+            // SAFETY: the wrapper (detcoll/_tensor.py) takes the addresses and sizes from live,
+            // contiguous tensors of this backend's device that stay referenced for the call
+            // (and, on CUDA, are ordered on `stream` by the caller as any CUDA library call).
+            unsafe { b.call(op, input, output, stream) }
+        })
+        .map_err(to_py)
     }
 
     /// Raw `reduce_scatter_many`: `lanes` of `(in_addr, in_count, in_dtype, out_addr,
@@ -196,10 +217,13 @@ impl Communicator {
         let lanes = lanes
             .iter()
             .map(|(ia, ic, id, oa, oc, od)| Ok((buf(*ia, *ic, id)?, buf(*oa, *oc, od)?)))
-            .collect::<Result<Vec<_>, Error>>()
-            .map_err(to_py)?;
-        // SAFETY: as `call`, for every lane.
-        py.detach(|| unsafe { b.call_many(&lanes, stream) }).map_err(to_py)
+            .collect::<Result<Vec<_>, Error>>();
+        py.detach(|| {
+            let lanes = b.counted(lanes)?;
+            // SAFETY: as `call`, for every lane.
+            unsafe { b.call_many(&lanes, stream) }
+        })
+        .map_err(to_py)
     }
 
     /// Raw fused all_reduce + residual + RMSNorm: `x`, `out`, `residual`, `weight` as
@@ -221,6 +245,7 @@ impl Communicator {
         // `eps` is an f32: a finite Python float beyond its range would round to infinity and
         // be refused as "inf", a value the caller never passed.
         if eps.is_finite() && eps.abs() > f64::from(f32::MAX) {
+            let _ = py.detach(|| b.count_refused_call());
             return Err(to_py(Error::InvalidArgument {
                 op: collective_factory::Op::AllReduce,
                 argument: "eps",
@@ -230,10 +255,14 @@ impl Communicator {
             }));
         }
         let eps = eps as f32;
-        let t = |v: &(u64, usize, String)| buf(v.0, v.1, &v.2).map_err(to_py);
-        let bufs = NormBufs { x: t(&x)?, y: t(&out)?, residual: t(&residual)?, weight: t(&weight)? };
-        // SAFETY: as `call`, for the four tensors (the wrapper keeps them referenced).
-        py.detach(|| unsafe { b.all_reduce_residual_rmsnorm(bufs, hidden, eps, stream) }).map_err(to_py)
+        let t = |v: &(u64, usize, String)| buf(v.0, v.1, &v.2);
+        let bufs = (|| Ok(NormBufs { x: t(&x)?, y: t(&out)?, residual: t(&residual)?, weight: t(&weight)? }))();
+        py.detach(|| {
+            let bufs = b.counted(bufs)?;
+            // SAFETY: as `call`, for the four tensors (the wrapper keeps them referenced).
+            unsafe { b.all_reduce_residual_rmsnorm(bufs, hidden, eps, stream) }
+        })
+        .map_err(to_py)
     }
 
     fn __repr__(&self) -> String {

@@ -17,9 +17,25 @@ def need_dtype(name):
         pytest.skip("bf16 numpy arrays need ml_dtypes (pip install ml_dtypes), which is not installed")
 
 
+def in_step(comms):
+    """The calls one rank alone refused (the tests refuse on one rank: such a call cannot
+    wait for a peer, so cannot hang), refused on every other rank too, as a program making the
+    same bad call on every rank does. Every rank numbers the calls it makes or refuses and
+    signs its next call with that number, so a call refused on one rank only fails the ranks'
+    next call with SignatureMismatch instead of pairing it with another call
+    (test_refused_on_one_rank.py); ``count_refused_call`` is what a wrapper calls for a call
+    it refused itself."""
+    counts = [c.raw.calls_begun for c in comms]
+    for c, n in zip(comms, counts):
+        for _ in range(max(counts) - n):
+            c.raw.count_refused_call()
+
+
 def on_ranks(comms, fn, *args):
     """``fn(comm, *args)`` on every communicator, one thread each (a collective call returns
-    only when every rank has made it); the results in rank order, the first exception raised."""
+    only when every rank has made it), after ``in_step``; the results in rank order, the first
+    exception raised."""
+    in_step(comms)
     results, errors = [None] * len(comms), [None] * len(comms)
 
     def run(i):

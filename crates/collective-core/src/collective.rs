@@ -75,6 +75,15 @@ pub trait Collective: Send + Sync {
         self.call(op, io, stream)
     }
 
+    /// [`Collective::reduce_scatter_many`] signed with `part` as [`Collective::call_as_part`]
+    /// signs a call (the front door's call number, `Signature::call_split`, or a composite
+    /// route's whole call), joined with the lanes' own split. A backend that signs nothing:
+    /// [`Collective::reduce_scatter_many`] (the default).
+    fn reduce_scatter_many_as_part(&self, lanes: &[Io<'_>], part: u32, stream: &Self::Stream) -> Result<(), Error> {
+        let _ = part;
+        self.reduce_scatter_many(lanes, stream)
+    }
+
     /// The first failure any call of this handle recorded, as the analogue of NCCL's
     /// `ncclCommGetAsyncError`. Calls are asynchronous: a call returns `Ok` once it is enqueued,
     /// and a failure the device detects later (a peer that never arrives, a peer making a

@@ -88,9 +88,7 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    #[error(
-        "rank {peer} called {theirs} while this rank called {ours}; all ranks must make the same calls in the same order"
-    )]
+    #[error("{}", signature_mismatch(*peer, ours, theirs))]
     SignatureMismatch { peer: usize, ours: Signature, theirs: Signature },
     #[error("ranks disagree on the collective's configuration: {detail}")]
     ConfigMismatch { detail: String },
@@ -111,6 +109,21 @@ pub enum Error {
     },
     #[error(transparent)]
     Bootstrap(#[from] BootstrapError),
+}
+
+/// The text of [`Error::SignatureMismatch`]: the two calls, and where they differ only in
+/// their `split`, what that is likely to mean (most often: the ranks are out of step).
+fn signature_mismatch(peer: usize, ours: &Signature, theirs: &Signature) -> String {
+    let same_call = Signature { split: 0, ..*ours } == Signature { split: 0, ..*theirs };
+    if same_call && ours.split != theirs.split {
+        format!(
+            "rank {peer} called {theirs} while this rank called {ours}: the same call signed differently, so              the ranks are out of step (a rank refused a call its peers made, for a bad argument of its own, or              made one they did not) or disagree on a fused RMSNorm's hidden or eps, or on the call a part              belongs to; all ranks must make the same calls in the same order"
+        )
+    } else {
+        format!(
+            "rank {peer} called {theirs} while this rank called {ours}; all ranks must make the same calls in the              same order"
+        )
+    }
 }
 
 impl Error {

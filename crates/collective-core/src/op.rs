@@ -113,16 +113,33 @@ impl Signature {
         Signature::lane_split([TAG, a, b])
     }
 
+    /// The `split` a handle's front door signs its call number `seq` with (`split` the call's
+    /// own: a fused call's norm, the lanes of `reduce_scatter_many`, or 0): every call a rank
+    /// makes or refuses counts, so a call that one rank refused (its own bad argument) while
+    /// its peers made it leaves the ranks' numbers apart, and their next calls fail with
+    /// `SignatureMismatch` instead of pairing with the peers' earlier ones (which returned `Ok`
+    /// with another call's sums, found by an outside probe on 2026-12-06). Never 0.
+    pub fn call_split(seq: u32, split: u32) -> u32 {
+        const TAG: u64 = 0x4341_4c4c; // "CALL"
+        Signature::lane_split([TAG, u64::from(seq), u64::from(split)])
+    }
+
+    /// `own`, the split of a call, hashed with `part` (see [`Signature::as_part`]): `own` when
+    /// `part` is 0, `part` when `own` is.
+    pub fn join_split(own: u32, part: u32) -> u32 {
+        match (part, own) {
+            (0, own) => own,
+            (part, 0) => part,
+            (part, own) => Signature::lane_split([u64::from(own), u64::from(part)]),
+        }
+    }
+
     /// This signature as a part of a larger call: `part` ([`Signature::part_split`] of the
     /// whole call; 0: a call of its own) becomes the split of a call that has none, and is
     /// hashed with the split it has (a `reduce_scatter_many`'s lanes) otherwise. The one rule
     /// every backend that signs parts follows.
     pub fn as_part(self, part: u32) -> Signature {
-        match (part, self.split) {
-            (0, _) => self,
-            (part, 0) => Signature { split: part, ..self },
-            (part, own) => Signature { split: Signature::lane_split([u64::from(own), u64::from(part)]), ..self },
-        }
+        Signature { split: Signature::join_split(self.split, part), ..self }
     }
 
     /// Two words: `[magic:8 | op:8 | dtype:8 | route:3 lanes:5 | split:32, count]`, as stored
@@ -172,13 +189,10 @@ impl core::fmt::Display for Signature {
         if self.lanes != 1 {
             write!(f, " in {} lanes (split {:#010x})", self.lanes, self.split)?;
         } else if self.split != 0 {
-            // The split alone cannot say which: a fused call's norm (`norm_split`), or the
-            // whole call a composite route's part belongs to (`part_split`).
-            write!(
-                f,
-                " signed with {:#010x} (a fused RMSNorm's hidden and eps, or the call it is a part of)",
-                self.split
-            )?;
+            // The split alone cannot say which: the front door's call number (`call_split`), a
+            // fused call's norm (`norm_split`), or the whole call a composite route's part
+            // belongs to (`part_split`); `Error::SignatureMismatch` says what a difference means.
+            write!(f, " signed {:#010x}", self.split)?;
         }
         write!(f, " via {}", self.route.name())
     }

@@ -190,7 +190,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                                         return fused();
                                     };
                                     let both = ipc
-                                        .all_reduce_then_norm(xy(), r, &norm_args, true, CallStream::Safe(&stream))
+                                        .all_reduce_then_norm(xy(), r, &norm_args, true, 0, CallStream::Safe(&stream))
                                         .map_err(|x| e(&x))?;
                                     if both {
                                         Ok(())

@@ -60,16 +60,17 @@ impl<D: Device> GpuTransport<D> {
         }
     }
 
-    /// `reduce_scatter_many` on a raw stream.
+    /// `reduce_scatter_many` on a raw stream, signed with `part` where the transport signs
+    /// calls (as [`GpuTransport::enqueue`]).
     ///
     /// # Safety
     /// As [`GpuTransport::enqueue`], for every lane.
-    pub(crate) unsafe fn enqueue_many(&self, lanes: &[Io<'_>], stream: RawStream) -> Result<(), Error> {
+    pub(crate) unsafe fn enqueue_many(&self, lanes: &[Io<'_>], part: u32, stream: RawStream) -> Result<(), Error> {
         match self {
             // SAFETY: forwarded from the caller.
             GpuTransport::Ccl(t) => unsafe { t.enqueue_many(lanes, stream) },
             // SAFETY: as above.
-            GpuTransport::HostStaged(t) => unsafe { t.enqueue_many(lanes, stream) },
+            GpuTransport::HostStaged(t) => unsafe { t.enqueue_many_as_part(lanes, part, stream) },
         }
     }
 
@@ -116,6 +117,9 @@ impl<D: Device> Collective for GpuTransport<D> {
     }
     fn reduce_scatter_many(&self, lanes: &[Io<'_>], stream: &D::Stream) -> Result<(), Error> {
         self.inner().reduce_scatter_many(lanes, stream)
+    }
+    fn reduce_scatter_many_as_part(&self, lanes: &[Io<'_>], part: u32, stream: &D::Stream) -> Result<(), Error> {
+        self.inner().reduce_scatter_many_as_part(lanes, part, stream)
     }
     fn check(&self) -> Result<(), Error> {
         self.inner().check()

@@ -233,9 +233,10 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
 
     /// reduce_scatter_many: every lane validated first, then each by
     /// [`Nodes::reduce_scatter_lane`].
-    pub(crate) fn reduce_scatter_many(&self, lanes: &[Io<'_>], via: &impl Via<I, T>) -> Result<(), Error> {
+    /// `split`: the front door's call number (`Signature::call_split`), signed into every part.
+    pub(crate) fn reduce_scatter_many(&self, lanes: &[Io<'_>], split: u32, via: &impl Via<I, T>) -> Result<(), Error> {
         self.check()?;
-        self.record(self.run_many(lanes, &self.world_ranks(via)))
+        self.record(self.run_many(lanes, split, &self.world_ranks(via)))
     }
 
     /// `via` with the backends' errors in the world's ranks.
@@ -273,7 +274,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
             Op::AllReduce => self.all_reduce(call, part, via),
             Op::AllGather => self.all_gather(call, part, via),
             Op::ReduceScatter => self.reduce_scatter_lane(call.src, call.dst, call.count_out, call.dtype, part, via),
-            Op::ReduceScatterMany => self.run_many(&[io], via),
+            Op::ReduceScatterMany => self.run_many(&[io], split, via),
         }
     }
 
@@ -400,9 +401,9 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
     }
 
     /// [`Nodes::reduce_scatter_many`] after the poison check.
-    fn run_many(&self, lanes: &[Io<'_>], via: &impl Via<I, T>) -> Result<(), Error> {
+    fn run_many(&self, lanes: &[Io<'_>], split: u32, via: &impl Via<I, T>) -> Result<(), Error> {
         let (calls, sig) = validate_many(lanes, self.rank, self.layout.world(), usize::MAX)?;
-        let part = Signature::part_split(&Signature { route: Route::Hierarchical, ..sig });
+        let part = Signature::part_split(&Signature { route: Route::Hierarchical, ..sig }.as_part(split));
         for c in calls.iter() {
             self.reduce_scatter_lane(c.call.src, c.call.dst, c.call.count_out, c.call.dtype, part, via)?;
         }

@@ -78,20 +78,23 @@ pub trait NormBackend: Collective {
 
     /// Enqueues the all_reduce of a fused call by IPC `route`, signed with the norm of `args`
     /// (`Signature::norm_split`: peers disagreeing on `hidden` or `eps`, or making a plain
-    /// all_reduce, fail with `SignatureMismatch`), and, with `fuse`, the norm as the epilogue
+    /// all_reduce, fail with `SignatureMismatch`) joined with `part` (the front door's call
+    /// number, `Signature::call_split`; 0 for none), and, with `fuse`, the norm as the epilogue
     /// of its last launch (the one-kernel form, `Launch::SingleNorm`). `Ok(true)`: the norm is
     /// enqueued too; `Ok(false)`: only the all_reduce was (`fuse` false, or a world of one
     /// rank), the caller enqueues the norm. A backend without IPC routes refuses
     /// (`InvalidConfig`: the default).
+    #[allow(clippy::too_many_arguments)]
     fn all_reduce_then_norm(
         &self,
         io: Io<'_>,
         route: IpcRoute,
         args: &NormArgs,
         fuse: bool,
+        part: u32,
         stream: CallStream<'_, Self::Stream>,
     ) -> Result<bool, Error> {
-        let _ = (io, route, args, fuse, stream);
+        let _ = (io, route, args, fuse, part, stream);
         Err(not_ipc())
     }
 
@@ -126,12 +129,14 @@ fn engine_one_kernel_at_any_size<D: detcoll_protocol::IpcDevice>(
 
 /// The fused call's all_reduce on `engine` (see [`NormBackend::all_reduce_then_norm`]).
 #[cfg(any(feature = "cuda", feature = "rocm", feature = "cpu"))]
+#[allow(clippy::too_many_arguments)]
 fn engine_then_norm<D: detcoll_protocol::IpcDevice>(
     engine: &ipc_engine::IpcCollective<D>,
     io: Io<'_>,
     route: IpcRoute,
     args: &NormArgs,
     fuse: bool,
+    part: u32,
     stream: CallStream<'_, D::Stream>,
 ) -> Result<bool, Error> {
     let raw = match stream {
@@ -143,9 +148,9 @@ fn engine_then_norm<D: detcoll_protocol::IpcDevice>(
     // `validate_norm`) and their validity is the contract of their constructors.
     unsafe {
         if fuse {
-            engine.enqueue_all_reduce_norm(io, Some(route), args, raw)
+            engine.enqueue_all_reduce_norm_as_part(io, Some(route), args, part, raw)
         } else {
-            engine.enqueue_all_reduce_for_norm(io, Some(route), args, raw).map(|()| false)
+            engine.enqueue_all_reduce_for_norm_as_part(io, Some(route), args, part, raw).map(|()| false)
         }
     }
 }
@@ -208,6 +213,8 @@ where
 
     /// The call through `via` (a safe or a raw stream).
     pub(crate) fn fused_norm(&self, x: Io<'_>, norm: RmsNorm<'_>, via: &impl Via<I, T>) -> Result<(), Error> {
+        // Counted first, refused or made (`Routed::begin_call`).
+        let (_call, seq) = self.begin_call()?;
         if !self.host_memory() {
             // Host slices (`Io::host`) on device memory: refused before any work.
             x.refuse_host_views(Op::AllReduce)?;
@@ -223,7 +230,6 @@ where
         let args = args(&call);
         let packed = NormParams::pack(&args)?;
         {
-            let _call = self.lock_calls()?;
             // The one-kernel form where the table sends the all_reduce to an IPC route and it
             // pays (`one_kernel`).
             // On an IPC route the all_reduce is signed with the norm either way (peers that
@@ -236,11 +242,14 @@ where
                 (Some(route), Some(ipc)) => {
                     let fuse =
                         one_kernel(call.rows, ipc.epilogue_rows(), || ipc.one_kernel_at_any_size(&x, route, &packed));
-                    if ipc.all_reduce_then_norm(x, route, &args, fuse, via.stream())? {
+                    if ipc.all_reduce_then_norm(x, route, &args, fuse, Signature::call_split(seq, 0), via.stream())? {
                         return Ok(());
                     }
                 }
-                _ => self.dispatch_on(route, Op::AllReduce, x, Signature::norm_split(call.hidden, call.eps), via)?,
+                _ => {
+                    let split = Signature::call_split(seq, Signature::norm_split(call.hidden, call.eps));
+                    self.dispatch_on(route, Op::AllReduce, x, split, via)?
+                }
             }
         }
         let stream = via.stream();
@@ -280,9 +289,10 @@ impl<D: detcoll_protocol::IpcDevice + NormDevice> NormBackend for ipc_engine::Ip
         route: IpcRoute,
         args: &NormArgs,
         fuse: bool,
+        part: u32,
         stream: CallStream<'_, D::Stream>,
     ) -> Result<bool, Error> {
-        engine_then_norm(self, io, route, args, fuse, stream)
+        engine_then_norm(self, io, route, args, fuse, part, stream)
     }
     /// The blocks of one launch (the multiprocessors over the ranks sharing the GPU, unless
     /// configured).
@@ -312,9 +322,10 @@ impl NormBackend for shm_ipc::ShmCollective {
         route: IpcRoute,
         args: &NormArgs,
         fuse: bool,
+        part: u32,
         stream: CallStream<'_, ()>,
     ) -> Result<bool, Error> {
-        engine_then_norm(self.engine(), io, route, args, fuse, stream)
+        engine_then_norm(self.engine(), io, route, args, fuse, part, stream)
     }
     /// No bound: the host executor runs a launch's rows on its threads whatever its block count
     /// (one, the twin's "multiprocessors"), so the twin takes the form of a rank with a GPU of

@@ -7,7 +7,7 @@ use crate::Routed;
 use crate::gpu_transport::GpuTransport;
 use crate::scratch::CallStream;
 use crate::via::Via;
-use collective_core::{Collective, DType, Error, Io, IpcRoute, MAX_LANES, Op, RawMut, RawRef, Route};
+use collective_core::{Collective, DType, Error, Io, IpcRoute, MAX_LANES, Op, RawMut, RawRef, Route, Signature};
 use ipc_engine::{IpcCollective, IpcDevice, RawStream};
 use std::ffi::c_void;
 
@@ -122,6 +122,9 @@ impl<D: IpcDevice> Routed<IpcCollective<D>, GpuTransport<D>> {
         dtype: DType,
         stream: *mut c_void,
     ) -> Result<(), Error> {
+        // Counted first, refused or made (`Routed::begin_call`).
+        let (_call, seq) = self.begin_call()?;
+        let split = Signature::call_split(seq, 0);
         if lanes.len() > MAX_LANES {
             return Err(Error::TooManyLanes { lanes: lanes.len(), max: MAX_LANES });
         }
@@ -147,16 +150,16 @@ impl<D: IpcDevice> Routed<IpcCollective<D>, GpuTransport<D>> {
         let stream = RawStream(stream);
         // As `Routed::reduce_scatter_many`: the table's route, the transport's or the IPC one.
         match self.route(Op::ReduceScatterMany, bytes) {
-            Route::Hierarchical => self.hierarchical_many(&ios, &Raw(stream)),
+            Route::Hierarchical => self.hierarchical_many(&ios, split, &Raw(stream)),
             Route::Transport => {
                 let t = self.transport().ok_or(Error::InvalidConfig { detail: "no transport".into() })?;
                 // SAFETY: the caller vouches for the memory and the stream.
-                unsafe { t.enqueue_many(&ios, stream) }
+                unsafe { t.enqueue_many(&ios, split, stream) }
             }
             route => {
                 let on = self.ipc_route(route)?;
                 // SAFETY: as above.
-                unsafe { self.ipc_backend()?.enqueue_many_routed(&ios, Some(on), stream) }
+                unsafe { self.ipc_backend()?.enqueue_many_routed_as_part(&ios, Some(on), split, stream) }
             }
         }
     }

@@ -32,8 +32,9 @@ pub struct Routed<I: Collective, T> {
     /// Held for the whole of every single-lane call: a call routed to the hybrid makes two
     /// backend calls (IPC reduce_scatter, transport all_gather), which another thread's call
     /// on this handle must not come between (each backend would see another order than the
-    /// peers' backends). Calls of one backend are atomic in the backend itself.
-    calls: Mutex<()>,
+    /// peers' backends). Calls of one backend are atomic in the backend itself. Holds the
+    /// number of calls this handle began, made or refused (`begin_call`).
+    calls: Mutex<u32>,
     /// The process that built the handle: a forked child fails before the call lock, which
     /// it inherits as the parent held it (locked for good if a parent thread was in a call).
     owner: ProcessOwner,
@@ -71,7 +72,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
             ipc,
             transport,
             nodes: None,
-            calls: Mutex::new(()),
+            calls: Mutex::new(0),
             owner: ProcessOwner::current(),
         })
     }
@@ -89,9 +90,9 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
 
     /// `reduce_scatter_many` by the hierarchical route: several backend calls, held together
     /// against other threads' calls on this handle (as the hybrid's).
-    pub(crate) fn hierarchical_many(&self, lanes: &[Io<'_>], via: &impl Via<I, T>) -> Result<(), Error> {
-        let _call = self.lock_calls()?;
-        self.nodes_backend()?.reduce_scatter_many(lanes, via)
+    /// (Under the call lock, as counted by `begin_call`: `split` its call number.)
+    pub(crate) fn hierarchical_many(&self, lanes: &[Io<'_>], split: u32, via: &impl Via<I, T>) -> Result<(), Error> {
+        self.nodes_backend()?.reduce_scatter_many(lanes, split, via)
     }
 
     /// The hierarchical route's backends, if built (several nodes).
@@ -131,18 +132,50 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
     /// builds itself, so it validates the whole call first. Only all_reduce has a second half:
     /// a reduce_scatter routed to the hybrid is its IPC half alone, never an all_reduce.
     pub(crate) fn dispatch(&self, op: Op, io: Io<'_>, via: &impl Via<I, T>) -> Result<(), Error> {
+        let (_call, seq) = self.begin_call()?;
         self.check_address_space(op, &io)?;
-        let _call = self.lock_calls()?;
-        self.dispatch_locked(op, io, via)
+        self.dispatch_signed(op, io, Signature::call_split(seq, 0), via)
     }
 
-    /// This handle's call lock. A thread that panicked inside a call left the backends' order
-    /// unknown: fail closed.
-    pub(crate) fn lock_calls(&self) -> Result<std::sync::MutexGuard<'_, ()>, Error> {
+    /// This handle's call lock, and the number of the call it begins: every collective call
+    /// of the front door takes it first and counts, whether it is then refused (a bad
+    /// argument, a host view on a GPU) or made, and signs its launches with that number
+    /// (`Signature::call_split`). So a call one rank refused while its peers made it leaves
+    /// the ranks' numbers apart: the peers' call and the rank's next one fail with
+    /// `SignatureMismatch` (and poison) instead of pairing, which returned `Ok` with another
+    /// call's sums. Ranks that all refuse the same call stay in step. A thread that panicked
+    /// inside a call left the backends' order unknown: fail closed.
+    pub(crate) fn begin_call(&self) -> Result<(std::sync::MutexGuard<'_, u32>, u32), Error> {
         self.owner.check()?;
-        self.calls
+        let mut calls = self
+            .calls
             .lock()
-            .map_err(|_| Error::Poisoned { cause: "a thread panicked inside a call of this handle".into() })
+            .map_err(|_| Error::Poisoned { cause: "a thread panicked inside a call of this handle".into() })?;
+        *calls = calls.wrapping_add(1);
+        let seq = *calls;
+        Ok((calls, seq))
+    }
+
+    /// Counts a collective call that this rank refused before making it (a wrapper's own
+    /// argument check, such as the Python package's), as a call refused here counts
+    /// ([`Routed::begin_call`]): peers that made the call then fail instead of pairing their
+    /// next call with this rank's next one. Call it once per refused call, in the order of
+    /// the rank's calls.
+    pub fn count_refused_call(&self) -> Result<(), Error> {
+        self.begin_call().map(drop)
+    }
+
+    /// The calls this handle began, made or refused ([`Routed::begin_call`]), modulo 2^32: the
+    /// number its next call is signed with, less one. Equal on every rank of a group whose
+    /// ranks made and refused the same calls (a diagnostic: ranks whose counts differ fail their
+    /// next call with `SignatureMismatch`). Waits for a call in flight on another thread.
+    pub fn calls_begun(&self) -> Result<u32, Error> {
+        self.owner.check()?;
+        let calls = self
+            .calls
+            .lock()
+            .map_err(|_| Error::Poisoned { cause: "a thread panicked inside a call of this handle".into() })?;
+        Ok(*calls)
     }
 
     /// The route the table sends the all_reduce of a fused all_reduce + residual + RMSNorm of
@@ -173,11 +206,6 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
                 (r, _) => r,
             },
         }
-    }
-
-    /// [`Routed::dispatch`] under the call lock the caller holds.
-    pub(crate) fn dispatch_locked(&self, op: Op, io: Io<'_>, via: &impl Via<I, T>) -> Result<(), Error> {
-        self.dispatch_signed(op, io, 0, via)
     }
 
     /// [`Routed::dispatch_locked`] of a call whose signature's `split` is `split` (a fused
@@ -389,6 +417,8 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I,
         self.dispatch(Op::ReduceScatter, io, &OnStream(stream))
     }
     fn reduce_scatter_many(&self, lanes: &[Io<'_>], stream: &Self::Stream) -> Result<(), Error> {
+        let (_call, seq) = self.begin_call()?;
+        let split = Signature::call_split(seq, 0);
         for io in lanes {
             self.check_address_space(Op::ReduceScatterMany, io)?;
         }
@@ -397,13 +427,15 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I,
             .iter()
             .fold(0usize, |sum, io| sum.saturating_add(contributed_bytes(Op::ReduceScatterMany, io, self.world)));
         match self.route(Op::ReduceScatterMany, bytes) {
-            Route::Hierarchical => self.hierarchical_many(lanes, &OnStream(stream)),
+            Route::Hierarchical => self.hierarchical_many(lanes, split, &OnStream(stream)),
             Route::Transport => self
                 .transport
                 .as_ref()
                 .ok_or(Error::InvalidConfig { detail: "no transport".into() })?
-                .reduce_scatter_many(lanes, stream),
-            route => self.ipc_backend()?.reduce_scatter_many_on_route(lanes, self.ipc_route(route)?, stream),
+                .reduce_scatter_many_as_part(lanes, split, stream),
+            route => {
+                self.ipc_backend()?.reduce_scatter_many_on_route_as_part(lanes, self.ipc_route(route)?, split, stream)
+            }
         }
     }
     /// The IPC backend's recorded failure, else the transport's.

@@ -269,12 +269,22 @@ impl<D: Device> StagedTransport<D> {
     /// # Safety
     /// As [`StagedTransport::enqueue`], for every lane.
     pub unsafe fn enqueue_many(&self, lanes: &[Io<'_>], stream: RawStream) -> Result<(), Error> {
+        // SAFETY: forwarded.
+        unsafe { self.enqueue_many_as_part(lanes, 0, stream) }
+    }
+
+    /// [`StagedTransport::enqueue_many`] signed with `part` too (see
+    /// `Collective::reduce_scatter_many_as_part`).
+    ///
+    /// # Safety
+    /// As [`StagedTransport::enqueue_many`].
+    pub unsafe fn enqueue_many_as_part(&self, lanes: &[Io<'_>], part: u32, stream: RawStream) -> Result<(), Error> {
         self.check_open()?;
         let (calls, _) = validate_many(lanes, self.host.rank(), self.host.world_size(), self.capacity())?;
         // One lane goes to the host as a reduce_scatter_many too (`call.op`, its signature).
         let mut staged = calls.iter().map(|l| Lane::new(l.call)).collect::<Result<Vec<_>, _>>()?;
         // SAFETY: forwarded from the caller.
-        unsafe { self.one_call(stream, &mut staged, 0) }
+        unsafe { self.one_call(stream, &mut staged, part) }
     }
 
     /// `Closed` after close, the recorded cause once poisoned, the host transport's state.
@@ -349,6 +359,14 @@ impl<D: Device> Collective for StagedTransport<D> {
         let raw = self.device.raw_stream(stream)?;
         // SAFETY: as in `call`.
         unsafe { self.enqueue_many(lanes, raw) }
+    }
+    fn reduce_scatter_many_as_part(&self, lanes: &[Io<'_>], part: u32, stream: &D::Stream) -> Result<(), Error> {
+        for io in lanes {
+            self.check_address_space(Op::ReduceScatterMany, io)?;
+        }
+        let raw = self.device.raw_stream(stream)?;
+        // SAFETY: as in `call`.
+        unsafe { self.enqueue_many_as_part(lanes, part, raw) }
     }
 
     /// `Closed` after close; the first failure of a device stage; the host transport's first

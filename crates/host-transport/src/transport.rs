@@ -261,6 +261,9 @@ impl Collective for HostTransport {
     fn reduce_scatter_many(&self, lanes: &[Io<'_>], _: &()) -> Result<(), Error> {
         self.many(lanes, 0)
     }
+    fn reduce_scatter_many_as_part(&self, lanes: &[Io<'_>], part: u32, _: &()) -> Result<(), Error> {
+        self.many(lanes, part)
+    }
 
     /// `Closed` after close, else the first failure's cause.
     fn check(&self) -> Result<(), Error> {

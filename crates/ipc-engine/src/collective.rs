@@ -248,7 +248,25 @@ impl<D: IpcDevice> IpcCollective<D> {
         stream: RawStream,
     ) -> Result<bool, Error> {
         // SAFETY: forwarded.
-        unsafe { self.enqueue_single(Op::AllReduce, io, route, 0, Some((norm, Epilogue::InLastLaunch)), stream) }
+        unsafe { self.enqueue_all_reduce_norm_as_part(io, route, norm, 0, stream) }
+    }
+
+    /// [`IpcCollective::enqueue_all_reduce_norm`] signed as `part` too (the norm's split
+    /// joined with it, `Signature::join_split`): a front door's call number
+    /// (`Signature::call_split`), or a composite route's whole call; 0 for neither.
+    ///
+    /// # Safety
+    /// As [`IpcCollective::enqueue_all_reduce_norm`].
+    pub unsafe fn enqueue_all_reduce_norm_as_part(
+        &self,
+        io: Io<'_>,
+        route: Option<IpcRoute>,
+        norm: &NormArgs,
+        part: u32,
+        stream: RawStream,
+    ) -> Result<bool, Error> {
+        // SAFETY: forwarded.
+        unsafe { self.enqueue_single(Op::AllReduce, io, route, part, Some((norm, Epilogue::InLastLaunch)), stream) }
     }
 
     /// Enqueues the all_reduce of a fused all_reduce + residual + RMSNorm whose norm the caller
@@ -268,7 +286,24 @@ impl<D: IpcDevice> IpcCollective<D> {
         stream: RawStream,
     ) -> Result<(), Error> {
         // SAFETY: forwarded.
-        unsafe { self.enqueue_single(Op::AllReduce, io, route, 0, Some((norm, Epilogue::Caller)), stream) }.map(drop)
+        unsafe { self.enqueue_all_reduce_for_norm_as_part(io, route, norm, 0, stream) }
+    }
+
+    /// [`IpcCollective::enqueue_all_reduce_for_norm`] signed as `part` too (as
+    /// [`IpcCollective::enqueue_all_reduce_norm_as_part`]).
+    ///
+    /// # Safety
+    /// As [`IpcCollective::enqueue_all_reduce_norm`].
+    pub unsafe fn enqueue_all_reduce_for_norm_as_part(
+        &self,
+        io: Io<'_>,
+        route: Option<IpcRoute>,
+        norm: &NormArgs,
+        part: u32,
+        stream: RawStream,
+    ) -> Result<(), Error> {
+        // SAFETY: forwarded.
+        unsafe { self.enqueue_single(Op::AllReduce, io, route, part, Some((norm, Epilogue::Caller)), stream) }.map(drop)
     }
 
     /// Whether a fused all_reduce + RMSNorm of `io` by `route` (`norm` its packed norm) is one
@@ -315,7 +350,8 @@ impl<D: IpcDevice> IpcCollective<D> {
     /// One single-lane call (`enqueue_routed`), every launch signed with `part` (a part of a
     /// larger call, `enqueue_routed_as_part`; 0 for a call of its own); with `norm`, the
     /// all_reduce of a fused call:
-    /// its norm checked, every launch signed with the norm (`Signature::norm_split`), and the
+    /// its norm checked, every launch signed with the norm (`Signature::norm_split`, joined
+    /// with `part`), and the
     /// norm the epilogue of its last launch (`Epilogue::InLastLaunch`,
     /// `enqueue_all_reduce_norm`) or left to the caller (`Epilogue::Caller`). `Ok(false)`: no
     /// launch took the norm (none given, left to the caller, or a world of one rank, whose call
@@ -341,7 +377,8 @@ impl<D: IpcDevice> IpcCollective<D> {
         // A fused call's norm, checked against the validated all_reduce, then packed; the
         // digest of its hidden and eps signs every launch of the call. Without a route, the
         // table's for the fused call (its own rules, else the all_reduce's).
-        let split = norm.map_or(part, |(args, _)| Signature::norm_split(args.hidden, args.eps));
+        let split =
+            norm.map_or(part, |(args, _)| Signature::join_split(Signature::norm_split(args.hidden, args.eps), part));
         let route = route.unwrap_or_else(|| match norm {
             Some(_) => self.config.routes.fused_norm_ipc_route(call.bytes_in()).unwrap_or(IpcRoute::OneShot),
             None => self.default_route(op, call.bytes_in()),
