@@ -146,13 +146,7 @@ fn engine_then_norm<D: detcoll_protocol::IpcDevice>(
     // SAFETY: `raw` is this device's stream (checked by `raw_stream`) or vouched for by a raw
     // entry point's caller; the views were validated at the front door (`validate`,
     // `validate_norm`) and their validity is the contract of their constructors.
-    unsafe {
-        if fuse {
-            engine.enqueue_all_reduce_norm_as_part(io, Some(route), args, part, raw)
-        } else {
-            engine.enqueue_all_reduce_for_norm_as_part(io, Some(route), args, part, raw).map(|()| false)
-        }
-    }
+    unsafe { engine.enqueue_all_reduce_norm_as_part(io, Some(route), args, fuse, part, raw) }
 }
 
 /// A fused call's norm view built from a host slice, on device memory.

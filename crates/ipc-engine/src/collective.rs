@@ -248,12 +248,14 @@ impl<D: IpcDevice> IpcCollective<D> {
         stream: RawStream,
     ) -> Result<bool, Error> {
         // SAFETY: forwarded.
-        unsafe { self.enqueue_all_reduce_norm_as_part(io, route, norm, 0, stream) }
+        unsafe { self.enqueue_all_reduce_norm_as_part(io, route, norm, true, 0, stream) }
     }
 
-    /// [`IpcCollective::enqueue_all_reduce_norm`] signed as `part` too (the norm's split
-    /// joined with it, `Signature::join_split`): a front door's call number
-    /// (`Signature::call_split`), or a composite route's whole call; 0 for neither.
+    /// The all_reduce of a fused all_reduce + residual + RMSNorm with the norm as the epilogue
+    /// of its last launch (`in_kernel`: [`IpcCollective::enqueue_all_reduce_norm`]) or left to
+    /// the caller ([`IpcCollective::enqueue_all_reduce_for_norm`], `Ok(false)`), signed as
+    /// `part` too (the norm's split joined with it, `Signature::join_split`): a front door's
+    /// call number (`Signature::call_split`), or a composite route's whole call; 0 for neither.
     ///
     /// # Safety
     /// As [`IpcCollective::enqueue_all_reduce_norm`].
@@ -262,11 +264,14 @@ impl<D: IpcDevice> IpcCollective<D> {
         io: Io<'_>,
         route: Option<IpcRoute>,
         norm: &NormArgs,
+        in_kernel: bool,
         part: u32,
         stream: RawStream,
     ) -> Result<bool, Error> {
+        let epilogue = if in_kernel { Epilogue::InLastLaunch } else { Epilogue::Caller };
         // SAFETY: forwarded.
-        unsafe { self.enqueue_single(Op::AllReduce, io, route, part, Some((norm, Epilogue::InLastLaunch)), stream) }
+        let r = unsafe { self.enqueue_single(Op::AllReduce, io, route, part, Some((norm, epilogue)), stream) };
+        r.map(|fused| in_kernel && fused)
     }
 
     /// Enqueues the all_reduce of a fused all_reduce + residual + RMSNorm whose norm the caller
@@ -286,24 +291,7 @@ impl<D: IpcDevice> IpcCollective<D> {
         stream: RawStream,
     ) -> Result<(), Error> {
         // SAFETY: forwarded.
-        unsafe { self.enqueue_all_reduce_for_norm_as_part(io, route, norm, 0, stream) }
-    }
-
-    /// [`IpcCollective::enqueue_all_reduce_for_norm`] signed as `part` too (as
-    /// [`IpcCollective::enqueue_all_reduce_norm_as_part`]).
-    ///
-    /// # Safety
-    /// As [`IpcCollective::enqueue_all_reduce_norm`].
-    pub unsafe fn enqueue_all_reduce_for_norm_as_part(
-        &self,
-        io: Io<'_>,
-        route: Option<IpcRoute>,
-        norm: &NormArgs,
-        part: u32,
-        stream: RawStream,
-    ) -> Result<(), Error> {
-        // SAFETY: forwarded.
-        unsafe { self.enqueue_single(Op::AllReduce, io, route, part, Some((norm, Epilogue::Caller)), stream) }.map(drop)
+        unsafe { self.enqueue_all_reduce_norm_as_part(io, route, norm, false, 0, stream) }.map(drop)
     }
 
     /// Whether a fused all_reduce + RMSNorm of `io` by `route` (`norm` its packed norm) is one
