@@ -42,10 +42,11 @@ _AS_BYTES = {"bool": "u8"}
 class View:
     """One tensor as the extension sees it (slots: built on every call, so kept cheap)."""
 
-    __slots__ = ("addr", "count", "dtype", "shape", "device", "stream", "writable", "keep")
+    __slots__ = ("addr", "count", "dtype", "shape", "device", "stream", "writable", "keep", "tensor")
 
     def __init__(self, addr: int, count: int, dtype: str, shape: Tuple[int, ...],
-                 device: Tuple[str, Optional[int]], stream: Optional[int], writable: bool, keep: Any = None):
+                 device: Tuple[str, Optional[int]], stream: Optional[int], writable: bool, keep: Any = None,
+                 tensor: Any = None):
         self.addr, self.count, self.dtype, self.shape = addr, count, dtype, shape
         self.device = device  # ("cpu", None) or ("cuda", ordinal or None if unknown)
         # CUstream to enqueue on (0: the legacy default stream; CPU: 0); None: the tensor named
@@ -53,6 +54,7 @@ class View:
         self.stream = stream
         self.writable = writable
         self.keep = keep  # keeps a DLPack capsule alive for the call
+        self.tensor = tensor  # the torch tensor read (None otherwise): autograd's checks and version
 
     @property
     def nbytes(self) -> int:
@@ -127,10 +129,33 @@ def _torch_view(x, what: str) -> View:
         for name, det in _NAMES.items():
             if hasattr(torch, name):
                 _TORCH_DTYPES[getattr(torch, name)] = det
+    strided = getattr(torch, "strided", None)
+    layout = getattr(x, "layout", strided)
+    if layout is not strided or getattr(x, "is_nested", False):
+        # sparse (no dense memory; is_contiguous raises for CSR) and nested tensors (their
+        # memory is not one dense array of their shape)
+        kind = "a nested tensor" if getattr(x, "is_nested", False) else "a tensor"
+        raise _detcoll.InvalidArgument(
+            f"{what}: {kind} of layout {layout}: detcoll takes dense (torch.strided) tensors "
+            "(call .to_dense() or .contiguous() first)")
     dtype = _TORCH_DTYPES.get(x.dtype)
     if dtype is None:
         raise _dtype_error(str(x.dtype), what)
-    if not x.is_contiguous():
+    # A lazy negation/conjugation view's memory holds the un-negated values: read or written as
+    # they stand, every value would have the wrong sign.
+    if getattr(x, "is_neg", _false)():
+        raise _detcoll.InvalidArgument(
+            f"{what}: a lazy negation view (is_neg()): its memory holds the values un-negated; "
+            "call .resolve_neg() (or .clone()) first")
+    if getattr(x, "is_conj", _false)():
+        raise _detcoll.InvalidArgument(
+            f"{what}: a lazy conjugate view (is_conj()): its memory holds the values unconjugated; "
+            "call .resolve_conj() (or .clone()) first")
+    try:
+        contiguous = x.is_contiguous()
+    except Exception as e:  # a layout or tensor subclass without strides
+        raise _detcoll.InvalidArgument(f"{what}: the tensor has no dense layout ({type(e).__name__}: {e})") from None
+    if not contiguous:
         raise _detcoll.NotContiguous(f"{what}: the tensor is not contiguous (call .contiguous())")
     if x.is_cuda:
         index = x.get_device()
@@ -139,7 +164,63 @@ def _torch_view(x, what: str) -> View:
         stream, device = 0, _CPU
     else:
         raise _detcoll.WrongDevice(f"{what}: a tensor on {x.device}: detcoll takes CPU and CUDA tensors")
-    return View(x.data_ptr(), x.numel(), dtype, x.shape, device, stream, True)
+    try:
+        addr = x.data_ptr()
+    except Exception as e:  # no storage: vmap's batched tensors, functorch wrappers
+        raise _detcoll.InvalidArgument(
+            f"{what}: the tensor has no memory of its own to read ({type(e).__name__}: {e}); "
+            "a vmap/functorch tensor cannot be passed to a collective") from None
+    return View(addr, x.numel(), dtype, x.shape, device, stream, True, tensor=x)
+
+
+def _false() -> bool:
+    return False
+
+
+def torch_write_check(x, what: str) -> None:
+    """Refuses a write into torch tensor ``x`` where torch's own in-place ops refuse it: a leaf
+    that requires grad (or a view of one) while grad mode is on, an inference tensor outside
+    inference mode."""
+    torch = sys.modules["torch"]
+    is_inference = getattr(x, "is_inference", None)
+    if is_inference is not None and is_inference() and not torch.is_inference_mode_enabled():
+        raise _detcoll.InvalidArgument(
+            f"{what}: an inference tensor (made under torch.inference_mode()) written outside inference mode, "
+            "which torch refuses too; write it inside torch.inference_mode(), or write into a clone")
+    if getattr(x, "requires_grad", False) and torch.is_grad_enabled():
+        if x.is_leaf:
+            raise _detcoll.InvalidArgument(
+                f"{what}: a leaf tensor that requires grad is written in place, which torch refuses too "
+                "(\"a leaf Variable that requires grad is being used in an in-place operation\"); "
+                "write it under torch.no_grad(), or write into another tensor")
+        base = x._base if x._is_view() else None
+        if base is not None and base.is_leaf and base.requires_grad:
+            raise _detcoll.InvalidArgument(
+                f"{what}: a view of a leaf tensor that requires grad is written in place, which torch refuses "
+                "too; write it under torch.no_grad(), or write into another tensor")
+
+
+_bump = []  # [torch's increment_version, or None where it has none], found on the first write
+
+
+def written(*views: View) -> None:
+    """After a call wrote these views: bumps autograd's version counter of each torch tensor
+    among them, as torch's own in-place ops do, so a backward that saved one before the write
+    raises torch's "modified by an inplace operation" instead of using the new values."""
+    for v in views:
+        t = v.tensor
+        if t is None:
+            continue
+        if not _bump:
+            torch = sys.modules.get("torch")
+            graph = getattr(getattr(torch, "autograd", None), "graph", None)
+            _bump.append(getattr(graph, "increment_version", None))
+        if _bump[0] is None:
+            return
+        try:
+            _bump[0](t)
+        except Exception:  # a stand-in or an older torch: nothing more to tell autograd
+            pass
 
 
 _NUMPY_DTYPES = {}  # numpy dtype object -> detcoll name (`dtype.name` costs more than the call)
@@ -430,7 +511,14 @@ def view(x, what: str) -> View:
             )
         if per_type:
             _READERS[type(x)] = read
-    return read(x, what)
+    v = read(x, what)
+    if v.addr == 0 and v.count:
+        # no memory behind the elements (a FakeTensor, a meta or storage-less wrapper-subclass
+        # tensor, an interface at address 0): reading it would dereference null
+        raise _detcoll.InvalidArgument(
+            f"{what}: address 0 (null) for {v.count} elements: the tensor has no memory behind it "
+            "(a FakeTensor, or a tensor subclass without storage?); pass a tensor with storage")
+    return v
 
 
 def new_empty(x, shape):

@@ -6,12 +6,13 @@ current stream, and a failure the device detects later is raised by ``check()`` 
 """
 
 import functools
+import operator
 import sys
 import threading
 from typing import List, Optional, Sequence
 
 from . import _detcoll
-from ._tensor import View, default_stream, ext_dtype, new_empty, view
+from ._tensor import View, default_stream, ext_dtype, new_empty, torch_write_check, view, written
 
 
 # Per thread: whether the collective call in progress reached the extension's raw call.
@@ -102,22 +103,32 @@ class Collective:
             )
         if kind == "cuda" and index is not None and self._device_index is not None and index != self._device_index:
             raise _detcoll.WrongDevice(f"{what}: on cuda:{index}, but this collective runs on cuda:{self._device_index}")
-        if write and not v.writable:
+        if write:
+            self._check_write(v, x, what)
+        if v.stream is None:  # an array interface without a stream: the one synchronize() waits on
+            v.stream = default_stream(index if index is not None else self._device_index)
+        return v
+
+    @staticmethod
+    def _check_write(v: View, x, what: str) -> None:
+        """Refuses to write ``x`` (its view ``v``): read-only memory, and a torch tensor torch's
+        own in-place ops refuse to write (``torch_write_check``)."""
+        if not v.writable:
             np = sys.modules.get("numpy")
             if np is not None and isinstance(x, np.generic):
                 raise _detcoll.InvalidArgument(
                     f"{what}: a numpy scalar is immutable (read-only); pass a 0-d array (numpy.array(x)) to write into")
             raise _detcoll.InvalidArgument(f"{what}: the array is read-only")
-        if v.stream is None:  # an array interface without a stream: the one synchronize() waits on
-            v.stream = default_stream(index if index is not None else self._device_index)
-        return v
+        if v.tensor is not None:
+            torch_write_check(v.tensor, what)
 
-    def _call(self, op: str, vin: View, vout: View, in_addr: Optional[int] = None) -> None:
+    def _call(self, op: str, vin: View, vout: View, in_addr: Optional[int] = None, *also_written: View) -> None:
         reduces = op if op != "all_gather" else None
         args = (op, vin.addr if in_addr is None else in_addr, vin.count, ext_dtype(vin, reduces),
                 vout.addr, vout.count, ext_dtype(vout), vin.stream)
         _reached.flag = True
         self._raw.call(*args)
+        written(vout, *also_written)
 
     @_counted
     def all_reduce(self, x, out=None):
@@ -176,9 +187,13 @@ class Collective:
                     f"reduce_scatter: out lies inside x but is not x's shard {self.rank} of "
                     f"{self.world_size} (the in-place form is out = x's shard rank); use a separate out"
                 )
-            if not vin.writable:
-                raise _detcoll.InvalidArgument("x (in place: out is its shard): the array is read-only")
-            self._call("reduce_scatter", vin, vin)  # in place: the result lands at shard ``rank``
+            if vout.dtype != vin.dtype:  # as the out-of-place form's check (the extension's)
+                raise _detcoll.DtypeMismatch(
+                    f"reduce_scatter: `out` is {vout.dtype} but `input` is {vin.dtype}; they must match "
+                    "(in place: out is x's shard)")
+            self._check_write(vin, x, "x (in place: out is its shard)")
+            # in place: the result lands at shard ``rank``
+            self._call("reduce_scatter", vin, vin, None, vout)
             return out
         self._call("reduce_scatter", vin, vout)
         return out
@@ -187,27 +202,45 @@ class Collective:
     def reduce_scatter_many(self, xs: Sequence, outs: Optional[Sequence] = None) -> List:
         """Independent reduce_scatters under one synchronisation, one tree per lane (never
         mixed): lane ``i`` reduces ``xs[i]`` into ``outs[i]`` (allocated when None). One dtype
-        for every lane."""
+        for every lane. A lane runs in place, as ``reduce_scatter``, when ``outs[i]`` is
+        ``xs[i]`` or ``xs[i]``'s shard ``rank`` (NCCL's in-place form); ``xs[i]``'s other shards
+        are unspecified afterwards."""
         xs = list(xs)
         if outs is not None and len(outs) != len(xs):
             raise _detcoll.LengthMismatch(f"reduce_scatter_many: {len(xs)} inputs but {len(outs)} outputs")
         vins = [self._view(x, f"xs[{i}]") for i, x in enumerate(xs)]
         if outs is None:
-            outs = [new_empty(x, self._shard_shape(v)) for x, v in zip(xs, vins)]
+            outs = [new_empty(x, self._shard_shape(v, "reduce_scatter_many")) for x, v in zip(xs, vins)]
         outs = list(outs)
-        lanes = []
+        lanes, writes = [], []
         for i, (vin, out) in enumerate(zip(vins, outs)):
             if out is xs[i]:
                 # In place: the input is the output, so it must be writable too.
-                if not vin.writable:
-                    raise _detcoll.InvalidArgument(f"outs[{i}] (in place, xs[{i}]): the array is read-only")
+                self._check_write(vin, xs[i], f"outs[{i}] (in place, xs[{i}])")
                 vout = vin
             else:
                 vout = self._view(out, f"outs[{i}]", write=True)
+                if vout.count and vin.addr <= vout.addr < vin.addr + vin.nbytes:
+                    # Inside xs[i]: NCCL's in-place form when it is xs[i]'s shard ``rank`` (as
+                    # reduce_scatter takes it): the lane runs in place, its result landing there.
+                    if vin.count != self.world_size * vout.count or vout.addr != vin.addr + self.rank * vout.nbytes:
+                        raise _detcoll.Overlap(
+                            f"reduce_scatter_many: outs[{i}] lies inside xs[{i}] but is not its shard {self.rank} "
+                            f"of {self.world_size} (the in-place form is outs[i] = xs[i]'s shard rank); use a "
+                            "separate output")
+                    if vout.dtype != vin.dtype:
+                        raise _detcoll.DtypeMismatch(
+                            f"reduce_scatter_many: `outs[{i}]` is {vout.dtype} but `xs[{i}]` is {vin.dtype}; "
+                            "they must match (in place: outs[i] is xs[i]'s shard)")
+                    self._check_write(vin, xs[i], f"xs[{i}] (in place: outs[{i}] is its shard)")
+                    writes.append(vout)
+                    vout = vin
+            writes.append(vout)
             lanes.append((vin.addr, vin.count, ext_dtype(vin, "reduce_scatter_many"), vout.addr, vout.count, ext_dtype(vout)))
         stream = vins[0].stream if vins else 0
         _reached.flag = True
         self._raw.call_many(lanes, stream)
+        written(*writes)
         return outs
 
     @_counted
@@ -248,13 +281,19 @@ class Collective:
         )
         _reached.flag = True
         self._raw.all_reduce_residual_rmsnorm(*args)
+        written(vy, vr)
         return (x if out is None else out), residual
 
-    def _shard_shape(self, v: View):
+    def _shard_shape(self, v: View, op: str = "reduce_scatter"):
         shape = v.shape or (1,)
         if shape[0] % self.world_size:
+            if not v.shape:
+                raise _detcoll.NotDivisible(
+                    f"{op}: the input is 0-d (a scalar): it cannot be split into {self.world_size} shards "
+                    f"(pass a tensor whose dim 0 splits into {self.world_size})"
+                )
             raise _detcoll.NotDivisible(
-                f"reduce_scatter: dim 0 of the input is {shape[0]}, which does not split into "
+                f"{op}: dim 0 of the input is {shape[0]}, which does not split into "
                 f"{self.world_size} equal shards (pass out= for a flat split)"
             )
         return (shape[0] // self.world_size,) + tuple(shape[1:])
@@ -267,7 +306,10 @@ class Collective:
         for it, else the all_reduce's)."""
         if op not in _ROUTED_OPS:
             raise _detcoll.InvalidArgument(f"route: unknown operation {op!r}; expected one of {', '.join(_ROUTED_OPS)}")
-        return self._raw.route(op, nbytes)
+        n = operator.index(nbytes)  # a TypeError for a non-integer, as before
+        if not 0 <= n < 1 << 64:
+            raise _detcoll.InvalidArgument(f"route: nbytes is {n}; expected a byte count from 0 to 2**64 - 1")
+        return self._raw.route(op, n)
 
     def check(self) -> None:
         """Raises the first failure any call recorded (never blocks)."""

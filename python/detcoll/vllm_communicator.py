@@ -13,7 +13,14 @@ Into vLLM (tested against the method shapes, not against a vLLM install: see pyt
     from detcoll.vllm_communicator import install_into_vllm
     install_into_vllm()                    # before the engine builds its communicators
 
-Only the three reductions/gathers change; vLLM's other collectives stay its own.
+Only these three calls change; vLLM's other collectives stay its own. In particular
+``all_gatherv`` and ``reduce_scatterv`` (the variable-size forms) are not routed through detcoll:
+``install_into_vllm`` leaves them, and every other method, to vLLM's communicator, and
+``DetcollCommunicator`` does not have them.
+
+``DetcollCommunicator`` also has the attributes users of vLLM's ``DeviceCommunicatorBase`` read:
+``rank`` and ``rank_in_group`` (this rank in the group), ``world_size``, ``ranks`` (the global
+ranks of the group), ``global_rank`` and ``global_world_size``.
 """
 
 import warnings
@@ -31,6 +38,8 @@ class DetcollCommunicator:
         self.cpu_group, self.device, self.device_group, self.unique_name = cpu_group, device, device_group, unique_name
         self.comm = create_deterministic_collective(group=cpu_group, capacity=capacity, device=device)
         self.world_size, self.rank_in_group = self.comm.world_size, self.comm.rank
+        self.rank = self.rank_in_group
+        self.ranks, self.global_rank, self.global_world_size = _global_ranks(cpu_group, self.rank, self.world_size)
 
     def all_reduce(self, input_):
         out = input_.new_empty(input_.shape)
@@ -65,6 +74,24 @@ class DetcollCommunicator:
 
     def destroy(self):
         self.comm.close()
+
+
+def _global_ranks(group, rank: int, world_size: int):
+    """``(ranks, global_rank, global_world_size)`` as vLLM's ``DeviceCommunicatorBase`` sets them:
+    the group's global ranks and this process's global rank and world from torch.distributed
+    when it is initialised; otherwise (a group of its own) ``range(world_size)``, ``rank`` and
+    ``world_size``."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None)
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            g = group if group is not None else dist.group.WORLD
+            return list(dist.get_process_group_ranks(g)), dist.get_rank(), dist.get_world_size()
+    except Exception:  # a stand-in group torch.distributed does not know: ranks of its own
+        pass
+    return list(range(world_size)), rank, world_size
 
 
 def install_into_vllm(capacity: Optional[int] = None, groups=("tp",)):

@@ -142,3 +142,57 @@ fn readme_pattern_world16_threads_on_one_gpu_by_the_hierarchical_route() {
     }
     println!("world 16 as threads on one GPU (2 nodes of 8): {calls} calls per rank in {:?}, 0 errors", t.elapsed());
 }
+
+/// A call one rank refuses while its peer makes it (see tests/refused_on_one_rank.rs, the CPU
+/// twin's): on the GPU too, neither the peer's call nor the refusing rank's next one may
+/// complete with a sum of two calls. Rank 1 refuses an all_reduce into an output one element
+/// short (typed, before any work), then makes one of 1.0; rank 0 makes one of 100.0 then one of
+/// 1.0. Every rank's `synchronize` after its calls must fail (`SignatureMismatch`, or
+/// `Poisoned` carrying it); no output may hold 101. Written 2026-12-06; see docs/status.md for
+/// whether it has run on a GPU.
+#[test]
+fn a_call_one_rank_refused_fails_on_both_ranks() {
+    if !shared_gpu::gpu_present() {
+        return;
+    }
+    let _one = ONE_WORLD.lock().unwrap_or_else(|e| e.into_inner());
+    let n = 4096;
+    let config = Config::new().with_capacity(shared_gpu::CAPACITY).with_timeout(std::time::Duration::from_secs(20));
+    let ranks = nvidia::thread_group(2, &config).expect("thread group");
+    std::thread::scope(|s| {
+        for (r, comm) in ranks.iter().enumerate() {
+            s.spawn(move || {
+                let stream = comm.context().new_stream().unwrap();
+                let mut outputs = Vec::new();
+                let mut errors = Vec::new();
+                for (k, v) in [(0, if r == 0 { 100.0f32 } else { 7.0 }), (1, 1.0)] {
+                    let x = stream.clone_htod(&vec![v; n]).unwrap();
+                    let short = r == 1 && k == 0;
+                    let mut y = stream.alloc_zeros::<f32>(n - usize::from(short)).unwrap();
+                    match comm.all_reduce_into(&x, &mut y, &stream) {
+                        Ok(()) => outputs.push(y),
+                        Err(e) if short => assert!(
+                            matches!(e, collective_core::Error::LengthMismatch { .. }),
+                            "rank 1's bad call: {e}"
+                        ),
+                        Err(e) => errors.push(e),
+                    }
+                }
+                let synced = comm.synchronize(&stream);
+                for y in &outputs {
+                    let y = stream.clone_dtoh(y).unwrap();
+                    assert!(!y.contains(&101.0), "rank {r}: a sum of two different calls");
+                }
+                let failed = synced.err().or_else(|| errors.pop());
+                // (Rank 0's second call may also wait out the lockstep for a step rank 1 never
+                // takes: PeerTimeout, after the mismatch was recorded.)
+                use collective_core::Error::{Poisoned, PeerTimeout, SignatureMismatch};
+                match failed {
+                    Some(SignatureMismatch { .. } | Poisoned { .. } | PeerTimeout { .. }) => {}
+                    other => panic!("rank {r}: expected SignatureMismatch, got {other:?}"),
+                }
+            });
+        }
+    });
+    println!("a call refused on one rank: SignatureMismatch on both, no mixed sum");
+}
