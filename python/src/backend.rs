@@ -71,7 +71,7 @@ impl Backend {
 
     /// Counts a call this rank refused before it reached the collective (the wrapper's own
     /// checks, or the ones here), as the collective counts the calls it refuses itself
-    /// (`Routed::count_refused_call`): peers that made the call then fail with
+    /// (`Collective::count_refused_call`): peers that made the call then fail with
     /// `SignatureMismatch` instead of pairing their next call with this rank's next one.
     pub fn count_refused_call(&self) -> Result<(), Error> {
         match self {

@@ -84,6 +84,18 @@ pub trait Collective: Send + Sync {
         self.reduce_scatter_many(lanes, stream)
     }
 
+    /// Counts a collective call this rank refused before making it — a layer's or a
+    /// wrapper's own argument check (the Python package's, `detcoll-layers`') — as the calls
+    /// a front door refuses itself count: every call a rank makes or refuses is numbered and
+    /// signed with its number, so peers that made a call this rank refused fail with
+    /// `SignatureMismatch` instead of pairing their next call with this rank's next one (which
+    /// returned another call's sums as success). Call it once per collective call refused, in
+    /// the rank's order of calls. The composed collectives of `collective-factory` count; a
+    /// backend used on its own does not number its calls (the default: nothing to count).
+    fn count_refused_call(&self) -> Result<(), Error> {
+        Ok(())
+    }
+
     /// The first failure any call of this handle recorded, as the analogue of NCCL's
     /// `ncclCommGetAsyncError`. Calls are asynchronous: a call returns `Ok` once it is enqueued,
     /// and a failure the device detects later (a peer that never arrives, a peer making a

@@ -118,6 +118,10 @@ impl AnyCollective {
     pub fn close(&self) -> Result<(), Error> {
         each!(self, c => c.close())
     }
+    /// A collective call this rank refused itself, counted ([`Collective::count_refused_call`]).
+    pub fn count_refused_call(&self) -> Result<(), Error> {
+        each!(self, c => c.count_refused_call())
+    }
 
     /// The CPU twin, if that is the platform.
     #[cfg(feature = "cpu")]

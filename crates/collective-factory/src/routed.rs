@@ -156,16 +156,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
         Ok((calls, seq))
     }
 
-    /// Counts a collective call that this rank refused before making it (a wrapper's own
-    /// argument check, such as the Python package's), as a call refused here counts
-    /// ([`Routed::begin_call`]): peers that made the call then fail instead of pairing their
-    /// next call with this rank's next one. Call it once per refused call, in the order of
-    /// the rank's calls.
-    pub fn count_refused_call(&self) -> Result<(), Error> {
-        self.begin_call().map(drop)
-    }
-
-    /// The calls this handle began, made or refused ([`Routed::begin_call`]), modulo 2^32: the
+    /// The calls this handle began, made or refused (`Routed::begin_call`), modulo 2^32: the
     /// number its next call is signed with, less one. Equal on every rank of a group whose
     /// ranks made and refused the same calls (a diagnostic: ranks whose counts differ fail their
     /// next call with `SignatureMismatch`). Waits for a call in flight on another thread.
@@ -437,6 +428,10 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I,
                 self.ipc_backend()?.reduce_scatter_many_on_route_as_part(lanes, self.ipc_route(route)?, split, stream)
             }
         }
+    }
+    /// Counted as a call this handle refused itself (`Routed::begin_call`).
+    fn count_refused_call(&self) -> Result<(), Error> {
+        self.begin_call().map(drop)
     }
     /// The IPC backend's recorded failure, else the transport's.
     fn check(&self) -> Result<(), Error> {

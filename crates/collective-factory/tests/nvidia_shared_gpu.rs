@@ -186,7 +186,7 @@ fn a_call_one_rank_refused_fails_on_both_ranks() {
                 let failed = synced.err().or_else(|| errors.pop());
                 // (Rank 0's second call may also wait out the lockstep for a step rank 1 never
                 // takes: PeerTimeout, after the mismatch was recorded.)
-                use collective_core::Error::{Poisoned, PeerTimeout, SignatureMismatch};
+                use collective_core::Error::{PeerTimeout, Poisoned, SignatureMismatch};
                 match failed {
                     Some(SignatureMismatch { .. } | Poisoned { .. } | PeerTimeout { .. }) => {}
                     other => panic!("rank {r}: expected SignatureMismatch, got {other:?}"),

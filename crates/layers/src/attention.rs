@@ -107,8 +107,11 @@ where
     T: Scalar,
 {
     let cp = comm.world_size();
-    shape.check(cp)?;
-    check_block(shape, shape.tokens / cp, &local, &output)?;
+    // Three collective calls follow: refused here, they count as refused on `comm`.
+    crate::error::before_calls(comm, 3, || {
+        shape.check(cp)?;
+        check_block(shape, shape.tokens / cp, &local, &output)
+    })?;
     let mut k = vec![T::from_f32(0.0); shape.tokens * shape.token_len()];
     let mut v = k.clone();
     let mut positions = vec![0u32; shape.tokens];

@@ -14,7 +14,7 @@
 //!
 //! The engines that fuse this step (TensorRT-LLM, FlashInfer, vLLM's fusion pass) turn the
 //! fusion off when bits must be stable; here it is the same call either way.
-use crate::error::{Error, product, require};
+use crate::error::{Error, before_calls, product, require};
 use crate::{FfnShape, FfnShard, Gemm, Scalar, ffn};
 use collective_core::{Io, RawRef, ResidualRmsNorm, RmsNorm};
 use fixed_tree::RmsNormShape;
@@ -48,14 +48,19 @@ impl<T: Scalar> FfnShard<T> {
         C: ResidualRmsNorm<Stream = ()>,
         G: Gemm<T> + ?Sized,
     {
-        self.check_member(comm)?;
         let shape = self.shape();
-        let n = product("tokens x hidden", &[shape.tokens, shape.hidden])?;
-        for (name, len) in [("x", x.len()), ("residual", residual.len()), ("y", y.len())] {
-            require(len == n, || format!("{name} has {len} elements, expected {} x {}", shape.tokens, shape.hidden))?;
-        }
-        check_norm(shape.hidden, norm.weight.len(), norm.eps)?;
-        let partial = self.leaf_tree(gemm, x)?;
+        // One collective call follows (the fused all_reduce): refused here, it counts as refused.
+        let partial = before_calls(comm, 1, || {
+            self.check_member(comm)?;
+            let n = product("tokens x hidden", &[shape.tokens, shape.hidden])?;
+            for (name, len) in [("x", x.len()), ("residual", residual.len()), ("y", y.len())] {
+                require(len == n, || {
+                    format!("{name} has {len} elements, expected {} x {}", shape.tokens, shape.hidden)
+                })?;
+            }
+            check_norm(shape.hidden, norm.weight.len(), norm.eps)?;
+            self.leaf_tree(gemm, x)
+        })?;
         let rms = RmsNorm {
             residual: Io::host_in_place(residual),
             weight: RawRef::host(norm.weight),

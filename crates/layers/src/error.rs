@@ -76,6 +76,24 @@ pub(crate) fn require(ok: bool, detail: impl FnOnce() -> String) -> Result<(), E
     if ok { Ok(()) } else { Err(Error::Shape(detail())) }
 }
 
+/// `work()`, the part of a layer call before its next `calls` collective calls; when it fails
+/// (a shape the layer refuses, a GEMM's error), those calls are counted as refused on `comm`
+/// (`Collective::count_refused_call`): this rank will not make them, so peers that do fail
+/// with `SignatureMismatch` instead of pairing them with this rank's next calls.
+pub(crate) fn before_calls<C, R>(comm: &C, calls: usize, work: impl FnOnce() -> Result<R, Error>) -> Result<R, Error>
+where
+    C: collective_core::Collective + ?Sized,
+{
+    let r = work();
+    if r.is_err() {
+        for _ in 0..calls {
+            // A handle that cannot count (closed, poisoned) fails its next call anyway.
+            let _ = comm.count_refused_call();
+        }
+    }
+    r
+}
+
 /// `a * b`, or a shape error naming `what` when it overflows.
 pub(crate) fn product(what: &str, dims: &[usize]) -> Result<usize, Error> {
     dims.iter()

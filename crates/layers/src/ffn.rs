@@ -34,7 +34,7 @@
 //! [`FfnShard::forward_naive`] is the usual layer for comparison: one GEMM over the rank's
 //! whole `F/k` shard, then the reduce_scatter. Its f32 accumulation runs over `F/k` terms and
 //! rounds once per rank, so its bits change with TP.
-use crate::error::{Error, product, require};
+use crate::error::{Error, before_calls, product, require};
 use crate::{Gemm, Scalar, activation};
 use collective_core::{Collective, Io};
 use fixed_tree::SUPPORTED_WORLD_SIZES;
@@ -159,9 +159,9 @@ impl<T: Scalar> FfnShard<T> {
         C: Collective<Stream = ()>,
         G: Gemm<T> + ?Sized,
     {
-        self.check_call(comm, x_local, out_local)?;
+        before_calls(comm, 2, || self.check_call(comm, x_local, out_local))?;
         let x = self.gather(comm, x_local)?;
-        let partial = self.leaf_tree(gemm, &x)?;
+        let partial = before_calls(comm, 1, || self.leaf_tree(gemm, &x))?;
         comm.reduce_scatter(Io::host(&partial, out_local), &())?;
         Ok(())
     }
@@ -174,14 +174,16 @@ impl<T: Scalar> FfnShard<T> {
         C: Collective<Stream = ()>,
         G: Gemm<T> + ?Sized,
     {
-        self.check_call(comm, x_local, out_local)?;
+        before_calls(comm, 2, || self.check_call(comm, x_local, out_local))?;
         let x = self.gather(comm, x_local)?;
         let (s, fk) = (self.shape.tokens, self.shape.ffn / self.tp);
         let mut partial = vec![T::from_f32(0.0); s * self.shape.hidden];
         if !partial.is_empty() {
             // (No output: the activations are not computed, as in `leaf_tree`.)
-            let act = self.hidden(gemm, &x)?;
-            gemm.gemm(&act, &self.w2, s, fk, self.shape.hidden, &mut partial)?;
+            before_calls(comm, 1, || {
+                let act = self.hidden(gemm, &x)?;
+                gemm.gemm(&act, &self.w2, s, fk, self.shape.hidden, &mut partial)
+            })?;
         }
         comm.reduce_scatter(Io::host(&partial, out_local), &())?;
         Ok(())

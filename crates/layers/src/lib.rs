@@ -23,7 +23,11 @@
 //! the same way on every rank (a lock around each whole layer call, or a collective per
 //! thread): interleaved, an FFN's collectives fail with `SignatureMismatch`, and two decoder
 //! tails of different requests may pair up across ranks and sum one request's shard with
-//! another's (no error: the calls agree in every signed respect).
+//! another's (no error: the calls agree in every signed respect). A layer call refused on a
+//! rank (a shape of its own, a GEMM's error before its collectives) counts the collective calls
+//! it would have made as refused (`Collective::count_refused_call`): on a collective that
+//! numbers its calls (the factory's), peers that made the layer call then fail with
+//! `SignatureMismatch` instead of pairing its collectives with the rank's next layer's.
 //!
 //! * [`gemm`]: the reference GEMM (f32 accumulation, fixed contraction order, one rounding).
 //! * [`activation`]: SiLU in f32, no fast math.

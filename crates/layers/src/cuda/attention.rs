@@ -105,23 +105,26 @@ impl<T: CudaScalar> CudaAttention<T> {
         hook: &mut dyn StageHook,
     ) -> Result<(), Error> {
         let cp = self.cp;
-        super::check_member(comm, "attention", "CP", cp, self.rank, stream)?;
-        require(kernels.context().cu_ctx() == stream.context().cu_ctx(), || {
-            "the kernels are loaded in another context than the stream's".into()
-        })?;
         let n_q = self.shape.tokens / cp;
-        let e = n_q * self.shape.token_len();
-        for (what, len, want) in [
-            ("q", q.len(), e),
-            ("k", k.len(), e),
-            ("v", v.len(), e),
-            ("positions", positions.len(), n_q),
-            ("out", out.len(), e),
-            ("lse", lse.len(), n_q * self.shape.heads),
-        ] {
-            require(len == want, || format!("`{what}` has {len} elements, expected {want} for {n_q} tokens"))?;
-        }
-        let config = attention_grid(n_q, self.shape.heads)?;
+        // Refused before its three all_gathers: they count as refused on `comm`.
+        let config = crate::error::before_calls(comm, 3, || {
+            super::check_member(comm, "attention", "CP", cp, self.rank, stream)?;
+            require(kernels.context().cu_ctx() == stream.context().cu_ctx(), || {
+                "the kernels are loaded in another context than the stream's".into()
+            })?;
+            let e = n_q * self.shape.token_len();
+            for (what, len, want) in [
+                ("q", q.len(), e),
+                ("k", k.len(), e),
+                ("v", v.len(), e),
+                ("positions", positions.len(), n_q),
+                ("out", out.len(), e),
+                ("lse", lse.len(), n_q * self.shape.heads),
+            ] {
+                require(len == want, || format!("`{what}` has {len} elements, expected {want} for {n_q} tokens"))?;
+            }
+            attention_grid(n_q, self.shape.heads)
+        })?;
 
         for (local, all) in [(k, &mut self.k), (v, &mut self.v)] {
             hook.before(Stage::AllGather, stream)?;

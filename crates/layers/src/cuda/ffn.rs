@@ -24,7 +24,7 @@
 //! `S × F/tp × H` into the partial sums, the reduce_scatter. Its bits change with TP.
 use super::kernels::elementwise;
 use super::{CudaGemm, CudaKernels, CudaScalar, Stage, StageHook};
-use crate::error::{product, require};
+use crate::error::{before_calls, product, require};
 use crate::{Error, FfnShape, LEAVES};
 use collective_factory::NvidiaCollective;
 use cudarc::driver::{CudaSlice, CudaStream, PushKernelArg};
@@ -258,9 +258,10 @@ impl<T: CudaScalar> CudaFfnShard<T> {
         stream: &Arc<CudaStream>,
         hook: &mut dyn StageHook,
     ) -> Result<(), Error> {
-        self.check_call(comm, gemm, kernels, ws, x_local, out_local, stream)?;
+        // Refused before its all_gather and reduce_scatter: both count as refused on `comm`.
+        before_calls(comm, 2, || self.check_call(comm, gemm, kernels, ws, x_local, out_local, stream))?;
         gather(comm, x_local, ws, stream, hook)?;
-        self.leaf_partial(gemm, kernels, ws, None, stream, hook)?;
+        before_calls(comm, 1, || self.leaf_partial(gemm, kernels, ws, None, stream, hook))?;
         scatter(comm, ws, out_local, stream, hook)
     }
 
@@ -292,16 +293,21 @@ impl<T: CudaScalar> CudaFfnShard<T> {
         stream: &Arc<CudaStream>,
         hook: &mut dyn StageHook,
     ) -> Result<(), Error> {
-        super::check_member(comm, "FFN shard", "TP", self.layout.tp, self.rank, stream)?;
-        self.check_handles(gemm, kernels, ws, stream)?;
         let shape = self.layout.shape;
-        let n = product("tokens x hidden", &[shape.tokens, shape.hidden])?;
-        for (name, len) in [("x", x.len()), ("residual", residual.len()), ("y", y.len())] {
-            require(len == n, || format!("{name} has {len} elements, expected {} x {}", shape.tokens, shape.hidden))?;
-        }
-        crate::decoder::check_norm(shape.hidden, weight.len(), eps)?;
-        self.leaf_partial(gemm, kernels, ws, Some(x), stream, hook)?;
-        hook.before(Stage::AllReduceNorm, stream)?;
+        // Refused before its fused all_reduce: that call counts as refused on `comm`.
+        before_calls(comm, 1, || {
+            super::check_member(comm, "FFN shard", "TP", self.layout.tp, self.rank, stream)?;
+            self.check_handles(gemm, kernels, ws, stream)?;
+            let n = product("tokens x hidden", &[shape.tokens, shape.hidden])?;
+            for (name, len) in [("x", x.len()), ("residual", residual.len()), ("y", y.len())] {
+                require(len == n, || {
+                    format!("{name} has {len} elements, expected {} x {}", shape.tokens, shape.hidden)
+                })?;
+            }
+            crate::decoder::check_norm(shape.hidden, weight.len(), eps)?;
+            self.leaf_partial(gemm, kernels, ws, Some(x), stream, hook)?;
+            hook.before(Stage::AllReduceNorm, stream)
+        })?;
         comm.all_reduce_residual_rmsnorm_into(&ws.partial, y, residual, weight, shape.hidden, eps, stream)?;
         hook.after(Stage::AllReduceNorm, stream)
     }
@@ -369,9 +375,9 @@ impl<T: CudaScalar> CudaFfnShard<T> {
         stream: &Arc<CudaStream>,
         hook: &mut dyn StageHook,
     ) -> Result<(), Error> {
-        self.check_call(comm, gemm, kernels, ws, x_local, out_local, stream)?;
+        before_calls(comm, 2, || self.check_call(comm, gemm, kernels, ws, x_local, out_local, stream))?;
         gather(comm, x_local, ws, stream, hook)?;
-        self.naive_gemms(gemm, kernels, ws, stream, hook)?;
+        before_calls(comm, 1, || self.naive_gemms(gemm, kernels, ws, stream, hook))?;
         scatter(comm, ws, out_local, stream, hook)
     }
 
