@@ -146,14 +146,18 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
     /// call's sums. Ranks that all refuse the same call stay in step. A thread that panicked
     /// inside a call left the backends' order unknown: fail closed.
     pub(crate) fn begin_call(&self) -> Result<(std::sync::MutexGuard<'_, u32>, u32), Error> {
-        self.owner.check()?;
-        let mut calls = self
-            .calls
-            .lock()
-            .map_err(|_| Error::Poisoned { cause: "a thread panicked inside a call of this handle".into() })?;
+        let mut calls = self.lock_calls()?;
         *calls = calls.wrapping_add(1);
         let seq = *calls;
         Ok((calls, seq))
+    }
+
+    /// The call lock (a forked child fails first: it inherits the lock as the parent held it).
+    fn lock_calls(&self) -> Result<std::sync::MutexGuard<'_, u32>, Error> {
+        self.owner.check()?;
+        self.calls
+            .lock()
+            .map_err(|_| Error::Poisoned { cause: "a thread panicked inside a call of this handle".into() })
     }
 
     /// The calls this handle began, made or refused (`Routed::begin_call`), modulo 2^32: the
@@ -161,12 +165,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
     /// ranks made and refused the same calls (a diagnostic: ranks whose counts differ fail their
     /// next call with `SignatureMismatch`). Waits for a call in flight on another thread.
     pub fn calls_begun(&self) -> Result<u32, Error> {
-        self.owner.check()?;
-        let calls = self
-            .calls
-            .lock()
-            .map_err(|_| Error::Poisoned { cause: "a thread panicked inside a call of this handle".into() })?;
-        Ok(*calls)
+        self.lock_calls().map(|calls| *calls)
     }
 
     /// The route the table sends the all_reduce of a fused all_reduce + residual + RMSNorm of
@@ -199,9 +198,9 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
         }
     }
 
-    /// [`Routed::dispatch_locked`] of a call whose signature's `split` is `split` (a fused
-    /// call's norm, `Signature::norm_split`; 0 for a plain call). A composite route signs each
-    /// of its parts with the whole call (`Signature::part_split`), so peers running parts of
+    /// One call under the call lock the caller holds, whose signature's `split` is `split` (its
+    /// number, `Signature::call_split`, joined with a fused call's norm). A composite route
+    /// signs each of its parts with the whole call (`Signature::part_split`), so peers running parts of
     /// different calls fail with `SignatureMismatch`; an IPC route and the host transports
     /// sign the call with `split`; the NCCL/RCCL transport signs nothing.
     pub(crate) fn dispatch_signed(&self, op: Op, io: Io<'_>, split: u32, via: &impl Via<I, T>) -> Result<(), Error> {
