@@ -115,15 +115,17 @@ pub enum Error {
 /// their `split`, what that is likely to mean (most often: the ranks are out of step).
 fn signature_mismatch(peer: usize, ours: &Signature, theirs: &Signature) -> String {
     let same_call = Signature { split: 0, ..*ours } == Signature { split: 0, ..*theirs };
-    if same_call && ours.split != theirs.split {
-        format!(
-            "rank {peer} called {theirs} while this rank called {ours}: the same call signed differently, so              the ranks are out of step (a rank refused a call its peers made, for a bad argument of its own, or              made one they did not) or disagree on a fused RMSNorm's hidden or eps, or on the call a part              belongs to; all ranks must make the same calls in the same order"
-        )
+    let why = if same_call && ours.split != theirs.split {
+        ": the same call signed differently, so the ranks are out of step (a rank refused a call its peers \
+         made, for a bad argument of its own, or made one they did not) or disagree on a fused RMSNorm's \
+         hidden or eps, or on the call a part belongs to"
     } else {
-        format!(
-            "rank {peer} called {theirs} while this rank called {ours}; all ranks must make the same calls in the              same order"
-        )
-    }
+        ""
+    };
+    format!(
+        "rank {peer} called {theirs} while this rank called {ours}{why}; all ranks must make the same calls in the \
+         same order"
+    )
 }
 
 impl Error {

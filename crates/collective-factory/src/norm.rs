@@ -223,27 +223,25 @@ where
         let call = validate_norm(&x, &norm)?;
         let args = args(&call);
         let packed = NormParams::pack(&args)?;
-        {
-            // The one-kernel form where the table sends the all_reduce to an IPC route and it
-            // pays (`one_kernel`).
-            // On an IPC route the all_reduce is signed with the norm either way (peers that
-            // disagree on it fail with SignatureMismatch), on the composite routes (hierarchical,
-            // hybrid) each of its IPC parts; the transport signs the all_reduce alone.
-            // The route is the table's for the fused call (`all_reduce_residual_rmsnorm` rules,
-            // else the all_reduce's).
-            let route = self.fused_norm_route(contributed_bytes(Op::AllReduce, &x, self.world_size()));
-            match (IpcRoute::of(route), self.ipc()) {
-                (Some(route), Some(ipc)) => {
-                    let fuse =
-                        one_kernel(call.rows, ipc.epilogue_rows(), || ipc.one_kernel_at_any_size(&x, route, &packed));
-                    if ipc.all_reduce_then_norm(x, route, &args, fuse, Signature::call_split(seq, 0), via.stream())? {
-                        return Ok(());
-                    }
+        // The one-kernel form where the table sends the all_reduce to an IPC route and it
+        // pays (`one_kernel`).
+        // On an IPC route the all_reduce is signed with the norm either way (peers that
+        // disagree on it fail with SignatureMismatch), on the composite routes (hierarchical,
+        // hybrid) each of its IPC parts; the transport signs the all_reduce alone.
+        // The route is the table's for the fused call (`all_reduce_residual_rmsnorm` rules,
+        // else the all_reduce's).
+        let route = self.fused_norm_route(contributed_bytes(Op::AllReduce, &x, self.world_size()));
+        match (IpcRoute::of(route), self.ipc()) {
+            (Some(route), Some(ipc)) => {
+                let fuse =
+                    one_kernel(call.rows, ipc.epilogue_rows(), || ipc.one_kernel_at_any_size(&x, route, &packed));
+                if ipc.all_reduce_then_norm(x, route, &args, fuse, Signature::call_split(seq, 0), via.stream())? {
+                    return Ok(());
                 }
-                _ => {
-                    let split = Signature::call_split(seq, Signature::norm_split(call.hidden, call.eps));
-                    self.dispatch_on(route, Op::AllReduce, x, split, via)?
-                }
+            }
+            _ => {
+                let split = Signature::call_split(seq, Signature::norm_split(call.hidden, call.eps));
+                self.dispatch_on(route, Op::AllReduce, x, split, via)?
             }
         }
         let stream = via.stream();
