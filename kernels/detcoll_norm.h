@@ -789,13 +789,16 @@ DC_DEV bool dc_norm_row_regs_ok(const DcHeader& h, const DcNormParams& p, dc_u32
 // detcoll_protocol.h; every thread asks it before the launch's wait, to pick the body): a row
 // is two tiles of one 16-byte vector per thread (f16/bf16, hidden 8192), the launch is one-shot
 // or LL push and its blocks reduce whole rows (dc_norm_whole_sum), every row has a block of its
-// own, on the norm's vector path. Block b < rows then reduces row b: on one-shot tiles 2b and
-// 2b + 1, after the peers' flags of both, so each tile's staging needs a block of its own (2 *
-// rows <= grid); on LL push the row is a unit of the chunk walk (dc_for_chunks<2>: unit u is
-// block u % grid's), so rows <= grid.
+// own (rows <= grid), on the norm's vector path. Block b < rows then reduces row b: on one-shot
+// tiles 2b and 2b + 1, after the peers' ready flags of the blocks that staged them (tile t is
+// block t % grid's: blocks 2b and 2b + 1 while 2 * rows <= grid; with more rows, blocks stage
+// two tiles each and row b waits for blocks 2b % grid and (2b + 1) % grid); on LL push the row
+// is a unit of the chunk walk (dc_for_chunks<2>: unit u is block u % grid's). The staging is
+// the plain all_reduce's either way, so a rank that takes another form (its own addresses'
+// alignment decides dc_norm_vector_ok) still pairs with its peers' flags.
 DC_DEV bool dc_norm_two_tile_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p) {
 #if defined(DC_CUDA)
-    const bool blocks = h.mode == DC_MODE_PULL ? 2u * p.rows <= h.grid : h.mode == DC_MODE_PUSH_LL && p.rows <= h.grid;
+    const bool blocks = (h.mode == DC_MODE_PULL || h.mode == DC_MODE_PUSH_LL) && p.rows <= h.grid;
     return blocks && (p.dtype == DC_F16 || p.dtype == DC_BF16) && h.tile_bytes == 16u * DC_NTID &&
            (dc_u64)p.hidden * 2u == 2u * (dc_u64)h.tile_bytes && 4u * DC_NORM_CHUNK == p.hidden &&
            dc_norm_vector_ok(p) && dc_norm_whole_sum(h, seg, p);

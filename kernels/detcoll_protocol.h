@@ -1029,10 +1029,12 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
             bool ok;
             if (NV == 2) {
                 // Two tiles a row: block b < rows reduces row b, tiles 2b and 2b + 1, once the
-                // peers' ready flags of both are up; the other blocks only staged their tile.
+                // peers' ready flags of the blocks that staged them are up (tile t is block
+                // t % grid's: with rows > grid / 2 blocks staged two tiles); the other blocks
+                // only staged their tiles.
                 ok = (dc_u64)b < norm->n.rows &&
-                     dc_wait<true>(h, status, h.off_ready + 2u * b * h.line, g, DC_ERR_TIMEOUT_READY, false,
-                                   h.off_ready + (2u * b + 1u) * h.line);
+                     dc_wait<true>(h, status, h.off_ready + ((2u * b) % h.grid) * h.line, g, DC_ERR_TIMEOUT_READY,
+                                   false, h.off_ready + ((2u * b + 1u) % h.grid) * h.line);
             } else {
                 ok = dc_wait(h, status, h.off_ready + b * h.line, g, DC_ERR_TIMEOUT_READY, false);
             }

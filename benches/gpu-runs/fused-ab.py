@@ -1,10 +1,15 @@
 import sys, glob, statistics, re, os
 d = sys.argv[1]
+# Columns named once in fused_norm_bench's header (later versions added `fused route` and
+# `floor`, so these are looked up, not counted from the end).
+col = {}
 def load(tag):
     runs = {}
     for f in sorted(glob.glob(f"{d}/{tag}-*.md")):
         for line in open(f):
             c = [x.strip() for x in line.strip().strip('|').split('|')]
+            if c and c[0] == 'world':
+                col.update({name: i for i, name in enumerate(c)})
             if len(c) < 18 or not c[0].isdigit(): continue
             key = (int(c[0]), int(c[1]), int(c[2]))
             runs.setdefault(key, []).append(c)
@@ -19,5 +24,6 @@ for k in sorted(new):
     ar_n, ar_o = med(n, 9), med(o, 9)
     fn, fo = med(n, 11), med(o, 11)
     okn, oko = med(n, 13), med(o, 13)
-    bits = all(r[-3] == 'yes' and r[-2] == 'yes' for r in n + o)
-    print(f"| {k[0]} | {k[1]} | {k[2]} | {n[0][15]} | {n[0][16]} | {ar_n:.2f} | {fo:.2f} | {o[0][-1]} | {fn:.2f} | {n[0][-1]} | {fn/fo:.3f} | {fo/ar_o:.3f} | {fn/ar_n:.3f} | {oko:.2f} | {okn:.2f} | {ar_n/ar_o:.3f} | {'yes' if bits else 'NO'} ({len(n)}+{len(o)}) |")
+    bits = all(r[col['same bits']] == 'yes' and r[col['= reference']] == 'yes' for r in n + o)
+    form = col['fused form']
+    print(f"| {k[0]} | {k[1]} | {k[2]} | {n[0][15]} | {n[0][16]} | {ar_n:.2f} | {fo:.2f} | {o[0][form]} | {fn:.2f} | {n[0][form]} | {fn/fo:.3f} | {fo/ar_o:.3f} | {fn/ar_n:.3f} | {oko:.2f} | {okn:.2f} | {ar_n/ar_o:.3f} | {'yes' if bits else 'NO'} ({len(n)}+{len(o)}) |")

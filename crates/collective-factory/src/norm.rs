@@ -12,7 +12,8 @@
 //! blocks, then the rows). So is a batch of at least [`GATHERED_MIN_ROWS`] rows on RS+AG in one
 //! launch, whose norm reads the peers' reduced shards in place, and a batch of any size on
 //! one-shot in one launch whose rows are one protocol tile each (f16/bf16 of hidden 4096: each
-//! row normalised in registers right after its reduce) ([`NormBackend::one_kernel_at_any_size`]);
+//! row normalised in registers right after its reduce), and one of rows of two tiles (hidden
+//! 8192) with a block for each row ([`NormBackend::one_kernel_at_any_size`]);
 //! see [`one_kernel`]. On the other routes
 //! (transport, hierarchical, the hybrid), for the other batches and at world 1 the norm is a
 //! second launch on the same stream.
@@ -66,7 +67,9 @@ pub const GATHERED_MIN_ROWS: usize = detcoll_protocol::params::NORM_GATHERED_MIN
 ///   [`ONE_KERNEL_MAX_ROWS`];
 /// * from [`GATHERED_MIN_ROWS`] rows where the norm reads the gathered sums (a warp per row);
 /// * at any batch size where each row is normalised in registers right after its reduce (the
-///   row loop: one-shot in one launch, a row a protocol tile), which re-reads nothing.
+///   row loop: one-shot in one launch, a row a protocol tile), which re-reads nothing; and
+///   where every row of two protocol tiles (hidden 8192) has a block that holds it in
+///   registers (one-shot in one launch, rows up to the resident grid).
 pub fn one_kernel(rows: usize, epilogue_rows: usize, at_any_size: impl FnOnce() -> bool) -> bool {
     (rows < GATHERED_MIN_ROWS && rows <= ONE_KERNEL_MAX_ROWS.min(epilogue_rows)) || at_any_size()
 }
@@ -124,7 +127,7 @@ fn engine_one_kernel_at_any_size<D: detcoll_protocol::IpcDevice>(
     norm: &NormParams,
 ) -> bool {
     let gathered = norm.rows >= GATHERED_MIN_ROWS as u64 && engine.fused_norm_reads_gathered(io, route, norm);
-    gathered || engine.fused_norm_row_loop(io, route, norm)
+    gathered || engine.fused_norm_row_loop(io, route, norm) || engine.fused_norm_two_tile_rows(io, route, norm)
 }
 
 /// The fused call's all_reduce on `engine` (see [`NormBackend::all_reduce_then_norm`]).

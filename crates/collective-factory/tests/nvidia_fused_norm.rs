@@ -152,7 +152,10 @@ fn fused_norm_equals_the_reference_at_every_world() {
 /// Batches up to 2048 x 8192 bf16 (32 MiB a rank) on the default tables and staging (16 MiB):
 /// worlds 4 and 8 take RS+AG (512 x 4096 in one launch: one kernel whose norm reads the gathered
 /// sums; two chunks for the largest: the norm a second launch), world 2 bulk push (a second
-/// launch).
+/// launch). And 40 and 66 rows of 8192 on one-shot: at world 2 on a GPU of 132 multiprocessors
+/// (a resident grid of 66) each row is a block's in registers while blocks stage two tiles
+/// each (`dc_norm_two_tile_rows`), 66 rows one kernel above the 64-row limit
+/// (`fused_norm_two_tile_rows`); at worlds 4/8 more rows than blocks.
 #[test]
 fn large_batches_on_the_default_routes() {
     if !gpu() {
@@ -160,8 +163,10 @@ fn large_batches_on_the_default_routes() {
     }
     for world in [2, 4, 8] {
         let comms = nvidia::thread_group(world, &Config::new()).expect("thread group");
-        check_shapes::<bf16>(&comms, "bf16, default routes", &[(512, 4096), (2048, 8192)]);
-        println!("world {world}: 512 x 4096 and 2048 x 8192 bf16 = fixed_tree::residual_rmsnorm");
+        let shapes = [(512, 4096), (2048, 8192), (40, 8192), (66, 8192)];
+        check_shapes::<bf16>(&comms, "bf16, default routes", &shapes);
+        check_shapes::<f16>(&comms, "f16, default routes", &[(40, 8192), (66, 8192)]);
+        println!("world {world}: 512 x 4096, 2048 x 8192, 40 and 66 x 8192 = fixed_tree::residual_rmsnorm");
     }
 }
 

@@ -327,6 +327,27 @@ impl<D: IpcDevice> IpcCollective<D> {
         u64::from(norm.hidden) * 2 == u64::from(TILE_BYTES) && self.fused_norm_in_one_launch(io, route)
     }
 
+    /// Whether a fused all_reduce + RMSNorm of `io` by `route` (`norm` its packed norm) is one
+    /// kernel that holds each row of two protocol tiles (f16/bf16 of hidden 8192: `TILE_BYTES`)
+    /// in registers, a block a row, and normalises it right after its reduce
+    /// (`dc_norm_two_tile_rows` in kernels/detcoll_norm.h): a runtime with the row forms
+    /// (`NORM_ROW_LOOP`), the one-shot route, the norm's vector path, a call that fits one
+    /// launch, and no more rows than the launch has blocks (its grid is a block a tile, at most
+    /// the resident grid, so: rows <= the resident grid). The front door asks it for batches
+    /// above its one-kernel row limit (collective-factory's `ONE_KERNEL_MAX_ROWS`), where the
+    /// norm would otherwise be a launch of its own: on one H100 (world 2, 66 rows of 8192) the form took 9.3 us against 13.9 us for
+    /// the all_reduce then the norm kernel (benches/results/h100-2026-12-06-two-tile-rows.md).
+    pub fn fused_norm_two_tile_rows(&self, io: &Io<'_>, route: IpcRoute, norm: &NormParams) -> bool {
+        let two_bytes = norm.dtype == DType::F16 as u32 || norm.dtype == DType::BF16 as u32;
+        if !D::NORM_ROW_LOOP || route != IpcRoute::OneShot || !two_bytes || !norm.vector_ok() {
+            return false;
+        }
+        let Ok(Some(ipc)) = self.ipc_for(route) else { return false };
+        u64::from(norm.hidden) * 2 == 2 * u64::from(TILE_BYTES)
+            && norm.rows <= u64::from(ipc.fixed.max_grid)
+            && self.fused_norm_in_one_launch(io, route)
+    }
+
     /// Whether the all_reduce of `io` by `route` is one launch (no chunks).
     fn fused_norm_in_one_launch(&self, io: &Io<'_>, route: IpcRoute) -> bool {
         let Ok(call) = validate(Op::AllReduce, io, self.rank, self.world, usize::MAX) else { return false };

@@ -241,8 +241,10 @@ pub trait IpcDevice: Device + Clone {
     const NORM_READS_GATHERED: bool = false;
     /// Whether this runtime's fused one-shot launch normalises rows of one protocol tile in
     /// registers right after their reduce however many rows a block has (the row loop,
-    /// `dc_norm_rows_kept` in kernels/detcoll_norm.h: CUDA; the host executor runs every launch's
-    /// rows whatever their form, so it says yes too and its front door takes the same forms).
+    /// `dc_norm_rows_kept` in kernels/detcoll_norm.h), and rows of two tiles when each has a
+    /// block of its own however many blocks stage them (`dc_norm_two_tile_rows`): CUDA; the host
+    /// executor runs every launch's rows whatever their form, so it says yes too and its front
+    /// door takes the same forms.
     const NORM_ROW_LOOP: bool = false;
 
     // ---- identity ----

@@ -75,3 +75,68 @@ fn the_row_loop_is_one_shot_in_one_launch_with_rows_of_one_tile() {
         c.close().expect("close");
     }
 }
+
+/// Whether rank 0 of `comms` would take the form of rows of two tiles held in registers, a
+/// block a row (`IpcCollective::fused_norm_two_tile_rows`), for `rows x hidden` in `T` by
+/// `route`, its residual `offset` elements into its buffer.
+fn two_tile_rows<T: Element + Plain>(
+    comms: &[ShmCollective],
+    rows: usize,
+    hidden: usize,
+    route: IpcRoute,
+    offset: usize,
+) -> bool {
+    let n = rows * hidden;
+    let zero = T::from_f32_rounded(0.0);
+    let (x, mut y) = (vec![zero; n], vec![zero; n]);
+    let residual = vec![zero; n + offset];
+    let weight = vec![zero; hidden];
+    let sum = y.as_mut_ptr() as u64;
+    let args = NormArgs {
+        sum,
+        residual: residual[offset..].as_ptr() as u64,
+        weight: weight.as_ptr() as u64,
+        h: residual[offset..].as_ptr() as u64,
+        y: sum,
+        rows,
+        hidden,
+        eps: 1e-6,
+        dtype: T::DTYPE,
+    };
+    let packed = NormParams::pack(&args).expect("pack");
+    comms[0].engine().fused_norm_two_tile_rows(&Io::host(&x, &mut y), route, &packed)
+}
+
+/// The front door's one kernel above its row limit for rows of two tiles (hidden 8192): yes
+/// exactly on one-shot, f16/bf16, the norm's vector path, one launch, and no more rows than the
+/// resident grid (each row a block of its own, its tiles staged by one or two blocks each); a
+/// wrong yes would send the batch to the slow epilogue, so every other case is no.
+#[test]
+fn rows_of_two_tiles_take_a_block_each_up_to_the_resident_grid() {
+    let comms = ShmCollective::group(2, ShmConfig::new(4 << 20).with_max_blocks(4)).expect("group");
+    for rows in 1..=4 {
+        assert!(two_tile_rows::<bf16>(&comms, rows, 8192, IpcRoute::OneShot, 0), "bf16 {rows}x8192, 4 blocks");
+        assert!(two_tile_rows::<f16>(&comms, rows, 8192, IpcRoute::OneShot, 0), "f16 {rows}x8192, 4 blocks");
+        for route in [IpcRoute::PushLl, IpcRoute::Push, IpcRoute::ReduceScatterAllGather] {
+            assert!(!two_tile_rows::<bf16>(&comms, rows, 8192, route, 0), "{route:?}: not one-shot");
+        }
+        assert!(!two_tile_rows::<f32>(&comms, rows, 8192, IpcRoute::OneShot, 0), "f32: four tiles a row");
+        assert!(!two_tile_rows::<f32>(&comms, rows, 4096, IpcRoute::OneShot, 0), "f32 4096: two tiles, no form");
+        assert!(!two_tile_rows::<bf16>(&comms, rows, 4096, IpcRoute::OneShot, 0), "a row a tile");
+        assert!(!two_tile_rows::<bf16>(&comms, rows, 8192, IpcRoute::OneShot, 1), "residual not 16-byte aligned");
+    }
+    for rows in [5, 64, 66, 200] {
+        assert!(!two_tile_rows::<bf16>(&comms, rows, 8192, IpcRoute::OneShot, 0), "{rows} rows > 4 blocks");
+    }
+    for c in comms {
+        c.close().expect("close");
+    }
+    // A larger resident grid takes more rows; a call above the staging (300 rows of 8192 bf16
+    // = 4.7 MiB > 4 MiB) runs in chunks, not one launch.
+    let comms = ShmCollective::group(2, ShmConfig::new(4 << 20).with_max_blocks(400)).expect("group");
+    assert!(two_tile_rows::<bf16>(&comms, 200, 8192, IpcRoute::OneShot, 0), "200 rows, 400 blocks");
+    assert!(!two_tile_rows::<bf16>(&comms, 300, 8192, IpcRoute::OneShot, 0), "a chunked call");
+    for c in comms {
+        c.close().expect("close");
+    }
+}
