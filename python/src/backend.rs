@@ -309,7 +309,7 @@ pub fn check_output(op: Op, input: Buf, output: Buf, world: usize) -> Result<(),
         ),
         Op::ReduceScatter | Op::ReduceScatterMany if in_place => (input.count, "in place: the whole input"),
         Op::ReduceScatter | Op::ReduceScatterMany => {
-            if world == 0 || input.count % world != 0 {
+            if world == 0 || !input.count.is_multiple_of(world) {
                 return Err(Error::NotDivisible { op, argument: "input", len: input.count, world });
             }
             (input.count / world, "the input's divided by world_size")

@@ -78,10 +78,10 @@ fn cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
     }
     let mut state = BTreeMap::new();
     for v in graph.keys() {
-        if !state.contains_key(v.as_str()) {
-            if let Some(c) = visit(v, graph, &mut state, &mut Vec::new()) {
-                return Some(c);
-            }
+        if !state.contains_key(v.as_str())
+            && let Some(c) = visit(v, graph, &mut state, &mut Vec::new())
+        {
+            return Some(c);
         }
     }
     None

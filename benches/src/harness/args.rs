@@ -333,7 +333,7 @@ impl BenchArgs {
     /// Above 8 ranks on one host (one IPC world) the factory splits the host into nodes.
     pub fn check_world(&self) -> anyhow::Result<()> {
         match self.virtual_nodes {
-            Some(n) if self.nproc % n != 0 => {
+            Some(n) if !self.nproc.is_multiple_of(n) => {
                 anyhow::bail!("--virtual-nodes {n}: {} ranks do not spread evenly over {n} nodes", self.nproc)
             }
             Some(_) if self.threads => anyhow::bail!("--virtual-nodes runs ranks as processes, not --threads"),
@@ -364,7 +364,7 @@ impl BenchArgs {
                     BenchOp::ReduceScatter => world,
                     BenchOp::ReduceScatterMany => world * op.lanes(),
                 };
-                if elems % unit != 0 {
+                if !elems.is_multiple_of(unit) {
                     anyhow::bail!(
                         "--size-bytes {size}: {} with {world} ranks needs a multiple of {unit} {} elements ({} bytes)",
                         op.name(),

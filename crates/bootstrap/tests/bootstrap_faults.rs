@@ -239,7 +239,7 @@ fn stranger(kind: Stranger, port: u16, stop: &AtomicBool, connections: &AtomicUs
             v3[8..16].copy_from_slice(&3u64.to_le_bytes());
             let mut n = 0usize;
             while let Some(s) = connect(port, stop, connections) {
-                send_and_linger(s, if n % 2 == 0 { &v1 } else { &v3 }, stop);
+                send_and_linger(s, if n.is_multiple_of(2) { &v1 } else { &v3 }, stop);
                 n += 1;
             }
         }

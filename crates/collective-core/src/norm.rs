@@ -143,10 +143,10 @@ pub fn validate_norm(x: &Io<'_>, norm: &RmsNorm<'_>) -> Result<NormCall, Error> 
     // x out of place is read by the all_reduce while the one-kernel form already writes h
     // (block by block, rows reduced elsewhere may still be reading theirs): h shares nothing
     // with it. In place, x is y, checked above.
-    if let Io::OutOfPlace { input, .. } = x {
-        if overlaps(input.addr(), input.bytes(), h, bytes) {
-            return Err(Error::ArgumentsOverlap { op: OP, first: "x", second: "h" });
-        }
+    if let Io::OutOfPlace { input, .. } = x
+        && overlaps(input.addr(), input.bytes(), h, bytes)
+    {
+        return Err(Error::ArgumentsOverlap { op: OP, first: "x", second: "h" });
     }
     Ok(NormCall {
         y,

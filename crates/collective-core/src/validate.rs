@@ -42,7 +42,7 @@ pub struct LaneCall {
 
 fn check_aligned(op: Op, argument: &'static str, addr: u64, dtype: DType) -> Result<(), Error> {
     let align = dtype.size();
-    if addr % align as u64 == 0 { Ok(()) } else { Err(Error::Misaligned { op, argument, addr, align }) }
+    if addr.is_multiple_of(align as u64) { Ok(()) } else { Err(Error::Misaligned { op, argument, addr, align }) }
 }
 
 /// Checks that `len` elements of `size` bytes at `addr` have a byte length and an end address

@@ -430,11 +430,11 @@ fn main() {
         ("launch_cost", launch_cost),
         ("latency", latency),
     ] {
-        if want(name) {
-            if let Err(e) = f(&ctx) {
-                println!("{{\"bench\":\"{name}\",\"error\":\"{}\"}}", e.to_string().replace('"', "'"));
-                failed = true;
-            }
+        if want(name)
+            && let Err(e) = f(&ctx)
+        {
+            println!("{{\"bench\":\"{name}\",\"error\":\"{}\"}}", e.to_string().replace('"', "'"));
+            failed = true;
         }
     }
     if failed {

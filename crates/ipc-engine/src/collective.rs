@@ -94,11 +94,11 @@ impl<D: IpcDevice> IpcCollective<D> {
             return Err(Error::Closed);
         }
         self.poison.check()?;
-        if let Some(ipc) = &self.ipc {
-            if D::record_code(&ipc.err) != 0 {
-                let words = D::record_words(&ipc.err);
-                return Err(self.poison.record(status::decode(&words, self.config.timeouts().peer, D::BACKEND)));
-            }
+        if let Some(ipc) = &self.ipc
+            && D::record_code(&ipc.err) != 0
+        {
+            let words = D::record_words(&ipc.err);
+            return Err(self.poison.record(status::decode(&words, self.config.timeouts().peer, D::BACKEND)));
         }
         Ok(())
     }

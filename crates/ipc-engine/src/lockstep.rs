@@ -134,7 +134,7 @@ impl Lockstep {
                 };
             }
             spins = spins.wrapping_add(1);
-            if spins % 64 == 0 {
+            if spins.is_multiple_of(64) {
                 let waited = start.elapsed();
                 if waited > bound {
                     let peer = self.ranks[late];

@@ -435,7 +435,7 @@ fn run(spec: &LaunchSpec, sink: Sink) -> Result<LaunchOutcome, LaunchError> {
     }
     let per_node = match spec.virtual_nodes {
         None => spec.nproc,
-        Some(nodes) if nodes > 0 && spec.nproc % nodes == 0 => spec.nproc / nodes,
+        Some(nodes) if nodes > 0 && spec.nproc.is_multiple_of(nodes) => spec.nproc / nodes,
         Some(nodes) => return Err(LaunchError::VirtualNodes { nproc: spec.nproc, nodes }),
     };
     // Port 0 is "any free port", as for a socket.

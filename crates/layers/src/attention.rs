@@ -59,7 +59,7 @@ impl AttentionShape {
 
     pub(crate) fn check(&self, cp: usize) -> Result<(), Error> {
         require(SUPPORTED_WORLD_SIZES.contains(&cp), || format!("CP size {cp} is not 1, 2, 4 or 8"))?;
-        require(self.tokens % cp == 0, || format!("{} tokens do not split over {cp} ranks", self.tokens))?;
+        require(self.tokens.is_multiple_of(cp), || format!("{} tokens do not split over {cp} ranks", self.tokens))?;
         // The scores are scaled by 1/√head_dim: a head of width 0 would scale by ∞ (0 · ∞ is
         // NaN for every score), so heads have at least one element.
         require(self.heads == 0 || self.head_dim > 0, || format!("{} heads of width 0", self.heads))?;

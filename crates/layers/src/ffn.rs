@@ -73,7 +73,7 @@ impl FfnShape {
 
     pub(crate) fn check(&self, tp: usize) -> Result<(), Error> {
         require(SUPPORTED_WORLD_SIZES.contains(&tp), || format!("TP size {tp} is not 1, 2, 4 or 8"))?;
-        require(self.ffn % LEAVES == 0, || format!("ffn {} is not a multiple of {LEAVES} leaves", self.ffn))?;
+        require(self.ffn.is_multiple_of(LEAVES), || format!("ffn {} is not a multiple of {LEAVES} leaves", self.ffn))?;
         product("tokens x hidden", &[self.tokens, self.hidden])?;
         product("tokens x ffn", &[self.tokens, self.ffn])?;
         product("hidden x ffn", &[self.hidden, self.ffn])?;
@@ -192,7 +192,7 @@ impl<T: Scalar> FfnShard<T> {
     fn check_call<C: Collective<Stream = ()>>(&self, comm: &C, x_local: &[T], out_local: &[T]) -> Result<(), Error> {
         self.check_member(comm)?;
         let tokens = self.shape.tokens;
-        require(tokens % self.tp == 0, || format!("{tokens} tokens do not split over {} ranks", self.tp))?;
+        require(tokens.is_multiple_of(self.tp), || format!("{tokens} tokens do not split over {} ranks", self.tp))?;
         let want = self.shape.local_len(self.tp);
         require(x_local.len() == want, || format!("x_local has {} elements, expected {want}", x_local.len()))?;
         require(out_local.len() == want, || format!("out_local has {} elements, expected {want}", out_local.len()))

@@ -364,7 +364,7 @@ mod balanced_tests {
             for unit in [1usize, 4, 8, 16, 32] {
                 let step = 64 * unit;
                 let b = balanced(step, total, unit);
-                assert!(b <= step && b > 0 && (b % unit == 0 || b == step));
+                assert!(b <= step && b > 0 && (b.is_multiple_of(unit) || b == step));
                 assert_eq!(total.div_ceil(b), total.div_ceil(step), "total {total} unit {unit}");
             }
         }
@@ -495,7 +495,7 @@ mod tests {
             for dtype in [DType::F32, DType::BF16] {
                 let size = dtype.size();
                 let step = bulk_scatter_elements(cap, size, world);
-                assert!(step > 0 && world * step * size <= cap && (step * size) % 16 == 0, "{world} {dtype}");
+                assert!(step > 0 && world * step * size <= cap && (step * size).is_multiple_of(16), "{world} {dtype}");
                 for n in [cap / size + world, 7 * cap / 2 / size + 3, 10 * cap / size - 5] {
                     let n = n.div_ceil(world) * world;
                     let m = n / world;
@@ -552,7 +552,10 @@ mod tests {
             for dtype in [DType::F32, DType::BF16] {
                 let size = dtype.size();
                 let step = bulk_all_reduce_elements(cap, size, world);
-                assert!(step > 0 && 2 * step * size <= cap && (step / world * size) % 16 == 0, "{world} {dtype}");
+                assert!(
+                    step > 0 && 2 * step * size <= cap && (step / world * size).is_multiple_of(16),
+                    "{world} {dtype}"
+                );
                 // Above the frame a bulk route fits (half the capacity), up to 10x the capacity.
                 for n in [cap / size / 2 + 1, cap / size, 7 * cap / 2 / size + 3, 10 * cap / size] {
                     let c = call(Op::AllReduce, n, world, dtype);

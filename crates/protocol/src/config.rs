@@ -97,10 +97,10 @@ impl IpcConfig {
     /// range, positive timeouts).
     pub fn check(&self) -> Result<(), Error> {
         super::check_capacity(self.capacity)?;
-        if let Some(b) = self.max_blocks {
-            if b == 0 || b > 1024 {
-                return Err(Error::InvalidConfig { detail: format!("max_blocks is {b}: expected 1..=1024") });
-            }
+        if let Some(b) = self.max_blocks
+            && (b == 0 || b > 1024)
+        {
+            return Err(Error::InvalidConfig { detail: format!("max_blocks is {b}: expected 1..=1024") });
         }
         // The staging layout must fit before anything is allocated (a capacity near usize::MAX
         // used to wrap to a tiny allocation).

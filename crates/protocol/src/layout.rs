@@ -293,7 +293,7 @@ mod tests {
     fn ll_slots_are_disjoint_inside_the_control_block() {
         let l = Layout::with_ll(1 << 20, 8, 4, 1000).unwrap();
         assert_eq!(l.ll_slot_bytes(), 2048);
-        assert!(l.ll_area() >= l.push_header(1, 7) + LINE && l.ll_area() % 4096 == 0);
+        assert!(l.ll_area() >= l.push_header(1, 7) + LINE && l.ll_area().is_multiple_of(4096));
         let mut slots: Vec<usize> =
             (0..2).flat_map(|p| (0..4).map(move |q| (p, q))).map(|(p, q)| l.ll_slot(p, q)).collect();
         slots.sort();

@@ -161,7 +161,7 @@ impl NormParams {
     /// Whether the kernels take the vector path (`dc_norm_vector_ok`): `hidden` a multiple of
     /// 8 and every address 16-byte aligned.
     pub fn vector_ok(&self) -> bool {
-        self.hidden % 8 == 0 && (self.sum | self.residual | self.weight | self.h | self.y) % 16 == 0
+        self.hidden.is_multiple_of(8) && (self.sum | self.residual | self.weight | self.h | self.y).is_multiple_of(16)
     }
 
     /// Blocks of the launch: one per row, at most [`NORM_MAX_GRID`] (the kernel strides over

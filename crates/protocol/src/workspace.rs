@@ -141,10 +141,10 @@ impl<D: Device> Workspace<D> {
     /// Frees the allocation once idle (bounded); leaks it when it cannot be proven idle.
     pub fn free(&mut self, dev: &D, timeout: Duration) -> Result<(), Error> {
         let idle = self.wait_idle(dev, timeout);
-        if let Some(a) = self.alloc.take() {
-            if idle.is_err() {
-                dev.leak(a);
-            }
+        if let Some(a) = self.alloc.take()
+            && idle.is_err()
+        {
+            dev.leak(a);
         }
         self.bytes = 0;
         idle

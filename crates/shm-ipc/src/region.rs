@@ -181,20 +181,20 @@ impl Region {
     /// doc); `stem` (e.g. `detcoll-<pid>-<rank>-<nonce>`) names the fallback object.
     pub(crate) fn create_shared(stem: &str, len: usize) -> Result<(Region, Share), Error> {
         sweep_stale();
-        if !testing::has(Fault::NoProcFd) {
-            if let Some(fd) = open_tmpfile() {
-                let pid = std::process::id();
-                let raw = fd.as_raw_fd();
-                if proc_open(pid, raw).is_ok() {
-                    let object = format!("(unnamed, {stem})");
-                    reserve(&fd, &object, len)?;
-                    let st = fstat(raw)
-                        .map_err(|e| Error::Backend { backend: "shm-ipc", detail: format!("fstat {object}: {e}") })?;
-                    after_create(&fd);
-                    let region = Self::map(&fd, &object, len)?;
-                    let handle = Handle::Proc { pid, fd: raw, dev: st.st_dev, ino: st.st_ino };
-                    return Ok((region, Share { _fd: Some(fd), name: None, handle }));
-                }
+        if !testing::has(Fault::NoProcFd)
+            && let Some(fd) = open_tmpfile()
+        {
+            let pid = std::process::id();
+            let raw = fd.as_raw_fd();
+            if proc_open(pid, raw).is_ok() {
+                let object = format!("(unnamed, {stem})");
+                reserve(&fd, &object, len)?;
+                let st = fstat(raw)
+                    .map_err(|e| Error::Backend { backend: "shm-ipc", detail: format!("fstat {object}: {e}") })?;
+                after_create(&fd);
+                let region = Self::map(&fd, &object, len)?;
+                let handle = Handle::Proc { pid, fd: raw, dev: st.st_dev, ino: st.st_ino };
+                return Ok((region, Share { _fd: Some(fd), name: None, handle }));
             }
         }
         let name = fallback_name(stem);
@@ -236,16 +236,16 @@ impl Region {
             }
         };
         let st = fstat(fd.as_raw_fd()).map_err(|e| backend_io("fstat", &what, e))?;
-        if let Handle::Proc { dev, ino, .. } = handle {
-            if (st.st_dev, st.st_ino) != (*dev, *ino) {
-                return Err(Error::ConfigMismatch {
-                    detail: format!(
-                        "{what} is not rank {q}'s shared object (inode {}:{} instead of {dev}:{ino}): is rank {q} \
+        if let Handle::Proc { dev, ino, .. } = handle
+            && (st.st_dev, st.st_ino) != (*dev, *ino)
+        {
+            return Err(Error::ConfigMismatch {
+                detail: format!(
+                    "{what} is not rank {q}'s shared object (inode {}:{} instead of {dev}:{ino}): is rank {q} \
                          in another pid namespace?",
-                        st.st_dev, st.st_ino
-                    ),
-                });
-            }
+                    st.st_dev, st.st_ino
+                ),
+            });
         }
         let found = u64::try_from(st.st_size).unwrap_or(0);
         if found < len as u64 {

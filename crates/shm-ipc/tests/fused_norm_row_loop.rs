@@ -13,14 +13,18 @@ use detcoll_protocol::{IpcDevice, NormArgs, NormParams};
 use half::{bf16, f16};
 use shm_ipc::{HostDevice, ShmCollective, ShmConfig};
 
-/// Whether rank 0 of `comms` would take the row loop for a fused call of `rows x hidden` in `T`
-/// by `route`, its residual `offset` elements into its buffer (1: not 16-byte aligned).
-fn row_loop<T: Element + Plain>(
+/// Which of rank 0's forms a fused call asks about: the row loop or rows of two tiles.
+type Ask = fn(&ipc_engine::IpcCollective<HostDevice>, &Io<'_>, IpcRoute, &NormParams) -> bool;
+
+/// What `ask` answers on rank 0 of `comms` for a fused call of `rows x hidden` in `T` by
+/// `route`, its residual `offset` elements into its buffer (1: not 16-byte aligned).
+fn form<T: Element + Plain>(
     comms: &[ShmCollective],
     rows: usize,
     hidden: usize,
     route: IpcRoute,
     offset: usize,
+    ask: Ask,
 ) -> bool {
     let n = rows * hidden;
     let zero = T::from_f32_rounded(0.0);
@@ -40,7 +44,30 @@ fn row_loop<T: Element + Plain>(
         dtype: T::DTYPE,
     };
     let packed = NormParams::pack(&args).expect("pack");
-    comms[0].engine().fused_norm_row_loop(&Io::host(&x, &mut y), route, &packed)
+    ask(comms[0].engine(), &Io::host(&x, &mut y), route, &packed)
+}
+
+/// Whether rank 0 would take the row loop (`IpcCollective::fused_norm_row_loop`).
+fn row_loop<T: Element + Plain>(
+    comms: &[ShmCollective],
+    rows: usize,
+    hidden: usize,
+    route: IpcRoute,
+    offset: usize,
+) -> bool {
+    form::<T>(comms, rows, hidden, route, offset, |e, io, r, p| e.fused_norm_row_loop(io, r, p))
+}
+
+/// Whether rank 0 would hold rows of two tiles in registers, a block a row
+/// (`IpcCollective::fused_norm_two_tile_rows`).
+fn two_tile_rows<T: Element + Plain>(
+    comms: &[ShmCollective],
+    rows: usize,
+    hidden: usize,
+    route: IpcRoute,
+    offset: usize,
+) -> bool {
+    form::<T>(comms, rows, hidden, route, offset, |e, io, r, p| e.fused_norm_two_tile_rows(io, r, p))
 }
 
 #[test]
@@ -74,37 +101,6 @@ fn the_row_loop_is_one_shot_in_one_launch_with_rows_of_one_tile() {
     for c in comms {
         c.close().expect("close");
     }
-}
-
-/// Whether rank 0 of `comms` would take the form of rows of two tiles held in registers, a
-/// block a row (`IpcCollective::fused_norm_two_tile_rows`), for `rows x hidden` in `T` by
-/// `route`, its residual `offset` elements into its buffer.
-fn two_tile_rows<T: Element + Plain>(
-    comms: &[ShmCollective],
-    rows: usize,
-    hidden: usize,
-    route: IpcRoute,
-    offset: usize,
-) -> bool {
-    let n = rows * hidden;
-    let zero = T::from_f32_rounded(0.0);
-    let (x, mut y) = (vec![zero; n], vec![zero; n]);
-    let residual = vec![zero; n + offset];
-    let weight = vec![zero; hidden];
-    let sum = y.as_mut_ptr() as u64;
-    let args = NormArgs {
-        sum,
-        residual: residual[offset..].as_ptr() as u64,
-        weight: weight.as_ptr() as u64,
-        h: residual[offset..].as_ptr() as u64,
-        y: sum,
-        rows,
-        hidden,
-        eps: 1e-6,
-        dtype: T::DTYPE,
-    };
-    let packed = NormParams::pack(&args).expect("pack");
-    comms[0].engine().fused_norm_two_tile_rows(&Io::host(&x, &mut y), route, &packed)
 }
 
 /// The front door's one kernel above its row limit for rows of two tiles (hidden 8192): yes

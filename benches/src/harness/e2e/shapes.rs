@@ -88,7 +88,7 @@ impl Plan {
         let what = self.parallel_name();
         if self.layer == E2eLayer::Ffn {
             anyhow::ensure!(
-                self.ffn % LEAVES == 0,
+                self.ffn.is_multiple_of(LEAVES),
                 "--ffn {}: the FFN width must be a multiple of the {LEAVES} leaves",
                 self.ffn
             );

@@ -38,10 +38,10 @@ struct Failures(Vec<String>);
 
 impl Failures {
     fn check(&mut self, what: impl FnOnce() -> String, r: Result<(), String>) {
-        if let Err(e) = r {
-            if self.0.len() < 8 {
-                self.0.push(format!("{}: {e}", what()));
-            }
+        if let Err(e) = r
+            && self.0.len() < 8
+        {
+            self.0.push(format!("{}: {e}", what()));
         }
     }
     fn finish(self) -> Result<(), String> {

@@ -38,7 +38,7 @@ pub fn expect_mismatch(
 /// a different split on odd ranks (`[4w, 8w]` vs `[8w, 4w]`): before the split was part of the
 /// signature, such calls returned `Ok` with the lanes' trees mixed.
 pub fn split_lanes(rank: usize, world: usize) -> [usize; 2] {
-    if rank % 2 == 0 { [4 * world, 8 * world] } else { [8 * world, 4 * world] }
+    if rank.is_multiple_of(2) { [4 * world, 8 * world] } else { [8 * world, 4 * world] }
 }
 
 /// Rank `me` made the [`split_lanes`] call. Within `bound` (`waited`), the call or the

@@ -177,7 +177,7 @@ fn adversarial<T: Element>(seed: u64, which: Tensor, rows: usize, hidden: usize)
             let r = step(&mut own);
             let p = step(&mut pair);
             v.push(match kind {
-                1 if r % 8 == 0 => specials[((r >> 20) % specials.len() as u64) as usize],
+                1 if r.is_multiple_of(8) => specials[((r >> 20) % specials.len() as u64) as usize],
                 2 => b(if r & 1 == 1 { sign } else { 0 }),
                 3 => scaled(r, top - ((r >> 40) % 4) as i32),
                 4 => scaled(r, low + ((r >> 40) % 12) as i32),

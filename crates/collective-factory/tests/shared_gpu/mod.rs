@@ -67,11 +67,11 @@ pub fn plan(i: usize) -> (Op, DType, usize) {
     // Per-rank input bytes: LL, one-shot, RS+AG / push, bulk, chunked.
     const BYTES: [usize; 8] = [64, 1024, 4096, 12 << 10, 48 << 10, 96 << 10, 192 << 10, 1 << 20];
     let op = OPS[i % 3];
-    let dtype = if (i / 3) % 2 == 0 { DType::BF16 } else { DType::F32 };
+    let dtype = if (i / 3).is_multiple_of(2) { DType::BF16 } else { DType::F32 };
     // Sizes cycle with a stride coprime to the op and dtype cycles; the 1 MiB calls (chunked)
     // are every 8th size pick but only 1 in 4 of them, to keep host-side reference work low.
     let pick = (i / 6 + i) % 8;
-    let bytes = if pick == 7 && (i / 48) % 4 != 0 { BYTES[i % 4] } else { BYTES[pick] };
+    let bytes = if pick == 7 && !(i / 48).is_multiple_of(4) { BYTES[i % 4] } else { BYTES[pick] };
     (op, dtype, bytes / dtype.size())
 }
 
@@ -158,7 +158,7 @@ pub fn fused_plan(i: usize) -> Option<(DType, usize, usize)> {
     if i % 7 != 6 {
         return None;
     }
-    let dtype = if (i / 42) % 2 == 0 { DType::BF16 } else { DType::F32 };
+    let dtype = if (i / 42).is_multiple_of(2) { DType::BF16 } else { DType::F32 };
     let (rows, hidden) = SHAPES[(i / 7) % SHAPES.len()];
     Some((dtype, rows, hidden))
 }

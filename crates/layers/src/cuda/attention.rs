@@ -45,7 +45,7 @@ impl<T: CudaScalar> CudaAttention<T> {
         shape.check(cp)?;
         require(rank < cp, || format!("rank {rank} is outside a CP group of {cp}"))?;
         let d = shape.head_dim;
-        require(d % 32 == 0 && (32..=MAX_HEAD_DIM).contains(&d), || {
+        require(d.is_multiple_of(32) && (32..=MAX_HEAD_DIM).contains(&d), || {
             format!("head_dim {d} is not a multiple of 32 in 32..={MAX_HEAD_DIM}")
         })?;
         require(shape.heads > 0 && shape.heads <= 65535, || format!("{} heads: 1 to 65535 supported", shape.heads))?;

@@ -116,7 +116,7 @@ unsafe fn tree_of<T: fixed_tree::Element + Default>(src: &[u64], dst: u64, bytes
     let count = (bytes / size) as usize;
     let align = align_of::<T>() as u64;
     let apart = |s: u64| s + bytes <= dst || dst + bytes <= s;
-    if dst % align == 0 && src.iter().all(|&s| s % align == 0 && apart(s)) {
+    if dst.is_multiple_of(align) && src.iter().all(|&s| s % align == 0 && apart(s)) {
         // The common case (frames and caller views aligned, the output no source): the tree
         // straight over the memory.
         let mut ranks: [&[T]; MAX_WORLD] = [&[]; MAX_WORLD];

@@ -283,7 +283,7 @@ impl Call<'_> {
                 return Some(v);
             }
             polls = polls.wrapping_add(1);
-            if polls % 16 != 0 {
+            if !polls.is_multiple_of(16) {
                 continue;
             }
             if self.aborted() {
