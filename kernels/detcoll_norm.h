@@ -890,7 +890,11 @@ DC_DEV void dc_norm_row_in_regs_any(const DcNormParams& p, const DcNormRowRegs<N
 // of the sum, which are rows b, b + grid, ... (dc_norm_local_group is 1). (Rows of two tiles,
 // hidden 8192, do not loop: a loop of them, block b < grid / 2 taking rows b, b + grid / 2, ...,
 // measured 6-29 % slower than the epilogue or the norm's own launch at world 2, 64-128 rows, on
-// one H100; benches/results/h100-2026-12-05-row-loop.md.) Instead of the epilogue's second pass over the rows
+// one H100; benches/results/h100-2026-12-05-row-loop.md. So did a loop on every block, rows b,
+// b + grid, ... waiting for the blocks that staged them: at 2-8 rows a block 3-23 % slower than
+// the one-shot all_reduce then the norm's own launch at worlds 2/4/8 on one H100;
+// benches/results/h100-2026-12-06-two-tile-rows.md.)
+// Instead of the epilogue's second pass over the rows
 // (re-reading the sum, the residual and the weight after the block's barrier) or the norm's
 // own launch, the block takes its rows one after the other in the row form in registers: each
 // thread reduces its vectors of the row and keeps them (dc_reduce_row_kept), and the row is

@@ -152,10 +152,11 @@ fn fused_norm_equals_the_reference_at_every_world() {
 /// Batches up to 2048 x 8192 bf16 (32 MiB a rank) on the default tables and staging (16 MiB):
 /// worlds 4 and 8 take RS+AG (512 x 4096 in one launch: one kernel whose norm reads the gathered
 /// sums; two chunks for the largest: the norm a second launch), world 2 bulk push (a second
-/// launch). And 40 and 66 rows of 8192 on one-shot: at world 2 on a GPU of 132 multiprocessors
-/// (a resident grid of 66) each row is a block's in registers while blocks stage two tiles
-/// each (`dc_norm_two_tile_rows`), 66 rows one kernel above the 64-row limit
-/// (`fused_norm_two_tile_rows`); at worlds 4/8 more rows than blocks.
+/// launch). And 40-256 rows of 8192 on one-shot (up to 2 MiB a rank at worlds 4/8, 4 MiB at
+/// world 2): at world 2 on a GPU of 132 multiprocessors (a resident grid of 66) 40 and 66 rows
+/// are a block's each in registers while blocks stage two tiles each (`dc_norm_two_tile_rows`;
+/// 66 rows one kernel above the 64-row limit: `fused_norm_two_tile_rows`), 128 and 256 rows
+/// the norm's own launch; at worlds 4/8 (33 and 16 blocks) more rows than blocks.
 #[test]
 fn large_batches_on_the_default_routes() {
     if !gpu() {
@@ -163,10 +164,10 @@ fn large_batches_on_the_default_routes() {
     }
     for world in [2, 4, 8] {
         let comms = nvidia::thread_group(world, &Config::new()).expect("thread group");
-        let shapes = [(512, 4096), (2048, 8192), (40, 8192), (66, 8192)];
+        let shapes = [(512, 4096), (2048, 8192), (40, 8192), (66, 8192), (128, 8192), (256, 8192)];
         check_shapes::<bf16>(&comms, "bf16, default routes", &shapes);
-        check_shapes::<f16>(&comms, "f16, default routes", &[(40, 8192), (66, 8192)]);
-        println!("world {world}: 512 x 4096, 2048 x 8192, 40 and 66 x 8192 = fixed_tree::residual_rmsnorm");
+        check_shapes::<f16>(&comms, "f16, default routes", &[(40, 8192), (66, 8192), (129, 8192)]);
+        println!("world {world}: 512 x 4096, 2048 x 8192, 40-256 x 8192 = fixed_tree::residual_rmsnorm");
     }
 }
 
@@ -358,7 +359,8 @@ fn raw_fused_calls_in_place_and_out_of_place() {
 /// bf16 rows of one protocol tile (hidden 4096): each block reduces its rows one after the
 /// other and normalises each in registers right after its reduce (`dc_norm_rows_kept`), in one
 /// kernel at any row count (`collective_factory::one_kernel`). Rows of two tiles (8192) beside
-/// them, which do not loop (the epilogue up to 64 rows, the norm's own launch above), on the
+/// them, which do not loop (a block a row up to the grid, its tiles staged by other blocks;
+/// the norm's own launch above), on the
 /// same grids and handles. Grids capped at 1 to 6 blocks
 /// (`with_max_blocks`), worlds 2, 3, 4 and 8; rows from just above the blocks to 200 (40 a block
 /// at the least); the typed entry out of place and in place (`y` over `x`: the sum is not
