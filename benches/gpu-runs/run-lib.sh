@@ -16,6 +16,15 @@ cap() { local l; l=$(left); echo $(( l < $1 ? l : $1 )); }
 pack() { tar -czf $OUT/results.tgz -C /tmp r; }
 mkdir -p new && (cd new && xz -dc $R/$DIR/new.tar.xz | tar -xf -)
 export NCCL_NVLS_ENABLE=0 CUDA_MODULE_LOADING=EAGER LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+# PREBUILT=1: the bundle's prebuilt kernels for the examples run directly too (run.sh sets this
+# for the suites; an example finds no image beside itself, in examples/). Default 0: each bench
+# process compiles its world's image with the device's NVRTC (about 30-40 s a world the first
+# time, then the driver's cache), which is what a user's process runs — and on 1x H100 it ran
+# some fused forms 4-10 % faster than the prebuilt image from the pip NVRTC 13.5 cubin
+# (benches/results/h100-2026-12-06-two-tile-rows.md, call 4).
+if [ "${PREBUILT:-0}" = 1 ] && [ -d "$R/new/gpu-bundle/kernels" ]; then
+  export DETCOLL_KERNEL_DIR="$R/new/gpu-bundle/kernels"
+fi
 nvidia-smi -L > $O/gpu.txt
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.max.sm,power.draw --format=csv,noheader -lms 1000 > $O/clock.csv 2>&1 &
 echo "unpacked t=$(el)"

@@ -1,5 +1,7 @@
 #!/bin/bash
-# Issue 29: the row loop for rows of two tiles (hidden 8192, f16/bf16; dc_norm_two_tile_row_loop)
+# Issue 29: the row loop for rows of two tiles (hidden 8192, f16/bf16; dc_norm_two_tile_row_loop,
+# measured in call 2 of benches/results/h100-2026-12-06-two-tile-rows.md and not shipped: on main
+# this script times the shipped forms at those rows)
 # where the rows outnumber the one-shot grid, against what the front door made of those batches
 # before: the all_reduce then the norm's own launch, which is fused_norm_bench's `unfused`
 # column of the same run (the bench's `one kernel` and `fused` columns are the loop). Carry DIR
