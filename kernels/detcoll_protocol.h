@@ -323,9 +323,13 @@ DC_DEV void dc_fail(const DcHeader& h, dc_u64* status, dc_u64 code, dc_u32 peer,
 // local wait that finds a mismatch first publishes our own word in the peer's line, so both
 // ranks of a mismatched call report the mismatch, not one of them only the other's failure.
 // TWO: also line `off2` of every peer (threads 32 + peer watch those, in parallel).
-template <bool TWO = false>
+// OWN (with TWO, not local): also this rank's own lines `off` and `off2` (threads 64 and 65, in
+// parallel with the peers'): for a reader of its own frame's tiles that other blocks of its own
+// launch staged (the one-shot form of rows of two tiles), which no peer's flag orders.
+template <bool TWO = false, bool OWN = false>
 DC_DEV bool dc_wait(const DcHeader& h, dc_u64* status, dc_u32 off, dc_u32 g, dc_u64 timeout_code, bool local,
                     dc_u32 off2 = 0u) {
+    static_assert(!OWN || TWO, "own lines beside two lines of every peer");
     DC_SHARED volatile int s_fail;
     // Every thread is done with the block's earlier shared words (the prologue's, a previous
     // wait's result) before thread 0 reuses any: compute-sanitizer's racecheck found thread 0's
@@ -334,11 +338,21 @@ DC_DEV bool dc_wait(const DcHeader& h, dc_u64* status, dc_u32 off, dc_u32 g, dc_
     if (DC_TID == 0) s_fail = 0;
     DC_SYNC_BLOCK();
     dc_u32 t = DC_TID;
-    if (TWO && t >= 32u) {
-        t -= 32u;
-        off = off2;
+    bool watch;
+    if (OWN && !local && t >= 64u && t < 66u) {
+        // Our own block's line: the same loop with this rank as the "peer" (its abort word is
+        // our own, checked first; a close acknowledgement of our own is never written).
+        if (t == 65u) off = off2;
+        t = h.rank;
+        watch = true;
+    } else {
+        if (TWO && t >= 32u) {
+            t -= 32u;
+            off = off2;
+        }
+        watch = t < h.world && t != h.rank;
     }
-    if (t < h.world && t != h.rank) {
+    if (watch) {
         const dc_u64* flag = local ? dc_at(h.ctl[h.rank], off + (dc_u64)t * h.line) : dc_at(h.ctl[t], off);
         const dc_u64* peer_status = dc_at(h.ctl[t], h.off_status);
         dc_u64 start = dc_globaltimer();
@@ -1029,12 +1043,15 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
             bool ok;
             if (NV == 2) {
                 // Two tiles a row: block b < rows reduces row b, tiles 2b and 2b + 1, once the
-                // peers' ready flags of the blocks that staged them are up (tile t is block
-                // t % grid's: with rows > grid / 2 blocks staged two tiles); the other blocks
-                // only staged their tiles.
+                // ready flags of the blocks that staged them are up (tile t is block t % grid's:
+                // with rows > grid / 2 blocks staged two tiles) in every peer and in this rank
+                // too: the reduce reads the own leaf from the own frame, which other blocks of
+                // this launch staged, and in place its stores of the row overwrite the input
+                // those blocks stage from; no peer's flag orders either. The other blocks only
+                // staged their tiles.
                 ok = (dc_u64)b < norm->n.rows &&
-                     dc_wait<true>(h, status, h.off_ready + ((2u * b) % h.grid) * h.line, g, DC_ERR_TIMEOUT_READY,
-                                   false, h.off_ready + ((2u * b + 1u) % h.grid) * h.line);
+                     dc_wait<true, true>(h, status, h.off_ready + ((2u * b) % h.grid) * h.line, g,
+                                         DC_ERR_TIMEOUT_READY, false, h.off_ready + ((2u * b + 1u) % h.grid) * h.line);
             } else {
                 ok = dc_wait(h, status, h.off_ready + b * h.line, g, DC_ERR_TIMEOUT_READY, false);
             }

@@ -11,7 +11,8 @@
 #   1. the suites in SUITES (default collective-factory-test-nvidia_fused_norm) on the new image;
 #   2. fused_norm_bench (bf16, hidden 8192, graphs) of both images alternating, three rounds, at
 #      the rows around the two grids' halves: world 2 (grid 66 on 132 SMs) 33-66, world 4
-#      (33) 16-33, world 8 (16) 8-16, and one row count above the grid each.
+#      (33) 16-33, world 8 (16) 8-16, and one row count above the grid each (W2ROWS, W4ROWS,
+#      W8ROWS override the lists).
 # Then `python3 benches/gpu-runs/fused-ab.py <results>` (new-*.md against old-*.md).
 set -u
 SUITES=${SUITES:-collective-factory-test-nvidia_fused_norm}
@@ -20,7 +21,7 @@ run_suites
 OLD_DIR=$R/$DIR/old-kernels
 for r in 1 2 3; do
   for b in new old; do
-    for wr in "2 33,40,48,56,64,66,67" "4 16,17,24,32,33,34" "8 8,9,12,16,17"; do
+    for wr in "2 ${W2ROWS:-33,40,48,56,64,66,67}" "4 ${W4ROWS:-16,17,24,32,33,34}" "8 ${W8ROWS:-8,9,12,16,17}"; do
       set -- $wr
       [ $(left) -gt 30 ] || { echo "bench $b-$r w$1 skipped (time) t=$(el)"; continue; }
       if [ $b = old ]; then kd=$OLD_DIR; else kd=$R/new/gpu-bundle/kernels; fi
