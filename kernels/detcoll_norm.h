@@ -790,9 +790,10 @@ DC_DEV bool dc_norm_row_regs_ok(const DcHeader& h, const DcNormParams& p, dc_u32
 // is two tiles of one 16-byte vector per thread (f16/bf16, hidden 8192), the launch is one-shot
 // or LL push and its blocks reduce whole rows (dc_norm_whole_sum), every row has a block of its
 // own (rows <= grid), on the norm's vector path. Block b < rows then reduces row b: on one-shot
-// tiles 2b and 2b + 1, after the peers' ready flags of the blocks that staged them (tile t is
-// block t % grid's: blocks 2b and 2b + 1 while 2 * rows <= grid; with more rows, blocks stage
-// two tiles each and row b waits for blocks 2b % grid and (2b + 1) % grid); on LL push the row
+// tiles 2b and 2b + 1, after the ready flags of the blocks that staged them, in every peer and
+// in its own rank (tile t is block t % grid's: blocks 2b and 2b + 1 while 2 * rows <= grid; with
+// more rows, blocks stage two tiles each and row b waits for blocks 2b % grid and (2b + 1) %
+// grid; dc_collective_mode's wait); on LL push the row
 // is a unit of the chunk walk (dc_for_chunks<2>: unit u is block u % grid's). The staging is
 // the plain all_reduce's either way, so a rank that takes another form (its own addresses'
 // alignment decides dc_norm_vector_ok) still pairs with its peers' flags.

@@ -335,8 +335,10 @@ impl<D: IpcDevice> IpcCollective<D> {
     /// launch, and no more rows than the launch has blocks (its grid is a block a tile, at most
     /// the resident grid, so: rows <= the resident grid). The front door asks it for batches
     /// above its one-kernel row limit (collective-factory's `ONE_KERNEL_MAX_ROWS`), where the
-    /// norm would otherwise be a launch of its own: on one H100 (world 2, 66 rows of 8192) the form took 9.3 us against 13.9 us for
-    /// the all_reduce then the norm kernel (benches/results/h100-2026-12-06-two-tile-rows.md).
+    /// norm would otherwise be a launch of its own: on one H100 (world 2, 66 rows of 8192) the
+    /// form took 9.3 us against 13.9 us for the all_reduce then the norm kernel
+    /// (benches/results/h100-2026-12-06-two-tile-rows.md). Rows beyond the grid keep the norm's
+    /// launch: a loop of them measured slower there.
     pub fn fused_norm_two_tile_rows(&self, io: &Io<'_>, route: IpcRoute, norm: &NormParams) -> bool {
         let two_bytes = norm.dtype == DType::F16 as u32 || norm.dtype == DType::BF16 as u32;
         if !D::NORM_ROW_LOOP || route != IpcRoute::OneShot || !two_bytes || !norm.vector_ok() {
