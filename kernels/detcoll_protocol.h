@@ -1047,11 +1047,20 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
                 // with rows > grid / 2 blocks staged two tiles) in every peer and in this rank
                 // too: the reduce reads the own leaf from the own frame, which other blocks of
                 // this launch staged, and in place its stores of the row overwrite the input
-                // those blocks stage from; no peer's flag orders either. The other blocks only
-                // staged their tiles.
-                ok = (dc_u64)b < norm->n.rows &&
-                     dc_wait<true, true>(h, status, h.off_ready + ((2u * b) % h.grid) * h.line, g,
-                                         DC_ERR_TIMEOUT_READY, false, h.off_ready + ((2u * b + 1u) % h.grid) * h.line);
+                // those blocks stage from; no peer's flag orders either. A block without a row
+                // still waits for its own line of every peer, as every block of the other bodies
+                // does, then reduces nothing: with no row at all (an empty batch) no block would
+                // otherwise wait, and the call would end before any peer had started it — its
+                // next call could then restage the frame a late peer still reads, and it would
+                // let dependent launches start (DC_GRID_DEP_TRIGGER) before the peers run.
+                if ((dc_u64)b < norm->n.rows) {
+                    ok = dc_wait<true, true>(h, status, h.off_ready + ((2u * b) % h.grid) * h.line, g,
+                                             DC_ERR_TIMEOUT_READY, false,
+                                             h.off_ready + ((2u * b + 1u) % h.grid) * h.line);
+                } else {
+                    dc_wait(h, status, h.off_ready + b * h.line, g, DC_ERR_TIMEOUT_READY, false);
+                    ok = false;
+                }
             } else {
                 ok = dc_wait(h, status, h.off_ready + b * h.line, g, DC_ERR_TIMEOUT_READY, false);
             }

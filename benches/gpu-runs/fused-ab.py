@@ -1,5 +1,7 @@
 import sys, glob, statistics, re, os
 d = sys.argv[1]
+# Which two images: `fused-ab.py DIR [NEW OLD]` (default new against old).
+NEW, OLD = (sys.argv[2], sys.argv[3]) if len(sys.argv) > 3 else ('new', 'old')
 # Columns named once in fused_norm_bench's header (later versions added `fused route` and
 # `floor`, so these are looked up, not counted from the end).
 col = {}
@@ -14,7 +16,7 @@ def load(tag):
             key = (int(c[0]), int(c[1]), int(c[2]))
             runs.setdefault(key, []).append(c)
     return runs
-new, old = load('new'), load('old')
+new, old = load(NEW), load(OLD)
 med = lambda rows, i: statistics.median(float(r[i]) for r in rows)
 print("| world | hidden | rows | ar route | fused route | ar us (new run) | fused us before | form before | fused us now | form now | now/before | fused/ar before | fused/ar now | one kernel before | one kernel now | ar new/old | bits |")
 print("| ---: | ---: | ---: | :--- | :--- | ---: | ---: | :--- | ---: | :--- | ---: | ---: | ---: | ---: | ---: | ---: | :--- |")

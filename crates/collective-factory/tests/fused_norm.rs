@@ -295,3 +295,40 @@ fn h_over_an_out_of_place_x_is_refused() {
     assert!(h.iter().all(|v| v.to_bits() == 1.0f32.to_bits()), "h = x + x");
     close(&[comm]);
 }
+
+/// An empty batch (a rank with no tokens this step) is still a call of the group: on every IPC
+/// route, rows of 8192 and 4096 in bf16 (the GPU's row forms' shapes), rank 0's empty fused
+/// call whose peer never makes it ends in `PeerTimeout` naming rank 1 after the peer bound,
+/// never `Ok`, and the handle is poisoned. (On the GPU the one-shot body for rows of two tiles
+/// waited only in blocks that had a row until 2026-12-06, so there an empty call of hidden 8192
+/// returned `Ok` at once: `nvidia_fused_norm`'s fault test has the same shapes.)
+#[test]
+fn an_empty_batch_whose_peer_never_calls_times_out() {
+    let bound = std::time::Duration::from_millis(300);
+    for route in ["ipc_one_shot", "ipc_push_ll", "ipc_push", "ipc_rs_ag"] {
+        for hidden in [8192, 4096] {
+            let config = config().with_timeout(bound).with_lockstep(false).with_routing(every_size_by("cpu", route));
+            let comms = cpu::thread_group(2, &config).expect("thread group");
+            let what = format!("0 x {hidden} by {route}");
+            let (x, mut y, mut h) = (vec![bf16::ONE; hidden], vec![bf16::ZERO; hidden], vec![bf16::ONE; hidden]);
+            let weight = vec![bf16::ONE; hidden];
+            let mut call = || {
+                let norm = RmsNorm {
+                    residual: Io::host_in_place(&mut h[..0]),
+                    weight: RawRef::host(&weight),
+                    hidden,
+                    eps: 1e-6,
+                };
+                comms[0].all_reduce_residual_rmsnorm(Io::host(&x[..0], &mut y[..0]), norm, &())
+            };
+            let t = std::time::Instant::now();
+            let got = call();
+            let waited = t.elapsed();
+            assert!(matches!(got, Err(Error::PeerTimeout { peer: 1, .. })), "{what}: {got:?} after {waited:?}");
+            assert!(waited >= bound && waited < bound * 10, "{what}: ended after {waited:?}, bound {bound:?}");
+            let again = call();
+            assert!(matches!(again, Err(Error::Poisoned { .. })), "{what}: then {again:?}");
+            println!("{what}: PeerTimeout after {waited:?}, then Poisoned");
+        }
+    }
+}

@@ -424,12 +424,15 @@ fn fused_outcome(
     rows: usize,
     hidden: usize,
 ) -> (Result<(), collective_core::Error>, std::time::Duration, Result<(), collective_core::Error>) {
-    let n = rows * hidden;
+    // Buffers of at least one row; the call's views are their first `rows` rows (an empty
+    // batch: empty views, as a rank with no tokens passes them).
+    let (n, len) = (rows * hidden, rows.max(1) * hidden);
     let stream = comm.context().new_stream().expect("stream");
-    let x = stream.clone_htod(&values::<bf16>(n, 3)).expect("x");
-    let mut residual = stream.clone_htod(&values::<bf16>(n, 4)).expect("residual");
+    let x = stream.clone_htod(&values::<bf16>(len, 3)).expect("x");
+    let mut residual = stream.clone_htod(&values::<bf16>(len, 4)).expect("residual");
     let weight = stream.clone_htod(&values::<bf16>(hidden, 5)).expect("weight");
-    let mut y = stream.alloc_zeros::<bf16>(n).expect("y");
+    let mut y = stream.alloc_zeros::<bf16>(len).expect("y");
+    let (x, mut y, mut residual) = (x.slice(0..n), y.slice_mut(0..n), residual.slice_mut(0..n));
     let t = std::time::Instant::now();
     let outcome = comm
         .all_reduce_residual_rmsnorm_into(&x, &mut y, &mut residual, &weight, hidden, 1e-6, &stream)
@@ -444,9 +447,19 @@ fn fused_outcome(
 /// before the norm for rows across tiles on LL push (16 x 6144, 12 KiB rows in 8 KiB tiles) and
 /// for the gathered-sum form on RS+AG (512 x 4096, forced), and the row held in registers
 /// across the protocol on LL push (one row of 4096, a tile; 16 rows of 8192, two tiles each: no
-/// barrier of the launch).
-const FAULT_SHAPES: [(usize, usize, Option<&str>); 4] =
-    [(16, 6144, None), (512, 4096, Some("ipc_rs_ag")), (1, 4096, None), (16, 8192, None)];
+/// barrier of the launch). And empty batches on one-shot, rows of 8192 and 4096: an empty call
+/// still waits for its peers (each call is one generation). Until 2026-12-06 the one-shot body
+/// for rows of two tiles waited only in the blocks that had a row, so an empty call of hidden
+/// 8192 waited for nobody and returned `Ok` (then a next call could restage a frame a late peer
+/// was still reading).
+const FAULT_SHAPES: [(usize, usize, Option<&str>); 6] = [
+    (16, 6144, None),
+    (512, 4096, Some("ipc_rs_ag")),
+    (1, 4096, None),
+    (16, 8192, None),
+    (0, 8192, Some("ipc_one_shot")),
+    (0, 4096, Some("ipc_one_shot")),
+];
 
 /// World 2 with `bound` on every wait for a peer, the lockstep off (rank 0's kernel then runs
 /// and waits for its peer in the GPU; with it, the host would wait before launching), `route`
