@@ -311,6 +311,29 @@ DC_DEV void dc_fail(const DcHeader& h, dc_u64* status, dc_u64 code, dc_u32 peer,
     DC_FENCE_SYSTEM();
 }
 
+// A pull wait that found a mismatch: what this rank's blocks publish for call g — the full
+// signature, then this rank's word in every ready line — written now by the finding thread,
+// before its abort, so that a peer waiting on any of our lines reads the mismatch itself (and
+// names both calls: dc_fail reads our signature) instead of only our failure. Without it the
+// line a peer's block watches may be published by one of our blocks that has not run yet (block
+// 0 rewriting the unused flags at an epoch's first calls) or never will (it meets our abort
+// first): on 1x H100 a fresh group whose ranks called 1 and 2 rows of 4096 had rank 0 report
+// PeerFailed, not SignatureMismatch (2026-12-06). Our word never reads as ready to a rank whose
+// call differs from ours; a rank whose call is ours waits on the mismatching rank's line too
+// and fails there, so no rank reduces a line published without its data. The host executor
+// (shm-ipc) does the same.
+DC_DEV void dc_publish_mismatch(const DcHeader& h, dc_u32 g) {
+    const dc_u64 own = h.ctl[h.rank];
+    dc_u64* sig = dc_at(own, (g & 1u) ? h.off_sig1 : h.off_sig0);
+    sig[0] = h.sig[0];
+    sig[1] = h.sig[1];
+    DC_FENCE_SYSTEM();
+    const dc_u64 word = dc_flag_word(g, h.digest);
+    for (dc_u32 blk = 0; blk < h.layout_blocks; ++blk)
+        dc_st_relaxed_sys(dc_at(own, h.off_ready + (dc_u64)blk * h.line), word);
+    DC_FENCE_SYSTEM();
+}
+
 // Waits until every peer's flag at `off` shows generation g with our digest (or g + 1).
 // Threads 0..world-1 each watch one peer. Returns false (uniformly) if the call must end.
 // Besides the bound, the slow path ends the wait early when the peer recorded a failure of its
@@ -321,7 +344,8 @@ DC_DEV void dc_fail(const DcHeader& h, dc_u64* status, dc_u64 code, dc_u32 peer,
 // `local`: the flags are this rank's own lines `off + peer * line` (the push headers that
 // senders write into the receiver), instead of line `off` of every peer's control block. A
 // local wait that finds a mismatch first publishes our own word in the peer's line, so both
-// ranks of a mismatched call report the mismatch, not one of them only the other's failure.
+// ranks of a mismatched call report the mismatch, not one of them only the other's failure (a
+// pull wait, our word in our own lines: dc_publish_mismatch).
 // TWO: also line `off2` of every peer (threads 32 + peer watch those, in parallel).
 // OWN (with TWO, not local): also this rank's own lines `off` and `off2` (threads 64 and 65, in
 // parallel with the peers'): for a reader of its own frame's tiles that other blocks of its own
@@ -362,6 +386,7 @@ DC_DEV bool dc_wait(const DcHeader& h, dc_u64* status, dc_u32 off, dc_u32 g, dc_
             int st = dc_flag_check(v, g, h.digest);
             if (st == DC_READY || st == DC_PASSED) break;
             if (st == DC_MISMATCH || st == DC_CORRUPT) {
+                if (!local && st == DC_MISMATCH) dc_publish_mismatch(h, g);
                 if (local && st == DC_MISMATCH) {
                     // Our own word into this peer's line first (what our block 0, or the
                     // sender's blocks, would publish there; a mismatching peer can only read it

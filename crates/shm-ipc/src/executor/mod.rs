@@ -205,6 +205,29 @@ impl Call<'_> {
         e(0).store(code, Ordering::Release);
     }
 
+    /// A pull wait found a mismatch (`dc_publish_mismatch`): the signature, then this rank's
+    /// word in every ready line, before the abort, so a peer waiting on any of our lines reads
+    /// the mismatch itself and names both calls, not only our failure (the kernels' blocks may
+    /// not have published the line a peer watches yet; here every block before the finding one
+    /// has, so this only keeps the two executions one protocol). Our word never reads as ready
+    /// to a rank whose call differs; a rank whose call is ours fails on the mismatching rank's
+    /// line, so no rank reduces a line published without its data.
+    fn publish_mismatch(&self) {
+        let h = self.h;
+        let at = |off: u64| {
+            // SAFETY: a control word of this rank's live staging (the call's invariant).
+            unsafe { word(self.ctl(self.rank(), off)) }
+        };
+        let sig = u64::from(if self.g & 1 == 1 { h.off_sig1 } else { h.off_sig0 });
+        at(sig).store(h.sig[0], Ordering::Relaxed);
+        at(sig + 8).store(h.sig[1], Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        for k in 0..h.layout_blocks {
+            at(u64::from(h.off_ready) + u64::from(k) * self.line()).store(self.word, Ordering::Relaxed);
+        }
+        fence(Ordering::SeqCst);
+    }
+
     /// Whether a wait that started at `start` is past the bound.
     fn past(&self, start: Instant) -> bool {
         start.elapsed() > Duration::from_nanos(self.h.timeout_ns)
@@ -232,6 +255,9 @@ impl Call<'_> {
             match got {
                 Some((FlagState::Ready | FlagState::Passed, _)) => {}
                 Some((state, v)) => {
+                    if !local && state == FlagState::Mismatch {
+                        self.publish_mismatch();
+                    }
                     if local && state == FlagState::Mismatch {
                         // As `dc_wait`: our own word into this peer's line first (what our
                         // publisher writes there; a mismatching peer can only read it as a
