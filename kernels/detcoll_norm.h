@@ -759,7 +759,11 @@ DC_DEV void dc_norm_rows_gathered(const DcHeader& h, const DcSeg* seg, dc_u64 fr
 // it: the launch is the call's only one (its one reduce segment is the whole sum: rows * row
 // bytes from frame offset 0), the protocol is the LL push or the one-shot pull (one reduce
 // segment in phase 1, no phase 2: tile t of it, output bytes [t * tile, (t + 1) * tile), is
-// block t % grid's), and the launch has exactly the protocol's blocks.
+// block t % grid's), and the launch has exactly the protocol's blocks. (That last test is also
+// what keeps a call from ending before its peers' flags are seen: blocks beyond the grid take no
+// part in the protocol and wait for no peer, and only the launch's barrier, which every protocol
+// block reaches after its waits, orders the call's end after theirs. A form without the
+// barrier must keep it.)
 DC_DEV bool dc_norm_whole_sum(const DcHeader& h, const DcSeg* seg, const DcNormParams& p) {
     if (h.mode == DC_MODE_PUSH || h.nphase1 != 1u || h.nphase2 != 0u || DC_NBLOCKS != h.grid) return false;
     const DcSeg& s = seg[h.nstage];

@@ -447,18 +447,19 @@ fn fused_outcome(
 /// before the norm for rows across tiles on LL push (16 x 6144, 12 KiB rows in 8 KiB tiles) and
 /// for the gathered-sum form on RS+AG (512 x 4096, forced), and the row held in registers
 /// across the protocol on LL push (one row of 4096, a tile; 16 rows of 8192, two tiles each: no
-/// barrier of the launch). And empty batches on one-shot, rows of 8192 and 4096: an empty call
-/// still waits for its peers (each call is one generation). Until 2026-12-06 the one-shot body
-/// for rows of two tiles waited only in the blocks that had a row, so an empty call of hidden
-/// 8192 waited for nobody and returned `Ok` (then a next call could restage a frame a late peer
-/// was still reading).
-const FAULT_SHAPES: [(usize, usize, Option<&str>); 6] = [
+/// barrier of the launch). And empty batches on one-shot and LL push, rows of 8192 and 4096 (the
+/// row forms' bodies): an empty call still waits for its peers (each call is one generation).
+/// Until 2026-12-06 the one-shot body for rows of two tiles waited only in the blocks that had a
+/// row, so an empty call of hidden 8192 waited for nobody and returned `Ok` (then a next call
+/// could restage a frame a late peer was still reading).
+const FAULT_SHAPES: [(usize, usize, Option<&str>); 7] = [
     (16, 6144, None),
     (512, 4096, Some("ipc_rs_ag")),
     (1, 4096, None),
     (16, 8192, None),
     (0, 8192, Some("ipc_one_shot")),
     (0, 4096, Some("ipc_one_shot")),
+    (0, 8192, Some("ipc_push_ll")),
 ];
 
 /// World 2 with `bound` on every wait for a peer, the lockstep off (rank 0's kernel then runs
