@@ -17,6 +17,10 @@
 //!   scratch row across nodes (node `n` receives the tree of slot `n`: its own shard).
 //! * all_gather: IPC all_gather of the node's block, then the transport's all_gather of node
 //!   blocks. No add, nothing to order.
+//! * a call with no element (0 elements, or a reduce_scatter_many with no lanes or only empty
+//!   ones): one empty reduce_scatter_many inside the node and one empty all_reduce across
+//!   nodes, each signed with the whole call, so it is a call of the group as on the flat routes
+//!   (a peer making another call fails instead of waiting for this rank; `Nodes::empty_step`).
 //!
 //! The layout comes from the agreement: every rank's host identity, in rank order
 //! ([`NodeLayout::of_hosts`]); other layouts take the flat transport route (same bits).
@@ -232,7 +236,8 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
     }
 
     /// reduce_scatter_many: every lane validated first, then each by
-    /// [`Nodes::reduce_scatter_lane`].
+    /// [`Nodes::reduce_scatter_lane`]; a call with no element (no lanes, or every lane empty)
+    /// by [`Nodes::empty_step`], so it is still a call of the group.
     /// `split`: the front door's call number (`Signature::call_split`), signed into every part.
     pub(crate) fn reduce_scatter_many(&self, lanes: &[Io<'_>], split: u32, via: &impl Via<I, T>) -> Result<(), Error> {
         self.check()?;
@@ -270,6 +275,11 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
         let world = self.layout.world();
         let call = validate(op, &io, self.rank, world, usize::MAX)?;
         let part = Signature::part_split(&Signature { split, route: Route::Hierarchical, ..call.signature() });
+        if call.count_in == 0 {
+            // No element on any step (an all_reduce or all_gather of 0, a reduce_scatter of 0
+            // per rank; the lanes of `reduce_scatter_many` are counted in `run_many`).
+            return self.empty_step(call.dtype, part, via);
+        }
         match op {
             Op::AllReduce => self.all_reduce(call, part, via),
             Op::AllGather => self.all_gather(call, part, via),
@@ -322,9 +332,6 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
     fn all_gather(&self, call: Call, part: u32, via: &impl Via<I, T>) -> Result<(), Error> {
         let (l, size, dtype) = (self.layout.local, call.dtype.size(), call.dtype);
         let k = call.count_in;
-        if k == 0 {
-            return Ok(());
-        }
         let node = self.layout.node(self.rank);
         let block = at(call.dst, node * l * k, size);
         let ag = self.route(Op::AllGather, k * size)?;
@@ -352,6 +359,9 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
     ) -> Result<(), Error> {
         let (n, size) = (self.layout.nodes, dtype.size());
         if k == 0 {
+            // An empty lane beside a non-empty one makes no step of its own: the other lanes'
+            // steps are signed with the whole call (`part`, whose lanes count this one), so
+            // the call is still one of the group (`run_many` takes a call with no element).
             return Ok(());
         }
         let row_bytes = n.checked_mul(k).and_then(|e| e.checked_mul(size)).ok_or(Error::SizeOverflow {
@@ -404,10 +414,34 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
     fn run_many(&self, lanes: &[Io<'_>], split: u32, via: &impl Via<I, T>) -> Result<(), Error> {
         let (calls, sig) = validate_many(lanes, self.rank, self.layout.world(), usize::MAX)?;
         let part = Signature::part_split(&Signature { route: Route::Hierarchical, ..sig }.as_part(split));
+        if sig.count == 0 {
+            // No lanes, or every lane empty: no lane makes a step.
+            return self.empty_step(sig.dtype, part, via);
+        }
         for c in calls.iter() {
             self.reduce_scatter_lane(c.call.src, c.call.dst, c.call.count_out, c.call.dtype, part, via)?;
         }
         Ok(())
+    }
+
+    /// The steps of a call with no element to move (no lanes, every lane empty, or 0
+    /// elements), signed with the whole call (`part`): one empty `reduce_scatter_many` on the
+    /// node's collective, then one empty all_reduce across nodes. Every call is a call of the
+    /// group, an empty one too, as on the flat routes (which sign an empty call like any
+    /// other): without these steps the rank returned `Ok` at once while its peers made another
+    /// call, and they failed only at its next call or at their bound. With them a peer making
+    /// another call fails at the level it shares with this rank — `SignatureMismatch` inside
+    /// the node, or across nodes on the host transports (a rank whose node step fails abandons
+    /// its transport, so its partners across fail at once) — and ranks that all make the same
+    /// empty call stay in step. The NCCL/RCCL transport signs no part and makes no step for an
+    /// empty call: with it across nodes only the step inside the node checks the call.
+    fn empty_step(&self, dtype: DType, part: u32, via: &impl Via<I, T>) -> Result<(), Error> {
+        let route = self.route(Op::ReduceScatterMany, 0)?;
+        via.ipc_many(&self.local, &[], route, part)?;
+        // SAFETY: no element: the view names no memory, and nothing reads or writes through
+        // it (the transports validate it and exchange the call's signature alone).
+        let nothing = unsafe { RawMut::from_raw(0, 0, dtype) };
+        via.transport(&self.cross, Op::AllReduce, Io::InPlace(nothing), part)
     }
 
     /// Graph capture when both backends support it; the largest call the cross step allows
