@@ -151,7 +151,8 @@ impl<D: Device> StagedTransport<D> {
     /// device stage poisons (this rank may have skipped an exchange its peers make), a failure
     /// of the host call poisons the host transport itself (see [`Collective::check`]).
     ///
-    /// A single lane is signed with `part` (`Collective::call_as_part`; 0: a call of its own).
+    /// Every call is signed with `part` (`Collective::call_as_part`,
+    /// `Collective::reduce_scatter_many_as_part`; 0: a call of its own), whatever its lanes.
     ///
     /// # Safety
     /// `stream` is a live stream of this device.
@@ -210,12 +211,16 @@ impl<D: Device> StagedTransport<D> {
         }
         // SAFETY: see above. A copy may return before its DMA lands: wait before reading.
         unsafe { dev.synchronize_stream(stream) }?;
+        // Every form is signed with `part`: the front door numbers every call, refused or made,
+        // through it, so ranks one refused call apart fail with `SignatureMismatch` instead of
+        // pairing their calls (which returned `Ok` with another call's sums).
         let r = if let [l] = lanes {
             let op = l.call.op;
             self.host.call_as_part(op, l.io(), part, &())
         } else {
+            // No lane or several: a reduce_scatter_many, its lanes' split joined with `part`.
             let ios: Vec<Io<'_>> = lanes.iter_mut().map(Lane::io).collect();
-            self.host.reduce_scatter_many(&ios, &())
+            self.host.reduce_scatter_many_as_part(&ios, part, &())
         };
         if let Err(e) = r {
             // The device output is untouched: nothing is copied back.
@@ -336,9 +341,10 @@ impl<D: Device> Collective for StagedTransport<D> {
         self.check_address_space(op, &io)?;
         let raw = self.device.raw_stream(stream)?;
         if op == Op::ReduceScatterMany {
-            // A lane of its own: signed with its lane split (no composite route sends one here).
+            // One lane, its lane split joined with `part` (as the host transport's
+            // `call_as_part` signs one): dropping `part` would let peers one call apart pair.
             // SAFETY: as in `call`.
-            return unsafe { self.enqueue_many(&[io], raw) };
+            return unsafe { self.enqueue_many_as_part(&[io], part, raw) };
         }
         // SAFETY: as in `call`.
         unsafe { self.enqueue_as_part(op, io, part, raw) }

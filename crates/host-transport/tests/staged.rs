@@ -1,9 +1,11 @@
 //! `StagedTransport` on the host device (`shm_ipc::HostDevice`: host memory, a synchronous
 //! "stream"), ranks as threads over `LocalBootstrap`: every op in and out of place, f32/bf16/f16,
 //! bit for bit `fixed-tree`'s; refused calls write nothing and touch no device; a captured
-//! stream is refused; a peer that drops its handle gives the others a typed error.
+//! stream is refused; a peer that drops its handle gives the others a typed error; a
+//! `reduce_scatter_many` of any lane count is signed with its part (the front door's call
+//! number), so ranks one refused call apart fail with `SignatureMismatch` instead of pairing.
 use collective_core::bootstrap::{BootstrapError, LocalBootstrap};
-use collective_core::{Collective, DType, Error, Io, Op, Plain, RawMut, RawRef};
+use collective_core::{Collective, DType, Error, Io, Op, Plain, RawMut, RawRef, Signature};
 use detcoll_host_transport::StagedTransport;
 use detcoll_protocol::{Device, RawStream, Vendor};
 use fixed_tree::Element;
@@ -391,4 +393,136 @@ fn raw_views_of_the_raw_entry_points_are_staged_alike() {
         }
         assert_eq!(bits(&shard), bits(&want[rank * 3..rank * 3 + 3]));
     });
+}
+
+/// How a test makes a `reduce_scatter_many` signed with a part.
+#[derive(Clone, Copy, Debug)]
+enum Entry {
+    /// `Collective::reduce_scatter_many_as_part` (what `Routed` calls on the transport route).
+    Safe,
+    /// `StagedTransport::enqueue_many_as_part` (what the raw entry points reach through
+    /// `GpuTransport::enqueue_many`).
+    Raw,
+    /// `Collective::call_as_part` with `Op::ReduceScatterMany` (one lane only).
+    CallAsPart,
+}
+
+/// What one rank's signed `reduce_scatter_many` gave: its result, every lane's caller buffer
+/// (bits) before and after the call, and what `fixed-tree` says the buffers hold after a
+/// successful call.
+struct Signed {
+    result: Result<(), Error>,
+    before: Vec<Vec<u32>>,
+    after: Vec<Vec<u32>>,
+    want: Vec<Vec<u32>>,
+}
+
+/// One `reduce_scatter_many` of `lanes` lanes on this rank of a world of 2, signed with
+/// `part`, through `entry`. Lanes of different lengths; the odd ones in place (only the shard
+/// is written), the even ones out of place into outputs of a sentinel value.
+fn signed_many(rank: usize, t: &Staged, lanes: usize, part: u32, entry: Entry) -> Signed {
+    const WORLD: usize = 2;
+    let lens: Vec<usize> = (0..lanes).map(|l| WORLD * (3 + 2 * l)).collect();
+    let ins: Vec<Vec<Vec<f32>>> = lens.iter().enumerate().map(|(l, &n)| all::<f32>(40 + l as u64, WORLD, n)).collect();
+    let mut bufs: Vec<Vec<f32>> = lens
+        .iter()
+        .enumerate()
+        .map(|(l, &n)| if l % 2 == 1 { ins[l][rank].clone() } else { vec![7.0; n / WORLD] })
+        .collect();
+    let want: Vec<Vec<u32>> = lens
+        .iter()
+        .enumerate()
+        .map(|(l, &n)| {
+            let k = n / WORLD;
+            let mut shard = vec![0.0f32; k];
+            fixed_tree::reduce_scatter(&views(&ins[l]), rank, &mut shard).unwrap();
+            if l % 2 == 1 {
+                let mut whole = ins[l][rank].clone();
+                whole[rank * k..(rank + 1) * k].copy_from_slice(&shard);
+                bits(&whole)
+            } else {
+                bits(&shard)
+            }
+        })
+        .collect();
+    let before: Vec<Vec<u32>> = bufs.iter().map(|b| bits(b)).collect();
+    let ios: Vec<Io<'_>> = bufs
+        .iter_mut()
+        .enumerate()
+        .map(|(l, b)| if l % 2 == 1 { Io::host_in_place(b) } else { Io::host(&ins[l][rank], b) })
+        .collect();
+    let result = match entry {
+        Entry::Safe => t.reduce_scatter_many_as_part(&ios, part, &()),
+        // SAFETY: the host device's memory is host memory; the views borrow `ins` and `bufs`,
+        // which outlive the call, and it returns with the outputs landed.
+        Entry::Raw => unsafe { t.enqueue_many_as_part(&ios, part, RawStream(core::ptr::null_mut())) },
+        Entry::CallAsPart => match <[Io<'_>; 1]>::try_from(ios) {
+            Ok([io]) => t.call_as_part(Op::ReduceScatterMany, io, part, &()),
+            Err(ios) => panic!("call_as_part takes one lane, not {}", ios.len()),
+        },
+    };
+    Signed { result, before, after: bufs.iter().map(|b| bits(b)).collect(), want }
+}
+
+/// The ways every lane count is made: the safe and raw `reduce_scatter_many`, and a lone
+/// lane through `call_as_part` too.
+fn entries(lanes: usize) -> &'static [Entry] {
+    if lanes == 1 { &[Entry::Safe, Entry::Raw, Entry::CallAsPart] } else { &[Entry::Safe, Entry::Raw] }
+}
+
+/// Ranks one refused call apart: the front door numbered the call rank 0 refused alone, so
+/// rank 0 signs its next call with number 2 while rank 1 signs the same shape of call with
+/// number 1 (`Signature::call_split`). Every lane count — none, one, several — must fail on
+/// both ranks with `SignatureMismatch` naming the other, write nothing and poison; before,
+/// a `reduce_scatter_many` of no lane or of several dropped the part and returned `Ok`,
+/// pairing the two calls.
+#[test]
+fn reduce_scatter_many_of_ranks_one_call_apart_fails_with_signature_mismatch() {
+    let parts = [Signature::call_split(2, 0), Signature::call_split(1, 0)];
+    let mut wrong = Vec::new();
+    for lanes in [0usize, 1, 2, 3] {
+        for &entry in entries(lanes) {
+            wrong.extend(ranks(2, |rank, t| {
+                let s = signed_many(rank, &t, lanes, parts[rank], entry);
+                let case = format!("{lanes} lanes, {entry:?}, rank {rank}");
+                let mut wrong = Vec::new();
+                match &s.result {
+                    Err(Error::SignatureMismatch { peer, ours, theirs })
+                        if *peer == 1 - rank && ours.split != theirs.split => {}
+                    other => wrong.push(format!("{case}: expected SignatureMismatch from the peer, got {other:?}")),
+                }
+                if s.after != s.before {
+                    wrong.push(format!("{case}: a mismatched call wrote an output"));
+                }
+                if !matches!(t.check(), Err(Error::Poisoned { .. })) {
+                    wrong.push(format!("{case}: not poisoned: {:?}", t.check()));
+                }
+                wrong
+            }));
+        }
+    }
+    let wrong: Vec<String> = wrong.into_iter().flatten().collect();
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// The same calls with equal parts pair: `Ok`, every lane bit for bit `fixed-tree`'s.
+#[test]
+fn reduce_scatter_many_with_equal_parts_gives_fixed_tree_bits() {
+    let part = Signature::call_split(1, 0);
+    let mut wrong = Vec::new();
+    for lanes in [0usize, 1, 2, 3] {
+        for &entry in entries(lanes) {
+            wrong.extend(ranks(2, |rank, t| {
+                let s = signed_many(rank, &t, lanes, part, entry);
+                let case = format!("{lanes} lanes, {entry:?}, rank {rank}");
+                match (&s.result, t.check()) {
+                    (Ok(()), Ok(())) if s.after == s.want => None,
+                    (Ok(()), Ok(())) => Some(format!("{case}: not fixed-tree's bits")),
+                    (r, c) => Some(format!("{case}: {r:?}, check {c:?}")),
+                }
+            }));
+        }
+    }
+    let wrong: Vec<String> = wrong.into_iter().flatten().collect();
+    assert!(wrong.is_empty(), "{wrong:#?}");
 }
