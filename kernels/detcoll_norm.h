@@ -966,6 +966,174 @@ DC_DEV void dc_norm_rows_kept(const DcHeader& h, const DcSeg& s, dc_u64 frame, c
 #endif
 }
 
+// ---------------------------------------------------------------------------------------------
+// The bulk rows form (CUDA; a fused launch on the bulk push route in f16/bf16 with rows of one
+// tile, hidden 4096, whose segments are whole rows: large batches at world 2). The plain bulk
+// push all_reduce writes its shard's sums into the output and into every peer's frame, and
+// copies the peers' reduced shards into the output after phase 2; the norm then re-reads the
+// whole output (its own launch) or the gathered sums (the gathered-sum form, one launch after a
+// barrier of the launch's blocks). Here instead each block takes its tiles of the own shard one
+// row after the other: its threads reduce their vector of the row (the plain reduce's tree over
+// the own input and the senders' slots, in rank order), write the sum into every peer's
+// reduced-shard slot as the plain reduce does, keep it, and normalise the row at once from
+// registers (dc_norm_row_in_regs: h and y stored; the sum stored too unless y is its buffer);
+// after phase 2, the block's tiles of each peer's reduced shard are normalised the same way from
+// the own frame, where the skipped copies would have read them. Per rank that saves the sum's
+// store and re-read of the own shard and the copies of the peers' shards: at world 2, 7n bytes
+// of traffic become 6n (n the call's bytes). Tiles are the plain call's (tile t of a segment is
+// block t % grid's, a tile a row), so every block stages, writes back, signals and waits for
+// exactly the plain call's tiles and flags: a peer in another form (its own alignment decides)
+// pairs with it. No barrier of the launch: every block waits for every peer in both phases. The
+// arithmetic is the row form's (the same lanes, order and tree), so the bits are the same.
+// ---------------------------------------------------------------------------------------------
+
+// Whether a fused launch takes the bulk rows form (declared in detcoll_protocol.h; every thread
+// asks it at the entry, from parameter space): bulk push with a phase 2 whose segments the norm
+// reads in place (DC_SEG_NORM_READ, set by the host: CollectiveNormParams::new), f16/bf16 rows of
+// hidden 4096 (a row is a tile of one 16-byte vector per thread), the norm's vector path, a
+// launch of exactly the protocol's blocks, one reduce segment, and every reduce and phase-2
+// segment whole rows of the sum that together are all of it (the call's only launch). The host
+// asks the same (CollectiveNormParams::bulk_rows) to size the grid; were they ever to differ,
+// the launch would only take the gathered-sum form after the launch's barrier.
+DC_DEV bool dc_norm_bulk_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p) {
+#if defined(DC_CUDA)
+    if (h.mode != DC_MODE_PUSH || (p.dtype != DC_F16 && p.dtype != DC_BF16) || h.tile_bytes != 16u * DC_NTID ||
+        DC_NBLOCKS != h.grid || (dc_u64)p.hidden * 2u != h.tile_bytes || 2u * DC_NORM_CHUNK != p.hidden ||
+        h.nphase1 != 1u || (seg[h.nstage].flags & DC_SEG_GATHER) != 0u || !dc_norm_reads_gathered(h, seg) ||
+        !dc_norm_vector_ok(p))
+        return false;
+    // A row is 8 KiB (hidden 4096 of two bytes): the masks test whole rows.
+    const dc_u64 row = 4u * DC_NORM_CHUNK;
+    const dc_u64 end = p.rows * row;
+    dc_u64 covered = 0;
+    for (dc_u32 i = h.nstage; i < h.nstage + 1u + h.nphase2; ++i) {
+        const DcSeg& s = seg[i];
+        if (s.ptr < p.sum || ((s.ptr - p.sum) & (row - 1u)) != 0u || (s.bytes & (row - 1u)) != 0u ||
+            s.ptr - p.sum + s.bytes > end)
+            return false;
+        covered += s.bytes;
+    }
+    return covered == end;
+#else
+    (void)h;
+    (void)seg;
+    (void)p;
+    return false;
+#endif
+}
+
+#if defined(DC_CUDA)
+template <int W, int DT>
+DC_DEV void dc_bulk_reduce_rows_dt(const DcHeader& h, const DcSeg& s, dc_u64 frame, const DcNormPlan& plan,
+                                   DcNormRowRegs<1>& regs) {
+    const DcNormParams& p = plan.n;
+    const dc_u64 own = h.data[h.rank] + frame;
+    const dc_u64 v = 16u * (dc_u64)DC_TID;
+    const dc_u64 first = s.ptr - p.sum;  // the segment's first byte in the sum: a row's
+    const bool push = (s.flags & DC_SEG_WRITE_BACK) != 0u;
+    // Tiles b, b + grid, ... of the segment (dc_for_tiles from 0; whole rows), each row's loads
+    // issued while the previous row is normalised.
+    const dc_u64 tile = h.tile_bytes, step = (dc_u64)h.grid * tile;
+    dc_u64 lo = (dc_u64)DC_BID * tile;
+    if (lo >= s.bytes) return;
+    dc_u32x4 x[W], res;
+    auto load = [&](dc_u64 at, dc_u32x4 (&xs)[W], dc_u32x4& rs) {
+        const dc_u64 off = at + v;
+        rs = dc_norm_ld16((const dc_u8*)p.residual + first + off);
+#pragma unroll
+        for (int q = 0; q < W; ++q)
+            xs[q] = (dc_u32)q == h.rank ? *(const dc_u32x4*)(s.src + off)
+                                        : *(const dc_u32x4*)(own + s.frame_off + (dc_u64)q * h.push_stride + off);
+    };
+    load(lo, x, res);
+    for (; lo < s.bytes; lo += step) {
+        const bool more = lo + step < s.bytes;
+        dc_u32x4 nx[W], nres;
+        if (more) load(lo + step, nx, nres);
+        const dc_u64 off = lo + v;
+        const dc_u32x4 r = dc_tree_vec<W, DT, false>(x);
+        if (push) {
+#pragma unroll
+            for (int t = 0; t < W; ++t)
+                if ((dc_u32)t != h.rank)
+                    *(dc_u32x4*)(h.data[t] + frame + h.push_ag + (dc_u64)h.rank * h.push_stride + off) = r;
+        }
+        if (plan.sum_is_y == 0u) *(dc_u32x4*)(s.ptr + off) = r;
+        regs.sum[0] = r;
+        regs.residual[0] = res;
+        dc_norm_row_in_regs<DT, 1>(p, regs, (first + lo) / (4u * DC_NORM_CHUNK));
+        if (more) {
+#pragma unroll
+            for (int q = 0; q < W; ++q) x[q] = nx[q];
+            res = nres;
+        }
+    }
+}
+
+template <int DT>
+DC_DEV void dc_bulk_norm_rows_dt(const DcHeader& h, const DcSeg* seg, dc_u64 frame, const DcNormPlan& plan,
+                                 DcNormRowRegs<1>& regs) {
+    const DcNormParams& p = plan.n;
+    const dc_u64 v = 16u * (dc_u64)DC_TID;
+    const dc_u64 tile = h.tile_bytes, step = (dc_u64)h.grid * tile;
+    for (dc_u32 i = 0; i < h.nphase2; ++i) {
+        const DcSeg& s = seg[h.nstage + h.nphase1 + i];
+        // Where dc_bulk_gather would have copied the segment from.
+        const dc_u8* from = s.peer == h.rank ? (const dc_u8*)s.src : (const dc_u8*)(h.data[h.rank] + frame + s.frame_off);
+        const dc_u64 first = s.ptr - p.sum;
+        dc_u64 lo = (dc_u64)DC_BID * tile;
+        if (lo >= s.bytes) continue;
+        dc_u32x4 sum = dc_norm_ld16(from + lo + v), res = dc_norm_ld16((const dc_u8*)p.residual + first + lo + v);
+        for (; lo < s.bytes; lo += step) {
+            const bool more = lo + step < s.bytes;
+            dc_u32x4 nsum, nres;
+            if (more) {
+                nsum = dc_norm_ld16(from + lo + step + v);
+                nres = dc_norm_ld16((const dc_u8*)p.residual + first + lo + step + v);
+            }
+            regs.sum[0] = sum;
+            regs.residual[0] = res;
+            dc_norm_row_in_regs<DT, 1>(p, regs, (first + lo) / (4u * DC_NORM_CHUNK));
+            if (more) {
+                sum = nsum;
+                res = nres;
+            }
+        }
+    }
+}
+#endif
+
+template <int W>
+DC_DEV void dc_bulk_reduce_rows(const DcHeader& h, const DcSeg& s, dc_u64 frame, const DcNormPlan& plan,
+                                DcNormRowRegs<1>& regs) {
+#if defined(DC_CUDA)
+    if (h.dtype == DC_F16) dc_bulk_reduce_rows_dt<W, DC_F16>(h, s, frame, plan, regs);
+    else dc_bulk_reduce_rows_dt<W, DC_BF16>(h, s, frame, plan, regs);
+#else
+    (void)h;
+    (void)s;
+    (void)frame;
+    (void)plan;
+    (void)regs;
+    DC_UNSUPPORTED_WORLD();
+#endif
+}
+
+DC_DEV void dc_bulk_norm_rows(const DcHeader& h, const DcSeg* seg, dc_u64 frame, const DcNormPlan& plan,
+                              DcNormRowRegs<1>& regs) {
+#if defined(DC_CUDA)
+    if (h.dtype == DC_F16) dc_bulk_norm_rows_dt<DC_F16>(h, seg, frame, plan, regs);
+    else dc_bulk_norm_rows_dt<DC_BF16>(h, seg, frame, plan, regs);
+#else
+    (void)h;
+    (void)seg;
+    (void)frame;
+    (void)plan;
+    (void)regs;
+    DC_UNSUPPORTED_WORLD();
+#endif
+}
+
 // The gathered-sum form's body: the dtype's instantiation (CUDA; on HIP the host never sets
 // the flag, and a launch that had it would stop rather than leave the skipped copies' rows
 // unwritten).

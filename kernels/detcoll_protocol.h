@@ -850,8 +850,21 @@ DC_DEV void dc_bulk_gather(const DcHeader& h, const DcSeg& s, dc_u64 frame) {
     });
 }
 
+// The bulk rows form's two halves (detcoll_norm.h; ROWS below).
 template <int W>
-DC_DEV void dc_push_bulk(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u32 g, dc_u64 word) {
+DC_DEV void dc_bulk_reduce_rows(const DcHeader& h, const DcSeg& s, dc_u64 frame, const DcNormPlan& plan,
+                                DcNormRowRegs<1>& regs);
+DC_DEV void dc_bulk_norm_rows(const DcHeader& h, const DcSeg* seg, dc_u64 frame, const DcNormPlan& plan,
+                              DcNormRowRegs<1>& regs);
+
+// ROWS: a fused launch in the bulk rows form (dc_norm_bulk_rows, detcoll_norm.h; `norm` and
+// `regs` are used only then): the own shard's rows are reduced and normalised in registers
+// (dc_bulk_reduce_rows), and after phase 2 the peers' rows are normalised from their reduced
+// shards in the own frame (dc_bulk_norm_rows), instead of the copies. The flags, the tiles each
+// block stages, writes back and waits for, and so what a peer sees, are the plain call's.
+template <int W, bool ROWS = false>
+DC_DEV void dc_push_bulk(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u32 g, dc_u64 word,
+                         const DcNormPlan* norm = 0, DcNormRowRegs<1>* regs = 0) {
     const dc_u64 frame = h.frame[g & 1u];
     const dc_u32 first_phase = (h.nstage > 0u && (seg[0].flags & DC_SEG_AG)) ? 1u : 0u;
     for (dc_u32 i = 0; i < h.nstage; ++i) {
@@ -869,6 +882,8 @@ DC_DEV void dc_push_bulk(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc
         const DcSeg& s = seg[h.nstage + i];
         if (s.flags & DC_SEG_GATHER) {
             dc_bulk_gather(h, s, frame);
+        } else if constexpr (ROWS) {
+            dc_bulk_reduce_rows<W>(h, s, frame, *norm, *regs);
         } else {
             switch (h.dtype) {
                 case DC_F32: dc_bulk_reduce<W, DC_F32>(h, s, frame); break;
@@ -880,6 +895,10 @@ DC_DEV void dc_push_bulk(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc
     if (h.nphase2) {
         dc_bulk_signal(h, 1u, word);
         if (!dc_bulk_wait(h, status, 1u, g, DC_ERR_TIMEOUT_PHASE2)) return;
+        if constexpr (ROWS) {
+            dc_bulk_norm_rows(h, seg, frame, *norm, *regs);
+            return;
+        }
         for (dc_u32 i = 0; i < h.nphase2; ++i) {
             const DcSeg& s = seg[h.nstage + h.nphase1 + i];
             if ((s.flags & DC_SEG_NORM_READ) == 0u) dc_bulk_gather(h, s, frame);
@@ -911,6 +930,7 @@ template <int NV>
 DC_DEV void dc_norm_row_in_regs_any(const DcNormParams& p, const DcNormRowRegs<NV>& r, dc_u64 row);
 DC_DEV bool dc_norm_two_tile_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p);
 DC_DEV bool dc_norm_row_loop(const DcHeader& h, const DcSeg* seg, const DcNormParams& p);
+DC_DEV bool dc_norm_bulk_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p);
 template <int W, int NV>
 DC_DEV void dc_norm_rows_kept(const DcHeader& h, const DcSeg& s, dc_u64 frame, const DcNormPlan& plan,
                               DcNormRowRegs<NV>& regs);
@@ -932,12 +952,15 @@ DC_DEV void dc_norm_prepare(const DcHeader& h, const DcSeg* seg, const DcNormPar
 // H200 (benches/results/h200-2026-12-04-two-tile-row-form.md). NV = 1: every other launch.
 // LOOP: the one-shot body of a fused launch in the row form with more rows than its blocks
 // take one at a time (dc_norm_row_loop): each block reduces and normalises its rows (b, b +
-// grid, ... of a tile each) one after the other in registers (dc_norm_rows_kept), an
-// instantiation of its own, so that the plain all_reduce's body is the one it was.
+// grid, ... of a tile each) one after the other in registers (dc_norm_rows_kept); on bulk push,
+// the bulk rows form (dc_norm_bulk_rows: the own shard's rows the same way, the peers' after
+// phase 2). Each an instantiation of its own, so that the plain all_reduce's body is the one it
+// was.
 template <dc_u32 MODE, int W, int NV = 1, bool LOOP = false>
 DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, const DcNormPlan* norm) {
     static_assert(NV == 1 || (NV == 2 && MODE != DC_MODE_PUSH), "two vectors a row on one-shot and LL push only");
-    static_assert(!LOOP || (MODE == DC_MODE_PULL && NV == 1), "the row loop on one-shot, rows of one tile");
+    static_assert(!LOOP || ((MODE == DC_MODE_PULL || MODE == DC_MODE_PUSH) && NV == 1),
+                  "the row loop on one-shot and the bulk rows form on bulk push, rows of one tile");
     const dc_u32 b = DC_BID;
     const bool member = b < h.grid;
     const dc_u64 own = h.ctl[h.rank];
@@ -1042,7 +1065,13 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
             if (row_in_regs) dc_norm_row_regs_load(*norm, regs);
             dc_push_ll<W, NV>(h, seg, status, g, row_in_regs, NV == 1 || norm->sum_is_y == 0u, regs.sum);
         } else if (MODE == DC_MODE_PUSH) {
-            dc_push_bulk<W>(h, seg, status, g, word);
+            if constexpr (LOOP) {
+                // The bulk rows form: the weight loads once, before the protocol's waits.
+                regs.weight[0] = *(const dc_u32x4*)(norm->n.weight + 16u * (dc_u64)DC_TID);
+                dc_push_bulk<W, true>(h, seg, status, g, word, norm, &regs);
+            } else {
+                dc_push_bulk<W>(h, seg, status, g, word);
+            }
         } else {
             // A fused launch's row form in registers: its residual and weight vectors load
             // while the staging and the wait below run.
@@ -1114,8 +1143,8 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
         }
     }  // member
 
-    // (The row loop normalised its rows with their reduce, above; a failed wait leaves them
-    // unwritten, as undefined as the sum of a failed call.)
+    // (The row loop and the bulk rows form normalised their rows in the protocol, above; a
+    // failed wait leaves them unwritten, as undefined as the sum of a failed call.)
     if (!LOOP) {
         if (MODE != DC_MODE_PUSH && norm && (NV == 2 || norm->row_in_regs != 0u))
             dc_norm_row_in_regs_any<NV>(norm->n, regs, (dc_u64)DC_BID);
@@ -1147,7 +1176,8 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
 // frame of spills against 80 bytes for worlds 1/2/4/8, and LL push ran 6-34 % slower in
 // graphs on one H200; benches/results/h200-2026-12-04-per-world-bodies.md.)
 // `two_tile_rows`: the one-shot or LL push body for rows of two tiles in the row form (NV = 2).
-// `row_loop`: the one-shot body of the row loop (LOOP).
+// `row_loop`: the one-shot body of the row loop, or the bulk push body of the bulk rows form
+// (LOOP).
 template <int W>
 DC_DEV void dc_collective_world(const DcHeader& h, const DcSeg* seg, const DcNormPlan* plan, bool two_tile_rows,
                                 bool row_loop) {
@@ -1162,7 +1192,15 @@ DC_DEV void dc_collective_world(const DcHeader& h, const DcSeg* seg, const DcNor
 #endif
             dc_collective_mode<DC_MODE_PUSH_LL, W>(h, seg, plan);
             break;
-        case DC_MODE_PUSH: dc_collective_mode<DC_MODE_PUSH, W>(h, seg, plan); break;
+        case DC_MODE_PUSH:
+#if defined(DC_CUDA)
+            if (row_loop) {
+                dc_collective_mode<DC_MODE_PUSH, W, 1, true>(h, seg, plan);
+                break;
+            }
+#endif
+            dc_collective_mode<DC_MODE_PUSH, W>(h, seg, plan);
+            break;
         default:
 #if defined(DC_CUDA)
             if (two_tile_rows) {
@@ -1205,7 +1243,7 @@ DC_DEV void dc_collective(const DcHeader& h, const DcSeg* seg, const DcNormParam
     // Which body runs is every thread's own decision (the plan in shared memory is not yet
     // visible to them), from parameter space like the plan's: the same answer as its.
     const bool two_tile_rows = norm && dc_norm_two_tile_rows(h, seg, *norm);
-    const bool row_loop = norm && dc_norm_row_loop(h, seg, *norm);
+    const bool row_loop = norm && (dc_norm_row_loop(h, seg, *norm) || dc_norm_bulk_rows(h, seg, *norm));
     DC_GRID_DEP_WAIT();
     // Worlds with peers only: a world of one rank makes no collective launch (the engine copies
     // its input, ipc-engine's IpcCollective), so an image's world 1 (every run-time image has it,

@@ -14,7 +14,7 @@ use collective_core::{
 use detcoll_protocol::close::{self, CloseOnce, MissingAck};
 use detcoll_protocol::params::{self, CollectiveNormParams, CopyParams, ParamsMany, ParamsSingle, TILE_BYTES};
 use detcoll_protocol::status::{self, RECORD_WORDS};
-use detcoll_protocol::{CLOSE_ACK, Chunks, IpcConfig, NormArgs, NormParams, Poison};
+use detcoll_protocol::{CLOSE_ACK, Chunks, IpcConfig, NormArgs, NormParams, Plan, Poison};
 use detcoll_protocol::{IpcDevice, Launch, RawStream, Vendor};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -310,6 +310,57 @@ impl<D: IpcDevice> IpcCollective<D> {
     }
 
     /// Whether a fused all_reduce + RMSNorm of `io` by `route` (`norm` its packed norm) is one
+    /// kernel in the bulk rows form (`CollectiveNormParams::bulk_rows`; `dc_norm_bulk_rows` in
+    /// kernels/detcoll_norm.h): a runtime with the gathered-sum and row forms, the bulk push
+    /// route, f16/bf16 rows of one protocol tile (hidden 4096: `TILE_BYTES` / 2) on the norm's
+    /// vector path, rows a multiple of the world (so every rank's shard is whole rows) and a
+    /// call that fits one launch. Each block normalises the own shard's rows in registers as it
+    /// reduces them and the peers' rows from the own frame after phase 2, at any batch size.
+    pub fn fused_norm_bulk_rows(&self, io: &Io<'_>, route: IpcRoute, norm: &NormParams) -> bool {
+        let two_bytes = norm.dtype == DType::F16 as u32 || norm.dtype == DType::BF16 as u32;
+        let forms = D::NORM_READS_GATHERED && D::NORM_ROW_LOOP;
+        if !(forms && route == IpcRoute::Push && two_bytes && norm.vector_ok()) {
+            return false;
+        }
+        if u64::from(norm.hidden) * 2 != u64::from(TILE_BYTES) {
+            return false;
+        }
+        let Ok(call) = validate(Op::AllReduce, io, self.rank, self.world, usize::MAX) else { return false };
+        let Ok(Some(ipc)) = self.ipc_for(route) else { return false };
+        self.bulk_rows_in_every_launch(&call, norm, ipc)
+    }
+
+    /// Whether every launch of a fused all_reduce of `call` by bulk push, with the norm
+    /// `norm`, takes the bulk rows form for the rows it writes: the call's launches (one, or
+    /// its chunks above the staging capacity) each write whole rows
+    /// (`fused_norm::plan_rows`) whose shards are whole rows (`CollectiveNormParams::bulk_rows`
+    /// of the launch's rows). Then every launch normalises its own rows, and no launch after
+    /// the last re-reads the sums. A chunked call of the default capacity at world 2 (chunks
+    /// of 8 MiB, `chunk::balanced`) has whole rows of 4096 whenever its rows divide evenly.
+    fn bulk_rows_in_every_launch(&self, call: &collective_core::Call, norm: &NormParams, ipc: &IpcState<D>) -> bool {
+        if !(D::NORM_READS_GATHERED && D::NORM_ROW_LOOP) {
+            return false;
+        }
+        let (capacity, ll) = (self.config.capacity, ipc.layout.ll_capacity());
+        let Ok(chunks) = Chunks::single(call, self.rank, self.world, Route::IpcPush, capacity, ll) else {
+            return false;
+        };
+        let mut launches = 0usize;
+        for plan in chunks {
+            let Ok(plan) = plan else { return false };
+            let Some(rows) = crate::fused_norm::plan_rows(norm, &plan).and_then(|(f, r)| norm.rows_from(f, r)) else {
+                return false;
+            };
+            let Ok(p) = params::pack(&ipc.fixed, &plan, false, D::BACKEND) else { return false };
+            if !CollectiveNormParams::new(p, rows, true).bulk_rows() {
+                return false;
+            }
+            launches += 1;
+        }
+        launches > 0
+    }
+
+    /// Whether a fused all_reduce + RMSNorm of `io` by `route` (`norm` its packed norm) is one
     /// kernel that normalises each row in registers right after its reduce, however many rows
     /// each block takes (the row loop, `dc_norm_rows_kept` in kernels/detcoll_norm.h; with fewer
     /// rows, the row form in registers): a runtime with that form, the one-shot route, f16/bf16
@@ -409,6 +460,10 @@ impl<D: IpcDevice> IpcCollective<D> {
             return self.copy_local(call.dst, call.src, call.bytes_out(), stream).map(|()| false);
         };
         self.device.bind()?;
+        // The bulk rows form in every launch (`bulk_rows_in_every_launch`): each launch, not
+        // only the last, is fused with the norm of the rows it writes.
+        let every_launch = route == IpcRoute::Push
+            && norm.is_some_and(|(_, packed)| self.bulk_rows_in_every_launch(&call, &packed, ipc));
         // The LL push route when the payload fits the LL slots, the one-shot pull route
         // otherwise (same bits); above the staging capacity, chunks: consecutive launches on
         // this stream, one generation each (the double-buffered frames pipeline them).
@@ -424,9 +479,31 @@ impl<D: IpcDevice> IpcCollective<D> {
             }))
         });
         let gather_in_place = call.in_place && op == Op::AllGather;
-        let launch = |(plan, last)| {
+        let launch = |(plan, last): (Plan, bool)| {
             let p: ParamsSingle = params::pack(&ipc.fixed, &plan, gather_in_place, D::BACKEND)?;
-            let r = match norm.filter(|_| last) {
+            // With the form in every launch, each launch's norm is its own rows' (the check
+            // above found them for every plan: the same plans).
+            let rows_of = |args: &NormArgs, packed: &NormParams| {
+                let (first, rows) = crate::fused_norm::plan_rows(packed, &plan)?;
+                Some((
+                    args.rows_from(usize::try_from(first).ok()?, usize::try_from(rows).ok()?)?,
+                    packed.rows_from(first, rows)?,
+                ))
+            };
+            let chunk_args;
+            let norm = match norm {
+                Some((args, packed)) if every_launch => {
+                    chunk_args = rows_of(args, &packed).ok_or_else(|| {
+                        self.fail(Error::Backend {
+                            backend: D::BACKEND,
+                            detail: "a fused launch's rows changed between its plans".into(),
+                        })
+                    })?;
+                    Some((&chunk_args.0, chunk_args.1))
+                }
+                n => n.filter(|_| last),
+            };
+            let r = match norm {
                 Some((args, packed)) => {
                     let fused = CollectiveNormParams::new(p, packed, D::NORM_READS_GATHERED);
                     let grid = fused.grid(ipc.fixed.max_grid);

@@ -5,8 +5,8 @@
 //! kernel alone (`NormParams::pack`) allows more (`h` over the sum, `y` over the residual):
 //! in a fused launch the all_reduce writes the sum while some blocks may still read the
 //! residual, so those forms would give bits that depend on the route.
-use collective_core::{Error, Io, Op, RawMut, RawRef, RmsNorm, validate_norm};
-use detcoll_protocol::NormArgs;
+use collective_core::{DType, Error, Io, Op, RawMut, RawRef, RmsNorm, validate_norm};
+use detcoll_protocol::{NormArgs, NormParams, Plan};
 
 /// Checks `norm` against the all_reduce `io` (validated before): typed errors, before any
 /// device work.
@@ -44,4 +44,22 @@ pub(crate) fn check(io: &Io<'_>, norm: &NormArgs) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+/// The rows of `norm` that `plan` (one launch of a fused call's all_reduce) writes, as `(first
+/// row, rows)`, when they are whole rows: the range its reduce and gather segments cover,
+/// from the norm's `sum` (the all_reduce's output, `check`). `None` when the range starts or
+/// ends inside a row or lies outside the sum.
+pub(crate) fn plan_rows(norm: &NormParams, plan: &Plan) -> Option<(u64, u64)> {
+    let size = if norm.dtype == DType::F32 as u32 { 4 } else { 2 };
+    let row = u64::from(norm.hidden).checked_mul(size)?;
+    let written = || plan.phase1.as_slice().iter().chain(plan.phase2.as_slice()).filter(|s| s.count > 0);
+    let lo = written().map(|s| s.dst).min()?;
+    let bytes = written().try_fold(0u64, |b, s| b.checked_add(u64::try_from(s.count).ok()?.checked_mul(size)?))?;
+    let off = lo.checked_sub(norm.sum)?;
+    if row == 0 || off % row != 0 || bytes % row != 0 {
+        return None;
+    }
+    let (first, rows) = (off / row, bytes / row);
+    (first.checked_add(rows)? <= norm.rows).then_some((first, rows))
 }

@@ -57,6 +57,26 @@ pub struct NormArgs {
     pub dtype: DType,
 }
 
+impl NormArgs {
+    /// The same norm restricted to `rows` rows from row `first` (`sum`, `residual`, `h` and `y`
+    /// moved to that row; `weight`, `hidden`, `eps`, `dtype` kept): what one launch of a fused
+    /// call in chunks of whole rows normalises. `None` when those rows are not all in `self`.
+    pub fn rows_from(&self, first: usize, rows: usize) -> Option<NormArgs> {
+        if first.checked_add(rows)? > self.rows {
+            return None;
+        }
+        let off = u64::try_from(first.checked_mul(self.hidden)?.checked_mul(self.dtype.size())?).ok()?;
+        Some(NormArgs {
+            sum: self.sum.checked_add(off)?,
+            residual: self.residual.checked_add(off)?,
+            h: self.h.checked_add(off)?,
+            y: self.y.checked_add(off)?,
+            rows,
+            ..*self
+        })
+    }
+}
+
 /// `DcNormParams` of `kernels/detcoll_protocol.h`: the kernel's one parameter.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -75,6 +95,25 @@ pub struct NormParams {
 }
 
 const _: () = assert!(size_of::<NormParams>() == 64);
+
+impl NormParams {
+    /// [`NormArgs::rows_from`] of the packed form: rows `first .. first + rows` alone.
+    pub fn rows_from(&self, first: u64, rows: u64) -> Option<NormParams> {
+        if first.checked_add(rows)? > self.rows {
+            return None;
+        }
+        let size = if self.dtype == DType::F32 as u32 { 4 } else { 2 };
+        let off = first.checked_mul(u64::from(self.hidden))?.checked_mul(size)?;
+        Some(NormParams {
+            sum: self.sum.checked_add(off)?,
+            residual: self.residual.checked_add(off)?,
+            h: self.h.checked_add(off)?,
+            y: self.y.checked_add(off)?,
+            rows,
+            ..*self
+        })
+    }
+}
 
 fn invalid(detail: String) -> Error {
     Error::InvalidConfig { detail: format!("residual_rmsnorm: {detail}") }

@@ -144,12 +144,15 @@ impl CollectiveNormParams {
     /// [`can_read_gathered`](Self::can_read_gathered), every phase-2 segment is flagged
     /// [`SEG_NORM_READ`]: the launch skips their copies into the output and the norm reads those
     /// sums in place, one warp per row (`dc_norm_rows_gathered`); fewer rows keep the block form
-    /// after the copies. This is a rank's own choice: its peers' memory and flags are the same
-    /// either way.
+    /// after the copies — except in the shape of the bulk rows form
+    /// ([`bulk_rows`](Self::bulk_rows)), flagged at any row count: it reads each row once, in
+    /// registers, with no warp per row. This is a rank's own choice: its peers' memory and
+    /// flags are the same either way.
     pub fn new(call: ParamsSingle, norm: NormParams, reads_gathered: bool) -> CollectiveNormParams {
         let mut fused = CollectiveNormParams { call, norm };
         let rows = usize::try_from(fused.norm.rows).unwrap_or(usize::MAX);
-        if reads_gathered && rows >= NORM_GATHERED_MIN_ROWS && fused.can_read_gathered() {
+        let enough = rows >= NORM_GATHERED_MIN_ROWS || fused.bulk_rows_shape();
+        if reads_gathered && enough && fused.can_read_gathered() {
             let h = &fused.call.h;
             let first = (h.nstage + h.nphase1) as usize;
             for s in &mut fused.call.seg[first..first + h.nphase2 as usize] {
@@ -226,12 +229,52 @@ impl CollectiveNormParams {
     /// rows to normalise (a block per row, or per [`THREADS`]` / 32` rows when the norm reads
     /// the gathered sums: a warp per row); blocks beyond the collective's grid only run the norm.
     pub fn grid(&self, max_grid: u32) -> u32 {
-        if self.local_group() != 0 {
+        if self.local_group() != 0 || self.bulk_rows() {
             return self.call.h.grid;
         }
         let per_block = if self.reads_gathered() { u64::from(THREADS / 32) } else { 1 };
         let blocks = u32::try_from(self.norm.rows.div_ceil(per_block)).unwrap_or(u32::MAX);
         self.call.h.grid.max(blocks.min(max_grid))
+    }
+
+    /// Whether the launch takes the bulk rows form (`dc_norm_bulk_rows`, kernels/detcoll_norm.h,
+    /// on CUDA): it [reads the gathered sums](Self::reads_gathered) and has
+    /// [the form's shape](Self::bulk_rows_shape). Each block then reduces and normalises the
+    /// own shard's rows of its tiles in registers and, after phase 2, normalises the peers'
+    /// rows of its tiles from the own frame: the launch has exactly the collective's grid and no
+    /// barrier. The kernel decides the same from the same parameters; the host's answer only
+    /// sizes the grid (the host executor runs such a launch as the gathered-sum form: the same
+    /// bits).
+    pub fn bulk_rows(&self) -> bool {
+        self.reads_gathered() && self.bulk_rows_shape()
+    }
+
+    /// The bulk rows form's shape: the bulk push route with one reduce segment and a phase 2,
+    /// f16/bf16 rows of one protocol tile (hidden 4096) on the norm's vector path, and the
+    /// reduce and phase-2 segments whole rows of the sum that together are all of it (the
+    /// call's only launch).
+    pub fn bulk_rows_shape(&self) -> bool {
+        let (h, n) = (&self.call.h, &self.norm);
+        let two_bytes = n.dtype == DType::F16 as u32 || n.dtype == DType::BF16 as u32;
+        let row = u64::from(TILE_BYTES);
+        if h.mode != MODE_PUSH || h.nphase1 != 1 || h.nphase2 == 0 || !two_bytes || !n.vector_ok() {
+            return false;
+        }
+        if h.tile_bytes != TILE_BYTES || u64::from(n.hidden) * 2 != row {
+            return false;
+        }
+        let first = h.nstage as usize;
+        let Some(segs) = self.call.seg.get(first..first + 1 + h.nphase2 as usize) else { return false };
+        let Some(end) = n.rows.checked_mul(row) else { return false };
+        let mut covered = 0u64;
+        for s in segs {
+            let Some(rel) = s.ptr.checked_sub(n.sum) else { return false };
+            if rel % row != 0 || s.bytes % row != 0 || rel.checked_add(s.bytes).is_none_or(|e| e > end) {
+                return false;
+            }
+            covered = covered.saturating_add(s.bytes);
+        }
+        segs[0].flags & SEG_GATHER == 0 && covered == end
     }
 
     /// Rows per protocol tile when a launch of exactly the collective's grid has every block
@@ -888,7 +931,12 @@ mod tests {
                 }
             }
             // The own shard (rank 1's, between peer 0's and peer 2's) is read from the output.
-            assert_eq!(c.grid(f.max_grid), c.call.h.grid.max((512 / 16).min(f.max_grid)));
+            // On bulk push these rows (whole shards of 4096 in bf16) take the bulk rows form,
+            // on exactly the collective's grid.
+            let bulk = route == Route::IpcPush;
+            assert_eq!(c.bulk_rows(), bulk, "{route:?}");
+            let grid = if bulk { c.call.h.grid } else { c.call.h.grid.max((512 / 16).min(f.max_grid)) };
+            assert_eq!(c.grid(f.max_grid), grid, "{route:?}");
             let own = c.call.seg[first].ptr + c.call.seg[first].bytes;
             assert_ne!(c.call.seg[first + 1].ptr, own);
             assert_eq!(c.sum_at(h.frame[1], own - c.norm.sum), own);
@@ -908,6 +956,39 @@ mod tests {
         for route in [Route::IpcPushLl, Route::IpcOneShot] {
             assert!(!fused_call(&f, (512, 16, DType::BF16), route, (0, 0), true).reads_gathered(), "{route:?}");
         }
+    }
+
+    /// The bulk rows form (`dc_norm_bulk_rows`): on bulk push, f16/bf16 rows of 4096 on the
+    /// vector path whose shards are whole rows of a call in one launch, at any row count (the
+    /// phase-2 segments flagged below the gathered form's rows too), on exactly the
+    /// collective's grid; never on other routes or shapes.
+    #[test]
+    fn bulk_rows_form_takes_whole_row_shards_of_one_tile_rows_on_bulk_push() {
+        let (_, f) = fixed(4, 1, 1 << 22, 16);
+        for rows in [4, 8, 64, 512] {
+            for dtype in [DType::BF16, DType::F16] {
+                let c = fused_call(&f, (rows, 4096, dtype), Route::IpcPush, (0, 0), true);
+                assert!(c.bulk_rows_shape() && c.reads_gathered() && c.bulk_rows(), "{rows} {dtype:?}");
+                assert_eq!(c.grid(f.max_grid), c.call.h.grid);
+            }
+        }
+        for (what, c) in [
+            ("rows not a multiple of the world", fused_call(&f, (6, 4096, DType::BF16), Route::IpcPush, (0, 0), true)),
+            ("rows of two tiles", fused_call(&f, (8, 8192, DType::BF16), Route::IpcPush, (0, 0), true)),
+            ("f32", fused_call(&f, (8, 2048, DType::F32), Route::IpcPush, (0, 0), true)),
+            ("off the vector path", fused_call(&f, (8, 4096, DType::BF16), Route::IpcPush, (0, 2), true)),
+            (
+                "the sum a later part of the output",
+                fused_call(&f, (8, 4096, DType::BF16), Route::IpcPush, (8192, 0), true),
+            ),
+            ("RS+AG", fused_call(&f, (8, 4096, DType::BF16), Route::IpcReduceScatterAllGather, (0, 0), true)),
+            ("one-shot", fused_call(&f, (8, 4096, DType::BF16), Route::IpcOneShot, (0, 0), true)),
+        ] {
+            assert!(!c.bulk_rows(), "{what}");
+        }
+        // Without the runtime's gathered-sum form nothing is flagged: the shape alone is not the form.
+        let c = fused_call(&f, (8, 4096, DType::BF16), Route::IpcPush, (0, 0), false);
+        assert!(c.bulk_rows_shape() && !c.reads_gathered() && !c.bulk_rows());
     }
 
     #[test]

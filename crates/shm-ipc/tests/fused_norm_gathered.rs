@@ -74,8 +74,16 @@ fn run<T: Element + Plain>(
 }
 
 fn check<T: Element + Plain>(comms: &[ShmCollective], route: IpcRoute, dtype: DType, hidden: usize) {
+    check_rows::<T>(comms, route, dtype, (NORM_GATHERED_MIN_ROWS, hidden));
+}
+
+fn check_rows<T: Element + Plain>(
+    comms: &[ShmCollective],
+    route: IpcRoute,
+    dtype: DType,
+    (rows, hidden): (usize, usize),
+) {
     let world = comms.len();
-    let rows = NORM_GATHERED_MIN_ROWS;
     let n = rows * hidden;
     let xs: Vec<Vec<T>> = (0..world).map(|r| values(n, r)).collect();
     let refs: Vec<&[T]> = xs.iter().map(Vec::as_slice).collect();
@@ -105,6 +113,62 @@ fn gathered_sums_read_in_place_equal_the_reference() {
             check::<f32>(&comms, route, DType::F32, 16);
             check::<f32>(&comms, route, DType::F32, 24);
             check::<bf16>(&comms, route, DType::BF16, 8);
+        }
+        for c in comms {
+            c.close().expect("close");
+        }
+    }
+}
+
+/// The shape of the bulk rows form (`CollectiveNormParams::bulk_rows`: bulk push, f16/bf16 rows
+/// of 4096 whose shards are whole rows, one launch; flagged at any row count), which the host
+/// executor runs as the gathered-sum form: every rank's h and y the reference's, from 2 rows up,
+/// and with rows that are not a multiple of the world (the block form after the copies).
+#[test]
+fn bulk_rows_shape_equals_the_reference() {
+    for world in [2, 4] {
+        let comms = ShmCollective::group(world, ShmConfig::new(1 << 22)).expect("group");
+        for rows in [world, 2 * world, 64, 66, 130] {
+            check_rows::<bf16>(&comms, IpcRoute::Push, DType::BF16, (rows, 4096));
+        }
+        check_rows::<half::f16>(&comms, IpcRoute::Push, DType::F16, (2 * world, 4096));
+        for c in comms {
+            c.close().expect("close");
+        }
+    }
+}
+
+/// Chunked calls (64 KiB of staging: bulk push chunks of at most 4 rows of 4096 bf16 at worlds 2
+/// and 4, balanced: `chunk::balanced`): 4 rows (one launch), 8 and 12 (chunks of 4 rows) take
+/// the bulk rows form in every launch (each launch's norm its own rows: `fused_norm_bulk_rows`
+/// says so); 6 rows (two chunks of 3: shards inside a row) and 10 (chunks inside a row) keep
+/// the norm in the last launch (it says no). Either way every rank's h and y are the
+/// reference's.
+#[test]
+fn bulk_rows_in_every_chunk_equal_the_reference() {
+    use detcoll_protocol::NormParams;
+    for world in [2, 4] {
+        let comms = ShmCollective::group(world, ShmConfig::new(1 << 16)).expect("group");
+        for (rows, every_launch) in [(4, true), (8, true), (12, true), (6, false), (10, false)] {
+            let n = rows * 4096;
+            let (x, mut y, residual, weight) =
+                (vec![bf16::ZERO; n], vec![bf16::ZERO; n], vec![bf16::ZERO; n], vec![bf16::ONE; 4096]);
+            let args = NormArgs {
+                sum: y.as_mut_ptr() as u64,
+                residual: residual.as_ptr() as u64,
+                weight: weight.as_ptr() as u64,
+                h: residual.as_ptr() as u64,
+                y: y.as_mut_ptr() as u64,
+                rows,
+                hidden: 4096,
+                eps: 1e-6,
+                dtype: DType::BF16,
+            };
+            let packed = NormParams::pack(&args).expect("pack");
+            let io = Io::host(&x, &mut y);
+            let taken = comms[0].engine().fused_norm_bulk_rows(&io, IpcRoute::Push, &packed);
+            assert_eq!(taken, every_launch, "world {world}, {rows} rows of 4096");
+            check_rows::<bf16>(&comms, IpcRoute::Push, DType::BF16, (rows, 4096));
         }
         for c in comms {
             c.close().expect("close");
