@@ -79,6 +79,11 @@ pub trait Collective: Send + Sync {
     /// signs a call (the front door's call number, `Signature::call_split`, or a composite
     /// route's whole call), joined with the lanes' own split. A backend that signs nothing:
     /// [`Collective::reduce_scatter_many`] (the default).
+    ///
+    /// A backend that signs its calls overrides this and [`Collective::call_as_part`] both:
+    /// the defaults drop `part`, so ranks one call apart would pair and return `Ok` with one
+    /// another's data. The defaults do not refuse a non-zero `part` because the NCCL/RCCL
+    /// transport, which signs nothing, takes one on every composite route.
     fn reduce_scatter_many_as_part(&self, lanes: &[Io<'_>], part: u32, stream: &Self::Stream) -> Result<(), Error> {
         let _ = part;
         self.reduce_scatter_many(lanes, stream)

@@ -783,6 +783,16 @@ impl<D: IpcDevice> Collective for IpcCollective<D> {
         // SAFETY: as in `all_reduce`.
         unsafe { self.enqueue_many(lanes, s) }
     }
+    /// Signed with `part` by this backend's own route ([`IpcCollective::default_route`], as
+    /// `reduce_scatter_many` takes; part 0 is that call). Not the trait's default, which drops
+    /// `part`: a caller of the trait method (any composite but the factory's front door, which
+    /// goes through `RouteSelect`) would run an unsigned call, so ranks one call apart would
+    /// pair and return `Ok` with one another's data.
+    fn reduce_scatter_many_as_part(&self, lanes: &[Io<'_>], part: u32, stream: &D::Stream) -> Result<(), Error> {
+        let s = self.device.raw_stream(stream)?;
+        // SAFETY: as in `call`.
+        unsafe { self.enqueue_many_routed_as_part(lanes, None, part, s) }
+    }
     /// See `close_now` for what close waits for. A second close returns `Ok` after a
     /// successful one and [`Error::CloseFailed`] after a failed one.
     fn close(&self) -> Result<(), Error> {

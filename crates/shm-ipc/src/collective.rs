@@ -127,6 +127,10 @@ impl Collective for ShmCollective {
     fn reduce_scatter_many(&self, lanes: &[Io<'_>], stream: &()) -> Result<(), Error> {
         self.inner.reduce_scatter_many(lanes, stream)
     }
+    /// The engine's, which signs `part` (the trait's default would drop it).
+    fn reduce_scatter_many_as_part(&self, lanes: &[Io<'_>], part: u32, stream: &()) -> Result<(), Error> {
+        self.inner.reduce_scatter_many_as_part(lanes, part, stream)
+    }
     fn check(&self) -> Result<(), Error> {
         Collective::check(&self.inner)
     }
