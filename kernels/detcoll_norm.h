@@ -987,20 +987,18 @@ DC_DEV void dc_norm_rows_kept(const DcHeader& h, const DcSeg& s, dc_u64 frame, c
 // arithmetic is the row form's (the same lanes, order and tree), so the bits are the same.
 // ---------------------------------------------------------------------------------------------
 
-// Whether a fused launch takes the bulk rows form (declared in detcoll_protocol.h; every thread
-// asks it at the entry, from parameter space): bulk push with a phase 2 whose segments the norm
-// reads in place (DC_SEG_NORM_READ, set by the host: CollectiveNormParams::new), f16/bf16 rows of
-// hidden 4096 (a row is a tile of one 16-byte vector per thread), the norm's vector path, a
-// launch of exactly the protocol's blocks, one reduce segment, and every reduce and phase-2
-// segment whole rows of the sum that together are all of it (the call's only launch). The host
-// asks the same (CollectiveNormParams::bulk_rows) to size the grid; were they ever to differ,
-// the launch would only take the gathered-sum form after the launch's barrier.
-DC_DEV bool dc_norm_bulk_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p) {
+// The shape both row forms in the protocol share (the bulk rows form below, the RS+AG rows form
+// further on): f16/bf16 rows of hidden 4096 (a row is a tile of one 16-byte vector per thread)
+// on the norm's vector path, a launch of exactly the protocol's blocks, one reduce segment and a
+// phase 2 whose segments the norm reads in place (DC_SEG_NORM_READ), and every reduce and
+// phase-2 segment whole rows of the sum that together are all of it (the launch's rows); with
+// `frame_rows`, each also starting a row into the frames (the pull route counts tiles from the
+// frame's start, so a tile is then a row).
+DC_DEV bool dc_norm_protocol_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p, bool frame_rows) {
 #if defined(DC_CUDA)
-    if (h.mode != DC_MODE_PUSH || (p.dtype != DC_F16 && p.dtype != DC_BF16) || h.tile_bytes != 16u * DC_NTID ||
-        DC_NBLOCKS != h.grid || (dc_u64)p.hidden * 2u != h.tile_bytes || 2u * DC_NORM_CHUNK != p.hidden ||
-        h.nphase1 != 1u || (seg[h.nstage].flags & DC_SEG_GATHER) != 0u || !dc_norm_reads_gathered(h, seg) ||
-        !dc_norm_vector_ok(p))
+    if ((p.dtype != DC_F16 && p.dtype != DC_BF16) || h.tile_bytes != 16u * DC_NTID || DC_NBLOCKS != h.grid ||
+        (dc_u64)p.hidden * 2u != h.tile_bytes || 2u * DC_NORM_CHUNK != p.hidden || h.nphase1 != 1u ||
+        (seg[h.nstage].flags & DC_SEG_GATHER) != 0u || !dc_norm_reads_gathered(h, seg) || !dc_norm_vector_ok(p))
         return false;
     // A row is 8 KiB (hidden 4096 of two bytes): the masks test whole rows.
     const dc_u64 row = 4u * DC_NORM_CHUNK;
@@ -1009,7 +1007,7 @@ DC_DEV bool dc_norm_bulk_rows(const DcHeader& h, const DcSeg* seg, const DcNormP
     for (dc_u32 i = h.nstage; i < h.nstage + 1u + h.nphase2; ++i) {
         const DcSeg& s = seg[i];
         if (s.ptr < p.sum || ((s.ptr - p.sum) & (row - 1u)) != 0u || (s.bytes & (row - 1u)) != 0u ||
-            s.ptr - p.sum + s.bytes > end)
+            s.ptr - p.sum + s.bytes > end || (frame_rows && (s.frame_off & (row - 1u)) != 0u))
             return false;
         covered += s.bytes;
     }
@@ -1018,8 +1016,18 @@ DC_DEV bool dc_norm_bulk_rows(const DcHeader& h, const DcSeg* seg, const DcNormP
     (void)h;
     (void)seg;
     (void)p;
+    (void)frame_rows;
     return false;
 #endif
+}
+
+// Whether a fused launch takes the bulk rows form (declared in detcoll_protocol.h; every thread
+// asks it at the entry, from parameter space): bulk push in the shape dc_norm_protocol_rows
+// (above) tests, its phase-2 segments flagged by the host (CollectiveNormParams::new). The
+// host asks the same (CollectiveNormParams::shard_rows) to size the grid; were they ever to
+// differ, the launch would only take the gathered-sum form after the launch's barrier.
+DC_DEV bool dc_norm_bulk_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p) {
+    return h.mode == DC_MODE_PUSH && dc_norm_protocol_rows(h, seg, p, false);
 }
 
 #if defined(DC_CUDA)
@@ -1124,6 +1132,136 @@ DC_DEV void dc_bulk_norm_rows(const DcHeader& h, const DcSeg* seg, dc_u64 frame,
 #if defined(DC_CUDA)
     if (h.dtype == DC_F16) dc_bulk_norm_rows_dt<DC_F16>(h, seg, frame, plan, regs);
     else dc_bulk_norm_rows_dt<DC_BF16>(h, seg, frame, plan, regs);
+#else
+    (void)h;
+    (void)seg;
+    (void)frame;
+    (void)plan;
+    (void)regs;
+    DC_UNSUPPORTED_WORLD();
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// The RS+AG rows form (CUDA; a fused launch on RS+AG, the pull route with a phase 2, in the
+// shape of dc_norm_protocol_rows with the segments a row into the frames: large batches at
+// worlds 4 and 8). The plain RS+AG all_reduce reduces the own shard into the output and its
+// write-back slot of the own frame, then copies the peers' reduced shards out of their frames
+// after phase 2, and the gathered-sum form then reads every row again after the launch's
+// barrier, a warp per row. Here each block takes its tiles of the own shard (tile t of the
+// frame is block t % grid's; a tile is a row) a row at a time: its threads reduce their vector
+// of the row over every rank's frame (the plain reduce's tree, in rank order), write the sum
+// back into the own frame as the plain reduce does, keep it and normalise the row from
+// registers (dc_norm_row_in_regs); after phase 2 (the plain call's flags) it normalises its
+// tiles of each peer's reduced shard straight from that peer's frame. Each row's loads are
+// issued while the previous row is normalised. No barrier of the launch: every block waits for
+// every peer in both phases. The same arithmetic as every row form, so the same bits.
+// ---------------------------------------------------------------------------------------------
+
+// Whether a fused launch takes the RS+AG rows form (declared in detcoll_protocol.h; asked at the
+// entry like dc_norm_bulk_rows, and by the host: CollectiveNormParams::shard_rows).
+DC_DEV bool dc_norm_rsag_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p) {
+    return h.mode == DC_MODE_PULL && h.nphase2 != 0u && dc_norm_protocol_rows(h, seg, p, true);
+}
+
+#if defined(DC_CUDA)
+// This block's first tile of a segment at frame offset `frame_off` (a row's: a multiple of the
+// 8 KiB tile), as dc_for_tiles_at walks it: tile t of the frame is block t % grid's.
+DC_DEV dc_u64 dc_rsag_first_tile(const DcHeader& h, dc_u64 frame_off) {
+    const dc_u64 t0 = frame_off / (4u * DC_NORM_CHUNK);
+    return t0 + ((dc_u64)DC_BID + h.grid - (dc_u32)(t0 % h.grid)) % h.grid;
+}
+
+template <int W, int DT>
+DC_DEV void dc_rsag_reduce_rows_dt(const DcHeader& h, const DcSeg& s, dc_u64 frame, const DcNormPlan& plan,
+                                   DcNormRowRegs<1>& regs) {
+    const DcNormParams& p = plan.n;
+    const dc_u64 tile = 4u * DC_NORM_CHUNK, v = 16u * (dc_u64)DC_TID;
+    const dc_u64 end = s.frame_off + s.bytes, step = (dc_u64)h.grid * tile;
+    // Frame offset `at` of the segment is output byte s.ptr + (at - s.frame_off), row
+    // (s.ptr - p.sum + at - s.frame_off) / tile of the sum.
+    const dc_u64 to_sum = s.ptr - p.sum - s.frame_off;
+    const bool wb = (s.flags & DC_SEG_WRITE_BACK) != 0u;
+    dc_u64 at = dc_rsag_first_tile(h, s.frame_off) * tile;
+    if (at >= end) return;
+    dc_u32x4 x[W], res;
+    auto load = [&](dc_u64 a, dc_u32x4 (&xs)[W], dc_u32x4& rs) {
+        rs = dc_norm_ld16((const dc_u8*)p.residual + to_sum + a + v);
+#pragma unroll
+        for (int q = 0; q < W; ++q) xs[q] = *(const dc_u32x4*)(h.data[q] + frame + a + v);
+    };
+    load(at, x, res);
+    for (; at < end; at += step) {
+        const bool more = at + step < end;
+        dc_u32x4 nx[W], nres;
+        if (more) load(at + step, nx, nres);
+        const dc_u32x4 r = dc_tree_vec<W, DT, false>(x);
+        if (wb) *(dc_u32x4*)(h.data[h.rank] + frame + at + v) = r;
+        if (plan.sum_is_y == 0u) *(dc_u32x4*)(p.sum + to_sum + at + v) = r;
+        regs.sum[0] = r;
+        regs.residual[0] = res;
+        dc_norm_row_in_regs<DT, 1>(p, regs, (to_sum + at) / tile);
+        if (more) {
+#pragma unroll
+            for (int q = 0; q < W; ++q) x[q] = nx[q];
+            res = nres;
+        }
+    }
+}
+
+template <int DT>
+DC_DEV void dc_rsag_norm_rows_dt(const DcHeader& h, const DcSeg* seg, dc_u64 frame, const DcNormPlan& plan,
+                                 DcNormRowRegs<1>& regs) {
+    const DcNormParams& p = plan.n;
+    const dc_u64 tile = 4u * DC_NORM_CHUNK, v = 16u * (dc_u64)DC_TID, step = (dc_u64)h.grid * tile;
+    for (dc_u32 i = 0; i < h.nphase2; ++i) {
+        const DcSeg& s = seg[h.nstage + h.nphase1 + i];
+        // Where the skipped copy (dc_run_segment's gather) would have read: the peer's frame.
+        const dc_u8* from = (const dc_u8*)(h.data[s.peer] + frame);
+        const dc_u64 end = s.frame_off + s.bytes, to_sum = s.ptr - p.sum - s.frame_off;
+        dc_u64 at = dc_rsag_first_tile(h, s.frame_off) * tile;
+        if (at >= end) continue;
+        dc_u32x4 sum = dc_norm_ld16(from + at + v), res = dc_norm_ld16((const dc_u8*)p.residual + to_sum + at + v);
+        for (; at < end; at += step) {
+            const bool more = at + step < end;
+            dc_u32x4 nsum, nres;
+            if (more) {
+                nsum = dc_norm_ld16(from + at + step + v);
+                nres = dc_norm_ld16((const dc_u8*)p.residual + to_sum + at + step + v);
+            }
+            regs.sum[0] = sum;
+            regs.residual[0] = res;
+            dc_norm_row_in_regs<DT, 1>(p, regs, (to_sum + at) / tile);
+            if (more) {
+                sum = nsum;
+                res = nres;
+            }
+        }
+    }
+}
+#endif
+
+template <int W>
+DC_DEV void dc_rsag_reduce_rows(const DcHeader& h, const DcSeg& s, dc_u64 frame, const DcNormPlan& plan,
+                                DcNormRowRegs<1>& regs) {
+#if defined(DC_CUDA)
+    if (h.dtype == DC_F16) dc_rsag_reduce_rows_dt<W, DC_F16>(h, s, frame, plan, regs);
+    else dc_rsag_reduce_rows_dt<W, DC_BF16>(h, s, frame, plan, regs);
+#else
+    (void)h;
+    (void)s;
+    (void)frame;
+    (void)plan;
+    (void)regs;
+    DC_UNSUPPORTED_WORLD();
+#endif
+}
+
+DC_DEV void dc_rsag_norm_rows(const DcHeader& h, const DcSeg* seg, dc_u64 frame, const DcNormPlan& plan,
+                              DcNormRowRegs<1>& regs) {
+#if defined(DC_CUDA)
+    if (h.dtype == DC_F16) dc_rsag_norm_rows_dt<DC_F16>(h, seg, frame, plan, regs);
+    else dc_rsag_norm_rows_dt<DC_BF16>(h, seg, frame, plan, regs);
 #else
     (void)h;
     (void)seg;

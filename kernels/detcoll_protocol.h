@@ -931,6 +931,12 @@ DC_DEV void dc_norm_row_in_regs_any(const DcNormParams& p, const DcNormRowRegs<N
 DC_DEV bool dc_norm_two_tile_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p);
 DC_DEV bool dc_norm_row_loop(const DcHeader& h, const DcSeg* seg, const DcNormParams& p);
 DC_DEV bool dc_norm_bulk_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p);
+DC_DEV bool dc_norm_rsag_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p);
+template <int W>
+DC_DEV void dc_rsag_reduce_rows(const DcHeader& h, const DcSeg& s, dc_u64 frame, const DcNormPlan& plan,
+                                DcNormRowRegs<1>& regs);
+DC_DEV void dc_rsag_norm_rows(const DcHeader& h, const DcSeg* seg, dc_u64 frame, const DcNormPlan& plan,
+                              DcNormRowRegs<1>& regs);
 template <int W, int NV>
 DC_DEV void dc_norm_rows_kept(const DcHeader& h, const DcSeg& s, dc_u64 frame, const DcNormPlan& plan,
                               DcNormRowRegs<NV>& regs);
@@ -956,11 +962,15 @@ DC_DEV void dc_norm_prepare(const DcHeader& h, const DcSeg* seg, const DcNormPar
 // the bulk rows form (dc_norm_bulk_rows: the own shard's rows the same way, the peers' after
 // phase 2). Each an instantiation of its own, so that the plain all_reduce's body is the one it
 // was.
-template <dc_u32 MODE, int W, int NV = 1, bool LOOP = false>
+// SHARDS: the RS+AG body of a fused launch in the RS+AG rows form (dc_norm_rsag_rows): the own
+// shard's rows reduced and normalised in registers, then, after phase 2, the peers' rows from
+// their frames; an instantiation of its own too.
+template <dc_u32 MODE, int W, int NV = 1, bool LOOP = false, bool SHARDS = false>
 DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, const DcNormPlan* norm) {
     static_assert(NV == 1 || (NV == 2 && MODE != DC_MODE_PUSH), "two vectors a row on one-shot and LL push only");
     static_assert(!LOOP || ((MODE == DC_MODE_PULL || MODE == DC_MODE_PUSH) && NV == 1),
                   "the row loop on one-shot and the bulk rows form on bulk push, rows of one tile");
+    static_assert(!SHARDS || (MODE == DC_MODE_PULL && NV == 1 && !LOOP), "the RS+AG rows form, rows of one tile");
     const dc_u32 b = DC_BID;
     const bool member = b < h.grid;
     const dc_u64 own = h.ctl[h.rank];
@@ -1077,6 +1087,7 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
             // while the staging and the wait below run.
             const bool row_in_regs = NV == 2 || LOOP || (norm && norm->row_in_regs != 0u);
             if (row_in_regs) dc_norm_row_regs_load(*norm, regs);
+            if constexpr (SHARDS) regs.weight[0] = *(const dc_u32x4*)(norm->n.weight + 16u * (dc_u64)DC_TID);
             // Stage this block's tiles of the input into the own frame.
             if (quick_mine) *(dc_u32x4*)(own_data + frame + seg[0].frame_off + (dc_u64)DC_TID * 16u) = quick_v;
             for (dc_u32 i = quick_stage ? h.nstage : 0u; i < h.nstage; ++i) {
@@ -1121,6 +1132,16 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
             DC_GRID_DEP_TRIGGER();  // every peer is running this call (see dc_collective)
             if constexpr (LOOP) {
                 if (ok) dc_norm_rows_kept<W, NV>(h, seg[h.nstage], frame, *norm, regs);
+            } else if constexpr (SHARDS) {
+                // The RS+AG rows form: phase 1 and its flags as the plain call's (below), the
+                // rows normalised where the plain call reduces and copies them.
+                if (ok) {
+                    dc_rsag_reduce_rows<W>(h, seg[h.nstage], frame, *norm, regs);
+                    DC_SYNC_BLOCK();
+                    if (DC_TID == 0) dc_st_release_sys(dc_at(own, h.off_phase2 + (dc_u64)b * h.line), word);
+                    if (dc_wait(h, status, h.off_phase2 + b * h.line, g, DC_ERR_TIMEOUT_PHASE2, false))
+                        dc_rsag_norm_rows(h, seg, frame, *norm, regs);
+                }
             } else if (ok && row_in_regs) {
                 dc_reduce_row_kept_any<W, NV>(h, seg[h.nstage], frame, regs.sum, norm->sum_is_y == 0u, (dc_u64)b);
             } else if (ok) {
@@ -1145,7 +1166,7 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
 
     // (The row loop and the bulk rows form normalised their rows in the protocol, above; a
     // failed wait leaves them unwritten, as undefined as the sum of a failed call.)
-    if (!LOOP) {
+    if (!LOOP && !SHARDS) {
         if (MODE != DC_MODE_PUSH && norm && (NV == 2 || norm->row_in_regs != 0u))
             dc_norm_row_in_regs_any<NV>(norm->n, regs, (dc_u64)DC_BID);
         else if (norm && dc_norm_epilogue(h, seg, status, g, refresh_left, *norm)) return;
@@ -1176,11 +1197,11 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
 // frame of spills against 80 bytes for worlds 1/2/4/8, and LL push ran 6-34 % slower in
 // graphs on one H200; benches/results/h200-2026-12-04-per-world-bodies.md.)
 // `two_tile_rows`: the one-shot or LL push body for rows of two tiles in the row form (NV = 2).
-// `row_loop`: the one-shot body of the row loop, or the bulk push body of the bulk rows form
-// (LOOP).
+// `rows_form`: 1, the one-shot body of the row loop, or the bulk push body of the bulk rows form
+// (LOOP); 2, the RS+AG body of the RS+AG rows form (SHARDS); 0, neither.
 template <int W>
 DC_DEV void dc_collective_world(const DcHeader& h, const DcSeg* seg, const DcNormPlan* plan, bool two_tile_rows,
-                                bool row_loop) {
+                                dc_u32 rows_form) {
     static_assert(W >= 2, "a world of one rank makes no collective launch");
     switch (h.mode) {
         case DC_MODE_PUSH_LL:
@@ -1194,7 +1215,7 @@ DC_DEV void dc_collective_world(const DcHeader& h, const DcSeg* seg, const DcNor
             break;
         case DC_MODE_PUSH:
 #if defined(DC_CUDA)
-            if (row_loop) {
+            if (rows_form == 1u) {
                 dc_collective_mode<DC_MODE_PUSH, W, 1, true>(h, seg, plan);
                 break;
             }
@@ -1207,13 +1228,17 @@ DC_DEV void dc_collective_world(const DcHeader& h, const DcSeg* seg, const DcNor
                 dc_collective_mode<DC_MODE_PULL, W, 2>(h, seg, plan);
                 break;
             }
-            if (row_loop) {
+            if (rows_form == 1u) {
                 dc_collective_mode<DC_MODE_PULL, W, 1, true>(h, seg, plan);
+                break;
+            }
+            if (rows_form == 2u) {
+                dc_collective_mode<DC_MODE_PULL, W, 1, false, true>(h, seg, plan);
                 break;
             }
 #endif
             (void)two_tile_rows;
-            (void)row_loop;
+            (void)rows_form;
             dc_collective_mode<DC_MODE_PULL, W>(h, seg, plan);
             break;
     }
@@ -1243,13 +1268,16 @@ DC_DEV void dc_collective(const DcHeader& h, const DcSeg* seg, const DcNormParam
     // Which body runs is every thread's own decision (the plan in shared memory is not yet
     // visible to them), from parameter space like the plan's: the same answer as its.
     const bool two_tile_rows = norm && dc_norm_two_tile_rows(h, seg, *norm);
-    const bool row_loop = norm && (dc_norm_row_loop(h, seg, *norm) || dc_norm_bulk_rows(h, seg, *norm));
+    const dc_u32 rows_form = !norm                                                                  ? 0u
+                             : (dc_norm_row_loop(h, seg, *norm) || dc_norm_bulk_rows(h, seg, *norm)) ? 1u
+                             : dc_norm_rsag_rows(h, seg, *norm)                                      ? 2u
+                                                                                                     : 0u;
     DC_GRID_DEP_WAIT();
     // Worlds with peers only: a world of one rank makes no collective launch (the engine copies
     // its input, ipc-engine's IpcCollective), so an image's world 1 (every run-time image has it,
     // for the tree kernel) carries no protocol bodies.
     switch (h.world) {
-#define DC_CASE(w) case w: dc_collective_world<w>(h, seg, plan, two_tile_rows, row_loop); break;
+#define DC_CASE(w) case w: dc_collective_world<w>(h, seg, plan, two_tile_rows, rows_form); break;
         DC_FOR_PEER_WORLDS(DC_CASE)
 #undef DC_CASE
         default: DC_UNSUPPORTED_WORLD();

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Several kernel images of one source tree, one host binary: fused_norm_bench run on each image
 # in turn (chosen by DETCOLL_KERNEL_DIR), alternating, ROUNDS rounds, so their times compare
-# within one warm machine. Carry DIR (e.g. devrun/) holding new.tar.xz (`cargo xtask gpu-bundle
+# within one warm machine; the image `old` is another bundle's binary with its own kernels. Carry DIR (e.g. devrun/) holding new.tar.xz (`cargo xtask gpu-bundle
 # --out gpu-bundle`, packed with `tar -cf - gpu-bundle | xz -T2`) and, per image NAME in IMAGES,
 # DIR/NAME/detcoll_cuda.sm_90.cubin (`cargo xtask build --arch sm_90` of that variant); the
 # image `bundle` is the bundle's own. Run
@@ -18,6 +18,9 @@ set -u
 SUITES=${SUITES:-collective-factory-test-nvidia_fused_norm}
 POINTS=${POINTS:-"2:4096:1,8,16,32,64 2:8192:1,8,16,32 4:8192:8,16 8:8192:8,16"}
 . "$(dirname "$0")/run-lib.sh"
+# The image `old`: a second bundle, DIR/old.tar.xz (an earlier commit's `gpu-bundle`, its host
+# binary and its own kernels), for a change of the host and the kernels together.
+if [ -e $R/$DIR/old.tar.xz ]; then mkdir -p old && (cd old && xz -dc $R/$DIR/old.tar.xz | tar -xf -); fi
 # Images may come xz-packed (DIR/NAME/detcoll_cuda.sm_90.cubin.xz): the carry is at most 64 MiB.
 for f in $R/$DIR/*/*.cubin.xz; do [ -e "$f" ] && xz -dk "$f"; done
 if [ "$SUITES" = all ]; then
@@ -39,10 +42,12 @@ pack
 for r in $(seq 1 ${ROUNDS:-3}); do
   for b in $IMAGES; do
     if [ $b = bundle ]; then kd=$R/new/gpu-bundle/kernels; else kd=$R/$DIR/$b; fi
+    bd=new
+    if [ $b = old ]; then kd=$R/old/gpu-bundle/kernels; bd=old; fi
     for pt in $POINTS; do
       IFS=: read -r w hid rows <<< "$pt"
       [ $(left) -gt 20 ] || { echo "bench $b-$r $pt skipped (time)"; continue; }
-      (cd new/gpu-bundle && DETCOLL_KERNEL_DIR=$kd timeout $(cap 60) ./examples/collective-factory-fused_norm_bench --worlds $w --hidden $hid --rows $rows >> $O/$b-$r.md 2>> $O/$b-$r.err)
+      (cd $bd/gpu-bundle && DETCOLL_KERNEL_DIR=$kd timeout $(cap 60) ./examples/collective-factory-fused_norm_bench --worlds $w --hidden $hid --rows $rows >> $O/$b-$r.md 2>> $O/$b-$r.err)
       echo "$b-$r $pt rc=$? t=$(el)"
     done
   done

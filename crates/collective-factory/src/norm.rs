@@ -13,10 +13,11 @@
 //! launch, whose norm reads the peers' reduced shards in place, and a batch of any size on
 //! one-shot in one launch whose rows are one protocol tile each (f16/bf16 of hidden 4096: each
 //! row normalised in registers right after its reduce), one of rows of two tiles (hidden
-//! 8192) with a block for each row, and a batch of any size on bulk push in one launch whose
-//! rows are one protocol tile each and whose shards are whole rows (the bulk rows form: each
-//! block normalises the own shard's rows as it reduces them and the peers' rows from the own
-//! frame after phase 2) ([`NormBackend::one_kernel_at_any_size`]);
+//! 8192) with a block for each row, and a batch of any size on bulk push or RS+AG whose rows
+//! are one protocol tile each and whose shards are whole rows, in every launch of the call (the
+//! row forms in the protocol: each block normalises the own shard's rows as it reduces them and
+//! the peers' rows where their reduced shards lie after phase 2)
+//! ([`NormBackend::one_kernel_at_any_size`]);
 //! see [`one_kernel`]. On the other routes
 //! (transport, hierarchical, the hybrid), for the other batches and at world 1 the norm is a
 //! second launch on the same stream.
@@ -72,8 +73,9 @@ pub const GATHERED_MIN_ROWS: usize = detcoll_protocol::params::NORM_GATHERED_MIN
 /// * at any batch size where each row is normalised in registers right after its reduce (the
 ///   row loop: one-shot in one launch, a row a protocol tile), which re-reads nothing; and
 ///   where every row of two protocol tiles (hidden 8192) has a block that holds it in
-///   registers (one-shot in one launch, rows up to the resident grid); and on bulk push in
-///   one launch with rows of one tile in whole-row shards (the bulk rows form).
+///   registers (one-shot in one launch, rows up to the resident grid); and on bulk push or
+///   RS+AG with rows of one tile in whole-row shards in every launch (the row forms in the
+///   protocol).
 pub fn one_kernel(rows: usize, epilogue_rows: usize, at_any_size: impl FnOnce() -> bool) -> bool {
     (rows < GATHERED_MIN_ROWS && rows <= ONE_KERNEL_MAX_ROWS.min(epilogue_rows)) || at_any_size()
 }
@@ -116,7 +118,7 @@ pub trait NormBackend: Collective {
     /// place and covers the whole call (`IpcCollective::fused_norm_reads_gathered`); at any
     /// rows, it normalises each row in registers after its reduce
     /// (`IpcCollective::fused_norm_row_loop`, `fused_norm_two_tile_rows`,
-    /// `fused_norm_bulk_rows`). Backends without IPC routes: never.
+    /// `fused_norm_shard_rows`). Backends without IPC routes: never.
     fn one_kernel_at_any_size(&self, io: &Io<'_>, route: IpcRoute, norm: &NormParams) -> bool {
         let _ = (io, route, norm);
         false
@@ -135,7 +137,7 @@ fn engine_one_kernel_at_any_size<D: detcoll_protocol::IpcDevice>(
     gathered
         || engine.fused_norm_row_loop(io, route, norm)
         || engine.fused_norm_two_tile_rows(io, route, norm)
-        || engine.fused_norm_bulk_rows(io, route, norm)
+        || engine.fused_norm_shard_rows(io, route, norm)
 }
 
 /// The fused call's all_reduce on `engine` (see [`NormBackend::all_reduce_then_norm`]).

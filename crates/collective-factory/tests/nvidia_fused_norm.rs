@@ -171,42 +171,52 @@ fn large_batches_on_the_default_routes() {
     }
 }
 
-/// The bulk rows form (bulk push, f16/bf16 rows of 4096 whose shards are whole rows: each block
-/// normalises the own shard's rows as it reduces them, the peers' rows from its frame after
-/// phase 2, in every launch of a call in chunks of whole rows): bulk push forced at worlds 2, 3
-/// and 4 with the default staging — rows a multiple of the world (the form; 2048 rows at worlds
-/// 2 and 4 in two chunks of whole rows) and not (the gathered-sum form after the launch's
-/// barrier, or the norm's own launch) — in place and out of place; 64 KiB of staging (chunks of
-/// at most 4 rows: 8 and 12 rows in whole-row chunks, 6 and 10 not); and the default table at
-/// world 2 from 1024 rows (8 MiB), where the front door takes it.
+/// The row forms inside the protocol (bulk push: the bulk rows form; RS+AG: the RS+AG rows form;
+/// f16/bf16 rows of 4096 whose shards are whole rows: each block normalises the own shard's rows
+/// as it reduces them and the peers' rows where their reduced shards lie after phase 2, in every
+/// launch of a call in chunks of whole rows): each route forced at worlds 2, 3 and 4 with the
+/// default staging — rows a multiple of the world (the form; 2048 rows in whole-row chunks) and
+/// not (the gathered-sum form after the launch's barrier, or the norm's own launch) — in place
+/// and out of place; 64 KiB of staging (chunks of a few rows: 8 and 12 rows in whole-row
+/// chunks, 6 and 10 not always); and the default tables at worlds 2, 4 and 8 from 512 rows
+/// (bulk push at world 2, RS+AG at 4 and 8), where the front door takes them.
 #[test]
-fn bulk_rows_form_on_bulk_push() {
+fn row_forms_in_the_protocol_on_bulk_push_and_rs_ag() {
     if !gpu() {
         return;
     }
-    for world in [2, 3, 4] {
-        let config = Config::new().with_routing(every_size_by("nvidia", "ipc_push"));
-        let comms = nvidia::thread_group(world, &config).expect("thread group");
-        let w = world;
-        let shapes = [(w, 4096), (6 * w, 4096), (64 * w, 4096), (64 * w + 1, 4096), (2048, 4096), (2, 4096)];
-        check_shapes::<bf16>(&comms, "bf16 by ipc_push, bulk rows", &shapes);
-        check_shapes::<f16>(&comms, "f16 by ipc_push, bulk rows", &[(2 * w, 4096), (130 * w, 4096)]);
-        for rows in [w, 64 * w] {
-            let seed = (rows * 31 + 4096) as u64;
-            let (h, y) = reference::<bf16>(world, rows, 4096, seed);
-            for (r, (gh, gy)) in run_in_place::<bf16>(&comms, rows, 4096, seed).into_iter().enumerate() {
-                assert_eq!(bits(&gh), bits(&h), "world {world} rank {r}: h in place, {rows}x4096 by ipc_push");
-                assert_eq!(bits(&gy), bits(&y), "world {world} rank {r}: y in place, {rows}x4096 by ipc_push");
+    for route in ["ipc_push", "ipc_rs_ag"] {
+        for world in [2, 3, 4] {
+            let config = Config::new().with_routing(every_size_by("nvidia", route));
+            let comms = nvidia::thread_group(world, &config).expect("thread group");
+            let w = world;
+            let shapes = [(w, 4096), (6 * w, 4096), (64 * w, 4096), (64 * w + 1, 4096), (2048, 4096), (2, 4096)];
+            check_shapes::<bf16>(&comms, &format!("bf16 by {route}, rows in the protocol"), &shapes);
+            check_shapes::<f16>(
+                &comms,
+                &format!("f16 by {route}, rows in the protocol"),
+                &[(2 * w, 4096), (130 * w, 4096)],
+            );
+            for rows in [w, 64 * w] {
+                let seed = (rows * 31 + 4096) as u64;
+                let (h, y) = reference::<bf16>(world, rows, 4096, seed);
+                for (r, (gh, gy)) in run_in_place::<bf16>(&comms, rows, 4096, seed).into_iter().enumerate() {
+                    assert_eq!(bits(&gh), bits(&h), "world {world} rank {r}: h in place, {rows}x4096 by {route}");
+                    assert_eq!(bits(&gy), bits(&y), "world {world} rank {r}: y in place, {rows}x4096 by {route}");
+                }
             }
+            let small = Config::new().with_capacity(64 << 10).with_routing(every_size_by("nvidia", route));
+            let comms = nvidia::thread_group(world, &small).expect("thread group");
+            let chunked = [(8, 4096), (12, 4096), (6, 4096), (10, 4096)];
+            check_shapes::<bf16>(&comms, &format!("bf16 by {route} in chunks"), &chunked);
+            println!("{route}, world {world}: rows in the protocol = fixed_tree::residual_rmsnorm");
         }
-        let small = Config::new().with_capacity(64 << 10).with_routing(every_size_by("nvidia", "ipc_push"));
-        let comms = nvidia::thread_group(world, &small).expect("thread group");
-        check_shapes::<bf16>(&comms, "bf16 by ipc_push in chunks", &[(8, 4096), (12, 4096), (6, 4096), (10, 4096)]);
-        println!("ipc_push, world {world}: bulk rows shapes = fixed_tree::residual_rmsnorm");
     }
-    let comms = nvidia::thread_group(2, &Config::new()).expect("thread group");
-    check_shapes::<bf16>(&comms, "bf16, default table", &[(1024, 4096), (2048, 4096), (1026, 4096)]);
-    println!("world 2, default table: 1024-2048 x 4096 = fixed_tree::residual_rmsnorm");
+    for world in [2, 4, 8] {
+        let comms = nvidia::thread_group(world, &Config::new()).expect("thread group");
+        check_shapes::<bf16>(&comms, "bf16, default table", &[(512, 4096), (1024, 4096), (2048, 4096), (1026, 4096)]);
+        println!("world {world}, default table: 512-2048 x 4096 = fixed_tree::residual_rmsnorm");
+    }
 }
 
 /// The one-kernel form on every IPC route (LL push, one-shot pull, bulk push, RS+AG) and in

@@ -309,17 +309,20 @@ impl<D: IpcDevice> IpcCollective<D> {
         self.fused_norm_in_one_launch(io, route)
     }
 
-    /// Whether a fused all_reduce + RMSNorm of `io` by `route` (`norm` its packed norm) is one
-    /// kernel in the bulk rows form (`CollectiveNormParams::bulk_rows`; `dc_norm_bulk_rows` in
-    /// kernels/detcoll_norm.h): a runtime with the gathered-sum and row forms, the bulk push
-    /// route, f16/bf16 rows of one protocol tile (hidden 4096: `TILE_BYTES` / 2) on the norm's
-    /// vector path, rows a multiple of the world (so every rank's shard is whole rows) and a
-    /// call that fits one launch. Each block normalises the own shard's rows in registers as it
-    /// reduces them and the peers' rows from the own frame after phase 2, at any batch size.
-    pub fn fused_norm_bulk_rows(&self, io: &Io<'_>, route: IpcRoute, norm: &NormParams) -> bool {
+    /// Whether a fused all_reduce + RMSNorm of `io` by `route` (`norm` its packed norm) takes a
+    /// row form inside the protocol in every launch (`CollectiveNormParams::shard_rows`:
+    /// `dc_norm_bulk_rows` on bulk push, `dc_norm_rsag_rows` on RS+AG, in
+    /// kernels/detcoll_norm.h): a runtime with the gathered-sum and row forms, one of those
+    /// routes, f16/bf16 rows of one protocol tile (hidden 4096: `TILE_BYTES` / 2) on the norm's
+    /// vector path, and every launch's rows whole with whole-row shards
+    /// (`shard_rows_in_every_launch`). Each block normalises the own shard's rows in registers
+    /// as it reduces them and the peers' rows where their reduced shards lie after phase 2, at
+    /// any batch size.
+    pub fn fused_norm_shard_rows(&self, io: &Io<'_>, route: IpcRoute, norm: &NormParams) -> bool {
         let two_bytes = norm.dtype == DType::F16 as u32 || norm.dtype == DType::BF16 as u32;
         let forms = D::NORM_READS_GATHERED && D::NORM_ROW_LOOP;
-        if !(forms && route == IpcRoute::Push && two_bytes && norm.vector_ok()) {
+        let routes = matches!(route, IpcRoute::Push | IpcRoute::ReduceScatterAllGather);
+        if !(forms && routes && two_bytes && norm.vector_ok()) {
             return false;
         }
         if u64::from(norm.hidden) * 2 != u64::from(TILE_BYTES) {
@@ -327,22 +330,29 @@ impl<D: IpcDevice> IpcCollective<D> {
         }
         let Ok(call) = validate(Op::AllReduce, io, self.rank, self.world, usize::MAX) else { return false };
         let Ok(Some(ipc)) = self.ipc_for(route) else { return false };
-        self.bulk_rows_in_every_launch(&call, norm, ipc)
+        self.shard_rows_in_every_launch(&call, route, norm, ipc)
     }
 
-    /// Whether every launch of a fused all_reduce of `call` by bulk push, with the norm
-    /// `norm`, takes the bulk rows form for the rows it writes: the call's launches (one, or
-    /// its chunks above the staging capacity) each write whole rows
-    /// (`fused_norm::plan_rows`) whose shards are whole rows (`CollectiveNormParams::bulk_rows`
+    /// Whether every launch of a fused all_reduce of `call` by `route` (bulk push or RS+AG),
+    /// with the norm `norm`, takes a row form inside the protocol for the rows it writes: the
+    /// call's launches (one, or its chunks above the staging capacity) each write whole rows
+    /// (`fused_norm::plan_rows`) whose shards are whole rows (`CollectiveNormParams::shard_rows`
     /// of the launch's rows). Then every launch normalises its own rows, and no launch after
-    /// the last re-reads the sums. A chunked call of the default capacity at world 2 (chunks
-    /// of 8 MiB, `chunk::balanced`) has whole rows of 4096 whenever its rows divide evenly.
-    fn bulk_rows_in_every_launch(&self, call: &collective_core::Call, norm: &NormParams, ipc: &IpcState<D>) -> bool {
+    /// the last re-reads the sums. A chunked bulk push call of the default capacity at world 2
+    /// (chunks of 8 MiB, `chunk::balanced`) has whole rows of 4096 whenever its rows divide
+    /// evenly.
+    fn shard_rows_in_every_launch(
+        &self,
+        call: &collective_core::Call,
+        route: IpcRoute,
+        norm: &NormParams,
+        ipc: &IpcState<D>,
+    ) -> bool {
         if !(D::NORM_READS_GATHERED && D::NORM_ROW_LOOP) {
             return false;
         }
         let (capacity, ll) = (self.config.capacity, ipc.layout.ll_capacity());
-        let Ok(chunks) = Chunks::single(call, self.rank, self.world, Route::IpcPush, capacity, ll) else {
+        let Ok(chunks) = Chunks::single(call, self.rank, self.world, route.route(), capacity, ll) else {
             return false;
         };
         let mut launches = 0usize;
@@ -352,7 +362,7 @@ impl<D: IpcDevice> IpcCollective<D> {
                 return false;
             };
             let Ok(p) = params::pack(&ipc.fixed, &plan, false, D::BACKEND) else { return false };
-            if !CollectiveNormParams::new(p, rows, true).bulk_rows() {
+            if !CollectiveNormParams::new(p, rows, true).shard_rows() {
                 return false;
             }
             launches += 1;
@@ -460,10 +470,10 @@ impl<D: IpcDevice> IpcCollective<D> {
             return self.copy_local(call.dst, call.src, call.bytes_out(), stream).map(|()| false);
         };
         self.device.bind()?;
-        // The bulk rows form in every launch (`bulk_rows_in_every_launch`): each launch, not
-        // only the last, is fused with the norm of the rows it writes.
-        let every_launch = route == IpcRoute::Push
-            && norm.is_some_and(|(_, packed)| self.bulk_rows_in_every_launch(&call, &packed, ipc));
+        // A row form inside the protocol in every launch (`shard_rows_in_every_launch`): each
+        // launch, not only the last, is fused with the norm of the rows it writes.
+        let every_launch = matches!(route, IpcRoute::Push | IpcRoute::ReduceScatterAllGather)
+            && norm.is_some_and(|(_, packed)| self.shard_rows_in_every_launch(&call, route, &packed, ipc));
         // The LL push route when the payload fits the LL slots, the one-shot pull route
         // otherwise (same bits); above the staging capacity, chunks: consecutive launches on
         // this stream, one generation each (the double-buffered frames pipeline them).

@@ -144,14 +144,14 @@ impl CollectiveNormParams {
     /// [`can_read_gathered`](Self::can_read_gathered), every phase-2 segment is flagged
     /// [`SEG_NORM_READ`]: the launch skips their copies into the output and the norm reads those
     /// sums in place, one warp per row (`dc_norm_rows_gathered`); fewer rows keep the block form
-    /// after the copies — except in the shape of the bulk rows form
-    /// ([`bulk_rows`](Self::bulk_rows)), flagged at any row count: it reads each row once, in
+    /// after the copies — except in the shape of the row forms inside the protocol
+    /// ([`shard_rows`](Self::shard_rows)), flagged at any row count: it reads each row once, in
     /// registers, with no warp per row. This is a rank's own choice: its peers' memory and
     /// flags are the same either way.
     pub fn new(call: ParamsSingle, norm: NormParams, reads_gathered: bool) -> CollectiveNormParams {
         let mut fused = CollectiveNormParams { call, norm };
         let rows = usize::try_from(fused.norm.rows).unwrap_or(usize::MAX);
-        let enough = rows >= NORM_GATHERED_MIN_ROWS || fused.bulk_rows_shape();
+        let enough = rows >= NORM_GATHERED_MIN_ROWS || fused.shard_rows_shape();
         if reads_gathered && enough && fused.can_read_gathered() {
             let h = &fused.call.h;
             let first = (h.nstage + h.nphase1) as usize;
@@ -229,7 +229,7 @@ impl CollectiveNormParams {
     /// rows to normalise (a block per row, or per [`THREADS`]` / 32` rows when the norm reads
     /// the gathered sums: a warp per row); blocks beyond the collective's grid only run the norm.
     pub fn grid(&self, max_grid: u32) -> u32 {
-        if self.local_group() != 0 || self.bulk_rows() {
+        if self.local_group() != 0 || self.shard_rows() {
             return self.call.h.grid;
         }
         let per_block = if self.reads_gathered() { u64::from(THREADS / 32) } else { 1 };
@@ -237,27 +237,30 @@ impl CollectiveNormParams {
         self.call.h.grid.max(blocks.min(max_grid))
     }
 
-    /// Whether the launch takes the bulk rows form (`dc_norm_bulk_rows`, kernels/detcoll_norm.h,
-    /// on CUDA): it [reads the gathered sums](Self::reads_gathered) and has
-    /// [the form's shape](Self::bulk_rows_shape). Each block then reduces and normalises the
+    /// Whether the launch takes a row form inside the protocol (on CUDA): the bulk rows form
+    /// on bulk push (`dc_norm_bulk_rows`, kernels/detcoll_norm.h) or the RS+AG rows form on
+    /// RS+AG (`dc_norm_rsag_rows`): it [reads the gathered sums](Self::reads_gathered) and has
+    /// [the forms' shape](Self::shard_rows_shape). Each block then reduces and normalises the
     /// own shard's rows of its tiles in registers and, after phase 2, normalises the peers'
-    /// rows of its tiles from the own frame: the launch has exactly the collective's grid and no
-    /// barrier. The kernel decides the same from the same parameters; the host's answer only
-    /// sizes the grid (the host executor runs such a launch as the gathered-sum form: the same
-    /// bits).
-    pub fn bulk_rows(&self) -> bool {
-        self.reads_gathered() && self.bulk_rows_shape()
+    /// rows of its tiles where their reduced shards lie: the launch has exactly the
+    /// collective's grid and no barrier. The kernel decides the same from the same parameters;
+    /// the host's answer only sizes the grid (the host executor runs such a launch as the
+    /// gathered-sum form: the same bits).
+    pub fn shard_rows(&self) -> bool {
+        self.reads_gathered() && self.shard_rows_shape()
     }
 
-    /// The bulk rows form's shape: the bulk push route with one reduce segment and a phase 2,
-    /// f16/bf16 rows of one protocol tile (hidden 4096) on the norm's vector path, and the
-    /// reduce and phase-2 segments whole rows of the sum that together are all of it (the
-    /// call's only launch).
-    pub fn bulk_rows_shape(&self) -> bool {
+    /// The row forms' shape: the bulk push route, or RS+AG (the pull route with a phase 2),
+    /// with one reduce segment and a phase 2, f16/bf16 rows of one protocol tile (hidden 4096)
+    /// on the norm's vector path, and the reduce and phase-2 segments whole rows of the sum
+    /// that together are all of it (the launch's rows) — on RS+AG also each a row into the
+    /// frames, where its tiles are counted from (`dc_norm_protocol_rows`).
+    pub fn shard_rows_shape(&self) -> bool {
         let (h, n) = (&self.call.h, &self.norm);
         let two_bytes = n.dtype == DType::F16 as u32 || n.dtype == DType::BF16 as u32;
         let row = u64::from(TILE_BYTES);
-        if h.mode != MODE_PUSH || h.nphase1 != 1 || h.nphase2 == 0 || !two_bytes || !n.vector_ok() {
+        let (push, pull) = (h.mode == MODE_PUSH, h.mode == MODE_PULL);
+        if !(push || pull) || h.nphase1 != 1 || h.nphase2 == 0 || !two_bytes || !n.vector_ok() {
             return false;
         }
         if h.tile_bytes != TILE_BYTES || u64::from(n.hidden) * 2 != row {
@@ -270,6 +273,9 @@ impl CollectiveNormParams {
         for s in segs {
             let Some(rel) = s.ptr.checked_sub(n.sum) else { return false };
             if rel % row != 0 || s.bytes % row != 0 || rel.checked_add(s.bytes).is_none_or(|e| e > end) {
+                return false;
+            }
+            if pull && s.frame_off % row != 0 {
                 return false;
             }
             covered = covered.saturating_add(s.bytes);
@@ -931,12 +937,15 @@ mod tests {
                 }
             }
             // The own shard (rank 1's, between peer 0's and peer 2's) is read from the output.
-            // On bulk push these rows (whole shards of 4096 in bf16) take the bulk rows form,
-            // on exactly the collective's grid.
-            let bulk = route == Route::IpcPush;
-            assert_eq!(c.bulk_rows(), bulk, "{route:?}");
-            let grid = if bulk { c.call.h.grid } else { c.call.h.grid.max((512 / 16).min(f.max_grid)) };
-            assert_eq!(c.grid(f.max_grid), grid, "{route:?}");
+            // These rows (whole shards of 4096 in bf16) take a row form inside the protocol, on
+            // exactly the collective's grid; f32 rows (of 2048 here) the gathered-sum form, a
+            // block per 16 rows.
+            assert!(c.shard_rows(), "{route:?}");
+            assert_eq!(c.grid(f.max_grid), c.call.h.grid, "{route:?}");
+            let f32_rows = fused_call(&f, (512, 2048, DType::F32), route, (0, 0), true);
+            assert!(f32_rows.reads_gathered() && !f32_rows.shard_rows(), "{route:?}");
+            let grid = f32_rows.call.h.grid.max((512 / 16).min(f.max_grid));
+            assert_eq!(f32_rows.grid(f.max_grid), grid, "{route:?}");
             let own = c.call.seg[first].ptr + c.call.seg[first].bytes;
             assert_ne!(c.call.seg[first + 1].ptr, own);
             assert_eq!(c.sum_at(h.frame[1], own - c.norm.sum), own);
@@ -958,37 +967,38 @@ mod tests {
         }
     }
 
-    /// The bulk rows form (`dc_norm_bulk_rows`): on bulk push, f16/bf16 rows of 4096 on the
-    /// vector path whose shards are whole rows of a call in one launch, at any row count (the
-    /// phase-2 segments flagged below the gathered form's rows too), on exactly the
-    /// collective's grid; never on other routes or shapes.
+    /// The row forms inside the protocol (`dc_norm_bulk_rows`, `dc_norm_rsag_rows`): on bulk
+    /// push and RS+AG, f16/bf16 rows of 4096 on the vector path whose shards are whole rows of
+    /// a launch's rows, at any row count (the phase-2 segments flagged below the gathered
+    /// form's rows too), on exactly the collective's grid; never on other routes or shapes.
     #[test]
-    fn bulk_rows_form_takes_whole_row_shards_of_one_tile_rows_on_bulk_push() {
+    fn shard_rows_forms_take_whole_row_shards_of_one_tile_rows() {
         let (_, f) = fixed(4, 1, 1 << 22, 16);
-        for rows in [4, 8, 64, 512] {
-            for dtype in [DType::BF16, DType::F16] {
-                let c = fused_call(&f, (rows, 4096, dtype), Route::IpcPush, (0, 0), true);
-                assert!(c.bulk_rows_shape() && c.reads_gathered() && c.bulk_rows(), "{rows} {dtype:?}");
-                assert_eq!(c.grid(f.max_grid), c.call.h.grid);
+        for route in [Route::IpcPush, Route::IpcReduceScatterAllGather] {
+            for rows in [4, 8, 64, 512] {
+                for dtype in [DType::BF16, DType::F16] {
+                    let c = fused_call(&f, (rows, 4096, dtype), route, (0, 0), true);
+                    let what = format!("{route:?} {rows} {dtype:?}");
+                    assert!(c.shard_rows_shape() && c.reads_gathered() && c.shard_rows(), "{what}");
+                    assert_eq!(c.grid(f.max_grid), c.call.h.grid, "{what}");
+                }
             }
+            for (what, c) in [
+                ("rows not a multiple of the world", fused_call(&f, (6, 4096, DType::BF16), route, (0, 0), true)),
+                ("rows of two tiles", fused_call(&f, (8, 8192, DType::BF16), route, (0, 0), true)),
+                ("f32", fused_call(&f, (8, 2048, DType::F32), route, (0, 0), true)),
+                ("off the vector path", fused_call(&f, (8, 4096, DType::BF16), route, (0, 2), true)),
+                ("the sum a later part of the output", fused_call(&f, (8, 4096, DType::BF16), route, (8192, 0), true)),
+            ] {
+                assert!(!c.shard_rows(), "{route:?}: {what}");
+            }
+            // Without the runtime's gathered-sum form nothing is flagged: the shape alone is not the form.
+            let c = fused_call(&f, (8, 4096, DType::BF16), route, (0, 0), false);
+            assert!(c.shard_rows_shape() && !c.reads_gathered() && !c.shard_rows(), "{route:?}");
         }
-        for (what, c) in [
-            ("rows not a multiple of the world", fused_call(&f, (6, 4096, DType::BF16), Route::IpcPush, (0, 0), true)),
-            ("rows of two tiles", fused_call(&f, (8, 8192, DType::BF16), Route::IpcPush, (0, 0), true)),
-            ("f32", fused_call(&f, (8, 2048, DType::F32), Route::IpcPush, (0, 0), true)),
-            ("off the vector path", fused_call(&f, (8, 4096, DType::BF16), Route::IpcPush, (0, 2), true)),
-            (
-                "the sum a later part of the output",
-                fused_call(&f, (8, 4096, DType::BF16), Route::IpcPush, (8192, 0), true),
-            ),
-            ("RS+AG", fused_call(&f, (8, 4096, DType::BF16), Route::IpcReduceScatterAllGather, (0, 0), true)),
-            ("one-shot", fused_call(&f, (8, 4096, DType::BF16), Route::IpcOneShot, (0, 0), true)),
-        ] {
-            assert!(!c.bulk_rows(), "{what}");
+        for route in [Route::IpcOneShot, Route::IpcPushLl] {
+            assert!(!fused_call(&f, (8, 4096, DType::BF16), route, (0, 0), true).shard_rows(), "{route:?}");
         }
-        // Without the runtime's gathered-sum form nothing is flagged: the shape alone is not the form.
-        let c = fused_call(&f, (8, 4096, DType::BF16), Route::IpcPush, (0, 0), false);
-        assert!(c.bulk_rows_shape() && !c.reads_gathered() && !c.bulk_rows());
     }
 
     #[test]

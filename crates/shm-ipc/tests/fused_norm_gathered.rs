@@ -120,18 +120,20 @@ fn gathered_sums_read_in_place_equal_the_reference() {
     }
 }
 
-/// The shape of the bulk rows form (`CollectiveNormParams::bulk_rows`: bulk push, f16/bf16 rows
-/// of 4096 whose shards are whole rows, one launch; flagged at any row count), which the host
-/// executor runs as the gathered-sum form: every rank's h and y the reference's, from 2 rows up,
+/// The shape of the row forms inside the protocol (`CollectiveNormParams::shard_rows`: bulk push
+/// and RS+AG, f16/bf16 rows of 4096 whose shards are whole rows, one launch; flagged at any row
+/// count), which the host executor runs as the gathered-sum form: every rank's h and y the reference's, from 2 rows up,
 /// and with rows that are not a multiple of the world (the block form after the copies).
 #[test]
 fn bulk_rows_shape_equals_the_reference() {
     for world in [2, 4] {
         let comms = ShmCollective::group(world, ShmConfig::new(1 << 22)).expect("group");
-        for rows in [world, 2 * world, 64, 66, 130] {
-            check_rows::<bf16>(&comms, IpcRoute::Push, DType::BF16, (rows, 4096));
+        for route in [IpcRoute::Push, IpcRoute::ReduceScatterAllGather] {
+            for rows in [world, 2 * world, 64, 66, 130] {
+                check_rows::<bf16>(&comms, route, DType::BF16, (rows, 4096));
+            }
+            check_rows::<half::f16>(&comms, route, DType::F16, (2 * world, 4096));
         }
-        check_rows::<half::f16>(&comms, IpcRoute::Push, DType::F16, (2 * world, 4096));
         for c in comms {
             c.close().expect("close");
         }
@@ -140,7 +142,7 @@ fn bulk_rows_shape_equals_the_reference() {
 
 /// Chunked calls (64 KiB of staging: bulk push chunks of at most 4 rows of 4096 bf16 at worlds 2
 /// and 4, balanced: `chunk::balanced`): 4 rows (one launch), 8 and 12 (chunks of 4 rows) take
-/// the bulk rows form in every launch (each launch's norm its own rows: `fused_norm_bulk_rows`
+/// the bulk rows form in every launch (each launch's norm its own rows: `fused_norm_shard_rows`
 /// says so); 6 rows (two chunks of 3: shards inside a row) and 10 (chunks inside a row) keep
 /// the norm in the last launch (it says no). Either way every rank's h and y are the
 /// reference's.
@@ -166,9 +168,12 @@ fn bulk_rows_in_every_chunk_equal_the_reference() {
             };
             let packed = NormParams::pack(&args).expect("pack");
             let io = Io::host(&x, &mut y);
-            let taken = comms[0].engine().fused_norm_bulk_rows(&io, IpcRoute::Push, &packed);
+            let taken = comms[0].engine().fused_norm_shard_rows(&io, IpcRoute::Push, &packed);
             assert_eq!(taken, every_launch, "world {world}, {rows} rows of 4096");
             check_rows::<bf16>(&comms, IpcRoute::Push, DType::BF16, (rows, 4096));
+            // RS+AG in one-shot-sized chunks of 8 rows (whole rows; their shards whole rows
+            // where the world divides the chunk's rows).
+            check_rows::<bf16>(&comms, IpcRoute::ReduceScatterAllGather, DType::BF16, (rows, 4096));
         }
         for c in comms {
             c.close().expect("close");
