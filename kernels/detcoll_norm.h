@@ -993,13 +993,17 @@ DC_DEV void dc_norm_rows_kept(const DcHeader& h, const DcSeg& s, dc_u64 frame, c
 // phase 2 whose segments the norm reads in place (DC_SEG_NORM_READ), and every reduce and
 // phase-2 segment whole rows of the sum that together are all of it (the launch's rows); with
 // `frame_rows`, each also starting a row into the frames (the pull route counts tiles from the
-// frame's start, so a tile is then a row).
+// frame's start, so a tile is then a row); without, the input 16-byte aligned.
 DC_DEV bool dc_norm_protocol_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p, bool frame_rows) {
 #if defined(DC_CUDA)
     if ((p.dtype != DC_F16 && p.dtype != DC_BF16) || h.tile_bytes != 16u * DC_NTID || DC_NBLOCKS != h.grid ||
         (dc_u64)p.hidden * 2u != h.tile_bytes || 2u * DC_NORM_CHUNK != p.hidden || h.nphase1 != 1u ||
         (seg[h.nstage].flags & DC_SEG_GATHER) != 0u || !dc_norm_reads_gathered(h, seg) || !dc_norm_vector_ok(p))
         return false;
+    // Bulk push reads the own leaf from the caller's input with 16-byte loads (the pull route
+    // reads it from the frame, staged by the plain copy): an input view off 16 bytes (an
+    // element offset) takes the gathered-sum form, whose reduce takes any alignment.
+    if (!frame_rows && (seg[h.nstage].src & 15u) != 0u) return false;
     // A row is 8 KiB (hidden 4096 of two bytes): the masks test whole rows.
     const dc_u64 row = 4u * DC_NORM_CHUNK;
     const dc_u64 end = p.rows * row;

@@ -254,7 +254,8 @@ impl CollectiveNormParams {
     /// with one reduce segment and a phase 2, f16/bf16 rows of one protocol tile (hidden 4096)
     /// on the norm's vector path, and the reduce and phase-2 segments whole rows of the sum
     /// that together are all of it (the launch's rows) — on RS+AG also each a row into the
-    /// frames, where its tiles are counted from (`dc_norm_protocol_rows`).
+    /// frames, where its tiles are counted from, on bulk push the input 16-byte aligned (its
+    /// own leaf is read from there with 16-byte loads; `dc_norm_protocol_rows`).
     pub fn shard_rows_shape(&self) -> bool {
         let (h, n) = (&self.call.h, &self.norm);
         let two_bytes = n.dtype == DType::F16 as u32 || n.dtype == DType::BF16 as u32;
@@ -280,7 +281,10 @@ impl CollectiveNormParams {
             }
             covered = covered.saturating_add(s.bytes);
         }
-        segs[0].flags & SEG_GATHER == 0 && covered == end
+        // Bulk push reads the own leaf from the caller's input with 16-byte loads: an input off
+        // 16 bytes keeps the gathered-sum form (`dc_norm_protocol_rows`).
+        let input_aligned = pull || segs[0].src % 16 == 0;
+        segs[0].flags & SEG_GATHER == 0 && covered == end && input_aligned
     }
 
     /// Rows per protocol tile when a launch of exactly the collective's grid has every block
@@ -995,6 +999,12 @@ mod tests {
             // Without the runtime's gathered-sum form nothing is flagged: the shape alone is not the form.
             let c = fused_call(&f, (8, 4096, DType::BF16), route, (0, 0), false);
             assert!(c.shard_rows_shape() && !c.reads_gathered() && !c.shard_rows(), "{route:?}");
+            // An input one element off 16 bytes: bulk push reads it with 16-byte loads (a
+            // misaligned address fault on the GPU), so not that form; RS+AG reads the staged
+            // frame, whatever the input's alignment.
+            let mut c = fused_call(&f, (8, 4096, DType::BF16), route, (0, 0), true);
+            c.call.seg[c.call.h.nstage as usize].src += 2;
+            assert_eq!(c.shard_rows(), route == Route::IpcReduceScatterAllGather, "{route:?}, input off 16 bytes");
         }
         for route in [Route::IpcOneShot, Route::IpcPushLl] {
             assert!(!fused_call(&f, (8, 4096, DType::BF16), route, (0, 0), true).shard_rows(), "{route:?}");
