@@ -319,15 +319,6 @@ impl<D: IpcDevice> IpcCollective<D> {
     /// as it reduces them and the peers' rows where their reduced shards lie after phase 2, at
     /// any batch size.
     pub fn fused_norm_shard_rows(&self, io: &Io<'_>, route: IpcRoute, norm: &NormParams) -> bool {
-        let two_bytes = norm.dtype == DType::F16 as u32 || norm.dtype == DType::BF16 as u32;
-        let forms = D::NORM_READS_GATHERED && D::NORM_ROW_LOOP;
-        let routes = matches!(route, IpcRoute::Push | IpcRoute::ReduceScatterAllGather);
-        if !(forms && routes && two_bytes && norm.vector_ok()) {
-            return false;
-        }
-        if u64::from(norm.hidden) * 2 != u64::from(TILE_BYTES) {
-            return false;
-        }
         let Ok(call) = validate(Op::AllReduce, io, self.rank, self.world, usize::MAX) else { return false };
         let Ok(Some(ipc)) = self.ipc_for(route) else { return false };
         self.shard_rows_in_every_launch(&call, route, norm, ipc)
@@ -348,7 +339,12 @@ impl<D: IpcDevice> IpcCollective<D> {
         norm: &NormParams,
         ipc: &IpcState<D>,
     ) -> bool {
-        if !(D::NORM_READS_GATHERED && D::NORM_ROW_LOOP) {
+        // The call's own shape first: only a call that could take the forms plans its launches.
+        let two_bytes = norm.dtype == DType::F16 as u32 || norm.dtype == DType::BF16 as u32;
+        let forms = D::NORM_READS_GATHERED && D::NORM_ROW_LOOP;
+        let routes = matches!(route, IpcRoute::Push | IpcRoute::ReduceScatterAllGather);
+        let row_a_tile = u64::from(norm.hidden) * 2 == u64::from(TILE_BYTES);
+        if !(forms && routes && two_bytes && row_a_tile && norm.vector_ok()) {
             return false;
         }
         let (capacity, ll) = (self.config.capacity, ipc.layout.ll_capacity());
@@ -472,8 +468,7 @@ impl<D: IpcDevice> IpcCollective<D> {
         self.device.bind()?;
         // A row form inside the protocol in every launch (`shard_rows_in_every_launch`): each
         // launch, not only the last, is fused with the norm of the rows it writes.
-        let every_launch = matches!(route, IpcRoute::Push | IpcRoute::ReduceScatterAllGather)
-            && norm.is_some_and(|(_, packed)| self.shard_rows_in_every_launch(&call, route, &packed, ipc));
+        let every_launch = norm.is_some_and(|(_, packed)| self.shard_rows_in_every_launch(&call, route, &packed, ipc));
         // The LL push route when the payload fits the LL slots, the one-shot pull route
         // otherwise (same bits); above the staging capacity, chunks: consecutive launches on
         // this stream, one generation each (the double-buffered frames pipeline them).
