@@ -42,20 +42,20 @@ where
     F: Fn(&NvidiaCollective, &Stream, Buf<T>, Buf<T>, Buf<T>) -> (Vec<T>, Vec<T>) + Sync,
 {
     let n = rows * hidden;
-    let call = &call;
+    each_rank(comms, |comm| {
+        let stream = comm.context().new_stream().expect("stream");
+        let x = stream.clone_htod(&values::<T>(n, seed * 100 + comm.rank() as u64)).expect("x");
+        let residual = stream.clone_htod(&values::<T>(n, seed * 7 + 1)).expect("residual");
+        let weight = stream.clone_htod(&values::<T>(hidden, seed * 7 + 2)).expect("weight");
+        call(comm, &stream, x, residual, weight)
+    })
+}
+
+/// `body` of every rank, each on a thread of its own; what each gives back, in rank order.
+fn each_rank<R: Send, F: Fn(&NvidiaCollective) -> R + Sync>(comms: &[NvidiaCollective], body: F) -> Vec<R> {
+    let body = &body;
     std::thread::scope(|s| {
-        let hs: Vec<_> = comms
-            .iter()
-            .map(|comm| {
-                s.spawn(move || {
-                    let stream = comm.context().new_stream().expect("stream");
-                    let x = stream.clone_htod(&values::<T>(n, seed * 100 + comm.rank() as u64)).expect("x");
-                    let residual = stream.clone_htod(&values::<T>(n, seed * 7 + 1)).expect("residual");
-                    let weight = stream.clone_htod(&values::<T>(hidden, seed * 7 + 2)).expect("weight");
-                    call(comm, &stream, x, residual, weight)
-                })
-            })
-            .collect();
+        let hs: Vec<_> = comms.iter().map(|comm| s.spawn(move || body(comm))).collect();
         hs.into_iter().map(|h| h.join().expect("rank")).collect()
     })
 }
@@ -216,6 +216,98 @@ fn row_forms_in_the_protocol_on_bulk_push_and_rs_ag() {
         let comms = nvidia::thread_group(world, &Config::new()).expect("thread group");
         check_shapes::<bf16>(&comms, "bf16, default table", &[(512, 4096), (1024, 4096), (2048, 4096), (1026, 4096)]);
         println!("world {world}, default table: 512-2048 x 4096 = fixed_tree::residual_rmsnorm");
+    }
+}
+
+/// Every rank's fused call with views one element into buffers one element longer on the ranks
+/// of `off_ranks` (bit r: rank r; the others aligned): `x` off alone, or with `all_off` `x`, the
+/// residual and `y` off together (`in_place`: `y` over `x`); returns every rank's (h, y).
+fn run_offset<T>(
+    comms: &[NvidiaCollective],
+    rows: usize,
+    hidden: usize,
+    seed: u64,
+    off_ranks: u32,
+    all_off: bool,
+    in_place: bool,
+) -> Vec<(Vec<T>, Vec<T>)>
+where
+    T: Element + Reducible + DeviceRepr + ValidAsZeroBits + Default + Clone,
+{
+    let n = rows * hidden;
+    let padded = |v: Vec<T>| -> Vec<T> { std::iter::once(T::default()).chain(v).collect() };
+    each_rank(comms, |comm| {
+        let stream = comm.context().new_stream().expect("stream");
+        let off = off_ranks >> comm.rank() & 1 == 1;
+        let all_off = all_off && off;
+        let x0 = usize::from(off);
+        let x_host = values::<T>(n, seed * 100 + comm.rank() as u64);
+        let res_host = values::<T>(n, seed * 7 + 1);
+        let mut x = stream.clone_htod(&if off { padded(x_host) } else { x_host }).expect("x");
+        let weight = stream.clone_htod(&values::<T>(hidden, seed * 7 + 2)).expect("weight");
+        let (mut residual, mut y) = if all_off {
+            (stream.clone_htod(&padded(res_host)).expect("residual"), stream.alloc_zeros::<T>(n + 1).expect("y"))
+        } else {
+            (stream.clone_htod(&res_host).expect("residual"), stream.alloc_zeros::<T>(n).expect("y"))
+        };
+        let r0 = usize::from(all_off);
+        let mut res_view = residual.slice_mut(r0..r0 + n);
+        if in_place {
+            let mut x_view = x.slice_mut(x0..x0 + n);
+            comm.all_reduce_residual_rmsnorm_in_place(&mut x_view, &mut res_view, &weight, hidden, 1e-6, &stream)
+                .expect("fused call in place, x off 16 bytes");
+        } else {
+            let x_view = x.slice(x0..x0 + n);
+            let mut y_view = y.slice_mut(r0..r0 + n);
+            comm.all_reduce_residual_rmsnorm_into(&x_view, &mut y_view, &mut res_view, &weight, hidden, 1e-6, &stream)
+                .expect("fused call, x off 16 bytes");
+        }
+        comm.synchronize(&stream).expect("synchronize");
+        let h = stream.clone_dtoh(&residual.slice(r0..r0 + n)).expect("h");
+        let out = if in_place { x.slice(x0..x0 + n) } else { y.slice(r0..r0 + n) };
+        (h, stream.clone_dtoh(&out).expect("y"))
+    })
+}
+
+/// Inputs one element (2 bytes) off 16 bytes on the row forms' shapes (bulk push and RS+AG
+/// forced, f16/bf16 rows of 4096 that are whole-row shards): bulk push's rows form reads the own
+/// leaf from the input with 16-byte loads, so an input off 16 bytes must keep the gathered-sum
+/// form (`shard_rows_shape`); `x` off alone (the rows form elsewhere could still apply), `x`,
+/// the residual and `y` off together (the norm's scalar path), and in place (`y` over `x`, off).
+#[test]
+fn inputs_off_16_bytes_on_the_row_forms() {
+    if !gpu() {
+        return;
+    }
+    for route in ["ipc_push", "ipc_rs_ag"] {
+        for world in [2, 4] {
+            let config = Config::new().with_routing(every_size_by("nvidia", route));
+            let comms = nvidia::thread_group(world, &config).expect("thread group");
+            for rows in [world, 64 * world, 64 * world + 1] {
+                let seed = (rows * 31 + 4096) as u64;
+                let (h, y) = reference::<bf16>(world, rows, 4096, seed);
+                // Every rank off, or rank 0 alone (its peers' row form pairs with its
+                // gathered-sum form: the same frames, flags and pushes).
+                let cases = [(false, false), (true, false), (false, true), (true, true)];
+                for (off_ranks, (all_off, in_place)) in [u32::MAX, 1].into_iter().flat_map(|m| cases.map(|c| (m, c))) {
+                    let got = run_offset::<bf16>(&comms, rows, 4096, seed, off_ranks, all_off, in_place);
+                    for (r, (gh, gy)) in got.into_iter().enumerate() {
+                        let what = format!(
+                            "world {world} rank {r} by {route}, {rows}x4096, ranks off {off_ranks:#x}, all off {all_off}, in place {in_place}"
+                        );
+                        assert_eq!(bits(&gh), bits(&h), "{what}: h");
+                        assert_eq!(bits(&gy), bits(&y), "{what}: y");
+                    }
+                }
+            }
+            let (h, y) = reference::<f16>(world, 2 * world, 4096, 9);
+            let got = run_offset::<f16>(&comms, 2 * world, 4096, 9, u32::MAX, false, false);
+            for (r, (gh, gy)) in got.into_iter().enumerate() {
+                assert_eq!(bits(&gh), bits(&h), "world {world} rank {r} by {route}: f16 h, x off");
+                assert_eq!(bits(&gy), bits(&y), "world {world} rank {r} by {route}: f16 y, x off");
+            }
+            println!("{route}, world {world}: views off 16 bytes = fixed_tree::residual_rmsnorm");
+        }
     }
 }
 
