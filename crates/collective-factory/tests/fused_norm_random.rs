@@ -17,8 +17,21 @@ use norm_data::{Choices, Shape, Tensor, assert_every_rank, every_size_by, refere
 
 /// The call of `shape` with seed `seed` on every rank; asserts every rank's h and y.
 fn check<T: Element + Reducible>(comms: &[CpuCollective], shape: Shape, seed: u64, what: &str) {
-    let Shape { rows, hidden, in_place_x, in_place_residual, offsets: [ox, oy, or, oh, ow], values, eps } = shape;
+    check_shifted::<T>(comms, shape, seed, what, |_| 0);
+}
+
+/// [`check`] with rank `r`'s tensors `shift(r)` elements further into their buffers than
+/// `shape` says: ranks whose addresses differ in alignment in one call.
+fn check_shifted<T: Element + Reducible>(
+    comms: &[CpuCollective],
+    shape: Shape,
+    seed: u64,
+    what: &str,
+    shift: impl Fn(usize) -> usize + Sync,
+) {
+    let Shape { rows, hidden, in_place_x, in_place_residual, offsets, values, eps } = shape;
     let n = rows * hidden;
+    let shift = &shift;
     let zero = T::from_f32_rounded(0.0);
     let placed = |v: Vec<T>, at: usize| -> Vec<T> {
         let mut b = vec![zero; at];
@@ -30,6 +43,7 @@ fn check<T: Element + Reducible>(comms: &[CpuCollective], shape: Shape, seed: u6
             .iter()
             .map(|comm| {
                 s.spawn(move || {
+                    let [ox, oy, or, oh, ow] = offsets.map(|o| o + shift(comm.rank()));
                     let x = placed(tensor(values, seed, Tensor::X(comm.rank()), rows, hidden), ox);
                     let mut xb = x.clone();
                     let mut y = vec![zero; oy + n];
@@ -92,6 +106,45 @@ fn random_calls_at_any_offset_equal_the_reference() {
         }
     }
     println!("{calls} random fused calls = fixed_tree::residual_rmsnorm");
+}
+
+/// Rows of 8192 in whole-row shards on bulk push and RS+AG (the calls that take the wide
+/// 16 KiB tile, chosen from signed values only) with one rank's tensors one element off 16
+/// bytes (that rank off the row forms' vector path: the gathered-sum form or the norm's own
+/// launch, in the same tiles) or every rank's: every rank's h and y the reference's, in and
+/// out of place, in one launch and chunked (128 KiB of staging).
+#[test]
+fn rows_of_8192_with_ranks_off_16_bytes_equal_the_reference() {
+    let mut calls = 0;
+    for route in ["ipc_push", "ipc_rs_ag"] {
+        for (world, capacity) in [(2, 4 << 20), (4, 4 << 20), (2, 128 << 10), (3, 4 << 20)] {
+            let config = Config::new().with_capacity(capacity).with_routing(every_size_by("cpu", route));
+            let comms = cpu::thread_group(world, &config).expect("thread group");
+            for rows in [world, 4 * world] {
+                for (in_place, who) in [(false, "rank 0"), (true, "rank 0"), (false, "every rank")] {
+                    let shape = Shape {
+                        rows,
+                        hidden: 8192,
+                        in_place_x: in_place,
+                        in_place_residual: in_place,
+                        offsets: [0; 5],
+                        values: norm_data::Values::Moderate,
+                        eps: 1e-6,
+                    };
+                    let what =
+                        format!("{route} world {world} capacity {capacity} {rows}x8192 in place {in_place}, {who} off");
+                    let every = who == "every rank";
+                    check_shifted::<bf16>(&comms, shape, 77 + calls, &what, |r| usize::from(every || r == 0));
+                    calls += 1;
+                }
+            }
+            std::thread::scope(|s| {
+                for c in &comms {
+                    s.spawn(move || c.close().expect("close"));
+                }
+            });
+        }
+    }
 }
 
 /// The adversarial inputs reach the cases the contract names (docs of

@@ -12,7 +12,9 @@ use collective_core::{
     Capabilities, Collective, DType, Error, Io, IpcRoute, Op, Route, RouteSelect, Signature, validate, validate_many,
 };
 use detcoll_protocol::close::{self, CloseOnce, MissingAck};
-use detcoll_protocol::params::{self, CollectiveNormParams, CopyParams, ParamsMany, ParamsSingle, TILE_BYTES};
+use detcoll_protocol::params::{
+    self, CollectiveNormParams, CopyParams, ParamsMany, ParamsSingle, TILE_BYTES, WIDE_TILE_BYTES,
+};
 use detcoll_protocol::status::{self, RECORD_WORDS};
 use detcoll_protocol::{CLOSE_ACK, Chunks, IpcConfig, NormArgs, NormParams, Plan, Poison};
 use detcoll_protocol::{IpcDevice, Launch, RawStream, Vendor};
@@ -313,25 +315,53 @@ impl<D: IpcDevice> IpcCollective<D> {
     /// row form inside the protocol in every launch (`CollectiveNormParams::shard_rows`:
     /// `dc_norm_bulk_rows` on bulk push, `dc_norm_rsag_rows` on RS+AG, in
     /// kernels/detcoll_norm.h): a runtime with the gathered-sum and row forms, one of those
-    /// routes, f16/bf16 rows of one protocol tile (hidden 4096: `TILE_BYTES` / 2) on the norm's
-    /// vector path, and every launch's rows whole with whole-row shards
-    /// (`shard_rows_in_every_launch`). Each block normalises the own shard's rows in registers
-    /// as it reduces them and the peers' rows where their reduced shards lie after phase 2, at
-    /// any batch size.
+    /// routes, f16/bf16 rows of one protocol tile (hidden 4096 in 8 KiB tiles, 8192 in the
+    /// wide tiles such calls take: [`IpcCollective::fused_tile`]) on the norm's vector path,
+    /// and every launch's rows whole with whole-row shards (`shard_rows_in_every_launch`). Each
+    /// block normalises the own shard's rows in registers as it reduces them and the peers'
+    /// rows where their reduced shards lie after phase 2, at any batch size.
     pub fn fused_norm_shard_rows(&self, io: &Io<'_>, route: IpcRoute, norm: &NormParams) -> bool {
         let Ok(call) = validate(Op::AllReduce, io, self.rank, self.world, usize::MAX) else { return false };
         let Ok(Some(ipc)) = self.ipc_for(route) else { return false };
         self.shard_rows_in_every_launch(&call, route, norm, ipc)
     }
 
+    /// The protocol tile of a fused all_reduce of `call` by `route` with the norm `norm`:
+    /// [`WIDE_TILE_BYTES`] (16 KiB) for f16/bf16 rows of 8192 on bulk push and RS+AG, on a
+    /// runtime with the row forms, when every launch's plan in wide tiles has the row forms'
+    /// cut (`CollectiveNormParams::shard_rows_cut`) — a row is then a tile, which one block
+    /// holds in registers; [`TILE_BYTES`] otherwise. Chosen from signed values only (the
+    /// route, dtype, `hidden` and rows, and the plans, which every rank cuts the same), never
+    /// from this rank's addresses: the tile decides which block owns which bytes of every
+    /// frame, so ranks must agree on it; a rank off the vector path or with an input off 16
+    /// bytes keeps the wide tile and takes the gathered-sum form in it (and the launches are
+    /// signed with the tile besides: [`IpcCollective::tile_split`]).
+    fn fused_tile(&self, call: &collective_core::Call, route: IpcRoute, norm: &NormParams, ipc: &IpcState<D>) -> u32 {
+        let two_bytes = norm.dtype == DType::F16 as u32 || norm.dtype == DType::BF16 as u32;
+        let forms = D::NORM_READS_GATHERED && D::NORM_ROW_LOOP;
+        let routes = matches!(route, IpcRoute::Push | IpcRoute::ReduceScatterAllGather);
+        let wide_rows = u64::from(norm.hidden) * 2 == u64::from(WIDE_TILE_BYTES);
+        let cut = || self.every_launch(call, route, norm, ipc, WIDE_TILE_BYTES, CollectiveNormParams::shard_rows_cut);
+        if forms && routes && two_bytes && wide_rows && cut() { WIDE_TILE_BYTES } else { TILE_BYTES }
+    }
+
+    /// The split a fused call's launches in tiles of `tile` bytes are signed with besides
+    /// (joined with the norm's): 0 in the protocol's tiles, a tag of the wide tile otherwise,
+    /// so ranks that ever disagreed on the tile would fail with `SignatureMismatch` rather than
+    /// read each other's frames in another block's tiles.
+    fn tile_split(tile: u32) -> u32 {
+        const TAG: u64 = 0x5449_4c45; // "TILE"
+        if tile == TILE_BYTES { 0 } else { Signature::lane_split([TAG, u64::from(tile)]) }
+    }
+
     /// Whether every launch of a fused all_reduce of `call` by `route` (bulk push or RS+AG),
     /// with the norm `norm`, takes a row form inside the protocol for the rows it writes: the
     /// call's launches (one, or its chunks above the staging capacity) each write whole rows
     /// (`fused_norm::plan_rows`) whose shards are whole rows (`CollectiveNormParams::shard_rows`
-    /// of the launch's rows). Then every launch normalises its own rows, and no launch after
-    /// the last re-reads the sums. A chunked bulk push call of the default capacity at world 2
-    /// (chunks of 8 MiB, `chunk::balanced`) has whole rows of 4096 whenever its rows divide
-    /// evenly.
+    /// of the launch's rows, in the call's tile: [`IpcCollective::fused_tile`]). Then every
+    /// launch normalises its own rows, and no launch after the last re-reads the sums. A
+    /// chunked bulk push call of the default capacity at world 2 (chunks of 8 MiB,
+    /// `chunk::balanced`) has whole rows of 4096 whenever its rows divide evenly.
     fn shard_rows_in_every_launch(
         &self,
         call: &collective_core::Call,
@@ -343,10 +373,27 @@ impl<D: IpcDevice> IpcCollective<D> {
         let two_bytes = norm.dtype == DType::F16 as u32 || norm.dtype == DType::BF16 as u32;
         let forms = D::NORM_READS_GATHERED && D::NORM_ROW_LOOP;
         let routes = matches!(route, IpcRoute::Push | IpcRoute::ReduceScatterAllGather);
-        let row_a_tile = u64::from(norm.hidden) * 2 == u64::from(TILE_BYTES);
+        let row_bytes = u64::from(norm.hidden) * 2;
+        let row_a_tile = row_bytes == u64::from(TILE_BYTES) || row_bytes == u64::from(WIDE_TILE_BYTES);
         if !(forms && routes && two_bytes && row_a_tile && norm.vector_ok()) {
             return false;
         }
+        let tile = self.fused_tile(call, route, norm, ipc);
+        self.every_launch(call, route, norm, ipc, tile, CollectiveNormParams::shard_rows)
+    }
+
+    /// Whether `test` holds for every launch of a fused all_reduce of `call` by `route` with
+    /// the norm `norm`, each packed in tiles of `tile` bytes with the norm of the rows it
+    /// writes (`fused_norm::plan_rows`; a launch whose rows are not whole fails the test).
+    fn every_launch(
+        &self,
+        call: &collective_core::Call,
+        route: IpcRoute,
+        norm: &NormParams,
+        ipc: &IpcState<D>,
+        tile: u32,
+        test: impl Fn(&CollectiveNormParams) -> bool,
+    ) -> bool {
         let (capacity, ll) = (self.config.capacity, ipc.layout.ll_capacity());
         let Ok(chunks) = Chunks::single(call, self.rank, self.world, route.route(), capacity, ll) else {
             return false;
@@ -357,8 +404,8 @@ impl<D: IpcDevice> IpcCollective<D> {
             let Some(rows) = crate::fused_norm::plan_rows(norm, &plan).and_then(|(f, r)| norm.rows_from(f, r)) else {
                 return false;
             };
-            let Ok(p) = params::pack(&ipc.fixed, &plan, false, D::BACKEND) else { return false };
-            if !CollectiveNormParams::new(p, rows, true).shard_rows() {
+            let Ok(p) = params::pack_tiled(&ipc.fixed, &plan, false, D::BACKEND, tile) else { return false };
+            if !test(&CollectiveNormParams::new(p, rows, true)) {
                 return false;
             }
             launches += 1;
@@ -453,19 +500,23 @@ impl<D: IpcDevice> IpcCollective<D> {
         });
         // A norm left to the caller is packed too: to refuse now, before the all_reduce runs,
         // what the caller's norm launch would refuse after it.
-        let norm = match norm {
+        let (norm, packed_norm) = match norm {
             Some((args, epilogue)) => {
                 crate::fused_norm::check(&io, args)?;
                 let packed = NormParams::pack(args)?;
-                (epilogue == Epilogue::InLastLaunch).then_some((args, packed))
+                ((epilogue == Epilogue::InLastLaunch).then_some((args, packed)), Some(packed))
             }
-            None => None,
+            None => (None, None),
         };
         let Some(ipc) = self.ipc_for(route)? else {
             self.device.bind()?;
             return self.copy_local(call.dst, call.src, call.bytes_out(), stream).map(|()| false);
         };
         self.device.bind()?;
+        // The call's tile, whoever runs its norm (this launch or the caller's): wide for rows
+        // of 8192 in whole-row shards (`fused_tile`), signed with it.
+        let tile = packed_norm.map_or(TILE_BYTES, |packed| self.fused_tile(&call, route, &packed, ipc));
+        let split = Signature::join_split(split, Self::tile_split(tile));
         // A row form inside the protocol in every launch (`shard_rows_in_every_launch`): each
         // launch, not only the last, is fused with the norm of the rows it writes.
         let every_launch = norm.is_some_and(|(_, packed)| self.shard_rows_in_every_launch(&call, route, &packed, ipc));
@@ -485,7 +536,7 @@ impl<D: IpcDevice> IpcCollective<D> {
         });
         let gather_in_place = call.in_place && op == Op::AllGather;
         let launch = |(plan, last): (Plan, bool)| {
-            let p: ParamsSingle = params::pack(&ipc.fixed, &plan, gather_in_place, D::BACKEND)?;
+            let p: ParamsSingle = params::pack_tiled(&ipc.fixed, &plan, gather_in_place, D::BACKEND, tile)?;
             // With the form in every launch, each launch's norm is its own rows' (the check
             // above found them for every plan: the same plans).
             let rows_of = |args: &NormArgs, packed: &NormParams| {

@@ -15,6 +15,12 @@ pub const THREADS: u32 = 512;
 /// Frame bytes per tile: tile `t` belongs to block `t % grid` in every phase on every rank.
 /// One 16-byte vector per thread of a 512-thread block.
 pub const TILE_BYTES: u32 = 16 * THREADS;
+/// The wide tile: two 16-byte vectors per thread, for fused all_reduce + RMSNorm calls whose
+/// f16/bf16 rows of 8192 fall in whole-row shards on bulk push and RS+AG ([`wide_tile_call`]):
+/// a row is then a tile, so one block holds it in registers (the row forms inside the
+/// protocol, kernels/detcoll_norm.h). Every rank of such a call takes it (chosen from signed
+/// values only), so the tile -> block mapping is the same on every rank.
+pub const WIDE_TILE_BYTES: u32 = 2 * TILE_BYTES;
 /// Most ranks.
 pub const MAX_WORLD: usize = 8;
 /// Segments of a single-lane call's parameters (`DC_SEGS_SINGLE`).
@@ -250,21 +256,36 @@ impl CollectiveNormParams {
         self.reads_gathered() && self.shard_rows_shape()
     }
 
-    /// The row forms' shape: the bulk push route, or RS+AG (the pull route with a phase 2),
-    /// with one reduce segment and a phase 2, f16/bf16 rows of one protocol tile (hidden 4096)
-    /// on the norm's vector path, and the reduce and phase-2 segments whole rows of the sum
-    /// that together are all of it (the launch's rows) — on RS+AG also each a row into the
-    /// frames, where its tiles are counted from, on bulk push the input 16-byte aligned (its
-    /// own leaf is read from there with 16-byte loads; `dc_norm_protocol_rows`).
+    /// The row forms' shape: [the cut](Self::shard_rows_cut), on the norm's vector path, and
+    /// on bulk push the input 16-byte aligned (its own leaf is read from there with 16-byte
+    /// loads; `dc_norm_protocol_rows`). Those two are this rank's own addresses: a rank
+    /// without them takes the gathered-sum form in the same frames, flags and tiles, which
+    /// pairs with its peers' row forms.
     pub fn shard_rows_shape(&self) -> bool {
-        let (h, n) = (&self.call.h, &self.norm);
-        let two_bytes = n.dtype == DType::F16 as u32 || n.dtype == DType::BF16 as u32;
-        let row = u64::from(TILE_BYTES);
-        let (push, pull) = (h.mode == MODE_PUSH, h.mode == MODE_PULL);
-        if !(push || pull) || h.nphase1 != 1 || h.nphase2 == 0 || !two_bytes || !n.vector_ok() {
+        let h = &self.call.h;
+        if !self.norm.vector_ok() || !self.shard_rows_cut() {
             return false;
         }
-        if h.tile_bytes != TILE_BYTES || u64::from(n.hidden) * 2 != row {
+        h.mode == MODE_PULL || self.call.seg[h.nstage as usize].src.is_multiple_of(16)
+    }
+
+    /// The cut the row forms need, from signed values only (the route, the dtype, `hidden`,
+    /// the rows and where the plan's segments lie relative to the sum and in the frames: the
+    /// same on every rank): the bulk push route, or RS+AG (the pull route with a phase 2),
+    /// with one reduce segment and a phase 2, f16/bf16 rows of one protocol tile (hidden 4096
+    /// in 8 KiB tiles, 8192 in [`WIDE_TILE_BYTES`]), and the reduce and phase-2 segments whole
+    /// rows of the sum that together are all of it (the launch's rows) — on RS+AG also each a
+    /// row into the frames, where its tiles are counted from.
+    pub fn shard_rows_cut(&self) -> bool {
+        let (h, n) = (&self.call.h, &self.norm);
+        let two_bytes = n.dtype == DType::F16 as u32 || n.dtype == DType::BF16 as u32;
+        let row = u64::from(h.tile_bytes);
+        let (push, pull) = (h.mode == MODE_PUSH, h.mode == MODE_PULL);
+        if !(push || pull) || h.nphase1 != 1 || h.nphase2 == 0 || !two_bytes {
+            return false;
+        }
+        let tile_ok = h.tile_bytes == TILE_BYTES || h.tile_bytes == WIDE_TILE_BYTES;
+        if !tile_ok || u64::from(n.hidden) * 2 != row {
             return false;
         }
         let first = h.nstage as usize;
@@ -281,10 +302,7 @@ impl CollectiveNormParams {
             }
             covered = covered.saturating_add(s.bytes);
         }
-        // Bulk push reads the own leaf from the caller's input with 16-byte loads: an input off
-        // 16 bytes keeps the gathered-sum form (`dc_norm_protocol_rows`).
-        let input_aligned = pull || segs[0].src % 16 == 0;
-        segs[0].flags & SEG_GATHER == 0 && covered == end && input_aligned
+        segs[0].flags & SEG_GATHER == 0 && covered == end
     }
 
     /// Rows per protocol tile when a launch of exactly the collective's grid has every block
@@ -445,7 +463,12 @@ impl Fixed {
     /// (every call publishes and waits, empty ones included, so generations stay in step).
     /// A function of the signature and the configuration only, hence equal on every rank.
     pub fn grid(&self, bytes: u64) -> u32 {
-        let tiles = bytes.div_ceil(u64::from(TILE_BYTES));
+        self.grid_of_tiles(bytes, TILE_BYTES)
+    }
+
+    /// [`Fixed::grid`] for tiles of `tile` bytes (a call's `tile_bytes`).
+    pub fn grid_of_tiles(&self, bytes: u64, tile: u32) -> u32 {
+        let tiles = bytes.div_ceil(u64::from(tile.max(1)));
         tiles.clamp(1, u64::from(self.max_grid)) as u32
     }
 }
@@ -465,7 +488,20 @@ pub fn pack<const N: usize>(
     skip_self_gather: bool,
     backend: &'static str,
 ) -> Result<Params<N>, Error> {
+    pack_tiled(fixed, plan, skip_self_gather, backend, TILE_BYTES)
+}
+
+/// [`pack`] with tiles of `tile` bytes ([`TILE_BYTES`], or [`WIDE_TILE_BYTES`] for a
+/// [`wide_tile_call`]): the header's `tile_bytes` and a grid of a block per tile.
+pub fn pack_tiled<const N: usize>(
+    fixed: &Fixed,
+    plan: &Plan,
+    skip_self_gather: bool,
+    backend: &'static str,
+    tile: u32,
+) -> Result<Params<N>, Error> {
     let mut p = Params::<N> { h: fixed.header, seg: [Seg::default(); N] };
+    p.h.tile_bytes = tile;
     let size = plan.sig.dtype.size() as u64;
     let rank = fixed.header.rank as usize;
     let mut n = 0usize;
@@ -550,9 +586,9 @@ pub fn pack<const N: usize>(
     // Push routes: blocks by the payload one peer receives (LL; reduce_scatter sends shards)
     // or by the slot (bulk: a shard, all_gather's input).
     (p.h.grid, p.h.mode) = match plan.route {
-        Route::IpcPushLl => (fixed.grid(plan.push_payload_bytes() as u64), MODE_PUSH_LL),
-        Route::IpcPush => (fixed.grid(plan.slot_stride as u64 * size), MODE_PUSH),
-        _ => (fixed.grid(plan.sig.count * size), MODE_PULL),
+        Route::IpcPushLl => (fixed.grid_of_tiles(plan.push_payload_bytes() as u64, tile), MODE_PUSH_LL),
+        Route::IpcPush => (fixed.grid_of_tiles(plan.slot_stride as u64 * size, tile), MODE_PUSH),
+        _ => (fixed.grid_of_tiles(plan.sig.count * size, tile), MODE_PULL),
     };
     p.h.push_stride = plan.slot_stride as u64 * size;
     p.h.push_ag = plan.ag_base as u64 * size;
@@ -855,10 +891,22 @@ mod tests {
     /// `residual_off` bytes from 0x5000_0000; `reads_gathered` as the runtime says.
     fn fused_call(
         f: &Fixed,
+        shape: (usize, usize, DType),
+        route: Route,
+        offsets: (u64, u64),
+        reads_gathered: bool,
+    ) -> CollectiveNormParams {
+        fused_call_tiled(f, shape, route, offsets, reads_gathered, TILE_BYTES)
+    }
+
+    /// [`fused_call`] packed with tiles of `tile` bytes.
+    fn fused_call_tiled(
+        f: &Fixed,
         (rows, hidden, dtype): (usize, usize, DType),
         route: Route,
         (sum_off, residual_off): (u64, u64),
         reads_gathered: bool,
+        tile: u32,
     ) -> CollectiveNormParams {
         use crate::norm::NormArgs;
         let n = rows * hidden;
@@ -867,7 +915,7 @@ mod tests {
             unsafe { (RawRef::from_raw(0x10_0000, n, dtype), RawMut::from_raw(0x4000_0000, n, dtype)) };
         let call = validate(Op::AllReduce, &Io::OutOfPlace { input, output }, 1, 4, 1 << 22).unwrap();
         let plan = Plan::single(&call, 1, 4, route).unwrap();
-        let p: ParamsSingle = pack(f, &plan, false, "test").unwrap();
+        let p: ParamsSingle = pack_tiled(f, &plan, false, "test", tile).unwrap();
         let args = NormArgs {
             sum: 0x4000_0000 + sum_off,
             residual: 0x5000_0000 + residual_off,
@@ -1008,6 +1056,41 @@ mod tests {
         }
         for route in [Route::IpcOneShot, Route::IpcPushLl] {
             assert!(!fused_call(&f, (8, 4096, DType::BF16), route, (0, 0), true).shard_rows(), "{route:?}");
+        }
+    }
+
+    /// Rows of 8192 in wide tiles (16 KiB, [`WIDE_TILE_BYTES`]): the row forms' cut on bulk
+    /// push and RS+AG as rows of 4096 in 8 KiB tiles, a block per tile of the call's bytes;
+    /// rows of 4096 in wide tiles, or of 8192 in 8 KiB ones, never. The cut leaves out this
+    /// rank's own addresses (vector path, input alignment), which only the shape tests.
+    #[test]
+    fn wide_tiles_cut_rows_of_8192() {
+        let (_, f) = fixed(4, 1, 1 << 22, 16);
+        for route in [Route::IpcPush, Route::IpcReduceScatterAllGather] {
+            for rows in [4, 8, 64] {
+                for dtype in [DType::BF16, DType::F16] {
+                    let c = fused_call_tiled(&f, (rows, 8192, dtype), route, (0, 0), true, WIDE_TILE_BYTES);
+                    let what = format!("{route:?} {rows} {dtype:?}");
+                    assert_eq!(c.call.h.tile_bytes, WIDE_TILE_BYTES, "{what}");
+                    assert!(c.shard_rows_cut() && c.shard_rows_shape() && c.shard_rows(), "{what}");
+                    assert_eq!(c.grid(f.max_grid), c.call.h.grid, "{what}");
+                    // A block per wide tile: of the slot on bulk push, of the call on RS+AG.
+                    let bytes = if route == Route::IpcPush { c.call.h.push_stride } else { (rows * 8192 * 2) as u64 };
+                    assert_eq!(c.call.h.grid, f.grid_of_tiles(bytes, WIDE_TILE_BYTES), "{what}");
+                    assert_eq!(
+                        c.call.h.grid,
+                        bytes.div_ceil(16 << 10).clamp(1, u64::from(f.max_grid)) as u32,
+                        "{what}"
+                    );
+                }
+            }
+            let c = fused_call_tiled(&f, (8, 4096, DType::BF16), route, (0, 0), true, WIDE_TILE_BYTES);
+            assert!(!c.shard_rows_cut(), "{route:?}: rows of 4096 in wide tiles");
+            let c = fused_call_tiled(&f, (6, 8192, DType::BF16), route, (0, 0), true, WIDE_TILE_BYTES);
+            assert!(!c.shard_rows_cut(), "{route:?}: rows not a multiple of the world");
+            // Off the vector path: the cut holds (every rank takes the wide tile), the form not.
+            let c = fused_call_tiled(&f, (8, 8192, DType::BF16), route, (0, 2), true, WIDE_TILE_BYTES);
+            assert!(c.shard_rows_cut() && !c.shard_rows(), "{route:?}: off the vector path");
         }
     }
 

@@ -180,3 +180,50 @@ fn bulk_rows_in_every_chunk_equal_the_reference() {
         }
     }
 }
+
+/// Rows of 8192 (16 KiB in f16/bf16) whose shards are whole rows on bulk push and RS+AG take
+/// the wide tile (`params::WIDE_TILE_BYTES`: a row a tile, the row forms' shape; the engine's
+/// `fused_norm_shard_rows` says so) in one launch and chunked (128 KiB of staging: bulk push
+/// chunks of whole rows at world 2, RS+AG chunks of 8 rows); rows that are not a multiple of
+/// the world keep 8 KiB tiles. Every rank's h and y the reference's either way, in and out of
+/// place, worlds 2, 3 and 4.
+#[test]
+fn rows_of_8192_in_wide_tiles_equal_the_reference() {
+    use detcoll_protocol::NormParams;
+    for (world, capacity) in [(2, 1 << 22), (3, 1 << 22), (4, 1 << 22), (2, 1 << 17), (4, 1 << 17)] {
+        let comms = ShmCollective::group(world, ShmConfig::new(capacity)).expect("group");
+        for route in [IpcRoute::Push, IpcRoute::ReduceScatterAllGather] {
+            for rows in [world, 2 * world, 8 * world, 8 * world + 1, 5] {
+                let n = rows * 8192;
+                let (x, mut y, residual, weight) =
+                    (vec![bf16::ZERO; n], vec![bf16::ZERO; n], vec![bf16::ZERO; n], vec![bf16::ONE; 8192]);
+                let args = NormArgs {
+                    sum: y.as_mut_ptr() as u64,
+                    residual: residual.as_ptr() as u64,
+                    weight: weight.as_ptr() as u64,
+                    h: residual.as_ptr() as u64,
+                    y: y.as_mut_ptr() as u64,
+                    rows,
+                    hidden: 8192,
+                    eps: 1e-6,
+                    dtype: DType::BF16,
+                };
+                let packed = NormParams::pack(&args).expect("pack");
+                let io = Io::host(&x, &mut y);
+                let taken = comms[0].engine().fused_norm_shard_rows(&io, route, &packed);
+                let what = format!("world {world}, capacity {capacity}, {route:?}, {rows} rows of 8192");
+                if rows % world == 0 && capacity == 1 << 22 {
+                    assert!(taken, "{what}: the row forms' shape in wide tiles");
+                }
+                if rows % world != 0 {
+                    assert!(!taken, "{what}: shards inside a row");
+                }
+                check_rows::<bf16>(&comms, route, DType::BF16, (rows, 8192));
+            }
+            check_rows::<half::f16>(&comms, route, DType::F16, (2 * world, 8192));
+        }
+        for c in comms {
+            c.close().expect("close");
+        }
+    }
+}
