@@ -219,6 +219,57 @@ fn row_forms_in_the_protocol_on_bulk_push_and_rs_ag() {
     }
 }
 
+/// The row forms in wide tiles: f16/bf16 rows of 8192 whose shards are whole rows on bulk push
+/// and RS+AG take a 16 KiB protocol tile (a row a tile, two vectors a thread), chosen from
+/// signed values so every rank cuts its frames the same: each route forced at worlds 2, 3 and
+/// 4 — rows a multiple of the world (the form in wide tiles; 1024 rows chunked in whole rows)
+/// and not (8 KiB tiles) — in place; 256 KiB of staging (chunks of a few rows); inputs off 16
+/// bytes on one rank and on every rank (the gathered-sum form in the same wide tiles); and the
+/// default tables at worlds 2, 4 and 8 from 512 rows.
+#[test]
+fn row_forms_in_wide_tiles_for_rows_of_8192() {
+    if !gpu() {
+        return;
+    }
+    for route in ["ipc_push", "ipc_rs_ag"] {
+        for world in [2, 3, 4] {
+            let config = Config::new().with_routing(every_size_by("nvidia", route));
+            let comms = nvidia::thread_group(world, &config).expect("thread group");
+            let w = world;
+            let shapes = [(w, 8192), (6 * w, 8192), (64 * w, 8192), (64 * w + 1, 8192), (1024, 8192), (2, 8192)];
+            check_shapes::<bf16>(&comms, &format!("bf16 by {route}, wide tiles"), &shapes);
+            check_shapes::<f16>(&comms, &format!("f16 by {route}, wide tiles"), &[(2 * w, 8192), (130 * w, 8192)]);
+            for rows in [w, 64 * w] {
+                let seed = (rows * 31 + 8192) as u64;
+                let (h, y) = reference::<bf16>(world, rows, 8192, seed);
+                for (r, (gh, gy)) in run_in_place::<bf16>(&comms, rows, 8192, seed).into_iter().enumerate() {
+                    assert_eq!(bits(&gh), bits(&h), "world {world} rank {r}: h in place, {rows}x8192 by {route}");
+                    assert_eq!(bits(&gy), bits(&y), "world {world} rank {r}: y in place, {rows}x8192 by {route}");
+                }
+                for off_ranks in [1, u32::MAX] {
+                    for (r, (gh, gy)) in
+                        run_offset::<bf16>(&comms, rows, 8192, seed, off_ranks, true, false).into_iter().enumerate()
+                    {
+                        let what = format!("world {world} rank {r} by {route}, {rows}x8192, ranks off {off_ranks:#x}");
+                        assert_eq!(bits(&gh), bits(&h), "{what}: h");
+                        assert_eq!(bits(&gy), bits(&y), "{what}: y");
+                    }
+                }
+            }
+            let small = Config::new().with_capacity(256 << 10).with_routing(every_size_by("nvidia", route));
+            let comms = nvidia::thread_group(world, &small).expect("thread group");
+            let chunked = [(8, 8192), (12, 8192), (6, 8192), (10, 8192), (48, 8192)];
+            check_shapes::<bf16>(&comms, &format!("bf16 by {route} in chunks, wide tiles"), &chunked);
+            println!("{route}, world {world}: rows of 8192 in wide tiles = fixed_tree::residual_rmsnorm");
+        }
+    }
+    for world in [2, 4, 8] {
+        let comms = nvidia::thread_group(world, &Config::new()).expect("thread group");
+        check_shapes::<bf16>(&comms, "bf16, default table", &[(512, 8192), (1024, 8192), (2048, 8192), (1026, 8192)]);
+        println!("world {world}, default table: 512-2048 x 8192 = fixed_tree::residual_rmsnorm");
+    }
+}
+
 /// Every rank's fused call with views one element into buffers one element longer on the ranks
 /// of `off_ranks` (bit r: rank r; the others aligned): `x` off alone, or with `all_off` `x`, the
 /// residual and `y` off together (`in_place`: `y` over `x`); returns every rank's (h, y).
