@@ -568,11 +568,12 @@ DC_DEV dc_u8* dc_ll_slot(const DcHeader& h, dc_u32 owner, dc_u32 parity, dc_u32 
 // bytes) that belongs to this block: payload offset o of the slot, n (1..16) bytes from it, k
 // the chunk's index among the thread's NV of the unit. NV = 1: chunk t of the tile. NV = 2 (a
 // unit is a row of two tiles, 16 * threads bytes each): the thread's vectors of the row,
-// dc_row_vector<2>(0) and (1). `tile`: 16 * threads bytes, which every LL call's header has
-// (dc_for_chunks); the walk covers each 16-byte line of a unit exactly once only then.
+// dc_row_vector<2>(0) and (1). The call's tile: an LL call's is always 16 * threads bytes (the
+// host sets the wide 16 KiB tile only on bulk push and RS+AG, for the row forms in the
+// protocol), with which the walk covers each 16-byte line of a unit exactly once.
 template <int NV = 1, class F>
-DC_DEV void dc_for_chunks_in(const DcHeader& h, dc_u64 tile, dc_u64 seg_lo, dc_u64 bytes, F body) {
-    const dc_u64 unit = (dc_u64)NV * tile;
+DC_DEV void dc_for_chunks(const DcHeader& h, dc_u64 seg_lo, dc_u64 bytes, F body) {
+    const dc_u64 unit = (dc_u64)NV * h.tile_bytes;
     dc_for_tiles_at(seg_lo, bytes, unit, h.grid, DC_BID, [&](dc_u64 lo, dc_u64 hi, dc_u64 start) {
 #pragma unroll
         for (int k = 0; k < NV; ++k) {
@@ -580,13 +581,6 @@ DC_DEV void dc_for_chunks_in(const DcHeader& h, dc_u64 tile, dc_u64 seg_lo, dc_u
             if (o >= lo && o < hi) body(o, hi - o < 16u ? hi - o : 16u, k);
         }
     });
-}
-
-// The LL route's walk: the call's own tile (an LL call's is always 16 * threads bytes; the host
-// sets the wide 16 KiB tile only on bulk push and RS+AG, for the row forms in the protocol).
-template <int NV = 1, class F>
-DC_DEV void dc_for_chunks(const DcHeader& h, dc_u64 seg_lo, dc_u64 bytes, F body) {
-    dc_for_chunks_in<NV>(h, h.tile_bytes, seg_lo, bytes, body);
 }
 
 // Polls one LL line of `peer` until it carries generation g. A bound, a failure of our own or
@@ -621,22 +615,35 @@ DC_DEV bool dc_ll_wait(const DcHeader& h, dc_u64* status, const dc_u8* line, dc_
 // Rewrites every line of this rank's slot of parity g % 2 in every peer with flag g - 2 (never
 // current: a receiver at g waits for g, at g + 2 for g + 2), before this call's data. Any call
 // may be the one that refreshes (the epoch's, or a preset's), whatever its route, so the walk
-// is by tiles of 16 * threads bytes whatever the call's own tile: that is an LL call's tile, so
-// in an LL call (NV as its sends: 2 in the row form of two tiles) each line's refresh is written
-// by the thread that then writes its data, in program order (see above); a call on another
-// route writes no LL line after it. Walking by the call's tile instead would miss half of every
-// unit's lines in a call with the 16 KiB tile (bulk push and RS+AG in a row form in the
-// protocol: dc_for_chunks takes one 16-byte line a thread per tile), and a line no LL call
-// rewrote for 2^32 generations would then read as current.
-template <int NV>
+// is by tiles of 16 * threads bytes whatever the call's own tile. `LL` (an LL call's body): the
+// walk of its sends (dc_for_chunks, NV as theirs: 2 in the row form of two tiles; the call's
+// tile, which on LL is always 16 * threads bytes, so the same walk), so each line's refresh is
+// written by the thread that then writes its data, in program order (see above); a call on
+// another route writes no LL line after it, and walks by 16 * threads explicitly: by its own
+// tile it would miss half of every tile's lines with the 16 KiB tile (bulk push and RS+AG in a
+// row form in the protocol; dc_for_chunks takes one 16-byte line a thread per tile), and a line
+// no LL call rewrote for 2^32 generations would then read as current. (The LL bodies keep
+// their code exactly: dc_for_chunks as before.)
+template <int NV, bool LL>
 DC_DEV void dc_ll_refresh(const DcHeader& h, dc_u32 g) {
     dc_u32x4 zero;
     zero.x = zero.y = zero.z = zero.w = 0u;
     const dc_u64 payload = h.ll_slot / 2u;
-    dc_for_chunks_in<NV>(h, 16u * (dc_u64)DC_NTID, 0, payload, [&](dc_u64 o, dc_u64, int) {
-        for (dc_u32 q = 0; q < h.world; ++q)
-            if (q != h.rank) dc_ll_store(dc_ll_slot(h, q, g & 1u, h.rank) + 2u * o, zero, g - 2u);
-    });
+    if constexpr (LL) {
+        dc_for_chunks<NV>(h, 0, payload, [&](dc_u64 o, dc_u64, int) {
+            for (dc_u32 q = 0; q < h.world; ++q)
+                if (q != h.rank) dc_ll_store(dc_ll_slot(h, q, g & 1u, h.rank) + 2u * o, zero, g - 2u);
+        });
+    } else {
+        // Line t of every 16 * threads bytes, those b, b + grid, ... of this block.
+        const dc_u64 tile = 16u * (dc_u64)DC_NTID;
+        dc_for_tiles_at(0, payload, tile, h.grid, DC_BID, [&](dc_u64, dc_u64 hi, dc_u64 start) {
+            const dc_u64 o = start + 16u * (dc_u64)DC_TID;
+            if (o >= hi) return;
+            for (dc_u32 q = 0; q < h.world; ++q)
+                if (q != h.rank) dc_ll_store(dc_ll_slot(h, q, g & 1u, h.rank) + 2u * o, zero, g - 2u);
+        });
+    }
 }
 
 template <int NV>
@@ -1045,7 +1052,7 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
     const dc_u64 word = dc_flag_word(g, h.digest);
 
     if (member) {
-        if (refresh && h.ll_slot != 0u) dc_ll_refresh<MODE == DC_MODE_PUSH_LL ? NV : 1>(h, g);
+        if (refresh && h.ll_slot != 0u) dc_ll_refresh<MODE == DC_MODE_PUSH_LL ? NV : 1, MODE == DC_MODE_PUSH_LL>(h, g);
         if (b == 0 && DC_TID == 0) {
             // The full signature first, so a peer that sees a mismatching digest can report it
             // (dc_fail re-reads it until its digest is the flag's: no fence needed here); then the
