@@ -968,12 +968,14 @@ DC_DEV void dc_norm_rows_kept(const DcHeader& h, const DcSeg& s, dc_u64 frame, c
 
 // ---------------------------------------------------------------------------------------------
 // The bulk rows form (CUDA; a fused launch on the bulk push route in f16/bf16 with rows of one
-// tile, hidden 4096, whose segments are whole rows: large batches at world 2). The plain bulk
+// tile, hidden 4096 in the 8 KiB tile or hidden 8192 in the 16 KiB tile the host sets for such
+// calls, whose segments are whole rows: large batches at world 2). The plain bulk
 // push all_reduce writes its shard's sums into the output and into every peer's frame, and
 // copies the peers' reduced shards into the output after phase 2; the norm then re-reads the
 // whole output (its own launch) or the gathered sums (the gathered-sum form, one launch after a
 // barrier of the launch's blocks). Here instead each block takes its tiles of the own shard one
-// row after the other: its threads reduce their vector of the row (the plain reduce's tree over
+// row after the other: its threads reduce their vectors of the row (one, or two in the 16 KiB
+// tile, at the row form in registers' lanes, dc_row_vector; the plain reduce's tree over
 // the own input and the senders' slots, in rank order), write the sum into every peer's
 // reduced-shard slot as the plain reduce does, keep it, and normalise the row at once from
 // registers (dc_norm_row_in_regs: h and y stored; the sum stored too unless y is its buffer);
@@ -983,144 +985,208 @@ DC_DEV void dc_norm_rows_kept(const DcHeader& h, const DcSeg& s, dc_u64 frame, c
 // of traffic become 6n (n the call's bytes). Tiles are the plain call's (tile t of a segment is
 // block t % grid's, a tile a row), so every block stages, writes back, signals and waits for
 // exactly the plain call's tiles and flags: a peer in another form (its own alignment decides)
-// pairs with it. No barrier of the launch: every block waits for every peer in both phases. The
-// arithmetic is the row form's (the same lanes, order and tree), so the bits are the same.
+// pairs with it. (That holds in the 16 KiB tile too: the plain call's paths walk tiles of any
+// size, dc_for_tiles, and which thread of a block moves which bytes of its tile is the block's
+// own business, its flags released after a barrier of the block.) No barrier of the launch:
+// every block waits for every peer in both phases. The arithmetic is the row form's (the same
+// lanes, order and tree), so the bits are the same.
 // ---------------------------------------------------------------------------------------------
 
 // The shape both row forms in the protocol share (the bulk rows form below, the RS+AG rows form
-// further on): f16/bf16 rows of hidden 4096 (a row is a tile of one 16-byte vector per thread)
-// on the norm's vector path, a launch of exactly the protocol's blocks, one reduce segment and a
-// phase 2 whose segments the norm reads in place (DC_SEG_NORM_READ), and every reduce and
+// further on), and the vectors a thread holds of each row in it (1 or 2; 0: neither form):
+// f16/bf16 rows that are exactly a protocol tile — hidden 4096 in the 8 KiB tile every call
+// has (one 16-byte vector per thread, NV = 1), or hidden 8192 in the 16 KiB tile the host sets
+// only for such fused calls (a "wide tile", two vectors per thread, NV = 2: a row of two tiles
+// would have its halves staged and flagged by two blocks, and a block would wait for both, as
+// the one-shot two-tile form does; with a tile a row each block's own flags cover its rows) —
+// on the norm's vector path, a launch of exactly the protocol's blocks, one reduce segment and
+// a phase 2 whose segments the norm reads in place (DC_SEG_NORM_READ), and every reduce and
 // phase-2 segment whole rows of the sum that together are all of it (the launch's rows); with
 // `frame_rows`, each also starting a row into the frames (the pull route counts tiles from the
 // frame's start, so a tile is then a row); without, the input 16-byte aligned.
-DC_DEV bool dc_norm_protocol_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p, bool frame_rows) {
+DC_DEV dc_u32 dc_norm_protocol_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p, bool frame_rows) {
 #if defined(DC_CUDA)
-    if ((p.dtype != DC_F16 && p.dtype != DC_BF16) || h.tile_bytes != 16u * DC_NTID || DC_NBLOCKS != h.grid ||
-        (dc_u64)p.hidden * 2u != h.tile_bytes || 2u * DC_NORM_CHUNK != p.hidden || h.nphase1 != 1u ||
-        (seg[h.nstage].flags & DC_SEG_GATHER) != 0u || !dc_norm_reads_gathered(h, seg) || !dc_norm_vector_ok(p))
-        return false;
+    if ((p.dtype != DC_F16 && p.dtype != DC_BF16) || DC_NBLOCKS != h.grid || (dc_u64)p.hidden * 2u != h.tile_bytes ||
+        h.nphase1 != 1u || (seg[h.nstage].flags & DC_SEG_GATHER) != 0u || !dc_norm_reads_gathered(h, seg) ||
+        !dc_norm_vector_ok(p))
+        return 0u;
+    // The row is the tile: 8 KiB (one vector a thread of the block's 512) or 16 KiB (two).
+    dc_u32 nv;
+    if (h.tile_bytes == 16u * DC_NTID && 2u * DC_NORM_CHUNK == p.hidden) nv = 1u;
+    else if (h.tile_bytes == 32u * DC_NTID && 4u * DC_NORM_CHUNK == p.hidden) nv = 2u;
+    else return 0u;
     // Bulk push reads the own leaf from the caller's input with 16-byte loads (the pull route
     // reads it from the frame, staged by the plain copy): an input view off 16 bytes (an
     // element offset) takes the gathered-sum form, whose reduce takes any alignment.
-    if (!frame_rows && (seg[h.nstage].src & 15u) != 0u) return false;
-    // A row is 8 KiB (hidden 4096 of two bytes): the masks test whole rows.
-    const dc_u64 row = 4u * DC_NORM_CHUNK;
+    if (!frame_rows && (seg[h.nstage].src & 15u) != 0u) return 0u;
+    // A row is the tile (8 or 16 KiB, a power of two): the masks test whole rows.
+    const dc_u64 row = h.tile_bytes;
     const dc_u64 end = p.rows * row;
     dc_u64 covered = 0;
     for (dc_u32 i = h.nstage; i < h.nstage + 1u + h.nphase2; ++i) {
         const DcSeg& s = seg[i];
         if (s.ptr < p.sum || ((s.ptr - p.sum) & (row - 1u)) != 0u || (s.bytes & (row - 1u)) != 0u ||
             s.ptr - p.sum + s.bytes > end || (frame_rows && (s.frame_off & (row - 1u)) != 0u))
-            return false;
+            return 0u;
         covered += s.bytes;
     }
-    return covered == end;
+    return covered == end ? nv : 0u;
 #else
     (void)h;
     (void)seg;
     (void)p;
     (void)frame_rows;
-    return false;
+    return 0u;
 #endif
 }
 
-// Whether a fused launch takes the bulk rows form (declared in detcoll_protocol.h; every thread
-// asks it at the entry, from parameter space): bulk push in the shape dc_norm_protocol_rows
-// (above) tests, its phase-2 segments flagged by the host (CollectiveNormParams::new). The
-// host asks the same (CollectiveNormParams::shard_rows) to size the grid; were they ever to
+// Whether a fused launch takes the bulk rows form, and with how many vectors a thread (declared
+// in detcoll_protocol.h; every thread asks it at the entry, from parameter space; 0: it does
+// not): bulk push in the shape dc_norm_protocol_rows (above) tests, its phase-2 segments
+// flagged by the host (CollectiveNormParams::new). The host asks the same
+// (CollectiveNormParams::shard_rows) to size the grid and to pick the tile; were they ever to
 // differ, the launch would only take the gathered-sum form after the launch's barrier.
-DC_DEV bool dc_norm_bulk_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p) {
-    return h.mode == DC_MODE_PUSH && dc_norm_protocol_rows(h, seg, p, false);
+DC_DEV dc_u32 dc_norm_bulk_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p) {
+    return h.mode == DC_MODE_PUSH ? dc_norm_protocol_rows(h, seg, p, false) : 0u;
 }
 
 #if defined(DC_CUDA)
-template <int W, int DT>
+// Both row forms in the protocol hold NV vectors a thread of each row (a row is the tile,
+// NV * 8 KiB), at the lanes the row form in registers normalises: byte dc_row_vector<NV>(k) * 16
+// of the row (with one, 16 * t; with two, t < 256 holds chunks 0 and 1 of lane t, 256 + t chunks
+// 2 and 3: dc_norm_row_in_regs continues one lane's partial across the two threads). The row's
+// index is its byte offset in the sum over the row's bytes, a constant power of two (a shift:
+// dc_norm_protocol_rows made h.tile_bytes that), so no 64-bit division.
+template <int NV>
+DC_DEV void dc_protocol_row_vectors(dc_u64 (&v)[NV]) {
+#pragma unroll
+    for (int k = 0; k < NV; ++k) v[k] = 16u * (dc_u64)dc_row_vector<NV>((dc_u32)k);
+}
+
+// The own shard's rows. Prefetch: with one vector a thread, each row's loads (the W leaves and
+// the residual) are issued while the previous row is normalised; with two, a second row's 2W
+// leaves in flight beside the current row's would be 4W vectors of registers (128 at world 8:
+// every register the 512-thread launch bounds leave a thread), so the next row loads once the
+// current one is normalised (its loads are still 2W vectors in flight together).
+template <int W, int DT, int NV>
 DC_DEV void dc_bulk_reduce_rows_dt(const DcHeader& h, const DcSeg& s, dc_u64 frame, const DcNormPlan& plan,
-                                   DcNormRowRegs<1>& regs) {
+                                   DcNormRowRegs<NV>& regs) {
     const DcNormParams& p = plan.n;
     const dc_u64 own = h.data[h.rank] + frame;
-    const dc_u64 v = 16u * (dc_u64)DC_TID;
+    constexpr dc_u64 row = (dc_u64)NV * 4u * DC_NORM_CHUNK;  // = h.tile_bytes (dc_norm_protocol_rows)
+    dc_u64 v[NV];
+    dc_protocol_row_vectors<NV>(v);
     const dc_u64 first = s.ptr - p.sum;  // the segment's first byte in the sum: a row's
     const bool push = (s.flags & DC_SEG_WRITE_BACK) != 0u;
-    // Tiles b, b + grid, ... of the segment (dc_for_tiles from 0; whole rows), each row's loads
-    // issued while the previous row is normalised.
+    // Tiles b, b + grid, ... of the segment (dc_for_tiles from 0; whole rows).
     const dc_u64 tile = h.tile_bytes, step = (dc_u64)h.grid * tile;
     dc_u64 lo = (dc_u64)DC_BID * tile;
     if (lo >= s.bytes) return;
-    dc_u32x4 x[W], res;
-    auto load = [&](dc_u64 at, dc_u32x4 (&xs)[W], dc_u32x4& rs) {
-        const dc_u64 off = at + v;
-        rs = dc_norm_ld16((const dc_u8*)p.residual + first + off);
+    dc_u32x4 x[NV][W], res[NV];
+    auto load = [&](dc_u64 at, dc_u32x4 (&xs)[NV][W], dc_u32x4 (&rs)[NV]) {
 #pragma unroll
-        for (int q = 0; q < W; ++q)
-            xs[q] = (dc_u32)q == h.rank ? *(const dc_u32x4*)(s.src + off)
-                                        : *(const dc_u32x4*)(own + s.frame_off + (dc_u64)q * h.push_stride + off);
+        for (int k = 0; k < NV; ++k) {
+            const dc_u64 off = at + v[k];
+            rs[k] = dc_norm_ld16((const dc_u8*)p.residual + first + off);
+#pragma unroll
+            for (int q = 0; q < W; ++q)
+                xs[k][q] = (dc_u32)q == h.rank
+                               ? *(const dc_u32x4*)(s.src + off)
+                               : *(const dc_u32x4*)(own + s.frame_off + (dc_u64)q * h.push_stride + off);
+        }
     };
     load(lo, x, res);
     for (; lo < s.bytes; lo += step) {
         const bool more = lo + step < s.bytes;
-        dc_u32x4 nx[W], nres;
-        if (more) load(lo + step, nx, nres);
-        const dc_u64 off = lo + v;
-        const dc_u32x4 r = dc_tree_vec<W, DT, false>(x);
-        if (push) {
-#pragma unroll
-            for (int t = 0; t < W; ++t)
-                if ((dc_u32)t != h.rank)
-                    *(dc_u32x4*)(h.data[t] + frame + h.push_ag + (dc_u64)h.rank * h.push_stride + off) = r;
+        dc_u32x4 nx[NV][W], nres[NV];
+        if constexpr (NV == 1) {
+            if (more) load(lo + step, nx, nres);
         }
-        if (plan.sum_is_y == 0u) *(dc_u32x4*)(s.ptr + off) = r;
-        regs.sum[0] = r;
-        regs.residual[0] = res;
-        dc_norm_row_in_regs<DT, 1>(p, regs, (first + lo) / (4u * DC_NORM_CHUNK));
-        if (more) {
 #pragma unroll
-            for (int q = 0; q < W; ++q) x[q] = nx[q];
-            res = nres;
+        for (int k = 0; k < NV; ++k) {
+            const dc_u64 off = lo + v[k];
+            const dc_u32x4 r = dc_tree_vec<W, DT, false>(x[k]);
+            if (push) {
+#pragma unroll
+                for (int t = 0; t < W; ++t)
+                    if ((dc_u32)t != h.rank)
+                        *(dc_u32x4*)(h.data[t] + frame + h.push_ag + (dc_u64)h.rank * h.push_stride + off) = r;
+            }
+            if (plan.sum_is_y == 0u) *(dc_u32x4*)(s.ptr + off) = r;
+            regs.sum[k] = r;
+            regs.residual[k] = res[k];
+        }
+        dc_norm_row_in_regs<DT, NV>(p, regs, (first + lo) / row);
+        if (more) {
+            if constexpr (NV == 1) {
+#pragma unroll
+                for (int q = 0; q < W; ++q) x[0][q] = nx[0][q];
+                res[0] = nres[0];
+            } else {
+                load(lo + step, x, res);
+            }
         }
     }
 }
 
-template <int DT>
+// The peers' reduced shards after phase 2, each row's loads (NV vectors of the sum and of the
+// residual: few registers, so with either NV) issued while the previous row is normalised.
+template <int DT, int NV>
 DC_DEV void dc_bulk_norm_rows_dt(const DcHeader& h, const DcSeg* seg, dc_u64 frame, const DcNormPlan& plan,
-                                 DcNormRowRegs<1>& regs) {
+                                 DcNormRowRegs<NV>& regs) {
     const DcNormParams& p = plan.n;
-    const dc_u64 v = 16u * (dc_u64)DC_TID;
+    constexpr dc_u64 row = (dc_u64)NV * 4u * DC_NORM_CHUNK;  // = h.tile_bytes
+    dc_u64 v[NV];
+    dc_protocol_row_vectors<NV>(v);
     const dc_u64 tile = h.tile_bytes, step = (dc_u64)h.grid * tile;
     for (dc_u32 i = 0; i < h.nphase2; ++i) {
         const DcSeg& s = seg[h.nstage + h.nphase1 + i];
         // Where dc_bulk_gather would have copied the segment from.
         const dc_u8* from = s.peer == h.rank ? (const dc_u8*)s.src : (const dc_u8*)(h.data[h.rank] + frame + s.frame_off);
+        const dc_u8* residual = (const dc_u8*)p.residual + (s.ptr - p.sum);
         const dc_u64 first = s.ptr - p.sum;
         dc_u64 lo = (dc_u64)DC_BID * tile;
         if (lo >= s.bytes) continue;
-        dc_u32x4 sum = dc_norm_ld16(from + lo + v), res = dc_norm_ld16((const dc_u8*)p.residual + first + lo + v);
+        dc_u32x4 sum[NV], res[NV];
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+            sum[k] = dc_norm_ld16(from + lo + v[k]);
+            res[k] = dc_norm_ld16(residual + lo + v[k]);
+        }
         for (; lo < s.bytes; lo += step) {
             const bool more = lo + step < s.bytes;
-            dc_u32x4 nsum, nres;
+            dc_u32x4 nsum[NV], nres[NV];
             if (more) {
-                nsum = dc_norm_ld16(from + lo + step + v);
-                nres = dc_norm_ld16((const dc_u8*)p.residual + first + lo + step + v);
+#pragma unroll
+                for (int k = 0; k < NV; ++k) {
+                    nsum[k] = dc_norm_ld16(from + lo + step + v[k]);
+                    nres[k] = dc_norm_ld16(residual + lo + step + v[k]);
+                }
             }
-            regs.sum[0] = sum;
-            regs.residual[0] = res;
-            dc_norm_row_in_regs<DT, 1>(p, regs, (first + lo) / (4u * DC_NORM_CHUNK));
+#pragma unroll
+            for (int k = 0; k < NV; ++k) {
+                regs.sum[k] = sum[k];
+                regs.residual[k] = res[k];
+            }
+            dc_norm_row_in_regs<DT, NV>(p, regs, (first + lo) / row);
             if (more) {
-                sum = nsum;
-                res = nres;
+#pragma unroll
+                for (int k = 0; k < NV; ++k) {
+                    sum[k] = nsum[k];
+                    res[k] = nres[k];
+                }
             }
         }
     }
 }
 #endif
 
-template <int W>
+template <int W, int NV>
 DC_DEV void dc_bulk_reduce_rows(const DcHeader& h, const DcSeg& s, dc_u64 frame, const DcNormPlan& plan,
-                                DcNormRowRegs<1>& regs) {
+                                DcNormRowRegs<NV>& regs) {
 #if defined(DC_CUDA)
-    if (h.dtype == DC_F16) dc_bulk_reduce_rows_dt<W, DC_F16>(h, s, frame, plan, regs);
-    else dc_bulk_reduce_rows_dt<W, DC_BF16>(h, s, frame, plan, regs);
+    if (h.dtype == DC_F16) dc_bulk_reduce_rows_dt<W, DC_F16, NV>(h, s, frame, plan, regs);
+    else dc_bulk_reduce_rows_dt<W, DC_BF16, NV>(h, s, frame, plan, regs);
 #else
     (void)h;
     (void)s;
@@ -1131,11 +1197,12 @@ DC_DEV void dc_bulk_reduce_rows(const DcHeader& h, const DcSeg& s, dc_u64 frame,
 #endif
 }
 
+template <int NV>
 DC_DEV void dc_bulk_norm_rows(const DcHeader& h, const DcSeg* seg, dc_u64 frame, const DcNormPlan& plan,
-                              DcNormRowRegs<1>& regs) {
+                              DcNormRowRegs<NV>& regs) {
 #if defined(DC_CUDA)
-    if (h.dtype == DC_F16) dc_bulk_norm_rows_dt<DC_F16>(h, seg, frame, plan, regs);
-    else dc_bulk_norm_rows_dt<DC_BF16>(h, seg, frame, plan, regs);
+    if (h.dtype == DC_F16) dc_bulk_norm_rows_dt<DC_F16, NV>(h, seg, frame, plan, regs);
+    else dc_bulk_norm_rows_dt<DC_BF16, NV>(h, seg, frame, plan, regs);
 #else
     (void)h;
     (void)seg;
@@ -1153,104 +1220,140 @@ DC_DEV void dc_bulk_norm_rows(const DcHeader& h, const DcSeg* seg, dc_u64 frame,
 // write-back slot of the own frame, then copies the peers' reduced shards out of their frames
 // after phase 2, and the gathered-sum form then reads every row again after the launch's
 // barrier, a warp per row. Here each block takes its tiles of the own shard (tile t of the
-// frame is block t % grid's; a tile is a row) a row at a time: its threads reduce their vector
-// of the row over every rank's frame (the plain reduce's tree, in rank order), write the sum
-// back into the own frame as the plain reduce does, keep it and normalise the row from
+// frame is block t % grid's; a tile is a row: 8 KiB of hidden 4096, or the 16 KiB wide tile of
+// hidden 8192) a row at a time: its threads reduce their vectors of the row (one or two,
+// dc_row_vector) over every rank's frame (the plain reduce's tree, in rank order), write the
+// sums back into the own frame as the plain reduce does, keep them and normalise the row from
 // registers (dc_norm_row_in_regs); after phase 2 (the plain call's flags) it normalises its
 // tiles of each peer's reduced shard straight from that peer's frame. Each row's loads are
-// issued while the previous row is normalised. No barrier of the launch: every block waits for
-// every peer in both phases. The same arithmetic as every row form, so the same bits.
+// issued while the previous row is normalised (the reduce's only with one vector a thread, as
+// in the bulk rows form). No barrier of the launch: every block waits for every peer in both
+// phases. The same arithmetic as every row form, so the same bits.
 // ---------------------------------------------------------------------------------------------
 
-// Whether a fused launch takes the RS+AG rows form (declared in detcoll_protocol.h; asked at the
-// entry like dc_norm_bulk_rows, and by the host: CollectiveNormParams::shard_rows).
-DC_DEV bool dc_norm_rsag_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p) {
-    return h.mode == DC_MODE_PULL && h.nphase2 != 0u && dc_norm_protocol_rows(h, seg, p, true);
+// Whether a fused launch takes the RS+AG rows form, and with how many vectors a thread
+// (declared in detcoll_protocol.h; asked at the entry like dc_norm_bulk_rows, and by the host:
+// CollectiveNormParams::shard_rows).
+DC_DEV dc_u32 dc_norm_rsag_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p) {
+    return h.mode == DC_MODE_PULL && h.nphase2 != 0u ? dc_norm_protocol_rows(h, seg, p, true) : 0u;
 }
 
 #if defined(DC_CUDA)
 // This block's first tile of a segment at frame offset `frame_off` (a row's: a multiple of the
-// 8 KiB tile), as dc_for_tiles_at walks it: tile t of the frame is block t % grid's.
+// tile, NV * 8 KiB = h.tile_bytes, a constant shift), as dc_for_tiles_at walks it: tile t of the
+// frame is block t % grid's.
+template <int NV>
 DC_DEV dc_u64 dc_rsag_first_tile(const DcHeader& h, dc_u64 frame_off) {
-    const dc_u64 t0 = frame_off / (4u * DC_NORM_CHUNK);
+    const dc_u64 t0 = frame_off / ((dc_u64)NV * 4u * DC_NORM_CHUNK);
     return t0 + ((dc_u64)DC_BID + h.grid - (dc_u32)(t0 % h.grid)) % h.grid;
 }
 
-template <int W, int DT>
+template <int W, int DT, int NV>
 DC_DEV void dc_rsag_reduce_rows_dt(const DcHeader& h, const DcSeg& s, dc_u64 frame, const DcNormPlan& plan,
-                                   DcNormRowRegs<1>& regs) {
+                                   DcNormRowRegs<NV>& regs) {
     const DcNormParams& p = plan.n;
-    const dc_u64 tile = 4u * DC_NORM_CHUNK, v = 16u * (dc_u64)DC_TID;
+    constexpr dc_u64 tile = (dc_u64)NV * 4u * DC_NORM_CHUNK;  // = h.tile_bytes (dc_norm_protocol_rows)
+    dc_u64 v[NV];
+    dc_protocol_row_vectors<NV>(v);
     const dc_u64 end = s.frame_off + s.bytes, step = (dc_u64)h.grid * tile;
     // Frame offset `at` of the segment is output byte s.ptr + (at - s.frame_off), row
     // (s.ptr - p.sum + at - s.frame_off) / tile of the sum.
     const dc_u64 to_sum = s.ptr - p.sum - s.frame_off;
     const bool wb = (s.flags & DC_SEG_WRITE_BACK) != 0u;
-    dc_u64 at = dc_rsag_first_tile(h, s.frame_off) * tile;
+    dc_u64 at = dc_rsag_first_tile<NV>(h, s.frame_off) * tile;
     if (at >= end) return;
-    dc_u32x4 x[W], res;
-    auto load = [&](dc_u64 a, dc_u32x4 (&xs)[W], dc_u32x4& rs) {
-        rs = dc_norm_ld16((const dc_u8*)p.residual + to_sum + a + v);
+    dc_u32x4 x[NV][W], res[NV];
+    auto load = [&](dc_u64 a, dc_u32x4 (&xs)[NV][W], dc_u32x4 (&rs)[NV]) {
 #pragma unroll
-        for (int q = 0; q < W; ++q) xs[q] = *(const dc_u32x4*)(h.data[q] + frame + a + v);
+        for (int k = 0; k < NV; ++k) {
+            rs[k] = dc_norm_ld16((const dc_u8*)p.residual + to_sum + a + v[k]);
+#pragma unroll
+            for (int q = 0; q < W; ++q) xs[k][q] = *(const dc_u32x4*)(h.data[q] + frame + a + v[k]);
+        }
     };
     load(at, x, res);
     for (; at < end; at += step) {
         const bool more = at + step < end;
-        dc_u32x4 nx[W], nres;
-        if (more) load(at + step, nx, nres);
-        const dc_u32x4 r = dc_tree_vec<W, DT, false>(x);
-        if (wb) *(dc_u32x4*)(h.data[h.rank] + frame + at + v) = r;
-        if (plan.sum_is_y == 0u) *(dc_u32x4*)(p.sum + to_sum + at + v) = r;
-        regs.sum[0] = r;
-        regs.residual[0] = res;
-        dc_norm_row_in_regs<DT, 1>(p, regs, (to_sum + at) / tile);
-        if (more) {
+        dc_u32x4 nx[NV][W], nres[NV];
+        if constexpr (NV == 1) {
+            if (more) load(at + step, nx, nres);
+        }
 #pragma unroll
-            for (int q = 0; q < W; ++q) x[q] = nx[q];
-            res = nres;
+        for (int k = 0; k < NV; ++k) {
+            const dc_u32x4 r = dc_tree_vec<W, DT, false>(x[k]);
+            if (wb) *(dc_u32x4*)(h.data[h.rank] + frame + at + v[k]) = r;
+            if (plan.sum_is_y == 0u) *(dc_u32x4*)(p.sum + to_sum + at + v[k]) = r;
+            regs.sum[k] = r;
+            regs.residual[k] = res[k];
+        }
+        dc_norm_row_in_regs<DT, NV>(p, regs, (to_sum + at) / tile);
+        if (more) {
+            if constexpr (NV == 1) {
+#pragma unroll
+                for (int q = 0; q < W; ++q) x[0][q] = nx[0][q];
+                res[0] = nres[0];
+            } else {
+                load(at + step, x, res);
+            }
         }
     }
 }
 
-template <int DT>
+template <int DT, int NV>
 DC_DEV void dc_rsag_norm_rows_dt(const DcHeader& h, const DcSeg* seg, dc_u64 frame, const DcNormPlan& plan,
-                                 DcNormRowRegs<1>& regs) {
+                                 DcNormRowRegs<NV>& regs) {
     const DcNormParams& p = plan.n;
-    const dc_u64 tile = 4u * DC_NORM_CHUNK, v = 16u * (dc_u64)DC_TID, step = (dc_u64)h.grid * tile;
+    constexpr dc_u64 tile = (dc_u64)NV * 4u * DC_NORM_CHUNK;  // = h.tile_bytes
+    dc_u64 v[NV];
+    dc_protocol_row_vectors<NV>(v);
+    const dc_u64 step = (dc_u64)h.grid * tile;
     for (dc_u32 i = 0; i < h.nphase2; ++i) {
         const DcSeg& s = seg[h.nstage + h.nphase1 + i];
         // Where the skipped copy (dc_run_segment's gather) would have read: the peer's frame.
         const dc_u8* from = (const dc_u8*)(h.data[s.peer] + frame);
         const dc_u64 end = s.frame_off + s.bytes, to_sum = s.ptr - p.sum - s.frame_off;
-        dc_u64 at = dc_rsag_first_tile(h, s.frame_off) * tile;
+        dc_u64 at = dc_rsag_first_tile<NV>(h, s.frame_off) * tile;
         if (at >= end) continue;
-        dc_u32x4 sum = dc_norm_ld16(from + at + v), res = dc_norm_ld16((const dc_u8*)p.residual + to_sum + at + v);
+        dc_u32x4 sum[NV], res[NV];
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+            sum[k] = dc_norm_ld16(from + at + v[k]);
+            res[k] = dc_norm_ld16((const dc_u8*)p.residual + to_sum + at + v[k]);
+        }
         for (; at < end; at += step) {
             const bool more = at + step < end;
-            dc_u32x4 nsum, nres;
+            dc_u32x4 nsum[NV], nres[NV];
             if (more) {
-                nsum = dc_norm_ld16(from + at + step + v);
-                nres = dc_norm_ld16((const dc_u8*)p.residual + to_sum + at + step + v);
+#pragma unroll
+                for (int k = 0; k < NV; ++k) {
+                    nsum[k] = dc_norm_ld16(from + at + step + v[k]);
+                    nres[k] = dc_norm_ld16((const dc_u8*)p.residual + to_sum + at + step + v[k]);
+                }
             }
-            regs.sum[0] = sum;
-            regs.residual[0] = res;
-            dc_norm_row_in_regs<DT, 1>(p, regs, (to_sum + at) / tile);
+#pragma unroll
+            for (int k = 0; k < NV; ++k) {
+                regs.sum[k] = sum[k];
+                regs.residual[k] = res[k];
+            }
+            dc_norm_row_in_regs<DT, NV>(p, regs, (to_sum + at) / tile);
             if (more) {
-                sum = nsum;
-                res = nres;
+#pragma unroll
+                for (int k = 0; k < NV; ++k) {
+                    sum[k] = nsum[k];
+                    res[k] = nres[k];
+                }
             }
         }
     }
 }
 #endif
 
-template <int W>
+template <int W, int NV>
 DC_DEV void dc_rsag_reduce_rows(const DcHeader& h, const DcSeg& s, dc_u64 frame, const DcNormPlan& plan,
-                                DcNormRowRegs<1>& regs) {
+                                DcNormRowRegs<NV>& regs) {
 #if defined(DC_CUDA)
-    if (h.dtype == DC_F16) dc_rsag_reduce_rows_dt<W, DC_F16>(h, s, frame, plan, regs);
-    else dc_rsag_reduce_rows_dt<W, DC_BF16>(h, s, frame, plan, regs);
+    if (h.dtype == DC_F16) dc_rsag_reduce_rows_dt<W, DC_F16, NV>(h, s, frame, plan, regs);
+    else dc_rsag_reduce_rows_dt<W, DC_BF16, NV>(h, s, frame, plan, regs);
 #else
     (void)h;
     (void)s;
@@ -1261,11 +1364,12 @@ DC_DEV void dc_rsag_reduce_rows(const DcHeader& h, const DcSeg& s, dc_u64 frame,
 #endif
 }
 
+template <int NV>
 DC_DEV void dc_rsag_norm_rows(const DcHeader& h, const DcSeg* seg, dc_u64 frame, const DcNormPlan& plan,
-                              DcNormRowRegs<1>& regs) {
+                              DcNormRowRegs<NV>& regs) {
 #if defined(DC_CUDA)
-    if (h.dtype == DC_F16) dc_rsag_norm_rows_dt<DC_F16>(h, seg, frame, plan, regs);
-    else dc_rsag_norm_rows_dt<DC_BF16>(h, seg, frame, plan, regs);
+    if (h.dtype == DC_F16) dc_rsag_norm_rows_dt<DC_F16, NV>(h, seg, frame, plan, regs);
+    else dc_rsag_norm_rows_dt<DC_BF16, NV>(h, seg, frame, plan, regs);
 #else
     (void)h;
     (void)seg;

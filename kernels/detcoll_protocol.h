@@ -568,7 +568,9 @@ DC_DEV dc_u8* dc_ll_slot(const DcHeader& h, dc_u32 owner, dc_u32 parity, dc_u32 
 // bytes) that belongs to this block: payload offset o of the slot, n (1..16) bytes from it, k
 // the chunk's index among the thread's NV of the unit. NV = 1: chunk t of the tile. NV = 2 (a
 // unit is a row of two tiles, 16 * threads bytes each): the thread's vectors of the row,
-// dc_row_vector<2>(0) and (1).
+// dc_row_vector<2>(0) and (1). The call's tile: an LL call's is always 16 * threads bytes (the
+// host sets the wide 16 KiB tile only on bulk push and RS+AG, for the row forms in the
+// protocol), with which the walk covers each 16-byte line of a unit exactly once.
 template <int NV = 1, class F>
 DC_DEV void dc_for_chunks(const DcHeader& h, dc_u64 seg_lo, dc_u64 bytes, F body) {
     const dc_u64 unit = (dc_u64)NV * h.tile_bytes;
@@ -611,16 +613,37 @@ DC_DEV bool dc_ll_wait(const DcHeader& h, dc_u64* status, const dc_u8* line, dc_
 }
 
 // Rewrites every line of this rank's slot of parity g % 2 in every peer with flag g - 2 (never
-// current: a receiver at g waits for g, at g + 2 for g + 2), before this call's data.
-template <int NV>
+// current: a receiver at g waits for g, at g + 2 for g + 2), before this call's data. Any call
+// may be the one that refreshes (the epoch's, or a preset's), whatever its route, so the walk
+// is by tiles of 16 * threads bytes whatever the call's own tile. `LL` (an LL call's body): the
+// walk of its sends (dc_for_chunks, NV as theirs: 2 in the row form of two tiles; the call's
+// tile, which on LL is always 16 * threads bytes, so the same walk), so each line's refresh is
+// written by the thread that then writes its data, in program order (see above); a call on
+// another route writes no LL line after it, and walks by 16 * threads explicitly: by its own
+// tile it would miss half of every tile's lines with the 16 KiB tile (bulk push and RS+AG in a
+// row form in the protocol; dc_for_chunks takes one 16-byte line a thread per tile), and a line
+// no LL call rewrote for 2^32 generations would then read as current. (The LL bodies keep
+// their code exactly: dc_for_chunks as before.)
+template <int NV, bool LL>
 DC_DEV void dc_ll_refresh(const DcHeader& h, dc_u32 g) {
     dc_u32x4 zero;
     zero.x = zero.y = zero.z = zero.w = 0u;
     const dc_u64 payload = h.ll_slot / 2u;
-    dc_for_chunks<NV>(h, 0, payload, [&](dc_u64 o, dc_u64, int) {
-        for (dc_u32 q = 0; q < h.world; ++q)
-            if (q != h.rank) dc_ll_store(dc_ll_slot(h, q, g & 1u, h.rank) + 2u * o, zero, g - 2u);
-    });
+    if constexpr (LL) {
+        dc_for_chunks<NV>(h, 0, payload, [&](dc_u64 o, dc_u64, int) {
+            for (dc_u32 q = 0; q < h.world; ++q)
+                if (q != h.rank) dc_ll_store(dc_ll_slot(h, q, g & 1u, h.rank) + 2u * o, zero, g - 2u);
+        });
+    } else {
+        // Line t of every 16 * threads bytes, those b, b + grid, ... of this block.
+        const dc_u64 tile = 16u * (dc_u64)DC_NTID;
+        dc_for_tiles_at(0, payload, tile, h.grid, DC_BID, [&](dc_u64, dc_u64 hi, dc_u64 start) {
+            const dc_u64 o = start + 16u * (dc_u64)DC_TID;
+            if (o >= hi) return;
+            for (dc_u32 q = 0; q < h.world; ++q)
+                if (q != h.rank) dc_ll_store(dc_ll_slot(h, q, g & 1u, h.rank) + 2u * o, zero, g - 2u);
+        });
+    }
 }
 
 template <int NV>
@@ -850,21 +873,23 @@ DC_DEV void dc_bulk_gather(const DcHeader& h, const DcSeg& s, dc_u64 frame) {
     });
 }
 
-// The bulk rows form's two halves (detcoll_norm.h; ROWS below).
-template <int W>
+// The bulk rows form's two halves (detcoll_norm.h; ROWS below), NV vectors a thread of each row.
+template <int W, int NV>
 DC_DEV void dc_bulk_reduce_rows(const DcHeader& h, const DcSeg& s, dc_u64 frame, const DcNormPlan& plan,
-                                DcNormRowRegs<1>& regs);
+                                DcNormRowRegs<NV>& regs);
+template <int NV>
 DC_DEV void dc_bulk_norm_rows(const DcHeader& h, const DcSeg* seg, dc_u64 frame, const DcNormPlan& plan,
-                              DcNormRowRegs<1>& regs);
+                              DcNormRowRegs<NV>& regs);
 
 // ROWS: a fused launch in the bulk rows form (dc_norm_bulk_rows, detcoll_norm.h; `norm` and
 // `regs` are used only then): the own shard's rows are reduced and normalised in registers
 // (dc_bulk_reduce_rows), and after phase 2 the peers' rows are normalised from their reduced
 // shards in the own frame (dc_bulk_norm_rows), instead of the copies. The flags, the tiles each
-// block stages, writes back and waits for, and so what a peer sees, are the plain call's.
-template <int W, bool ROWS = false>
+// block stages, writes back and waits for, and so what a peer sees, are the plain call's. NV:
+// the vectors a thread holds of each row (2 in the 16 KiB tile of rows of 8192; ROWS only).
+template <int W, bool ROWS = false, int NV = 1>
 DC_DEV void dc_push_bulk(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc_u32 g, dc_u64 word,
-                         const DcNormPlan* norm = 0, DcNormRowRegs<1>* regs = 0) {
+                         const DcNormPlan* norm = 0, DcNormRowRegs<NV>* regs = 0) {
     const dc_u64 frame = h.frame[g & 1u];
     const dc_u32 first_phase = (h.nstage > 0u && (seg[0].flags & DC_SEG_AG)) ? 1u : 0u;
     for (dc_u32 i = 0; i < h.nstage; ++i) {
@@ -883,7 +908,7 @@ DC_DEV void dc_push_bulk(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc
         if (s.flags & DC_SEG_GATHER) {
             dc_bulk_gather(h, s, frame);
         } else if constexpr (ROWS) {
-            dc_bulk_reduce_rows<W>(h, s, frame, *norm, *regs);
+            dc_bulk_reduce_rows<W, NV>(h, s, frame, *norm, *regs);
         } else {
             switch (h.dtype) {
                 case DC_F32: dc_bulk_reduce<W, DC_F32>(h, s, frame); break;
@@ -896,7 +921,7 @@ DC_DEV void dc_push_bulk(const DcHeader& h, const DcSeg* seg, dc_u64* status, dc
         dc_bulk_signal(h, 1u, word);
         if (!dc_bulk_wait(h, status, 1u, g, DC_ERR_TIMEOUT_PHASE2)) return;
         if constexpr (ROWS) {
-            dc_bulk_norm_rows(h, seg, frame, *norm, *regs);
+            dc_bulk_norm_rows<NV>(h, seg, frame, *norm, *regs);
             return;
         }
         for (dc_u32 i = 0; i < h.nphase2; ++i) {
@@ -930,13 +955,14 @@ template <int NV>
 DC_DEV void dc_norm_row_in_regs_any(const DcNormParams& p, const DcNormRowRegs<NV>& r, dc_u64 row);
 DC_DEV bool dc_norm_two_tile_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p);
 DC_DEV bool dc_norm_row_loop(const DcHeader& h, const DcSeg* seg, const DcNormParams& p);
-DC_DEV bool dc_norm_bulk_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p);
-DC_DEV bool dc_norm_rsag_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p);
-template <int W>
+DC_DEV dc_u32 dc_norm_bulk_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p);
+DC_DEV dc_u32 dc_norm_rsag_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p);
+template <int W, int NV>
 DC_DEV void dc_rsag_reduce_rows(const DcHeader& h, const DcSeg& s, dc_u64 frame, const DcNormPlan& plan,
-                                DcNormRowRegs<1>& regs);
+                                DcNormRowRegs<NV>& regs);
+template <int NV>
 DC_DEV void dc_rsag_norm_rows(const DcHeader& h, const DcSeg* seg, dc_u64 frame, const DcNormPlan& plan,
-                              DcNormRowRegs<1>& regs);
+                              DcNormRowRegs<NV>& regs);
 template <int W, int NV>
 DC_DEV void dc_norm_rows_kept(const DcHeader& h, const DcSeg& s, dc_u64 frame, const DcNormPlan& plan,
                               DcNormRowRegs<NV>& regs);
@@ -952,10 +978,10 @@ DC_DEV void dc_call_ended(dc_u64* status, dc_u32 g, dc_u64 refresh_left) {
 }
 DC_DEV void dc_norm_prepare(const DcHeader& h, const DcSeg* seg, const DcNormParams& p, DcNormPlan& plan);
 
-// NV = 2: the one-shot or LL push body of a fused launch in the row form for rows of two tiles
-// (dc_norm_two_tile_rows), its own instantiation: holding two vectors of the sum, residual and
-// weight across the waits in the shared body cost every other fused launch 0.3-1.2 us on one
-// H200 (benches/results/h200-2026-12-04-two-tile-row-form.md). NV = 1: every other launch.
+// NV = 2 alone: the one-shot or LL push body of a fused launch in the row form for rows of two
+// tiles (dc_norm_two_tile_rows), its own instantiation: holding two vectors of the sum, residual
+// and weight across the waits in the shared body cost every other fused launch 0.3-1.2 us on
+// one H200 (benches/results/h200-2026-12-04-two-tile-row-form.md). NV = 1: every other launch.
 // LOOP: the one-shot body of a fused launch in the row form with more rows than its blocks
 // take one at a time (dc_norm_row_loop): each block reduces and normalises its rows (b, b +
 // grid, ... of a tile each) one after the other in registers (dc_norm_rows_kept); on bulk push,
@@ -965,12 +991,17 @@ DC_DEV void dc_norm_prepare(const DcHeader& h, const DcSeg* seg, const DcNormPar
 // SHARDS: the RS+AG body of a fused launch in the RS+AG rows form (dc_norm_rsag_rows): the own
 // shard's rows reduced and normalised in registers, then, after phase 2, the peers' rows from
 // their frames; an instantiation of its own too.
+// The bulk rows form (LOOP on bulk push) and the RS+AG rows form (SHARDS) also come with NV = 2:
+// rows of 8192 in the 16 KiB tile the host sets for them (a row a tile, two vectors a thread of
+// it, dc_norm_protocol_rows); their tiles, flags and waits are the plain call's in that tile,
+// not the one-shot two-tile form's (whose row is two tiles of two blocks).
 template <dc_u32 MODE, int W, int NV = 1, bool LOOP = false, bool SHARDS = false>
 DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, const DcNormPlan* norm) {
-    static_assert(NV == 1 || (NV == 2 && MODE != DC_MODE_PUSH), "two vectors a row on one-shot and LL push only");
-    static_assert(!LOOP || ((MODE == DC_MODE_PULL || MODE == DC_MODE_PUSH) && NV == 1),
-                  "the row loop on one-shot and the bulk rows form on bulk push, rows of one tile");
-    static_assert(!SHARDS || (MODE == DC_MODE_PULL && NV == 1 && !LOOP), "the RS+AG rows form, rows of one tile");
+    static_assert(NV == 1 || (NV == 2 && (MODE != DC_MODE_PUSH || LOOP)),
+                  "two vectors a row on one-shot, LL push and the row forms in the protocol only");
+    static_assert(!LOOP || (MODE == DC_MODE_PULL && NV == 1) || MODE == DC_MODE_PUSH,
+                  "the row loop on one-shot (rows of one tile) and the bulk rows form on bulk push");
+    static_assert(!SHARDS || (MODE == DC_MODE_PULL && !LOOP), "the RS+AG rows form on RS+AG");
     const dc_u32 b = DC_BID;
     const bool member = b < h.grid;
     const dc_u64 own = h.ctl[h.rank];
@@ -1021,7 +1052,7 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
     const dc_u64 word = dc_flag_word(g, h.digest);
 
     if (member) {
-        if (refresh && h.ll_slot != 0u) dc_ll_refresh<MODE == DC_MODE_PUSH_LL ? NV : 1>(h, g);
+        if (refresh && h.ll_slot != 0u) dc_ll_refresh<MODE == DC_MODE_PUSH_LL ? NV : 1, MODE == DC_MODE_PUSH_LL>(h, g);
         if (b == 0 && DC_TID == 0) {
             // The full signature first, so a peer that sees a mismatching digest can report it
             // (dc_fail re-reads it until its digest is the flag's: no fence needed here); then the
@@ -1076,18 +1107,28 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
             dc_push_ll<W, NV>(h, seg, status, g, row_in_regs, NV == 1 || norm->sum_is_y == 0u, regs.sum);
         } else if (MODE == DC_MODE_PUSH) {
             if constexpr (LOOP) {
-                // The bulk rows form: the weight loads once, before the protocol's waits.
-                regs.weight[0] = *(const dc_u32x4*)(norm->n.weight + 16u * (dc_u64)DC_TID);
-                dc_push_bulk<W, true>(h, seg, status, g, word, norm, &regs);
+                // The bulk rows form: the weight loads once, before the protocol's waits (the
+                // thread's NV vectors, at the lanes of every row it takes).
+#pragma unroll
+                for (int k = 0; k < NV; ++k)
+                    regs.weight[k] =
+                        *(const dc_u32x4*)(norm->n.weight + 16u * (dc_u64)dc_row_vector<NV>((dc_u32)k));
+                dc_push_bulk<W, true, NV>(h, seg, status, g, word, norm, &regs);
             } else {
                 dc_push_bulk<W>(h, seg, status, g, word);
             }
         } else {
             // A fused launch's row form in registers: its residual and weight vectors load
-            // while the staging and the wait below run.
-            const bool row_in_regs = NV == 2 || LOOP || (norm && norm->row_in_regs != 0u);
+            // while the staging and the wait below run. (The RS+AG rows form, also with two
+            // vectors a thread, loads only the weight here: its rows' residuals load row by row.)
+            const bool row_in_regs = (NV == 2 && !SHARDS) || LOOP || (norm && norm->row_in_regs != 0u);
             if (row_in_regs) dc_norm_row_regs_load(*norm, regs);
-            if constexpr (SHARDS) regs.weight[0] = *(const dc_u32x4*)(norm->n.weight + 16u * (dc_u64)DC_TID);
+            if constexpr (SHARDS) {
+#pragma unroll
+                for (int k = 0; k < NV; ++k)
+                    regs.weight[k] =
+                        *(const dc_u32x4*)(norm->n.weight + 16u * (dc_u64)dc_row_vector<NV>((dc_u32)k));
+            }
             // Stage this block's tiles of the input into the own frame.
             if (quick_mine) *(dc_u32x4*)(own_data + frame + seg[0].frame_off + (dc_u64)DC_TID * 16u) = quick_v;
             for (dc_u32 i = quick_stage ? h.nstage : 0u; i < h.nstage; ++i) {
@@ -1106,7 +1147,7 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
                 dc_st_release_sys(dc_at(own, h.off_ready + (dc_u64)b * h.line), word);
             }
             bool ok;
-            if (NV == 2) {
+            if (NV == 2 && !SHARDS) {
                 // Two tiles a row: block b < rows reduces row b, tiles 2b and 2b + 1, once the
                 // ready flags of the blocks that staged them are up (tile t is block t % grid's:
                 // with rows > grid / 2 blocks staged two tiles) in every peer and in this rank
@@ -1118,6 +1159,9 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
                 // otherwise wait, and the call would end before any peer had started it — its
                 // next call could then restage the frame a late peer still reads, and it would
                 // let dependent launches start (DC_GRID_DEP_TRIGGER) before the peers run.
+                // (Not the RS+AG rows form with two vectors a thread: its row is one 16 KiB
+                // tile, staged by the block itself, so it waits for its own flags like the
+                // plain call.)
                 if ((dc_u64)b < norm->n.rows) {
                     ok = dc_wait<true, true>(h, status, h.off_ready + ((2u * b) % h.grid) * h.line, g,
                                              DC_ERR_TIMEOUT_READY, false,
@@ -1130,17 +1174,17 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
                 ok = dc_wait(h, status, h.off_ready + b * h.line, g, DC_ERR_TIMEOUT_READY, false);
             }
             DC_GRID_DEP_TRIGGER();  // every peer is running this call (see dc_collective)
-            if constexpr (LOOP) {
+            if constexpr (LOOP && MODE == DC_MODE_PULL) {
                 if (ok) dc_norm_rows_kept<W, NV>(h, seg[h.nstage], frame, *norm, regs);
             } else if constexpr (SHARDS) {
                 // The RS+AG rows form: phase 1 and its flags as the plain call's (below), the
                 // rows normalised where the plain call reduces and copies them.
                 if (ok) {
-                    dc_rsag_reduce_rows<W>(h, seg[h.nstage], frame, *norm, regs);
+                    dc_rsag_reduce_rows<W, NV>(h, seg[h.nstage], frame, *norm, regs);
                     DC_SYNC_BLOCK();
                     if (DC_TID == 0) dc_st_release_sys(dc_at(own, h.off_phase2 + (dc_u64)b * h.line), word);
                     if (dc_wait(h, status, h.off_phase2 + b * h.line, g, DC_ERR_TIMEOUT_PHASE2, false))
-                        dc_rsag_norm_rows(h, seg, frame, *norm, regs);
+                        dc_rsag_norm_rows<NV>(h, seg, frame, *norm, regs);
                 }
             } else if (ok && row_in_regs) {
                 dc_reduce_row_kept_any<W, NV>(h, seg[h.nstage], frame, regs.sum, norm->sum_is_y == 0u, (dc_u64)b);
@@ -1198,7 +1242,8 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
 // graphs on one H200; benches/results/h200-2026-12-04-per-world-bodies.md.)
 // `two_tile_rows`: the one-shot or LL push body for rows of two tiles in the row form (NV = 2).
 // `rows_form`: 1, the one-shot body of the row loop, or the bulk push body of the bulk rows form
-// (LOOP); 2, the RS+AG body of the RS+AG rows form (SHARDS); 0, neither.
+// (LOOP); 2, the RS+AG body of the RS+AG rows form (SHARDS); 3 and 4, the bulk rows form and the
+// RS+AG rows form with two vectors a thread (NV = 2: rows of 8192 in the 16 KiB tile); 0, none.
 template <int W>
 DC_DEV void dc_collective_world(const DcHeader& h, const DcSeg* seg, const DcNormPlan* plan, bool two_tile_rows,
                                 dc_u32 rows_form) {
@@ -1219,6 +1264,10 @@ DC_DEV void dc_collective_world(const DcHeader& h, const DcSeg* seg, const DcNor
                 dc_collective_mode<DC_MODE_PUSH, W, 1, true>(h, seg, plan);
                 break;
             }
+            if (rows_form == 3u) {
+                dc_collective_mode<DC_MODE_PUSH, W, 2, true>(h, seg, plan);
+                break;
+            }
 #endif
             dc_collective_mode<DC_MODE_PUSH, W>(h, seg, plan);
             break;
@@ -1234,6 +1283,10 @@ DC_DEV void dc_collective_world(const DcHeader& h, const DcSeg* seg, const DcNor
             }
             if (rows_form == 2u) {
                 dc_collective_mode<DC_MODE_PULL, W, 1, false, true>(h, seg, plan);
+                break;
+            }
+            if (rows_form == 4u) {
+                dc_collective_mode<DC_MODE_PULL, W, 2, false, true>(h, seg, plan);
                 break;
             }
 #endif
@@ -1267,11 +1320,18 @@ DC_DEV void dc_collective(const DcHeader& h, const DcSeg* seg, const DcNormParam
     const DcNormPlan* plan = norm ? &s_plan : (const DcNormPlan*)0;
     // Which body runs is every thread's own decision (the plan in shared memory is not yet
     // visible to them), from parameter space like the plan's: the same answer as its.
+    // The row forms in the protocol: rows_form 1 (bulk) or 2 (RS+AG) with one vector a thread, 3
+    // or 4 with two (dc_norm_bulk_rows and dc_norm_rsag_rows say how many; 0 on any other route).
     const bool two_tile_rows = norm && dc_norm_two_tile_rows(h, seg, *norm);
-    const dc_u32 rows_form = !norm                                                                  ? 0u
-                             : (dc_norm_row_loop(h, seg, *norm) || dc_norm_bulk_rows(h, seg, *norm)) ? 1u
-                             : dc_norm_rsag_rows(h, seg, *norm)                                      ? 2u
-                                                                                                     : 0u;
+    dc_u32 rows_form = 0u;
+    if (norm) {
+        const dc_u32 bulk = dc_norm_bulk_rows(h, seg, *norm), rsag = dc_norm_rsag_rows(h, seg, *norm);
+        rows_form = dc_norm_row_loop(h, seg, *norm) || bulk == 1u ? 1u
+                    : rsag == 1u                                  ? 2u
+                    : bulk == 2u                                  ? 3u
+                    : rsag == 2u                                  ? 4u
+                                                                  : 0u;
+    }
     DC_GRID_DEP_WAIT();
     // Worlds with peers only: a world of one rank makes no collective launch (the engine copies
     // its input, ipc-engine's IpcCollective), so an image's world 1 (every run-time image has it,
