@@ -52,7 +52,9 @@
 // all_reduce + residual + RMSNorm entry (`detcoll_collective_norm`, DcCollectiveNormParams).
 // 10: the table's last word is the image's world set (DC_WORLDS), so an image built for some
 // worlds only is never taken for one of every world (a launch for a missing world traps).
-#define DC_ABI_VERSION 10u
+// 11: the header's tile_bytes may be 16 KiB (the wide tile of fused rows of 8192 on bulk push
+// and RS+AG); a version-10 image would walk half the LL lines in such a call's epoch refresh.
+#define DC_ABI_VERSION 11u
 
 #define DC_MAX_WORLD 8
 
