@@ -1325,14 +1325,18 @@ DC_DEV void dc_collective(const DcHeader& h, const DcSeg* seg, const DcNormParam
     // The row forms in the protocol: rows_form 1 (bulk) or 2 (RS+AG) with one vector a thread, 3
     // or 4 with two (dc_norm_bulk_rows and dc_norm_rsag_rows say how many; 0 on any other route).
     const bool two_tile_rows = norm && dc_norm_two_tile_rows(h, seg, *norm);
+    // Asked one after the other, each only when the previous said no (the bulk and RS+AG forms
+    // exclude each other by mode). The entry's stack frame is 208 bytes with the wide forms'
+    // dispatch, 80 without (ptxas -v, sm_90, either way of asking): to be timed on a GPU.
     dc_u32 rows_form = 0u;
     if (norm) {
-        const dc_u32 bulk = dc_norm_bulk_rows(h, seg, *norm), rsag = dc_norm_rsag_rows(h, seg, *norm);
-        rows_form = dc_norm_row_loop(h, seg, *norm) || bulk == 1u ? 1u
-                    : rsag == 1u                                  ? 2u
-                    : bulk == 2u                                  ? 3u
-                    : rsag == 2u                                  ? 4u
-                                                                  : 0u;
+        if (dc_norm_row_loop(h, seg, *norm)) {
+            rows_form = 1u;
+        } else if (const dc_u32 bulk = dc_norm_bulk_rows(h, seg, *norm)) {
+            rows_form = bulk == 1u ? 1u : 3u;
+        } else if (const dc_u32 rsag = dc_norm_rsag_rows(h, seg, *norm)) {
+            rows_form = rsag == 1u ? 2u : 4u;
+        }
     }
     DC_GRID_DEP_WAIT();
     // Worlds with peers only: a world of one rank makes no collective launch (the engine copies
