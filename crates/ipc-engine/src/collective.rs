@@ -323,7 +323,8 @@ impl<D: IpcDevice> IpcCollective<D> {
     pub fn fused_norm_shard_rows(&self, io: &Io<'_>, route: IpcRoute, norm: &NormParams) -> bool {
         let Ok(call) = validate(Op::AllReduce, io, self.rank, self.world, usize::MAX) else { return false };
         let Ok(Some(ipc)) = self.ipc_for(route) else { return false };
-        self.shard_rows_in_every_launch(&call, route, norm, ipc)
+        let tile = self.fused_tile(&call, route, norm, ipc);
+        self.shard_rows_in_every_launch(&call, route, norm, ipc, tile)
     }
 
     /// The protocol tile of a fused all_reduce of `call` by `route` with the norm `norm`:
@@ -358,7 +359,7 @@ impl<D: IpcDevice> IpcCollective<D> {
     /// with the norm `norm`, takes a row form inside the protocol for the rows it writes: the
     /// call's launches (one, or its chunks above the staging capacity) each write whole rows
     /// (`fused_norm::plan_rows`) whose shards are whole rows (`CollectiveNormParams::shard_rows`
-    /// of the launch's rows, in the call's tile: [`IpcCollective::fused_tile`]). Then every
+    /// of the launch's rows, in `tile`, the call's: [`IpcCollective::fused_tile`]). Then every
     /// launch normalises its own rows, and no launch after the last re-reads the sums. A
     /// chunked bulk push call of the default capacity at world 2 (chunks of 8 MiB,
     /// `chunk::balanced`) has whole rows of 4096 whenever its rows divide evenly.
@@ -368,6 +369,7 @@ impl<D: IpcDevice> IpcCollective<D> {
         route: IpcRoute,
         norm: &NormParams,
         ipc: &IpcState<D>,
+        tile: u32,
     ) -> bool {
         // The call's own shape first: only a call that could take the forms plans its launches.
         let two_bytes = norm.dtype == DType::F16 as u32 || norm.dtype == DType::BF16 as u32;
@@ -378,7 +380,6 @@ impl<D: IpcDevice> IpcCollective<D> {
         if !(forms && routes && two_bytes && row_a_tile && norm.vector_ok()) {
             return false;
         }
-        let tile = self.fused_tile(call, route, norm, ipc);
         self.every_launch(call, route, norm, ipc, tile, CollectiveNormParams::shard_rows)
     }
 
@@ -519,7 +520,8 @@ impl<D: IpcDevice> IpcCollective<D> {
         let split = Signature::join_split(split, Self::tile_split(tile));
         // A row form inside the protocol in every launch (`shard_rows_in_every_launch`): each
         // launch, not only the last, is fused with the norm of the rows it writes.
-        let every_launch = norm.is_some_and(|(_, packed)| self.shard_rows_in_every_launch(&call, route, &packed, ipc));
+        let every_launch =
+            norm.is_some_and(|(_, packed)| self.shard_rows_in_every_launch(&call, route, &packed, ipc, tile));
         // The LL push route when the payload fits the LL slots, the one-shot pull route
         // otherwise (same bits); above the staging capacity, chunks: consecutive launches on
         // this stream, one generation each (the double-buffered frames pipeline them).
