@@ -4,10 +4,11 @@
 //! count`), worlds 1, 2, 4, 8; bf16, f16, f32; rows 0..64 (an empty batch on every route), hidden
 //! 4096, 8192 and 2049; every rank's `h` and `y` bit for bit `fixed_tree::residual_rmsnorm`, and a
 //! row's bits the same in a batch of one. The raw entry in place and out of place on the routes
-//! that hold a row in registers. Two threads with their own streams on one rank: fused calls atomic
-//! per handle. Fail-closed: a peer that never calls, or calls with another row count, another
-//! `hidden` or `eps` or a plain all_reduce, ends the call with a typed error in bounded time,
-//! through the launch barrier of the norm. Skips, saying so, without a GPU.
+//! that hold a row in registers. Views one element off 16 bytes, on every rank or on one, where the
+//! row forms in the protocol would take them. Two threads with their own streams on one rank:
+//! fused calls atomic per handle. Fail-closed: a peer that never calls, or calls with another row
+//! count, another `hidden` or `eps` or a plain all_reduce, ends the call with a typed error in
+//! bounded time, through the launch barrier of the norm. Skips, saying so, without a GPU.
 #![cfg(feature = "cuda")]
 mod norm_data;
 
