@@ -27,7 +27,9 @@ PY
 [ -d $T ] || { T=$R/crates/collective-factory/tables; }
 table w2-rs-ag nvidia-2gpu.json ipc_rs_ag
 table w2-one-shot nvidia-2gpu.json ipc_one_shot
+table w2-push nvidia-2gpu.json ipc_push
 table w48-one-shot nvidia-default.json ipc_one_shot
+table w48-rs-ag nvidia-default.json ipc_rs_ag
 run() { # tag table-or-"" worlds rows
   [ $(left) -gt 30 ] || { echo "$1 skipped (time) t=$(el)"; return; }
   local envs=(); [ -n "$2" ] && envs=(DETCOLL_ROUTING_TABLE=$O/tables/$2.json)
@@ -36,12 +38,17 @@ run() { # tag table-or-"" worlds rows
   pack
 }
 W2ROWS=${W2ROWS:-64,128,256,512,2048,8192}; W48ROWS=${W48ROWS:-16,32,64,128,256,512}
+# VARIANTS: which tables run, alternating in each round (`shipped` is the bundle's own). Since
+# the rows forms (rows of 4096 and 8192 normalised inside bulk push and RS+AG, 2026-12-06) the
+# question is again where bulk push (world 2) and RS+AG (worlds 4/8) overtake one-shot:
+#   VARIANTS="w2-shipped w2-push w48-shipped w48-rs-ag" W2ROWS=32,64,128,256,512 W48ROWS=64,128,256
+VARIANTS=${VARIANTS:-"w2-shipped w2-rs-ag w2-one-shot w48-shipped w48-one-shot"}
 for r in $(seq 1 $ROUNDS); do
-  run w2-shipped-$r "" 2 $W2ROWS
-  run w2-rs-ag-$r w2-rs-ag 2 $W2ROWS
-  run w2-one-shot-$r w2-one-shot 2 $W2ROWS
-  run w48-shipped-$r "" 4,8 $W48ROWS
-  run w48-one-shot-$r w48-one-shot 4,8 $W48ROWS
+  for v in $VARIANTS; do
+    case $v in w2-*) worlds=2 rows=$W2ROWS ;; *) worlds=4,8 rows=$W48ROWS ;; esac
+    case $v in *-shipped) t="" ;; *) t=$v ;; esac
+    run $v-$r "$t" $worlds $rows
+  done
 done
 run_suites
 kill %1
