@@ -256,18 +256,25 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Nodes<I, T> {
     }
 
     /// `result`, its failure kept as the route's poison when it is one.
-    /// The transport across nodes is abandoned then: this rank takes no further part in the
-    /// route, so a partner across nodes waiting for it fails at once (a host transport's
-    /// bootstrap is released) instead of at the exchange timeout.
+    /// Both backends are abandoned then: this rank takes no further part in the route, so a
+    /// partner across nodes waiting for it fails at once (a host transport's bootstrap is
+    /// released) instead of at the exchange timeout, and so does a rank of its node waiting
+    /// in the node's last step when this rank's step across nodes failed (the IPC backends
+    /// set this rank's status word, which their waits poll).
     fn record(&self, result: Result<(), Error>) -> Result<(), Error> {
         if let Err(e) = &result
             && e.poisons()
         {
-            let cause = e.to_string();
-            self.cross.abandon(&cause);
-            let _ = self.failed.set(cause);
+            self.abandon(&e.to_string());
         }
         result
+    }
+
+    /// Fails the route for good with `cause` and both backends with it (see `record`).
+    pub(crate) fn abandon(&self, cause: &str) {
+        self.cross.abandon(cause);
+        self.local.abandon(cause);
+        let _ = self.failed.set(cause.to_string());
     }
 
     /// One call after the poison check, through `via` (in the world's ranks).

@@ -453,6 +453,20 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I,
             (None, None) => Ok(()),
         }
     }
+    /// Abandons every backend (the IPC one, the hierarchical route's, the transport): a
+    /// collective composed of this one failed elsewhere, so later calls are `Poisoned` with
+    /// `cause` and peers waiting for this rank fail at once rather than at their bounds.
+    fn abandon(&self, cause: &str) {
+        if let Some(i) = &self.ipc {
+            i.abandon(cause);
+        }
+        if let Some(n) = &self.nodes {
+            n.abandon(cause);
+        }
+        if let Some(t) = &self.transport {
+            t.abandon(cause);
+        }
+    }
     /// Waits for a call another thread has in flight on this handle (a call of a composite
     /// route is several backend calls, which close must not come between; the calls' waits are
     /// bounded), then closes every backend. A forked child takes no lock (it inherited the

@@ -851,6 +851,38 @@ impl<D: IpcDevice> Collective for IpcCollective<D> {
         // SAFETY: as in `call`.
         unsafe { self.enqueue_many_routed_as_part(lanes, None, part, s) }
     }
+    /// Poisons this handle with `cause`, then tells the peers at once: this rank's status word
+    /// (the one its kernels set on their own first failure, which every peer's wait polls)
+    /// takes `ERR_ABANDONED` where no failure is recorded there yet, so a peer waiting for
+    /// this rank — the node's other ranks in the hierarchical route's last step, when this
+    /// rank's step across nodes failed — fails with `PeerFailed` at its next poll instead of
+    /// `PeerTimeout` at its own bound (ranks sharing a GPU in one process, at their launch
+    /// barrier: `Poisoned` naming this rank). The poison comes first: a call of this handle that the
+    /// word then stops (its kernels give up without a record) reads `Poisoned` from `check`
+    /// and `synchronize`, never `Ok`. Best effort and bounded (the calls lock waits for a call
+    /// another thread has in flight here, whose waits are bounded); nothing is written after
+    /// `close` began or from a forked child (the memory is not this process's).
+    fn abandon(&self, cause: &str) {
+        self.poison.set(cause);
+        if !self.process.is_current() {
+            return;
+        }
+        // Ranks sharing this GPU in one process wait for each other before every launch too.
+        if let Some(m) = &self.lockstep {
+            m.abandon(cause);
+        }
+        let _calls = self.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(ipc) = &self.ipc else { return };
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let abort = ipc.mems[self.rank].control + (ipc.layout.status() + 8 * status::ST_ABORT) as u64;
+        let mut word = [0u64; 1];
+        if self.device.bind().is_ok() && self.device.read_words(abort, &mut word).is_ok() && word[0] == 0 {
+            // Best effort: a failure here leaves the peers their own bounds.
+            let _ = self.device.write_word(abort, status::ERR_ABANDONED);
+        }
+    }
     /// See `close_now` for what close waits for. A second close returns `Ok` after a
     /// successful one and [`Error::CloseFailed`] after a failed one.
     fn close(&self) -> Result<(), Error> {

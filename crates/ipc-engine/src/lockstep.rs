@@ -182,6 +182,14 @@ impl Member {
     pub(crate) fn close(&self) {
         self.shared.break_with(Broken::Closed { rank: self.shared.ranks[self.index] });
     }
+
+    /// This rank's handle was abandoned (`Collective::abandon`): it makes no further call, so
+    /// peers waiting for it (now or at a later call) get [`Error::Poisoned`] naming it and
+    /// `cause` instead of waiting for the timeout.
+    pub(crate) fn abandon(&self, cause: &str) {
+        let me = self.shared.ranks[self.index];
+        self.shared.break_with(Broken::Failed { cause: format!("rank {me} stopped taking part: {cause}") });
+    }
 }
 
 #[cfg(test)]
@@ -244,6 +252,20 @@ mod tests {
         let t = Instant::now();
         let e = members[0].step(BOUND, || Ok(())).unwrap_err();
         assert!(matches!(e, Error::PeerClosed { peer: 1, .. }), "{e:?}");
+        assert!(t.elapsed() < Duration::from_secs(1));
+    }
+
+    #[test]
+    fn an_abandoned_member_fails_its_peers_at_once_naming_it() {
+        let members = Lockstep::members(vec![0, 3]);
+        members[1].abandon("its data-parallel group failed");
+        let t = Instant::now();
+        match members[0].step(BOUND, || Ok(())) {
+            Err(Error::Poisoned { cause }) => {
+                assert!(cause.contains("rank 3") && cause.contains("data-parallel"), "{cause}")
+            }
+            other => panic!("expected Poisoned naming rank 3, got {other:?}"),
+        }
         assert!(t.elapsed() < Duration::from_secs(1));
     }
 

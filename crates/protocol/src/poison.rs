@@ -30,6 +30,14 @@ impl Poison {
         }
         err
     }
+    /// Records `cause` whatever it is (the first cause wins): a failure found outside this
+    /// backend, which a composite route reports to it (`Collective::abandon`).
+    pub fn set(&self, cause: &str) {
+        if let Ok(mut c) = self.cause.lock() {
+            c.get_or_insert_with(|| cause.to_string());
+        }
+        self.poisoned.store(true, Ordering::Release);
+    }
     /// Whether a failure was recorded.
     pub fn is_poisoned(&self) -> bool {
         self.poisoned.load(Ordering::Acquire)

@@ -137,6 +137,10 @@ impl Collective for ShmCollective {
     fn synchronize(&self, stream: &()) -> Result<(), Error> {
         self.inner.synchronize(stream)
     }
+    /// The engine's: poisons this rank and tells its peers at once.
+    fn abandon(&self, cause: &str) {
+        self.inner.abandon(cause)
+    }
     fn close(&self) -> Result<(), Error> {
         self.inner.close()
     }
