@@ -122,6 +122,12 @@ impl AnyCollective {
     pub fn count_refused_call(&self) -> Result<(), Error> {
         each!(self, c => c.count_refused_call())
     }
+    /// Fails this handle for good because another collective of the caller's failed: later
+    /// calls are `Poisoned` with `cause`, and peers waiting for this rank fail at once
+    /// ([`Collective::abandon`]).
+    pub fn abandon(&self, cause: &str) {
+        each!(self, c => c.abandon(cause))
+    }
 
     /// The CPU twin, if that is the platform.
     #[cfg(feature = "cpu")]

@@ -407,8 +407,24 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I,
         self.dispatch(Op::ReduceScatter, io, &OnStream(stream))
     }
     fn reduce_scatter_many(&self, lanes: &[Io<'_>], stream: &Self::Stream) -> Result<(), Error> {
+        self.reduce_scatter_many_as_part(lanes, 0, stream)
+    }
+    /// A call of this handle (numbered like every call) signed with `part` too: a composite
+    /// of the caller's that runs its own calls as parts through this front door (the trait's
+    /// default dropped `part`, so two ranks making the same-sized parts of different calls
+    /// paired and returned `Ok` with one another's data). `part` 0 is the plain call.
+    fn call_as_part(&self, op: Op, io: Io<'_>, part: u32, stream: &Self::Stream) -> Result<(), Error> {
+        if op == Op::ReduceScatterMany {
+            return self.reduce_scatter_many_as_part(&[io], part, stream);
+        }
         let (_call, seq) = self.begin_call()?;
-        let split = Signature::call_split(seq, 0);
+        self.check_address_space(op, &io)?;
+        self.dispatch_signed(op, io, Signature::call_split(seq, part), &OnStream(stream))
+    }
+    /// `reduce_scatter_many` signed with `part` too, as [`Routed::call_as_part`] signs a call.
+    fn reduce_scatter_many_as_part(&self, lanes: &[Io<'_>], part: u32, stream: &Self::Stream) -> Result<(), Error> {
+        let (_call, seq) = self.begin_call()?;
+        let split = Signature::call_split(seq, part);
         for io in lanes {
             self.check_address_space(Op::ReduceScatterMany, io)?;
         }
