@@ -336,6 +336,14 @@ class Collective:
         """Collective close (every rank calls it); later calls raise ``detcoll.Closed``."""
         self._raw.close()
 
+    def abort(self, reason: str = "aborted by the caller") -> None:
+        """Stops this rank for good, as ``ncclCommAbort`` / ``ProcessGroupNCCL.abort()`` do
+        (no peer needs to call it; e.g. when another group of this rank failed): later calls
+        raise ``detcoll.Poisoned`` naming ``reason``, and a peer waiting for this rank raises
+        ``detcoll.PeerFailed`` at once instead of waiting for its timeout. ``close()`` still
+        frees the handle afterwards."""
+        self._raw.abort(str(reason))
+
     def __enter__(self):
         return self
 

@@ -68,6 +68,13 @@ impl Backend {
             Backend::Nvidia(c) => c.close(),
         }
     }
+    /// `Collective::abandon`: this rank stops for good; its peers' waits end at once.
+    pub fn abandon(&self, cause: &str) {
+        match self {
+            Backend::Cpu(c) => c.abandon(cause),
+            Backend::Nvidia(c) => c.abandon(cause),
+        }
+    }
 
     /// Counts a call this rank refused before it reached the collective (the wrapper's own
     /// checks, or the ones here), as the collective counts the calls it refuses itself

@@ -158,6 +158,18 @@ impl Communicator {
         closed
     }
 
+    /// Stops this rank for good, as `ncclCommAbort` does (no peer needs to call it): later
+    /// calls raise `detcoll.Poisoned` with `reason`, and a peer waiting for this rank raises
+    /// `detcoll.PeerFailed` at once instead of waiting for its timeout. `close` still frees
+    /// the handle afterwards.
+    #[pyo3(signature = (reason="aborted by the caller"))]
+    fn abort(&self, py: Python<'_>, reason: &str) -> PyResult<()> {
+        let b = self.backend()?;
+        let reason = reason.to_string();
+        py.detach(|| b.abandon(&reason));
+        Ok(())
+    }
+
     /// Counts a call the wrapper refused before making it (its own checks of the tensors), as
     /// a call the collective refuses counts: peers that made the call then fail with
     /// `SignatureMismatch` instead of pairing their next call with this rank's next one.

@@ -235,3 +235,36 @@ def test_a_peer_that_gave_up_is_peer_failed_not_peer_died(monkeypatch):
         assert (name, peer, peer_error) == ("PeerFailed", 0, True), r1
         assert "rank 0 stopped after a failure of its own" in msg and "timed out" in msg, msg
     close_all(comms)
+
+
+def test_abort_fails_a_waiting_peer_at_once_and_poisons_the_aborted_rank(monkeypatch):
+    # As ncclCommAbort: rank 1 aborts (its other group failed, say) while rank 0 waits in an
+    # all_reduce for it; rank 0 raises PeerFailed naming rank 1 long before its 30 s bound, and
+    # rank 1's later calls raise Poisoned with the reason. Nothing returns as a success.
+    import time
+
+    monkeypatch.setenv("DETCOLL_TIMEOUT_MS", "30000")
+    comms = detcoll.thread_group(2)
+
+    def calls(c):
+        x = np.full(64, c.rank + 1, np.float32)
+        got = []
+        if c.rank == 1:
+            time.sleep(0.3)
+            c.abort("the data-parallel group failed")
+        for _ in range(2 if c.rank == 0 else 1):
+            t = time.monotonic()
+            try:
+                c.all_reduce(x)
+                got.append(("ok", None, "", time.monotonic() - t))
+            except detcoll.DetcollError as e:
+                got.append((type(e).__name__, e.peer, str(e), time.monotonic() - t))
+        return got
+
+    r0, r1 = on_ranks(comms, calls)
+    name, peer, msg, took = r0[0]
+    assert (name, peer) == ("PeerFailed", 1), r0
+    assert "stopped taking part" in msg and took < 10, r0
+    assert r0[1][0] == "Poisoned", r0
+    assert r1[0][0] == "Poisoned" and "data-parallel group failed" in r1[0][2], r1
+    close_all(comms)

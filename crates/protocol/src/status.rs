@@ -38,9 +38,10 @@ pub const ERR_PEER_EXITED: u64 = 7;
 /// its mapping (the executor's device returns the precise error for the object).
 pub const ERR_HOST_FAULT: u64 = 8;
 /// Written by the host into a rank's own status word, never into a record
-/// (`IpcCollective::abandon`): the rank stopped taking part after a failure in another part of
-/// a composite call (the hierarchical route's step across nodes), so a peer waiting for it
-/// fails at its next poll (`ERR_PEER_FAILED` with this code) rather than at its own bound.
+/// (`IpcCollective::abandon`): the rank stopped taking part — after a failure in another part
+/// of a composite call (the hierarchical route's step across nodes), or because its caller
+/// aborted it — so a peer waiting for it fails at its next poll (`ERR_PEER_FAILED` with this
+/// code) rather than at its own bound.
 pub const ERR_ABANDONED: u64 = 9;
 
 /// What a peer's status word `code` (the first failure it recorded) says it saw.
@@ -53,7 +54,9 @@ fn peer_failure(code: u64) -> String {
         ERR_PEER_CLOSED => "a rank it waited for had closed the collective".into(),
         ERR_PEER_EXITED => "the process of a rank it waited for exited".into(),
         ERR_HOST_FAULT => "a shared-memory object was truncated under it".into(),
-        ERR_ABANDONED => "it stopped after a failure in another part of the call (a step across nodes)".into(),
+        ERR_ABANDONED => {
+            "it stopped taking part (abandoned after a failure elsewhere, or aborted by its caller)".into()
+        }
         other => format!("error code {other}"),
     }
 }
