@@ -62,6 +62,10 @@ macro_rules! gpu_suite {
             $crate::cases::absent_rank::<$gpu>();
         }
         #[test]
+        fn an_abandoned_rank_fails_its_peer_at_once() {
+            $crate::cases::abandoned_rank::<$gpu>();
+        }
+        #[test]
         fn fused_tree_matches_fixed_tree_hard_and_soft() {
             $crate::cases::fused_tree::<$gpu>();
         }
@@ -374,6 +378,49 @@ pub fn absent_rank<G: TestGpu>() {
         Ok(())
     });
     r.expect("timeout");
+}
+
+/// Rank 1 abandons its handle (`Collective::abandon`: a collective composed of it failed
+/// elsewhere) while rank 0 calls: rank 0's call fails long before the bound — `Poisoned`
+/// naming rank 1 from the lockstep of ranks sharing the GPU (these ranks), `PeerFailed` from
+/// a kernel's wait where ranks have GPUs or processes of their own — never `Ok`; both ranks'
+/// later calls are refused as poisoned, rank 1's with its cause.
+pub fn abandoned_rank<G: TestGpu>() {
+    let bound = Duration::from_secs(8);
+    let r = two_ranks::<G, _>(bound, |rank| {
+        let n = 4096;
+        let input = rank.put(&finite_values(DType::BF16, n, 2));
+        let output = rank.alloc_dev(n * 2);
+        let s = rank.stream();
+        let again = || rank.comm.all_reduce(io(&input, &output, n, DType::BF16), s);
+        if rank.comm.rank() == 1 {
+            std::thread::sleep(Duration::from_millis(100));
+            rank.comm.abandon("the test's other group failed");
+            return match again() {
+                Err(Error::Poisoned { cause }) if cause.contains("other group failed") => Ok(()),
+                other => Err(format!("rank 1 after abandon: expected Poisoned with its cause, got {other:?}")),
+            };
+        }
+        let t = Instant::now();
+        let called = rank.comm.all_reduce(io(&input, &output, n, DType::BF16), s);
+        G::synchronize(&rank.stream)?;
+        let waited = t.elapsed();
+        match called.and_then(|()| rank.comm.check()) {
+            Err(Error::PeerFailed { peer: 1, .. }) => {}
+            Err(Error::Poisoned { cause }) if cause.contains("rank 1") => {}
+            other => return Err(format!("rank 0: expected PeerFailed or Poisoned naming rank 1, got {other:?}")),
+        }
+        if waited > bound / 2 {
+            return Err(format!("rank 0 waited {waited:?} for the abandoned rank (bound {bound:?})"));
+        }
+        match again() {
+            Err(Error::Poisoned { .. }) => {}
+            other => return Err(format!("rank 0's next call: expected Poisoned, got {other:?}")),
+        }
+        println!("rank 0: failed after {waited:?} when rank 1 abandoned");
+        Ok(())
+    });
+    r.expect("abandoned rank");
 }
 
 // ---------------------------------------------------------------------------------------------
