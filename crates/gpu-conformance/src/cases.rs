@@ -312,6 +312,15 @@ pub fn lane_split_mismatch<G: TestGpu>() {
     r.expect("lane-split mismatch");
 }
 
+/// One all_reduce of `io` on the rank's stream, then the stream synchronised: the call's
+/// outcome (its own error, else the one its kernel recorded) and how long it took.
+fn synchronized_all_reduce<G: TestGpu>(rank: &GpuRank<G>, io: Io<'_>) -> Result<(Result<(), Error>, Duration), String> {
+    let t = Instant::now();
+    let called = rank.comm.all_reduce(io, rank.stream());
+    G::synchronize(&rank.stream)?;
+    Ok((called.and_then(|()| rank.comm.check()), t.elapsed()))
+}
+
 /// Rank 1 closes its handle; rank 0's next call fails with PeerClosed naming it at once (the
 /// kernel sees rank 1's close acknowledgement in its own control block), not after the
 /// timeout, and is poisoned.
@@ -330,11 +339,8 @@ pub fn peer_closed<G: TestGpu>() {
         }
         rank.barrier()?;
         let s = rank.stream();
-        let t = Instant::now();
-        let called = rank.comm.all_reduce(io(&input, &output, n, DType::F32), s);
-        G::synchronize(&rank.stream)?;
-        let waited = t.elapsed();
-        match called.and_then(|()| rank.comm.check()) {
+        let (outcome, waited) = synchronized_all_reduce(rank, io(&input, &output, n, DType::F32))?;
+        match outcome {
             Err(Error::PeerClosed { peer: 1, .. }) => {}
             other => return Err(format!("expected PeerClosed from rank 1, got {other:?}")),
         }
@@ -401,11 +407,8 @@ pub fn abandoned_rank<G: TestGpu>() {
                 other => Err(format!("rank 1 after abandon: expected Poisoned with its cause, got {other:?}")),
             };
         }
-        let t = Instant::now();
-        let called = rank.comm.all_reduce(io(&input, &output, n, DType::BF16), s);
-        G::synchronize(&rank.stream)?;
-        let waited = t.elapsed();
-        match called.and_then(|()| rank.comm.check()) {
+        let (outcome, waited) = synchronized_all_reduce(rank, io(&input, &output, n, DType::BF16))?;
+        match outcome {
             Err(Error::PeerFailed { peer: 1, .. }) => {}
             Err(Error::Poisoned { cause }) if cause.contains("rank 1") => {}
             other => return Err(format!("rank 0: expected PeerFailed or Poisoned naming rank 1, got {other:?}")),
