@@ -316,7 +316,7 @@ impl<D: IpcDevice> IpcCollective<D> {
     /// `dc_norm_bulk_rows` on bulk push, `dc_norm_rsag_rows` on RS+AG, in
     /// kernels/detcoll_norm.h): a runtime with the gathered-sum and row forms, one of those
     /// routes, f16/bf16 rows of one protocol tile (hidden 4096 in 8 KiB tiles, 8192 in the
-    /// wide tiles such calls take: [`IpcCollective::fused_tile`]) on the norm's vector path,
+    /// wide tiles such calls take: `IpcCollective::fused_tile`) on the norm's vector path,
     /// and every launch's rows whole with whole-row shards (`shard_rows_in_every_launch`). Each
     /// block normalises the own shard's rows in registers as it reduces them and the peers'
     /// rows where their reduced shards lie after phase 2, at any batch size.
