@@ -108,3 +108,49 @@ fn abandon_after_close_and_twice_is_harmless() {
     comms[1].abandon("after close");
     assert!(matches!(comms[1].all_reduce(Io::host(&x, &mut y), &()), Err(Error::Closed)));
 }
+
+/// As `ncclCommAbort` from a watchdog thread: rank 0's call waits for rank 1, which never
+/// calls; another thread abandons rank 0's handle, and the waiting call returns at once —
+/// `Poisoned`, never `Ok` — on every IPC route; rank 1's calls then fail at once too (its
+/// first may still complete with the exact sum from rank 0's published input).
+#[test]
+fn a_watchdog_abandoning_a_waiting_call_ends_it_at_once() {
+    for route in ["ipc_push_ll", "ipc_one_shot", "ipc_push", "ipc_rs_ag"] {
+        let config = Config::new().with_capacity(1 << 16).with_timeout(BOUND).with_routing(every_size_by("cpu", route));
+        let comms = cpu::thread_group(2, &config).expect("thread group");
+        let n = 1000;
+        let (x, mut y) = (vec![1.0f32; n], vec![-7.0f32; n]);
+        std::thread::scope(|s| {
+            let comm = &comms[0];
+            s.spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                comm.abandon("watchdog: the step took too long");
+            });
+            let t = Instant::now();
+            let got = comms[0].all_reduce(Io::host(&x, &mut y), &());
+            let took = t.elapsed();
+            match &got {
+                Err(Error::Poisoned { .. }) => {}
+                other => panic!("{route}: the abandoned call: expected Poisoned, got {other:?} after {took:?}"),
+            }
+            assert!(took < BOUND / 3, "{route}: the abandoned call waited {took:?}");
+        });
+        // Rank 1 arrives late: rank 0's input may already be published and intact (a rank
+        // that stopped writes nothing more), so its call may complete with the exact sum (as
+        // `late_peer.rs`); otherwise, and at its next call in any case, `PeerFailed` naming
+        // rank 0 at once.
+        let mut z = vec![-7.0f32; n];
+        let t = Instant::now();
+        let mut outcome = comms[1].all_reduce(Io::host(&x, &mut z), &());
+        if outcome.is_ok() {
+            assert!(z.iter().all(|v| v.to_bits() == 2.0f32.to_bits()), "{route}: rank 1's Ok call: not the sum");
+            outcome = comms[1].all_reduce(Io::host(&x, &mut z), &());
+        }
+        match outcome {
+            Err(Error::PeerFailed { peer: 0, .. }) => {}
+            other => panic!("{route}: rank 1 after rank 0 was abandoned: {other:?}"),
+        }
+        assert!(t.elapsed() < BOUND / 3, "{route}: rank 1 waited {:?}", t.elapsed());
+        println!("{route}: a waiting call abandoned from another thread ended after the abandon");
+    }
+}

@@ -857,11 +857,11 @@ impl<D: IpcDevice> Collective for IpcCollective<D> {
     /// this rank — the node's other ranks in the hierarchical route's last step, when this
     /// rank's step across nodes failed — fails with `PeerFailed` at its next poll instead of
     /// `PeerTimeout` at its own bound (ranks sharing a GPU in one process, at their launch
-    /// barrier: `Poisoned` naming this rank). The poison comes first: a call of this handle that the
-    /// word then stops (its kernels give up without a record) reads `Poisoned` from `check`
-    /// and `synchronize`, never `Ok`. Best effort and bounded (the calls lock waits for a call
-    /// another thread has in flight here, whose waits are bounded); nothing is written after
-    /// `close` began or from a forked child (the memory is not this process's).
+    /// barrier: `Poisoned` naming this rank). The poison comes first: a call of this handle that
+    /// the word then stops (its kernels give up without a record; on the host the executor's
+    /// launch reports it) reads `Poisoned`, never `Ok`. Best effort, and it does not wait for
+    /// a call in flight; nothing is written after `close` freed the staging or from a forked
+    /// child (the memory is not this process's).
     fn abandon(&self, cause: &str) {
         self.poison.set(cause);
         if !self.process.is_current() {
@@ -871,11 +871,23 @@ impl<D: IpcDevice> Collective for IpcCollective<D> {
         if let Some(m) = &self.lockstep {
             m.abandon(cause);
         }
-        let _calls = self.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let Some(ipc) = &self.ipc else { return };
-        if self.closed.load(Ordering::Acquire) {
-            return;
-        }
+        // The status line is in this rank's staging, kept alive while it is written: a
+        // process's own staging under the lock its close frees it under (gone: nothing to
+        // tell), an in-process group's with the group. Not the calls lock: a call in flight
+        // on another thread (a watchdog aborting a call that waits for a peer, as
+        // `ncclCommAbort` does) must stop now, not when its wait times out — its kernel or
+        // executor sees the word and gives up, and the call reads `Poisoned`.
+        let _alive = match &ipc.owner {
+            Owner::Process { own, .. } => {
+                let own = own.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                if own.is_none() {
+                    return;
+                }
+                Some(own)
+            }
+            Owner::Group(_) => None,
+        };
         let abort = ipc.mems[self.rank].control + (ipc.layout.status() + 8 * status::ST_ABORT) as u64;
         let mut word = [0u64; 1];
         if self.device.bind().is_ok() && self.device.read_words(abort, &mut word).is_ok() && word[0] == 0 {

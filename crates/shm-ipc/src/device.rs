@@ -304,6 +304,14 @@ impl IpcDevice for HostDevice {
         if record[0] != 0 {
             return Err(detcoll_protocol::status::decode(&record, Duration::from_nanos(h.timeout_ns), BACKEND));
         }
+        // Stopped without a record: the host set this rank's status word while the call ran
+        // (`Collective::abandon` from another thread). The call did not complete: never `Ok`.
+        // SAFETY: as above.
+        if unsafe { executor::own_abort(h) } != 0 {
+            return Err(Error::Poisoned {
+                cause: "this rank was abandoned (Collective::abandon) during the call".into(),
+            });
+        }
         match norm {
             // SAFETY: the launch's gathered sums lie in this rank's live group's frames (the
             // engine packed them) and the output; the norm's views are the caller's, validated

@@ -48,6 +48,16 @@ pub(super) struct Call<'a> {
     watch: &'a dyn Watch,
 }
 
+/// This rank's status word (`ST_ABORT`): nonzero once a failure stopped it — its own, with a
+/// record, or `Collective::abandon` from the host, without one.
+///
+/// # Safety
+/// As [`collective`]: `h` was packed for a live group.
+pub(crate) unsafe fn own_abort(h: &Header) -> u64 {
+    // SAFETY: the status line of this rank's live staging (caller).
+    unsafe { word(h.ctl[h.rank as usize] + u64::from(h.off_status) + 8 * ST_ABORT as u64) }.load(Ordering::Acquire)
+}
+
 /// Runs one collective launch of `h` with `seg` (its `nstage + nphase1 + nphase2` segments)
 /// on the calling thread. A failure is recorded in the launching rank's error record and its
 /// status word (as `dc_fail` does), never returned: the engine reads the record. Returns the
