@@ -132,9 +132,15 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
     /// builds itself, so it validates the whole call first. Only all_reduce has a second half:
     /// a reduce_scatter routed to the hybrid is its IPC half alone, never an all_reduce.
     pub(crate) fn dispatch(&self, op: Op, io: Io<'_>, via: &impl Via<I, T>) -> Result<(), Error> {
+        self.dispatch_as_part(op, io, 0, via)
+    }
+
+    /// [`Routed::dispatch`] signed with `part` as well as the call's number (0: the plain
+    /// call): `Collective::call_as_part` of a composite of the caller's.
+    fn dispatch_as_part(&self, op: Op, io: Io<'_>, part: u32, via: &impl Via<I, T>) -> Result<(), Error> {
         let (_call, seq) = self.begin_call()?;
         self.check_address_space(op, &io)?;
-        self.dispatch_signed(op, io, Signature::call_split(seq, 0), via)
+        self.dispatch_signed(op, io, Signature::call_split(seq, part), via)
     }
 
     /// This handle's call lock, and the number of the call it begins: every collective call
@@ -417,9 +423,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I,
         if op == Op::ReduceScatterMany {
             return self.reduce_scatter_many_as_part(&[io], part, stream);
         }
-        let (_call, seq) = self.begin_call()?;
-        self.check_address_space(op, &io)?;
-        self.dispatch_signed(op, io, Signature::call_split(seq, part), &OnStream(stream))
+        self.dispatch_as_part(op, io, part, &OnStream(stream))
     }
     /// `reduce_scatter_many` signed with `part` too, as [`Routed::call_as_part`] signs a call.
     fn reduce_scatter_many_as_part(&self, lanes: &[Io<'_>], part: u32, stream: &Self::Stream) -> Result<(), Error> {

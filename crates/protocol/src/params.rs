@@ -16,10 +16,11 @@ pub const THREADS: u32 = 512;
 /// One 16-byte vector per thread of a 512-thread block.
 pub const TILE_BYTES: u32 = 16 * THREADS;
 /// The wide tile: two 16-byte vectors per thread, for fused all_reduce + RMSNorm calls whose
-/// f16/bf16 rows of 8192 fall in whole-row shards on bulk push and RS+AG (ipc-engine's `IpcCollective::fused_tile`):
-/// a row is then a tile, so one block holds it in registers (the row forms inside the
-/// protocol, kernels/detcoll_norm.h). Every rank of such a call takes it (chosen from signed
-/// values only), so the tile -> block mapping is the same on every rank.
+/// f16/bf16 rows of 8192 fall in whole-row shards on bulk push and RS+AG (ipc-engine's
+/// `IpcCollective::fused_tile`): a row is then a tile, so one block holds it in registers
+/// (the row forms inside the protocol, kernels/detcoll_norm.h). Every rank of such a call
+/// takes it (chosen from signed values only), so the tile -> block mapping is the same on
+/// every rank.
 pub const WIDE_TILE_BYTES: u32 = 2 * TILE_BYTES;
 /// Most ranks.
 pub const MAX_WORLD: usize = 8;
@@ -492,7 +493,8 @@ pub fn pack<const N: usize>(
 }
 
 /// [`pack`] with tiles of `tile` bytes ([`TILE_BYTES`], or [`WIDE_TILE_BYTES`] for the
-/// fused calls ipc-engine's `IpcCollective::fused_tile` gives it): the header's `tile_bytes` and a grid of a block per tile.
+/// fused calls ipc-engine's `IpcCollective::fused_tile` gives it): the header's `tile_bytes`
+/// and a grid of a block per tile.
 pub fn pack_tiled<const N: usize>(
     fixed: &Fixed,
     plan: &Plan,
