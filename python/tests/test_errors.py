@@ -268,3 +268,23 @@ def test_abort_fails_a_waiting_peer_at_once_and_poisons_the_aborted_rank(monkeyp
     assert r0[1][0] == "Poisoned", r0
     assert r1[0][0] == "Poisoned" and "data-parallel group failed" in r1[0][2], r1
     close_all(comms)
+
+
+def test_abort_from_a_watchdog_thread_ends_a_waiting_call(monkeypatch):
+    # As torch's NCCL watchdog calls abort: rank 0's call waits for rank 1, which never calls;
+    # another thread aborts rank 0, and the waiting call raises Poisoned at once (never returns
+    # as a success), long before the 30 s bound.
+    import threading
+    import time
+
+    monkeypatch.setenv("DETCOLL_TIMEOUT_MS", "30000")
+    comms = detcoll.thread_group(2)
+    out = np.full(64, SENTINEL, np.float32)
+    watchdog = threading.Timer(0.3, comms[0].abort, args=("watchdog: the step took too long",))
+    watchdog.start()
+    t = time.monotonic()
+    with pytest.raises(detcoll.Poisoned):
+        comms[0].all_reduce(np.ones(64, np.float32), out=out)
+    assert time.monotonic() - t < 10
+    watchdog.join()
+    close_all(comms)
