@@ -338,12 +338,17 @@ impl<D: IpcDevice> IpcCollective<D> {
     /// bytes keeps the wide tile and takes the gathered-sum form in it (and the launches are
     /// signed with the tile besides: [`IpcCollective::tile_split`]).
     fn fused_tile(&self, call: &collective_core::Call, route: IpcRoute, norm: &NormParams, ipc: &IpcState<D>) -> u32 {
-        let two_bytes = norm.dtype == DType::F16 as u32 || norm.dtype == DType::BF16 as u32;
-        let forms = D::NORM_READS_GATHERED && D::NORM_ROW_LOOP;
-        let routes = matches!(route, IpcRoute::Push | IpcRoute::ReduceScatterAllGather);
         let wide_rows = u64::from(norm.hidden) * 2 == u64::from(WIDE_TILE_BYTES);
         let cut = || self.every_launch(call, route, norm, ipc, WIDE_TILE_BYTES, CollectiveNormParams::shard_rows_cut);
-        if forms && routes && two_bytes && wide_rows && cut() { WIDE_TILE_BYTES } else { TILE_BYTES }
+        if Self::rows_forms_may_apply(route, norm) && wide_rows && cut() { WIDE_TILE_BYTES } else { TILE_BYTES }
+    }
+
+    /// What the row forms inside the protocol ask of a fused call before its shape: a runtime
+    /// that has them, bulk push or RS+AG, f16/bf16.
+    fn rows_forms_may_apply(route: IpcRoute, norm: &NormParams) -> bool {
+        let two_bytes = norm.dtype == DType::F16 as u32 || norm.dtype == DType::BF16 as u32;
+        let forms = D::NORM_READS_GATHERED && D::NORM_ROW_LOOP;
+        forms && two_bytes && matches!(route, IpcRoute::Push | IpcRoute::ReduceScatterAllGather)
     }
 
     /// The split a fused call's launches in tiles of `tile` bytes are signed with besides
@@ -372,12 +377,9 @@ impl<D: IpcDevice> IpcCollective<D> {
         tile: u32,
     ) -> bool {
         // The call's own shape first: only a call that could take the forms plans its launches.
-        let two_bytes = norm.dtype == DType::F16 as u32 || norm.dtype == DType::BF16 as u32;
-        let forms = D::NORM_READS_GATHERED && D::NORM_ROW_LOOP;
-        let routes = matches!(route, IpcRoute::Push | IpcRoute::ReduceScatterAllGather);
         let row_bytes = u64::from(norm.hidden) * 2;
         let row_a_tile = row_bytes == u64::from(TILE_BYTES) || row_bytes == u64::from(WIDE_TILE_BYTES);
-        if !(forms && routes && two_bytes && row_a_tile && norm.vector_ok()) {
+        if !(Self::rows_forms_may_apply(route, norm) && row_a_tile && norm.vector_ok()) {
             return false;
         }
         self.every_launch(call, route, norm, ipc, tile, CollectiveNormParams::shard_rows)
