@@ -425,7 +425,9 @@ impl<D: IpcDevice> IpcCollective<D> {
     /// the weight that this form holds in registers: on one H100 the loop took 8.5-15 % off the
     /// fused call where the rows outnumber the blocks (world 2, 67-256 rows; world 8, 17 rows).
     /// Rows of two tiles (hidden 8192) do not loop: their loop measured 6-29 % slower than the
-    /// epilogue or the norm's own launch (benches/results/h100-2026-12-05-row-loop.md).
+    /// epilogue or the norm's own launch (benches/results/h100-2026-12-05-row-loop.md), and
+    /// 15-21 % slower than the norm's own launch in 16 KiB tiles, a row a tile
+    /// (benches/results/h100-2026-12-07-wide-loop.md).
     pub fn fused_norm_row_loop(&self, io: &Io<'_>, route: IpcRoute, norm: &NormParams) -> bool {
         let two_bytes = norm.dtype == DType::F16 as u32 || norm.dtype == DType::BF16 as u32;
         if !D::NORM_ROW_LOOP || route != IpcRoute::OneShot || !two_bytes || !norm.vector_ok() {
