@@ -235,6 +235,12 @@ pub struct BenchArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ffn: Option<usize>,
 
+    /// `--e2e ffn` only: the gated FFN (SwiGLU, `W2 · (SiLU(x · W1) ⊙ (x · W3))`, the FFN of
+    /// Llama, Mistral and Qwen) instead of `W2 · SiLU(x · W1)`.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub gated: bool,
+
     /// `--e2e attention` only: heads (default 4 on the CPU, 32 on a GPU).
     #[arg(long, value_parser = parse_positive)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -303,6 +309,9 @@ impl BenchArgs {
                 a.push(flag.to_owned());
                 a.extend(list.iter().map(usize::to_string));
             }
+        }
+        if self.gated {
+            a.push("--gated".to_owned());
         }
         for (flag, v) in
             [("--hidden", self.hidden), ("--ffn", self.ffn), ("--heads", self.heads), ("--head-dim", self.head_dim)]

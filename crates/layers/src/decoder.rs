@@ -95,8 +95,33 @@ pub fn reference_residual_rmsnorm<T: Scalar, G: Gemm<T> + ?Sized>(
     norm: NextNorm<'_, T>,
 ) -> Result<(Vec<T>, Vec<T>), Error> {
     let sum = ffn::reference(gemm, shape, x, w.0, w.1)?;
+    normed(shape, &sum, residual, norm)
+}
+
+/// [`reference_residual_rmsnorm`] of the gated FFN (SwiGLU, [`crate::ffn`]'s module docs):
+/// `w` is `(W1, W3, W2)`, the gate, up and down projections as in
+/// [`FfnShard::from_full_gated`]. What a decoder tail of such shards returns at every TP.
+pub fn reference_residual_rmsnorm_gated<T: Scalar, G: Gemm<T> + ?Sized>(
+    gemm: &G,
+    shape: FfnShape,
+    x: &[T],
+    w: (&[T], &[T], &[T]),
+    residual: &[T],
+    norm: NextNorm<'_, T>,
+) -> Result<(Vec<T>, Vec<T>), Error> {
+    let sum = ffn::reference_gated(gemm, shape, x, w.0, w.1, w.2)?;
+    normed(shape, &sum, residual, norm)
+}
+
+/// `(h, y)` of the FFN output `sum` as the one contribution of `fixed_tree::residual_rmsnorm`.
+fn normed<T: Scalar>(
+    shape: FfnShape,
+    sum: &[T],
+    residual: &[T],
+    norm: NextNorm<'_, T>,
+) -> Result<(Vec<T>, Vec<T>), Error> {
     let (mut h, mut y) = (vec![T::from_f32(0.0); sum.len()], vec![T::from_f32(0.0); sum.len()]);
     let rows = RmsNormShape { rows: shape.tokens, hidden: shape.hidden };
-    fixed_tree::residual_rmsnorm(&[&sum], residual, norm.weight, norm.eps, rows, &mut h, &mut y)?;
+    fixed_tree::residual_rmsnorm(&[sum], residual, norm.weight, norm.eps, rows, &mut h, &mut y)?;
     Ok((h, y))
 }

@@ -31,6 +31,17 @@
 //!
 //! So the output is `tree8(P_0..P_7)` at every TP; [`reference()`] computes it in one process.
 //!
+//! # The gated FFN (SwiGLU)
+//!
+//! Llama, Mistral and Qwen gate the activation: `W2 · (SiLU(x · W1) ⊙ (x · W3))`, with `W1` the
+//! gate and `W3` the up projection (`hidden × ffn` each, column-parallel alike) and `W2` the down
+//! projection. [`FfnShard::from_full_gated`] and [`FfnShard::from_shards_gated`] build that
+//! layer; a rank's shard of `W3` is the same leaves as its shard of `W1`. The argument above
+//! holds unchanged: `x · W3` contracts over `hidden` too, the product is elementwise
+//! ([`activation::silu_mul`]: SiLU rounded to `T`, times the up value, rounded to `T`), so the
+//! activations, each leaf product and the tree are the same at every TP;
+//! [`reference_gated`] computes the output in one process.
+//!
 //! [`FfnShard::forward_naive`] is the usual layer for comparison: one GEMM over the rank's
 //! whole `F/k` shard, then the reduce_scatter. Its f32 accumulation runs over `F/k` terms and
 //! rounds once per rank, so its bits change with TP.
@@ -82,14 +93,22 @@ impl FfnShape {
 }
 
 /// One rank's weights of a TP=`tp` FFN: its column shard of `W1` (`hidden × ffn/tp`) and row
-/// shard of `W2` (`ffn/tp × hidden`), i.e. the leaves [`FfnShard::leaves`].
+/// shard of `W2` (`ffn/tp × hidden`), i.e. the leaves [`FfnShard::leaves`]; for the gated FFN
+/// (SwiGLU, module docs) also its column shard of `W3`, the same columns as of `W1`.
 #[derive(Debug, Clone)]
 pub struct FfnShard<T> {
     shape: FfnShape,
     tp: usize,
     rank: usize,
     w1: Vec<T>,
+    /// The up projection's shard of the gated FFN (`hidden × ffn/tp`); `None`: SiLU alone.
+    w3: Option<Vec<T>>,
     w2: Vec<T>,
+}
+
+/// Columns `cols` of the row-major `rows × cols_total` matrix `w`, row-major.
+fn columns<T: Copy>(w: &[T], rows: usize, cols_total: usize, cols: Range<usize>) -> Vec<T> {
+    w.chunks_exact(cols_total.max(1)).take(rows).flat_map(|row| &row[cols.clone()]).copied().collect()
 }
 
 impl<T: Scalar> FfnShard<T> {
@@ -104,9 +123,28 @@ impl<T: Scalar> FfnShard<T> {
         // `f` is a multiple of 8 leaves and `tp` divides 8, so `f / tp` is exact and neither end
         // exceeds `f` (`rank * f` could overflow for an `f` that `h = 0` lets through).
         let cols = rank * (f / tp)..(rank + 1) * (f / tp);
-        let w1 = w1.chunks_exact(f.max(1)).take(h).flat_map(|row| &row[cols.clone()]).copied().collect();
         let w2 = w2[cols.start * h..cols.end * h].to_vec();
-        Ok(FfnShard { shape, tp, rank, w1, w2 })
+        Ok(FfnShard { shape, tp, rank, w1: columns(w1, h, f, cols), w3: None, w2 })
+    }
+
+    /// Rank `rank`'s shard of the gated FFN (SwiGLU: `W2 · (SiLU(x · W1) ⊙ (x · W3))`, module
+    /// docs) at TP = `tp`: `w1` the gate and `w3` the up projection (`hidden × ffn` each,
+    /// row-major), `w2` the down projection (`ffn × hidden`, row-major). The checkpoint names of
+    /// Llama-style models: `gate_proj`, `up_proj`, `down_proj` (stored transposed there:
+    /// `[ffn, hidden]` for the first two).
+    pub fn from_full_gated(
+        shape: FfnShape,
+        w1: &[T],
+        w3: &[T],
+        w2: &[T],
+        tp: usize,
+        rank: usize,
+    ) -> Result<Self, Error> {
+        let mut shard = FfnShard::from_full(shape, w1, w2, tp, rank)?;
+        let (h, f) = (shape.hidden, shape.ffn);
+        require(w3.len() == h * f, || format!("w3 has {} elements, expected {h} x {f}", w3.len()))?;
+        shard.w3 = Some(columns(w3, h, f, rank * (f / tp)..(rank + 1) * (f / tp)));
+        Ok(shard)
     }
 
     /// Rank `rank`'s shard at TP = `tp` from its own weights, as a per-rank checkpoint holds
@@ -127,7 +165,31 @@ impl<T: Scalar> FfnShard<T> {
         let (n1, n2) = (w1_shard.len(), w2_shard.len());
         require(n1 == h * fk, || format!("w1_shard has {n1} elements, expected {h} x {fk} (hidden x ffn/tp)"))?;
         require(n2 == fk * h, || format!("w2_shard has {n2} elements, expected {fk} x {h} (ffn/tp x hidden)"))?;
-        Ok(FfnShard { shape, tp, rank, w1: w1_shard, w2: w2_shard })
+        Ok(FfnShard { shape, tp, rank, w1: w1_shard, w3: None, w2: w2_shard })
+    }
+
+    /// The gated FFN's shard (see [`FfnShard::from_full_gated`]) from a rank's own weights:
+    /// `w1_shard` and `w3_shard` are columns `rank·ffn/tp .. (rank+1)·ffn/tp` of the gate and up
+    /// projections (`hidden × ffn/tp` row-major each), `w2_shard` the same rows of the down
+    /// projection (`ffn/tp × hidden` row-major). Taken as they are.
+    pub fn from_shards_gated(
+        shape: FfnShape,
+        w1_shard: Vec<T>,
+        w3_shard: Vec<T>,
+        w2_shard: Vec<T>,
+        tp: usize,
+        rank: usize,
+    ) -> Result<Self, Error> {
+        let mut shard = FfnShard::from_shards(shape, w1_shard, w2_shard, tp, rank)?;
+        let (h, fk, n3) = (shape.hidden, shape.ffn / tp, w3_shard.len());
+        require(n3 == h * fk, || format!("w3_shard has {n3} elements, expected {h} x {fk} (hidden x ffn/tp)"))?;
+        shard.w3 = Some(w3_shard);
+        Ok(shard)
+    }
+
+    /// Whether this is the gated FFN (SwiGLU), built with a `W3`.
+    pub fn is_gated(&self) -> bool {
+        self.w3.is_some()
     }
 
     /// The global sizes.
@@ -218,12 +280,20 @@ impl<T: Scalar> FfnShard<T> {
         Ok(x)
     }
 
-    /// `SiLU(x · W1_shard)`, `S × ffn/tp`, rounded to `T` after the GEMM and after SiLU.
+    /// `SiLU(x · W1_shard)`, `S × ffn/tp`, rounded to `T` after the GEMM and after SiLU; gated,
+    /// `SiLU(x · W1_shard) ⊙ (x · W3_shard)` ([`activation::silu_mul`] after both GEMMs).
     fn hidden<G: Gemm<T> + ?Sized>(&self, gemm: &G, x: &[T]) -> Result<Vec<T>, Error> {
         let (s, h, fk) = (self.shape.tokens, self.shape.hidden, self.shape.ffn / self.tp);
         let mut act = vec![T::from_f32(0.0); s * fk];
         gemm.gemm(x, &self.w1, s, h, fk, &mut act)?;
-        activation::silu_in_place(&mut act);
+        match &self.w3 {
+            None => activation::silu_in_place(&mut act),
+            Some(w3) => {
+                let mut up = vec![T::from_f32(0.0); s * fk];
+                gemm.gemm(x, w3, s, h, fk, &mut up)?;
+                activation::silu_mul_in_place(&mut act, &up);
+            }
+        }
         Ok(act)
     }
 
@@ -267,11 +337,33 @@ pub fn reference<T: Scalar, G: Gemm<T> + ?Sized>(
     w1: &[T],
     w2: &[T],
 ) -> Result<Vec<T>, Error> {
+    reference_of(gemm, shape, x, |leaf| FfnShard::from_full(shape, w1, w2, LEAVES, leaf))
+}
+
+/// [`reference()`] of the gated FFN (SwiGLU, module docs): `w1` the gate and `w3` the up
+/// projection (`hidden × ffn`), `w2` the down projection (`ffn × hidden`), as in
+/// [`FfnShard::from_full_gated`]. The output of its TP-invariant layer at every TP.
+pub fn reference_gated<T: Scalar, G: Gemm<T> + ?Sized>(
+    gemm: &G,
+    shape: FfnShape,
+    x: &[T],
+    w1: &[T],
+    w3: &[T],
+    w2: &[T],
+) -> Result<Vec<T>, Error> {
+    reference_of(gemm, shape, x, |leaf| FfnShard::from_full_gated(shape, w1, w3, w2, LEAVES, leaf))
+}
+
+/// The tree over the 8 leaf products, leaf `l`'s as the TP=8 shard `shard(l)` computes it.
+fn reference_of<T: Scalar, G: Gemm<T> + ?Sized>(
+    gemm: &G,
+    shape: FfnShape,
+    x: &[T],
+    shard: impl Fn(usize) -> Result<FfnShard<T>, Error>,
+) -> Result<Vec<T>, Error> {
     let n = product("tokens x hidden", &[shape.tokens, shape.hidden])?;
     require(x.len() == n, || format!("x has {} elements, expected {n}", x.len()))?;
-    let products = (0..LEAVES)
-        .map(|leaf| FfnShard::from_full(shape, w1, w2, LEAVES, leaf)?.leaf_tree(gemm, x))
-        .collect::<Result<Vec<_>, Error>>()?;
+    let products = (0..LEAVES).map(|leaf| shard(leaf)?.leaf_tree(gemm, x)).collect::<Result<Vec<_>, Error>>()?;
     let refs: Vec<&[T]> = products.iter().map(Vec::as_slice).collect();
     let mut out = vec![T::from_f32(0.0); n];
     fixed_tree::reduce(&refs, &mut out)?;

@@ -30,9 +30,11 @@
 //! `SignatureMismatch` instead of pairing its collectives with the rank's next layer's.
 //!
 //! * [`gemm`]: the reference GEMM (f32 accumulation, fixed contraction order, one rounding).
-//! * [`activation`]: SiLU in f32, no fast math.
+//! * [`activation`]: SiLU in f32, no fast math, and SwiGLU's SiLU(gate) times up.
 //! * [`ffn`]: `AllGather(x) -> GEMM(W1) -> SiLU -> GEMM(W2) -> ReduceScatter`, with the FFN
-//!   width split into 8 fixed leaves (TP-invariant), and the naive split for comparison.
+//!   width split into 8 fixed leaves (TP-invariant), and the naive split for comparison; the
+//!   gated FFN of Llama, Mistral and Qwen (SwiGLU, `FfnShard::from_full_gated`) by the same
+//!   leaves.
 //! * [`attention`]: `AllGather(K, V, positions)`, then each rank's own queries over all keys in
 //!   global key order (CP-invariant).
 //! * [`data`]: a seeded generator for test and example inputs.

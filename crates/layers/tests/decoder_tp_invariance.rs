@@ -1,12 +1,13 @@
 //! The decoder layer's tail over the CPU twin at TP = 1, 2, 4, 8: the FFN's all_reduce fused
 //! with the residual add and the next RMSNorm (`FfnShard::forward_residual_rmsnorm`, through
 //! the composed collective's `ResidualRmsNorm`) gives the same `h` and `y` bits at every TP,
-//! equal to the single-process reference, on every rank.
+//! equal to the single-process reference, on every rank; with the plain FFN and the gated one
+//! (SwiGLU).
 mod common;
 use collective_factory::{Collective, Config, cpu};
 use common::{SIZES, bits};
 use detcoll_layers::data::SplitMix64;
-use detcoll_layers::decoder::reference_residual_rmsnorm;
+use detcoll_layers::decoder::{reference_residual_rmsnorm, reference_residual_rmsnorm_gated};
 use detcoll_layers::{FfnShape, FfnShard, NextNorm, ReferenceGemm, Scalar};
 use half::bf16;
 
@@ -17,6 +18,8 @@ struct Case<T> {
     w2: Vec<T>,
     residual: Vec<T>,
     weight: Vec<T>,
+    /// The gated FFN's up projection; `None`: SiLU alone.
+    w3: Option<Vec<T>>,
 }
 
 impl<T: Scalar> Case<T> {
@@ -30,7 +33,14 @@ impl<T: Scalar> Case<T> {
             w2: rng.values(f * h, 1.0 / (f as f32).sqrt()),
             residual: rng.values(s * h, 1.0),
             weight: rng.values(h, 1.0),
+            w3: None,
         }
+    }
+
+    /// [`Case::new`] with an up projection: the gated FFN's decoder tail.
+    fn gated(shape: FfnShape, seed: u64) -> Self {
+        let w3 = SplitMix64::new(!seed).values(shape.hidden * shape.ffn, 1.0 / (shape.hidden as f32).sqrt());
+        Case { w3: Some(w3), ..Case::new(shape, seed) }
     }
 
     fn norm(&self) -> NextNorm<'_, T> {
@@ -46,7 +56,12 @@ impl<T: Scalar> Case<T> {
                 .iter()
                 .map(|comm| {
                     s.spawn(move || {
-                        let shard = FfnShard::from_full(self.shape, &self.w1, &self.w2, tp, comm.rank()).unwrap();
+                        let (shape, r) = (self.shape, comm.rank());
+                        let shard = match &self.w3 {
+                            None => FfnShard::from_full(shape, &self.w1, &self.w2, tp, r),
+                            Some(w3) => FfnShard::from_full_gated(shape, &self.w1, w3, &self.w2, tp, r),
+                        }
+                        .unwrap();
                         let mut h = self.residual.clone();
                         let mut y = vec![T::from_f32(f32::NAN); h.len()];
                         shard
@@ -73,14 +88,11 @@ fn close<C: Collective + Sync>(comms: &[C]) {
 }
 
 fn tp_invariant<T: Scalar>(case: &Case<T>) {
-    let (h, y) = reference_residual_rmsnorm(
-        &ReferenceGemm,
-        case.shape,
-        &case.x,
-        (&case.w1, &case.w2),
-        &case.residual,
-        case.norm(),
-    )
+    let (gemm, shape, x, residual) = (&ReferenceGemm, case.shape, &case.x, &case.residual);
+    let (h, y) = match &case.w3 {
+        None => reference_residual_rmsnorm(gemm, shape, x, (&case.w1, &case.w2), residual, case.norm()),
+        Some(w3) => reference_residual_rmsnorm_gated(gemm, shape, x, (&case.w1, w3, &case.w2), residual, case.norm()),
+    }
     .unwrap();
     assert!(y.iter().all(|v| v.to_f32().is_finite()) && y.iter().any(|v| v.to_f32() != 0.0));
     for tp in SIZES {
@@ -100,6 +112,11 @@ fn bf16_decoder_tail_is_bit_identical_at_every_tp() {
 #[test]
 fn f32_decoder_tail_is_bit_identical_at_every_tp() {
     tp_invariant(&Case::<f32>::new(FfnShape { tokens: 5, hidden: 48, ffn: 128 }, 0xf32));
+}
+
+#[test]
+fn bf16_gated_decoder_tail_is_bit_identical_at_every_tp() {
+    tp_invariant(&Case::<bf16>::gated(FfnShape { tokens: 8, hidden: 64, ffn: 256 }, 0xdec0));
 }
 
 #[test]

@@ -4,7 +4,8 @@
 //! are `fixed_tree::residual_rmsnorm` of the plain forward's FFN output (so the fused call adds
 //! exactly the reference's norm to the GPU's FFN); a wrong weight is a typed error that writes
 //! nothing. Shapes: a decode batch (8 tokens of 4096: the one-kernel form) and 80 tokens (above
-//! `ONE_KERNEL_MAX_ROWS`: the norm as a second launch). Skips, saying so, without a GPU.
+//! `ONE_KERNEL_MAX_ROWS`: the norm as a second launch). The same for the gated FFN (SwiGLU).
+//! Skips, saying so, without a GPU.
 #![cfg(feature = "cuda")]
 mod common;
 
@@ -25,9 +26,11 @@ struct Inputs<T> {
     w2: Vec<T>,
     residual: Vec<T>,
     weight: Vec<T>,
+    /// The gated FFN's up projection; `None`: SiLU alone.
+    w3: Option<Vec<T>>,
 }
 
-fn inputs<T: CudaScalar>(shape: FfnShape, seed: u64) -> Inputs<T> {
+fn inputs<T: CudaScalar>(shape: FfnShape, seed: u64, gated: bool) -> Inputs<T> {
     let mut rng = SplitMix64::new(seed);
     let n = shape.tokens * shape.hidden;
     Inputs {
@@ -36,6 +39,7 @@ fn inputs<T: CudaScalar>(shape: FfnShape, seed: u64) -> Inputs<T> {
         w2: rng.values(shape.ffn * shape.hidden, 1.0 / (shape.ffn as f32).sqrt()),
         residual: rng.values(n, 4.0),
         weight: rng.values(shape.hidden, 1.0),
+        w3: gated.then(|| rng.values(shape.hidden * shape.ffn, 1.0 / (shape.hidden as f32).sqrt())),
     }
 }
 
@@ -51,7 +55,10 @@ fn rank_run<T: CudaScalar>(rank: Rank<'_>, shape: FfnShape, tp: usize, inp: &Inp
     use collective_core::Collective;
     let (comm, s) = (rank.comm, &rank.stream);
     let r = comm.rank();
-    let shard = CudaFfnShard::from_full(s, shape, &inp.w1, &inp.w2, tp, r)?;
+    let shard = match &inp.w3 {
+        None => CudaFfnShard::from_full(s, shape, &inp.w1, &inp.w2, tp, r)?,
+        Some(w3) => CudaFfnShard::from_full_gated(s, shape, &inp.w1, w3, &inp.w2, tp, r)?,
+    };
     let mut ws = shard.workspace(s)?;
     let gemm = CudaGemm::new(s)?;
     let kernels = CudaKernels::new(comm.context())?;
@@ -106,9 +113,9 @@ fn rank_run<T: CudaScalar>(rank: Rank<'_>, shape: FfnShape, tp: usize, inp: &Inp
     Ok(Outputs { h, y: y1, again, ffn })
 }
 
-fn decoder_tail<T: CudaScalar>(name: &str) {
+fn decoder_tail<T: CudaScalar>(name: &str, gated: bool) {
     for shape in [FfnShape { tokens: 8, hidden: 4096, ffn: 2048 }, FfnShape { tokens: 80, hidden: 512, ffn: 1024 }] {
-        let inp = inputs::<T>(shape, shape.tokens as u64 * 131 + 5);
+        let inp = inputs::<T>(shape, shape.tokens as u64 * 131 + 5, gated);
         let mut first: Option<(Vec<T>, Vec<T>)> = None;
         for tp in [1, 2, 4, 8] {
             let Some(ranks) = group(tp, CAPACITY) else { return };
@@ -147,10 +154,20 @@ fn decoder_tail<T: CudaScalar>(name: &str) {
 
 #[test]
 fn decoder_tail_is_tp_invariant_and_the_reference_norm_bf16() {
-    decoder_tail::<bf16>("bf16");
+    decoder_tail::<bf16>("bf16", false);
 }
 
 #[test]
 fn decoder_tail_is_tp_invariant_and_the_reference_norm_f32() {
-    decoder_tail::<f32>("f32");
+    decoder_tail::<f32>("f32", false);
+}
+
+#[test]
+fn gated_decoder_tail_is_tp_invariant_and_the_reference_norm_bf16() {
+    decoder_tail::<bf16>("bf16 gated", true);
+}
+
+#[test]
+fn gated_decoder_tail_is_tp_invariant_and_the_reference_norm_f32() {
+    decoder_tail::<f32>("f32 gated", true);
 }

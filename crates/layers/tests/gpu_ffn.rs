@@ -2,7 +2,11 @@
 //! the TP-invariant layer has the same output bits at TP = 1, 2, 4 and 8 and run to run; the
 //! naive layer's bits change with TP (and differ from the invariant layer's at TP = 1, 2, 4; at
 //! TP = 8 it makes the invariant layer's very calls); a captured CUDA graph replays the same
-//! bits as the eager forward; wrong sizes are typed errors that leave the output untouched.
+//! bits as the eager forward; wrong sizes are typed errors that leave the output untouched. The
+//! same for the gated FFN (SwiGLU, `CudaFfnShard::from_full_gated`), whose f32 output is also
+//! checked against the CPU reference within a tolerance (the GPU's GEMMs and `expf` are not the
+//! CPU's: a check that the gate, the up projection and the leaves are wired as defined, not of
+//! bits).
 //! Skips, saying so, without a GPU. Run with `CUDA_DEVICE_MAX_CONNECTIONS=32` (what
 //! `cargo xtask gpu-test` sets).
 #![cfg(feature = "cuda")]
@@ -23,6 +27,8 @@ struct Inputs<T> {
     x: Vec<T>,
     w1: Vec<T>,
     w2: Vec<T>,
+    /// The gated FFN's up projection; `None`: SiLU alone.
+    w3: Option<Vec<T>>,
 }
 
 fn inputs<T: CudaScalar>(shape: FfnShape, seed: u64) -> Inputs<T> {
@@ -31,6 +37,29 @@ fn inputs<T: CudaScalar>(shape: FfnShape, seed: u64) -> Inputs<T> {
         x: rng.values(shape.tokens * shape.hidden, 1.0),
         w1: rng.values(shape.hidden * shape.ffn, 1.0 / (shape.hidden as f32).sqrt()),
         w2: rng.values(shape.ffn * shape.hidden, 1.0 / (shape.ffn as f32).sqrt()),
+        w3: None,
+    }
+}
+
+/// [`inputs`] with an up projection: the gated FFN.
+fn gated_inputs<T: CudaScalar>(shape: FfnShape, seed: u64) -> Inputs<T> {
+    let mut inp = inputs(shape, seed);
+    inp.w3 = Some(SplitMix64::new(seed ^ 0x9a7e).values(shape.hidden * shape.ffn, 1.0 / (shape.hidden as f32).sqrt()));
+    inp
+}
+
+impl<T: CudaScalar> Inputs<T> {
+    /// Rank `rank`'s shard at TP = `tp`, gated when there is a `w3`.
+    fn shard(
+        &self,
+        s: &std::sync::Arc<cudarc::driver::CudaStream>,
+        tp: usize,
+        rank: usize,
+    ) -> Result<CudaFfnShard<T>, Error> {
+        match &self.w3 {
+            None => CudaFfnShard::from_full(s, SHAPE, &self.w1, &self.w2, tp, rank),
+            Some(w3) => CudaFfnShard::from_full_gated(s, SHAPE, &self.w1, w3, &self.w2, tp, rank),
+        }
     }
 }
 
@@ -50,7 +79,8 @@ fn rank_run<T: CudaScalar>(rank: Rank<'_>, tp: usize, inp: &Inputs<T>, graph: bo
     let (comm, s) = (rank.comm, &rank.stream);
     let r = comm.rank();
     let n = SHAPE.local_len(tp);
-    let shard = CudaFfnShard::from_full(s, SHAPE, &inp.w1, &inp.w2, tp, r)?;
+    let shard = inp.shard(s, tp, r)?;
+    assert_eq!(shard.is_gated(), inp.w3.is_some());
     let mut ws = shard.workspace(s)?;
     let gemm = CudaGemm::new(s)?;
     let kernels = CudaKernels::new(comm.context())?;
@@ -121,14 +151,13 @@ fn run<T: CudaScalar>(tp: usize, inp: &Inputs<T>, graph: bool) -> Option<Outputs
     })
 }
 
-fn tp_invariance<T: CudaScalar>(name: &str) {
-    let inp = inputs::<T>(SHAPE, 7);
+fn tp_invariance<T: CudaScalar>(name: &str, inp: &Inputs<T>) -> Option<Vec<T>> {
     println!("{name} FFN, {} tokens, hidden {}, ffn {}:", SHAPE.tokens, SHAPE.hidden, SHAPE.ffn);
-    let Some(one) = run(1, &inp, true) else { return };
+    let one = run(1, inp, true)?;
     assert_eq!(bits(&one.tree), bits(&one.again), "TP=1 run to run");
     assert_eq!(bits(&one.tree), bits(one.replayed.as_deref().unwrap_or(&[])), "TP=1 graph replay vs eager");
     for tp in [2, 4, 8] {
-        let o = run(tp, &inp, tp == 8).expect("the device was there for TP=1");
+        let o = run(tp, inp, tp == 8).expect("the device was there for TP=1");
         assert_eq!(
             bits(&o.tree),
             bits(&one.tree),
@@ -157,16 +186,55 @@ fn tp_invariance<T: CudaScalar>(name: &str) {
     let d1 = differing(&one.naive, &one.tree);
     println!("  TP=1: naive layer: {d1} of {} elements differ from the invariant layer", one.tree.len());
     assert!(d1 > 0, "TP=1: the naive layer gave the invariant bits");
+    Some(one.tree)
+}
+
+/// The GPU's f32 output against the CPU reference of the same weights (the plain or the gated
+/// FFN), element by element within `1e-3 · max(1, |reference|)`: the GEMMs' sums and `expf`
+/// differ in their last bits between the two, a wrong wiring (a missing gate, the up projection
+/// of the wrong leaves) by far more.
+fn near_the_cpu_reference(got: &[f32], inp: &Inputs<f32>) {
+    use detcoll_layers::{ReferenceGemm, ffn};
+    let want = match &inp.w3 {
+        None => ffn::reference(&ReferenceGemm, SHAPE, &inp.x, &inp.w1, &inp.w2),
+        Some(w3) => ffn::reference_gated(&ReferenceGemm, SHAPE, &inp.x, &inp.w1, w3, &inp.w2),
+    }
+    .expect("the CPU reference");
+    let worst = got.iter().zip(&want).map(|(g, w)| (g - w).abs() / w.abs().max(1.0)).fold(0f32, f32::max);
+    println!("  f32 TP=1 vs the CPU reference: largest relative difference {worst:.2e}");
+    assert!(worst <= 1e-3, "the GPU FFN is not the CPU reference's function: relative difference {worst}");
 }
 
 #[test]
 fn bf16_ffn_bits_are_the_same_at_every_tp_and_in_a_graph() {
-    tp_invariance::<bf16>("bf16");
+    tp_invariance::<bf16>("bf16", &inputs(SHAPE, 7));
 }
 
 #[test]
 fn f32_ffn_bits_are_the_same_at_every_tp_and_in_a_graph() {
-    tp_invariance::<f32>("f32");
+    let inp = inputs(SHAPE, 7);
+    if let Some(one) = tp_invariance::<f32>("f32", &inp) {
+        near_the_cpu_reference(&one, &inp);
+    }
+}
+
+#[test]
+fn bf16_gated_ffn_bits_are_the_same_at_every_tp_and_in_a_graph() {
+    let gated = gated_inputs(SHAPE, 7);
+    let Some(one) = tp_invariance::<bf16>("bf16 gated", &gated) else { return };
+    // The up projection is applied: the plain FFN of the same W1, W2 gives other bits.
+    let plain = run(1, &inputs::<bf16>(SHAPE, 7), false).expect("the device").tree;
+    let d = differing(&one, &plain);
+    println!("  bf16 gated vs plain at TP=1: {d} of {} elements differ", one.len());
+    assert!(d > one.len() / 2, "the gated FFN gave the plain FFN's bits in {} elements", one.len() - d);
+}
+
+#[test]
+fn f32_gated_ffn_bits_are_the_same_at_every_tp_and_in_a_graph() {
+    let inp = gated_inputs(SHAPE, 7);
+    if let Some(one) = tp_invariance::<f32>("f32 gated", &inp) {
+        near_the_cpu_reference(&one, &inp);
+    }
 }
 
 #[test]
@@ -181,6 +249,11 @@ fn wrong_sizes_are_typed_errors_and_leave_the_output_untouched() {
         assert!(matches!(CudaFfnShard::from_full(s, SHAPE, &inp.w1, &inp.w2, 3, 0), Err(Error::Shape(_))));
         let odd = FfnShape { ffn: 1020, ..SHAPE };
         assert!(matches!(CudaFfnShard::<bf16>::from_full(s, odd, &[], &[], 1, 0), Err(Error::Shape(_))));
+        let w3 = &inp.w1;
+        assert!(matches!(
+            CudaFfnShard::from_full_gated(s, SHAPE, &inp.w1, &w3[1..], &inp.w2, 1, 0),
+            Err(Error::Shape(_))
+        ));
         let shard = CudaFfnShard::from_full(s, SHAPE, &inp.w1, &inp.w2, 1, 0).expect("a shard");
         let mut ws = shard.workspace(s).expect("a workspace");
         let gemm = CudaGemm::new(s).expect("cuBLAS");
@@ -195,7 +268,13 @@ fn wrong_sizes_are_typed_errors_and_leave_the_output_untouched() {
         let mut out_short = upload(s, &pattern[..n - 1]);
         let e = shard.forward_naive(rank.comm, &gemm, &kernels, &mut ws, &x, &mut out_short, s, &mut ());
         assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
-        // A workspace of another shard is refused too.
+        // A workspace of another shard is refused too: of another shape, or of the gated FFN.
+        let gated = CudaFfnShard::from_full_gated(s, SHAPE, &inp.w1, w3, &inp.w2, 1, 0).expect("a gated shard");
+        let mut gated_ws = gated.workspace(s).expect("a gated workspace");
+        let e = shard.forward(rank.comm, &gemm, &kernels, &mut gated_ws, &x, &mut out, s, &mut ());
+        assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
+        let e = gated.forward(rank.comm, &gemm, &kernels, &mut ws, &x, &mut out, s, &mut ());
+        assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
         let other = CudaFfnShard::from_full(s, FfnShape { tokens: 128, ..SHAPE }, &inp.w1, &inp.w2, 1, 0).unwrap();
         let mut other_ws = other.workspace(s).unwrap();
         let e = shard.forward(rank.comm, &gemm, &kernels, &mut other_ws, &x, &mut out, s, &mut ());

@@ -170,7 +170,7 @@ fn assemble_row(
     let (whole_ms, whole_min_ms, whole_max_ms) = median_min_max(&slowest);
     let ffn = plan.layer == E2eLayer::Ffn;
     E2eRow {
-        layer: plan.layer.name().to_owned(),
+        layer: plan.layer_name().to_owned(),
         variant: variant.to_owned(),
         dtype: plan.dtype.dtype().name().to_owned(),
         tokens,
@@ -254,6 +254,8 @@ pub(super) struct Inputs<T> {
     pub(super) x: Vec<T>,
     pub(super) w1: Vec<T>,
     pub(super) w2: Vec<T>,
+    /// The gated FFN's up projection (`--gated`); empty otherwise.
+    pub(super) w3: Vec<T>,
     pub(super) q: Vec<T>,
     pub(super) k: Vec<T>,
     pub(super) v: Vec<T>,
@@ -268,12 +270,13 @@ impl<T: Scalar> Inputs<T> {
                 let x = rng.values(tokens * h, 1.0);
                 let w1 = rng.values(h * f, 1.0 / (h as f32).sqrt());
                 let w2 = rng.values(f * h, 1.0 / (f as f32).sqrt());
-                Inputs { x, w1, w2, q: vec![], k: vec![], v: vec![] }
+                let w3 = if plan.gated { rng.values(h * f, 1.0 / (h as f32).sqrt()) } else { vec![] };
+                Inputs { x, w1, w2, w3, q: vec![], k: vec![], v: vec![] }
             }
             E2eLayer::Attention => {
                 let n = tokens * plan.heads * plan.head_dim;
                 let (q, k, v) = (rng.values(n, 1.0), rng.values(n, 1.0), rng.values(n, 1.0));
-                Inputs { x: vec![], w1: vec![], w2: vec![], q, k, v }
+                Inputs { x: vec![], w1: vec![], w2: vec![], w3: vec![], q, k, v }
             }
         }
     }
@@ -311,22 +314,26 @@ fn on_ranks<R: Send>(
     results.into_iter().enumerate().map(|(r, res)| res.with_context(|| format!("rank {r} of {tp}"))).collect()
 }
 
-/// One rank's weights, sliced here as `FfnShard::from_full` slices them (the shard keeps its
-/// own private), for the staged re-run.
+/// One rank's weights, sliced here as `FfnShard::from_full` (`from_full_gated`) slices them
+/// (the shard keeps its own private), for the staged re-run.
 struct StagedShard<T> {
     shape: FfnShape,
     tp: usize,
     w1: Vec<T>,
     w2: Vec<T>,
+    /// The gated FFN's up projection shard; `None`: SiLU alone.
+    w3: Option<Vec<T>>,
 }
 
 impl<T: Scalar> StagedShard<T> {
-    fn new(shape: FfnShape, w1: &[T], w2: &[T], tp: usize, rank: usize) -> Self {
+    /// `w3` empty: the plain FFN.
+    fn new(shape: FfnShape, w1: &[T], w3: &[T], w2: &[T], tp: usize, rank: usize) -> Self {
         let (h, f) = (shape.hidden, shape.ffn);
         let cols = rank * f / tp..(rank + 1) * f / tp;
-        let w1 = w1.chunks_exact(f).take(h).flat_map(|row| &row[cols.clone()]).copied().collect();
+        let columns = |w: &[T]| w.chunks_exact(f).take(h).flat_map(|row| &row[cols.clone()]).copied().collect();
+        let w3 = (!w3.is_empty()).then(|| columns(w3));
         let w2 = w2[cols.start * h..cols.end * h].to_vec();
-        StagedShard { shape, tp, w1, w2 }
+        StagedShard { shape, tp, w1: columns(w1), w2, w3 }
     }
 
     /// The pipeline of `FfnShard::forward` (or `forward_naive`), stage by stage, each timed.
@@ -347,9 +354,17 @@ impl<T: Scalar> StagedShard<T> {
         let t = Instant::now();
         let mut act = vec![zero; s * fk];
         ReferenceGemm.gemm(&x, &self.w1, s, h, fk, &mut act)?;
+        let mut up = Vec::new();
+        if let Some(w3) = &self.w3 {
+            up = vec![zero; s * fk];
+            ReferenceGemm.gemm(&x, w3, s, h, fk, &mut up)?;
+        }
         time("gemm1", elapsed_ms(t));
         let t = Instant::now();
-        detcoll_layers::activation::silu_in_place(&mut act);
+        match self.w3 {
+            None => detcoll_layers::activation::silu_in_place(&mut act),
+            Some(_) => detcoll_layers::activation::silu_mul_in_place(&mut act, &up),
+        }
         time("activation", elapsed_ms(t));
         let t = Instant::now();
         let mut partial = vec![zero; s * h];
@@ -393,8 +408,12 @@ fn ffn_group<T: Scalar + Send + Sync>(
         let r = comm.rank();
         let rows = shape.local_len(tp);
         let x_local = &inputs.x[r * rows..(r + 1) * rows];
-        let shard = FfnShard::from_full(shape, &inputs.w1, &inputs.w2, tp, r)?;
-        let staged = StagedShard::new(shape, &inputs.w1, &inputs.w2, tp, r);
+        let shard = if plan.gated {
+            FfnShard::from_full_gated(shape, &inputs.w1, &inputs.w3, &inputs.w2, tp, r)?
+        } else {
+            FfnShard::from_full(shape, &inputs.w1, &inputs.w2, tp, r)?
+        };
+        let staged = StagedShard::new(shape, &inputs.w1, &inputs.w3, &inputs.w2, tp, r);
         let mut out = vec![T::from_f32(0.0); rows];
         let mut runs = Vec::new();
         for (variant, naive) in [(INVARIANT, false), (NAIVE, true)] {

@@ -243,7 +243,11 @@ fn ffn_rank<T: CudaScalar>(
     let (tp, r) = (comm.world_size(), comm.rank());
     let stream = comm.context().new_stream().context("a rank stream")?;
     let s = &stream;
-    let shard = CudaFfnShard::from_full(s, shape, &inputs.w1, &inputs.w2, tp, r)?;
+    let shard = if plan.gated {
+        CudaFfnShard::from_full_gated(s, shape, &inputs.w1, &inputs.w3, &inputs.w2, tp, r)?
+    } else {
+        CudaFfnShard::from_full(s, shape, &inputs.w1, &inputs.w2, tp, r)?
+    };
     let mut ws = shard.workspace(s)?;
     let gemm = CudaGemm::new(s)?;
     let kernels = CudaKernels::new(comm.context())?;

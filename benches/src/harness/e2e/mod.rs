@@ -70,7 +70,7 @@ pub fn resolve(choice: BackendChoice) -> anyhow::Result<E2eBackend> {
 /// the collective bench's default.
 pub fn output_path(args: &BenchArgs, plan: &Plan) -> PathBuf {
     if args.output == Path::new(DEFAULT_OUTPUT) {
-        PathBuf::from(format!("bench-out/e2e-{}.json", plan.layer.name()))
+        PathBuf::from(format!("bench-out/e2e-{}.json", plan.layer_name()))
     } else {
         args.output.clone()
     }
@@ -186,7 +186,7 @@ fn build_report(
         backend: backend.to_owned(),
         device,
         build_profile: if cfg!(debug_assertions) { "debug" } else { "release" }.to_owned(),
-        layer: plan.layer.name().to_owned(),
+        layer: plan.layer_name().to_owned(),
         dtype: plan.dtype.dtype().name().to_owned(),
         git_commit: clock::git_commit(),
         host: HostInfo {
@@ -272,6 +272,23 @@ mod tests {
         assert!(md.contains("| layer | variant | dtype | tokens | tp | mode | all_gather ms |"), "{md}");
         assert!(md.contains("bitwise across TP sizes (invariant): yes; naive: no"), "{md}");
         assert_eq!(md.matches("| ffn | ").count(), 8);
+    }
+
+    /// `--gated`: the gated FFN's rows, its layer name, the invariant layer bitwise across TP
+    /// (its staged re-run, checked against the layer's bits, gates as the layer does) and the
+    /// naive one not.
+    #[test]
+    fn cpu_gated_ffn_rows_are_bitwise_across_tp() {
+        let (_, r) =
+            run_cpu("ffn-gated", &["--e2e", "ffn", "--gated", "--tokens", "32", "--hidden", "16", "--ffn", "64"]);
+        assert_eq!(r.layer, "ffn-gated");
+        assert!(r.bitwise_across_tp && r.repeat_bitwise);
+        assert_eq!(r.naive_bitwise_across_tp, Some(false));
+        assert_eq!(r.rows.len(), 8);
+        assert!(r.rows.iter().all(|row| row.layer == "ffn-gated"));
+        let md = report::markdown(&r);
+        assert_eq!(md.matches("| ffn-gated | ").count(), 8, "{md}");
+        assert!(md.contains("bitwise across TP sizes (invariant): yes; naive: no"), "{md}");
     }
 
     #[test]

@@ -154,7 +154,7 @@ fn bitwise_cell(r: &E2eRow) -> String {
     let body = if r.tp == r.reference_tp {
         "reference".to_owned()
     } else if r.elements_differing == 0 {
-        format!("= {} {}", if r.layer == "ffn" { "tp" } else { "cp" }, r.reference_tp)
+        format!("= {} {}", if r.layer.starts_with("ffn") { "tp" } else { "cp" }, r.reference_tp)
     } else if r.variant == INVARIANT {
         format!("**NO**: {} of {} differ", r.elements_differing, r.elements)
     } else {
@@ -224,7 +224,7 @@ pub fn markdown(r: &E2eReport) -> String {
         s,
         "\n{}\n\nbitwise across {} sizes (invariant): {}{}; every call repeatable bit for bit: {}",
         r.timing_method,
-        if r.layer == "ffn" { "TP" } else { "CP" },
+        if r.layer.starts_with("ffn") { "TP" } else { "CP" },
         if r.bitwise_across_tp { "yes" } else { "NO" },
         r.naive_bitwise_across_tp.map_or(String::new(), |n| format!("; naive: {}", if n { "yes" } else { "no" })),
         if r.repeat_bitwise { "yes" } else { "NO" }
@@ -297,7 +297,7 @@ fn ms_label(v: f64) -> String {
 /// the FFN the invariance cost.
 pub fn svg(r: &E2eReport) -> String {
     let rows: Vec<E2eRow> = r.rows.iter().filter(|x| x.whole_ms.is_finite() && x.whole_ms > 0.0).cloned().collect();
-    let par = if r.layer == "ffn" { "TP" } else { "CP" };
+    let par = if r.layer.starts_with("ffn") { "TP" } else { "CP" };
     let mut panels = vec![Panel {
         title: format!("whole layer per call (slowest rank; median, bars min..max); {par} by color, naive dashed"),
         y_label: "whole layer".into(),

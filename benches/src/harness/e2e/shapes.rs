@@ -44,6 +44,8 @@ pub struct Plan {
     pub tps: Vec<usize>,
     pub hidden: usize,
     pub ffn: usize,
+    /// The gated FFN (SwiGLU, `--gated`).
+    pub gated: bool,
     pub heads: usize,
     pub head_dim: usize,
     pub warmup: usize,
@@ -73,6 +75,7 @@ impl Plan {
             tps,
             hidden: args.hidden.unwrap_or(d.hidden),
             ffn: args.ffn.unwrap_or(d.ffn),
+            gated: args.gated,
             heads: args.heads.unwrap_or(d.heads),
             head_dim: args.head_dim.unwrap_or(d.head_dim),
             warmup: args.warmup,
@@ -113,6 +116,11 @@ impl Plan {
             );
         }
         Ok(())
+    }
+
+    /// The layer's name in reports and file names: `ffn`, `ffn-gated` or `attention`.
+    pub fn layer_name(&self) -> &'static str {
+        if self.gated { "ffn-gated" } else { self.layer.name() }
     }
 
     /// `tp` for the FFN, `cp` for attention.
@@ -158,6 +166,7 @@ pub fn check_flags(args: &BenchArgs) -> anyhow::Result<()> {
             ("--tp", !args.tp.is_empty()),
             ("--hidden", args.hidden.is_some()),
             ("--ffn", args.ffn.is_some()),
+            ("--gated", args.gated),
             ("--heads", args.heads.is_some()),
             ("--head-dim", args.head_dim.is_some()),
         ];
@@ -180,7 +189,7 @@ pub fn check_flags(args: &BenchArgs) -> anyhow::Result<()> {
     }
     let (attention_only, ffn_only) = (
         [("--heads", args.heads.is_some()), ("--head-dim", args.head_dim.is_some())],
-        [("--hidden", args.hidden.is_some()), ("--ffn", args.ffn.is_some())],
+        [("--hidden", args.hidden.is_some()), ("--ffn", args.ffn.is_some()), ("--gated", args.gated)],
     );
     let wrong = match layer {
         E2eLayer::Ffn => attention_only.iter().find(|(_, g)| *g),
@@ -231,9 +240,19 @@ mod tests {
         let args = b.to_cli_args();
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         assert_eq!(parse(&refs).unwrap(), b);
+        // The gated FFN: its own flag, layer name and report file.
+        let g = parse(&["--e2e", "ffn", "--gated"]).unwrap();
+        check_flags(&g).unwrap();
+        let args = g.to_cli_args();
+        assert!(args.iter().any(|a| a == "--gated"));
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        assert_eq!(parse(&refs).unwrap(), g);
+        let plan = Plan::new(&g, false).unwrap();
+        assert!(plan.gated && plan.layer_name() == "ffn-gated");
+        assert_eq!(Plan::new(&a, false).unwrap().layer_name(), "ffn");
         // The collective bench's report keeps its args: no e2e field appears there.
         let v = serde_json::to_value(parse(&[]).unwrap()).unwrap();
-        for k in ["e2e", "tokens", "tp", "hidden", "ffn", "heads", "head_dim"] {
+        for k in ["e2e", "tokens", "tp", "hidden", "ffn", "gated", "heads", "head_dim"] {
             assert!(v.get(k).is_none(), "{k} in the collective bench's args");
         }
     }
@@ -260,6 +279,8 @@ mod tests {
         refused(&["--e2e", "ffn", "--samples", "3"], "--iterations");
         refused(&["--e2e", "ffn", "--heads", "8"], "--heads");
         refused(&["--e2e", "attention", "--ffn", "64"], "--ffn");
+        refused(&["--e2e", "attention", "--gated"], "--gated");
+        refused(&["--gated"], "--e2e");
         refused(&["--e2e", "ffn", "--backend", "hip"], "hip");
         refused(&["--e2e", "ffn", "--backend", "cpu", "--graph"], "--graph");
         refused(&["--tokens", "64"], "--e2e");

@@ -22,6 +22,11 @@
 //! The naive layer ([`CudaFfnShard::forward_naive`]) keeps its own row-major copies of the
 //! rank's shards (`H × F/tp` and `F/tp × H`): one GEMM1 over the whole shard, SiLU, one GEMM2
 //! `S × F/tp × H` into the partial sums, the reduce_scatter. Its bits change with TP.
+//!
+//! The gated FFN (SwiGLU, [`CudaFfnShard::from_full_gated`]; [`crate::ffn`]'s module docs) packs
+//! its up projection `W3` as `W1` is packed; `Gemm1` then makes each leaf's up GEMM after its
+//! gate GEMM (the same shape and layout), and `Activation` is SiLU of the gate times up, in
+//! place over the gate's activations (`silu_mul`).
 use super::kernels::elementwise;
 use super::{CudaGemm, CudaKernels, CudaScalar, Stage, StageHook};
 use crate::error::{before_calls, product, require};
@@ -58,10 +63,12 @@ struct Layout {
     act_stride: usize,
     /// Between leaf products (`S × H`, padded).
     prod_stride: usize,
+    /// The gated FFN (SwiGLU): a `W3` packed like `W1`, up activations like the gate's.
+    gated: bool,
 }
 
 impl Layout {
-    fn new<T>(shape: FfnShape, tp: usize) -> Result<Self, Error> {
+    fn new<T>(shape: FfnShape, tp: usize, gated: bool) -> Result<Self, Error> {
         shape.check(tp)?;
         let (s, h, f) = (shape.tokens, shape.hidden, shape.ffn);
         require(s > 0 && h > 0 && f > 0, || format!("every FFN dimension must be at least 1: {shape:?}"))?;
@@ -82,6 +89,7 @@ impl Layout {
             w2_stride: padded::<T>("W2 leaf", product("ffn/8 x hidden", &[width, h])?)?,
             act_stride: padded::<T>("activation leaf", product("tokens x ffn/8", &[s, width])?)?,
             prod_stride: padded::<T>("leaf product", product("tokens x hidden", &[s, h])?)?,
+            gated,
         };
         // Every buffer's total length, checked once here so later products cannot overflow.
         for (what, stride) in [
@@ -110,36 +118,55 @@ struct HostWeights<T> {
     w2: Vec<T>,
     w1_naive: Vec<T>,
     w2_naive: Vec<T>,
+    /// The gated FFN's `W3`, packed as `W1` (leaves, then the naive shard).
+    w3: Option<(Vec<T>, Vec<T>)>,
 }
 
 impl<T: crate::Scalar> HostWeights<T> {
-    /// Rank `rank`'s leaves of the full row-major `w1` (`H × F`) and `w2` (`F × H`), each leaf
-    /// block at `j * stride` (padding zero), and its row-major shards for the naive layer.
-    fn pack(layout: Layout, w1: &[T], w2: &[T], rank: usize) -> Result<Self, Error> {
+    /// Rank `rank`'s leaves of the full row-major `w1` (`H × F`), `w3` (`H × F`, the gated FFN)
+    /// and `w2` (`F × H`), each leaf block at `j * stride` (padding zero), and its row-major
+    /// shards for the naive layer.
+    fn pack(layout: Layout, w1: &[T], w3: Option<&[T]>, w2: &[T], rank: usize) -> Result<Self, Error> {
         let tp = layout.tp;
         require(rank < tp, || format!("rank {rank} is outside a TP group of {tp}"))?;
+        require(w3.is_some() == layout.gated, || "W3 given to a layout of the other FFN kind".into())?;
         let (h, f, w) = (layout.shape.hidden, layout.shape.ffn, layout.width);
         let full = product("hidden x ffn", &[h, f])?;
         require(w1.len() == full, || format!("w1 has {} elements, expected {h} x {f}", w1.len()))?;
+        if let Some(w3) = w3 {
+            require(w3.len() == full, || format!("w3 has {} elements, expected {h} x {f}", w3.len()))?;
+        }
         require(w2.len() == full, || format!("w2 has {} elements, expected {f} x {h}", w2.len()))?;
         let cols = layout.cols(rank);
-        let zero = T::from_f32(0.0);
-        let mut w1_leaves = vec![zero; layout.w1_stride * layout.leaves];
-        let mut w2_leaves = vec![zero; layout.w2_stride * layout.leaves];
+        let mut w2_leaves = vec![T::from_f32(0.0); layout.w2_stride * layout.leaves];
         for j in 0..layout.leaves {
             let c0 = cols.start + j * w;
-            let block = &mut w1_leaves[j * layout.w1_stride..][..h * w];
-            for (dst, row) in block.chunks_exact_mut(w).zip(w1.chunks_exact(f)) {
-                dst.copy_from_slice(&row[c0..c0 + w]);
-            }
             w2_leaves[j * layout.w2_stride..][..w * h].copy_from_slice(&w2[c0 * h..(c0 + w) * h]);
         }
+        let (w1, w1_naive) = Self::columns(layout, w1, rank);
         Ok(HostWeights {
-            w1: w1_leaves,
+            w1,
             w2: w2_leaves,
-            w1_naive: w1.chunks_exact(f).flat_map(|row| &row[cols.clone()]).copied().collect(),
+            w1_naive,
             w2_naive: w2[cols.start * h..cols.end * h].to_vec(),
+            w3: w3.map(|w3| Self::columns(layout, w3, rank)),
         })
+    }
+
+    /// Rank `rank`'s columns of a column-parallel `H × F` weight (`W1`, `W3`): its leaf blocks,
+    /// `w1_stride` apart (padding zero), and its row-major `H × F/tp` shard.
+    fn columns(layout: Layout, full: &[T], rank: usize) -> (Vec<T>, Vec<T>) {
+        let (h, f, w) = (layout.shape.hidden, layout.shape.ffn, layout.width);
+        let cols = layout.cols(rank);
+        let mut leaves = vec![T::from_f32(0.0); layout.w1_stride * layout.leaves];
+        for j in 0..layout.leaves {
+            let c0 = cols.start + j * w;
+            let block = &mut leaves[j * layout.w1_stride..][..h * w];
+            for (dst, row) in block.chunks_exact_mut(w).zip(full.chunks_exact(f)) {
+                dst.copy_from_slice(&row[c0..c0 + w]);
+            }
+        }
+        (leaves, full.chunks_exact(f).flat_map(|row| &row[cols.clone()]).copied().collect())
     }
 }
 
@@ -157,6 +184,8 @@ pub struct CudaFfnShard<T> {
     w1_naive: CudaSlice<T>,
     /// `F/tp × H`, row-major (the naive layer).
     w2_naive: CudaSlice<T>,
+    /// The gated FFN's `W3`: leaves as `w1`, then `H × F/tp` row-major (the naive layer).
+    w3: Option<(CudaSlice<T>, CudaSlice<T>)>,
 }
 
 /// Every buffer a forward of one [`CudaFfnShard`] needs, allocated up front
@@ -172,6 +201,8 @@ pub struct FfnWorkspace<T> {
     products: CudaSlice<T>,
     /// This rank's partial sums, `S × H`.
     partial: CudaSlice<T>,
+    /// The gated FFN's up activations, laid out as `act`.
+    up: Option<CudaSlice<T>>,
 }
 
 impl<T: CudaScalar> CudaFfnShard<T> {
@@ -186,9 +217,44 @@ impl<T: CudaScalar> CudaFfnShard<T> {
         tp: usize,
         rank: usize,
     ) -> Result<Self, Error> {
-        let layout = Layout::new::<T>(shape, tp)?;
-        let host = HostWeights::pack(layout, w1, w2, rank)?;
+        Self::upload(stream, shape, w1, None, w2, tp, rank)
+    }
+
+    /// Rank `rank`'s shard of the gated FFN (SwiGLU: `W2 · (SiLU(x · W1) ⊙ (x · W3))`,
+    /// [`crate::FfnShard::from_full_gated`]'s) at TP = `tp`: `w1` the gate and `w3` the up
+    /// projection (`hidden × ffn`, row-major each), `w2` the down projection (`ffn × hidden`,
+    /// row-major), uploaded on `stream`. Allocates: create it before any peer sharing the GPU
+    /// has a collective in flight.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_full_gated(
+        stream: &Arc<CudaStream>,
+        shape: FfnShape,
+        w1: &[T],
+        w3: &[T],
+        w2: &[T],
+        tp: usize,
+        rank: usize,
+    ) -> Result<Self, Error> {
+        Self::upload(stream, shape, w1, Some(w3), w2, tp, rank)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn upload(
+        stream: &Arc<CudaStream>,
+        shape: FfnShape,
+        w1: &[T],
+        w3: Option<&[T]>,
+        w2: &[T],
+        tp: usize,
+        rank: usize,
+    ) -> Result<Self, Error> {
+        let layout = Layout::new::<T>(shape, tp, w3.is_some())?;
+        let host = HostWeights::pack(layout, w1, w3, w2, rank)?;
         let up = |v: &[T]| stream.clone_htod(v).map_err(super::driver("uploading FFN weights"));
+        let w3 = match &host.w3 {
+            Some((leaves, naive)) => Some((up(leaves)?, up(naive)?)),
+            None => None,
+        };
         Ok(CudaFfnShard {
             layout,
             rank,
@@ -196,7 +262,13 @@ impl<T: CudaScalar> CudaFfnShard<T> {
             w2: up(&host.w2)?,
             w1_naive: up(&host.w1_naive)?,
             w2_naive: up(&host.w2_naive)?,
+            w3,
         })
+    }
+
+    /// Whether this is the gated FFN (SwiGLU), built with a `W3`.
+    pub fn is_gated(&self) -> bool {
+        self.layout.gated
     }
 
     /// The global sizes.
@@ -238,6 +310,7 @@ impl<T: CudaScalar> CudaFfnShard<T> {
             act: alloc(l.act_stride * l.leaves)?,
             products: alloc(l.prod_stride * l.leaves)?,
             partial: alloc(s * h)?,
+            up: if l.gated { Some(alloc(l.act_stride * l.leaves)?) } else { None },
         })
     }
 
@@ -332,10 +405,15 @@ impl<T: CudaScalar> CudaFfnShard<T> {
             let b = self.w1.slice(j * l.w1_stride..j * l.w1_stride + h * w);
             let mut c = ws.act.slice_mut(j * l.act_stride..j * l.act_stride + s * w);
             gemm.gemm(x, &b, s, h, w, &mut c)?;
+            if let (Some((w3, _)), Some(up)) = (&self.w3, &mut ws.up) {
+                let b = w3.slice(j * l.w1_stride..j * l.w1_stride + h * w);
+                let mut c = up.slice_mut(j * l.act_stride..j * l.act_stride + s * w);
+                gemm.gemm(x, &b, s, h, w, &mut c)?;
+            }
         }
         hook.after(Stage::Gemm1, stream)?;
 
-        silu(kernels, &mut ws.act, l.act_stride * l.leaves, stream, hook)?;
+        activate(kernels, &mut ws.act, ws.up.as_ref(), l.act_stride * l.leaves, stream, hook)?;
 
         hook.before(Stage::Gemm2, stream)?;
         if l.leaves == 1 {
@@ -381,7 +459,8 @@ impl<T: CudaScalar> CudaFfnShard<T> {
         scatter(comm, ws, out_local, stream, hook)
     }
 
-    /// `SiLU(x · W1_shard) · W2_shard` into `ws.partial`.
+    /// `SiLU(x · W1_shard) · W2_shard` into `ws.partial` (gated: `(SiLU(x · W1_shard) ⊙ (x ·
+    /// W3_shard)) · W2_shard`).
     fn naive_gemms(
         &self,
         gemm: &CudaGemm,
@@ -394,8 +473,11 @@ impl<T: CudaScalar> CudaFfnShard<T> {
         let (s, h, fk) = (l.shape.tokens, l.shape.hidden, l.shape.ffn / l.tp);
         hook.before(Stage::Gemm1, stream)?;
         gemm.gemm(&ws.x, &self.w1_naive, s, h, fk, &mut ws.act.slice_mut(..s * fk))?;
+        if let (Some((_, w3)), Some(up)) = (&self.w3, &mut ws.up) {
+            gemm.gemm(&ws.x, w3, s, h, fk, &mut up.slice_mut(..s * fk))?;
+        }
         hook.after(Stage::Gemm1, stream)?;
-        silu(kernels, &mut ws.act, s * fk, stream, hook)?;
+        activate(kernels, &mut ws.act, ws.up.as_ref(), s * fk, stream, hook)?;
         hook.before(Stage::Gemm2, stream)?;
         gemm.gemm(&ws.act.slice(..s * fk), &self.w2_naive, s, fk, h, &mut ws.partial)?;
         hook.after(Stage::Gemm2, stream)
@@ -502,21 +584,36 @@ fn leaf_fold<T: CudaScalar>(
     unsafe { launch.launch(elementwise(n)) }.map(drop).map_err(super::driver("launching leaf_fold"))
 }
 
-/// SiLU in place over the first `n` elements of `act` (the `Activation` stage).
-fn silu<T: CudaScalar>(
+/// The `Activation` stage over the first `n` elements of `act`: SiLU in place, or with `up`
+/// (the gated FFN, laid out as `act`) SiLU times up in place.
+fn activate<T: CudaScalar>(
     kernels: &CudaKernels,
     act: &mut CudaSlice<T>,
+    up: Option<&CudaSlice<T>>,
     n: usize,
     stream: &Arc<CudaStream>,
     hook: &mut dyn StageHook,
 ) -> Result<(), Error> {
     hook.before(Stage::Activation, stream)?;
     let count = n as u64;
-    let mut launch = stream.launch_builder(kernels.silu::<T>());
-    launch.arg(act).arg(&count);
-    // SAFETY: `silu(x, n)` rewrites `n` elements of `x`; `n <= act.len()` (the callers pass the
-    // workspace's own sizes) and the argument types match (`T*`, `u64`).
-    unsafe { launch.launch(elementwise(n)) }.map(drop).map_err(super::driver("launching silu"))?;
+    match up {
+        None => {
+            let mut launch = stream.launch_builder(kernels.silu::<T>());
+            launch.arg(act).arg(&count);
+            // SAFETY: `silu(x, n)` rewrites `n` elements of `x`; `n <= act.len()` (the callers
+            // pass the workspace's own sizes) and the argument types match (`T*`, `u64`).
+            unsafe { launch.launch(elementwise(n)) }.map(drop).map_err(super::driver("launching silu"))?;
+        }
+        Some(up) => {
+            let mut launch = stream.launch_builder(kernels.silu_mul::<T>());
+            launch.arg(act).arg(up).arg(&count);
+            // SAFETY: `silu_mul(gate, up, n)` rewrites `n` elements of `gate` from themselves
+            // and `n` elements of `up`; both are the workspace's buffers of one length (`up` is
+            // allocated as `act`), `n <= act.len()`, and the argument types match (`T*`,
+            // `const T*`, `u64`).
+            unsafe { launch.launch(elementwise(n)) }.map(drop).map_err(super::driver("launching silu_mul"))?;
+        }
+    }
     hook.after(Stage::Activation, stream)
 }
 
@@ -532,12 +629,12 @@ mod tests {
         let w1: Vec<f32> = (0..6 * 40).map(|i| i as f32).collect();
         let w2: Vec<f32> = (0..40 * 6).map(|i| -(i as f32)).collect();
         for tp in [1, 2, 4, 8] {
-            let l = Layout::new::<f32>(shape, tp).unwrap();
+            let l = Layout::new::<f32>(shape, tp, false).unwrap();
             assert_eq!((l.w1_stride * 4) % ALIGN_BYTES, 0);
             assert_eq!((l.act_stride * 4) % ALIGN_BYTES, 0);
             assert_eq!((l.prod_stride * 4) % ALIGN_BYTES, 0);
             for rank in 0..tp {
-                let p = HostWeights::pack(l, &w1, &w2, rank).unwrap();
+                let p = HostWeights::pack(l, &w1, None, &w2, rank).unwrap();
                 for j in 0..l.leaves {
                     let leaf = rank * l.leaves + j;
                     for r in 0..6 {
@@ -555,10 +652,40 @@ mod tests {
                 assert_eq!(p.w2_naive, w2[rank * fk * 6..(rank + 1) * fk * 6]);
             }
         }
-        let l = Layout::new::<f32>(shape, 2).unwrap();
-        assert!(matches!(HostWeights::pack(l, &w1[1..], &w2, 0), Err(Error::Shape(_))));
-        assert!(matches!(HostWeights::pack(l, &w1, &w2, 2), Err(Error::Shape(_))));
-        assert!(matches!(Layout::new::<f32>(shape, 3), Err(Error::Shape(_))));
-        assert!(matches!(Layout::new::<f32>(FfnShape { tokens: 7, ..shape }, 2), Err(Error::Shape(_))));
+        let l = Layout::new::<f32>(shape, 2, false).unwrap();
+        assert!(matches!(HostWeights::pack(l, &w1[1..], None, &w2, 0), Err(Error::Shape(_))));
+        assert!(matches!(HostWeights::pack(l, &w1, None, &w2, 2), Err(Error::Shape(_))));
+        assert!(matches!(HostWeights::pack(l, &w1, Some(&w1), &w2, 0), Err(Error::Shape(_))));
+        assert!(matches!(Layout::new::<f32>(shape, 3, false), Err(Error::Shape(_))));
+        assert!(matches!(Layout::new::<f32>(FfnShape { tokens: 7, ..shape }, 2, false), Err(Error::Shape(_))));
+    }
+
+    /// The gated FFN's `W3` is packed as `W1` is: the same leaves and naive shard of its own
+    /// values (here each `W1` value plus 0.5, padding zero); a `W3` of the wrong length, or
+    /// none for a gated layout, is refused.
+    #[test]
+    fn w3_is_packed_as_w1() {
+        let shape = FfnShape { tokens: 8, hidden: 6, ffn: 40 };
+        let w1: Vec<f32> = (0..6 * 40).map(|i| i as f32).collect();
+        let w3: Vec<f32> = w1.iter().map(|x| x + 0.5).collect();
+        let w2: Vec<f32> = (0..40 * 6).map(|i| -(i as f32)).collect();
+        for tp in [1, 2, 4, 8] {
+            let l = Layout::new::<f32>(shape, tp, true).unwrap();
+            for rank in 0..tp {
+                let p = HostWeights::pack(l, &w1, Some(&w3), &w2, rank).unwrap();
+                let (leaves, naive) = p.w3.expect("a gated pack has W3");
+                assert_eq!(leaves.len(), p.w1.len());
+                for j in 0..l.leaves {
+                    let block = |v: &[f32]| v[j * l.w1_stride..][..6 * 5].to_vec();
+                    let want: Vec<f32> = block(&p.w1).iter().map(|x| x + 0.5).collect();
+                    assert_eq!(block(&leaves), want, "tp {tp} rank {rank} leaf {j}");
+                    assert!(leaves[j * l.w1_stride + 30..(j + 1) * l.w1_stride].iter().all(|v| *v == 0.0));
+                }
+                assert_eq!(naive, p.w1_naive.iter().map(|x| x + 0.5).collect::<Vec<_>>(), "tp {tp}");
+            }
+        }
+        let l = Layout::new::<f32>(shape, 2, true).unwrap();
+        assert!(matches!(HostWeights::pack(l, &w1, Some(&w3[1..]), &w2, 0), Err(Error::Shape(_))));
+        assert!(matches!(HostWeights::pack(l, &w1, None, &w2, 0), Err(Error::Shape(_))));
     }
 }

@@ -1,5 +1,5 @@
-//! [`CudaKernels`]: the layers' device code (`layers.cu`: SiLU, the leaf fold, causal
-//! attention), compiled with NVRTC for the context's GPU and loaded once per context.
+//! [`CudaKernels`]: the layers' device code (`layers.cu`: SiLU, SwiGLU's activation, the leaf
+//! fold, causal attention), compiled with NVRTC for the context's GPU and loaded once per context.
 //!
 //! Compiled without fast math ([`NVRTC_FLAGS`]); [`compile_ptx`] builds the same PTX for any
 //! architecture with no GPU present (the CI check). The module is PTX for `compute_XY` of the
@@ -28,14 +28,17 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// Queries (one warp each) per block of the attention kernel (`ATT_WARPS` in `layers.cu`).
 const ATTENTION_WARPS: u32 = 8;
 
-/// The kernels of the module: SiLU, the leaf fold and attention, each for f32 and bf16.
-pub const ENTRIES: [&str; 6] = [
+/// The kernels of the module: SiLU, the leaf fold, attention and SwiGLU's activation, each for
+/// f32 and bf16.
+pub const ENTRIES: [&str; 8] = [
     "detcoll_layers_silu_f32",
     "detcoll_layers_silu_bf16",
     "detcoll_layers_leaf_fold_f32",
     "detcoll_layers_leaf_fold_bf16",
     "detcoll_layers_attention_f32",
     "detcoll_layers_attention_bf16",
+    "detcoll_layers_silu_mul_f32",
+    "detcoll_layers_silu_mul_bf16",
 ];
 
 /// [`SOURCE`] compiled to PTX for `arch` (`"sm_90"`, ...: PTX for `compute_90`). Needs only
@@ -78,7 +81,7 @@ impl CudaKernels {
         &self.ctx
     }
 
-    /// Kernel `kind` (0 SiLU, 1 leaf fold, 2 attention) for `T`: `ENTRIES[2 * kind + type]`.
+    /// Kernel `kind` (0 SiLU, 1 leaf fold, 2 attention, 3 SiLU times up) for `T`: `ENTRIES[2 * kind + type]`.
     fn function<T: CudaScalar>(&self, kind: usize) -> &CudaFunction {
         &self.functions[2 * kind + usize::from(T::KERNEL_SUFFIX != "f32")]
     }
@@ -93,6 +96,10 @@ impl CudaKernels {
 
     pub(crate) fn attention<T: CudaScalar>(&self) -> &CudaFunction {
         self.function::<T>(2)
+    }
+
+    pub(crate) fn silu_mul<T: CudaScalar>(&self) -> &CudaFunction {
+        self.function::<T>(3)
     }
 }
 

@@ -1,4 +1,5 @@
-// Device code of detcoll-layers' GPU path: SiLU, the leaf fold and causal attention, for f32
+// Device code of detcoll-layers' GPU path: SiLU, SwiGLU's SiLU(gate) * up, the leaf fold and
+// causal attention, for f32
 // and bf16 (bf16 is carried as its 16 raw bits, so no CUDA header is needed).
 //
 // Compiled by NVRTC without fast math (`--ftz=false --prec-div=true --prec-sqrt=true
@@ -48,6 +49,19 @@ __device__ void silu(typename E::T* x, unsigned long long n) {
     for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         float v = E::load(x[i]);
         x[i] = E::store(__fdiv_rn(v, __fadd_rn(1.0f, expf(-v))));
+    }
+}
+
+// SwiGLU's activation in place over the gate: SiLU of the gate as `silu` computes it, rounded
+// once to the element type, times `up` in f32, rounded once (activation::silu_mul on the host:
+// what `F.silu(gate) * up` computes on tensors of the type).
+template <class E>
+__device__ void silu_mul(typename E::T* gate, const typename E::T* up, unsigned long long n) {
+    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float v = E::load(gate[i]);
+        float act = E::load(E::store(__fdiv_rn(v, __fadd_rn(1.0f, expf(-v)))));
+        gate[i] = E::store(__fmul_rn(act, E::load(up[i])));
     }
 }
 
@@ -198,6 +212,13 @@ __device__ void attention(const typename E::T* q, const typename E::T* k, const 
 
 extern "C" __global__ void detcoll_layers_silu_f32(float* x, unsigned long long n) { silu<F32>(x, n); }
 extern "C" __global__ void detcoll_layers_silu_bf16(bf16_bits* x, unsigned long long n) { silu<BF16>(x, n); }
+
+extern "C" __global__ void detcoll_layers_silu_mul_f32(float* gate, const float* up, unsigned long long n) {
+    silu_mul<F32>(gate, up, n);
+}
+extern "C" __global__ void detcoll_layers_silu_mul_bf16(bf16_bits* gate, const bf16_bits* up, unsigned long long n) {
+    silu_mul<BF16>(gate, up, n);
+}
 
 extern "C" __global__ void detcoll_layers_leaf_fold_f32(const float* p, float* out, unsigned int leaves,
                                                         unsigned long long n, unsigned long long stride) {

@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 pub enum Stage {
     /// An all_gather (FFN: the tokens; attention: k, v, positions).
     AllGather,
-    /// The first GEMM (`x · W1`) of every leaf of the rank (the naive layer: of its shard).
+    /// The first GEMM (`x · W1`) of every leaf of the rank (the naive layer: of its shard); the
+    /// gated FFN's up GEMM (`x · W3`) of each leaf too.
     Gemm1,
-    /// SiLU over the activations.
+    /// SiLU over the activations (the gated FFN: SiLU of the gate times up).
     Activation,
     /// The second GEMM (`act · W2`) of every leaf of the rank (the naive layer: of its shard).
     Gemm2,
