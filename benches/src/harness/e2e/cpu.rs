@@ -135,7 +135,7 @@ pub(super) fn sweep<T: Scalar>(
 pub(super) fn progress_line(k: usize, n: usize, rows: &[E2eRow], eta: Option<f64>) -> String {
     let eta = eta.map(|e| format!(" (eta {})", progress::duration(e))).unwrap_or_default();
     let Some(first) = rows.first() else { return format!("[{k}/{n}] (no rows){eta}") };
-    let par = if first.layer == "ffn" { "tp" } else { "cp" };
+    let par = if first.layer.starts_with("ffn") { "tp" } else { "cp" };
     let times: Vec<String> = rows
         .iter()
         .map(|r| {
