@@ -29,6 +29,8 @@ struct Inputs<T> {
     w2: Vec<T>,
     /// The gated FFN's up projection; `None`: SiLU alone.
     w3: Option<Vec<T>>,
+    /// Each rank built from its own shards (`from_shards*`) instead of the full matrices.
+    shards: bool,
 }
 
 fn inputs<T: CudaScalar>(shape: FfnShape, seed: u64) -> Inputs<T> {
@@ -38,6 +40,7 @@ fn inputs<T: CudaScalar>(shape: FfnShape, seed: u64) -> Inputs<T> {
         w1: rng.values(shape.hidden * shape.ffn, 1.0 / (shape.hidden as f32).sqrt()),
         w2: rng.values(shape.ffn * shape.hidden, 1.0 / (shape.ffn as f32).sqrt()),
         w3: None,
+        shards: false,
     }
 }
 
@@ -56,6 +59,17 @@ impl<T: CudaScalar> Inputs<T> {
         tp: usize,
         rank: usize,
     ) -> Result<CudaFfnShard<T>, Error> {
+        if self.shards {
+            // What a per-rank checkpoint holds: columns of W1 and W3, the same rows of W2.
+            let (f, h, fk) = (SHAPE.ffn, SHAPE.hidden, SHAPE.ffn / tp);
+            let cols =
+                |m: &[T]| -> Vec<T> { m.chunks(f).flat_map(|row| row[rank * fk..(rank + 1) * fk].to_vec()).collect() };
+            let (w1, w2) = (cols(&self.w1), self.w2[rank * fk * h..(rank + 1) * fk * h].to_vec());
+            return match &self.w3 {
+                None => CudaFfnShard::from_shards(s, SHAPE, &w1, &w2, tp, rank),
+                Some(w3) => CudaFfnShard::from_shards_gated(s, SHAPE, &w1, &cols(w3), &w2, tp, rank),
+            };
+        }
         match &self.w3 {
             None => CudaFfnShard::from_full(s, SHAPE, &self.w1, &self.w2, tp, rank),
             Some(w3) => CudaFfnShard::from_full_gated(s, SHAPE, &self.w1, w3, &self.w2, tp, rank),
@@ -237,6 +251,23 @@ fn f32_gated_ffn_bits_are_the_same_at_every_tp_and_in_a_graph() {
     }
 }
 
+/// Ranks built from their own weight shards (`from_shards`, `from_shards_gated`: no rank holds
+/// the full matrices) give the bits of ranks built from the full matrices, plain and gated.
+#[test]
+fn shards_loaded_per_rank_give_the_full_matrices_bits() {
+    for gated in [false, true] {
+        let full = if gated { gated_inputs::<bf16>(SHAPE, 9) } else { inputs::<bf16>(SHAPE, 9) };
+        let shards = Inputs { shards: true, ..if gated { gated_inputs::<bf16>(SHAPE, 9) } else { inputs(SHAPE, 9) } };
+        for tp in [2, 4] {
+            let Some(want) = run(tp, &full, false) else { return };
+            let got = run(tp, &shards, false).expect("the device was there");
+            assert_eq!(bits(&got.tree), bits(&want.tree), "gated {gated} TP={tp}: invariant layer");
+            assert_eq!(bits(&got.naive), bits(&want.naive), "gated {gated} TP={tp}: naive layer");
+            println!("shards per rank, gated {gated}, TP={tp}: the full matrices' bits");
+        }
+    }
+}
+
 #[test]
 fn wrong_sizes_are_typed_errors_and_leave_the_output_untouched() {
     let Some(ranks) = group(1, CAPACITY) else { return };
@@ -250,6 +281,8 @@ fn wrong_sizes_are_typed_errors_and_leave_the_output_untouched() {
         let odd = FfnShape { ffn: 1020, ..SHAPE };
         assert!(matches!(CudaFfnShard::<bf16>::from_full(s, odd, &[], &[], 1, 0), Err(Error::Shape(_))));
         let w3 = &inp.w1;
+        let e = CudaFfnShard::from_shards(s, SHAPE, &inp.w1[..512 * 1024 / 2], &inp.w2[..1024 * 512 / 2], 1, 0);
+        assert!(matches!(&e, Err(Error::Shape(d)) if d.starts_with("w1_shard")), "{e:?}");
         assert!(matches!(
             CudaFfnShard::from_full_gated(s, SHAPE, &inp.w1, &w3[1..], &inp.w2, 1, 0),
             Err(Error::Shape(_))

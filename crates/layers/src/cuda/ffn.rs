@@ -102,16 +102,37 @@ impl Layout {
         }
         Ok(layout)
     }
+}
 
-    /// Columns of `W1` (rows of `W2`) of this rank: `rank·F/tp .. (rank+1)·F/tp`.
-    fn cols(&self, rank: usize) -> Range<usize> {
-        let per = self.shape.ffn / self.tp;
-        rank * per..(rank + 1) * per
+/// How a rank's weights are given: the full matrices ([`CudaFfnShard::from_full`]), or the
+/// rank's own shards as a per-rank checkpoint holds them ([`CudaFfnShard::from_shards`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Given {
+    Full,
+    Shard,
+}
+
+impl Given {
+    /// Columns of the given `W1`/`W3` (rows of `W2`), and this rank's first of them.
+    fn span(self, layout: Layout, rank: usize) -> (usize, usize) {
+        let per = layout.shape.ffn / layout.tp;
+        match self {
+            Given::Full => (layout.shape.ffn, rank * per),
+            Given::Shard => (per, 0),
+        }
+    }
+
+    /// The argument names errors use: `w1`, `w3`, `w2` or `w1_shard`, ...
+    fn name(self, w: &str) -> String {
+        match self {
+            Given::Full => w.to_owned(),
+            Given::Shard => format!("{w}_shard"),
+        }
     }
 }
 
 /// One rank's weights in the device layout, on the host (what [`CudaFfnShard::from_full`]
-/// uploads).
+/// and [`CudaFfnShard::from_shards`] upload).
 #[derive(Debug)]
 struct HostWeights<T> {
     w1: Vec<T>,
@@ -123,50 +144,55 @@ struct HostWeights<T> {
 }
 
 impl<T: crate::Scalar> HostWeights<T> {
-    /// Rank `rank`'s leaves of the full row-major `w1` (`H × F`), `w3` (`H × F`, the gated FFN)
-    /// and `w2` (`F × H`), each leaf block at `j * stride` (padding zero), and its row-major
-    /// shards for the naive layer.
-    fn pack(layout: Layout, w1: &[T], w3: Option<&[T]>, w2: &[T], rank: usize) -> Result<Self, Error> {
+    /// Rank `rank`'s leaves of `w1` (`H × n`, row-major), `w3` (the gated FFN, as `w1`) and `w2`
+    /// (`n × H`), each leaf block at `j * stride` (padding zero), and its row-major shards for
+    /// the naive layer; `n` is `F` for the full matrices, `F/tp` for the rank's shards
+    /// ([`Given`]).
+    fn pack(layout: Layout, given: Given, w1: &[T], w3: Option<&[T]>, w2: &[T], rank: usize) -> Result<Self, Error> {
         let tp = layout.tp;
         require(rank < tp, || format!("rank {rank} is outside a TP group of {tp}"))?;
         require(w3.is_some() == layout.gated, || "W3 given to a layout of the other FFN kind".into())?;
-        let (h, f, w) = (layout.shape.hidden, layout.shape.ffn, layout.width);
-        let full = product("hidden x ffn", &[h, f])?;
-        require(w1.len() == full, || format!("w1 has {} elements, expected {h} x {f}", w1.len()))?;
-        if let Some(w3) = w3 {
-            require(w3.len() == full, || format!("w3 has {} elements, expected {h} x {f}", w3.len()))?;
+        let (h, w, per) = (layout.shape.hidden, layout.width, layout.shape.ffn / tp);
+        let (n, first) = given.span(layout, rank);
+        let len = product("hidden x ffn", &[h, n])?;
+        let what = if given == Given::Full { "" } else { " (hidden x ffn/tp)" };
+        for (name, m) in [("w1", Some(w1)), ("w3", w3)] {
+            let Some(m) = m else { continue };
+            let name = given.name(name);
+            require(m.len() == len, || format!("{name} has {} elements, expected {h} x {n}{what}", m.len()))?;
         }
-        require(w2.len() == full, || format!("w2 has {} elements, expected {f} x {h}", w2.len()))?;
-        let cols = layout.cols(rank);
+        let what = if given == Given::Full { "" } else { " (ffn/tp x hidden)" };
+        let name = given.name("w2");
+        require(w2.len() == len, || format!("{name} has {} elements, expected {n} x {h}{what}", w2.len()))?;
         let mut w2_leaves = vec![T::from_f32(0.0); layout.w2_stride * layout.leaves];
         for j in 0..layout.leaves {
-            let c0 = cols.start + j * w;
-            w2_leaves[j * layout.w2_stride..][..w * h].copy_from_slice(&w2[c0 * h..(c0 + w) * h]);
+            let r0 = first + j * w;
+            w2_leaves[j * layout.w2_stride..][..w * h].copy_from_slice(&w2[r0 * h..(r0 + w) * h]);
         }
-        let (w1, w1_naive) = Self::columns(layout, w1, rank);
+        let (w1, w1_naive) = Self::columns(layout, w1, n, first);
         Ok(HostWeights {
             w1,
             w2: w2_leaves,
             w1_naive,
-            w2_naive: w2[cols.start * h..cols.end * h].to_vec(),
-            w3: w3.map(|w3| Self::columns(layout, w3, rank)),
+            w2_naive: w2[first * h..(first + per) * h].to_vec(),
+            w3: w3.map(|w3| Self::columns(layout, w3, n, first)),
         })
     }
 
-    /// Rank `rank`'s columns of a column-parallel `H × F` weight (`W1`, `W3`): its leaf blocks,
-    /// `w1_stride` apart (padding zero), and its row-major `H × F/tp` shard.
-    fn columns(layout: Layout, full: &[T], rank: usize) -> (Vec<T>, Vec<T>) {
-        let (h, f, w) = (layout.shape.hidden, layout.shape.ffn, layout.width);
-        let cols = layout.cols(rank);
+    /// The rank's columns `first .. first + F/tp` of a column-parallel `H × n` weight (`W1`,
+    /// `W3`): its leaf blocks, `w1_stride` apart (padding zero), and its row-major `H × F/tp`
+    /// shard.
+    fn columns(layout: Layout, m: &[T], n: usize, first: usize) -> (Vec<T>, Vec<T>) {
+        let (h, w, per) = (layout.shape.hidden, layout.width, layout.shape.ffn / layout.tp);
         let mut leaves = vec![T::from_f32(0.0); layout.w1_stride * layout.leaves];
         for j in 0..layout.leaves {
-            let c0 = cols.start + j * w;
+            let c0 = first + j * w;
             let block = &mut leaves[j * layout.w1_stride..][..h * w];
-            for (dst, row) in block.chunks_exact_mut(w).zip(full.chunks_exact(f)) {
+            for (dst, row) in block.chunks_exact_mut(w).zip(m.chunks_exact(n)) {
                 dst.copy_from_slice(&row[c0..c0 + w]);
             }
         }
-        (leaves, full.chunks_exact(f).flat_map(|row| &row[cols.clone()]).copied().collect())
+        (leaves, m.chunks_exact(n).flat_map(|row| &row[first..first + per]).copied().collect())
     }
 }
 
@@ -217,7 +243,25 @@ impl<T: CudaScalar> CudaFfnShard<T> {
         tp: usize,
         rank: usize,
     ) -> Result<Self, Error> {
-        Self::upload(stream, shape, w1, None, w2, tp, rank)
+        Self::upload(stream, shape, Given::Full, w1, None, w2, tp, rank)
+    }
+
+    /// Rank `rank`'s shard at TP = `tp` from its own weights, as a per-rank checkpoint holds
+    /// them (no rank needs the full matrices on the host): `w1_shard` is columns `rank·ffn/tp ..
+    /// (rank+1)·ffn/tp` of `W1`, `hidden × ffn/tp` row-major, and `w2_shard` the same rows of
+    /// `W2`, `ffn/tp × hidden` row-major — [`crate::FfnShard::from_shards`]'s. The same device
+    /// weights as [`CudaFfnShard::from_full`] of the full matrices, so the same bits. Uploaded
+    /// on `stream`; allocates: create it before any peer sharing the GPU has a collective in
+    /// flight.
+    pub fn from_shards(
+        stream: &Arc<CudaStream>,
+        shape: FfnShape,
+        w1_shard: &[T],
+        w2_shard: &[T],
+        tp: usize,
+        rank: usize,
+    ) -> Result<Self, Error> {
+        Self::upload(stream, shape, Given::Shard, w1_shard, None, w2_shard, tp, rank)
     }
 
     /// Rank `rank`'s shard of the gated FFN (SwiGLU: `W2 · (SiLU(x · W1) ⊙ (x · W3))`,
@@ -235,13 +279,31 @@ impl<T: CudaScalar> CudaFfnShard<T> {
         tp: usize,
         rank: usize,
     ) -> Result<Self, Error> {
-        Self::upload(stream, shape, w1, Some(w3), w2, tp, rank)
+        Self::upload(stream, shape, Given::Full, w1, Some(w3), w2, tp, rank)
+    }
+
+    /// The gated FFN's shard from a rank's own weights: `w1_shard` and `w3_shard` its columns of
+    /// the gate and up projections (`hidden × ffn/tp` row-major each), `w2_shard` the same rows
+    /// of the down projection (`ffn/tp × hidden` row-major) — [`crate::FfnShard::from_shards_gated`]'s.
+    /// The same device weights as [`CudaFfnShard::from_full_gated`] of the full matrices.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_shards_gated(
+        stream: &Arc<CudaStream>,
+        shape: FfnShape,
+        w1_shard: &[T],
+        w3_shard: &[T],
+        w2_shard: &[T],
+        tp: usize,
+        rank: usize,
+    ) -> Result<Self, Error> {
+        Self::upload(stream, shape, Given::Shard, w1_shard, Some(w3_shard), w2_shard, tp, rank)
     }
 
     #[allow(clippy::too_many_arguments)]
     fn upload(
         stream: &Arc<CudaStream>,
         shape: FfnShape,
+        given: Given,
         w1: &[T],
         w3: Option<&[T]>,
         w2: &[T],
@@ -249,7 +311,7 @@ impl<T: CudaScalar> CudaFfnShard<T> {
         rank: usize,
     ) -> Result<Self, Error> {
         let layout = Layout::new::<T>(shape, tp, w3.is_some())?;
-        let host = HostWeights::pack(layout, w1, w3, w2, rank)?;
+        let host = HostWeights::pack(layout, given, w1, w3, w2, rank)?;
         let up = |v: &[T]| stream.clone_htod(v).map_err(super::driver("uploading FFN weights"));
         let w3 = match &host.w3 {
             Some((leaves, naive)) => Some((up(leaves)?, up(naive)?)),
@@ -634,7 +696,7 @@ mod tests {
             assert_eq!((l.act_stride * 4) % ALIGN_BYTES, 0);
             assert_eq!((l.prod_stride * 4) % ALIGN_BYTES, 0);
             for rank in 0..tp {
-                let p = HostWeights::pack(l, &w1, None, &w2, rank).unwrap();
+                let p = HostWeights::pack(l, Given::Full, &w1, None, &w2, rank).unwrap();
                 for j in 0..l.leaves {
                     let leaf = rank * l.leaves + j;
                     for r in 0..6 {
@@ -653,11 +715,53 @@ mod tests {
             }
         }
         let l = Layout::new::<f32>(shape, 2, false).unwrap();
-        assert!(matches!(HostWeights::pack(l, &w1[1..], None, &w2, 0), Err(Error::Shape(_))));
-        assert!(matches!(HostWeights::pack(l, &w1, None, &w2, 2), Err(Error::Shape(_))));
-        assert!(matches!(HostWeights::pack(l, &w1, Some(&w1), &w2, 0), Err(Error::Shape(_))));
+        assert!(matches!(HostWeights::pack(l, Given::Full, &w1[1..], None, &w2, 0), Err(Error::Shape(_))));
+        assert!(matches!(HostWeights::pack(l, Given::Full, &w1, None, &w2, 2), Err(Error::Shape(_))));
+        assert!(matches!(HostWeights::pack(l, Given::Full, &w1, Some(&w1), &w2, 0), Err(Error::Shape(_))));
         assert!(matches!(Layout::new::<f32>(shape, 3, false), Err(Error::Shape(_))));
         assert!(matches!(Layout::new::<f32>(FfnShape { tokens: 7, ..shape }, 2, false), Err(Error::Shape(_))));
+    }
+
+    /// A rank's own shards (`Given::Shard`: columns of `W1`/`W3`, rows of `W2`, as the CPU
+    /// shard cuts them) pack to exactly what the full matrices pack to, plain and gated, at
+    /// every TP; shards of the wrong length are refused naming the argument.
+    #[test]
+    fn shards_pack_as_the_full_matrices() {
+        let shape = FfnShape { tokens: 8, hidden: 6, ffn: 40 };
+        let w1: Vec<f32> = (0..6 * 40).map(|i| i as f32).collect();
+        let w3: Vec<f32> = (0..6 * 40).map(|i| 1000.0 + i as f32).collect();
+        let w2: Vec<f32> = (0..40 * 6).map(|i| -(i as f32)).collect();
+        for gated in [false, true] {
+            for tp in [1, 2, 4, 8] {
+                let l = Layout::new::<f32>(shape, tp, gated).unwrap();
+                let fk = 40 / tp;
+                for rank in 0..tp {
+                    let cols = |m: &[f32]| -> Vec<f32> {
+                        m.chunks(40).flat_map(|row| row[rank * fk..(rank + 1) * fk].to_vec()).collect()
+                    };
+                    let (s1, s3, s2) = (cols(&w1), cols(&w3), w2[rank * fk * 6..(rank + 1) * fk * 6].to_vec());
+                    let w3f = gated.then_some(&w3[..]);
+                    let full = HostWeights::pack(l, Given::Full, &w1, w3f, &w2, rank).unwrap();
+                    let shard = HostWeights::pack(l, Given::Shard, &s1, gated.then_some(&s3[..]), &s2, rank).unwrap();
+                    assert_eq!(
+                        (&full.w1, &full.w2, &full.w1_naive, &full.w2_naive),
+                        (&shard.w1, &shard.w2, &shard.w1_naive, &shard.w2_naive),
+                        "tp {tp} rank {rank}"
+                    );
+                    assert_eq!(full.w3, shard.w3, "tp {tp} rank {rank}");
+                }
+            }
+        }
+        let l = Layout::new::<f32>(shape, 2, true).unwrap();
+        let (s1, s2) = (vec![0f32; 6 * 20], vec![0f32; 20 * 6]);
+        for (a, b, c, name) in [
+            (&s1[1..], &s1[..], &s2[..], "w1_shard"),
+            (&s1[..], &s1[1..], &s2[..], "w3_shard"),
+            (&s1[..], &s1[..], &s2[1..], "w2_shard"),
+        ] {
+            let e = HostWeights::pack(l, Given::Shard, a, Some(b), c, 1).unwrap_err();
+            assert!(matches!(&e, Error::Shape(d) if d.starts_with(name)), "{e}");
+        }
     }
 
     /// The gated FFN's `W3` is packed as `W1` is: the same leaves and naive shard of its own
@@ -672,7 +776,7 @@ mod tests {
         for tp in [1, 2, 4, 8] {
             let l = Layout::new::<f32>(shape, tp, true).unwrap();
             for rank in 0..tp {
-                let p = HostWeights::pack(l, &w1, Some(&w3), &w2, rank).unwrap();
+                let p = HostWeights::pack(l, Given::Full, &w1, Some(&w3), &w2, rank).unwrap();
                 let (leaves, naive) = p.w3.expect("a gated pack has W3");
                 assert_eq!(leaves.len(), p.w1.len());
                 for j in 0..l.leaves {
@@ -685,7 +789,7 @@ mod tests {
             }
         }
         let l = Layout::new::<f32>(shape, 2, true).unwrap();
-        assert!(matches!(HostWeights::pack(l, &w1, Some(&w3[1..]), &w2, 0), Err(Error::Shape(_))));
-        assert!(matches!(HostWeights::pack(l, &w1, None, &w2, 0), Err(Error::Shape(_))));
+        assert!(matches!(HostWeights::pack(l, Given::Full, &w1, Some(&w3[1..]), &w2, 0), Err(Error::Shape(_))));
+        assert!(matches!(HostWeights::pack(l, Given::Full, &w1, None, &w2, 0), Err(Error::Shape(_))));
     }
 }
