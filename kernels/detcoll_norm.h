@@ -835,8 +835,59 @@ DC_DEV void dc_norm_row_regs_load(const DcNormPlan& plan, DcNormRowRegs<NV>& reg
 }
 
 #if defined(DC_CUDA)
+// The row forms' pairs (dc_norm_protocol_rows: f16/bf16 rows of 4096 two to a 16 KiB tile, two
+// vectors a thread): tile `tile` holds rows 2 * tile and 2 * tile + 1, and dc_row_vector<2>
+// gives thread t < 256 chunks 0 and 1 of lane t of the first, thread 256 + t the same of the
+// second — each thread a whole lane of its row, in the reference's order. So each half of the
+// block is one row's 256 lanes: the halves' partials go to the two halves of the 512 shared
+// floats and each half's warps evaluate their own row's tree (dc_norm_tree_warp), the two rows'
+// chains side by side after one barrier, where a row a tile costs two barriers a row. The
+// lanes, order and tree are every form's, so are the bits. The barrier before the partials'
+// stores keeps them from the previous pair's trees (a block takes its tiles one after another).
+template <int DT>
+DC_DEV void dc_norm_row_pair_in_regs(const DcNormParams& p, const DcNormRowRegs<2>& r, dc_u64 tile) {
+    float* s = dc_norm_row_shared();
+    if (2u * tile >= p.rows) return;  // a block without a tile (the same for its threads)
+    const dc_u32 half = DC_TID / DC_NORM_THREADS;
+    const bool mine = 2u * tile + half < p.rows;  // always, for the whole tiles the host cuts
+    const dc_u64 base = tile * 4u * p.hidden;     // the tile's first byte: two rows of 2 * hidden
+    float hf[2][DC_NORM_VECTOR];
+    float q = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const dc_u64 off = base + 16u * (dc_u64)dc_row_vector<2>(k);
+        dc_u32 hw[4] = {r.residual[k].x, r.residual[k].y, r.residual[k].z, r.residual[k].w};
+        const dc_u32 sw[4] = {r.sum[k].x, r.sum[k].y, r.sum[k].z, r.sum[k].w};
+        dc_norm_add_lane<DT>(hw, hw, sw);
+        if (mine) dc_norm_st_lane<DT>((dc_u8*)p.h + off, hw);
+        dc_norm_widen_lane<DT>(hf[k], hw);
+        q = dc_norm_squares_lane(q, hf[k]);
+    }
+    DC_SYNC_BLOCK();
+    s[DC_TID] = q;
+    DC_SYNC_BLOCK();
+    const float inv = dc_norm_inv(p, dc_norm_tree_warp(s + half * DC_NORM_THREADS));
+    if (!mine) return;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const dc_u64 off = base + 16u * (dc_u64)dc_row_vector<2>(k);
+        const dc_u32 ww[4] = {r.weight[k].x, r.weight[k].y, r.weight[k].z, r.weight[k].w};
+        dc_u32 yw[4];
+        dc_norm_scale_lane<DT>(yw, hf[k], ww, inv);
+        dc_norm_st_lane<DT>((dc_u8*)p.y + off, yw);
+    }
+}
+
+// The row form's norm of row `index` (a tile; with two rows of 4096 to the tile, the pair of
+// tile `index`: dc_norm_row_pair_in_regs).
 template <int DT, int NV>
 DC_DEV void dc_norm_row_in_regs(const DcNormParams& p, const DcNormRowRegs<NV>& r, dc_u64 index) {
+    if constexpr (NV == 2) {
+        if (p.hidden == 2u * DC_NORM_CHUNK) {
+            dc_norm_row_pair_in_regs<DT>(p, r, index);
+            return;
+        }
+    }
     float* s_first = dc_norm_row_shared();
     float* s_part = s_first + DC_NORM_THREADS;
     if (index >= p.rows) return;      // a block without a row (the same for its threads)
@@ -998,35 +1049,38 @@ DC_DEV void dc_norm_rows_kept(const DcHeader& h, const DcSeg& s, dc_u64 frame, c
 // has (one 16-byte vector per thread, NV = 1), or hidden 8192 in the 16 KiB tile the host sets
 // only for such fused calls (a "wide tile", two vectors per thread, NV = 2: a row of two tiles
 // would have its halves staged and flagged by two blocks, and a block would wait for both, as
-// the one-shot two-tile form does; with a tile a row each block's own flags cover its rows) —
+// the one-shot two-tile form does; with a tile a row each block's own flags cover its rows), or
+// two rows of 4096 in that 16 KiB tile (a "pair": two vectors a thread, half the block a row,
+// dc_norm_row_pair_in_regs; the host takes it for batches whose shards are whole pairs) —
 // on the norm's vector path, a launch of exactly the protocol's blocks, one reduce segment and
 // a phase 2 whose segments the norm reads in place (DC_SEG_NORM_READ), and every reduce and
-// phase-2 segment whole rows of the sum that together are all of it (the launch's rows); with
-// `frame_rows`, each also starting a row into the frames (the pull route counts tiles from the
-// frame's start, so a tile is then a row); without, the input 16-byte aligned.
+// phase-2 segment whole tiles of the sum that together are all of it (the launch's rows); with
+// `frame_rows`, each also starting a tile into the frames (the pull route counts tiles from the
+// frame's start, so a tile is then whole rows); without, the input 16-byte aligned.
 DC_DEV dc_u32 dc_norm_protocol_rows(const DcHeader& h, const DcSeg* seg, const DcNormParams& p, bool frame_rows) {
 #if defined(DC_CUDA)
-    if ((p.dtype != DC_F16 && p.dtype != DC_BF16) || DC_NBLOCKS != h.grid || (dc_u64)p.hidden * 2u != h.tile_bytes ||
-        h.nphase1 != 1u || (seg[h.nstage].flags & DC_SEG_GATHER) != 0u || !dc_norm_reads_gathered(h, seg) ||
-        !dc_norm_vector_ok(p))
+    if ((p.dtype != DC_F16 && p.dtype != DC_BF16) || DC_NBLOCKS != h.grid || h.nphase1 != 1u ||
+        (seg[h.nstage].flags & DC_SEG_GATHER) != 0u || !dc_norm_reads_gathered(h, seg) || !dc_norm_vector_ok(p))
         return 0u;
-    // The row is the tile: 8 KiB (one vector a thread of the block's 512) or 16 KiB (two).
+    // The tile is a row of 4096 in 8 KiB (one vector a thread of the block's 512), or 16 KiB
+    // (two vectors a thread): a row of 8192, or a pair of rows of 4096 (dc_norm_row_pair_in_regs).
     dc_u32 nv;
     if (h.tile_bytes == 16u * DC_NTID && 2u * DC_NORM_CHUNK == p.hidden) nv = 1u;
-    else if (h.tile_bytes == 32u * DC_NTID && 4u * DC_NORM_CHUNK == p.hidden) nv = 2u;
+    else if (h.tile_bytes == 32u * DC_NTID && (4u * DC_NORM_CHUNK == p.hidden || 2u * DC_NORM_CHUNK == p.hidden)) nv = 2u;
     else return 0u;
     // Bulk push reads the own leaf from the caller's input with 16-byte loads (the pull route
     // reads it from the frame, staged by the plain copy): an input view off 16 bytes (an
     // element offset) takes the gathered-sum form, whose reduce takes any alignment.
     if (!frame_rows && (seg[h.nstage].src & 15u) != 0u) return 0u;
-    // A row is the tile (8 or 16 KiB, a power of two): the masks test whole rows.
-    const dc_u64 row = h.tile_bytes;
-    const dc_u64 end = p.rows * row;
+    // The tile (8 or 16 KiB, a power of two) is whole rows: the masks test whole tiles (with
+    // pairs, an odd batch's last row is no whole tile, and the segments then do not cover it).
+    const dc_u64 tile = h.tile_bytes;
+    const dc_u64 end = p.rows * (dc_u64)p.hidden * 2u;
     dc_u64 covered = 0;
     for (dc_u32 i = h.nstage; i < h.nstage + 1u + h.nphase2; ++i) {
         const DcSeg& s = seg[i];
-        if (s.ptr < p.sum || ((s.ptr - p.sum) & (row - 1u)) != 0u || (s.bytes & (row - 1u)) != 0u ||
-            s.ptr - p.sum + s.bytes > end || (frame_rows && (s.frame_off & (row - 1u)) != 0u))
+        if (s.ptr < p.sum || ((s.ptr - p.sum) & (tile - 1u)) != 0u || (s.bytes & (tile - 1u)) != 0u ||
+            s.ptr - p.sum + s.bytes > end || (frame_rows && (s.frame_off & (tile - 1u)) != 0u))
             return 0u;
         covered += s.bytes;
     }

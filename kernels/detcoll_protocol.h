@@ -54,7 +54,9 @@
 // worlds only is never taken for one of every world (a launch for a missing world traps).
 // 11: the header's tile_bytes may be 16 KiB (the wide tile of fused rows of 8192 on bulk push
 // and RS+AG); a version-10 image would walk half the LL lines in such a call's epoch refresh.
-#define DC_ABI_VERSION 11u
+// 12: the wide tile also carries two f16/bf16 rows of 4096 (the row forms' pairs); a version-11
+// image would take such a call's gathered-sum form in the collective's grid only.
+#define DC_ABI_VERSION 12u
 
 #define DC_MAX_WORLD 8
 
@@ -247,6 +249,15 @@ struct DcNormRowRegs {
 template <int NV>
 DC_DEV dc_u32 dc_row_vector(dc_u32 k) {
     return NV == 1 ? DC_TID : ((DC_TID >> 8) * (dc_u32)NV + k) * 256u + (DC_TID & 255u);
+}
+
+// The weight's vector for the thread's k-th vector of its row: the same lane of the same chunk,
+// i.e. dc_row_vector, except for the row forms' pairs (two f16/bf16 rows of 4096 in one 16 KiB
+// tile, two vectors a thread: detcoll_norm.h, dc_norm_row_pair_in_regs), where threads 256 + t
+// hold lane t of the tile's second row (its chunks 0 and 1), whose weight is vector k * 256 + t.
+template <int NV>
+DC_DEV dc_u32 dc_row_weight_vector(dc_u32 k, dc_u32 hidden) {
+    return NV == 2 && hidden == 4096u ? k * 256u + (DC_TID & 255u) : dc_row_vector<NV>(k);
 }
 
 #define DC_SEGS_SINGLE 16
@@ -1114,7 +1125,7 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
 #pragma unroll
                 for (int k = 0; k < NV; ++k)
                     regs.weight[k] =
-                        *(const dc_u32x4*)(norm->n.weight + 16u * (dc_u64)dc_row_vector<NV>((dc_u32)k));
+                        *(const dc_u32x4*)(norm->n.weight + 16u * (dc_u64)dc_row_weight_vector<NV>((dc_u32)k, norm->n.hidden));
                 dc_push_bulk<W, true, NV>(h, seg, status, g, word, norm, &regs);
             } else {
                 dc_push_bulk<W>(h, seg, status, g, word);
@@ -1129,7 +1140,7 @@ DC_DEV_NOINLINE void dc_collective_mode(const DcHeader& h, const DcSeg* seg, con
 #pragma unroll
                 for (int k = 0; k < NV; ++k)
                     regs.weight[k] =
-                        *(const dc_u32x4*)(norm->n.weight + 16u * (dc_u64)dc_row_vector<NV>((dc_u32)k));
+                        *(const dc_u32x4*)(norm->n.weight + 16u * (dc_u64)dc_row_weight_vector<NV>((dc_u32)k, norm->n.hidden));
             }
             // Stage this block's tiles of the input into the own frame.
             if (quick_mine) *(dc_u32x4*)(own_data + frame + seg[0].frame_off + (dc_u64)DC_TID * 16u) = quick_v;

@@ -11,7 +11,7 @@
 #      suite but the no-GPU ones in one gpu-test run, bounded by ALL_CAP seconds) on the
 #      bundle's image;
 #   2. TESTS_ON (optional): `image:suite:filter` entries separated by spaces, each a bundle test
-#      binary run with its filter on that image (e.g. a fix's test on the image before it);
+#      binary run with its filter on that image, each bounded by TESTS_CAP seconds (default 120) (e.g. a fix's test on the image before it);
 #   3. fused_norm_bench (bf16, graphs) on every image, ROUNDS (default 3) rounds, at the points
 #      of POINTS: `world:hidden:rows,rows,...` separated by spaces.
 # Then `python3 benches/gpu-runs/fused-ab.py <results> NAME BASE` for each pair.
@@ -41,7 +41,7 @@ fi
 for t in ${TESTS_ON:-}; do
   IFS=: read -r b suite filter <<< "$t"
   if [ $b = bundle ]; then kd=$R/new/gpu-bundle/kernels; else kd=$R/$DIR/$b; fi
-  (cd new/gpu-bundle && DETCOLL_KERNEL_DIR=$kd timeout $(cap 120) ./tests/$suite $filter --nocapture > $O/$b-$suite.log 2>&1)
+  (cd new/gpu-bundle && DETCOLL_KERNEL_DIR=$kd timeout $(cap ${TESTS_CAP:-120}) ./tests/$suite $filter --nocapture > $O/$b-$suite.log 2>&1)
   echo "$b $suite $filter rc=$? t=$(el)"
   grep -E "test result|panicked" $O/$b-$suite.log | head -4
 done

@@ -35,7 +35,7 @@ pub const HEADERS: [(&str, &str); 3] =
 /// of the control blocks. Every loaded module exports it in its `detcoll_abi` table; the host
 /// refuses a module with another value. Duplicated here (a `const` cannot parse the header);
 /// a unit test keeps the two equal.
-pub const ABI_VERSION: u32 = 11;
+pub const ABI_VERSION: u32 = 12;
 
 /// The environment variable naming a folder of prebuilt kernel images.
 pub const KERNEL_DIR_ENV: &str = "DETCOLL_KERNEL_DIR";

@@ -232,26 +232,53 @@ fn row_forms_in_wide_tiles_for_rows_of_8192() {
     if !gpu() {
         return;
     }
+    row_forms_in_wide_tiles(8192);
+}
+
+/// The row forms' pairs: f16/bf16 rows of 4096 whose shards are whole pairs of rows on bulk
+/// push and RS+AG take the 16 KiB tile two rows to a tile (`dc_norm_row_pair_in_regs`: half the
+/// block a row); shards of an odd number of rows keep the 8 KiB tile, a row a tile. The same
+/// cases as rows of 8192 (above), with shards of 1, 2, 3, 6 and 64 rows besides.
+#[test]
+fn row_forms_in_pairs_of_rows_of_4096() {
+    if !gpu() {
+        return;
+    }
+    row_forms_in_wide_tiles(4096);
+}
+
+fn row_forms_in_wide_tiles(hidden: usize) {
     for route in ["ipc_push", "ipc_rs_ag"] {
         for world in [2, 3, 4] {
             let config = Config::new().with_routing(every_size_by("nvidia", route));
             let comms = nvidia::thread_group(world, &config).expect("thread group");
             let w = world;
-            let shapes = [(w, 8192), (6 * w, 8192), (64 * w, 8192), (64 * w + 1, 8192), (1024, 8192), (2, 8192)];
+            let shapes = [
+                (w, hidden),
+                (2 * w, hidden),
+                (3 * w, hidden),
+                (6 * w, hidden),
+                (64 * w, hidden),
+                (64 * w + 1, hidden),
+                (64 * w + 2, hidden),
+                (1024, hidden),
+                (2, hidden),
+            ];
             check_shapes::<bf16>(&comms, &format!("bf16 by {route}, wide tiles"), &shapes);
-            check_shapes::<f16>(&comms, &format!("f16 by {route}, wide tiles"), &[(2 * w, 8192), (130 * w, 8192)]);
-            for rows in [w, 64 * w] {
-                let seed = (rows * 31 + 8192) as u64;
-                let (h, y) = reference::<bf16>(world, rows, 8192, seed);
-                for (r, (gh, gy)) in run_in_place::<bf16>(&comms, rows, 8192, seed).into_iter().enumerate() {
-                    assert_eq!(bits(&gh), bits(&h), "world {world} rank {r}: h in place, {rows}x8192 by {route}");
-                    assert_eq!(bits(&gy), bits(&y), "world {world} rank {r}: y in place, {rows}x8192 by {route}");
+            check_shapes::<f16>(&comms, &format!("f16 by {route}, wide tiles"), &[(2 * w, hidden), (130 * w, hidden)]);
+            for rows in [w, 2 * w, 64 * w] {
+                let seed = (rows * 31 + hidden) as u64;
+                let (h, y) = reference::<bf16>(world, rows, hidden, seed);
+                for (r, (gh, gy)) in run_in_place::<bf16>(&comms, rows, hidden, seed).into_iter().enumerate() {
+                    assert_eq!(bits(&gh), bits(&h), "world {world} rank {r}: h in place, {rows}x{hidden} by {route}");
+                    assert_eq!(bits(&gy), bits(&y), "world {world} rank {r}: y in place, {rows}x{hidden} by {route}");
                 }
                 for off_ranks in [1, u32::MAX] {
                     for (r, (gh, gy)) in
-                        run_offset::<bf16>(&comms, rows, 8192, seed, off_ranks, true, false).into_iter().enumerate()
+                        run_offset::<bf16>(&comms, rows, hidden, seed, off_ranks, true, false).into_iter().enumerate()
                     {
-                        let what = format!("world {world} rank {r} by {route}, {rows}x8192, ranks off {off_ranks:#x}");
+                        let what =
+                            format!("world {world} rank {r} by {route}, {rows}x{hidden}, ranks off {off_ranks:#x}");
                         assert_eq!(bits(&gh), bits(&h), "{what}: h");
                         assert_eq!(bits(&gy), bits(&y), "{what}: y");
                     }
@@ -259,15 +286,16 @@ fn row_forms_in_wide_tiles_for_rows_of_8192() {
             }
             let small = Config::new().with_capacity(256 << 10).with_routing(every_size_by("nvidia", route));
             let comms = nvidia::thread_group(world, &small).expect("thread group");
-            let chunked = [(8, 8192), (12, 8192), (6, 8192), (10, 8192), (48, 8192)];
+            let chunked = [(8, hidden), (12, hidden), (6, hidden), (10, hidden), (48, hidden), (96, hidden)];
             check_shapes::<bf16>(&comms, &format!("bf16 by {route} in chunks, wide tiles"), &chunked);
-            println!("{route}, world {world}: rows of 8192 in wide tiles = fixed_tree::residual_rmsnorm");
+            println!("{route}, world {world}: rows of {hidden} in wide tiles = fixed_tree::residual_rmsnorm");
         }
     }
     for world in [2, 4, 8] {
         let comms = nvidia::thread_group(world, &Config::new()).expect("thread group");
-        check_shapes::<bf16>(&comms, "bf16, default table", &[(512, 8192), (1024, 8192), (2048, 8192), (1026, 8192)]);
-        println!("world {world}, default table: 512-2048 x 8192 = fixed_tree::residual_rmsnorm");
+        let shapes = [(512, hidden), (1024, hidden), (2048, hidden), (1026, hidden)];
+        check_shapes::<bf16>(&comms, "bf16, default table", &shapes);
+        println!("world {world}, default table: 512-2048 x {hidden} = fixed_tree::residual_rmsnorm");
     }
 }
 

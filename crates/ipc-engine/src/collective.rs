@@ -315,8 +315,8 @@ impl<D: IpcDevice> IpcCollective<D> {
     /// row form inside the protocol in every launch (`CollectiveNormParams::shard_rows`:
     /// `dc_norm_bulk_rows` on bulk push, `dc_norm_rsag_rows` on RS+AG, in
     /// kernels/detcoll_norm.h): a runtime with the gathered-sum and row forms, one of those
-    /// routes, f16/bf16 rows of one protocol tile (hidden 4096 in 8 KiB tiles, 8192 in the
-    /// wide tiles such calls take: `IpcCollective::fused_tile`) on the norm's vector path,
+    /// routes, f16/bf16 rows of 4096 or 8192 (in 8 KiB tiles, or in the wide tiles such calls
+    /// take where their shards allow: `IpcCollective::fused_tile`) on the norm's vector path,
     /// and every launch's rows whole with whole-row shards (`shard_rows_in_every_launch`). Each
     /// block normalises the own shard's rows in registers as it reduces them and the peers'
     /// rows where their reduced shards lie after phase 2, at any batch size.
@@ -327,18 +327,31 @@ impl<D: IpcDevice> IpcCollective<D> {
         self.shard_rows_in_every_launch(&call, route, norm, ipc, tile)
     }
 
+    /// The protocol tile in bytes of a fused all_reduce + RMSNorm of `io` by `route` (`norm` its
+    /// packed norm): [`WIDE_TILE_BYTES`] where every launch's shards are whole rows of 8192 or
+    /// whole pairs of rows of 4096 on a route with the row forms (`IpcCollective::fused_tile`),
+    /// else [`TILE_BYTES`]; `None` for a call this handle could not make by `route`. For tests
+    /// and benches that say which shape a call took.
+    pub fn fused_norm_tile(&self, io: &Io<'_>, route: IpcRoute, norm: &NormParams) -> Option<u32> {
+        let call = validate(Op::AllReduce, io, self.rank, self.world, usize::MAX).ok()?;
+        let ipc = self.ipc_for(route).ok()??;
+        Some(self.fused_tile(&call, route, norm, ipc))
+    }
+
     /// The protocol tile of a fused all_reduce of `call` by `route` with the norm `norm`:
-    /// [`WIDE_TILE_BYTES`] (16 KiB) for f16/bf16 rows of 8192 on bulk push and RS+AG, on a
-    /// runtime with the row forms, when every launch's plan in wide tiles has the row forms'
-    /// cut (`CollectiveNormParams::shard_rows_cut`) — a row is then a tile, which one block
-    /// holds in registers; [`TILE_BYTES`] otherwise. Chosen from signed values only (the
+    /// [`WIDE_TILE_BYTES`] (16 KiB) for f16/bf16 rows of 8192 or 4096 on bulk push and RS+AG,
+    /// on a runtime with the row forms, when every launch's plan in wide tiles has the row
+    /// forms' cut (`CollectiveNormParams::shard_rows_cut`) — a tile is then a row of 8192 or a
+    /// pair of rows of 4096, which one block holds in registers; [`TILE_BYTES`] otherwise (rows
+    /// of 4096 whose shards are not whole pairs then take the forms a row a tile). Chosen from signed values only (the
     /// route, dtype, `hidden` and rows, and the plans, which every rank cuts the same), never
     /// from this rank's addresses: the tile decides which block owns which bytes of every
     /// frame, so ranks must agree on it; a rank off the vector path or with an input off 16
     /// bytes keeps the wide tile and takes the gathered-sum form in it (and the launches are
     /// signed with the tile besides: [`IpcCollective::tile_split`]).
     fn fused_tile(&self, call: &collective_core::Call, route: IpcRoute, norm: &NormParams, ipc: &IpcState<D>) -> u32 {
-        let wide_rows = u64::from(norm.hidden) * 2 == u64::from(WIDE_TILE_BYTES);
+        let row = u64::from(norm.hidden) * 2;
+        let wide_rows = row == u64::from(WIDE_TILE_BYTES) || 2 * row == u64::from(WIDE_TILE_BYTES);
         let cut = || self.every_launch(call, route, norm, ipc, WIDE_TILE_BYTES, CollectiveNormParams::shard_rows_cut);
         if Self::rows_forms_may_apply(route, norm) && wide_rows && cut() { WIDE_TILE_BYTES } else { TILE_BYTES }
     }

@@ -9,7 +9,7 @@ use crate::norm::NormParams;
 use collective_core::{DType, Error, Op, Route, check_node_world_size};
 
 /// Must equal `DC_ABI_VERSION` in the kernels (checked when a module is loaded).
-pub const ABI_VERSION: u32 = 11;
+pub const ABI_VERSION: u32 = 12;
 /// Threads per block (the kernels' `__launch_bounds__`).
 pub const THREADS: u32 = 512;
 /// Frame bytes per tile: tile `t` belongs to block `t % grid` in every phase on every rank.
@@ -273,20 +273,22 @@ impl CollectiveNormParams {
     /// The cut the row forms need, from signed values only (the route, the dtype, `hidden`,
     /// the rows and where the plan's segments lie relative to the sum and in the frames: the
     /// same on every rank): the bulk push route, or RS+AG (the pull route with a phase 2),
-    /// with one reduce segment and a phase 2, f16/bf16 rows of one protocol tile (hidden 4096
-    /// in 8 KiB tiles, 8192 in [`WIDE_TILE_BYTES`]), and the reduce and phase-2 segments whole
-    /// rows of the sum that together are all of it (the launch's rows) — on RS+AG also each a
-    /// row into the frames, where its tiles are counted from.
+    /// with one reduce segment and a phase 2, f16/bf16 rows that are a protocol tile (hidden
+    /// 4096 in 8 KiB tiles, 8192 in [`WIDE_TILE_BYTES`]) or two rows of 4096 to a
+    /// [`WIDE_TILE_BYTES`] tile (the forms' pairs, `dc_norm_row_pair_in_regs`), and the reduce
+    /// and phase-2 segments whole tiles of the sum that together are all of it (the launch's
+    /// rows) — on RS+AG also each a tile into the frames, where its tiles are counted from.
     pub fn shard_rows_cut(&self) -> bool {
         let (h, n) = (&self.call.h, &self.norm);
         let two_bytes = n.dtype == DType::F16 as u32 || n.dtype == DType::BF16 as u32;
-        let row = u64::from(h.tile_bytes);
+        let (row, tile) = (u64::from(n.hidden) * 2, u64::from(h.tile_bytes));
         let (push, pull) = (h.mode == MODE_PUSH, h.mode == MODE_PULL);
         if !(push || pull) || h.nphase1 != 1 || h.nphase2 == 0 || !two_bytes {
             return false;
         }
-        let tile_ok = h.tile_bytes == TILE_BYTES || h.tile_bytes == WIDE_TILE_BYTES;
-        if !tile_ok || u64::from(n.hidden) * 2 != row {
+        let row_a_tile = (h.tile_bytes == TILE_BYTES || h.tile_bytes == WIDE_TILE_BYTES) && row == tile;
+        let pairs = h.tile_bytes == WIDE_TILE_BYTES && 2 * row == tile;
+        if !(row_a_tile || pairs) {
             return false;
         }
         let first = h.nstage as usize;
@@ -295,10 +297,10 @@ impl CollectiveNormParams {
         let mut covered = 0u64;
         for s in segs {
             let Some(rel) = s.ptr.checked_sub(n.sum) else { return false };
-            if rel % row != 0 || s.bytes % row != 0 || rel.checked_add(s.bytes).is_none_or(|e| e > end) {
+            if rel % tile != 0 || s.bytes % tile != 0 || rel.checked_add(s.bytes).is_none_or(|e| e > end) {
                 return false;
             }
-            if pull && s.frame_off % row != 0 {
+            if pull && s.frame_off % tile != 0 {
                 return false;
             }
             covered = covered.saturating_add(s.bytes);
@@ -650,7 +652,7 @@ mod tests {
 
     // Mirrored by hand from kernels/detcoll_protocol.h (`DcSeg`, `DcHeader`, `DcParams<N>`,
     // `DcTreeParams`, `DcCopyParams`, natural C alignment): byte offsets of every field.
-    const DC_ABI_VERSION: u32 = 11;
+    const DC_ABI_VERSION: u32 = 12;
     const DC_MAX_WORLD: usize = 8;
     const DC_THREADS: u32 = 512;
     const DC_SEGS_SINGLE: usize = 16;
@@ -1063,10 +1065,11 @@ mod tests {
 
     /// Rows of 8192 in wide tiles (16 KiB, [`WIDE_TILE_BYTES`]): the row forms' cut on bulk
     /// push and RS+AG as rows of 4096 in 8 KiB tiles, a block per tile of the call's bytes;
-    /// rows of 4096 in wide tiles, or of 8192 in 8 KiB ones, never. The cut leaves out this
-    /// rank's own addresses (vector path, input alignment), which only the shape tests.
+    /// rows of 4096 in wide tiles when every shard is whole pairs of rows (the forms' pairs),
+    /// rows of 8192 in 8 KiB tiles never. The cut leaves out this rank's own addresses (vector
+    /// path, input alignment), which only the shape tests.
     #[test]
-    fn wide_tiles_cut_rows_of_8192() {
+    fn wide_tiles_cut_rows_of_8192_and_pairs_of_4096() {
         let (_, f) = fixed(4, 1, 1 << 22, 16);
         for route in [Route::IpcPush, Route::IpcReduceScatterAllGather] {
             for rows in [4, 8, 64] {
@@ -1086,8 +1089,24 @@ mod tests {
                     );
                 }
             }
-            let c = fused_call_tiled(&f, (8, 4096, DType::BF16), route, (0, 0), true, WIDE_TILE_BYTES);
-            assert!(!c.shard_rows_cut(), "{route:?}: rows of 4096 in wide tiles");
+            // Pairs of rows of 4096: shards of 2, 16 and 128 rows at world 4 are whole pairs;
+            // of 1 or 3 rows not, nor a shard of 2 rows one row into the sum.
+            for rows in [8, 64, 512] {
+                for dtype in [DType::BF16, DType::F16] {
+                    let c = fused_call_tiled(&f, (rows, 4096, dtype), route, (0, 0), true, WIDE_TILE_BYTES);
+                    let what = format!("{route:?} {rows} rows of 4096 {dtype:?}");
+                    assert!(c.shard_rows_cut() && c.shard_rows_shape() && c.shard_rows(), "{what}");
+                    assert_eq!(c.grid(f.max_grid), c.call.h.grid, "{what}");
+                }
+            }
+            for rows in [4, 12] {
+                let c = fused_call_tiled(&f, (rows, 4096, DType::BF16), route, (0, 0), true, WIDE_TILE_BYTES);
+                assert!(!c.shard_rows_cut(), "{route:?}: {rows} rows of 4096, shards of odd rows");
+            }
+            let c = fused_call_tiled(&f, (8, 4096, DType::BF16), route, (8192, 0), true, WIDE_TILE_BYTES);
+            assert!(!c.shard_rows_cut(), "{route:?}: the sum a row into the output");
+            let c = fused_call_tiled(&f, (8, 2048, DType::BF16), route, (0, 0), true, WIDE_TILE_BYTES);
+            assert!(!c.shard_rows_cut(), "{route:?}: four rows of 2048 to a wide tile");
             let c = fused_call_tiled(&f, (6, 8192, DType::BF16), route, (0, 0), true, WIDE_TILE_BYTES);
             assert!(!c.shard_rows_cut(), "{route:?}: rows not a multiple of the world");
             // Off the vector path: the cut holds (every rank takes the wide tile), the form not.

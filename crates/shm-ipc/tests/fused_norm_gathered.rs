@@ -148,27 +148,10 @@ fn bulk_rows_shape_equals_the_reference() {
 /// reference's.
 #[test]
 fn bulk_rows_in_every_chunk_equal_the_reference() {
-    use detcoll_protocol::NormParams;
     for world in [2, 4] {
         let comms = ShmCollective::group(world, ShmConfig::new(1 << 16)).expect("group");
         for (rows, every_launch) in [(4, true), (8, true), (12, true), (6, false), (10, false)] {
-            let n = rows * 4096;
-            let (x, mut y, residual, weight) =
-                (vec![bf16::ZERO; n], vec![bf16::ZERO; n], vec![bf16::ZERO; n], vec![bf16::ONE; 4096]);
-            let args = NormArgs {
-                sum: y.as_mut_ptr() as u64,
-                residual: residual.as_ptr() as u64,
-                weight: weight.as_ptr() as u64,
-                h: residual.as_ptr() as u64,
-                y: y.as_mut_ptr() as u64,
-                rows,
-                hidden: 4096,
-                eps: 1e-6,
-                dtype: DType::BF16,
-            };
-            let packed = NormParams::pack(&args).expect("pack");
-            let io = Io::host(&x, &mut y);
-            let taken = comms[0].engine().fused_norm_shard_rows(&io, IpcRoute::Push, &packed);
+            let (taken, _) = shape_taken(&comms[0], IpcRoute::Push, (rows, 4096));
             assert_eq!(taken, every_launch, "world {world}, {rows} rows of 4096");
             check_rows::<bf16>(&comms, IpcRoute::Push, DType::BF16, (rows, 4096));
             // RS+AG in one-shot-sized chunks of 8 rows (whole rows; their shards whole rows
@@ -181,6 +164,30 @@ fn bulk_rows_in_every_chunk_equal_the_reference() {
     }
 }
 
+/// Whether a fused bf16 call of `rows x hidden` by `route` on `comm` takes the row forms in every
+/// launch (`fused_norm_shard_rows`), and its protocol tile (`fused_norm_tile`): the engine's
+/// answers from the call's shape alone (no call is made).
+fn shape_taken(comm: &ShmCollective, route: IpcRoute, (rows, hidden): (usize, usize)) -> (bool, u32) {
+    let n = rows * hidden;
+    let (x, mut y, residual, weight) =
+        (vec![bf16::ZERO; n], vec![bf16::ZERO; n], vec![bf16::ZERO; n], vec![bf16::ONE; hidden]);
+    let args = NormArgs {
+        sum: y.as_mut_ptr() as u64,
+        residual: residual.as_ptr() as u64,
+        weight: weight.as_ptr() as u64,
+        h: residual.as_ptr() as u64,
+        y: y.as_mut_ptr() as u64,
+        rows,
+        hidden,
+        eps: 1e-6,
+        dtype: DType::BF16,
+    };
+    let packed = detcoll_protocol::NormParams::pack(&args).expect("pack");
+    let io = Io::host(&x, &mut y);
+    let engine = comm.engine();
+    (engine.fused_norm_shard_rows(&io, route, &packed), engine.fused_norm_tile(&io, route, &packed).expect("a call"))
+}
+
 /// Rows of 8192 (16 KiB in f16/bf16) whose shards are whole rows on bulk push and RS+AG take
 /// the wide tile (`params::WIDE_TILE_BYTES`: a row a tile, the row forms' shape; the engine's
 /// `fused_norm_shard_rows` says so) in one launch and chunked (128 KiB of staging: bulk push
@@ -189,28 +196,11 @@ fn bulk_rows_in_every_chunk_equal_the_reference() {
 /// place, worlds 2, 3 and 4.
 #[test]
 fn rows_of_8192_in_wide_tiles_equal_the_reference() {
-    use detcoll_protocol::NormParams;
     for (world, capacity) in [(2, 1 << 22), (3, 1 << 22), (4, 1 << 22), (2, 1 << 17), (4, 1 << 17)] {
         let comms = ShmCollective::group(world, ShmConfig::new(capacity)).expect("group");
         for route in [IpcRoute::Push, IpcRoute::ReduceScatterAllGather] {
             for rows in [world, 2 * world, 8 * world, 8 * world + 1, 5] {
-                let n = rows * 8192;
-                let (x, mut y, residual, weight) =
-                    (vec![bf16::ZERO; n], vec![bf16::ZERO; n], vec![bf16::ZERO; n], vec![bf16::ONE; 8192]);
-                let args = NormArgs {
-                    sum: y.as_mut_ptr() as u64,
-                    residual: residual.as_ptr() as u64,
-                    weight: weight.as_ptr() as u64,
-                    h: residual.as_ptr() as u64,
-                    y: y.as_mut_ptr() as u64,
-                    rows,
-                    hidden: 8192,
-                    eps: 1e-6,
-                    dtype: DType::BF16,
-                };
-                let packed = NormParams::pack(&args).expect("pack");
-                let io = Io::host(&x, &mut y);
-                let taken = comms[0].engine().fused_norm_shard_rows(&io, route, &packed);
+                let (taken, _) = shape_taken(&comms[0], route, (rows, 8192));
                 let what = format!("world {world}, capacity {capacity}, {route:?}, {rows} rows of 8192");
                 if rows % world == 0 && capacity == 1 << 22 {
                     assert!(taken, "{what}: the row forms' shape in wide tiles");
@@ -221,6 +211,37 @@ fn rows_of_8192_in_wide_tiles_equal_the_reference() {
                 check_rows::<bf16>(&comms, route, DType::BF16, (rows, 8192));
             }
             check_rows::<half::f16>(&comms, route, DType::F16, (2 * world, 8192));
+        }
+        for c in comms {
+            c.close().expect("close");
+        }
+    }
+}
+
+/// Rows of 4096 whose shards are whole pairs of rows on bulk push and RS+AG take the wide tile
+/// two rows to a tile (the row forms' pairs on the GPU, `dc_norm_row_pair_in_regs`; the host
+/// executor runs the gathered-sum form in the same tiles), in one launch and chunked (128 KiB of
+/// staging); shards of an odd number of rows, or rows that are not a multiple of the world,
+/// keep 8 KiB tiles. Every rank's h and y the reference's either way, in and out of place,
+/// worlds 2, 3 and 4.
+#[test]
+fn pairs_of_rows_of_4096_in_wide_tiles_equal_the_reference() {
+    use detcoll_protocol::params::{TILE_BYTES, WIDE_TILE_BYTES};
+    for (world, capacity) in [(2, 1 << 22), (3, 1 << 22), (4, 1 << 22), (2, 1 << 17), (4, 1 << 17)] {
+        let comms = ShmCollective::group(world, ShmConfig::new(capacity)).expect("group");
+        for route in [IpcRoute::Push, IpcRoute::ReduceScatterAllGather] {
+            for rows in [world, 2 * world, 3 * world, 8 * world, 8 * world + 2, 7] {
+                let (_, tile) = shape_taken(&comms[0], route, (rows, 4096));
+                let what = format!("world {world}, capacity {capacity}, {route:?}, {rows} rows of 4096");
+                if rows % (2 * world) == 0 && capacity == 1 << 22 {
+                    assert_eq!(tile, WIDE_TILE_BYTES, "{what}: shards of whole pairs");
+                }
+                if rows % (2 * world) != 0 {
+                    assert_eq!(tile, TILE_BYTES, "{what}: shards of an odd number of rows, or inside a row");
+                }
+                check_rows::<bf16>(&comms, route, DType::BF16, (rows, 4096));
+            }
+            check_rows::<half::f16>(&comms, route, DType::F16, (4 * world, 4096));
         }
         for c in comms {
             c.close().expect("close");
