@@ -316,3 +316,46 @@ fn wrong_sizes_are_typed_errors_and_leave_the_output_untouched() {
         println!("wrong sizes: typed shape errors, out untouched");
     });
 }
+
+/// A shard without the naive layer's weights (`CudaFfnShard::without_naive`: half the device
+/// memory of the weights) gives the invariant layer's bits of a shard with them, plain and
+/// gated, at TP 2 and 4; its `forward_naive` is a typed error on every rank before any
+/// collective call, with the output untouched, and the ranks' next forward runs.
+#[test]
+fn without_the_naive_weights_the_invariant_layer_keeps_its_bits() {
+    for gated in [false, true] {
+        let inp = if gated { gated_inputs::<bf16>(SHAPE, 11) } else { inputs::<bf16>(SHAPE, 11) };
+        for tp in [2, 4] {
+            let Some(want) = run(tp, &inp, false) else { return };
+            let ranks = group(tp, CAPACITY).expect("the device was there");
+            let outs = on_ranks(&ranks, |rank| {
+                let (comm, s) = (rank.comm, &rank.stream);
+                let r = collective_core::Collective::rank(comm);
+                let n = SHAPE.local_len(tp);
+                let shard = inp.shard(s, tp, r).expect("a shard").without_naive();
+                assert!(!shard.has_naive());
+                let mut ws = shard.workspace(s).expect("a workspace");
+                let gemm = CudaGemm::new(s).expect("cuBLAS");
+                let kernels = CudaKernels::new(comm.context()).expect("kernels");
+                let x = upload(s, &inp.x[r * n..(r + 1) * n]);
+                let mut out = upload(s, &vec![bf16::from_f32(0.0); n]);
+                shard.warm_up(&gemm, &kernels, &mut ws, s).expect("warm-up");
+                rank.barrier.wait().expect("barrier");
+                let mut lock = Lockstep { barrier: rank.barrier };
+                shard.forward(comm, &gemm, &kernels, &mut ws, &x, &mut out, s, &mut lock).expect("forward");
+                let first = download(s, &out);
+                let e = shard.forward_naive(comm, &gemm, &kernels, &mut ws, &x, &mut out, s, &mut lock);
+                assert!(matches!(&e, Err(Error::Shape(d)) if d.contains("without_naive")), "{e:?}");
+                assert_eq!(bits(&download(s, &out)), bits(&first), "rank {r}: out written by a refused call");
+                s.memset_zeros(&mut out).expect("memset");
+                shard.forward(comm, &gemm, &kernels, &mut ws, &x, &mut out, s, &mut lock).expect("forward again");
+                let again = download(s, &out);
+                assert_eq!(bits(&again), bits(&first), "rank {r}: the forward after the refusal");
+                first
+            });
+            let got: Vec<bf16> = outs.into_iter().flatten().collect();
+            assert_eq!(bits(&got), bits(&want.tree), "gated {gated} TP={tp}: without the naive weights");
+            println!("without the naive weights, gated {gated}, TP={tp}: the invariant bits, forward_naive refused");
+        }
+    }
+}

@@ -197,7 +197,8 @@ impl<T: crate::Scalar> HostWeights<T> {
 }
 
 /// One rank's weights of a TP=`tp` FFN on the device: its leaves of `W1` and `W2` in the
-/// layout of the module docs, and row-major copies of its shards for the naive layer.
+/// layout of the module docs, and row-major copies of its shards for the naive layer (until
+/// [`CudaFfnShard::without_naive`] drops them).
 #[derive(Debug)]
 pub struct CudaFfnShard<T> {
     layout: Layout,
@@ -206,12 +207,21 @@ pub struct CudaFfnShard<T> {
     w1: CudaSlice<T>,
     /// `[leaf][F/8][H]`, leaf blocks `w2_stride` apart.
     w2: CudaSlice<T>,
-    /// `H × F/tp`, row-major (the naive layer).
-    w1_naive: CudaSlice<T>,
-    /// `F/tp × H`, row-major (the naive layer).
-    w2_naive: CudaSlice<T>,
-    /// The gated FFN's `W3`: leaves as `w1`, then `H × F/tp` row-major (the naive layer).
-    w3: Option<(CudaSlice<T>, CudaSlice<T>)>,
+    /// The gated FFN's `W3`, leaves as `w1`.
+    w3: Option<CudaSlice<T>>,
+    /// The naive layer's weights: as much device memory again as the leaves.
+    naive: Option<NaiveWeights<T>>,
+}
+
+/// The rank's shards row-major, for [`CudaFfnShard::forward_naive`].
+#[derive(Debug)]
+struct NaiveWeights<T> {
+    /// `H × F/tp`.
+    w1: CudaSlice<T>,
+    /// `F/tp × H`.
+    w2: CudaSlice<T>,
+    /// The gated FFN's `W3`, `H × F/tp`.
+    w3: Option<CudaSlice<T>>,
 }
 
 /// Every buffer a forward of one [`CudaFfnShard`] needs, allocated up front
@@ -313,19 +323,31 @@ impl<T: CudaScalar> CudaFfnShard<T> {
         let layout = Layout::new::<T>(shape, tp, w3.is_some())?;
         let host = HostWeights::pack(layout, given, w1, w3, w2, rank)?;
         let up = |v: &[T]| stream.clone_htod(v).map_err(super::driver("uploading FFN weights"));
-        let w3 = match &host.w3 {
-            Some((leaves, naive)) => Some((up(leaves)?, up(naive)?)),
-            None => None,
+        let (w3, w3_naive) = match &host.w3 {
+            Some((leaves, naive)) => (Some(up(leaves)?), Some(up(naive)?)),
+            None => (None, None),
         };
-        Ok(CudaFfnShard {
-            layout,
-            rank,
-            w1: up(&host.w1)?,
-            w2: up(&host.w2)?,
-            w1_naive: up(&host.w1_naive)?,
-            w2_naive: up(&host.w2_naive)?,
-            w3,
-        })
+        let naive = NaiveWeights { w1: up(&host.w1_naive)?, w2: up(&host.w2_naive)?, w3: w3_naive };
+        Ok(CudaFfnShard { layout, rank, w1: up(&host.w1)?, w2: up(&host.w2)?, w3, naive: Some(naive) })
+    }
+
+    /// This shard without the naive layer's weights: the row-major copies of the rank's shards
+    /// that only [`CudaFfnShard::forward_naive`] reads (a comparison baseline), as much device
+    /// memory again as the weights [`CudaFfnShard::forward`] and
+    /// [`CudaFfnShard::forward_residual_rmsnorm`] read. Those two are unchanged (the same bits);
+    /// `forward_naive` then fails with [`Error::Shape`] before any collective call (counted as
+    /// refused on `comm`, as every refused layer call is), and [`CudaFfnShard::warm_up`] warms
+    /// the TP-invariant layer's kernels only. The memory is freed when the copies' frees run on
+    /// their stream.
+    pub fn without_naive(mut self) -> Self {
+        self.naive = None;
+        self
+    }
+
+    /// Whether [`CudaFfnShard::forward_naive`] can run: the naive layer's weights are held
+    /// (every constructor uploads them; [`CudaFfnShard::without_naive`] drops them).
+    pub fn has_naive(&self) -> bool {
+        self.naive.is_some()
     }
 
     /// Whether this is the gated FFN (SwiGLU), built with a `W3`.
@@ -467,7 +489,7 @@ impl<T: CudaScalar> CudaFfnShard<T> {
             let b = self.w1.slice(j * l.w1_stride..j * l.w1_stride + h * w);
             let mut c = ws.act.slice_mut(j * l.act_stride..j * l.act_stride + s * w);
             gemm.gemm(x, &b, s, h, w, &mut c)?;
-            if let (Some((w3, _)), Some(up)) = (&self.w3, &mut ws.up) {
+            if let (Some(w3), Some(up)) = (&self.w3, &mut ws.up) {
                 let b = w3.slice(j * l.w1_stride..j * l.w1_stride + h * w);
                 let mut c = up.slice_mut(j * l.act_stride..j * l.act_stride + s * w);
                 gemm.gemm(x, &b, s, h, w, &mut c)?;
@@ -515,10 +537,20 @@ impl<T: CudaScalar> CudaFfnShard<T> {
         stream: &Arc<CudaStream>,
         hook: &mut dyn StageHook,
     ) -> Result<(), Error> {
-        before_calls(comm, 2, || self.check_call(comm, gemm, kernels, ws, x_local, out_local, stream))?;
+        before_calls(comm, 2, || {
+            self.naive()?;
+            self.check_call(comm, gemm, kernels, ws, x_local, out_local, stream)
+        })?;
         gather(comm, x_local, ws, stream, hook)?;
         before_calls(comm, 1, || self.naive_gemms(gemm, kernels, ws, stream, hook))?;
         scatter(comm, ws, out_local, stream, hook)
+    }
+
+    /// The naive layer's weights, or the error of a shard that dropped them.
+    fn naive(&self) -> Result<&NaiveWeights<T>, Error> {
+        self.naive.as_ref().ok_or_else(|| {
+            Error::Shape("forward_naive: this shard's naive weights were dropped (CudaFfnShard::without_naive)".into())
+        })
     }
 
     /// `SiLU(x · W1_shard) · W2_shard` into `ws.partial` (gated: `(SiLU(x · W1_shard) ⊙ (x ·
@@ -531,21 +563,23 @@ impl<T: CudaScalar> CudaFfnShard<T> {
         stream: &Arc<CudaStream>,
         hook: &mut dyn StageHook,
     ) -> Result<(), Error> {
+        let naive = self.naive()?;
         let l = self.layout;
         let (s, h, fk) = (l.shape.tokens, l.shape.hidden, l.shape.ffn / l.tp);
         hook.before(Stage::Gemm1, stream)?;
-        gemm.gemm(&ws.x, &self.w1_naive, s, h, fk, &mut ws.act.slice_mut(..s * fk))?;
-        if let (Some((_, w3)), Some(up)) = (&self.w3, &mut ws.up) {
+        gemm.gemm(&ws.x, &naive.w1, s, h, fk, &mut ws.act.slice_mut(..s * fk))?;
+        if let (Some(w3), Some(up)) = (&naive.w3, &mut ws.up) {
             gemm.gemm(&ws.x, w3, s, h, fk, &mut up.slice_mut(..s * fk))?;
         }
         hook.after(Stage::Gemm1, stream)?;
         activate(kernels, &mut ws.act, ws.up.as_ref(), s * fk, stream, hook)?;
         hook.before(Stage::Gemm2, stream)?;
-        gemm.gemm(&ws.act.slice(..s * fk), &self.w2_naive, s, fk, h, &mut ws.partial)?;
+        gemm.gemm(&ws.act.slice(..s * fk), &naive.w2, s, fk, h, &mut ws.partial)?;
         hook.after(Stage::Gemm2, stream)
     }
 
-    /// Runs every non-collective kernel of both layers once on `ws` (whatever its tokens hold)
+    /// Runs every non-collective kernel of both layers (the naive one's while its weights are
+    /// held) once on `ws` (whatever its tokens hold)
     /// and waits for them: cuBLAS loads its kernels lazily on first use, which may wait for the
     /// device to go idle, so ranks that are threads sharing one GPU call this before the first
     /// collective of any rank. Synchronises `stream`.
@@ -560,7 +594,9 @@ impl<T: CudaScalar> CudaFfnShard<T> {
         let l = self.layout;
         let (s, h, w) = (l.shape.tokens, l.shape.hidden, l.width);
         let hook = &mut ();
-        self.naive_gemms(gemm, kernels, ws, stream, hook)?;
+        if self.naive.is_some() {
+            self.naive_gemms(gemm, kernels, ws, stream, hook)?;
+        }
         let b = self.w1.slice(..h * w);
         gemm.gemm(&ws.x, &b, s, h, w, &mut ws.act.slice_mut(..s * w))?;
         let b = self.w2.slice(..w * h);
