@@ -343,12 +343,12 @@ impl<D: IpcDevice> IpcCollective<D> {
     /// on a runtime with the row forms, when every launch's plan in wide tiles has the row
     /// forms' cut (`CollectiveNormParams::shard_rows_cut`) — a tile is then a row of 8192 or a
     /// pair of rows of 4096, which one block holds in registers; [`TILE_BYTES`] otherwise (rows
-    /// of 4096 whose shards are not whole pairs then take the forms a row a tile). Chosen from signed values only (the
-    /// route, dtype, `hidden` and rows, and the plans, which every rank cuts the same), never
-    /// from this rank's addresses: the tile decides which block owns which bytes of every
-    /// frame, so ranks must agree on it; a rank off the vector path or with an input off 16
-    /// bytes keeps the wide tile and takes the gathered-sum form in it (and the launches are
-    /// signed with the tile besides: [`IpcCollective::tile_split`]).
+    /// of 4096 whose shards are not whole pairs then take the forms a row a tile). Chosen from
+    /// signed values only (the route, dtype, `hidden` and rows, and the plans, which every rank
+    /// cuts the same), never from this rank's addresses: the tile decides which block owns
+    /// which bytes of every frame, so ranks must agree on it; a rank off the vector path or
+    /// with an input off 16 bytes keeps the wide tile and takes the gathered-sum form in it
+    /// (and the launches are signed with the tile besides: [`IpcCollective::tile_split`]).
     fn fused_tile(&self, call: &collective_core::Call, route: IpcRoute, norm: &NormParams, ipc: &IpcState<D>) -> u32 {
         let row = u64::from(norm.hidden) * 2;
         let wide_rows = row == u64::from(WIDE_TILE_BYTES) || 2 * row == u64::from(WIDE_TILE_BYTES);
