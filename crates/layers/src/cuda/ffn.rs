@@ -579,10 +579,10 @@ impl<T: CudaScalar> CudaFfnShard<T> {
     }
 
     /// Runs every non-collective kernel of both layers (the naive one's while its weights are
-    /// held) once on `ws` (whatever its tokens hold)
-    /// and waits for them: cuBLAS loads its kernels lazily on first use, which may wait for the
-    /// device to go idle, so ranks that are threads sharing one GPU call this before the first
-    /// collective of any rank. Synchronises `stream`.
+    /// held) once on `ws` (whatever its tokens hold) and waits for them: cuBLAS loads its
+    /// kernels lazily on first use, which may wait for the device to go idle, so ranks that are
+    /// threads sharing one GPU call this before the first collective of any rank. Synchronises
+    /// `stream`.
     pub fn warm_up(
         &self,
         gemm: &CudaGemm,
