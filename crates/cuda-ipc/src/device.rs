@@ -15,10 +15,6 @@ use detcoll_protocol::{Header, Layout};
 use ipc_engine::{Device, IpcDevice, Launch, RawStream, Vendor};
 use std::sync::{Arc, Mutex};
 
-/// Most blocks of a fused all_reduce + RMSNorm launch that is still programmatic (every
-/// decode-sized batch: one block per row up to here).
-const FUSED_PDL_GRID: u32 = 8;
-
 /// One CUDA context (one GPU) as the engine uses it. Cheap to clone: clones share the context
 /// and the loaded kernels.
 #[derive(Debug, Clone)]
@@ -286,12 +282,10 @@ impl IpcDevice for CudaDevice {
     }
     unsafe fn launch(&self, kernels: &Module, params: Launch<'_>, grid: u32, stream: RawStream) -> Result<(), Error> {
         let s = stream.0.cast();
-        // One-block collective launches are programmatic where the device allows it
-        // (crate::programmatic), and fused ones up to FUSED_PDL_GRID blocks (their blocks beyond
-        // the collective's grid are rows to normalise: few, and the call is latency-bound); the
-        // collective kernels wait for their dependencies first.
-        let pdl_grid = if matches!(params, Launch::SingleNorm { .. }) { FUSED_PDL_GRID } else { 1 };
-        let pdl = if grid <= pdl_grid { kernels.programmatic.as_ref() } else { None };
+        // Every collective launch is programmatic where the device allows it
+        // (crate::programmatic, which says why every grid may be); the collective kernels wait
+        // for their dependencies first. The copy kernel is not (it does not wait).
+        let pdl = kernels.programmatic.as_ref();
         // SAFETY: each entry point takes exactly the parameter struct it is paired with here;
         // addresses and stream are the caller's contract; the collective entry points begin
         // with `griddepcontrol.wait` (dc_collective), as a programmatic launch requires.

@@ -490,7 +490,7 @@ pub struct Module {
     pub(crate) collective_norm: sys::CUfunction,
     /// Grid of the fused tree kernel: every SM full.
     pub(crate) tree_grid: u32,
-    /// Programmatic dependent launches of one-block collectives, where the device, the driver
+    /// Programmatic dependent launches of the collective kernels, where the device, the driver
     /// and `DETCOLL_PDL` allow them.
     pub(crate) programmatic: Option<Programmatic>,
 }

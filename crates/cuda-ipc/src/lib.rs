@@ -14,9 +14,9 @@
 //!   rank ([`new`]) exchanges CUDA IPC handles through a
 //!   [`collective_core::bootstrap::Bootstrap`]. The host side of the protocol is the shared
 //!   engine's ([`ipc_engine`]); this crate is its [`Device`] on cudarc ([`CudaDevice`]).
-//! * One-block launches (every small call) are programmatic dependent launches on sm_90+
-//!   (the block starts while the previous kernel ends and waits for it before touching memory;
-//!   `DETCOLL_PDL=0` turns it off): see `docs/protocol.md`, "The launch".
+//! * Collective launches are programmatic dependent launches on sm_90+ (their blocks start
+//!   while the previous kernel ends and wait for it before touching memory; `DETCOLL_PDL=0`
+//!   turns it off): see `docs/protocol.md`, "The launch".
 //! * Nothing is linked at build time: libcuda and libnvrtc are loaded at run time, and their
 //!   absence is [`collective_core::Error::LibraryMissing`], never a panic.
 //!

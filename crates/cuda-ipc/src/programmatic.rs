@@ -11,9 +11,17 @@
 //! only the launch is hidden. The collective's own trigger comes after it has seen every peer
 //! in the call, so early dependents never hold multiprocessors a peer sharing the GPU needs.
 //!
-//! Used for one-block launches only (every small message, where the launch is a visible part of
-//! the call): larger grids would hold twice their multiprocessors while waiting, for a gain their
-//! running time hides. Only on streams the application created: the default streams keep their
+//! Used for every collective launch, whatever its grid. A rank's dependents are scheduled only
+//! once every block of its launch has triggered (or ended), each after seeing its peers' flags
+//! of the call, so every peer's blocks of that call are resident by then; and the grids stay
+//! capped so that every rank's launch fits on the GPU at once (`Config::with_max_blocks`, the
+//! multiprocessors split among the ranks sharing a GPU). Early blocks waiting at
+//! `griddepcontrol.wait` thus never take the multiprocessors a call in flight still needs.
+//! (Until 2026-12-07 only one-block launches and fused launches of up to 8 blocks were
+//! programmatic, on the guess that larger grids' running time would hide their launch; on one
+//! H100, graphs, every grid programmatic made the plain all_reduce 0.89-1.00x its time at 64
+//! KiB - 4 MiB and the fused all_reduce + RMSNorm 0.82-0.98x at 16-512 rows:
+//! benches/results/h100-2026-12-07-pdl-every-grid.md.) Only on streams the application created: the default streams keep their
 //! implicit synchronisation exactly as a plain launch has it. A programmatic launch the driver
 //! refuses falls back to a plain one. Taken when the device is sm_90 or newer, the driver is CUDA 12.4 or
 //! newer (programmatic edges in captured graphs) and exports `cuLaunchKernelEx`, and
