@@ -155,7 +155,35 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
         let mut calls = self.lock_calls()?;
         *calls = calls.wrapping_add(1);
         let seq = *calls;
+        self.check_backends()?;
         Ok((calls, seq))
+    }
+
+    /// With several backends (a table that sends some calls to IPC and others to a transport,
+    /// virtual nodes), a failure one of them recorded fails every later call through any of
+    /// them, as `Poisoned` carrying it (the contract's "every later call"): each backend checks
+    /// only its own calls, so a call routed to a healthy one returned `Ok` after another had
+    /// failed. The healthy ones are abandoned with the cause, so peers waiting for this rank
+    /// in them fail at once instead of at their bounds (the host transport's is the bootstrap's
+    /// 60 s). A handle of one backend leaves it to that backend's own check (no extra work).
+    fn check_backends(&self) -> Result<(), Error> {
+        let backends =
+            usize::from(self.ipc.is_some()) + usize::from(self.nodes.is_some()) + usize::from(self.transport.is_some());
+        if backends < 2 {
+            return Ok(());
+        }
+        match Collective::check(self) {
+            Ok(()) => Ok(()),
+            Err(Error::Closed) => Err(Error::Closed),
+            Err(e) => {
+                let cause = match e {
+                    Error::Poisoned { cause } => cause,
+                    e => e.to_string(),
+                };
+                Collective::abandon(self, &cause);
+                Err(Error::Poisoned { cause })
+            }
+        }
     }
 
     /// The call lock (a forked child fails first: it inherits the lock as the parent held it).
