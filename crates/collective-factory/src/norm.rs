@@ -222,6 +222,11 @@ where
     pub(crate) fn fused_norm(&self, x: Io<'_>, norm: RmsNorm<'_>, via: &impl Via<I, T>) -> Result<(), Error> {
         // Counted first, refused or made (`Routed::begin_call`).
         let (_call, seq) = self.begin_call()?;
+        self.settle(self.numbered_fused_norm(x, norm, seq, via))
+    }
+
+    /// The call numbered `seq`, under the call lock: refused before any work, or made.
+    fn numbered_fused_norm(&self, x: Io<'_>, norm: RmsNorm<'_>, seq: u32, via: &impl Via<I, T>) -> Result<(), Error> {
         if !self.host_memory() {
             // Host slices (`Io::host`) on device memory: refused before any work.
             x.refuse_host_views(Op::AllReduce)?;

@@ -149,7 +149,7 @@ impl<D: IpcDevice> Routed<IpcCollective<D>, GpuTransport<D>> {
         let bytes = lanes.iter().fold(0usize, |b, l| b.saturating_add(l.2.saturating_mul(dtype.size())));
         let stream = RawStream(stream);
         // As `Routed::reduce_scatter_many`: the table's route, the transport's or the IPC one.
-        match self.route(Op::ReduceScatterMany, bytes) {
+        self.settle(match self.route(Op::ReduceScatterMany, bytes) {
             Route::Hierarchical => self.hierarchical_many(&ios, split, &Raw(stream)),
             Route::Transport => {
                 let t = self.transport().ok_or(Error::InvalidConfig { detail: "no transport".into() })?;
@@ -161,7 +161,7 @@ impl<D: IpcDevice> Routed<IpcCollective<D>, GpuTransport<D>> {
                 // SAFETY: as above.
                 unsafe { self.ipc_backend()?.enqueue_many_routed_as_part(&ios, Some(on), split, stream) }
             }
-        }
+        })
     }
 }
 

@@ -140,7 +140,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
     fn dispatch_as_part(&self, op: Op, io: Io<'_>, part: u32, via: &impl Via<I, T>) -> Result<(), Error> {
         let (_call, seq) = self.begin_call()?;
         self.check_address_space(op, &io)?;
-        self.dispatch_signed(op, io, Signature::call_split(seq, part), via)
+        self.settle(self.dispatch_signed(op, io, Signature::call_split(seq, part), via))
     }
 
     /// This handle's call lock, and the number of the call it begins: every collective call
@@ -167,9 +167,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
     /// in them fail at once instead of at their bounds (the host transport's is the bootstrap's
     /// 60 s). A handle of one backend leaves it to that backend's own check (no extra work).
     fn check_backends(&self) -> Result<(), Error> {
-        let backends =
-            usize::from(self.ipc.is_some()) + usize::from(self.nodes.is_some()) + usize::from(self.transport.is_some());
-        if backends < 2 {
+        if self.backends() < 2 {
             return Ok(());
         }
         match Collective::check(self) {
@@ -184,6 +182,26 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
                 Err(Error::Poisoned { cause })
             }
         }
+    }
+
+    /// `result` of a call, its failure abandoning every backend when it is a poison and the
+    /// handle has several: this rank makes no further call through any of them (every later
+    /// one is `Poisoned`, `check_backends`), so peers waiting for it in a healthy backend fail
+    /// at once, not only at this rank's next call or at their bounds. A failure found later
+    /// (a kernel's, at `check` or `synchronize`) abandons them at the next call.
+    pub(crate) fn settle(&self, result: Result<(), Error>) -> Result<(), Error> {
+        if let Err(e) = &result
+            && e.poisons()
+            && self.backends() >= 2
+        {
+            Collective::abandon(self, &e.to_string());
+        }
+        result
+    }
+
+    /// How many backends this handle built (IPC, nodes, transport).
+    fn backends(&self) -> usize {
+        usize::from(self.ipc.is_some()) + usize::from(self.nodes.is_some()) + usize::from(self.transport.is_some())
     }
 
     /// The call lock (a forked child fails first: it inherits the lock as the parent held it).
@@ -341,6 +359,25 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Routed<I, T> {
         let whole = unsafe { RawMut::from_raw(out_addr, n, dtype) };
         via.transport(transport, Op::AllGather, Io::InPlace(whole), part)
     }
+
+    /// A `reduce_scatter_many` numbered `split`, by the table's route.
+    fn many_signed(&self, lanes: &[Io<'_>], split: u32, stream: &I::Stream) -> Result<(), Error> {
+        // Saturating: lanes whose bytes overflow are refused by validation, not by a panic here.
+        let bytes = lanes
+            .iter()
+            .fold(0usize, |sum, io| sum.saturating_add(contributed_bytes(Op::ReduceScatterMany, io, self.world)));
+        match self.route(Op::ReduceScatterMany, bytes) {
+            Route::Hierarchical => self.hierarchical_many(lanes, split, &OnStream(stream)),
+            Route::Transport => self
+                .transport
+                .as_ref()
+                .ok_or(Error::InvalidConfig { detail: "no transport".into() })?
+                .reduce_scatter_many_as_part(lanes, split, stream),
+            route => {
+                self.ipc_backend()?.reduce_scatter_many_on_route_as_part(lanes, self.ipc_route(route)?, split, stream)
+            }
+        }
+    }
 }
 
 /// The safe path: the backends' own stream type.
@@ -460,21 +497,7 @@ impl<I: RouteSelect, T: Collective<Stream = I::Stream>> Collective for Routed<I,
         for io in lanes {
             self.check_address_space(Op::ReduceScatterMany, io)?;
         }
-        // Saturating: lanes whose bytes overflow are refused by validation, not by a panic here.
-        let bytes = lanes
-            .iter()
-            .fold(0usize, |sum, io| sum.saturating_add(contributed_bytes(Op::ReduceScatterMany, io, self.world)));
-        match self.route(Op::ReduceScatterMany, bytes) {
-            Route::Hierarchical => self.hierarchical_many(lanes, split, &OnStream(stream)),
-            Route::Transport => self
-                .transport
-                .as_ref()
-                .ok_or(Error::InvalidConfig { detail: "no transport".into() })?
-                .reduce_scatter_many_as_part(lanes, split, stream),
-            route => {
-                self.ipc_backend()?.reduce_scatter_many_on_route_as_part(lanes, self.ipc_route(route)?, split, stream)
-            }
-        }
+        self.settle(self.many_signed(lanes, split, stream))
     }
     /// Counted as a call this handle refused itself (`Routed::begin_call`).
     fn count_refused_call(&self) -> Result<(), Error> {

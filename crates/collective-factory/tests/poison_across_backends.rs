@@ -95,3 +95,26 @@ fn a_transport_failure_poisons_the_ipc_calls() {
     a_failure_poisons_the_other_backend("ipc_one_shot", "transport", false);
     a_failure_poisons_the_other_backend("transport", "ipc_one_shot", true);
 }
+
+/// The failing call itself abandons the other backend: rank 1 waits in the transport (a large
+/// all_reduce) while rank 0 makes a small one on IPC, which times out (2 s) waiting for rank 1
+/// there. Rank 0 makes no further call, yet rank 1 fails at once after it, not at the
+/// bootstrap's 60 s: before 2026-12-07 only rank 0's next call abandoned its transport.
+#[test]
+fn the_failing_call_itself_releases_the_peers_waiting_in_the_other_backend() {
+    let config =
+        Config::new().with_timeout(Duration::from_secs(2)).with_routing(split_table("ipc_one_shot", "transport"));
+    let comms = cpu::thread_group(2, &config).expect("group");
+    let t = Instant::now();
+    let results = on_ranks(&comms, |c| {
+        let r = all_reduce(c, if c.rank() == 0 { 16 } else { 4096 });
+        (r, t.elapsed())
+    });
+    let ((r0, _), _) = &results[0];
+    assert!(matches!(r0, Err(Error::Bootstrap(_) | Error::PeerTimeout { .. })), "rank 0's IPC call: {r0:?}");
+    let ((r1, untouched), waited) = &results[1];
+    assert!(r1.is_err(), "rank 1's transport call returned Ok without rank 0");
+    assert!(untouched, "rank 1's failed call wrote its output");
+    assert!(*waited < Duration::from_secs(20), "rank 1 waited {waited:?} in the transport for the failed rank");
+    assert!(matches!(comms[0].check(), Err(Error::Poisoned { .. })), "rank 0: {:?}", comms[0].check());
+}

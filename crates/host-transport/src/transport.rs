@@ -18,6 +18,10 @@ pub struct HostTransport {
     world: usize,
     capacity: usize,
     /// Held for a whole call, and by `close`, which so waits for a call in flight.
+    calls: Mutex<()>,
+    /// Held only for a moment (never across an exchange), so `abandon` and `check` never wait
+    /// for a call in flight: a composed collective abandoning this handle from another thread
+    /// after a failure elsewhere must not wait out this handle's exchange timeout.
     state: Mutex<State>,
 }
 
@@ -69,24 +73,51 @@ impl HostTransport {
             rank,
             world,
             capacity,
+            calls: Mutex::new(()),
             state: Mutex::new(State { boot: Some(boot), poisoned: None, closed: false }),
         })
     }
 
+    /// The state, for a moment. A thread that panicked while holding it left no exchange
+    /// running (it is never held across one), so the state stays usable.
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// `Ok` while this handle is neither closed nor poisoned: a call checks it again after its
+    /// exchange, before it writes its output, so a call that `abandon` overtook writes nothing.
+    fn live(&self) -> Result<(), Error> {
+        if self.calls.is_poisoned() {
+            return Err(panicked());
+        }
+        self.state().usable()
+    }
+
     /// Runs `body` over the rendezvous as this handle's one call: refused after close and
-    /// once poisoned; poisons on a failure that leaves the ranks' exchanges out of step.
+    /// once poisoned; poisons on a failure that leaves the ranks' exchanges out of step. A call
+    /// in flight when the handle is abandoned fails as `Poisoned`, never `Ok` (its output is
+    /// written only if the abandon came after its `live` check).
     fn one_call(&self, body: impl FnOnce(&dyn Bootstrap) -> Result<(), Error>) -> Result<(), Error> {
-        let mut state = self.state.lock().map_err(|_| panicked())?;
-        state.usable()?;
-        // Released only on close or the first failure, which `usable` refused.
-        let Some(boot) = state.boot.clone() else { return Err(Error::Closed) };
+        let _call = self.calls.lock().map_err(|_| panicked())?;
+        let boot = {
+            let state = self.state();
+            state.usable()?;
+            // Released only on close or the first failure, which `usable` refused.
+            let Some(boot) = state.boot.clone() else { return Err(Error::Closed) };
+            boot
+        };
         let r = body(&*boot);
+        // This call's reference goes before the poison check: where `abandon` released the
+        // handle's own meanwhile, this was the last, and peers see this rank gone at once.
+        drop(boot);
+        let mut state = self.state();
         if let Err(e) = &r
             && e.poisons()
         {
             state.poison(|| e.to_string());
         }
-        r
+        r?;
+        state.usable()
     }
 
     /// Every rank's contribution (`payload` is this rank's), in rank order, after checking that
@@ -150,6 +181,7 @@ impl HostTransport {
             // SAFETY: the validated views of this call.
             let mine = unsafe { bytes(call.src, call.bytes_in()) }.to_vec();
             let rows = Self::exchange(boot, Self::signature(&call, part), &mine)?;
+            self.live()?;
             let views: Vec<&[u8]> = rows.iter().map(Vec::as_slice).collect();
             // SAFETY: as above; the input has been copied.
             reduce_rows(call.dtype, &views, at, unsafe { bytes_mut(call.dst, call.bytes_out()) })
@@ -163,6 +195,7 @@ impl HostTransport {
             // SAFETY: validated views of this call (here and below).
             let mine = unsafe { bytes(call.src, call.bytes_in()) }.to_vec();
             let rows = Self::exchange(boot, Self::signature(&call, part), &mine)?;
+            self.live()?;
             // SAFETY: as above; the input has been copied (in place, it is this rank's chunk).
             let out = unsafe { bytes_mut(call.dst, call.bytes_out()) };
             for (chunk, row) in out.chunks_exact_mut(call.bytes_in().max(1)).zip(&rows) {
@@ -184,6 +217,7 @@ impl HostTransport {
                 mine.extend_from_slice(unsafe { bytes(l.call.src, l.call.bytes_in()) });
             }
             let rows = Self::exchange(boot, Signature { route: Route::Transport, ..sig }, &mine)?;
+            self.live()?;
             let mut at = 0usize;
             for l in calls.iter() {
                 let c = l.call;
@@ -267,7 +301,7 @@ impl Collective for HostTransport {
 
     /// `Closed` after close, else the first failure's cause.
     fn check(&self) -> Result<(), Error> {
-        self.state.lock().map_err(|_| panicked())?.usable()
+        self.live()
     }
     fn synchronize(&self, _: &()) -> Result<(), Error> {
         self.check()
@@ -278,7 +312,8 @@ impl Collective for HostTransport {
     /// the factory's groups, a bootstrap moved into the collective).
     fn close(&self) -> Result<(), Error> {
         // A call that panicked left no exchange of this handle running: close all the same.
-        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _call = self.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut state = self.state();
         state.closed = true;
         let boot = state.boot.take();
         drop(state);
@@ -286,9 +321,10 @@ impl Collective for HostTransport {
         Ok(())
     }
     /// Poisons the handle with `cause` and releases the rendezvous, as a failed call of its own
-    /// does: a peer waiting on this rank sees it gone.
+    /// does: a peer waiting on this rank sees it gone. Never waits for a call in flight on
+    /// another thread: that call fails as `Poisoned` when its exchange ends (bounded by the
+    /// bootstrap's timeout), and its reference to the rendezvous goes then.
     fn abandon(&self, cause: &str) {
-        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        state.poison(|| cause.to_string());
+        self.state().poison(|| cause.to_string());
     }
 }
