@@ -111,13 +111,17 @@ impl HostTransport {
         // handle's own meanwhile, this was the last, and peers see this rank gone at once.
         drop(boot);
         let mut state = self.state();
+        // Poisoned already: only `abandon` poisons a handle while its call runs (calls and
+        // `close` take the call lock). Then this call fails as abandoned, whatever its exchange
+        // gave — its peer's absence or disagreement is the abandon's consequence, not news.
+        let abandoned = state.usable();
         if let Err(e) = &r
             && e.poisons()
         {
             state.poison(|| e.to_string());
         }
-        r?;
-        state.usable()
+        abandoned?;
+        r
     }
 
     /// Every rank's contribution (`payload` is this rank's), in rank order, after checking that

@@ -64,3 +64,29 @@ fn abandon_does_not_wait_for_the_call_in_flight_which_fails_writing_nothing() {
     assert!(matches!(r, Err(Error::Poisoned { ref cause }) if cause == CAUSE), "{r:?}");
     assert_eq!(out, vec![5.0; 4]);
 }
+
+/// The same when the call in flight's exchange then fails (its peer never comes; here after
+/// the exchange bound of 2 s): the call fails as `Poisoned` with the abandon's cause, not with
+/// the exchange's `PeerTimeout` (which the abandon caused). Found by an outside probe,
+/// 2026-12-07: the exchange's error was returned.
+#[test]
+fn an_abandoned_call_whose_exchange_then_fails_is_poisoned_too() {
+    let ranks: Vec<HostTransport> = LocalBootstrap::group_with_timeout(2, Duration::from_secs(2))
+        .into_iter()
+        .map(|b| HostTransport::new(Arc::new(b)).expect("transport"))
+        .collect();
+    let a = &ranks[0];
+    std::thread::scope(|s| {
+        let call = s.spawn(|| {
+            let mut out = vec![7.0f32; 8];
+            let r = a.all_reduce(Io::host(&[1.0f32; 8], &mut out), &());
+            (r, out)
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        a.abandon(CAUSE);
+        let (r, out) = call.join().expect("rank 0's call");
+        assert!(matches!(r, Err(Error::Poisoned { ref cause }) if cause == CAUSE), "{r:?}");
+        assert_eq!(out, vec![7.0; 8]);
+    });
+    assert!(matches!(a.check(), Err(Error::Poisoned { ref cause }) if cause == CAUSE), "{:?}", a.check());
+}
