@@ -15,20 +15,28 @@ const TIMEOUT: Duration = Duration::from_secs(20);
 const PROMPT: Duration = Duration::from_secs(5);
 const CAUSE: &str = "the test's other backend failed";
 
-#[test]
-fn abandon_does_not_wait_for_the_call_in_flight_which_fails_writing_nothing() {
-    let ranks: Vec<HostTransport> = LocalBootstrap::group_with_timeout(2, TIMEOUT)
+/// Two ranks over `LocalBootstrap` whose exchanges wait at most `timeout`.
+fn transports(timeout: Duration) -> Vec<HostTransport> {
+    LocalBootstrap::group_with_timeout(2, timeout)
         .into_iter()
         .map(|b| HostTransport::new(Arc::new(b)).expect("transport"))
-        .collect();
+        .collect()
+}
+
+/// Rank `t`'s all_reduce of `n` ones into sevens: its result and output.
+fn ones(t: &HostTransport, n: usize) -> (Result<(), Error>, Vec<f32>) {
+    let mut out = vec![7.0f32; n];
+    let r = t.all_reduce(Io::host(&vec![1.0f32; n], &mut out), &());
+    (r, out)
+}
+
+#[test]
+fn abandon_does_not_wait_for_the_call_in_flight_which_fails_writing_nothing() {
+    let ranks = transports(TIMEOUT);
     let (a, b) = (&ranks[0], &ranks[1]);
     std::thread::scope(|s| {
         // Rank 0's call waits in its exchange: rank 1 joins only after the abandon returned.
-        let call = s.spawn(|| {
-            let mut out = vec![7.0f32; 4];
-            let r = a.all_reduce(Io::host(&[1.0f32; 4], &mut out), &());
-            (r, out)
-        });
+        let call = s.spawn(|| ones(a, 4));
         std::thread::sleep(Duration::from_millis(200));
         let t = Instant::now();
         a.abandon(CAUSE);
@@ -71,17 +79,10 @@ fn abandon_does_not_wait_for_the_call_in_flight_which_fails_writing_nothing() {
 /// 2026-12-07: the exchange's error was returned.
 #[test]
 fn an_abandoned_call_whose_exchange_then_fails_is_poisoned_too() {
-    let ranks: Vec<HostTransport> = LocalBootstrap::group_with_timeout(2, Duration::from_secs(2))
-        .into_iter()
-        .map(|b| HostTransport::new(Arc::new(b)).expect("transport"))
-        .collect();
+    let ranks = transports(Duration::from_secs(2));
     let a = &ranks[0];
     std::thread::scope(|s| {
-        let call = s.spawn(|| {
-            let mut out = vec![7.0f32; 8];
-            let r = a.all_reduce(Io::host(&[1.0f32; 8], &mut out), &());
-            (r, out)
-        });
+        let call = s.spawn(|| ones(a, 8));
         std::thread::sleep(Duration::from_millis(100));
         a.abandon(CAUSE);
         let (r, out) = call.join().expect("rank 0's call");
