@@ -118,3 +118,44 @@ fn the_failing_call_itself_releases_the_peers_waiting_in_the_other_backend() {
     assert!(*waited < Duration::from_secs(20), "rank 1 waited {waited:?} in the transport for the failed rank");
     assert!(matches!(comms[0].check(), Err(Error::Poisoned { .. })), "rank 0: {:?}", comms[0].check());
 }
+
+/// A call refused on one rank only, on a handle whose table sends it to one backend and the
+/// rank's next call to the other (an outside probe, 2026-12-07): the peers wait in different
+/// backends, so neither sees the other's call number and no `SignatureMismatch` comes — the
+/// contract's exception for such handles. What it promises instead: the peer's call fails at
+/// its peer timeout (it never pairs with the refusing rank's next call), the refusing rank's
+/// next call fails once the peer gives up, nothing is `Ok`, and the refused call wrote nothing.
+fn a_call_refused_on_one_rank_across_backends(small: &str, large: &str, refuse_small: bool) {
+    let config = Config::new().with_timeout(Duration::from_secs(2)).with_routing(split_table(small, large));
+    let comms = cpu::thread_group(2, &config).expect("group");
+    // Small: 16 f32 (64 bytes); large: 4096 f32 (16 KiB).
+    let (refused, next) = if refuse_small { (16, 4096) } else { (4096, 16) };
+    let t = Instant::now();
+    let results = on_ranks(&comms, |c| {
+        let x = vec![c.rank() as f32 + 0.5; refused];
+        // Rank 0's output is one element too long: refused before any work.
+        let mut out = vec![SENTINEL; if c.rank() == 0 { refused + 1 } else { refused }];
+        let first = c.all_reduce(Io::host(&x, &mut out), &());
+        let untouched = out.iter().all(|v| v.to_bits() == SENTINEL.to_bits());
+        let (second, _) = all_reduce(c, next);
+        (first, untouched, second)
+    });
+    let elapsed = t.elapsed();
+    let side = if refuse_small { "small" } else { "large" };
+    let (first0, untouched0, second0) = &results[0];
+    assert!(matches!(first0, Err(Error::LengthMismatch { .. })), "{small}/{large}: rank 0's refused call: {first0:?}");
+    assert!(untouched0, "{small}/{large}: rank 0's refused call wrote its output");
+    let (first1, _, second1) = &results[1];
+    assert!(first1.is_err(), "{small}/{large}: rank 1's {side} call returned Ok though rank 0 refused it");
+    assert!(second0.is_err(), "{small}/{large}: rank 0's next call returned Ok with rank 1 failed: {second0:?}");
+    assert!(second1.is_err(), "{small}/{large}: rank 1's next call returned Ok on a poisoned handle");
+    // One peer timeout (2 s) and the abandon that follows it; far below the bootstrap's 60 s.
+    assert!(elapsed < Duration::from_secs(15), "{small}/{large}: the calls took {elapsed:?}");
+}
+
+#[test]
+fn a_call_refused_on_one_rank_fails_within_the_peer_timeout_across_backends() {
+    a_call_refused_on_one_rank_across_backends("ipc_one_shot", "transport", true);
+    a_call_refused_on_one_rank_across_backends("ipc_one_shot", "transport", false);
+    a_call_refused_on_one_rank_across_backends("transport", "ipc_one_shot", true);
+}
