@@ -8,6 +8,11 @@ use crate::deadline::{check_timeout, deadline, timeout_problem};
 use crate::{Bootstrap, BootstrapError, DEFAULT_LOCAL_TIMEOUT};
 
 const WHAT_EXCHANGE: &str = "join all_gather_bytes";
+/// What a rank is told when the exchange it arrives at already failed because its peers timed
+/// out waiting for it: the same culprit every rank reports, said so that the late rank does not
+/// read its own rank as some peer's.
+const WHAT_EXCHANGE_LATE: &str =
+    "join all_gather_bytes before its peers gave up waiting (that rank is this one: it arrived after their timeout)";
 /// How errors name the group's timeout.
 const TIMEOUT_WHAT: &str = "the in-process bootstrap's timeout";
 
@@ -20,9 +25,14 @@ enum Fault {
 }
 
 impl Fault {
-    fn to_error(&self) -> BootstrapError {
+    /// The error rank `me` reports for this failure: every rank names the same culprit; a
+    /// timeout's culprit, arriving late, is told that the rank named is itself.
+    fn to_error(&self, me: usize) -> BootstrapError {
         match *self {
-            Fault::Timeout { rank, waited } => BootstrapError::PeerTimeout { rank, waited, what: WHAT_EXCHANGE },
+            Fault::Timeout { rank, waited } => {
+                let what = if rank == me { WHAT_EXCHANGE_LATE } else { WHAT_EXCHANGE };
+                BootstrapError::PeerTimeout { rank, waited, what }
+            }
             Fault::Gone { rank } => BootstrapError::PeerGone {
                 rank,
                 detail: "its LocalBootstrap was dropped before it joined the exchange (a collective over it \
@@ -168,7 +178,7 @@ impl LocalBootstrap {
         let deadline = deadline(Instant::now(), sh.timeout);
         let mut st = sh.lock();
         if let Some(f) = &st.fault {
-            return Err(f.to_error());
+            return Err(f.to_error(self.rank));
         }
         if st.generation != seq {
             // Cannot happen: a rank cannot run ahead of an exchange it has not completed.
@@ -192,11 +202,11 @@ impl LocalBootstrap {
                 return Ok(st.last_result.as_ref().clone());
             }
             if let Some(f) = &st.fault {
-                return Err(f.to_error());
+                return Err(f.to_error(self.rank));
             }
             if let Some(rank) = (0..sh.world).find(|&r| st.slots[r].is_none() && st.departed[r]) {
                 let f = Fault::Gone { rank };
-                let e = f.to_error();
+                let e = f.to_error(self.rank);
                 st.fault = Some(f);
                 sh.cv.notify_all();
                 return Err(e);
@@ -205,7 +215,7 @@ impl LocalBootstrap {
             if now >= deadline {
                 let rank = (0..sh.world).find(|&r| st.slots[r].is_none()).unwrap_or(self.rank);
                 let f = Fault::Timeout { rank, waited: sh.timeout };
-                let e = f.to_error();
+                let e = f.to_error(self.rank);
                 st.fault = Some(f);
                 sh.cv.notify_all();
                 return Err(e);

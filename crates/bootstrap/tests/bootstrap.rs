@@ -85,10 +85,15 @@ fn local_timeout_names_missing_rank() {
         assert!(matches!(e, BootstrapError::PeerTimeout { rank: 2, .. }), "{e}");
         assert_eq!(e.culprit(), Some(2));
         assert!(e.to_string().contains("rank 2"), "{e}");
+        assert!(!e.to_string().contains("this one"), "a peer is not the culprit: {e}");
     }
-    // The late rank is told too, and the group stays failed.
+    // The late rank is told too, the same culprit as its peers, and that the rank named is
+    // itself (found by an outside probe of groups, 2026-12-07: a late rank read its own rank
+    // as some peer's); the group stays failed.
     let late = group[2].all_gather_bytes(b"x").unwrap_err();
     assert!(matches!(late, BootstrapError::PeerTimeout { rank: 2, .. }), "{late}");
+    assert_eq!(late.culprit(), Some(2));
+    assert!(late.to_string().contains("that rank is this one"), "{late}");
     let again = group[0].all_gather_bytes(b"x").unwrap_err();
     assert!(matches!(again, BootstrapError::Closed { .. }), "{again}");
     assert!(again.to_string().contains("rank 2"), "{again}");
